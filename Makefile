@@ -1,0 +1,32 @@
+# psrv: `make run` sets up and runs the default job; `make test` sets up and runs the tests.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+TORCH   ?= torch==2.13.0
+STAMP   := $(VENV)/.installed
+
+.PHONY: run test bench bench-smoke setup clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e ".[test]"
+	touch $(STAMP)
+
+run: setup
+	$(BIN)/psrv run --out runs/default
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/python -m experiments.bench
+
+bench-smoke: setup
+	$(BIN)/python -m experiments.bench --smoke
+
+clean:
+	rm -rf $(VENV) runs build *.egg-info

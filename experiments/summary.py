@@ -1,0 +1,84 @@
+"""summary.json, steps.csv and evals.csv of one run, built from the processes' own records."""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+STEP_COLUMNS = ("wall_time", "worker", "step", "loss", "staleness", "compute_seconds",
+                "communication_seconds", "wait_seconds", "batch_size")
+EVAL_COLUMNS = ("wall_time", "step", "eval_loss", "eval_accuracy")
+
+
+def _records(out: Path, prefix: str) -> list[dict]:
+    paths = sorted(out.glob(f"{prefix}-*.json"), key=lambda p: int(p.stem.split("-")[1]))
+    return [json.loads(p.read_text()) for p in paths]
+
+
+def _origin(workers: list[dict]) -> float:
+    starts = [w["step_log"][0]["wall_time"] - w["step_log"][0]["compute_seconds"]
+              - w["step_log"][0]["communication_seconds"] - w["step_log"][0]["wait_seconds"]
+              for w in workers if w["step_log"]]
+    return min(starts, default=0.0)
+
+
+def build_summary(o, out: Path) -> dict:
+    """The run's summary (keys documented in README.md) from worker-*.json and server-*.json."""
+    workers = _records(out, "worker")
+    servers = _records(out, "server")
+    if len(workers) != o.workers:
+        raise RuntimeError(f"expected {o.workers} worker records in {out}, found {len(workers)}")
+    rows = [r for w in workers for r in w["step_log"]]
+    origin = _origin(workers)
+    end = max((r["wall_time"] for r in rows), default=origin)
+    wall = max(end - origin, 1e-9)
+    rank0 = workers[0]
+    staleness = [r["staleness"] for r in rows]
+    samples = sum(w["samples"] for w in workers)
+    return {
+        "mode": o.mode, "staleness": o.staleness if o.mode == "ssp" else 0, "transport": o.transport,
+        "job": o.job, "num_servers": len(servers) if o.mode != "ddp" else 0, "num_workers": o.workers,
+        "steps": o.steps, "batch_size": o.batch_size, "backup_workers": o.backup_workers,
+        "optimizer": o.optim.name, "lr": o.optim.lr, "seed": o.seed, "device": o.device,
+        "initial_loss": rank0.get("initial_loss"), "final_loss": rank0.get("final_loss"),
+        "eval_accuracy": rank0.get("eval_accuracy"),
+        "wall_seconds": wall, "samples_per_second": samples / wall,
+        "pushes": sum(w["pushes"] for w in workers),
+        "updates_applied": servers[0]["updates_applied"] if servers else rank0.get("updates_applied", 0),
+        "updates_applied_per_shard": [s["updates_applied"] for s in servers],
+        "max_staleness": max(staleness, default=0),
+        "mean_staleness": sum(staleness) / len(staleness) if staleness else 0.0,
+        "max_clock_gap": max((s["max_clock_gap"] for s in servers), default=0),
+        "dropped": sum(sum(s["dropped"].values()) for s in servers[:1]),
+        "lost_workers": sorted({w for s in servers for w in s.get("lost_workers", [])}),
+        "wait_seconds": sum(r["wait_seconds"] for r in rows),
+        "parameters": rank0.get("parameters"),
+    }
+
+
+def write_tables(out: Path) -> None:
+    """DIR/steps.csv (one row per worker step) and DIR/evals.csv, wall times relative to the start."""
+    workers = _records(out, "worker")
+    origin = _origin(workers)
+    rows = sorted((r for w in workers for r in w["step_log"]), key=lambda r: r["wall_time"])
+    with open(out / "steps.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, STEP_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({**r, "wall_time": round(r["wall_time"] - origin, 6)})
+    with open(out / "evals.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, EVAL_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        for e in workers[0].get("evals", []) if workers else []:
+            writer.writerow({**e, "wall_time": round(max(0.0, e["wall_time"] - origin), 6)})
+
+
+def format_summary(s: dict) -> str:
+    """The summary as an aligned two-column table for the terminal."""
+    keys = ("mode", "staleness", "transport", "job", "num_servers", "num_workers", "steps", "batch_size",
+            "initial_loss", "final_loss", "eval_accuracy", "wall_seconds", "samples_per_second", "pushes",
+            "updates_applied", "max_staleness", "mean_staleness", "max_clock_gap", "lost_workers")
+    def fmt(v):
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+    width = max(map(len, keys))
+    return "\n".join(f"{k:<{width}}  {fmt(s.get(k))}" for k in keys)

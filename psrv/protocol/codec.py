@@ -1,0 +1,92 @@
+"""The one codec pair: Message -> [msgpack header, raw tensor frame], and back.
+
+Tensors travel as raw contiguous buffers (zero copy on both sides), never pickled
+and never inside msgpack.
+"""
+from __future__ import annotations
+
+import warnings
+
+import msgpack
+import torch
+
+from psrv.protocol.messages import PROTOCOL_VERSION, ErrorCode, Message, MsgType, ProtocolError
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+MAX_HEADER_BYTES = 64 * 1024
+# Received frames are read-only and are only ever read: torch's warning about it is noise.
+warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
+
+
+def encode(msg: Message) -> list:
+    """Frames for `msg`: the header, then the tensor's bytes as a buffer (not copied)."""
+    header = {"t": int(msg.type), "v": PROTOCOL_VERSION, "w": msg.worker, "s": msg.seq,
+              "c": msg.clock, "bv": msg.base_version}
+    if msg.fields:
+        header["f"] = msg.fields
+    if msg.tensor is None:
+        return [msgpack.packb(header)]
+    t = msg.tensor
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous().view(-1)
+    header["dt"] = DTYPE_NAMES[t.dtype]
+    header["n"] = t.numel() * t.element_size()
+    return [msgpack.packb(header), _buffer(t)]
+
+
+def _buffer(t: torch.Tensor) -> memoryview:
+    if t.dtype == torch.bfloat16:  # numpy has no bfloat16: send its bits
+        t = t.view(torch.int16)
+    return memoryview(t.numpy()).cast("B")
+
+
+def decode(frames: list) -> Message:
+    """Parse frames into a Message; any defect raises ProtocolError (never anything else)."""
+    if not frames or len(frames) > 2:
+        raise ProtocolError(ErrorCode.MALFORMED, f"expected 1 or 2 frames, got {len(frames)}")
+    head = memoryview(frames[0])
+    if head.nbytes > MAX_HEADER_BYTES:
+        raise ProtocolError(ErrorCode.MALFORMED, f"header of {head.nbytes} bytes exceeds {MAX_HEADER_BYTES}")
+    try:
+        h = msgpack.unpackb(head, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises many types for garbage input
+        raise ProtocolError(ErrorCode.MALFORMED, f"header is not msgpack: {type(exc).__name__}") from None
+    if not isinstance(h, dict):
+        raise ProtocolError(ErrorCode.MALFORMED, "header is not a map")
+    if h.get("v") != PROTOCOL_VERSION:
+        raise ProtocolError(ErrorCode.BAD_VERSION,
+                            f"protocol version {h.get('v')!r}, this server speaks {PROTOCOL_VERSION}")
+    try:
+        mtype = MsgType(h.get("t"))
+    except ValueError:
+        raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown message type {h.get('t')!r}") from None
+    ints = {k: h.get(k, 0) for k in ("w", "s", "c", "bv")}
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in ints.values()):
+        raise ProtocolError(ErrorCode.MALFORMED, "worker, seq, clock and base version must be integers")
+    fields = h.get("f", {})
+    if not isinstance(fields, dict):
+        raise ProtocolError(ErrorCode.MALFORMED, "fields must be a map")
+    msg = Message(mtype, ints["w"], ints["s"], ints["c"], ints["bv"], fields)
+    if len(frames) == 2:
+        msg.tensor = _tensor(h, frames[1])
+    elif "dt" in h:
+        raise ProtocolError(ErrorCode.BAD_TENSOR, "header announces a tensor but no tensor frame came")
+    return msg
+
+
+def _tensor(h: dict, frame) -> torch.Tensor:
+    dtype = DTYPES.get(h.get("dt"))
+    if dtype is None:
+        raise ProtocolError(ErrorCode.BAD_TENSOR, f"dtype {h.get('dt')!r} not one of {sorted(DTYPES)}")
+    buf = memoryview(frame)
+    if h.get("n") != buf.nbytes:
+        raise ProtocolError(ErrorCode.BAD_TENSOR, f"header says {h.get('n')!r} bytes, frame has {buf.nbytes}")
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if buf.nbytes % itemsize:
+        raise ProtocolError(ErrorCode.BAD_TENSOR, f"{buf.nbytes} bytes is not a whole number of {h['dt']}")
+    if buf.nbytes == 0:
+        return torch.empty(0, dtype=dtype)
+    raw = torch.int16 if dtype == torch.bfloat16 else dtype
+    return torch.frombuffer(buf, dtype=raw).view(dtype)

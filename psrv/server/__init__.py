@@ -1,0 +1,1 @@
+"""The server side: partition plan, shard, optimizers, consistency controllers, service loop."""

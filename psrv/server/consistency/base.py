@@ -1,0 +1,58 @@
+"""What every controller shares: the active set and each worker's clock (steps pushed)."""
+from __future__ import annotations
+
+import enum
+
+
+class Decision(enum.Enum):
+    APPLY = "apply"            # apply this gradient now
+    ACCUMULATE = "accumulate"  # add it to the open clock's sum
+    DROP = "drop"              # a late gradient of a finished clock
+
+
+class Controller:
+    mode = "base"
+
+    def __init__(self, num_workers: int):
+        self.num_workers = num_workers
+        self.active: set[int] = set(range(num_workers))
+        self.clocks: dict[int, int] = {w: 0 for w in range(num_workers)}
+
+    # --- membership -------------------------------------------------------
+    def leave(self, worker: int) -> None:
+        self.active.discard(worker)
+
+    def join(self, worker: int) -> None:
+        self.active.add(worker)
+        self.clocks.setdefault(worker, 0)
+
+    def min_clock(self) -> int:
+        return min((self.clocks[w] for w in self.active), default=0)
+
+    def clock_gap(self, clock: int) -> int:
+        """How far `clock` (a worker being answered) runs ahead of the slowest active worker."""
+        return max(0, clock - self.min_clock()) if self.active else 0
+
+    # --- the policy -------------------------------------------------------
+    def push(self, worker: int, clock: int) -> Decision:
+        """Record a push of `worker`'s gradient for `clock` and say what to do with it."""
+        self.clocks[worker] = max(self.clocks.get(worker, 0), clock + 1)
+        return self._decide(worker, clock)
+
+    def _decide(self, worker: int, clock: int) -> Decision:
+        raise NotImplementedError
+
+    def commit_ready(self) -> bool:
+        """True when buffered gradients should be applied now (sync only)."""
+        return False
+
+    def committed(self) -> None:
+        """The shard applied the buffered gradients."""
+
+    def pull_ready(self, worker: int, clock: int) -> bool:
+        """May a pull by `worker` at `clock` be answered now?"""
+        raise NotImplementedError
+
+    def next_clock(self, worker: int) -> int:
+        """The clock `worker` should push next (sync hands a late joiner the open clock)."""
+        return self.clocks.get(worker, 0)

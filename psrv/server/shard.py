@@ -1,0 +1,65 @@
+"""One shard: a contiguous slice of the flat parameter vector, its optimizer state and version.
+
+The shard decides *how* an update is applied; the consistency controller decides *when*.
+"""
+from __future__ import annotations
+
+import torch
+
+from psrv.config import OptimConfig
+from psrv.server.optim import make_optimizer
+
+
+class Shard:
+    def __init__(self, size: int, optim: OptimConfig, *, device: str = "cpu"):
+        self.size = size
+        self.device = torch.device(device)
+        self.param = torch.nn.Parameter(torch.zeros(size, dtype=torch.float32, device=self.device),
+                                        requires_grad=False)
+        self.optimizer = make_optimizer(optim, self.param)
+        self._accum = torch.zeros(size, dtype=torch.float32, device=self.device)
+        self._accumulated = 0
+        self.version = 0          # optimizer steps applied
+        self.initialised = False
+
+    @property
+    def weights(self) -> torch.Tensor:
+        return self.param.data
+
+    def init(self, values: torch.Tensor) -> None:
+        self.param.data.copy_(values)
+        self.initialised = True
+
+    def apply(self, grad: torch.Tensor) -> None:
+        """One optimizer step with `grad` (asynchronous and SSP pushes)."""
+        self._step(grad.to(self.device, torch.float32, non_blocking=True))
+
+    def accumulate(self, grad: torch.Tensor) -> None:
+        """Add `grad` to the open clock's sum (sync mode)."""
+        self._accum.add_(grad.to(self.device, non_blocking=True))
+        self._accumulated += 1
+
+    def apply_accumulated(self) -> int:
+        """One optimizer step with the mean of the accumulated gradients; returns how many."""
+        n = self._accumulated
+        assert n > 0, "apply_accumulated with nothing accumulated"
+        self._accum.div_(n)
+        self._step(self._accum)
+        self._accum.zero_()
+        self._accumulated = 0
+        return n
+
+    def _step(self, grad: torch.Tensor) -> None:
+        self.param.grad = grad
+        self.optimizer.step()
+        self.param.grad = None
+        self.version += 1
+
+    def state_dict(self) -> dict:
+        return {"param": self.param.data, "optimizer": self.optimizer.state_dict(), "version": self.version}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.param.data.copy_(state["param"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+        self.initialised = True

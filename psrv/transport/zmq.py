@@ -1,0 +1,96 @@
+"""ZeroMQ transport: a ROUTER per shard on the server, a DEALER per shard on the worker."""
+from __future__ import annotations
+
+import time
+from typing import Any, Hashable, Sequence
+
+import zmq
+
+from psrv.transport.base import ClientTransport, ServerTransport
+
+
+def _resolve_bind(bind: str) -> str:
+    # zmq spells "any free port" as '*'; psrv accepts the usual :0 as well.
+    return bind[:-2] + ":*" if bind.endswith(":0") else bind
+
+
+class ZmqServer(ServerTransport):
+    def __init__(self, bind: str, *, max_message_bytes: int = -1, context: zmq.Context | None = None):
+        self._ctx = context or zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 0)  # replies to vanished peers are dropped
+        if max_message_bytes > 0:
+            self._sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+        self._sock.bind(_resolve_bind(bind))
+        self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._poller = zmq.Poller()
+        self._poller.register(self._sock, zmq.POLLIN)
+        self._trackers: list[zmq.MessageTracker] = []
+
+    def recv(self, timeout: float) -> tuple[Hashable, list] | None:
+        if not self._poller.poll(int(timeout * 1000)):
+            return None
+        frames = self._sock.recv_multipart(copy=False)
+        return frames[0].bytes, [f.buffer for f in frames[1:]]
+
+    def send(self, peer: Hashable, frames: Sequence[Any]) -> None:
+        big = len(frames) > 1 and memoryview(frames[-1]).nbytes >= zmq.COPY_THRESHOLD
+        tracker = self._sock.send_multipart([peer, *frames], copy=False, track=big)
+        if big:
+            self._trackers.append(tracker)
+
+    def wait_sent(self, timeout: float = 30.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while self._trackers:
+            try:
+                self._trackers[-1].wait(max(0.0, deadline - time.monotonic()))
+            except zmq.NotDone:
+                return False
+            self._trackers.pop()
+        return True
+
+    def close(self) -> None:
+        self._sock.close(linger=0)
+
+
+class ZmqClient(ClientTransport):
+    def __init__(self, addresses: Sequence[str], *, context: zmq.Context | None = None,
+                 socket_options: dict[int, Any] | None = None):
+        self._ctx = context or zmq.Context.instance()
+        self._addresses = list(addresses)
+        self._options = socket_options or {}
+        self._socks: list[zmq.Socket] = [self._connect(a) for a in self._addresses]
+        self._poller = zmq.Poller()
+        for s in self._socks:
+            self._poller.register(s, zmq.POLLIN)
+
+    def _connect(self, address: str) -> zmq.Socket:
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        for opt, value in self._options.items():
+            sock.setsockopt(opt, value)
+        sock.connect(address)
+        return sock
+
+    def send(self, shard: int, frames: Sequence[Any]) -> None:
+        self._socks[shard].send_multipart(frames, copy=False)
+
+    def recv(self, timeout: float) -> tuple[int, list] | None:
+        events = dict(self._poller.poll(int(timeout * 1000)))
+        for shard, sock in enumerate(self._socks):
+            if sock in events:
+                frames = sock.recv_multipart(copy=False)
+                return shard, [f.buffer for f in frames]
+        return None
+
+    def reconnect(self, shard: int) -> None:
+        old = self._socks[shard]
+        self._poller.unregister(old)
+        old.close(linger=0)
+        self._socks[shard] = self._connect(self._addresses[shard])
+        self._poller.register(self._socks[shard], zmq.POLLIN)
+
+    def close(self) -> None:
+        for s in self._socks:
+            s.close(linger=0)

@@ -1,0 +1,1 @@
+"""The worker side: the training loop, the DDP baseline worker, fault injection and jobs."""

@@ -1,0 +1,88 @@
+"""The worker loop: pull -> forward/backward -> push, over PSClient. One call: `train(cfg)`."""
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from psrv.client import PSClient
+from psrv.config import WorkerConfig
+from psrv.server.partition import PartitionPlan
+from workers.data import batch_indices
+from workers.faults import FaultInjector
+from workers.flat import FlatModel
+from workers.jobs import evaluate, load_job
+
+log = logging.getLogger("psrv.worker")
+
+
+def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
+    """Train cfg.steps steps against the servers; return this worker's record (see `psrv worker --out`)."""
+    started = time.time()
+    device = torch.device(cfg.device)
+    job = load_job(cfg.job, seed=cfg.seed)
+    model = job.model.to(device)
+    flat = FlatModel(model)
+    plan = PartitionPlan.from_module(model, len(cfg.servers))
+    faults = FaultInjector(cfg.faults, rank=cfg.rank, seed=cfg.seed)
+    x_train, y_train = (t.to(device) for t in job.train)
+    batches = batch_indices(len(x_train), rank=cfg.rank, world_size=cfg.world_size,
+                            batch_size=cfg.batch_size, seed=cfg.seed)
+    record = {"rank": cfg.rank, "world_size": cfg.world_size, "job": job.name, "steps": cfg.steps,
+              "batch_size": cfg.batch_size, "parameters": plan.total, "plan_hash": plan.hash,
+              "evals": [], "step_log": []}
+    with PSClient(cfg.servers, plan, worker=cfg.rank, world_size=cfg.world_size,
+                  transport=cfg.transport, timeout=cfg.request_timeout) as client:
+        welcome = client.hello()
+        if cfg.rank == 0:
+            client.init(flat.params.cpu())
+        reply = client.pull(clock=welcome[0].get("clock", 0), out=flat.params)
+        clock = reply.clock
+        if cfg.rank == 0:
+            _eval(job, model, device, record, step=0, started=started)
+            record["initial_loss"] = record["evals"][0]["eval_loss"]
+        t_loop = time.time()
+        for step in range(cfg.steps):
+            t0 = time.perf_counter()
+            idx = next(batches).to(device)
+            flat.zero_grad()
+            loss = job.loss_fn(model(x_train[idx]), y_train[idx])
+            loss.backward()
+            faults.compute(step, time.perf_counter() - t0)
+            t1 = time.perf_counter()
+            faults.before_send()
+            reply = client.push_pull(flat.grads, clock=clock, out=flat.params)
+            t2 = time.perf_counter()
+            clock = reply.clock
+            row = {"wall_time": time.time(), "worker": cfg.rank, "step": step, "loss": float(loss),
+                   "staleness": reply.staleness, "compute_seconds": t1 - t0,
+                   "communication_seconds": max(0.0, t2 - t1 - reply.waited),
+                   "wait_seconds": min(reply.waited, t2 - t1), "batch_size": cfg.batch_size}
+            record["step_log"].append(row)
+            if metrics is not None:
+                metrics.observe_step(row)
+            if progress is not None:
+                progress(step + 1)
+            if cfg.rank == 0 and cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
+                _eval(job, model, device, record, step=step + 1, started=started)
+        train_seconds = time.time() - t_loop
+        if cfg.rank == 0:
+            # The final answer is the weights after every worker's last push: wait for the others to leave.
+            client.pull(clock=clock, out=flat.params, final=True)
+            _eval(job, model, device, record, step=cfg.steps, started=started)
+            record["final_loss"] = record["evals"][-1]["eval_loss"]
+            record["eval_accuracy"] = record["evals"][-1]["eval_accuracy"]
+        client.leave()
+    rows = record["step_log"]
+    record.update(pushes=len(rows), samples=len(rows) * cfg.batch_size, train_seconds=train_seconds,
+                  wall_seconds=time.time() - started,
+                  max_staleness=max((r["staleness"] for r in rows), default=0),
+                  final_params=flat.params.detach().cpu())
+    return record
+
+
+def _eval(job, model, device, record: dict, *, step: int, started: float) -> None:
+    loss, acc = evaluate(job, model, device=device)
+    record["evals"].append({"wall_time": time.time(), "step": step, "eval_loss": loss, "eval_accuracy": acc})
+    log.info("eval at step %d: loss %.4f accuracy %.4f", step, loss, acc)
