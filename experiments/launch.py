@@ -39,6 +39,7 @@ class RunOptions:
     transport: str = "zmq"
     worker_timeout: float = 10.0
     metrics: bool = False
+    metrics_linger: float = 0.0
     out: Path = Path("runs/latest")
     timeout: float = 1800.0
 
@@ -55,7 +56,7 @@ def run_options_from_args(a: argparse.Namespace) -> RunOptions:
                       backup_workers=a.backup_workers, job=a.job, steps=a.steps, batch_size=a.batch_size,
                       seed=a.seed, eval_every=a.eval_every, optim=optim_config(a), faults=fault_config(a),
                       device=a.device, transport=a.transport, worker_timeout=a.worker_timeout,
-                      metrics=a.metrics, out=a.out)
+                      metrics=a.metrics, metrics_linger=a.metrics_linger, out=a.out)
 
 
 def _psrv(*args: str) -> list[str]:
@@ -145,7 +146,14 @@ def run_local(o: RunOptions, *, progress: bool = True) -> dict:
             servers = _start_servers(cluster, o)
             names = _start_workers(cluster, o, [a for _, a in servers])
         bar = _progress(o, enabled=progress)
-        cluster.wait(names, timeout=o.timeout, tick=bar.tick)
+        expected = o.servers + o.workers if o.metrics and o.mode != "ddp" else 0
+        found = [0]
+
+        def tick() -> None:
+            bar.tick()
+            if found[0] < expected:  # processes announce their /metrics ports as they start
+                found[0] = write_targets(o.out)
+        cluster.wait(names, timeout=o.timeout, tick=tick)
         cluster.wait([n for n, _ in servers], timeout=60)
         bar.close()
     finally:
@@ -154,6 +162,24 @@ def run_local(o: RunOptions, *, progress: bool = True) -> dict:
     write_tables(o.out)
     (o.out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def _metrics_flags(o: RunOptions) -> list[str]:
+    return ["--metrics-port", "0", "--metrics-linger", repr(o.metrics_linger)] if o.metrics else []
+
+
+def write_targets(out: Path) -> int:
+    """DIR/targets.json in Prometheus file_sd format, from the ports the processes announced."""
+    groups = []
+    for role in ("server", "worker"):
+        ports = sorted(out.glob(f"{role}-*.metrics"))
+        targets = [f"127.0.0.1:{p.read_text().strip()}" for p in ports if p.read_text().strip()]
+        if targets:
+            groups.append({"targets": targets, "labels": {"job": "psrv", "role": role}})
+    tmp = out / "targets.json.tmp"
+    tmp.write_text(json.dumps(groups, indent=1))
+    tmp.replace(out / "targets.json")
+    return sum(len(g["targets"]) for g in groups)
 
 
 def _start_servers(cluster: Cluster, o: RunOptions) -> list[tuple[str, str]]:
@@ -166,8 +192,7 @@ def _start_servers(cluster: Cluster, o: RunOptions) -> list[tuple[str, str]]:
                      "--backup-workers", str(o.backup_workers), *_optim_flags(o), "--device", o.device,
                      "--transport", o.transport, "--worker-timeout", repr(o.worker_timeout),
                      "--out", str(o.out / f"server-{i}.json"), "--ready-file", str(ready))
-        if o.metrics:
-            argv += ["--metrics-port", "0"]
+        argv += _metrics_flags(o)
         cluster.start(f"server-{i}", argv)
         names.append((f"server-{i}", ready))
     deadline = time.monotonic() + 60
@@ -189,8 +214,7 @@ def _start_workers(cluster: Cluster, o: RunOptions, addresses: list[str]) -> lis
                      "--progress-file", str(o.out / f"worker-{rank}.progress"))
         if rank == 0:
             argv += ["--params-out", str(o.out / "params.pt")]
-        if o.metrics:
-            argv += ["--metrics-port", "0"]
+        argv += _metrics_flags(o) + ["--mode", o.mode]
         cluster.start(f"worker-{rank}", argv)
         names.append(f"worker-{rank}")
     return names

@@ -5,6 +5,7 @@ import argparse
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 
 from psrv.config import MODES, OPTIMIZERS, RUN_MODES, TRANSPORTS, FaultConfig, OptimConfig, ServerConfig, WorkerConfig
@@ -49,6 +50,13 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="INFO", help="logging level (default: %(default)s)")
 
 
+def _metrics_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port "
+                   "(0: a free port, written beside --out as .metrics)")
+    p.add_argument("--metrics-linger", type=float, default=0.0,
+                   help="keep /metrics up this many seconds after the end, for a last scrape")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="psrv", description="Parameter-server training with sync, async "
                                      "and SSP consistency, and a harness that compares them with DDP.",
@@ -65,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--workers", type=int, default=1, help="number of workers N (default: %(default)s)")
     _server_args(s)
     _common(s)
-    s.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
+    _metrics_args(s)
     s.add_argument("--out", type=Path, help="write the shard's statistics (JSON) here at exit")
     s.add_argument("--ready-file", type=Path, help="write the bound address here once listening")
 
@@ -77,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--world-size", type=int, default=1, help="number of workers (default: %(default)s)")
     _worker_args(w)
     _common(w)
-    w.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
+    w.add_argument("--mode", default="", help="label for this worker's metrics (the servers hold the mode)")
+    _metrics_args(w)
     w.add_argument("--out", type=Path, help="write this worker's record (JSON) here")
     w.add_argument("--params-out", type=Path, help="save the final flat parameter vector here (torch.save)")
     w.add_argument("--progress-file", type=Path, help="keep the number of finished steps in this file")
@@ -92,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     _worker_args(r)
     _common(r)
     r.add_argument("--metrics", action="store_true", help="every process serves /metrics; writes DIR/targets.json")
+    r.add_argument("--metrics-linger", type=float, default=0.0,
+                   help="with --metrics: keep /metrics up this many seconds after the end")
     r.add_argument("--out", type=Path, default=Path("runs/latest"), help="output directory (default: %(default)s)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -120,7 +131,8 @@ def _serve(a: argparse.Namespace) -> int:
     cfg = ServerConfig(shard=a.shard, num_shards=a.num_shards, workers=a.workers, bind=a.bind, mode=a.mode,
                        staleness=a.staleness, backup_workers=a.backup_workers, optim=optim_config(a),
                        device=a.device, transport=a.transport, worker_timeout=a.worker_timeout)
-    summary = serve(cfg, metrics_port=a.metrics_port, ready_file=a.ready_file)
+    summary = serve(cfg, metrics_port=a.metrics_port, metrics_file=_metrics_file(a),
+                    metrics_linger=a.metrics_linger, ready_file=a.ready_file)
     if a.out:
         _write_json(a.out, summary)
     return 0
@@ -135,7 +147,14 @@ def _worker(a: argparse.Namespace) -> int:
     progress = None
     if a.progress_file:
         progress = lambda step: step % 10 == 0 and a.progress_file.write_text(str(step))  # noqa: E731
-    record = train(cfg, progress=progress)
+    metrics = None
+    if a.metrics_port is not None:
+        from psrv.metrics import WorkerMetrics
+        from psrv.server.run import start_metrics
+        metrics = start_metrics(WorkerMetrics, a.metrics_port, _metrics_file(a), worker=a.rank, mode=a.mode)
+    record = train(cfg, progress=progress, metrics=metrics)
+    if metrics is not None and a.metrics_linger > 0:
+        time.sleep(a.metrics_linger)
     params = record.pop("final_params")
     if a.params_out:
         a.params_out.parent.mkdir(parents=True, exist_ok=True)
@@ -161,6 +180,11 @@ def _run(a: argparse.Namespace) -> int:
 def _experiment(a: argparse.Namespace) -> int:
     from experiments.runner import run_experiment
     return run_experiment(a.spec, out=a.out)
+
+
+def _metrics_file(a: argparse.Namespace) -> Path | None:
+    """Where a process announces its bound /metrics port: beside its --out file."""
+    return a.out.with_suffix(".metrics") if a.out else None
 
 
 def _write_json(path: Path, data: dict) -> None:

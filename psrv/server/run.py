@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 from pathlib import Path
 
 from psrv.config import ServerConfig
@@ -13,12 +14,17 @@ from psrv.transport import create_server
 log = logging.getLogger("psrv.server")
 
 
-def serve(cfg: ServerConfig, *, metrics_port: int | None = None, ready_file: Path | None = None) -> dict:
-    """Bind, announce the address, serve; returns the shard's summary once all workers have left."""
+def serve(cfg: ServerConfig, *, metrics_port: int | None = None, metrics_file: Path | None = None,
+          metrics_linger: float = 0.0, ready_file: Path | None = None) -> dict:
+    """Bind, announce the address, serve; returns the shard's summary once all workers have left.
+
+    With `metrics_port`, /metrics is served (port 0: a free port, written to `metrics_file`) and
+    kept up `metrics_linger` seconds after the end so a last scrape sees the final counts.
+    """
     metrics = None
     if metrics_port is not None:
-        from psrv.metrics import ServiceMetrics
-        metrics = ServiceMetrics.serve(cfg, port=metrics_port)
+        from psrv.metrics import ServerMetrics
+        metrics = start_metrics(ServerMetrics, metrics_port, metrics_file, shard=cfg.shard, mode=cfg.mode)
     transport = create_server(cfg.transport, cfg.bind, max_message_bytes=cfg.max_message_bytes)
     service = ShardService(cfg, transport, metrics=metrics)
     signal.signal(signal.SIGTERM, lambda *_: setattr(service, "stopped", True))
@@ -27,6 +33,24 @@ def serve(cfg: ServerConfig, *, metrics_port: int | None = None, ready_file: Pat
         tmp.write_text(transport.address)
         os.replace(tmp, ready_file)
     try:
-        return service.serve()
+        summary = service.serve()
     finally:
         transport.close()
+    if metrics is not None and metrics_linger > 0:
+        time.sleep(metrics_linger)
+    return summary
+
+
+def start_metrics(kind, port: int, port_file: Path | None, **labels):
+    """A fresh registry with `kind`'s metrics, served on `port`; the bound port goes to `port_file`."""
+    from prometheus_client import CollectorRegistry
+
+    from psrv.metrics import serve_metrics
+    registry = CollectorRegistry()
+    metrics = kind(registry, **labels)
+    bound = serve_metrics(port, registry)
+    log.info("metrics on http://127.0.0.1:%d/metrics", bound)
+    if port_file is not None:
+        port_file.parent.mkdir(parents=True, exist_ok=True)
+        port_file.write_text(str(bound))
+    return metrics

@@ -45,7 +45,7 @@ class ShardService:
         self.join_timeout = join_timeout
         self.controller = make_controller(cfg.mode, cfg.workers, staleness=cfg.staleness,
                                           backup_workers=cfg.backup_workers)
-        self.stats = ShardStats()
+        self.stats = ShardStats(metrics=metrics)
         self.shard: Shard | None = None
         self.plan_hash: str | None = None
         self.pending: list[_Pending] = []
@@ -80,10 +80,9 @@ class ShardService:
 
     def handle(self, peer: Hashable, frames: list) -> None:
         """Handle one request; every request gets exactly one reply, now or deferred."""
-        started = time.perf_counter()
         seq = 0
         try:
-            self.stats.bytes_in += sum(memoryview(f).nbytes for f in frames)
+            self.stats.received(sum(memoryview(f).nbytes for f in frames))
             msg = decode(frames)
             seq = msg.seq
             handler = self._handlers.get(msg.type)
@@ -102,8 +101,6 @@ class ShardService:
             log.exception("shard %d: internal error", self.cfg.shard)
             self._reply(peer, Message(MsgType.ERROR, seq=seq, fields={
                 "code": int(ErrorCode.INTERNAL), "message": f"{type(exc).__name__}: {exc}"}))
-        if self.metrics is not None:
-            self.metrics.observe_request(time.perf_counter() - started)
 
     def check_liveness(self) -> None:
         """Workers silent for worker_timeout (with no request waiting on us) leave the active set."""
@@ -188,6 +185,7 @@ class ShardService:
     # --- mechanics ------------------------------------------------------------
     def _push(self, msg: Message) -> dict:
         """Accept one gradient: dedup, validate, then apply / accumulate / drop as the controller says."""
+        started = time.perf_counter()
         shard = self._ready_shard(msg, need_init=True)
         grad = self._tensor(msg, shard)
         if msg.seq <= self.last_seq.get(msg.worker, 0):
@@ -195,26 +193,28 @@ class ShardService:
             return {"version": shard.version, "duplicate": True, "staleness": 0}
         finite = bool(torch.isfinite(grad.sum()))  # one pass; NaN/Inf anywhere makes the sum non-finite
         if not finite and self.cfg.nonfinite == "reject":
-            self.stats.dropped["nonfinite"] += 1
+            self.stats.drop("invalid")
             raise ProtocolError(ErrorCode.NONFINITE, "gradient has NaN or Inf; refused (see --nonfinite)")
         self.last_seq[msg.worker] = msg.seq
-        self.stats.pushes += 1
         if not finite:  # --nonfinite skip: acknowledged, never applied
-            self.stats.dropped["nonfinite"] += 1
+            self.stats.drop("invalid")
+            self.stats.pushed(time.perf_counter() - started, None)
             return {"version": shard.version, "dropped": "nonfinite", "staleness": 0}
         decision = self.controller.push(msg.worker, msg.clock)
         if decision is Decision.DROP:
-            self.stats.dropped["late"] += 1
+            self.stats.drop("late")
+            self.stats.pushed(time.perf_counter() - started, None)
             return {"version": shard.version, "dropped": "late", "staleness": 0}
         staleness = shard.version - msg.base_version
-        self.stats.record_staleness(staleness)
         self.transport.wait_sent()  # replies still reading the weights must leave before we write them
         if decision is Decision.APPLY:
             shard.apply(grad)
-            self.stats.updates_applied += 1
+            self.stats.applied(shard.version)
         else:
             shard.accumulate(grad)
             self._commit_if_ready()
+        self.stats.pushed(time.perf_counter() - started, staleness)
+        self.stats.membership(self.controller.active, {msg.worker: self.controller.clocks[msg.worker]})
         return {"version": shard.version, "staleness": staleness}
 
     def _commit_if_ready(self) -> None:
@@ -222,10 +222,11 @@ class ShardService:
             self.transport.wait_sent()
             self.shard.apply_accumulated()
             self.controller.committed()
-            self.stats.updates_applied += 1
+            self.stats.applied(self.shard.version)
 
     def _remove(self, worker: int) -> None:
         self.controller.leave(worker)
+        self.stats.membership(self.controller.active, {})
         self.pending = [p for p in self.pending if p.worker != worker]
         self._commit_if_ready()
         self._release()
@@ -248,9 +249,7 @@ class ShardService:
     def _answer(self, p: _Pending) -> None:
         gap = self.controller.clock_gap(p.clock)
         waited = self.now() - p.received
-        self.stats.pulls += 1
-        self.stats.max_clock_gap = max(self.stats.max_clock_gap, gap)
-        self.stats.wait_seconds += waited
+        self.stats.answered(waited=waited, gap=gap)
         fields = {"version": self.shard.version, "clock": self.controller.next_clock(p.worker),
                   "waited": waited, "gap": gap}
         if p.push is not None:
@@ -259,7 +258,7 @@ class ShardService:
 
     def _reply(self, peer, msg: Message) -> None:
         frames = encode(msg)
-        self.stats.bytes_out += sum(memoryview(f).nbytes for f in frames)
+        self.stats.sent(sum(memoryview(f).nbytes for f in frames))
         self.transport.send(peer, frames)
 
     def _check_worker(self, msg: Message) -> None:

@@ -1,12 +1,17 @@
-"""Per-shard counters: what STATS answers and what `psrv serve --out` writes at exit."""
+"""Per-shard counters: what STATS answers, what `psrv serve --out` writes, and what /metrics shows.
+
+Every event is recorded once, here; when Prometheus metrics are on, the same call updates them.
+"""
 from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
 class ShardStats:
+    metrics: Any = None  # psrv.metrics.ServerMetrics, or None
     pushes: int = 0
     pulls: int = 0
     updates_applied: int = 0
@@ -20,9 +25,57 @@ class ShardStats:
     wait_seconds: float = 0.0
     lost_workers: list = field(default_factory=list)
 
-    def record_staleness(self, value: int) -> None:
-        self.staleness[value] += 1
+    # --- events -------------------------------------------------------------
+    def received(self, nbytes: int) -> None:
+        self.bytes_in += nbytes
+        if self.metrics:
+            self.metrics.bytes_received.inc(nbytes)
 
+    def sent(self, nbytes: int) -> None:
+        self.bytes_out += nbytes
+        if self.metrics:
+            self.metrics.bytes_sent.inc(nbytes)
+
+    def pushed(self, seconds: float, staleness: int | None) -> None:
+        """A gradient was accepted (applied, buffered, or dropped as late); `seconds` to handle it."""
+        self.pushes += 1
+        if staleness is not None:
+            self.staleness[staleness] += 1
+        if self.metrics:
+            self.metrics.pushes.inc()
+            self.metrics.push_latency.observe(seconds)
+            if staleness is not None:
+                self.metrics.push_staleness.observe(staleness)
+
+    def applied(self, version: int) -> None:
+        self.updates_applied += 1
+        if self.metrics:
+            self.metrics.updates_applied.inc()
+            self.metrics.shard_version.set(version)
+
+    def drop(self, reason: str) -> None:
+        self.dropped[reason] += 1
+        if self.metrics:
+            self.metrics.dropped(reason).inc()
+
+    def answered(self, *, waited: float, gap: int) -> None:
+        """A pull was answered after `waited` seconds, at clock gap `gap`."""
+        self.pulls += 1
+        self.wait_seconds += waited
+        self.max_clock_gap = max(self.max_clock_gap, gap)
+        if self.metrics:
+            self.metrics.pulls.inc()
+            self.metrics.pull_latency.observe(waited)
+            self.metrics.wait_seconds.inc(waited)
+            self.metrics.max_clock_gap.set(self.max_clock_gap)
+
+    def membership(self, active: set[int], clocks: dict[int, int]) -> None:
+        if self.metrics:
+            self.metrics.active_workers.set(len(active))
+            for w, c in clocks.items():
+                self.metrics.worker_clock(w).set(c)
+
+    # --- summaries ----------------------------------------------------------
     @property
     def max_staleness(self) -> int:
         return max(self.staleness, default=0)
