@@ -55,6 +55,8 @@ def _metrics_args(p: argparse.ArgumentParser) -> None:
                    "(0: a free port, written beside --out as .metrics)")
     p.add_argument("--metrics-linger", type=float, default=0.0,
                    help="keep /metrics up this many seconds after the end, for a last scrape")
+    p.add_argument("--metrics-host", default="127.0.0.1",
+                   help="address /metrics listens on; 0.0.0.0 lets other hosts scrape (default: %(default)s)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -131,7 +133,7 @@ def _serve(a: argparse.Namespace) -> int:
     cfg = ServerConfig(shard=a.shard, num_shards=a.num_shards, workers=a.workers, bind=a.bind, mode=a.mode,
                        staleness=a.staleness, backup_workers=a.backup_workers, optim=optim_config(a),
                        device=a.device, transport=a.transport, worker_timeout=a.worker_timeout)
-    summary = serve(cfg, metrics_port=a.metrics_port, metrics_file=_metrics_file(a),
+    summary = serve(cfg, metrics_port=a.metrics_port, metrics_file=_metrics_file(a), metrics_host=a.metrics_host,
                     metrics_linger=a.metrics_linger, ready_file=a.ready_file)
     if a.out:
         _write_json(a.out, summary)
@@ -151,7 +153,8 @@ def _worker(a: argparse.Namespace) -> int:
     if a.metrics_port is not None:
         from psrv.metrics import WorkerMetrics
         from psrv.server.run import start_metrics
-        metrics = start_metrics(WorkerMetrics, a.metrics_port, _metrics_file(a), worker=a.rank, mode=a.mode)
+        metrics = start_metrics(WorkerMetrics, a.metrics_port, _metrics_file(a), host=a.metrics_host,
+                                worker=a.rank, mode=a.mode)
     record = train(cfg, progress=progress, metrics=metrics)
     if metrics is not None and a.metrics_linger > 0:
         time.sleep(a.metrics_linger)

@@ -15,7 +15,7 @@ log = logging.getLogger("psrv.server")
 
 
 def serve(cfg: ServerConfig, *, metrics_port: int | None = None, metrics_file: Path | None = None,
-          metrics_linger: float = 0.0, ready_file: Path | None = None) -> dict:
+          metrics_host: str = "127.0.0.1", metrics_linger: float = 0.0, ready_file: Path | None = None) -> dict:
     """Bind, announce the address, serve; returns the shard's summary once all workers have left.
 
     With `metrics_port`, /metrics is served (port 0: a free port, written to `metrics_file`) and
@@ -24,7 +24,8 @@ def serve(cfg: ServerConfig, *, metrics_port: int | None = None, metrics_file: P
     metrics = None
     if metrics_port is not None:
         from psrv.metrics import ServerMetrics
-        metrics = start_metrics(ServerMetrics, metrics_port, metrics_file, shard=cfg.shard, mode=cfg.mode)
+        metrics = start_metrics(ServerMetrics, metrics_port, metrics_file, host=metrics_host,
+                                shard=cfg.shard, mode=cfg.mode)
     transport = create_server(cfg.transport, cfg.bind, max_message_bytes=cfg.max_message_bytes)
     service = ShardService(cfg, transport, metrics=metrics)
     signal.signal(signal.SIGTERM, lambda *_: setattr(service, "stopped", True))
@@ -41,15 +42,15 @@ def serve(cfg: ServerConfig, *, metrics_port: int | None = None, metrics_file: P
     return summary
 
 
-def start_metrics(kind, port: int, port_file: Path | None, **labels):
+def start_metrics(kind, port: int, port_file: Path | None, *, host: str = "127.0.0.1", **labels):
     """A fresh registry with `kind`'s metrics, served on `port`; the bound port goes to `port_file`."""
     from prometheus_client import CollectorRegistry
 
     from psrv.metrics import serve_metrics
     registry = CollectorRegistry()
     metrics = kind(registry, **labels)
-    bound = serve_metrics(port, registry)
-    log.info("metrics on http://127.0.0.1:%d/metrics", bound)
+    bound = serve_metrics(port, registry, host=host)
+    log.info("metrics on http://%s:%d/metrics", host, bound)
     if port_file is not None:
         port_file.parent.mkdir(parents=True, exist_ok=True)
         port_file.write_text(str(bound))

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Emulated multi-host cluster on one machine: K network namespaces psrv-h0..psrv-h{K-1}, each
+# with its own address 10.77.0.(10+i), joined by veth pairs to the bridge psrvbr0 (10.77.0.1).
+#
+#   sudo deploy/netns/cluster.sh up K [RATE]   # RATE caps each host's egress (tc tbf), e.g. 1gbit
+#   sudo deploy/netns/cluster.sh exec I CMD... # run CMD on host I
+#   sudo deploy/netns/cluster.sh down          # remove everything `up` made
+#
+# Idempotent: `up` again adds missing hosts and resets the caps. Needs root, iproute2 and, for
+# RATE, the tbf qdisc (netem is not required). docs/deploy.md walks through a run on it.
+set -euo pipefail
+
+BRIDGE=psrvbr0
+PREFIX=10.77.0
+NS_PREFIX=psrv-h
+
+die() { echo "cluster.sh: $*" >&2; exit 1; }
+
+ns_name() { echo "$NS_PREFIX$1"; }
+
+# tbf's burst must hold at least one timer tick of traffic: take 10 ms worth, at least 32 KiB.
+burst_for() {
+  local rate=$1 num unit bytes
+  [[ $rate =~ ^([0-9]+)(bit|kbit|mbit|gbit)$ ]] || die "RATE must look like 100mbit or 1gbit; got '$rate'"
+  num=${BASH_REMATCH[1]} unit=${BASH_REMATCH[2]}
+  case $unit in
+    bit) bytes=$((num / 8)) ;;
+    kbit) bytes=$((num * 1000 / 8)) ;;
+    mbit) bytes=$((num * 1000000 / 8)) ;;
+    gbit) bytes=$((num * 1000000000 / 8)) ;;
+  esac
+  bytes=$((bytes / 100))
+  echo $((bytes > 32768 ? bytes : 32768))
+}
+
+# With br_netfilter loaded, bridged frames pass the iptables FORWARD chain, which may drop them
+# (Docker sets its policy to DROP): let traffic between the emulated hosts through.
+forward_rule() {
+  local action=$1
+  command -v iptables >/dev/null || return 0
+  if [[ $action == add ]]; then
+    iptables -C FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT 2>/dev/null ||
+      iptables -I FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT 2>/dev/null || true
+  else
+    while iptables -D FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT 2>/dev/null; do :; done
+  fi
+}
+
+up() {
+  local k=${1:-} rate=${2:-} i ns veth peer burst
+  if ! [[ $k =~ ^[0-9]+$ ]] || ((k < 1 || k > 200)); then
+    die "usage: $0 up K [RATE] with 1 <= K <= 200"
+  fi
+  [[ -z $rate ]] || burst=$(burst_for "$rate")
+  if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+    ip link add "$BRIDGE" type bridge
+  fi
+  ip addr replace "$PREFIX.1/24" dev "$BRIDGE"
+  ip link set "$BRIDGE" up
+  forward_rule add
+  for ((i = 0; i < k; i++)); do
+    ns=$(ns_name "$i") veth=psrv-v$i peer=psrv-p$i
+    [[ -e /run/netns/$ns ]] || ip netns add "$ns"
+    if ! ip -n "$ns" link show eth0 >/dev/null 2>&1; then
+      ip link del "$veth" 2>/dev/null || true  # a half-made pair from an interrupted run
+      ip link add "$veth" type veth peer name "$peer"
+      ip link set "$peer" netns "$ns"
+      ip -n "$ns" link set "$peer" name eth0
+    fi
+    ip link set "$veth" master "$BRIDGE" up
+    ip -n "$ns" addr replace "$PREFIX.$((10 + i))/24" dev eth0
+    ip -n "$ns" link set lo up
+    ip -n "$ns" link set eth0 up
+    ip -n "$ns" route replace default via "$PREFIX.1"
+    if [[ -n $rate ]]; then
+      ip netns exec "$ns" tc qdisc replace dev eth0 root tbf rate "$rate" burst "$burst" latency 50ms
+    else
+      ip netns exec "$ns" tc qdisc del dev eth0 root 2>/dev/null || true
+    fi
+    echo "$ns $PREFIX.$((10 + i))${rate:+ egress $rate}"
+  done
+}
+
+down() {
+  local ns link
+  for ns in $(ip netns list | awk '{print $1}' | grep -E "^${NS_PREFIX}[0-9]+$" || true); do
+    ip netns del "$ns"  # takes its end of the veth pair, and so the pair, with it
+  done
+  for link in $(ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1 | grep -E '^psrv-[vp][0-9]+$' || true); do
+    ip link del "$link" 2>/dev/null || true
+  done
+  forward_rule del
+  if ip link show "$BRIDGE" >/dev/null 2>&1; then
+    ip link del "$BRIDGE"
+  fi
+}
+
+run_on() {
+  local i=${1:-}
+  if ! [[ $i =~ ^[0-9]+$ ]] || (($# < 2)); then
+    die "usage: $0 exec I CMD [ARGS...]"
+  fi
+  [[ -e /run/netns/$(ns_name "$i") ]] || die "no host $i: run '$0 up K' first"
+  shift
+  exec ip netns exec "$(ns_name "$i")" "$@"
+}
+
+[[ $(id -u) == 0 ]] || die "must run as root (network namespaces and bridges need CAP_NET_ADMIN)"
+cmd=${1:-}
+shift || true
+case $cmd in
+  up) up "$@" ;;
+  down) down ;;
+  exec) run_on "$@" ;;
+  *) die "usage: $0 up K [RATE] | down | exec I CMD..." ;;
+esac

@@ -1,0 +1,159 @@
+"""Every psrv Prometheus metric, declared once, handed to servers and workers pre-labelled.
+
+Metrics live in a CollectorRegistry the caller passes in; nothing here touches the global REGISTRY.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)  # unit: shard versions
+LATENCY_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1,
+                   0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+DROP_REASONS = ("late", "duplicate", "backup", "inactive", "invalid")
+
+
+class _Spec(NamedTuple):
+    kind: type
+    name: str
+    doc: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] | None = None
+
+
+_SERVER_LABELS = ("shard", "mode")
+_WORKER_LABELS = ("worker", "mode")
+_SERVER = {
+    "pushes": _Spec(Counter, "psrv_pushes_total", "Push requests received."),
+    "pulls": _Spec(Counter, "psrv_pulls_total", "Pull requests received."),
+    "updates_applied": _Spec(Counter, "psrv_updates_applied_total",
+                             "Optimizer steps applied to the shard."),
+    "updates_dropped": _Spec(Counter, "psrv_updates_dropped_total",
+                             "Gradients received but not applied, by reason.", ("reason",)),
+    "bytes_received": _Spec(Counter, "psrv_bytes_received_total", "Bytes received in requests."),
+    "bytes_sent": _Spec(Counter, "psrv_bytes_sent_total", "Bytes sent in replies."),
+    "push_latency": _Spec(Histogram, "psrv_push_latency_seconds", "Time to handle a push.",
+                          (), LATENCY_BUCKETS),
+    "pull_latency": _Spec(Histogram, "psrv_pull_latency_seconds",
+                          "Pull request to reply, including deferral.", (), LATENCY_BUCKETS),
+    "push_staleness": _Spec(Histogram, "psrv_push_staleness",
+                            "Versions between the pull a gradient used and its apply.",
+                            (), STALENESS_BUCKETS),
+    "wait_seconds": _Spec(Counter, "psrv_wait_seconds_total",
+                          "Seconds pulls spent deferred by the BSP/SSP controller."),
+    "active_workers": _Spec(Gauge, "psrv_active_workers", "Workers in the shard's active set."),
+    "shard_version": _Spec(Gauge, "psrv_shard_version", "Updates applied to the shard so far."),
+    "worker_clock": _Spec(Gauge, "psrv_worker_clock", "Each worker's clock as seen by the shard.",
+                          ("worker",)),
+    "max_clock_gap": _Spec(Gauge, "psrv_max_clock_gap",
+                           "Largest minus smallest clock of the active workers."),
+}
+_WORKER = {
+    "steps": _Spec(Counter, "psrv_worker_steps_total", "Training steps completed."),
+    "step_seconds": _Spec(Histogram, "psrv_worker_step_seconds", "Wall time of one step.",
+                          (), LATENCY_BUCKETS),
+    "compute_seconds": _Spec(Counter, "psrv_worker_compute_seconds_total",
+                             "Seconds in forward/backward."),
+    "communication_seconds": _Spec(Counter, "psrv_worker_communication_seconds_total",
+                                   "Seconds in push/pull, not counting the wait."),
+    "wait_seconds": _Spec(Counter, "psrv_worker_wait_seconds_total",
+                          "Seconds blocked on a BSP barrier or the SSP bound."),
+    "samples": _Spec(Counter, "psrv_worker_samples_total", "Training samples processed."),
+    "loss": _Spec(Gauge, "psrv_worker_loss", "Training loss of the latest step."),
+    "staleness": _Spec(Histogram, "psrv_worker_staleness",
+                       "Staleness of this worker's pushes as the servers reported it.",
+                       (), STALENESS_BUCKETS),
+}
+
+METRIC_NAMES = tuple(s.name for s in (*_SERVER.values(), *_WORKER.values()))
+
+
+def _declare(specs: dict[str, _Spec], registry: CollectorRegistry, base: tuple[str, ...]) -> dict:
+    families = {}
+    for key, s in specs.items():
+        kwargs = {"registry": registry, "labelnames": base + s.labels}
+        if s.buckets is not None:
+            kwargs["buckets"] = s.buckets
+        families[key] = s.kind(s.name, s.doc, **kwargs)
+    return families
+
+
+class ServerMetrics:
+    """One shard's metrics; at most one per registry (a registry is one /metrics endpoint)."""
+
+    def __init__(self, registry: CollectorRegistry, *, shard: int, mode: str) -> None:
+        f = _declare(_SERVER, registry, _SERVER_LABELS)
+        self._labels = {"shard": str(shard), "mode": mode}
+        self._dropped = {r: f["updates_dropped"].labels(**self._labels, reason=r)
+                         for r in DROP_REASONS}
+        self._clock = f["worker_clock"]
+        self.pushes = f["pushes"].labels(**self._labels)
+        self.pulls = f["pulls"].labels(**self._labels)
+        self.updates_applied = f["updates_applied"].labels(**self._labels)
+        self.bytes_received = f["bytes_received"].labels(**self._labels)
+        self.bytes_sent = f["bytes_sent"].labels(**self._labels)
+        self.push_latency = f["push_latency"].labels(**self._labels)
+        self.pull_latency = f["pull_latency"].labels(**self._labels)
+        self.push_staleness = f["push_staleness"].labels(**self._labels)
+        self.wait_seconds = f["wait_seconds"].labels(**self._labels)
+        self.active_workers = f["active_workers"].labels(**self._labels)
+        self.shard_version = f["shard_version"].labels(**self._labels)
+        self.max_clock_gap = f["max_clock_gap"].labels(**self._labels)
+
+    def dropped(self, reason: str) -> Counter:
+        """The psrv_updates_dropped_total child for `reason` (one of DROP_REASONS)."""
+        if reason not in self._dropped:
+            raise ValueError(f"unknown drop reason {reason!r}; use one of {DROP_REASONS}")
+        return self._dropped[reason]
+
+    def worker_clock(self, worker: int) -> Gauge:
+        """The psrv_worker_clock child for `worker`."""
+        return self._clock.labels(**self._labels, worker=str(worker))
+
+    def forget_worker(self, worker: int) -> None:
+        """Drop a departed worker's clock series."""
+        try:
+            self._clock.remove(self._labels["shard"], self._labels["mode"], str(worker))
+        except KeyError:
+            pass
+
+
+class WorkerMetrics:
+    """One worker's metrics; declare at most one per registry."""
+
+    def __init__(self, registry: CollectorRegistry, *, worker: int, mode: str) -> None:
+        f = _declare(_WORKER, registry, _WORKER_LABELS)
+        labels = {"worker": str(worker), "mode": mode}
+        self.steps = f["steps"].labels(**labels)
+        self.step_seconds = f["step_seconds"].labels(**labels)
+        self.compute_seconds = f["compute_seconds"].labels(**labels)
+        self.communication_seconds = f["communication_seconds"].labels(**labels)
+        self.wait_seconds = f["wait_seconds"].labels(**labels)
+        self.samples = f["samples"].labels(**labels)
+        self.loss = f["loss"].labels(**labels)
+        self.staleness = f["staleness"].labels(**labels)
+
+    def observe_step(self, row: dict) -> None:
+        """Record one step from the worker loop's step-log row (see workers/loop.py)."""
+        compute, comm, wait = row["compute_seconds"], row["communication_seconds"], row["wait_seconds"]
+        self.steps.inc()
+        self.samples.inc(row["batch_size"])
+        self.loss.set(row["loss"])
+        self.staleness.observe(row["staleness"])
+        self.compute_seconds.inc(compute)
+        self.communication_seconds.inc(comm)
+        self.wait_seconds.inc(wait)
+        self.step_seconds.observe(compute + comm + wait)
+
+
+def serve_metrics(port: int, registry: CollectorRegistry, *, host: str = "127.0.0.1") -> int:
+    """Serve `registry` at http://host:port/metrics from a daemon thread; return the bound port.
+
+    port 0 picks a free one. host "0.0.0.0" exposes it beyond this machine.
+    """
+    started = start_http_server(port, addr=host, registry=registry)
+    if started is None:  # prometheus_client < 0.17 returned nothing
+        raise RuntimeError("psrv needs prometheus-client>=0.17: upgrade it with pip")
+    server, _thread = started
+    return int(server.server_port)

@@ -1,0 +1,116 @@
+"""psrv.metrics: labelled children, names as exported, /metrics over HTTP, no global registry."""
+from __future__ import annotations
+
+import re
+import urllib.request
+
+import prometheus_client
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from psrv.metrics import DROP_REASONS, METRIC_NAMES, ServerMetrics, WorkerMetrics, serve_metrics
+
+pytestmark = pytest.mark.timeout(20)
+
+
+def _samples(text: str) -> dict[tuple[str, frozenset], float]:
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_metrics_are_served_with_their_labels():
+    registry = CollectorRegistry()
+    server = ServerMetrics(registry, shard=3, mode="ssp")
+    worker = WorkerMetrics(registry, worker=1, mode="ssp")
+    server.pushes.inc(2)
+    server.bytes_received.inc(4096)
+    server.push_staleness.observe(3)
+    server.dropped("late").inc()
+    server.worker_clock(1).set(7)
+    server.active_workers.set(2)
+    worker.samples.inc(64)
+    worker.loss.set(0.25)
+    worker.step_seconds.observe(0.01)
+
+    port = serve_metrics(0, registry)
+    assert port > 0
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    got = _samples(text)
+
+    shard = {("shard", "3"), ("mode", "ssp")}
+    assert got[("psrv_pushes_total", frozenset(shard))] == 2
+    assert got[("psrv_bytes_received_total", frozenset(shard))] == 4096
+    assert got[("psrv_updates_dropped_total", frozenset(shard | {("reason", "late")}))] == 1
+    assert got[("psrv_updates_dropped_total", frozenset(shard | {("reason", "duplicate")}))] == 0
+    assert got[("psrv_push_staleness_bucket", frozenset(shard | {("le", "4.0")}))] == 1
+    assert got[("psrv_push_staleness_bucket", frozenset(shard | {("le", "2.0")}))] == 0
+    assert got[("psrv_worker_clock", frozenset(shard | {("worker", "1")}))] == 7
+    assert got[("psrv_active_workers", frozenset(shard))] == 2
+    me = {("worker", "1"), ("mode", "ssp")}
+    assert got[("psrv_worker_samples_total", frozenset(me))] == 64
+    assert got[("psrv_worker_loss", frozenset(me))] == 0.25
+    assert got[("psrv_worker_step_seconds_count", frozenset(me))] == 1
+
+
+def test_metric_names_list_exactly_what_is_exported():
+    registry = CollectorRegistry()
+    ServerMetrics(registry, shard=0, mode="sync").worker_clock(0).set(1)
+    WorkerMetrics(registry, worker=0, mode="sync")
+    text = generate_latest(registry).decode()
+    exported = {re.sub(r"_(bucket|sum|count|created)$", "", s.name)
+                for family in text_string_to_metric_families(text) for s in family.samples}
+    exported = {n if n in METRIC_NAMES else n + "_total" for n in exported}  # counters' _created
+    assert exported == set(METRIC_NAMES)
+    assert len(METRIC_NAMES) == len(set(METRIC_NAMES))
+    assert all(n.startswith("psrv_") for n in METRIC_NAMES)
+
+
+def test_nothing_lands_in_the_global_registry():
+    ServerMetrics(CollectorRegistry(), shard=0, mode="async")
+    WorkerMetrics(CollectorRegistry(), worker=0, mode="async")
+    names = generate_latest(prometheus_client.REGISTRY).decode()
+    assert "psrv_" not in names
+
+
+def test_unknown_drop_reason_is_refused():
+    server = ServerMetrics(CollectorRegistry(), shard=0, mode="sync")
+    for reason in DROP_REASONS:
+        server.dropped(reason).inc()
+    with pytest.raises(ValueError, match="unknown drop reason"):
+        server.dropped("because")
+
+
+def test_forget_worker_removes_its_clock_series():
+    registry = CollectorRegistry()
+    server = ServerMetrics(registry, shard=0, mode="ssp")
+    server.worker_clock(5).set(3)
+    assert 'worker="5"' in generate_latest(registry).decode()
+    server.forget_worker(5)
+    server.forget_worker(5)  # already gone: no error
+    assert 'worker="5"' not in generate_latest(registry).decode()
+
+
+def test_one_server_metrics_per_registry():
+    registry = CollectorRegistry()
+    ServerMetrics(registry, shard=0, mode="sync")
+    with pytest.raises(ValueError):
+        ServerMetrics(registry, shard=1, mode="sync")
+
+
+def test_observe_step_records_a_worker_loop_row():
+    registry = CollectorRegistry()
+    worker = WorkerMetrics(registry, worker=2, mode="sync")
+    row = {"loss": 1.5, "staleness": 0, "compute_seconds": 0.02, "communication_seconds": 0.01,
+           "wait_seconds": 0.03, "batch_size": 32}
+    worker.observe_step(row)
+    worker.observe_step(row)
+    got = _samples(generate_latest(registry).decode())
+    me = frozenset({("worker", "2"), ("mode", "sync")})
+    assert got[("psrv_worker_steps_total", me)] == 2
+    assert got[("psrv_worker_samples_total", me)] == 64
+    assert got[("psrv_worker_loss", me)] == 1.5
+    assert got[("psrv_worker_wait_seconds_total", me)] == pytest.approx(0.06)
+    assert got[("psrv_worker_step_seconds_sum", me)] == pytest.approx(0.12)
+    assert got[("psrv_worker_staleness_bucket", me | {("le", "0.0")})] == 2
