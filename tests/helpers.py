@@ -1,0 +1,67 @@
+"""Helpers for tests that start psrv processes on 127.0.0.1 and clean them up by PID."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def psrv_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "psrv.cli", *args]
+
+
+class Procs:
+    """Processes a test started; every one is killed by PID at teardown."""
+
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.started: list[subprocess.Popen] = []
+
+    def start(self, name: str, *args: str) -> subprocess.Popen:
+        log = open(self.tmp / f"{name}.log", "w")
+        p = subprocess.Popen(psrv_argv(*args), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                             env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+        log.close()
+        p.name = name
+        self.started.append(p)
+        return p
+
+    def log(self, name: str) -> str:
+        return (self.tmp / f"{name}.log").read_text(errors="replace")
+
+    def wait(self, p: subprocess.Popen, timeout: float) -> int:
+        try:
+            return p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{p.name} still running after {timeout}s; log:\n{self.log(p.name)[-3000:]}")
+
+    def server(self, name: str, *args: str, timeout: float = 30.0) -> tuple[subprocess.Popen, str]:
+        """Start `psrv serve` on a free 127.0.0.1 port; return (process, address) once it listens."""
+        ready = self.tmp / f"{name}.addr"
+        p = self.start(name, "serve", "--bind", "tcp://127.0.0.1:0", "--ready-file", str(ready), *args)
+        deadline = time.monotonic() + timeout
+        while not ready.exists():
+            if p.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"{name} did not start; log:\n{self.log(name)}")
+            time.sleep(0.05)
+        return p, ready.read_text().strip()
+
+    def kill_all(self) -> None:
+        for p in self.started:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def psrv_run(out: Path, *args: str, timeout: float = 180.0) -> dict:
+    """`psrv run ... --out out` as a subprocess; its summary.json (fails the test on a non-zero exit)."""
+    proc = subprocess.run(psrv_argv("run", "--no-progress", "--log-level", "WARNING", "--out", str(out), *args),
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"psrv run failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    return json.loads((out / "summary.json").read_text())

@@ -1,0 +1,33 @@
+"""The multi-host shape: `psrv serve` x2 and `psrv worker` x2 started by hand, as on real machines."""
+import json
+
+import pytest
+
+
+@pytest.mark.timeout(150)
+def test_servers_and_workers_started_by_hand_train_to_the_end(procs, tmp_path):
+    common = ["--num-shards", "2", "--workers", "2", "--mode", "ssp", "--staleness", "1"]
+    servers = [procs.server(f"server-{i}", "--shard", str(i), *common, "--out", str(tmp_path / f"s{i}.json"))
+               for i in range(2)]
+    addresses = ",".join(addr for _, addr in servers)
+    workers = [procs.start(f"worker-{r}", "worker", "--servers", addresses, "--rank", str(r), "--world-size", "2",
+                           "--steps", "60", "--out", str(tmp_path / f"w{r}.json")) for r in range(2)]
+    for p in workers + [s for s, _ in servers]:
+        assert procs.wait(p, timeout=120) == 0, procs.log(p.name)
+    w0, w1 = (json.loads((tmp_path / f"w{r}.json").read_text()) for r in range(2))
+    assert w0["pushes"] == w1["pushes"] == 60
+    assert w0["final_loss"] < w0["initial_loss"]
+    for i in range(2):
+        shard = json.loads((tmp_path / f"s{i}.json").read_text())
+        assert shard["updates_applied"] == 120 and shard["max_clock_gap"] <= 1
+        assert shard["active"] == []
+
+
+@pytest.mark.timeout(60)
+def test_worker_with_wrong_server_order_is_refused_with_a_clear_error(procs, tmp_path):
+    servers = [procs.server(f"server-{i}", "--shard", str(i), "--num-shards", "2", "--workers", "1")
+               for i in range(2)]
+    swapped = f"{servers[1][1]},{servers[0][1]}"
+    w = procs.start("worker", "worker", "--servers", swapped, "--steps", "5")
+    assert procs.wait(w, timeout=60) != 0
+    assert "check --servers order" in procs.log("worker")

@@ -1,0 +1,82 @@
+"""Consistency controllers as pure state machines: no sockets, no tensors, no clocks but their own."""
+import pytest
+
+from psrv.server.consistency import Decision, make_controller
+
+
+def test_sync_buffers_a_clock_until_every_worker_pushed_then_commits_once():
+    c = make_controller("sync", 3)
+    assert c.push(0, 0) is Decision.ACCUMULATE and not c.commit_ready()
+    assert c.push(1, 0) is Decision.ACCUMULATE and not c.commit_ready()
+    assert not c.pull_ready(0, 1)                      # clock 1 weights don't exist yet
+    assert c.push(2, 0) is Decision.ACCUMULATE and c.commit_ready()
+    c.committed()
+    assert c.open_clock == 1 and c.pull_ready(0, 1) and not c.pull_ready(0, 2)
+
+
+def test_sync_drops_late_duplicate_and_future_gradients():
+    c = make_controller("sync", 2)
+    c.push(0, 0)
+    assert c.push(0, 0) is Decision.DROP               # same worker twice in one clock
+    assert c.push(1, 1) is Decision.DROP               # a clock that is not open
+    c.push(1, 0)
+    c.committed()
+    assert c.push(0, 0) is Decision.DROP               # late: clock 0 is finished
+
+
+def test_sync_with_backup_workers_commits_on_n_minus_b():
+    c = make_controller("sync", 4, backup_workers=1)
+    for w in (0, 1):
+        c.push(w, 0)
+    assert not c.commit_ready()
+    c.push(3, 0)
+    assert c.commit_ready()
+    c.committed()
+    assert c.push(2, 0) is Decision.DROP               # the straggler's gradient came too late
+    assert c.next_clock(2) == 1                        # and it is told to continue at the open clock
+
+
+def test_sync_barrier_does_not_wait_for_a_worker_that_left():
+    c = make_controller("sync", 3)
+    c.push(0, 0)
+    c.push(1, 0)
+    assert not c.commit_ready()
+    c.leave(2)
+    assert c.commit_ready()
+
+
+def test_async_applies_every_push_and_answers_every_pull():
+    c = make_controller("async", 2)
+    assert all(c.push(0, k) is Decision.APPLY for k in range(10))
+    assert c.pull_ready(0, 10) and c.clock_gap(10) == 10   # worker 1 never pushed: async has no bound
+
+
+@pytest.mark.parametrize("s", [0, 1, 3])
+def test_ssp_never_answers_a_pull_more_than_s_clocks_ahead_of_the_slowest(s):
+    c = make_controller("ssp", 2, staleness=s)
+    clock = 0
+    while c.pull_ready(0, clock):                      # worker 0 runs alone; worker 1 is stuck at 0
+        assert c.clock_gap(clock) <= s
+        assert c.push(0, clock) is Decision.APPLY
+        clock += 1
+    assert clock == s + 1                              # it got exactly s clocks ahead, then blocked
+    c.push(1, 0)                                       # the slow worker moves one clock
+    assert c.pull_ready(0, clock) and c.clock_gap(clock) == s
+
+
+def test_ssp_slowest_worker_leaving_releases_the_others():
+    c = make_controller("ssp", 3, staleness=0)
+    c.push(0, 0)
+    c.push(1, 0)
+    assert not c.pull_ready(0, 1)
+    c.leave(2)
+    assert c.pull_ready(0, 1)
+
+
+def test_unknown_mode_and_bad_parameters_are_refused():
+    with pytest.raises(ValueError, match="mode"):
+        make_controller("bsp", 2)
+    with pytest.raises(ValueError, match="staleness"):
+        make_controller("ssp", 2, staleness=-1)
+    with pytest.raises(ValueError, match="backup_workers"):
+        make_controller("sync", 2, backup_workers=2)
