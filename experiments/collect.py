@@ -1,0 +1,241 @@
+"""Collect an experiment's run directories into per-variant CSVs and one summary table.
+
+Reads DIR/<variant>/rep-<k>/{summary.json,steps.csv,evals.csv}; writes DIR/<variant>/steps.csv
+and evals.csv (all repeats, with a `repeat` column), DIR/runs.csv (one row per run) and
+DIR/summary.csv (one row per variant: mean and sample std over repeats).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import re
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from experiments.spec import ExperimentSpec, TargetSpec, VariantSpec
+
+log = logging.getLogger(__name__)
+
+METRICS = ("wall_seconds", "samples_per_second", "final_loss", "eval_accuracy",
+           "time_to_target_seconds", "updates_applied", "mean_staleness", "max_staleness",
+           "wait_fraction")
+_FROM_SUMMARY = ("wall_seconds", "samples_per_second", "final_loss", "eval_accuracy",
+                 "updates_applied", "mean_staleness", "max_staleness")
+RUN_COLUMNS = ("variant", "repeat", "mode", "staleness", "reached_target", *METRICS)
+SUMMARY_COLUMNS = ("variant", "mode", "staleness", "repeats", "target_reached",
+                   *(name for metric in METRICS for name in (metric, f"{metric}_std")))
+_REP_RE = re.compile(r"rep-([0-9]+)")
+
+
+def run_dir(out_dir: str | Path, variant: str, repeat: int) -> Path:
+    """Where one run writes: DIR/<variant>/rep-<repeat>."""
+    return Path(out_dir) / variant / f"rep-{repeat}"
+
+
+def is_finished(path: str | Path) -> bool:
+    """Whether a run directory holds a summary.json that parses (so a rerun can skip it)."""
+    try:
+        return isinstance(json.loads((Path(path) / "summary.json").read_text()), dict)
+    except (OSError, ValueError):
+        return False
+
+
+def finished_repeats(out_dir: str | Path, variant: str) -> list[tuple[int, Path]]:
+    """(repeat index, run dir) of every finished rep-<k> under DIR/<variant>, by index."""
+    found = []
+    root = Path(out_dir) / variant
+    for path in root.iterdir() if root.is_dir() else ():
+        match = _REP_RE.fullmatch(path.name)
+        if match and path.is_dir():
+            if is_finished(path):
+                found.append((int(match.group(1)), path))
+            else:
+                log.warning("collect: skipping unfinished run %s (no valid summary.json)", path)
+    return sorted(found)
+
+
+def read_csv(path: str | Path) -> list[dict[str, str]]:
+    """All rows of a CSV file as dicts; a missing file reads as no rows."""
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            return list(csv.DictReader(f))
+    except FileNotFoundError:
+        return []
+
+
+def _write_csv(path: Path, columns: list[str] | tuple[str, ...], rows: list[dict[str, Any]]) -> None:
+    tmp = path.with_suffix(".csv.tmp")
+    with open(tmp, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(columns), restval="", extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows({k: _cell(v) for k, v in row.items()} for row in rows)
+    tmp.replace(path)
+
+
+def _cell(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return f"{value:.10g}" if isinstance(value, float) else str(value)
+
+
+def number(text: Any) -> float | None:
+    """A CSV cell or JSON value as a float; empty, missing, non-numeric or NaN -> None."""
+    if text is None or text == "" or isinstance(text, bool):
+        return None
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(value) else value
+
+
+def merge_variant(out_dir: str | Path, variant: str,
+                  repeats: list[tuple[int, Path]] | None = None) -> tuple[Path, Path]:
+    """Write DIR/<variant>/steps.csv and evals.csv: every finished repeat, `repeat` column first."""
+    root = Path(out_dir) / variant
+    repeats = finished_repeats(out_dir, variant) if repeats is None else repeats
+    root.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in ("steps.csv", "evals.csv"):
+        columns: list[str] = ["repeat"]
+        rows: list[dict[str, Any]] = []
+        for repeat, path in repeats:
+            part = read_csv(path / name)
+            for column in part[0] if part else ():
+                if column not in columns:
+                    columns.append(column)
+            rows += ({"repeat": repeat, **row} for row in part)
+        _write_csv(root / name, columns, rows)
+        written.append(root / name)
+    return written[0], written[1]
+
+
+def time_to_target(evals: list[dict[str, str]], target: TargetSpec) -> float | None:
+    """Wall time of the first evaluation (in time order) that meets the target; None if none does."""
+    timed = [(number(row.get("wall_time")), row) for row in evals]
+    for wall, row in sorted((pair for pair in timed if pair[0] is not None), key=lambda p: p[0]):
+        if target.reached(number(row.get("eval_loss")), number(row.get("eval_accuracy"))):
+            return wall
+    return None
+
+
+def wait_fraction(steps: list[dict[str, str]]) -> float | None:
+    """sum(wait) / sum(compute + communication + wait) over all worker steps; None if no time."""
+    parts = {key: sum(number(row.get(key)) or 0.0 for row in steps)
+             for key in ("compute_seconds", "communication_seconds", "wait_seconds")}
+    total = sum(parts.values())
+    return parts["wait_seconds"] / total if total > 0 else None
+
+
+@dataclass(frozen=True)
+class RunMetrics:
+    """The metrics of one run (one variant, one repeat); None where a value is missing."""
+
+    variant: str
+    repeat: int
+    values: dict[str, float | None]
+
+    @property
+    def reached_target(self) -> bool:
+        return self.values["time_to_target_seconds"] is not None
+
+
+def run_metrics(path: str | Path, target: TargetSpec, *, variant: str = "",
+                repeat: int = 0) -> RunMetrics:
+    """Read one finished run directory and compute its metrics."""
+    path = Path(path)
+    summary = json.loads((path / "summary.json").read_text())
+    values: dict[str, float | None] = {key: number(summary.get(key)) for key in _FROM_SUMMARY}
+    values["time_to_target_seconds"] = time_to_target(read_csv(path / "evals.csv"), target)
+    values["wait_fraction"] = wait_fraction(read_csv(path / "steps.csv"))
+    return RunMetrics(variant=variant, repeat=repeat, values=values)
+
+
+@dataclass(frozen=True)
+class Stat:
+    """Mean and sample standard deviation over repeats; std is None with fewer than 2 values."""
+
+    mean: float | None
+    std: float | None
+
+    @classmethod
+    def of(cls, values: list[float | None]) -> Stat:
+        known = [v for v in values if v is not None]
+        if not known:
+            return cls(None, None)
+        return cls(statistics.fmean(known), statistics.stdev(known) if len(known) > 1 else None)
+
+
+@dataclass(frozen=True)
+class VariantSummary:
+    """One row of summary.csv."""
+
+    variant: str
+    mode: str
+    staleness: int | None
+    repeats: int
+    target_reached: int
+    stats: dict[str, Stat]
+
+    def row(self) -> dict[str, Any]:
+        row: dict[str, Any] = {"variant": self.variant, "mode": self.mode,
+                               "staleness": self.staleness, "repeats": self.repeats,
+                               "target_reached": self.target_reached}
+        for metric, stat in self.stats.items():
+            row[metric], row[f"{metric}_std"] = stat.mean, stat.std
+        return row
+
+
+def aggregate(variant: VariantSpec, runs: list[RunMetrics]) -> VariantSummary:
+    """Mean and spread over repeats; time to target is empty unless every repeat reached it."""
+    stats = {metric: Stat.of([run.values[metric] for run in runs]) for metric in METRICS}
+    reached = sum(run.reached_target for run in runs)
+    if reached < len(runs):
+        stats["time_to_target_seconds"] = Stat(None, None)
+    return VariantSummary(variant=variant.name, mode=variant.mode, staleness=variant.staleness,
+                          repeats=len(runs), target_reached=reached, stats=stats)
+
+
+def collect(out_dir: str | Path, spec: ExperimentSpec) -> list[VariantSummary]:
+    """Merge every variant's repeats, then write DIR/runs.csv and DIR/summary.csv."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    summaries, run_rows = [], []
+    for variant in spec.variants:
+        repeats = finished_repeats(out, variant.name)
+        merge_variant(out, variant.name, repeats)
+        runs = [run_metrics(path, spec.target, variant=variant.name, repeat=repeat)
+                for repeat, path in repeats]
+        if len(runs) < spec.repeats:
+            log.warning("collect: variant %s has %d of %d repeats finished", variant.name,
+                        len(runs), spec.repeats)
+        run_rows += [{"variant": variant.name, "repeat": run.repeat, "mode": variant.mode,
+                      "staleness": variant.staleness, "reached_target": int(run.reached_target),
+                      **run.values} for run in runs]
+        summaries.append(aggregate(variant, runs))
+    _write_csv(out / "runs.csv", RUN_COLUMNS, run_rows)
+    _write_csv(out / "summary.csv", SUMMARY_COLUMNS, [s.row() for s in summaries])
+    log.info("collect: wrote %s (%d variants)", out / "summary.csv", len(summaries))
+    return summaries
+
+
+def read_summary(out_dir: str | Path) -> list[VariantSummary]:
+    """Read DIR/summary.csv back (as collect wrote it)."""
+    path = Path(out_dir) / "summary.csv"
+    if not path.exists():
+        raise ValueError(f"{path} does not exist; run experiments.collect.collect(out_dir, spec) "
+                         "first")
+    summaries = []
+    for row in read_csv(path):
+        stats = {m: Stat(number(row.get(m)), number(row.get(f"{m}_std"))) for m in METRICS}
+        staleness = number(row.get("staleness"))
+        summaries.append(VariantSummary(
+            variant=row["variant"], mode=row["mode"],
+            staleness=None if staleness is None else int(staleness),
+            repeats=int(row["repeats"]), target_reached=int(row["target_reached"]), stats=stats))
+    return summaries

@@ -1,0 +1,186 @@
+"""collect + write_report on fabricated run directories: summary values, plots, report.md."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from experiments.collect import (collect, is_finished, read_csv, read_summary, run_dir,
+                                 time_to_target, wait_fraction)
+from experiments.report import write_report
+from experiments.spec import ExperimentSpec, JobSpec, TargetSpec, VariantSpec
+
+STEP_COLUMNS = ["wall_time", "worker", "step", "loss", "staleness", "compute_seconds",
+                "communication_seconds", "wait_seconds", "batch_size"]
+EVAL_COLUMNS = ["wall_time", "step", "eval_loss", "eval_accuracy"]
+VERSIONS = {"python": "3.11", "torch": "2.13", "psrv": "0.1.0"}
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _spec(*variants: VariantSpec) -> ExperimentSpec:
+    return ExperimentSpec(name="fab", job=JobSpec(name="digits_mlp", steps=3, eval_every=1),
+                          target=TargetSpec(eval_accuracy=0.9), variants=variants, seeds=(0, 1))
+
+
+def _write_csv(path: Path, columns: list[str], rows: list[list[float]]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(columns)
+        writer.writerows(rows)
+
+
+def _run(out: Path, variant: str, repeat: int, *, summary: dict, evals: list[tuple],
+         step_times: tuple[float, float, float], staleness: int = 0) -> None:
+    """One fabricated run: 2 workers x 3 steps of (compute, communication, wait) seconds."""
+    path = run_dir(out, variant, repeat)
+    path.mkdir(parents=True)
+    steps = [[0.1 * s, w, s, 1.0 / s, staleness, *step_times, 32] for s in (1, 2, 3) for w in (0, 1)]
+    _write_csv(path / "steps.csv", STEP_COLUMNS, steps)
+    _write_csv(path / "evals.csv", EVAL_COLUMNS, [list(e) for e in evals])
+    (path / "summary.json").write_text(json.dumps({"mode": variant, "max_clock_gap": 1, **summary}))
+
+
+def _summary(wall: float, sps: float, loss: float, acc: float, updates: int,
+             mean_st: float, max_st: int) -> dict:
+    return {"wall_seconds": wall, "samples_per_second": sps, "final_loss": loss,
+            "eval_accuracy": acc, "updates_applied": updates, "mean_staleness": mean_st,
+            "max_staleness": max_st}
+
+
+def _fabricate(out: Path, second: str = "async") -> None:
+    # sync reaches 0.9 accuracy at 2.0 s (rep 0) and 4.0 s (rep 1): mean 3.0, std sqrt(2).
+    _run(out, "sync", 0, summary=_summary(10.0, 100.0, 0.30, 0.95, 3, 0.0, 0),
+         evals=[(1.0, 1, 1.0, 0.5), (2.0, 2, 0.5, 0.92), (3.0, 3, 0.3, 0.95)],
+         step_times=(0.1, 0.05, 0.05))  # wait fraction 0.25
+    _run(out, "sync", 1, summary=_summary(12.0, 140.0, 0.40, 0.91, 3, 0.0, 0),
+         evals=[(1.5, 1, 0.9, 0.6), (4.0, 2, 0.4, 0.91), (5.0, 3, 0.4, 0.91)],
+         step_times=(0.1, 0.1, 0.2))  # wait fraction 0.5
+    # the second variant reaches it at 0.5 s in rep 0 and never in rep 1.
+    mode = "ddp" if second == "ddp" else "async"
+    _run(out, second, 0, summary=_summary(5.0, 240.0, 0.35, 0.93, 6, 1.0, 2),
+         evals=[(0.5, 1, 0.6, 0.93), (1.0, 2, 0.5, 0.94), (2.0, 3, 0.35, 0.93)],
+         step_times=(0.1, 0.1, 0.0), staleness=1 if mode == "async" else 0)
+    _run(out, second, 1, summary=_summary(7.0, 240.0, 0.9, 0.8, 6, 2.0, 4),
+         evals=[(0.5, 1, 1.0, 0.5), (1.0, 2, 0.95, 0.7), (2.0, 3, 0.9, 0.8)],
+         step_times=(0.1, 0.1, 0.0), staleness=2 if mode == "async" else 0)
+
+
+def _rows(out: Path) -> dict[str, dict[str, str]]:
+    return {row["variant"]: row for row in read_csv(out / "summary.csv")}
+
+
+def _f(text: str) -> float:
+    return float(text)
+
+
+def test_time_to_target_and_wait_fraction() -> None:
+    evals = [{"wall_time": "3", "eval_loss": "0.1", "eval_accuracy": "0.99"},
+             {"wall_time": "2", "eval_loss": "0.2", "eval_accuracy": ""},
+             {"wall_time": "1", "eval_loss": "0.9", "eval_accuracy": "0.1"}]
+    assert time_to_target(evals, TargetSpec(eval_loss=0.5)) == 2.0
+    assert time_to_target(evals, TargetSpec(eval_accuracy=0.9)) == 3.0
+    assert time_to_target(evals, TargetSpec(eval_loss=0.5, eval_accuracy=0.9)) == 3.0
+    assert time_to_target(evals, TargetSpec(eval_loss=0.01)) is None
+    steps = [{"compute_seconds": "0.3", "communication_seconds": "0.1", "wait_seconds": "0.1"},
+             {"compute_seconds": "0.3", "communication_seconds": "0.1", "wait_seconds": "0.3"}]
+    assert wait_fraction(steps) == pytest.approx(0.4 / 1.2)
+    assert wait_fraction([]) is None
+
+
+def test_collect_summary_values(tmp_path: Path) -> None:
+    _fabricate(tmp_path)
+    spec = _spec(VariantSpec(mode="sync"), VariantSpec(mode="async"))
+    summaries = collect(tmp_path, spec)
+    assert [s.variant for s in summaries] == ["sync", "async"]
+    sync, asynchronous = _rows(tmp_path)["sync"], _rows(tmp_path)["async"]
+    assert (sync["mode"], sync["staleness"], sync["repeats"], sync["target_reached"]) == \
+        ("sync", "", "2", "2")
+    assert _f(sync["wall_seconds"]) == pytest.approx(11.0)
+    assert _f(sync["wall_seconds_std"]) == pytest.approx(math.sqrt(2))
+    assert _f(sync["samples_per_second"]) == pytest.approx(120.0)
+    assert _f(sync["final_loss"]) == pytest.approx(0.35)
+    assert _f(sync["eval_accuracy"]) == pytest.approx(0.93)
+    assert _f(sync["time_to_target_seconds"]) == pytest.approx(3.0)
+    assert _f(sync["time_to_target_seconds_std"]) == pytest.approx(math.sqrt(2))
+    assert _f(sync["wait_fraction"]) == pytest.approx(0.375)
+    assert _f(sync["wait_fraction_std"]) == pytest.approx(math.sqrt(2) * 0.125)
+    assert _f(sync["updates_applied"]) == 3.0 and _f(sync["updates_applied_std"]) == 0.0
+    # one repeat of async never reached the target: no time to target at all
+    assert asynchronous["target_reached"] == "1"
+    assert asynchronous["time_to_target_seconds"] == ""
+    assert asynchronous["time_to_target_seconds_std"] == ""
+    assert _f(asynchronous["mean_staleness"]) == pytest.approx(1.5)
+    assert _f(asynchronous["max_staleness"]) == pytest.approx(3.0)
+    assert _f(asynchronous["wait_fraction"]) == 0.0
+    runs = read_csv(tmp_path / "runs.csv")
+    assert [(r["variant"], r["repeat"], r["reached_target"]) for r in runs] == \
+        [("sync", "0", "1"), ("sync", "1", "1"), ("async", "0", "1"), ("async", "1", "0")]
+    assert [s.stats["wall_seconds"].mean for s in read_summary(tmp_path)] == [11.0, 6.0]
+
+
+def test_collect_merges_repeats_and_skips_unfinished(tmp_path: Path) -> None:
+    _fabricate(tmp_path)
+    unfinished = run_dir(tmp_path, "sync", 2)
+    unfinished.mkdir()
+    (unfinished / "summary.json").write_text("{not json")
+    assert not is_finished(unfinished) and is_finished(run_dir(tmp_path, "sync", 0))
+    summaries = collect(tmp_path, _spec(VariantSpec(mode="sync"), VariantSpec(mode="async")))
+    assert summaries[0].repeats == 2
+    steps = read_csv(tmp_path / "sync" / "steps.csv")
+    assert list(steps[0]) == ["repeat", *STEP_COLUMNS]
+    assert [r["repeat"] for r in steps] == ["0"] * 6 + ["1"] * 6
+    evals = read_csv(tmp_path / "async" / "evals.csv")
+    assert list(evals[0]) == ["repeat", *EVAL_COLUMNS] and len(evals) == 6
+
+
+def test_report_plots_and_winner(tmp_path: Path) -> None:
+    _fabricate(tmp_path)
+    spec = _spec(VariantSpec(mode="sync"), VariantSpec(mode="async"))
+    collect(tmp_path, spec)
+    report = write_report(tmp_path, spec, spec_path="specs/fab.toml", versions=VERSIONS)
+    text = report.read_text()
+    assert report == tmp_path / "report.md"
+    assert "`sync` reached the target (eval_accuracy >= 0.9) first in wall time: 3 s" in text
+    assert "`async` (1/2 repeats)" in text
+    assert "`specs/fab.toml`" in text and "torch 2.13" in text and "psrv 0.1.0" in text
+    assert "no `ddp` variant" in text
+    assert "| `sync` | sync |" in text  # the summary table
+    images = [line.split("](")[1].rstrip(")") for line in text.splitlines() if line.startswith("![")]
+    assert len(images) >= 5
+    for rel in images:
+        data = (tmp_path / rel).read_bytes()
+        assert data.startswith(PNG) and len(data) > 1000, rel
+    import matplotlib.image
+    assert matplotlib.image.imread(tmp_path / images[0]).ndim == 3
+
+
+def test_report_ddp_gap(tmp_path: Path) -> None:
+    _fabricate(tmp_path, second="ddp")
+    spec = _spec(VariantSpec(mode="sync"), VariantSpec(mode="ddp"))
+    collect(tmp_path, spec)
+    text = write_report(tmp_path, spec, spec_path="x.toml", versions=VERSIONS).read_text()
+    # ddp did not reach the target in every repeat: no time ratio; throughput 120 / 240
+    assert "| `sync` | 3 | — | 120 | 0.50 |" in text
+    assert "| `ddp` | — | — | 240 | 1.00 |" in text
+    assert "did not reach the target in every repeat, so no time ratio" in text
+
+
+def test_report_when_no_variant_reaches_the_target(tmp_path: Path) -> None:
+    _fabricate(tmp_path)
+    spec = ExperimentSpec(name="fab", job=JobSpec(name="digits_mlp", steps=3),
+                          target=TargetSpec(eval_loss=0.01), seeds=(0, 1),
+                          variants=(VariantSpec(mode="sync"), VariantSpec(mode="async")))
+    collect(tmp_path, spec)
+    assert all(row["time_to_target_seconds"] == "" for row in _rows(tmp_path).values())
+    text = write_report(tmp_path, spec, spec_path="x.toml", versions=VERSIONS).read_text()
+    assert "No variant reached the target (eval_loss <= 0.01) in every repeat." in text
+
+
+def test_write_report_needs_collect_first(tmp_path: Path) -> None:
+    spec = _spec(VariantSpec(mode="sync"))
+    with pytest.raises(ValueError, match="collect"):
+        write_report(tmp_path, spec, spec_path="x.toml", versions=VERSIONS)
