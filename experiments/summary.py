@@ -22,6 +22,12 @@ def _origin(workers: list[dict]) -> float:
     return min(starts, default=0.0)
 
 
+def _transport(o) -> str:
+    if o.mode != "ddp":
+        return o.transport
+    return "nccl" if o.device.startswith("cuda") else "gloo"
+
+
 def build_summary(o, out: Path) -> dict:
     """The run's summary (keys documented in README.md) from worker-*.json and server-*.json."""
     workers = _records(out, "worker")
@@ -36,7 +42,7 @@ def build_summary(o, out: Path) -> dict:
     staleness = [r["staleness"] for r in rows]
     samples = sum(w["samples"] for w in workers)
     return {
-        "mode": o.mode, "staleness": o.staleness if o.mode == "ssp" else 0, "transport": o.transport,
+        "mode": o.mode, "staleness": o.staleness if o.mode == "ssp" else 0, "transport": _transport(o),
         "job": o.job, "num_servers": len(servers) if o.mode != "ddp" else 0, "num_workers": o.workers,
         "steps": o.steps, "batch_size": o.batch_size, "backup_workers": o.backup_workers,
         "optimizer": o.optim.name, "lr": o.optim.lr, "seed": o.seed, "device": o.device,

@@ -59,9 +59,26 @@ class Procs:
                 p.wait()
 
 
+def run_in_session(argv: list[str], *, timeout: float) -> subprocess.CompletedProcess:
+    """Run argv in its own process group; on timeout the whole group (its children too) is killed."""
+    p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+        raise AssertionError(f"{argv[3:5]} still running after {timeout}s:\n{out[-3000:]}")
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    return subprocess.CompletedProcess(argv, p.returncode, out, "")
+
+
 def psrv_run(out: Path, *args: str, timeout: float = 180.0) -> dict:
     """`psrv run ... --out out` as a subprocess; its summary.json (fails the test on a non-zero exit)."""
-    proc = subprocess.run(psrv_argv("run", "--no-progress", "--log-level", "WARNING", "--out", str(out), *args),
-                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"psrv run failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    proc = run_in_session(psrv_argv("run", "--no-progress", "--log-level", "WARNING", "--out", str(out), *args),
+                          timeout=timeout)
+    assert proc.returncode == 0, f"psrv run failed ({proc.returncode}):\n{proc.stdout[-4000:]}"
     return json.loads((out / "summary.json").read_text())

@@ -1,0 +1,89 @@
+"""`psrv experiment SPEC --out DIR`: every variant and repeat as a `psrv run`, resumable, then collect and report."""
+from __future__ import annotations
+
+import logging
+import platform
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+from tqdm import tqdm
+
+from experiments.collect import collect, is_finished, run_dir
+from experiments.launch import RunFailed, run_local, run_options_from_args
+from experiments.report import write_report
+from experiments.spec import load_spec
+from psrv.cli import build_parser
+
+log = logging.getLogger("psrv.experiment")
+
+
+def _say(text: str) -> None:
+    tqdm.write(text, file=sys.stderr)
+
+
+def versions() -> dict[str, str]:
+    """The versions the report records."""
+    import torch
+    try:
+        psrv_version = metadata.version("psrv")
+    except metadata.PackageNotFoundError:
+        psrv_version = "unknown"
+    return {"python": platform.python_version(), "torch": torch.__version__, "psrv": psrv_version}
+
+
+def run_experiment(spec_path: str | Path, *, out: str | Path | None = None) -> int:
+    """Run (or resume) the experiment SPEC into `out`; 0 if every run finished, 1 if any failed.
+
+    Runs go to DIR/<variant>/rep-<k>; one whose summary.json exists is skipped, so an interrupted experiment
+    resumes. One tqdm bar covers all runs (variant, steps, ETA); status lines go to stderr via tqdm.write.
+    """
+    spec = load_spec(spec_path)
+    out = Path(out) if out is not None else Path("runs") / spec.name
+    out.mkdir(parents=True, exist_ok=True)
+    todo = []
+    for variant, seed, repeat in spec.runs():
+        path = run_dir(out, variant.name, repeat)
+        if is_finished(path):
+            _say(f"skipped {variant.name} rep-{repeat} (seed {seed}): already finished in {path}")
+        else:
+            todo.append((variant, seed, repeat, path))
+    steps = spec.job.steps * spec.cluster.workers  # one run's steps, all workers together
+    failed: list[str] = []
+    started = time.monotonic()
+    with tqdm(total=steps * len(todo), unit="step", dynamic_ncols=True, file=sys.stderr) as bar:
+        for variant, seed, repeat, path in todo:
+            label = f"{variant.name} rep-{repeat}"
+            bar.set_description(label)
+            base = bar.n
+
+            def advance(done: int, base: int = base) -> None:
+                if base + min(done, steps) > bar.n:
+                    bar.update(base + min(done, steps) - bar.n)
+            if not _one_run(spec, variant, seed, path, label=label, on_progress=advance):
+                failed.append(label)
+            advance(steps)
+    log.info("ran %d runs in %.1fs", len(todo), time.monotonic() - started)
+    collect(out, spec)
+    report = write_report(out, spec, spec_path=spec_path, versions=versions())
+    if failed:
+        _say(f"{len(failed)} of {len(todo)} runs failed: {', '.join(failed)}; rerun the same command "
+             "to retry them (finished runs are skipped)")
+    print(f"report: {report}")  # the CLI's final message
+    return 1 if failed else 0
+
+
+def _one_run(spec, variant, seed: int, path: Path, *, label: str, on_progress) -> bool:
+    """One `psrv run` into `path`; a failure is reported and recorded in path/error.txt, never raised."""
+    args = build_parser().parse_args(["run", *spec.run_argv(variant, seed), "--out", str(path)])
+    (path / "error.txt").unlink(missing_ok=True)
+    try:
+        run_local(run_options_from_args(args), progress=False, on_progress=on_progress)
+    except (RunFailed, RuntimeError, ValueError) as exc:  # RuntimeError: a process left no record
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "error.txt").write_text(f"{exc}\n")
+        _say(f"FAILED {label}: {exc}\n(recorded in {path / 'error.txt'}; going on with the next run)")
+        return False
+    _say(f"finished {label} in {path}")
+    return True
