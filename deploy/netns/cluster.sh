@@ -3,6 +3,7 @@
 # with its own address 10.77.0.(10+i), joined by veth pairs to the bridge psrvbr0 (10.77.0.1).
 #
 #   sudo deploy/netns/cluster.sh up K [RATE]   # RATE caps each host's egress (tc tbf), e.g. 1gbit
+#   sudo deploy/netns/cluster.sh rate I [RATE] # cap host I's egress alone (no RATE: remove its cap)
 #   sudo deploy/netns/cluster.sh exec I CMD... # run CMD on host I
 #   sudo deploy/netns/cluster.sh down          # remove everything `up` made
 #
@@ -47,11 +48,11 @@ forward_rule() {
 }
 
 up() {
-  local k=${1:-} rate=${2:-} i ns veth peer burst
+  local k=${1:-} rate=${2:-} i ns veth peer
   if ! [[ $k =~ ^[0-9]+$ ]] || ((k < 1 || k > 200)); then
     die "usage: $0 up K [RATE] with 1 <= K <= 200"
   fi
-  [[ -z $rate ]] || burst=$(burst_for "$rate")
+  [[ -z $rate ]] || burst_for "$rate" >/dev/null  # check RATE before making anything
   if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
     ip link add "$BRIDGE" type bridge
   fi
@@ -72,13 +73,29 @@ up() {
     ip -n "$ns" link set lo up
     ip -n "$ns" link set eth0 up
     ip -n "$ns" route replace default via "$PREFIX.1"
-    if [[ -n $rate ]]; then
-      ip netns exec "$ns" tc qdisc replace dev eth0 root tbf rate "$rate" burst "$burst" latency 50ms
-    else
-      ip netns exec "$ns" tc qdisc del dev eth0 root 2>/dev/null || true
-    fi
+    set_cap "$ns" "$rate"
     echo "$ns $PREFIX.$((10 + i))${rate:+ egress $rate}"
   done
+}
+
+# Cap namespace $1's egress at RATE $2 with tbf, or remove its cap when $2 is empty.
+set_cap() {
+  local ns=$1 rate=${2:-}
+  if [[ -n $rate ]]; then
+    ip netns exec "$ns" tc qdisc replace dev eth0 root tbf rate "$rate" burst "$(burst_for "$rate")" latency 50ms
+  else
+    ip netns exec "$ns" tc qdisc del dev eth0 root 2>/dev/null || true
+  fi
+}
+
+rate() {
+  local i=${1:-} rate=${2:-} ns
+  [[ $i =~ ^[0-9]+$ ]] || die "usage: $0 rate I [RATE]"
+  ns=$(ns_name "$i")
+  [[ -e /run/netns/$ns ]] || die "no host $i: run '$0 up K' first"
+  [[ -z $rate ]] || burst_for "$rate" >/dev/null
+  set_cap "$ns" "$rate"
+  echo "$ns egress ${rate:-uncapped}"
 }
 
 down() {
@@ -110,7 +127,8 @@ cmd=${1:-}
 shift || true
 case $cmd in
   up) up "$@" ;;
+  rate) rate "$@" ;;
   down) down ;;
   exec) run_on "$@" ;;
-  *) die "usage: $0 up K [RATE] | down | exec I CMD..." ;;
+  *) die "usage: $0 up K [RATE] | rate I [RATE] | down | exec I CMD..." ;;
 esac

@@ -1,0 +1,135 @@
+"""Emulated multi-host run on network namespaces (deploy/netns/cluster.sh): servers on h0, workers on
+h1 (2) and h2 (1) whose egress is capped at 200 Mbit/s. The job trains to the end and the capped
+host's communication time rises.
+
+Needs root, iproute2 and tc; skipped otherwise, or when an emulated cluster is already up.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+CLUSTER = ROOT / "deploy" / "netns" / "cluster.sh"
+H0 = "10.77.0.10"   # cluster.sh gives host i the address 10.77.0.(10+i)
+CAP = "200mbit"
+STEPS = 8
+
+
+def _sh(*args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
+    done = subprocess.run([str(CLUSTER), *args], capture_output=True, text=True, timeout=timeout)
+    if check and done.returncode != 0:
+        raise AssertionError(f"cluster.sh {' '.join(args)} failed:\n{done.stdout}{done.stderr}")
+    return done
+
+
+def _existing_cluster() -> bool:
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    bridge = subprocess.run(["ip", "link", "show", "psrvbr0"], capture_output=True).returncode == 0
+    return bridge or any(line.split()[0].startswith("psrv-h") for line in names.splitlines() if line.strip())
+
+
+@pytest.fixture
+def cluster():
+    """Three emulated hosts, h2 capped; `down` at teardown, whatever happened."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: network namespaces, veths and tc need CAP_NET_ADMIN")
+    if not (shutil.which("ip") and shutil.which("tc")):
+        pytest.skip("needs iproute2 (ip, tc)")
+    if _existing_cluster():
+        pytest.skip("an emulated cluster (psrv-h*/psrvbr0) is already up; run deploy/netns/cluster.sh down")
+    up = _sh("up", "3", check=False)
+    try:
+        if up.returncode != 0:
+            pytest.skip(f"cannot make network namespaces here: {(up.stderr or up.stdout).strip()[-500:]}")
+        _sh("rate", "2", CAP)
+        yield
+    finally:
+        _sh("down", check=False)
+        assert not _existing_cluster(), "cluster.sh down left namespaces or the bridge behind"
+
+
+class Hosts:
+    """psrv processes on the emulated hosts; each is killed by PID (its session) at teardown."""
+
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.started: dict[str, subprocess.Popen] = {}
+
+    def start(self, host: int, name: str, *args: str) -> subprocess.Popen:
+        with open(self.tmp / f"{name}.log", "w") as log:
+            p = subprocess.Popen([str(CLUSTER), "exec", str(host), sys.executable, "-m", "psrv.cli", *args],
+                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
+                                 env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+        self.started[name] = p
+        return p
+
+    def log(self, name: str) -> str:
+        return (self.tmp / f"{name}.log").read_text(errors="replace")[-3000:]
+
+    def wait_all(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for name, p in self.started.items():
+            try:
+                rc = p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"{name} still running after {timeout}s; log:\n{self.log(name)}") from None
+            assert rc == 0, f"{name} exited with {rc}; log:\n{self.log(name)}"
+
+    def kill_all(self) -> None:
+        for p in self.started.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+@pytest.fixture
+def hosts(tmp_path):
+    h = Hosts(tmp_path)
+    yield h
+    h.kill_all()
+
+
+@pytest.mark.timeout(240)
+def test_capped_worker_host_communicates_slower(cluster, hosts, tmp_path):
+    shards = [f"tcp://{H0}:{5555 + i}" for i in range(2)]
+    for i, address in enumerate(shards):
+        hosts.start(0, f"server-{i}", "serve", "--bind", address, "--shard", str(i), "--num-shards", "2",
+                    "--workers", "3", "--mode", "async", "--ready-file", str(tmp_path / f"server-{i}.addr"),
+                    "--out", str(tmp_path / f"server-{i}.json"))
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"server-{i}.addr").exists() for i in range(2)):
+        for name, p in hosts.started.items():
+            assert p.poll() is None, f"{name} exited early; log:\n{hosts.log(name)}"
+        assert time.monotonic() < deadline, "servers did not start listening within 60s"
+        time.sleep(0.1)
+    for rank, host in ((0, 1), (1, 1), (2, 2)):
+        hosts.start(host, f"worker-{rank}", "worker", "--servers", ",".join(shards), "--rank", str(rank),
+                    "--world-size", "3", "--job", "synthetic_mlp", "--steps", str(STEPS), "--batch-size", "32",
+                    "--out", str(tmp_path / f"worker-{rank}.json"))
+    hosts.wait_all(timeout=200)   # every worker trained to the end and every shard exited, all with 0
+
+    workers = [json.loads((tmp_path / f"worker-{r}.json").read_text()) for r in range(3)]
+    assert [len(w["step_log"]) for w in workers] == [STEPS] * 3
+    servers = [json.loads((tmp_path / f"server-{i}.json").read_text()) for i in range(2)]
+    assert [s["updates_applied"] for s in servers] == [3 * STEPS] * 2
+    # Step 0 also pays for connecting; from then on each push is ~34 MB, which the 200 Mbit/s
+    # cap on h2's egress stretches to well over a second, against tens of ms on the open link.
+    comm = [statistics.mean(r["communication_seconds"] for r in w["step_log"][1:]) for w in workers]
+    record = {"communication_seconds_mean": {"h1/rank0": comm[0], "h1/rank1": comm[1], "h2/rank2": comm[2]},
+              "cap": CAP, "parameters": workers[0]["parameters"]}
+    (tmp_path / "netns_result.json").write_text(json.dumps(record, indent=1))
+    print(json.dumps(record))
+    assert comm[2] > 1.5 * max(comm[0], comm[1]), record
