@@ -1,7 +1,9 @@
 """Server-side optimizers: torch.optim itself, stepping one flat parameter vector in place.
 
-Using torch.optim (fused kernels where the device has them) makes the server's step the
-same as a worker-side torch.optim step by construction, and allocates nothing per step.
+Using torch.optim makes the server's step the same as a worker-side torch.optim step by
+construction, and allocates nothing per step. Large shards take torch's fused kernels (one pass
+over memory: Adam 6.5x faster than the default at 64 MB here); small ones don't, because a fused
+step has a fixed cost of about 5 ms on this 2-core machine against 0.2 ms for the plain one.
 """
 from __future__ import annotations
 
@@ -10,8 +12,13 @@ import torch
 from psrv.config import OptimConfig
 
 
-def make_optimizer(cfg: OptimConfig, param: torch.nn.Parameter, *, fused: bool = True) -> torch.optim.Optimizer:
-    """The torch.optim optimizer `cfg` names, over the single flat `param`."""
+FUSED_MIN_ELEMENTS = 1 << 20
+
+
+def make_optimizer(cfg: OptimConfig, param: torch.nn.Parameter, *, fused: bool | None = None) -> torch.optim.Optimizer:
+    """The torch.optim optimizer `cfg` names, over the single flat `param` (fused: None picks by size)."""
+    if fused is None:
+        fused = param.numel() >= FUSED_MIN_ELEMENTS
     extra = {"fused": True} if fused else {}
     if cfg.name == "sgd":
         return torch.optim.SGD([param], lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov,

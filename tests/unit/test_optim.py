@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from psrv.config import OptimConfig
+from psrv.server.optim import FUSED_MIN_ELEMENTS
 from psrv.server.shard import Shard
 
 CASES = [
@@ -22,16 +23,17 @@ def reference(cfg: OptimConfig, param: torch.nn.Parameter) -> torch.optim.Optimi
     return cls([param], lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
 
 
+@pytest.mark.parametrize("size", [10_000, FUSED_MIN_ELEMENTS], ids=["plain", "fused"])
 @pytest.mark.parametrize("cfg", CASES, ids=lambda c: f"{c.name}-m{c.momentum}-n{c.nesterov}-wd{c.weight_decay}")
-def test_server_step_equals_torch_optim(cfg):
+def test_server_step_equals_torch_optim(cfg, size):
     gen = torch.Generator().manual_seed(0)
-    init = torch.randn(10_000, generator=gen)
+    init = torch.randn(size, generator=gen)
     shard = Shard(init.numel(), cfg)
     shard.init(init)
     ref = torch.nn.Parameter(init.clone())
     opt = reference(cfg, ref)
     for _ in range(5):
-        grad = torch.randn(10_000, generator=gen)
+        grad = torch.randn(size, generator=gen)
         shard.apply(grad)
         ref.grad = grad.clone()
         opt.step()

@@ -1,0 +1,69 @@
+"""apply: the server's optimizer step on one shard, as bytes touched per second, against memcpy.
+
+python -m experiments.bench.apply --size-mb 64 --repeats 9
+memcpy is torch's copy_ of a tensor of the same size (2 x size bytes touched: read + write). An SGD
+step with momentum touches 5 x size (read param, grad, buffer; write param, buffer), an Adam step
+7 x size (read param, grad, m, v; write param, m, v).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from psrv.config import OptimConfig
+from psrv.server.shard import Shard
+
+TOUCHED = {"sgd": 5, "adam": 7}
+
+
+def _time(fn, repeats: int) -> list[float]:
+    fn()  # warm-up: first touch of every page, optimizer state created
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def run(size_mb: int, repeats: int) -> list[dict]:
+    n = size_mb * 2**20 // 4
+    src, dst = torch.randn(n), torch.empty(n)
+    memcpy = statistics.median(_time(lambda: dst.copy_(src), repeats))
+    memcpy_rate = 2 * n * 4 / memcpy
+    results = []
+    for name, cfg in (("sgd", OptimConfig("sgd", lr=1e-3, momentum=0.9)), ("adam", OptimConfig("adam", lr=1e-3, momentum=0))):
+        shard = Shard(n, cfg)
+        shard.init(src)
+        grad = torch.randn(n) * 1e-3
+        times = _time(lambda: shard.apply(grad), repeats)
+        med = statistics.median(times)
+        rate = TOUCHED[name] * n * 4 / med
+        results.append({"bench": "apply", "optimizer": name, "size_mb": size_mb, "step_seconds": med,
+                        "spread": [min(times), max(times)], "bytes_per_second": rate,
+                        "memcpy_bytes_per_second": memcpy_rate, "ratio": rate / memcpy_rate,
+                        "threads": torch.get_num_threads(), "repeats": repeats})
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size-mb", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--out", type=Path)
+    a = p.parse_args(argv)
+    results = run(a.size_mb, a.repeats)
+    for r in results:
+        print(f"{r['optimizer']:>4} {r['size_mb']} MB: {r['step_seconds']*1e3:.1f} ms/step, "
+              f"{r['bytes_per_second']/1e9:.2f} GB/s touched, {r['ratio']:.2f}x memcpy")
+    if a.out:
+        a.out.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""end_to_end: samples/s of one job under sync PS, async PS, ssp(2) and DDP (gloo), same run.
+
+python -m experiments.bench.end_to_end --jobs synthetic_mlp digits_mlp --repeats 2
+2 workers and 1 server on 127.0.0.1; samples/s counts the training window (first step to last).
+Each PS figure is reported as a ratio to DDP's median from the same invocation; modes alternate
+within a repeat so that drifts in machine load fall on every mode alike.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+from psrv.config import OptimConfig
+
+from experiments.launch import RunOptions, run_local
+
+VARIANTS = (("sync", 0), ("async", 0), ("ssp", 2), ("ddp", 0))
+STEPS = {"synthetic_mlp": 40, "digits_mlp": 300, "mnist1d_mlp": 300}
+
+
+def run(jobs: list[str], repeats: int, steps: dict[str, int] | None = None) -> list[dict]:
+    steps = {**STEPS, **(steps or {})}
+    results = []
+    with tempfile.TemporaryDirectory(prefix="psrv-e2e-") as d:
+        for job in jobs:
+            rates: dict[str, list[float]] = {}
+            for rep in range(repeats):
+                for mode, s in VARIANTS:
+                    name = mode if mode != "ssp" else f"ssp-{s}"
+                    o = RunOptions(servers=1, workers=2, mode=mode, staleness=s, job=job, steps=steps[job],
+                                   batch_size=32, optim=OptimConfig("sgd", lr=0.01, momentum=0.9),
+                                   out=Path(d) / f"{job}-{name}-{rep}")
+                    rates.setdefault(name, []).append(run_local(o, progress=False)["samples_per_second"])
+            ddp = statistics.median(rates["ddp"])
+            for name, values in rates.items():
+                med = statistics.median(values)
+                results.append({"bench": "end_to_end", "job": job, "variant": name, "samples_per_second": med,
+                                "spread": [min(values), max(values)], "ddp_samples_per_second": ddp,
+                                "ratio": med / ddp, "repeats": repeats, "steps": steps[job]})
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--jobs", nargs="+", default=["synthetic_mlp", "digits_mlp"])
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--out", type=Path)
+    a = p.parse_args(argv)
+    results = run(a.jobs, a.repeats)
+    for r in results:
+        print(f"{r['job']:>14} {r['variant']:>6}: {r['samples_per_second']:8.0f} samples/s  {r['ratio']:.2f}x DDP")
+    if a.out:
+        a.out.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""scaling: aggregate updates/s of one async shard as concurrent workers grow (1, 4, 16, 32, 64).
+
+python -m experiments.bench.scaling --workers 1 4 16 32 64 --seconds 5
+Workers are threads, each with its own PSClient, spread over a few load-generator processes so the
+clients' GIL is not the bottleneck. The figure is the shard's updates_applied over the measured
+window; each count is reported as a ratio to the best count of the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def one(workers: int, seconds: float, size: int, procs: int, tmp: Path) -> dict:
+    ready, out = tmp / f"s{workers}.addr", tmp / f"s{workers}.json"
+    server = subprocess.Popen([sys.executable, "-m", "psrv.cli", "serve", "--bind", "tcp://127.0.0.1:0",
+                               "--workers", str(workers), "--mode", "async", "--optimizer", "sgd", "--lr", "1e-6",
+                               "--momentum", "0", "--log-level", "WARNING", "--ready-file", str(ready),
+                               "--out", str(out), "--worker-timeout", "60"], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("server did not start")
+            time.sleep(0.02)
+        address = ready.read_text().strip()
+        n = min(procs, workers)
+        split = [workers // n + (1 if i < workers % n else 0) for i in range(n)]
+        firsts = [sum(split[:i]) for i in range(n)]
+        gens = [subprocess.Popen([sys.executable, "-m", "experiments.bench.loadgen", address, str(f), str(k),
+                                  str(workers), str(size), str(seconds)], stdout=subprocess.PIPE, text=True)
+                for f, k in zip(firsts, split)]
+        reports = [json.loads(g.communicate(timeout=seconds + 120)[0]) for g in gens]
+        server.wait(60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    stats = json.loads(out.read_text())
+    window = max(r["seconds"] for r in reports)
+    acked = sum(r["round_trips"] for r in reports)
+    return {"bench": "scaling", "workers": workers, "updates_applied": stats["updates_applied"],
+            "acknowledged": acked, "seconds": window, "updates_per_second": stats["updates_applied"] / window}
+
+
+def run(counts: list[int], seconds: float, size: int = 1024, procs: int = 4) -> list[dict]:
+    with tempfile.TemporaryDirectory(prefix="psrv-scaling-") as d:
+        rows = [one(n, seconds, size, procs, Path(d)) for n in counts]
+    peak = max(r["updates_per_second"] for r in rows)
+    for r in rows:
+        r["ratio"] = r["updates_per_second"] / peak
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workers", type=int, nargs="+", default=[1, 4, 16, 32, 64])
+    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--out", type=Path)
+    a = p.parse_args(argv)
+    rows = run(a.workers, a.seconds)
+    for r in rows:
+        print(f"{r['workers']:>3} workers: {r['updates_per_second']:8.0f} updates/s  {r['ratio']:.2f}x peak"
+              f"  (acked {r['acknowledged']}, applied {r['updates_applied']})")
+    if a.out:
+        a.out.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
