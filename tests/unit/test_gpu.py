@@ -1,0 +1,70 @@
+"""GPU0 as the parameter server, and GPU workers against a CPU server: the same numbers as on CPU.
+
+Marked `gpu`; every test skips cleanly where torch.cuda.is_available() is False.
+"""
+import json
+
+import pytest
+import torch
+
+from psrv.config import OptimConfig
+from psrv.server.shard import Shard
+from tests.helpers import psrv_run
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (torch.cuda.is_available())")]
+
+CASES = [OptimConfig("sgd", lr=0.1, momentum=0.0), OptimConfig("sgd", lr=0.1, momentum=0.9, nesterov=True),
+         OptimConfig("adam", lr=1e-3, momentum=0.0)]
+TRAIN = ["--job", "digits_mlp", "--steps", "20", "--batch-size", "32", "--seed", "0"]
+
+
+@pytest.mark.parametrize("cfg", CASES, ids=lambda c: f"{c.name}-m{c.momentum}")
+def test_a_shard_on_cuda_applies_the_same_step_as_on_cpu(cfg):
+    gen = torch.Generator().manual_seed(0)
+    init = torch.randn(50_000, generator=gen)
+    grads = [torch.randn(init.numel(), generator=gen) for _ in range(6)]
+    cpu, gpu = Shard(init.numel(), cfg, device="cpu"), Shard(init.numel(), cfg, device="cuda:0")
+    assert gpu.weights.is_cuda
+    for shard in (cpu, gpu):
+        shard.init(init)
+        for g in grads[:3]:                    # async / SSP: one step per push
+            shard.apply(g)
+        for g in grads[3:]:                    # sync: the mean of a clock's gradients, one step
+            shard.accumulate(g)
+        assert shard.apply_accumulated() == 3
+    assert cpu.version == gpu.version == 4
+    torch.testing.assert_close(gpu.weights.cpu(), cpu.weights, rtol=1e-5, atol=1e-6)
+
+
+def _worker(procs, name: str, address: str, device: str, tmp_path) -> torch.Tensor:
+    params = tmp_path / f"{name}.pt"
+    p = procs.start(name, "worker", "--servers", address, "--rank", "0", "--world-size", "1", *TRAIN,
+                    "--device", device, "--params-out", str(params), "--out", str(tmp_path / f"{name}.json"))
+    assert procs.wait(p, 150) == 0, procs.log(name)[-3000:]
+    return torch.load(params)
+
+
+@pytest.mark.timeout(180)
+def test_a_cuda_worker_against_a_cpu_server_trains_like_a_cpu_worker(procs, tmp_path):
+    server = ["--num-shards", "1", "--workers", "1", "--mode", "sync", "--optimizer", "sgd", "--lr", "0.1",
+              "--momentum", "0", "--device", "cpu"]
+    _, cpu_addr = procs.server("server-cpu-worker", *server)
+    _, gpu_addr = procs.server("server-gpu-worker", *server)
+    on_cpu = _worker(procs, "worker-cpu", cpu_addr, "cpu", tmp_path)
+    on_gpu = _worker(procs, "worker-gpu", gpu_addr, "cuda:0", tmp_path)
+    assert not on_gpu.is_cuda
+    torch.testing.assert_close(on_gpu, on_cpu, rtol=0, atol=1e-4)
+    record = json.loads((tmp_path / "worker-gpu.json").read_text())
+    assert record["evals"][-1]["eval_accuracy"] > record["evals"][0]["eval_accuracy"]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("transport", ["zmq", "rpc"])
+def test_gpu0_as_the_parameter_server_matches_the_cpu_server(transport, tmp_path):
+    args = ["--mode", "sync", "--servers", "2", "--workers", "2", "--optimizer", "sgd", "--momentum", "0", *TRAIN]
+    on_cpu = psrv_run(tmp_path / "cpu", "--transport", transport, "--device", "cpu", *args, timeout=80)
+    on_gpu = psrv_run(tmp_path / "gpu", "--transport", transport, "--device", "cuda:0", *args, timeout=80)
+    assert on_gpu["device"] == "cuda:0" and on_cpu["updates_applied"] == on_gpu["updates_applied"] == 20
+    torch.testing.assert_close(torch.load(tmp_path / "gpu" / "params.pt"), torch.load(tmp_path / "cpu" / "params.pt"),
+                               rtol=0, atol=1e-4)
