@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import subprocess
@@ -131,8 +130,10 @@ class Cluster:
                             f"last lines of {self.out / (bad + '.log')}:\n{self.tail(bad)}")
 
 
-def run_local(o: RunOptions, *, progress: bool = True) -> dict:
-    """Run the job on a local cluster; write DIR/summary.json, steps.csv, evals.csv and return the summary."""
+def run_local(o: RunOptions, *, progress: bool = True, on_progress: Callable[[int], None] | None = None) -> dict:
+    """Run the job on a local cluster; write DIR/summary.json, steps.csv, evals.csv and return the summary.
+
+    on_progress(steps done by all workers so far) is called while it runs (for an outer progress bar)."""
     o.out.mkdir(parents=True, exist_ok=True)
     for stale in o.out.glob("*.json"):
         stale.unlink()
@@ -145,7 +146,7 @@ def run_local(o: RunOptions, *, progress: bool = True) -> dict:
         else:
             servers = _start_servers(cluster, o)
             names = _start_workers(cluster, o, [a for _, a in servers])
-        bar = _progress(o, enabled=progress)
+        bar = _progress(o, enabled=progress, on_update=on_progress)
         expected = o.servers + o.workers if o.metrics and o.mode != "ddp" else 0
         found = [0]
 
@@ -182,8 +183,16 @@ def write_targets(out: Path) -> int:
     return sum(len(g["targets"]) for g in groups)
 
 
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _start_servers(cluster: Cluster, o: RunOptions) -> list[tuple[str, str]]:
     names = []
+    rpc_master = f"127.0.0.1:{_free_port()}" if o.transport == "rpc" else ""  # shard 0 hosts the rendezvous
     for i in range(o.servers):
         ready = o.out / f"server-{i}.addr"
         ready.unlink(missing_ok=True)
@@ -192,9 +201,11 @@ def _start_servers(cluster: Cluster, o: RunOptions) -> list[tuple[str, str]]:
                      "--backup-workers", str(o.backup_workers), *_optim_flags(o), "--device", o.device,
                      "--transport", o.transport, "--worker-timeout", repr(o.worker_timeout),
                      "--out", str(o.out / f"server-{i}.json"), "--ready-file", str(ready))
-        argv += _metrics_flags(o)
+        argv += _metrics_flags(o) + (["--rpc-master", rpc_master] if rpc_master else [])
         cluster.start(f"server-{i}", argv)
         names.append((f"server-{i}", ready))
+    if rpc_master:  # the RPC world forms only once the workers join it too: do not wait for the servers
+        return [(n, f"rpc://{rpc_master}/server-{i}") for i, (n, _) in enumerate(names)]
     deadline = time.monotonic() + 60
     while not all(r.exists() for _, r in names):
         bad = cluster.failed()
@@ -223,15 +234,16 @@ def _start_workers(cluster: Cluster, o: RunOptions, addresses: list[str]) -> lis
 class _progress:
     """A tqdm bar over all workers' steps, fed by the workers' logs of completed steps."""
 
-    def __init__(self, o: RunOptions, *, enabled: bool):
+    def __init__(self, o: RunOptions, *, enabled: bool, on_update: Callable[[int], None] | None = None):
         self.o = o
+        self.on_update = on_update
         self.bar = None
         if enabled:
             from tqdm import tqdm
             self.bar = tqdm(total=o.steps * o.workers, desc=f"{o.mode} x{o.workers}", unit="step", leave=False)
 
     def tick(self) -> None:
-        if self.bar is None:
+        if self.bar is None and self.on_update is None:
             return
         done = 0
         for rank in range(self.o.workers):
@@ -240,7 +252,10 @@ class _progress:
                 done += int(p.read_text() or 0)
             except (FileNotFoundError, ValueError):
                 pass
-        self.bar.update(done - self.bar.n)
+        if self.on_update is not None:
+            self.on_update(done)
+        if self.bar is not None:
+            self.bar.update(done - self.bar.n)
 
     def close(self) -> None:
         if self.bar is not None:

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from psrv.client import PSError
 from psrv.config import MODES, OPTIMIZERS, RUN_MODES, TRANSPORTS, FaultConfig, OptimConfig, ServerConfig, WorkerConfig
 
 EPILOG = "Docs: README.md (quick start), docs/architecture.md, docs/experiments.md."
@@ -59,6 +60,22 @@ def _metrics_args(p: argparse.ArgumentParser) -> None:
                    help="address /metrics listens on; 0.0.0.0 lets other hosts scrape (default: %(default)s)")
 
 
+def _reliability_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("reliability and security (docs/reliability.md, docs/security.md)")
+    g.add_argument("--checkpoint-dir", default="", metavar="DIR", help="write this shard's checkpoint here "
+                   "(atomically) every --checkpoint-every seconds, on CHECKPOINT, on SIGTERM and at exit")
+    g.add_argument("--checkpoint-every", type=float, default=0.0, metavar="SECONDS",
+                   help="seconds between checkpoints; 0: only at exit and on CHECKPOINT (default: %(default)s)")
+    g.add_argument("--resume", action="store_true", help="restore the shard from --checkpoint-dir first")
+    g.add_argument("--curve-keys", default="", metavar="DIR", help="CURVE encryption, and admit only the clients "
+                   "whose public key is in DIR (made by psrv keygen); enables CHECKPOINT and SHUTDOWN")
+    g.add_argument("--max-message-bytes", type=int, default=1 << 31, help="drop (and disconnect) any bigger "
+                   "message before it is read (default: %(default)s)")
+    g.add_argument("--nonfinite", choices=("reject", "skip"), default="reject", help="a gradient with NaN/Inf "
+                   "is answered with ERROR (reject) or acknowledged and not applied (skip); both are counted "
+                   "(default: %(default)s)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="psrv", description="Parameter-server training with sync, async "
                                      "and SSP consistency, and a harness that compares them with DDP.",
@@ -70,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "--shard 0 --num-shards 2 --workers 4 --mode ssp --staleness 2")
     s.add_argument("--bind", default="tcp://127.0.0.1:5555", help="address to listen on; port 0 picks a free "
                    "port (default: %(default)s; bind 0.0.0.0 only on a trusted network)")
+    s.add_argument("--rpc-master", metavar="HOST:PORT", help="--transport rpc: the rendezvous of the job's RPC "
+                   "world, hosted by shard 0 (replaces --bind); workers then use --servers "
+                   "rpc://HOST:PORT/server-0,...")
     s.add_argument("--shard", type=int, default=0, help="this shard's index (default: %(default)s)")
     s.add_argument("--num-shards", type=int, default=1, help="number of shards in all (default: %(default)s)")
     s.add_argument("--workers", type=int, default=1, help="number of workers N (default: %(default)s)")
@@ -78,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     _metrics_args(s)
     s.add_argument("--out", type=Path, help="write the shard's statistics (JSON) here at exit")
     s.add_argument("--ready-file", type=Path, help="write the bound address here once listening")
+    _reliability_args(s)
 
     w = sub.add_parser("worker", help="run one worker", description="Train one worker against the servers. "
                        "Example: psrv worker --servers tcp://10.0.0.1:5555,tcp://10.0.0.2:5555 --rank 0 "
@@ -92,6 +113,24 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--out", type=Path, help="write this worker's record (JSON) here")
     w.add_argument("--params-out", type=Path, help="save the final flat parameter vector here (torch.save)")
     w.add_argument("--progress-file", type=Path, help="keep the number of finished steps in this file")
+    w.add_argument("--curve-keys", default="", metavar="DIR", help="connect with CURVE as worker-RANK "
+                   "(DIR holds server.key and worker-RANK.key_secret; see psrv keygen)")
+
+    k = sub.add_parser("keygen", help="make CURVE key pairs for servers, workers and admin",
+                       description="Write DIR/server.key(_secret), DIR/worker-K.key(_secret) for K < --workers "
+                       "and DIR/admin.key(_secret). Servers admit the clients whose .key is in DIR. "
+                       "Example: psrv keygen keys --workers 4")
+    k.add_argument("dir", type=Path, help="directory for the keys (created, mode 0700)")
+    k.add_argument("--workers", type=int, default=1, help="worker key pairs to make (default: %(default)s)")
+    k.add_argument("--log-level", default="WARNING", help="logging level (default: %(default)s)")
+
+    d = sub.add_parser("admin", help="send STATS, CHECKPOINT or SHUTDOWN to running servers",
+                       description="CHECKPOINT and SHUTDOWN need servers started with --curve-keys. "
+                       "Example: psrv admin checkpoint --servers tcp://10.0.0.1:5555 --curve-keys keys")
+    d.add_argument("action", choices=("stats", "checkpoint", "shutdown"))
+    d.add_argument("--servers", required=True, help="comma-separated shard addresses")
+    d.add_argument("--curve-keys", default="", metavar="DIR", help="connect with CURVE as admin (DIR/admin.key_secret)")
+    d.add_argument("--log-level", default="WARNING", help="logging level (default: %(default)s)")
 
     r = sub.add_parser("run", help="run a whole local cluster on 127.0.0.1",
                        description="Start --servers shards and --workers workers on 127.0.0.1, train to the "
@@ -115,6 +154,16 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("spec", type=Path, help="experiment spec (TOML), e.g. experiments/specs/modes.toml")
     e.add_argument("--out", type=Path, default=None, help="output directory (default: runs/<spec name>)")
     e.add_argument("--log-level", default="WARNING", help="logging level (default: %(default)s)")
+
+    t = sub.add_parser("top", help="live per-shard view of running servers",
+                       description="Poll the shards with STATS and show version, active workers, clocks, "
+                       "staleness and updates/s. Example: psrv top --servers tcp://10.0.0.1:5555,tcp://10.0.0.2:5555")
+    t.add_argument("--servers", required=True, help="comma-separated shard addresses, in shard order")
+    t.add_argument("--interval", type=float, default=1.0, help="seconds between polls (default: %(default)s)")
+    t.add_argument("--once", action="store_true", help="print one table (two polls, --interval apart) and exit")
+    t.add_argument("--timeout", type=float, default=2.0,
+                   help="seconds to wait for a shard's answer (default: %(default)s)")
+    t.add_argument("--log-level", default="WARNING", help="logging level (default: %(default)s)")
     return parser
 
 
@@ -130,9 +179,14 @@ def fault_config(a: argparse.Namespace) -> FaultConfig:
 
 def _serve(a: argparse.Namespace) -> int:
     from psrv.server.run import serve
-    cfg = ServerConfig(shard=a.shard, num_shards=a.num_shards, workers=a.workers, bind=a.bind, mode=a.mode,
+    if (a.transport == "rpc") != bool(a.rpc_master):
+        raise ValueError("--transport rpc and --rpc-master HOST:PORT go together (shard 0 hosts the rendezvous)")
+    bind = f"rpc://{a.rpc_master}" if a.rpc_master else a.bind
+    cfg = ServerConfig(shard=a.shard, num_shards=a.num_shards, workers=a.workers, bind=bind, mode=a.mode,
                        staleness=a.staleness, backup_workers=a.backup_workers, optim=optim_config(a),
-                       device=a.device, transport=a.transport, worker_timeout=a.worker_timeout)
+                       device=a.device, transport=a.transport, worker_timeout=a.worker_timeout,
+                       checkpoint_dir=a.checkpoint_dir, checkpoint_every=a.checkpoint_every, resume=a.resume,
+                       curve_keys=a.curve_keys, max_message_bytes=a.max_message_bytes, nonfinite=a.nonfinite)
     summary = serve(cfg, metrics_port=a.metrics_port, metrics_file=_metrics_file(a), metrics_host=a.metrics_host,
                     metrics_linger=a.metrics_linger, ready_file=a.ready_file)
     if a.out:
@@ -145,7 +199,8 @@ def _worker(a: argparse.Namespace) -> int:
     from workers.loop import train
     cfg = WorkerConfig(servers=tuple(s.strip() for s in a.servers.split(",") if s.strip()), rank=a.rank,
                        world_size=a.world_size, job=a.job, steps=a.steps, batch_size=a.batch_size, seed=a.seed,
-                       device=a.device, transport=a.transport, eval_every=a.eval_every, faults=fault_config(a))
+                       device=a.device, transport=a.transport, eval_every=a.eval_every, faults=fault_config(a),
+                       curve_keys=a.curve_keys)
     progress = None
     if a.progress_file:
         progress = lambda step: step % 10 == 0 and a.progress_file.write_text(str(step))  # noqa: E731
@@ -185,6 +240,28 @@ def _experiment(a: argparse.Namespace) -> int:
     return run_experiment(a.spec, out=a.out)
 
 
+def _top(a: argparse.Namespace) -> int:
+    from psrv.top import top
+    return top([s.strip() for s in a.servers.split(",") if s.strip()], interval=a.interval, once=a.once,
+               timeout=a.timeout)
+
+
+def _keygen(a: argparse.Namespace) -> int:
+    from psrv.transport.curve import keygen
+    made = keygen(a.dir, workers=a.workers)
+    print(f"wrote {len(made)} key files to {a.dir}; give each worker host server.key and its worker-K pair")
+    return 0
+
+
+def _admin(a: argparse.Namespace) -> int:
+    from psrv.client import admin_request
+    from psrv.protocol import MsgType
+    for address in (s.strip() for s in a.servers.split(",") if s.strip()):
+        answer = admin_request(address, MsgType[a.action.upper()], curve_keys=a.curve_keys)
+        print(json.dumps({"server": address, **answer}))
+    return 0
+
+
 def _metrics_file(a: argparse.Namespace) -> Path | None:
     """Where a process announces its bound /metrics port: beside its --out file."""
     return a.out.with_suffix(".metrics") if a.out else None
@@ -203,10 +280,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
                         format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s")
     try:
-        return {"serve": _serve, "worker": _worker, "run": _run, "experiment": _experiment}[args.command](args)
+        return {"serve": _serve, "worker": _worker, "run": _run, "experiment": _experiment,
+                "top": _top, "keygen": _keygen, "admin": _admin}[args.command](args)
     except ValueError as exc:  # bad input: say what to change, no traceback
         print(f"psrv {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except (PSError, TimeoutError) as exc:  # a server refused us or never answered
+        print(f"psrv {args.command}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 
 Requests to all shards are sent first and the replies collected after, so shards work
 concurrently. Every call returns the versions it saw (ps-lite's timestamps), so staleness
-is measured, never guessed.
+is measured, never guessed. A request left unanswered is probed and, if the shard no longer
+holds it, re-sent with the SAME seq (the shard applies a push at most once); a shard that
+forgot this worker (restarted, or dropped it for silence) is greeted again first.
 """
 from __future__ import annotations
 
@@ -13,9 +15,10 @@ from typing import Sequence
 
 import torch
 
+from psrv.heartbeat import Heartbeat
 from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError, decode, encode
 from psrv.server.partition import PartitionPlan
-from psrv.transport import create_client
+from psrv.transport import ClientTransport, create_client
 
 log = logging.getLogger("psrv.client")
 
@@ -41,26 +44,44 @@ class Reply:
 
 
 class PSClient:
+    """`timeout`: seconds without any sign of life from a shard before giving up; `retry_interval`:
+    first wait before probing an unanswered request (doubling up to 8x). `net` replaces the
+    transport (tests wrap it to drop or duplicate messages)."""
+
     def __init__(self, servers: Sequence[str], plan: PartitionPlan, *, worker: int, world_size: int,
-                 transport: str = "zmq", timeout: float = 60.0):
+                 transport: str = "zmq", timeout: float = 60.0, retry_interval: float = 1.0,
+                 curve_keys: str = "", heartbeat: bool = True, net: ClientTransport | None = None):
         if len(servers) != plan.num_shards:
             raise ValueError(f"{len(servers)} server addresses for a plan of {plan.num_shards} shards")
         self.plan = plan
         self.worker = worker
         self.world_size = world_size
         self.timeout = timeout
+        self.retry_interval = retry_interval
         self.ranges = plan.ranges
         self.versions = [0] * plan.num_shards
+        self.resends = 0
         self._seq = 0
-        self._net = create_client(transport, list(servers))
+        self._servers = list(servers)
+        self._options = {"curve_keys": curve_keys, "curve_name": f"worker-{worker}"} if curve_keys else {}
+        self._net = net or create_client(transport, self._servers, worker=worker, world_size=world_size,
+                                         **self._options)
+        # zmq sockets are not thread-safe: the heartbeat thread opens its own (rpc has one world per process)
+        self._heartbeat_on = heartbeat and transport == "zmq"
+        self._heartbeat: Heartbeat | None = None
 
     # --- the public face ----------------------------------------------------
     def hello(self) -> list[dict]:
         """Introduce this worker to every shard; raises PSError on a plan mismatch."""
-        msgs = [self._msg(MsgType.HELLO, fields={
-            "plan_hash": self.plan.hash, "total": self.plan.total, "num_shards": self.plan.num_shards,
-            "shard": s, "world_size": self.world_size}) for s in range(self.plan.num_shards)]
-        return [m.fields for m in self._round_trip(msgs)]
+        welcomes = [m.fields for m in self._round_trip([self._hello(s) for s in range(self.plan.num_shards)])]
+        # A restarted worker continues after its previous life's seqs, so no push of it looks re-sent.
+        self._seq = max([self._seq] + [int(w.get("last_seq", 0)) for w in welcomes])
+        timeouts = [w["worker_timeout"] for w in welcomes if isinstance(w.get("worker_timeout"), (int, float))]
+        if self._heartbeat_on and self._heartbeat is None and timeouts:
+            self._heartbeat = Heartbeat(self._servers, worker=self.worker, interval=min(timeouts) / 3,
+                                        options=self._options)
+            self._heartbeat.start()
+        return welcomes
 
     def init(self, flat: torch.Tensor) -> None:
         """Offer initial weights (rank 0); shards already initialised keep theirs."""
@@ -85,9 +106,15 @@ class PSClient:
         return [m.fields for m in self._round_trip([self._msg(MsgType.STATS) for _ in self.ranges])]
 
     def leave(self) -> None:
-        self._round_trip([self._msg(MsgType.LEAVE) for _ in self.ranges])
+        """Say goodbye; a shard that already finished may not answer, which is fine."""
+        self._stop_heartbeat()
+        try:
+            self._round_trip([self._msg(MsgType.LEAVE) for _ in self.ranges], timeout=min(self.timeout, 5.0))
+        except TimeoutError as exc:
+            log.warning("worker %d: LEAVE not acknowledged (%s)", self.worker, exc)
 
     def close(self) -> None:
+        self._stop_heartbeat()
         self._net.close()
 
     def __enter__(self) -> "PSClient":
@@ -97,8 +124,18 @@ class PSClient:
         self.close()
 
     # --- mechanics ----------------------------------------------------------
+    def _stop_heartbeat(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+            self._heartbeat = None
+
     def _msg(self, mtype: MsgType, **kw) -> Message:
         return Message(mtype, worker=self.worker, **kw)
+
+    def _hello(self, shard: int) -> Message:
+        return self._msg(MsgType.HELLO, fields={
+            "plan_hash": self.plan.hash, "total": self.plan.total, "num_shards": self.plan.num_shards,
+            "shard": shard, "world_size": self.world_size})
 
     def _pushes(self, mtype: MsgType, grad: torch.Tensor, clock: int) -> list[Message]:
         return [self._msg(mtype, clock=clock, base_version=self.versions[s], tensor=grad[lo:hi])
@@ -120,31 +157,125 @@ class PSClient:
                      waited=max((f.get("waited", 0.0) for f in fields), default=0.0),
                      gap=max((f.get("gap", 0) for f in fields), default=0), fields=fields)
 
-    def _round_trip(self, msgs: list[Message]) -> list[Message]:
+    def _round_trip(self, msgs: list[Message], *, timeout: float | None = None) -> list[Message]:
         """Send msgs[s] to shard s (all at once), then wait for every shard's reply."""
         self._seq += 1
-        seq = self._seq
-        for shard, m in enumerate(msgs):
+        return _RoundTrip(self, msgs, self._seq, self.timeout if timeout is None else timeout).run()
+
+
+class _RoundTrip:
+    """One request to every shard, seen through lost messages, lost replies and restarted shards.
+
+    Every retry_interval (doubling) an unanswered shard gets a small HEARTBEAT probe on the same
+    connection: a shard that holds the request (a pull it may not answer yet) says so and we wait;
+    one that does not gets the request again, same seq. A probe left unanswered means the
+    connection or the shard is gone: reconnect and re-send. Any answer counts as a sign of life.
+    """
+
+    MAX_HELLOS = 5
+
+    def __init__(self, client: PSClient, msgs: list[Message], seq: int, timeout: float):
+        self.c, self.net, self.seq, self.timeout = client, client._net, seq, timeout
+        self.frames = []
+        for m in msgs:
             m.seq = seq
-            self._net.send(shard, encode(m))
-        replies: list[Message | None] = [None] * len(msgs)
-        deadline = time.monotonic() + self.timeout
-        while any(r is None for r in replies):
-            left = deadline - time.monotonic()
-            got = self._net.recv(max(0.0, left)) if left > 0 else None
-            if got is None:
-                missing = [s for s, r in enumerate(replies) if r is None]
-                raise TimeoutError(f"worker {self.worker}: no reply from shard(s) {missing} "
-                                   f"within {self.timeout:.0f}s to {msgs[0].type.name}")
-            shard, frames = got
-            try:
-                reply = decode(frames)
-            except ProtocolError as exc:
-                raise PSError(shard, exc.code, f"undecodable reply: {exc.message}") from None
-            if reply.type is MsgType.ERROR:
-                raise PSError(shard, reply.fields.get("code", ErrorCode.INTERNAL), reply.fields.get("message", ""))
-            if reply.seq != seq:
-                log.debug("worker %d: dropped a stale reply (seq %d, waiting for %d)", self.worker, reply.seq, seq)
+            self.frames.append(encode(m))
+        self.kind = msgs[0].type.name
+        n = len(msgs)
+        self.replies: list[Message | None] = [None] * n
+        self.probing = [False] * n     # a probe is out and unanswered
+        self.greeting = [False] * n    # re-sent HELLO, waiting for WELCOME
+        self.hellos = [0] * n
+
+    def run(self) -> list[Message]:
+        for s, f in enumerate(self.frames):
+            self.net.send(s, f)
+        interval = self.c.retry_interval
+        now = time.monotonic()
+        deadline, check_at = now + self.timeout, now + interval
+        while None in self.replies:
+            now = time.monotonic()
+            if now >= deadline:
+                missing = [s for s, r in enumerate(self.replies) if r is None]
+                raise TimeoutError(f"worker {self.c.worker}: no reply from shard(s) {missing} "
+                                   f"within {self.timeout:.0f}s to {self.kind}")
+            if now >= check_at:
+                self._probe_missing()
+                interval = min(interval * 2, 8 * self.c.retry_interval)
+                check_at = now + interval
                 continue
-            replies[shard] = reply
-        return replies
+            got = self.net.recv(min(deadline, check_at) - now)
+            if got is not None and self._take(*got):
+                deadline = time.monotonic() + self.timeout
+        return self.replies
+
+    def _probe_missing(self) -> None:
+        for s, r in enumerate(self.replies):
+            if r is not None:
+                continue
+            if self.probing[s]:  # no answer to the last probe either: start a fresh connection
+                log.info("worker %d: shard %d silent; reconnecting and re-sending %s seq %d",
+                         self.c.worker, s, self.kind, self.seq)
+                self.net.reconnect(s)
+                self._resend(s)
+            probe = Message(MsgType.HEARTBEAT, worker=self.c.worker, seq=self.seq, fields={"probe": self.seq})
+            self.net.send(s, encode(probe))
+            self.probing[s] = True
+
+    def _resend(self, s: int) -> None:
+        self.c.resends += 1
+        self.net.send(s, encode(self.c._hello(s)) if self.greeting[s] else self.frames[s])
+
+    def _take(self, s: int, frames: list) -> bool:
+        """Handle one arrival; True if it was from this round trip (a sign of life)."""
+        try:
+            reply = decode(frames)
+        except ProtocolError as exc:
+            raise PSError(s, exc.code, f"undecodable reply: {exc.message}") from None
+        if reply.seq != self.seq or self.replies[s] is not None:
+            log.debug("worker %d: dropped a stale reply (seq %d, waiting for %d)", self.c.worker, reply.seq, self.seq)
+            return False
+        if reply.type is MsgType.OK and "probe" in reply.fields:
+            self.probing[s] = False
+            if not reply.fields.get("holding"):  # the request, or its answer, was lost
+                self._resend(s)
+            return True
+        if reply.type is MsgType.WELCOME and self.greeting[s]:
+            self.greeting[s] = False
+            self.net.send(s, self.frames[s])
+            return True
+        if reply.type is MsgType.ERROR:
+            f = reply.fields
+            if f.get("hello") and self.kind != "HELLO":
+                if not self.greeting[s]:
+                    self.hellos[s] += 1
+                    if self.hellos[s] > self.MAX_HELLOS:
+                        raise PSError(s, f.get("code", ErrorCode.INTERNAL), f.get("message", ""))
+                    log.info("worker %d: shard %d does not know us (%s); saying HELLO again",
+                             self.c.worker, s, f.get("message"))
+                    self.greeting[s] = True
+                    self.net.send(s, encode(self.c._hello(s)))
+                return True
+            raise PSError(s, f.get("code", ErrorCode.INTERNAL), f.get("message", ""))
+        self.replies[s] = reply
+        return True
+
+
+def admin_request(address: str, kind: MsgType, *, curve_keys: str = "", name: str = "admin",
+                  timeout: float = 10.0, transport: str = "zmq") -> dict:
+    """One STATS, CHECKPOINT or SHUTDOWN to one shard; its answer's fields (PSError on ERROR).
+
+    CHECKPOINT and SHUTDOWN need a server started with --curve-keys and the client key `name`."""
+    options = {"curve_keys": curve_keys, "curve_name": name} if curve_keys else {}
+    net = create_client(transport, [address], **options)
+    try:
+        net.send(0, encode(Message(kind, seq=1)))
+        got = net.recv(timeout)
+        if got is None:
+            raise TimeoutError(f"no answer from {address} within {timeout:.0f}s to {kind.name}")
+        reply = decode(got[1])
+    finally:
+        net.close()
+    if reply.type is MsgType.ERROR:
+        raise PSError(0, reply.fields.get("code", ErrorCode.INTERNAL), reply.fields.get("message", ""))
+    return reply.fields

@@ -61,11 +61,20 @@ class ServerConfig:
     worker_timeout: float = 10.0
     max_message_bytes: int = 1 << 31
     nonfinite: str = "reject"
+    checkpoint_dir: str = ""        # psrv/checkpoint.py; empty: no checkpoints
+    checkpoint_every: float = 0.0   # seconds between checkpoints; 0: only at exit (and on CHECKPOINT)
+    resume: bool = False            # restore this shard from checkpoint_dir at start
+    curve_keys: str = ""            # a `psrv keygen` directory: CURVE encryption + worker allow-list
 
     def __post_init__(self) -> None:
         _choice("mode", self.mode, MODES)
         _choice("transport", self.transport, TRANSPORTS)
         _choice("nonfinite", self.nonfinite, ("reject", "skip"))
+        _at_least("checkpoint_every", self.checkpoint_every, 0.0)
+        if self.resume and not self.checkpoint_dir:
+            raise ValueError("--resume needs --checkpoint-dir (where the checkpoints are)")
+        if self.curve_keys and self.transport != "zmq":
+            raise ValueError("--curve-keys needs --transport zmq (torch RPC has no authentication)")
         _device("device", self.device)
         _at_least("num_shards", self.num_shards, 1)
         _at_least("workers", self.workers, 1)
@@ -133,12 +142,15 @@ class WorkerConfig:
     transport: str = "zmq"
     eval_every: int = 0            # 0: evaluate only at the start and the end
     request_timeout: float = 60.0  # seconds without any reply before the client gives up
+    curve_keys: str = ""           # a `psrv keygen` directory holding server.key and worker-RANK.key_secret
     faults: FaultConfig = field(default_factory=FaultConfig)
 
     def __post_init__(self) -> None:
         if not self.servers:
             raise ValueError("servers must name at least one shard address (tcp://host:port)")
         _choice("transport", self.transport, TRANSPORTS)
+        if any(a.startswith("rpc://") for a in self.servers) != (self.transport == "rpc"):
+            raise ValueError("rpc://HOST:PORT/server-<i> addresses go with --transport rpc, tcp:// ones with zmq")
         _device("device", self.device)
         _at_least("world_size", self.world_size, 1)
         _at_least("steps", self.steps, 1)

@@ -33,7 +33,7 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
               "batch_size": cfg.batch_size, "parameters": plan.total, "plan_hash": plan.hash,
               "evals": [], "step_log": []}
     with PSClient(cfg.servers, plan, worker=cfg.rank, world_size=cfg.world_size,
-                  transport=cfg.transport, timeout=cfg.request_timeout) as client:
+                  transport=cfg.transport, timeout=cfg.request_timeout, curve_keys=cfg.curve_keys) as client:
         welcome = client.hello()
         if cfg.rank == 0:
             client.init(flat.params.cpu())
@@ -55,7 +55,7 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
             reply = client.push_pull(flat.grads, clock=clock, out=flat.params)
             t2 = time.perf_counter()
             clock = reply.clock
-            row = {"wall_time": time.time(), "worker": cfg.rank, "step": step, "loss": float(loss),
+            row = {"wall_time": time.time(), "worker": cfg.rank, "step": step, "loss": loss.item(),
                    "staleness": reply.staleness, "compute_seconds": t1 - t0,
                    "communication_seconds": max(0.0, t2 - t1 - reply.waited),
                    "wait_seconds": min(reply.waited, t2 - t1), "batch_size": cfg.batch_size}

@@ -77,7 +77,8 @@ def decode(frames: list) -> Message:
 
 
 def _tensor(h: dict, frame) -> torch.Tensor:
-    dtype = DTYPES.get(h.get("dt"))
+    name = h.get("dt")
+    dtype = DTYPES.get(name) if isinstance(name, str) else None  # any msgpack value may come here
     if dtype is None:
         raise ProtocolError(ErrorCode.BAD_TENSOR, f"dtype {h.get('dt')!r} not one of {sorted(DTYPES)}")
     buf = memoryview(frame)

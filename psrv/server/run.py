@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import signal
 import time
 from pathlib import Path
@@ -26,7 +27,9 @@ def serve(cfg: ServerConfig, *, metrics_port: int | None = None, metrics_file: P
         from psrv.metrics import ServerMetrics
         metrics = start_metrics(ServerMetrics, metrics_port, metrics_file, host=metrics_host,
                                 shard=cfg.shard, mode=cfg.mode)
-    transport = create_server(cfg.transport, cfg.bind, max_message_bytes=cfg.max_message_bytes)
+    transport = create_server(cfg.transport, cfg.bind, shard=cfg.shard, num_shards=cfg.num_shards,
+                              workers=cfg.workers, max_message_bytes=cfg.max_message_bytes,
+                              **({"curve_keys": cfg.curve_keys} if cfg.curve_keys else {}))
     service = ShardService(cfg, transport, metrics=metrics)
     signal.signal(signal.SIGTERM, lambda *_: setattr(service, "stopped", True))
     if ready_file is not None:
@@ -37,6 +40,7 @@ def serve(cfg: ServerConfig, *, metrics_port: int | None = None, metrics_file: P
         summary = service.serve()
     finally:
         transport.close()
+    summary["max_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     if metrics is not None and metrics_linger > 0:
         time.sleep(metrics_linger)
     return summary

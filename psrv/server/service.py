@@ -7,32 +7,25 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Callable, Hashable
 
-import torch
-
+from psrv import checkpoint
 from psrv.config import ServerConfig
 from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError, decode, encode
+from psrv.server import validate
 from psrv.server.consistency import Decision, make_controller
-from psrv.server.partition import shard_range
+from psrv.server.dedup import Dedup
+from psrv.server.liveness import Liveness
+from psrv.server.pending import Pending, PendingPulls
 from psrv.server.shard import Shard
 from psrv.server.stats import ShardStats
+from psrv.server.validate import HelloAgain
 from psrv.transport.base import ServerTransport
 
 log = logging.getLogger("psrv.server")
-WIRE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-@dataclass
-class _Pending:
-    peer: Hashable
-    worker: int
-    seq: int
-    clock: int
-    final: bool
-    received: float
-    push: dict | None  # the push half of a PUSH_PULL, for the reply
+ADMIN = (MsgType.SHUTDOWN, MsgType.CHECKPOINT)
+ANONYMOUS = (MsgType.STATS, *ADMIN)             # no worker id needed
+NEEDS_ACTIVE = (MsgType.INIT, MsgType.PUSH, MsgType.PULL, MsgType.PUSH_PULL)
 
 
 class ShardService:
@@ -42,24 +35,27 @@ class ShardService:
         self.transport = transport
         self.metrics = metrics
         self.now = now
-        self.join_timeout = join_timeout
         self.controller = make_controller(cfg.mode, cfg.workers, staleness=cfg.staleness,
                                           backup_workers=cfg.backup_workers)
         self.stats = ShardStats(metrics=metrics)
         self.shard: Shard | None = None
         self.plan_hash: str | None = None
-        self.pending: list[_Pending] = []
-        self.last_seq: dict[int, int] = {}
-        self.last_seen: dict[int, float] = {}
-        self.left: set[int] = set()
-        self.started = now()
+        self.pending = PendingPulls()
+        self.dedup = Dedup()
+        self.liveness = Liveness(timeout=cfg.worker_timeout, join_timeout=join_timeout, now=now)
+        self.resumed_from: int | None = None
+        self.checkpoints = checkpoint.Checkpointer(cfg.checkpoint_dir, every=cfg.checkpoint_every, now=now)
         self.stopped = False
+        self._last_check = now()
         self._handlers = {
             MsgType.HELLO: self._on_hello, MsgType.INIT: self._on_init, MsgType.PUSH: self._on_push,
             MsgType.PULL: self._on_pull, MsgType.PUSH_PULL: self._on_push_pull,
-            MsgType.HEARTBEAT: self._on_heartbeat, MsgType.LEAVE: self._on_leave,
-            MsgType.STATS: self._on_stats, MsgType.SHUTDOWN: self._on_shutdown,
+            MsgType.HEARTBEAT: self._on_heartbeat, MsgType.LEAVE: self._on_leave, MsgType.STATS: self._on_stats,
+            MsgType.SHUTDOWN: self._on_shutdown, MsgType.CHECKPOINT: self._on_checkpoint,
         }
+        Shard(1, cfg.optim, device=cfg.device)  # warm torch.optim up now, not during the first HELLO
+        if cfg.resume and cfg.checkpoint_dir:
+            checkpoint.resume(self, cfg.checkpoint_dir)
 
     # --- the loop -----------------------------------------------------------
     @property
@@ -67,7 +63,10 @@ class ShardService:
         return self.stopped or not self.controller.active
 
     def serve(self, poll_interval: float = 0.1) -> dict:
-        """Answer requests until every worker has left (or timed out); return the shard's summary."""
+        """Answer requests until every worker has left (or timed out); return the shard's summary.
+
+        With cfg.checkpoint_dir a checkpoint is written every cfg.checkpoint_every seconds and
+        once more at the end (also when stopped by SIGTERM)."""
         log.info("shard %d/%d serving %s on %s", self.cfg.shard, self.cfg.num_shards, self.cfg.mode,
                  self.transport.address)
         while not self.finished:
@@ -75,6 +74,10 @@ class ShardService:
             if item is not None:
                 self.handle(*item)
             self.check_liveness()
+            if self.checkpoints.due():
+                self.checkpoints.save(self)
+        if self.cfg.checkpoint_dir:
+            self.checkpoints.save(self)
         self.transport.wait_sent(5.0)
         return self.summary()
 
@@ -88,14 +91,19 @@ class ShardService:
             handler = self._handlers.get(msg.type)
             if handler is None:
                 raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"{msg.type.name} is not a request")
-            if msg.type not in (MsgType.STATS, MsgType.SHUTDOWN):
+            if msg.type in ADMIN and not getattr(self.transport, "authenticated", False):
+                raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{msg.type.name} needs an authenticated peer: "
+                                    "start the servers with --curve-keys (see docs/security.md)")
+            if msg.type not in ANONYMOUS:
                 self._check_worker(msg)
             handler(peer, msg)
         except ProtocolError as exc:
             self.stats.errors += 1
             log.warning("shard %d: refused a request: %s", self.cfg.shard, exc)
-            self._reply(peer, Message(MsgType.ERROR, seq=seq,
-                                      fields={"code": int(exc.code), "message": exc.message}))
+            fields = {"code": int(exc.code), "message": exc.message}
+            if isinstance(exc, HelloAgain):
+                fields["hello"] = True
+            self._reply(peer, Message(MsgType.ERROR, seq=seq, fields=fields))
         except Exception as exc:  # a bug must not stop the loop; the peer learns of it
             self.stats.errors += 1
             log.exception("shard %d: internal error", self.cfg.shard)
@@ -103,51 +111,48 @@ class ShardService:
                 "code": int(ErrorCode.INTERNAL), "message": f"{type(exc).__name__}: {exc}"}))
 
     def check_liveness(self) -> None:
-        """Workers silent for worker_timeout (with no request waiting on us) leave the active set."""
-        now = self.now()
-        waiting = {p.worker for p in self.pending}
-        for w in sorted(self.controller.active - waiting):
-            seen = self.last_seen.get(w)
-            limit = self.cfg.worker_timeout if seen is not None else self.join_timeout
-            if now - (seen if seen is not None else self.started) > limit:
-                log.warning("shard %d: worker %d silent for %.1fs, removed from the active set",
-                            self.cfg.shard, w, now - (seen or self.started))
-                self.stats.lost_workers.append(w)
-                self._remove(w)
+        """Workers silent for worker_timeout leave the active set; barriers stop waiting for them."""
+        self.liveness.look()
+        if self.now() - self._last_check < 0.05:
+            return
+        self._last_check = self.now()
+        for w in self.liveness.expired(self.controller.active, self.pending.workers()):
+            log.warning("shard %d: worker %d silent for %.1fs, removed from the active set",
+                        self.cfg.shard, w, self.liveness.silent(w))
+            self.stats.lost_workers.append(w)
+            self.liveness.lost.add(w)
+            self._remove(w)
 
     # --- handlers -------------------------------------------------------------
     def _on_hello(self, peer, msg: Message) -> None:
-        f = msg.fields
-        if f.get("num_shards") != self.cfg.num_shards or f.get("shard") != self.cfg.shard:
-            raise ProtocolError(ErrorCode.PLAN_MISMATCH,
-                                f"worker addressed shard {f.get('shard')!r} of {f.get('num_shards')!r}; "
-                                f"this is shard {self.cfg.shard} of {self.cfg.num_shards} (check --servers order)")
-        if f.get("world_size") != self.cfg.workers:
-            raise ProtocolError(ErrorCode.NOT_ALLOWED, f"worker says world size {f.get('world_size')!r}; "
-                                f"this server was started with --workers {self.cfg.workers}")
-        plan_hash, total = f.get("plan_hash"), f.get("total")
-        if not isinstance(plan_hash, str) or not isinstance(total, int) or total < self.cfg.num_shards:
-            raise ProtocolError(ErrorCode.MALFORMED, "HELLO needs plan_hash (str) and total (int)")
+        plan_hash, size = validate.hello(self.cfg, msg)
         if self.plan_hash is None:
-            lo, hi = shard_range(total, self.cfg.num_shards, self.cfg.shard)
-            self.shard = Shard(hi - lo, self.cfg.optim, device=self.cfg.device)
+            self.shard = Shard(size, self.cfg.optim, device=self.cfg.device)
             self.plan_hash = plan_hash
         elif plan_hash != self.plan_hash:
+            resumed = " (resumed from a checkpoint)" if self.resumed_from is not None else ""
             raise ProtocolError(ErrorCode.PLAN_MISMATCH, f"worker {msg.worker}'s partition plan {plan_hash} "
-                                f"differs from this server's {self.plan_hash}: another model or shard count")
-        if msg.worker in self.left or msg.worker not in self.controller.active:
-            self.left.discard(msg.worker)
+                                f"differs from this server's {self.plan_hash}{resumed}: another model or shard count")
+        self.pending.drop(msg.worker)  # a restarted worker's old pulls
+        if msg.worker in self.liveness.left or msg.worker not in self.controller.active:
+            if msg.worker in self.liveness.lost:
+                log.info("shard %d: worker %d rejoined", self.cfg.shard, msg.worker)
+            self.liveness.rejoined(msg.worker)
             self.controller.join(msg.worker)
+            self.stats.membership(self.controller.active, {})
         self._reply(peer, Message(MsgType.WELCOME, seq=msg.seq, fields={
             "shard": self.cfg.shard, "mode": self.cfg.mode, "staleness": self.cfg.staleness,
             "version": self.shard.version, "clock": self.controller.next_clock(msg.worker),
-            "initialised": self.shard.initialised, "size": self.shard.size}))
+            "initialised": self.shard.initialised, "size": self.shard.size,
+            "last_seq": self.dedup.last_seq(msg.worker), "worker_timeout": self.cfg.worker_timeout}))
 
     def _on_init(self, peer, msg: Message) -> None:
         shard = self._ready_shard(msg, need_init=False)
-        values = self._tensor(msg, shard)
+        values = validate.tensor(msg, shard.size)
         already = shard.initialised
         if not already:
+            if not validate.is_finite(values):
+                raise ProtocolError(ErrorCode.NONFINITE, "initial weights have NaN or Inf; refused")
             shard.init(values)
         self._reply(peer, Message(MsgType.OK, seq=msg.seq, fields={"already": already}))
         self._release()
@@ -159,8 +164,12 @@ class ShardService:
 
     def _on_pull(self, peer, msg: Message, push: dict | None = None, clock: int | None = None) -> None:
         self._ready_shard(msg, need_init=False)
-        self.pending.append(_Pending(peer, msg.worker, msg.seq, msg.clock if clock is None else clock,
-                                     bool(msg.fields.get("final")), self.now(), push))
+        final = bool(msg.fields.get("final"))
+        self.pending.add(peer, worker=msg.worker, seq=msg.seq, clock=msg.clock if clock is None else clock,
+                         final=final, received=self.now(), push=push)
+        if final:  # it pushes no more: a rejoined worker still behind must not wait for it
+            self.controller.finish(msg.worker)
+            self._commit_if_ready()
         self._release()
 
     def _on_push_pull(self, peer, msg: Message) -> None:
@@ -168,10 +177,18 @@ class ShardService:
         self._on_pull(peer, msg, push=info, clock=msg.clock + 1)
 
     def _on_heartbeat(self, peer, msg: Message) -> None:
-        self._reply(peer, Message(MsgType.OK, seq=msg.seq))
+        """A beat from the worker's heartbeat thread, or a client's probe: do we still hold its
+        request `probe` (a deferred pull)? If not, the client re-sends it."""
+        fields = {"active": msg.worker in self.controller.active}
+        probe = msg.fields.get("probe")
+        if probe is None:
+            self.liveness.seen(msg.worker, heartbeat=True)
+        else:
+            fields.update(probe=probe, holding=self.pending.holding(msg.worker, probe))
+        self._reply(peer, Message(MsgType.OK, seq=msg.seq, fields=fields))
 
     def _on_leave(self, peer, msg: Message) -> None:
-        self.left.add(msg.worker)
+        self.liveness.left.add(msg.worker)
         self._remove(msg.worker)
         self._reply(peer, Message(MsgType.OK, seq=msg.seq))
 
@@ -182,30 +199,43 @@ class ShardService:
         self.stopped = True
         self._reply(peer, Message(MsgType.OK, seq=msg.seq))
 
+    def _on_checkpoint(self, peer, msg: Message) -> None:
+        if not self.cfg.checkpoint_dir:
+            raise ProtocolError(ErrorCode.NOT_ALLOWED, "this server has no --checkpoint-dir")
+        path = self.checkpoints.save(self)
+        if path is None and self.shard is not None and self.shard.initialised:
+            raise ProtocolError(ErrorCode.INTERNAL, "checkpoint failed; see the server's log")
+        self._reply(peer, Message(MsgType.OK, seq=msg.seq, fields={
+            "path": path, "version": self.shard.version if self.shard else 0}))
+
     # --- mechanics ------------------------------------------------------------
     def _push(self, msg: Message) -> dict:
         """Accept one gradient: dedup, validate, then apply / accumulate / drop as the controller says."""
         started = time.perf_counter()
         shard = self._ready_shard(msg, need_init=True)
-        grad = self._tensor(msg, shard)
-        if msg.seq <= self.last_seq.get(msg.worker, 0):
-            self.stats.duplicates += 1
-            return {"version": shard.version, "duplicate": True, "staleness": 0}
-        finite = bool(torch.isfinite(grad.sum()))  # one pass; NaN/Inf anywhere makes the sum non-finite
-        if not finite and self.cfg.nonfinite == "reject":
+        grad = validate.tensor(msg, shard.size)
+        finite = validate.is_finite(grad)
+        if not finite and self.cfg.nonfinite == "reject":  # never recorded, so a re-send is refused alike
             self.stats.drop("invalid")
             raise ProtocolError(ErrorCode.NONFINITE, "gradient has NaN or Inf; refused (see --nonfinite)")
-        self.last_seq[msg.worker] = msg.seq
+        replayed = self.dedup.replay(msg.worker, msg.seq, shard.version)
+        if replayed is not None:
+            self.stats.duplicate()
+            return replayed
         if not finite:  # --nonfinite skip: acknowledged, never applied
             self.stats.drop("invalid")
             self.stats.pushed(time.perf_counter() - started, None)
-            return {"version": shard.version, "dropped": "nonfinite", "staleness": 0}
+            return self._accepted(msg, {"version": shard.version, "dropped": "nonfinite", "staleness": 0})
+        if self.controller.catch_up(msg.clock):
+            log.warning("shard %d: worker %d pushed clock %d, ahead of this restored shard; skipping to it",
+                        self.cfg.shard, msg.worker, msg.clock)
+            shard.discard_accumulated()
         decision = self.controller.push(msg.worker, msg.clock)
         if decision is Decision.DROP:
             self.stats.drop("late")
             self.stats.pushed(time.perf_counter() - started, None)
-            return {"version": shard.version, "dropped": "late", "staleness": 0}
-        staleness = shard.version - msg.base_version
+            return self._accepted(msg, {"version": shard.version, "dropped": "late", "staleness": 0})
+        staleness = max(0, shard.version - msg.base_version)
         self.transport.wait_sent()  # replies still reading the weights must leave before we write them
         if decision is Decision.APPLY:
             shard.apply(grad)
@@ -215,7 +245,11 @@ class ShardService:
             self._commit_if_ready()
         self.stats.pushed(time.perf_counter() - started, staleness)
         self.stats.membership(self.controller.active, {msg.worker: self.controller.clocks[msg.worker]})
-        return {"version": shard.version, "staleness": staleness}
+        return self._accepted(msg, {"version": shard.version, "staleness": staleness})
+
+    def _accepted(self, msg: Message, info: dict) -> dict:
+        self.dedup.record(msg.worker, msg.seq, info)
+        return info
 
     def _commit_if_ready(self) -> None:
         if self.shard is not None and self.controller.commit_ready():
@@ -227,26 +261,20 @@ class ShardService:
     def _remove(self, worker: int) -> None:
         self.controller.leave(worker)
         self.stats.membership(self.controller.active, {})
-        self.pending = [p for p in self.pending if p.worker != worker]
+        self.pending.drop(worker)
         self._commit_if_ready()
         self._release()
 
     def _release(self) -> None:
         """Answer every pending pull the controller now allows."""
-        if self.shard is None or not self.shard.initialised:
-            return
-        still = []
-        for p in self.pending:
-            ready = self.controller.pull_ready(p.worker, p.clock)
-            if p.final:
-                ready = ready and self.controller.active <= {p.worker}
-            if ready:
-                self._answer(p)
-            else:
-                still.append(p)
-        self.pending = still
+        if self.shard is not None and self.shard.initialised:
+            self.pending.release(self._ready, self._answer)
 
-    def _answer(self, p: _Pending) -> None:
+    def _ready(self, p: Pending) -> bool:
+        ready = self.controller.pull_ready(p.worker, p.clock)
+        return ready and (not p.final or self.controller.active <= {p.worker})
+
+    def _answer(self, p: Pending) -> None:
         gap = self.controller.clock_gap(p.clock)
         waited = self.now() - p.received
         self.stats.answered(waited=waited, gap=gap)
@@ -254,7 +282,8 @@ class ShardService:
                   "waited": waited, "gap": gap}
         if p.push is not None:
             fields["push"] = p.push
-        self._reply(p.peer, Message(MsgType.WEIGHTS, seq=p.seq, fields=fields, tensor=self.shard.weights))
+        for peer in p.peers:
+            self._reply(peer, Message(MsgType.WEIGHTS, seq=p.seq, fields=fields, tensor=self.shard.weights))
 
     def _reply(self, peer, msg: Message) -> None:
         frames = encode(msg)
@@ -265,23 +294,19 @@ class ShardService:
         if not 0 <= msg.worker < self.cfg.workers:
             raise ProtocolError(ErrorCode.NOT_ALLOWED,
                                 f"worker id {msg.worker} outside [0, {self.cfg.workers}) (--workers)")
-        self.last_seen[msg.worker] = self.now()
+        self.liveness.seen(msg.worker)
+        if msg.type in NEEDS_ACTIVE:
+            self.dedup.note(msg.worker, msg.seq)
+        if msg.type in NEEDS_ACTIVE and self.shard is not None and msg.worker not in self.controller.active:
+            why = "left" if msg.worker in self.liveness.left else "was dropped after silence"
+            raise HelloAgain(f"worker {msg.worker} {why}; send HELLO to rejoin")
 
     def _ready_shard(self, msg: Message, *, need_init: bool) -> Shard:
         if self.shard is None:
-            raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{msg.type.name} before any HELLO")
+            raise HelloAgain(f"{msg.type.name} before any HELLO")
         if need_init and not self.shard.initialised:
             raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{msg.type.name} before INIT (rank 0 sends it)")
         return self.shard
-
-    def _tensor(self, msg: Message, shard: Shard) -> torch.Tensor:
-        t = msg.tensor
-        if t is None:
-            raise ProtocolError(ErrorCode.BAD_TENSOR, f"{msg.type.name} needs a tensor frame")
-        if t.dtype not in WIRE_DTYPES or t.numel() != shard.size:
-            raise ProtocolError(ErrorCode.BAD_TENSOR, f"expected {shard.size} float32 values for this shard, "
-                                f"got {t.numel()} {str(t.dtype).removeprefix('torch.')}")
-        return t
 
     def summary(self) -> dict:
         return {"shard": self.cfg.shard, "num_shards": self.cfg.num_shards, "mode": self.cfg.mode,
@@ -289,4 +314,6 @@ class ShardService:
                 "version": self.shard.version if self.shard else 0, "plan_hash": self.plan_hash,
                 "active": sorted(self.controller.active),
                 "clocks": {str(w): c for w, c in self.controller.clocks.items()},
+                "resumed_from": self.resumed_from, "lost_clocks": getattr(self.controller, "skipped", 0),
+                "checkpoints": self.checkpoints.count, "checkpoint_version": self.checkpoints.version,
                 **self.stats.to_dict()}

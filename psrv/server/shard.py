@@ -55,11 +55,23 @@ class Shard:
         self.param.grad = None
         self.version += 1
 
+    def discard_accumulated(self) -> None:
+        """Forget the open clock's sum (its clock was overtaken after a restore)."""
+        self._accum.zero_()
+        self._accumulated = 0
+
     def state_dict(self) -> dict:
-        return {"param": self.param.data, "optimizer": self.optimizer.state_dict(), "version": self.version}
+        return {"param": self.param.data, "optimizer": self.optimizer.state_dict(), "version": self.version,
+                "accum": self._accum, "accumulated": self._accumulated, "initialised": self.initialised}
 
     def load_state_dict(self, state: dict) -> None:
+        for key in ("param", "accum"):
+            if key in state and tuple(state[key].shape) != (self.size,):
+                raise ValueError(f"checkpoint {key} has shape {tuple(state[key].shape)}, this shard {self.size}")
         self.param.data.copy_(state["param"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
-        self.initialised = True
+        if "accum" in state:
+            self._accum.copy_(state["accum"])
+            self._accumulated = int(state["accumulated"])
+        self.initialised = bool(state.get("initialised", True))

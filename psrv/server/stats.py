@@ -58,6 +58,12 @@ class ShardStats:
         if self.metrics:
             self.metrics.dropped(reason).inc()
 
+    def duplicate(self) -> None:
+        """A re-sent push, answered from the dedup table and not applied again."""
+        self.duplicates += 1
+        if self.metrics:
+            self.metrics.dropped("duplicate").inc()
+
     def answered(self, *, waited: float, gap: int) -> None:
         """A pull was answered after `waited` seconds, at clock gap `gap`."""
         self.pulls += 1

@@ -54,21 +54,25 @@ def _check(name: str) -> None:
         raise ValueError(f"unknown transport {name!r}; choose one of {', '.join(TRANSPORTS)}")
 
 
-def create_server(name: str, bind: str, **options: Any) -> ServerTransport:
-    """A bound server transport; `bind` like tcp://127.0.0.1:0 (0 = a free port)."""
+def create_server(name: str, bind: str, *, shard: int = 0, num_shards: int = 1, workers: int = 1,
+                  **options: Any) -> ServerTransport:
+    """A bound server transport; `bind` like tcp://127.0.0.1:0 (0 = a free port), or rpc://HOST:PORT
+    (the rendezvous). The shard's place in the job (shard, num_shards, workers) names it in an RPC world."""
     _check(name)
     if name == "zmq":
         from psrv.transport.zmq import ZmqServer
         return ZmqServer(bind, **options)
     from psrv.transport.torch_rpc import RpcServer
-    return RpcServer(bind, **options)
+    return RpcServer(bind, shard=shard, num_shards=num_shards, workers=workers, **options)
 
 
-def create_client(name: str, addresses: Sequence[str], **options: Any) -> ClientTransport:
-    """A client transport connected to every shard address, in shard order."""
+def create_client(name: str, addresses: Sequence[str], *, worker: int = 0, world_size: int = 1,
+                  **options: Any) -> ClientTransport:
+    """A client transport connected to every shard address, in shard order; `worker` of `world_size`
+    names it in an RPC world (zmq needs no names)."""
     _check(name)
     if name == "zmq":
         from psrv.transport.zmq import ZmqClient
         return ZmqClient(addresses, **options)
     from psrv.transport.torch_rpc import RpcClient
-    return RpcClient(addresses, **options)
+    return RpcClient(addresses, worker=worker, world_size=world_size, **options)

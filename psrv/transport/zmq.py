@@ -6,6 +6,7 @@ from typing import Any, Hashable, Sequence
 
 import zmq
 
+from psrv.transport import curve
 from psrv.transport.base import ClientTransport, ServerTransport
 
 
@@ -15,13 +16,25 @@ def _resolve_bind(bind: str) -> str:
 
 
 class ZmqServer(ServerTransport):
-    def __init__(self, bind: str, *, max_message_bytes: int = -1, context: zmq.Context | None = None):
-        self._ctx = context or zmq.Context.instance()
+    """With `curve_keys` (a `psrv keygen` directory) every connection is CURVE-encrypted and only
+    allow-listed clients get through; `authenticated` then tells the service so."""
+
+    def __init__(self, bind: str, *, max_message_bytes: int = -1, context: zmq.Context | None = None,
+                 curve_keys: str = ""):
+        self._own_ctx = bool(curve_keys) and context is None  # one ZAP handler per context
+        self._ctx = zmq.Context() if self._own_ctx else (context or zmq.Context.instance())
+        self._auth = None
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 0)  # replies to vanished peers are dropped
-        if max_message_bytes > 0:
+        if max_message_bytes > 0:  # a bigger message drops the sender's connection unread
             self._sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+        self.authenticated = bool(curve_keys)
+        if curve_keys:
+            self._auth = curve.start_authenticator(self._ctx, curve_keys)
+            public, secret = curve.server_pair(curve_keys)
+            self._sock.curve_publickey, self._sock.curve_secretkey = public, secret
+            self._sock.curve_server = True
         self._sock.bind(_resolve_bind(bind))
         self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._poller = zmq.Poller()
@@ -51,15 +64,25 @@ class ZmqServer(ServerTransport):
         return True
 
     def close(self) -> None:
-        self._sock.close(linger=0)
+        self._sock.close(linger=200)  # the last answers (a LEAVE's OK) still go out; a dead peer costs 0.2s
+        if self._auth is not None:
+            self._auth.stop()
+        if self._own_ctx:
+            self._ctx.term()
 
 
 class ZmqClient(ClientTransport):
+    """`curve_keys` + `curve_name`: connect with CURVE as that client (e.g. worker-3, admin)."""
+
     def __init__(self, addresses: Sequence[str], *, context: zmq.Context | None = None,
-                 socket_options: dict[int, Any] | None = None):
+                 socket_options: dict[int, Any] | None = None, curve_keys: str = "", curve_name: str = ""):
         self._ctx = context or zmq.Context.instance()
         self._addresses = list(addresses)
-        self._options = socket_options or {}
+        self._options = dict(socket_options or {})
+        if curve_keys:
+            server_public, public, secret = curve.client_keys(curve_keys, curve_name)
+            self._options.update({zmq.CURVE_SERVERKEY: server_public, zmq.CURVE_PUBLICKEY: public,
+                                  zmq.CURVE_SECRETKEY: secret})
         self._socks: list[zmq.Socket] = [self._connect(a) for a in self._addresses]
         self._poller = zmq.Poller()
         for s in self._socks:
@@ -74,7 +97,12 @@ class ZmqClient(ClientTransport):
         return sock
 
     def send(self, shard: int, frames: Sequence[Any]) -> None:
-        self._socks[shard].send_multipart(frames, copy=False)
+        """Never blocks: with no usable connection (a CURVE handshake refused, a full queue) the
+        message is dropped, and the client's retry sends it again on a fresh connection."""
+        try:
+            self._socks[shard].send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            pass
 
     def recv(self, timeout: float) -> tuple[int, list] | None:
         events = dict(self._poller.poll(int(timeout * 1000)))

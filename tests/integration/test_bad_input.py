@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from psrv.client import PSClient, PSError
-from psrv.protocol import PROTOCOL_VERSION, ErrorCode, Message, MsgType, decode, encode
+from psrv.protocol import PROTOCOL_VERSION, ErrorCode, MsgType, decode
 from psrv.server.partition import ParamSpec, PartitionPlan
 from psrv.transport import create_client
 

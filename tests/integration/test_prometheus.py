@@ -114,7 +114,8 @@ def test_prometheus_scrape_matches_the_run_summary(tmp_path, prometheus_for):
     # Prometheus first: file_sd watches for targets.json, which psrv run writes as processes start.
     prom = prometheus_for(run / "prometheus.yml")
 
-    s = psrv_run(run, "--metrics", "--metrics-linger", "4", "--steps", "60", "--servers", "2", "--workers", "2",
+    steps = 400  # a few seconds of training, so that rate() sees several scrapes while it runs
+    s = psrv_run(run, "--metrics", "--metrics-linger", "4", "--steps", str(steps), "--servers", "2", "--workers", "2",
                  "--mode", "async", timeout=100)
     targets = json.loads((run / "targets.json").read_text())
     assert sorted(g["labels"]["role"] for g in targets) == ["server", "worker"]
@@ -128,12 +129,12 @@ def test_prometheus_scrape_matches_the_run_summary(tmp_path, prometheus_for):
         return f"max_over_time({selector}[10m])"
     assert prom.scalar("count(" + last('up{job="psrv"}') + ")") == 4
     applied = prom.scalar(f"sum({last('psrv_updates_applied_total')})")
-    assert applied == sum(s["updates_applied_per_shard"]) == 240
+    assert applied == sum(s["updates_applied_per_shard"]) == 2 * 2 * steps  # 2 shards x 2 workers
     per_shard = {r["metric"]["shard"]: float(r["value"][1])
                  for r in prom.query(f"sum by (shard) ({last('psrv_updates_applied_total')})")}
     assert per_shard == {str(i): float(n) for i, n in enumerate(s["updates_applied_per_shard"])}
     samples = prom.scalar(f"sum({last('psrv_worker_samples_total')})")
-    assert samples == s["pushes"] * s["batch_size"] == 2 * 60 * 32
+    assert samples == s["pushes"] * s["batch_size"] == 2 * steps * 32
 
     buckets = prom.query(last('psrv_push_staleness_bucket{mode="async"}'))
     assert len(buckets) == 2 * STALENESS_BUCKETS, buckets

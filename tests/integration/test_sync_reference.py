@@ -23,10 +23,10 @@ def big_batch_sgd() -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-@pytest.mark.timeout(150)
-@pytest.mark.parametrize("shards", [1, 3])
-def test_sync_equals_single_process_big_batch_sgd(shards, tmp_path):
-    psrv_run(tmp_path, "--mode", "sync", "--servers", str(shards), "--workers", str(WORKERS),
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("transport, shards", [("zmq", 1), ("zmq", 3), ("rpc", 3)])
+def test_sync_equals_single_process_big_batch_sgd(transport, shards, tmp_path):
+    psrv_run(tmp_path, "--mode", "sync", "--transport", transport, "--servers", str(shards), "--workers", str(WORKERS),
              "--steps", str(STEPS), "--batch-size", str(BATCH), "--optimizer", "sgd", "--lr", str(LR),
              "--momentum", str(MOMENTUM))
     got = torch.load(tmp_path / "params.pt")

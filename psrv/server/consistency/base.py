@@ -17,14 +17,26 @@ class Controller:
         self.num_workers = num_workers
         self.active: set[int] = set(range(num_workers))
         self.clocks: dict[int, int] = {w: 0 for w in range(num_workers)}
+        self.finishing: set[int] = set()  # active, done pushing, awaiting their final pull
 
     # --- membership -------------------------------------------------------
     def leave(self, worker: int) -> None:
         self.active.discard(worker)
+        self.finishing.discard(worker)
 
     def join(self, worker: int) -> None:
         self.active.add(worker)
+        self.finishing.discard(worker)
         self.clocks.setdefault(worker, 0)
+
+    def finish(self, worker: int) -> None:
+        """`worker` pushes no more (its final pull came): barriers stop counting on it."""
+        if worker in self.active:
+            self.finishing.add(worker)
+
+    def pushing(self) -> set[int]:
+        """The workers a barrier waits for: active and not finished."""
+        return self.active - self.finishing
 
     def min_clock(self) -> int:
         return min((self.clocks[w] for w in self.active), default=0)
@@ -56,3 +68,19 @@ class Controller:
     def next_clock(self, worker: int) -> int:
         """The clock `worker` should push next (sync hands a late joiner the open clock)."""
         return self.clocks.get(worker, 0)
+
+    def catch_up(self, clock: int) -> int:
+        """A push for `clock` reached a shard restored from an older checkpoint; returns the
+        clocks skipped (sync: the open clock jumps to `clock`, its buffered sum is void)."""
+        return 0
+
+    # --- checkpoints ------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"mode": self.mode, "active": sorted(self.active),
+                "clocks": {int(w): int(c) for w, c in self.clocks.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("mode") != self.mode:
+            raise ValueError(f"checkpoint holds a {state.get('mode')!r} controller, this server runs {self.mode!r}")
+        self.active = {int(w) for w in state["active"]}
+        self.clocks = {int(w): int(c) for w, c in state["clocks"].items()}

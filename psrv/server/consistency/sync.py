@@ -11,8 +11,10 @@ class SyncController(Controller):
             raise ValueError(f"backup_workers must be in [0, {num_workers}); got {backup_workers}")
         super().__init__(num_workers)
         self.backup_workers = backup_workers
-        self.open_clock = 0           # clocks committed so far == updates applied
+        self.open_clock = 0           # the clock being collected; == updates applied unless resumed
         self.arrived: set[int] = set()
+        self.resumed = False          # restored from a checkpoint: workers may be ahead of us
+        self.skipped = 0              # clocks lost to a restore (their updates are gone)
 
     def _decide(self, worker: int, clock: int) -> Decision:
         if clock != self.open_clock or worker in self.arrived:
@@ -21,12 +23,12 @@ class SyncController(Controller):
         return Decision.ACCUMULATE
 
     def needed(self) -> int:
-        return max(1, len(self.active) - self.backup_workers)
+        return max(1, len(self.pushing()) - self.backup_workers)
 
     def commit_ready(self) -> bool:
         if not self.arrived:
             return False
-        return len(self.arrived) >= self.needed() or self.active <= self.arrived
+        return len(self.arrived) >= self.needed() or self.pushing() <= self.arrived
 
     def committed(self) -> None:
         self.open_clock += 1
@@ -37,3 +39,23 @@ class SyncController(Controller):
 
     def next_clock(self, worker: int) -> int:
         return self.open_clock
+
+    def catch_up(self, clock: int) -> int:
+        # Only a shard restored from a checkpoint can see a clock it never opened: the others
+        # committed clocks this one lost. Jump to it so the barrier meets the workers again.
+        if not self.resumed or clock <= self.open_clock:
+            return 0
+        skipped, self.open_clock, self.arrived = clock - self.open_clock, clock, set()
+        self.skipped += skipped
+        return skipped
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "open_clock": self.open_clock, "arrived": sorted(self.arrived),
+                "skipped": self.skipped}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.open_clock = int(state["open_clock"])
+        self.arrived = {int(w) for w in state["arrived"]}
+        self.skipped = int(state.get("skipped", 0))
+        self.resumed = True

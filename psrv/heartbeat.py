@@ -1,0 +1,57 @@
+"""A worker's heartbeat thread: HEARTBEAT to every shard every `interval` seconds on its own
+connections (zmq sockets are not thread-safe), so a worker blocked on a barrier stays in the
+active set and a dead one leaves it after the servers' --worker-timeout."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Sequence
+
+from psrv.protocol import Message, MsgType, ProtocolError, decode, encode
+from psrv.transport import create_client
+
+log = logging.getLogger("psrv.client")
+
+
+class Heartbeat(threading.Thread):
+    def __init__(self, servers: Sequence[str], *, worker: int, interval: float, options: dict | None = None):
+        super().__init__(name=f"psrv-heartbeat-{worker}", daemon=True)
+        self.servers = list(servers)
+        self.worker = worker
+        self.interval = max(0.05, interval)
+        self.options = options or {}
+        self._stop_event = threading.Event()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop_event.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout)
+
+    def run(self) -> None:
+        net = create_client("zmq", self.servers, **self.options)  # sockets live in this thread
+        answered = [True] * len(self.servers)
+        seq = 0
+        try:
+            while not self._stop_event.is_set():
+                seq += 1
+                for s in range(len(self.servers)):
+                    if not answered[s]:  # last beat went unanswered: the shard may have restarted
+                        net.reconnect(s)
+                    net.send(s, encode(Message(MsgType.HEARTBEAT, worker=self.worker, seq=seq)))
+                    answered[s] = False
+                until = time.monotonic() + self.interval
+                while not self._stop_event.is_set() and (left := until - time.monotonic()) > 0:
+                    got = net.recv(min(left, 0.2))
+                    if got is None:
+                        continue
+                    try:
+                        reply = decode(got[1])
+                    except ProtocolError:
+                        continue
+                    if reply.seq == seq:
+                        answered[got[0]] = True
+        except Exception:  # the heartbeat must never take the worker down; the servers will notice
+            log.exception("worker %d: heartbeat thread stopped", self.worker)
+        finally:
+            net.close()

@@ -1,0 +1,57 @@
+"""What a request must satisfy before it may touch a shard; each failure is a ProtocolError
+that becomes an ERROR reply (a peer can cause it, so it never stops the loop)."""
+from __future__ import annotations
+
+import torch
+
+from psrv.config import ServerConfig
+from psrv.protocol import ErrorCode, Message, ProtocolError
+from psrv.server.partition import shard_range
+
+WIRE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class HelloAgain(ProtocolError):
+    """The shard does not know this worker (restarted, or dropped it for silence): HELLO again.
+    The ERROR reply carries hello=True; PSClient then re-introduces itself and re-sends."""
+
+    def __init__(self, message: str):
+        super().__init__(ErrorCode.NOT_ALLOWED, message)
+
+
+def hello(cfg: ServerConfig, msg: Message) -> tuple[str, int]:
+    """(plan_hash, shard size) of a HELLO meant for this shard of this job."""
+    f = msg.fields
+    if f.get("num_shards") != cfg.num_shards or f.get("shard") != cfg.shard:
+        raise ProtocolError(ErrorCode.PLAN_MISMATCH,
+                            f"worker addressed shard {f.get('shard')!r} of {f.get('num_shards')!r}; "
+                            f"this is shard {cfg.shard} of {cfg.num_shards} (check --servers order)")
+    if f.get("world_size") != cfg.workers:
+        raise ProtocolError(ErrorCode.NOT_ALLOWED, f"worker says world size {f.get('world_size')!r}; "
+                            f"this server was started with --workers {cfg.workers}")
+    plan_hash, total = f.get("plan_hash"), f.get("total")
+    if not isinstance(plan_hash, str) or not isinstance(total, int) or total < cfg.num_shards:
+        raise ProtocolError(ErrorCode.MALFORMED, "HELLO needs plan_hash (str) and total (int)")
+    lo, hi = shard_range(total, cfg.num_shards, cfg.shard)
+    if 0 < cfg.max_message_bytes < 4 * (hi - lo):  # a shard no push could carry: refuse, don't allocate
+        raise ProtocolError(ErrorCode.TOO_LARGE, f"a shard of {hi - lo} floats exceeds the server's "
+                            f"--max-message-bytes {cfg.max_message_bytes}")
+    return plan_hash, hi - lo
+
+
+def tensor(msg: Message, size: int) -> torch.Tensor:
+    t = msg.tensor
+    if t is None:
+        raise ProtocolError(ErrorCode.BAD_TENSOR, f"{msg.type.name} needs a tensor frame")
+    if t.dtype not in WIRE_DTYPES or t.numel() != size:
+        raise ProtocolError(ErrorCode.BAD_TENSOR, f"expected {size} float32 values for this shard, "
+                            f"got {t.numel()} {str(t.dtype).removeprefix('torch.')}")
+    return t
+
+
+def is_finite(t: torch.Tensor) -> bool:
+    """No NaN or Inf anywhere. The sum is the one-pass fast path; only a non-finite sum (NaN/Inf,
+    or finite values summing past float32's range) pays for the exact element-wise check."""
+    if bool(torch.isfinite(t.sum(dtype=torch.float32))):
+        return True
+    return bool(torch.isfinite(t).all())
