@@ -71,7 +71,7 @@ def test_modes_spec_contents() -> None:
     assert [v.name for v in spec.variants] == ["sync", "ssp-1", "ssp-2", "ssp-4", "async", "ddp"]
     assert spec.job == JobSpec(name="digits_mlp", steps=300, batch_size=32, eval_every=25)
     assert (spec.cluster.servers, spec.cluster.workers, spec.cluster.device) == (1, 2, "cpu")
-    assert spec.target == TargetSpec(eval_accuracy=0.9) and spec.seeds == (0,)
+    assert spec.target == TargetSpec(eval_loss=0.2) and spec.seeds == (0,)
 
 
 def test_stragglers_spec_measures_both_straggler_models() -> None:
