@@ -36,6 +36,7 @@ class RunOptions:
     faults: FaultConfig = field(default_factory=FaultConfig)
     device: str = "cpu"
     transport: str = "zmq"
+    wire_dtype: str = "float32"
     worker_timeout: float = 10.0
     metrics: bool = False
     metrics_linger: float = 0.0
@@ -47,6 +48,8 @@ class RunOptions:
             raise ValueError(f"mode must be one of {', '.join(RUN_MODES)}; got {self.mode!r}")
         if self.servers < 1 or self.workers < 1:
             raise ValueError(f"need at least one server and one worker; got {self.servers} and {self.workers}")
+        if self.wire_dtype != "float32" and self.mode == "ddp":
+            raise ValueError("wire_dtype is for the parameter server's pushes; the DDP baseline all-reduces float32")
 
 
 def run_options_from_args(a: argparse.Namespace) -> RunOptions:
@@ -54,8 +57,8 @@ def run_options_from_args(a: argparse.Namespace) -> RunOptions:
     return RunOptions(servers=a.servers, workers=a.workers, mode=a.mode, staleness=a.staleness,
                       backup_workers=a.backup_workers, job=a.job, steps=a.steps, batch_size=a.batch_size,
                       seed=a.seed, eval_every=a.eval_every, optim=optim_config(a), faults=fault_config(a),
-                      device=a.device, transport=a.transport, worker_timeout=a.worker_timeout,
-                      metrics=a.metrics, metrics_linger=a.metrics_linger, out=a.out)
+                      device=a.device, transport=a.transport, wire_dtype=a.wire_dtype,
+                      worker_timeout=a.worker_timeout, metrics=a.metrics, metrics_linger=a.metrics_linger, out=a.out)
 
 
 def _psrv(*args: str) -> list[str]:
@@ -73,7 +76,8 @@ def worker_flags(o: RunOptions, rank: int) -> list[str]:
     return ["--rank", str(rank), "--world-size", str(o.workers), "--job", o.job, "--steps", str(o.steps),
             "--batch-size", str(o.batch_size), "--seed", str(o.seed), "--eval-every", str(o.eval_every),
             "--device", o.device, "--compute-ms", repr(f.compute_ms), "--straggler", f.straggler,
-            "--transient-stragglers", f.transient_stragglers, "--net-delay-ms", repr(f.net_delay_ms)]
+            "--transient-stragglers", f.transient_stragglers, "--net-delay-ms", repr(f.net_delay_ms),
+            "--wire-dtype", o.wire_dtype]
 
 
 class Cluster:

@@ -46,6 +46,7 @@ def build_summary(o, out: Path) -> dict:
         "job": o.job, "num_servers": len(servers) if o.mode != "ddp" else 0, "num_workers": o.workers,
         "steps": o.steps, "batch_size": o.batch_size, "backup_workers": o.backup_workers,
         "optimizer": o.optim.name, "lr": o.optim.lr, "seed": o.seed, "device": o.device,
+        "wire_dtype": getattr(o, "wire_dtype", "float32"),
         "initial_loss": rank0.get("initial_loss"), "final_loss": rank0.get("final_loss"),
         "eval_accuracy": rank0.get("eval_accuracy"),
         "wall_seconds": wall, "samples_per_second": samples / wall,

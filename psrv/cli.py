@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 
 from psrv.client import PSError
-from psrv.config import MODES, OPTIMIZERS, RUN_MODES, TRANSPORTS, FaultConfig, OptimConfig, ServerConfig, WorkerConfig
+from psrv.config import (MODES, OPTIMIZERS, RUN_MODES, TRANSPORTS, WIRE_DTYPES, FaultConfig, OptimConfig,
+                         ServerConfig, WorkerConfig)
 
 EPILOG = "Docs: README.md (quick start), docs/architecture.md, docs/experiments.md."
 
@@ -37,6 +38,8 @@ def _worker_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch-size", type=int, default=32, help="per-worker batch (default: %(default)s)")
     g.add_argument("--seed", type=int, default=0, help="seeds the model, the data order and the faults")
     g.add_argument("--eval-every", type=int, default=0, help="rank 0 evaluates every K steps (0: start and end)")
+    g.add_argument("--wire-dtype", choices=WIRE_DTYPES, default="float32", help="send gradients as this dtype "
+                   "(bfloat16/float16 halve the push; the servers apply them in float32; default: %(default)s)")
     f = p.add_argument_group("emulated disturbances (deterministic, seeded)")
     f.add_argument("--compute-ms", type=float, default=0.0, help="extra emulated compute per step")
     f.add_argument("--straggler", default="", metavar="RANK:FACTOR", help="a persistently slow worker")
@@ -200,7 +203,7 @@ def _worker(a: argparse.Namespace) -> int:
     cfg = WorkerConfig(servers=tuple(s.strip() for s in a.servers.split(",") if s.strip()), rank=a.rank,
                        world_size=a.world_size, job=a.job, steps=a.steps, batch_size=a.batch_size, seed=a.seed,
                        device=a.device, transport=a.transport, eval_every=a.eval_every, faults=fault_config(a),
-                       curve_keys=a.curve_keys)
+                       curve_keys=a.curve_keys, wire_dtype=a.wire_dtype)
     progress = None
     if a.progress_file:
         progress = lambda step: step % 10 == 0 and a.progress_file.write_text(str(step))  # noqa: E731

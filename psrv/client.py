@@ -17,6 +17,7 @@ import torch
 
 from psrv.heartbeat import Heartbeat
 from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError, decode, encode
+from psrv.protocol.codec import DTYPES
 from psrv.server.partition import PartitionPlan
 from psrv.transport import ClientTransport, create_client
 
@@ -45,12 +46,14 @@ class Reply:
 
 class PSClient:
     """`timeout`: seconds without any sign of life from a shard before giving up; `retry_interval`:
-    first wait before probing an unanswered request (doubling up to 8x). `net` replaces the
-    transport (tests wrap it to drop or duplicate messages)."""
+    first wait before probing an unanswered request (doubling up to 8x). `wire_dtype`: the dtype
+    gradients travel as (bfloat16/float16 halve the push; the shards apply them in float32). `net`
+    replaces the transport (tests wrap it to drop or duplicate messages)."""
 
     def __init__(self, servers: Sequence[str], plan: PartitionPlan, *, worker: int, world_size: int,
                  transport: str = "zmq", timeout: float = 60.0, retry_interval: float = 1.0,
-                 curve_keys: str = "", heartbeat: bool = True, net: ClientTransport | None = None):
+                 curve_keys: str = "", heartbeat: bool = True, wire_dtype: str = "float32",
+                 net: ClientTransport | None = None):
         if len(servers) != plan.num_shards:
             raise ValueError(f"{len(servers)} server addresses for a plan of {plan.num_shards} shards")
         self.plan = plan
@@ -61,6 +64,10 @@ class PSClient:
         self.ranges = plan.ranges
         self.versions = [0] * plan.num_shards
         self.resends = 0
+        if wire_dtype not in DTYPES:
+            raise ValueError(f"wire_dtype must be one of {', '.join(DTYPES)}; got {wire_dtype!r}")
+        self.wire_dtype = DTYPES[wire_dtype]
+        self._wire: torch.Tensor | None = None  # the gradient cast to wire_dtype, reused every push
         self._seq = 0
         self._servers = list(servers)
         self._options = {"curve_keys": curve_keys, "curve_name": f"worker-{worker}"} if curve_keys else {}
@@ -138,6 +145,10 @@ class PSClient:
             "shard": shard, "world_size": self.world_size})
 
     def _pushes(self, mtype: MsgType, grad: torch.Tensor, clock: int) -> list[Message]:
+        if grad.dtype != self.wire_dtype:  # one cast into a buffer kept across steps, no allocation
+            if self._wire is None or self._wire.shape != grad.shape or self._wire.device != grad.device:
+                self._wire = torch.empty_like(grad, dtype=self.wire_dtype)
+            grad = self._wire.copy_(grad)
         return [self._msg(mtype, clock=clock, base_version=self.versions[s], tensor=grad[lo:hi])
                 for s, (lo, hi) in enumerate(self.ranges)]
 

@@ -7,6 +7,7 @@ MODES = ("sync", "async", "ssp")
 RUN_MODES = (*MODES, "ddp")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 TRANSPORTS = ("zmq", "rpc")
+WIRE_DTYPES = ("float32", "bfloat16", "float16")  # what a worker may send its gradient as
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -143,12 +144,14 @@ class WorkerConfig:
     eval_every: int = 0            # 0: evaluate only at the start and the end
     request_timeout: float = 60.0  # seconds without any reply before the client gives up
     curve_keys: str = ""           # a `psrv keygen` directory holding server.key and worker-RANK.key_secret
+    wire_dtype: str = "float32"    # the gradient's dtype on the wire; the servers apply it in float32
     faults: FaultConfig = field(default_factory=FaultConfig)
 
     def __post_init__(self) -> None:
         if not self.servers:
             raise ValueError("servers must name at least one shard address (tcp://host:port)")
         _choice("transport", self.transport, TRANSPORTS)
+        _choice("wire_dtype", self.wire_dtype, WIRE_DTYPES)
         if any(a.startswith("rpc://") for a in self.servers) != (self.transport == "rpc"):
             raise ValueError("rpc://HOST:PORT/server-<i> addresses go with --transport rpc, tcp:// ones with zmq")
         _device("device", self.device)

@@ -33,7 +33,8 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
               "batch_size": cfg.batch_size, "parameters": plan.total, "plan_hash": plan.hash,
               "evals": [], "step_log": []}
     with PSClient(cfg.servers, plan, worker=cfg.rank, world_size=cfg.world_size,
-                  transport=cfg.transport, timeout=cfg.request_timeout, curve_keys=cfg.curve_keys) as client:
+                  transport=cfg.transport, timeout=cfg.request_timeout, curve_keys=cfg.curve_keys,
+                  wire_dtype=cfg.wire_dtype) as client:
         welcome = client.hello()
         if cfg.rank == 0:
             client.init(flat.params.cpu())

@@ -84,7 +84,7 @@ def _tensor(h: dict, frame) -> torch.Tensor:
     buf = memoryview(frame)
     if h.get("n") != buf.nbytes:
         raise ProtocolError(ErrorCode.BAD_TENSOR, f"header says {h.get('n')!r} bytes, frame has {buf.nbytes}")
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     if buf.nbytes % itemsize:
         raise ProtocolError(ErrorCode.BAD_TENSOR, f"{buf.nbytes} bytes is not a whole number of {h['dt']}")
     if buf.nbytes == 0:

@@ -17,8 +17,9 @@ class Shard:
         self.param = torch.nn.Parameter(torch.zeros(size, dtype=torch.float32, device=self.device),
                                         requires_grad=False)
         self.optimizer = make_optimizer(optim, self.param)
-        self._accum = torch.zeros(size, dtype=torch.float32, device=self.device)
+        self._accum: torch.Tensor | None = None  # the open clock's sum (sync mode), made at its first use
         self._accumulated = 0
+        self._cast: torch.Tensor | None = None  # a float32 copy of a bf16/fp16 (or off-device) gradient
         self.version = 0          # optimizer steps applied
         self.initialised = False
 
@@ -31,18 +32,26 @@ class Shard:
         self.initialised = True
 
     def apply(self, grad: torch.Tensor) -> None:
-        """One optimizer step with `grad` (asynchronous and SSP pushes)."""
-        self._step(grad.to(self.device, torch.float32, non_blocking=True))
+        """One optimizer step with `grad` (asynchronous and SSP pushes), taken in float32."""
+        if grad.dtype != torch.float32 or grad.device != self.device:  # converted into a reused buffer
+            if self._cast is None:
+                self._cast = torch.empty(self.size, dtype=torch.float32, device=self.device)
+            grad = self._cast.copy_(grad)
+        self._step(grad)
 
     def accumulate(self, grad: torch.Tensor) -> None:
-        """Add `grad` to the open clock's sum (sync mode)."""
-        self._accum.add_(grad.to(self.device, non_blocking=True))
+        """Add `grad` to the open clock's float32 sum (sync mode)."""
+        if grad.device != self.device:
+            grad = grad.to(self.device)
+        if self._accum is None:
+            self._accum = torch.zeros(self.size, dtype=torch.float32, device=self.device)
+        self._accum.add_(grad)  # a bf16/fp16 gradient is widened element by element, not copied
         self._accumulated += 1
 
     def apply_accumulated(self) -> int:
         """One optimizer step with the mean of the accumulated gradients; returns how many."""
         n = self._accumulated
-        assert n > 0, "apply_accumulated with nothing accumulated"
+        assert n > 0 and self._accum is not None, "apply_accumulated with nothing accumulated"
         self._accum.div_(n)
         self._step(self._accum)
         self._accum.zero_()
@@ -57,12 +66,16 @@ class Shard:
 
     def discard_accumulated(self) -> None:
         """Forget the open clock's sum (its clock was overtaken after a restore)."""
-        self._accum.zero_()
+        if self._accum is not None:
+            self._accum.zero_()
         self._accumulated = 0
 
     def state_dict(self) -> dict:
-        return {"param": self.param.data, "optimizer": self.optimizer.state_dict(), "version": self.version,
-                "accum": self._accum, "accumulated": self._accumulated, "initialised": self.initialised}
+        state = {"param": self.param.data, "optimizer": self.optimizer.state_dict(), "version": self.version,
+                 "accumulated": self._accumulated, "initialised": self.initialised}
+        if self._accum is not None:
+            state["accum"] = self._accum
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         for key in ("param", "accum"):
@@ -72,6 +85,6 @@ class Shard:
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
         if "accum" in state:
-            self._accum.copy_(state["accum"])
+            self._accum = state["accum"].to(self.device, torch.float32).clone()
             self._accumulated = int(state["accumulated"])
         self.initialised = bool(state.get("initialised", True))

@@ -34,3 +34,12 @@ def test_sync_equals_single_process_big_batch_sgd(transport, shards, tmp_path):
     initial = torch.cat([p.detach().reshape(-1) for p in load_job("digits_mlp", seed=0).model.parameters()])
     assert (want - initial).abs().max() > 1e-2               # the reference really moved
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
+@pytest.mark.timeout(240)
+def test_bfloat16_gradients_on_the_wire_learn_as_well_as_float32(tmp_path):
+    runs = {dtype: psrv_run(tmp_path / dtype, "--mode", "sync", "--wire-dtype", dtype, "--steps", "200")
+            for dtype in ("float32", "bfloat16")}
+    assert runs["bfloat16"]["wire_dtype"] == "bfloat16"
+    assert runs["float32"]["eval_accuracy"] >= 0.85, runs["float32"]
+    assert abs(runs["bfloat16"]["eval_accuracy"] - runs["float32"]["eval_accuracy"]) <= 0.02, runs
