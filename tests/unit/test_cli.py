@@ -1,0 +1,56 @@
+"""Pins the CLI surface: a new, renamed or removed option fails here until it is meant (and documented)."""
+import argparse
+
+import pytest
+
+from psrv.cli import build_parser
+
+SURFACE = {
+    "serve": ((), ("--backup-workers", "--bind", "--checkpoint-dir", "--checkpoint-every", "--curve-keys", "--device",
+                   "--log-level", "--lr", "--max-message-bytes", "--metrics-host", "--metrics-linger", "--metrics-port",
+                   "--mode", "--momentum", "--nesterov", "--nonfinite", "--num-shards", "--optimizer", "--out",
+                   "--ready-file", "--resume", "--rpc-master", "--shard", "--staleness", "--transport",
+                   "--weight-decay", "--worker-timeout", "--workers")),
+    "worker": ((), ("--batch-size", "--compute-ms", "--curve-keys", "--device", "--eval-every", "--job", "--log-level",
+                    "--metrics-host", "--metrics-linger", "--metrics-port", "--mode", "--net-delay-ms", "--out",
+                    "--params-out", "--progress-file", "--rank", "--seed", "--servers", "--steps", "--straggler",
+                    "--transient-stragglers", "--transport", "--wire-dtype", "--world-size")),
+    "keygen": (("dir",), ("--log-level", "--workers")),
+    "admin": (("action",), ("--curve-keys", "--log-level", "--servers")),
+    "run": ((), ("--backup-workers", "--batch-size", "--compute-ms", "--device", "--eval-every", "--job", "--log-level",
+                 "--lr", "--metrics", "--metrics-linger", "--mode", "--momentum", "--nesterov", "--net-delay-ms",
+                 "--no-progress", "--optimizer", "--out", "--seed", "--servers", "--staleness", "--steps",
+                 "--straggler", "--transient-stragglers", "--transport", "--weight-decay", "--wire-dtype",
+                 "--worker-timeout", "--workers")),
+    "experiment": (("spec",), ("--log-level", "--out")),
+    "top": ((), ("--interval", "--log-level", "--once", "--servers", "--timeout")),
+}
+
+
+def subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+def test_the_subcommands_are_exactly_these():
+    assert set(subcommands()) == set(SURFACE)
+
+
+@pytest.mark.parametrize("name", sorted(SURFACE))
+def test_each_subcommand_takes_exactly_these_arguments(name):
+    sp = subcommands()[name]
+    positional = tuple(a.dest for a in sp._actions if not a.option_strings)
+    options = tuple(sorted(o for a in sp._actions for o in a.option_strings if o.startswith("--") and o != "--help"))
+    assert (positional, options) == SURFACE[name]
+
+
+@pytest.mark.parametrize("name", sorted(SURFACE))
+def test_every_option_has_help_text(name):
+    sp = subcommands()[name]
+    missing = [a.option_strings for a in sp._actions if a.option_strings and not a.help]
+    assert not missing
+
+
+def test_defaults_run_the_embedded_default():
+    a = build_parser().parse_args(["run"])
+    assert (a.servers, a.workers, a.mode, a.staleness, a.job) == (2, 2, "ssp", 2, "digits_mlp")
