@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
-from experiments.bench import apply, end_to_end, memory, scaling, wire
+from experiments.bench import apply, end_to_end, memory, metrics_overhead, scaling, wire
 
-GOALS = {"wire": 0.8, "apply": 0.5, "scaling": 0.8, "memory": 1.2}
+GOALS = {"wire": 0.8, "apply": 0.5, "scaling": 0.8, "memory": 1.2, "metrics_overhead": 0.98}
 
 
 def machine() -> dict:
@@ -29,12 +29,14 @@ def machine() -> dict:
 
 
 def suite(smoke: bool) -> list[dict]:
-    if smoke:
-        return (wire.run([1], [1, 2], ["tcp"], 3) + apply.run(4, 3) + scaling.run([1, 4], 1.0)
-                + memory.run(16) + end_to_end.run(["digits_mlp"], 1, steps={"digits_mlp": 20}))
+    if smoke:  # every bench at its smallest: one shard, one load generator, async and DDP, 1 worker for metrics
+        return (wire.run([1], [1], ["tcp"], 3) + apply.run(4, 3) + scaling.run([1, 4], 1.0, procs=1)
+                + memory.run(16) + end_to_end.run(["digits_mlp"], 1, steps={"digits_mlp": 10},
+                                                  variants=(("async", 0), ("ddp", 0)))
+                + metrics_overhead.run(10, 1, workers=1))
     return (wire.run([1, 16, 64, 256], [1, 2], ["tcp", "ipc"], 7) + apply.run(64, 9)
             + end_to_end.run(["synthetic_mlp", "digits_mlp"], 2) + scaling.run([1, 4, 16, 32, 64], 5.0)
-            + memory.run(256))
+            + memory.run(256) + metrics_overhead.run(300, 2))
 
 
 def describe(r: dict) -> str:
@@ -47,6 +49,8 @@ def describe(r: dict) -> str:
         return f"e2e {r['job']} {r['variant']}: {r['samples_per_second']:.0f} samples/s vs DDP {r['ddp_samples_per_second']:.0f}"
     if b == "scaling":
         return f"scaling {r['workers']} workers: {r['updates_per_second']:.0f} updates/s"
+    if b == "metrics_overhead":
+        return f"metrics {r['job']} {r['mode']}: {r['steps_per_second_on']:.1f} steps/s on vs {r['steps_per_second_off']:.1f} off"
     return f"memory server {r['size_mb']} MB adam: {r['peak_rss_bytes']/2**20:.0f} MiB vs {r['baseline_bytes']/2**20:.0f} MiB"
 
 

@@ -21,14 +21,16 @@ VARIANTS = (("sync", 0), ("async", 0), ("ssp", 2), ("ddp", 0))
 STEPS = {"synthetic_mlp": 40, "digits_mlp": 300, "mnist1d_mlp": 300}
 
 
-def run(jobs: list[str], repeats: int, steps: dict[str, int] | None = None) -> list[dict]:
+def run(jobs: list[str], repeats: int, steps: dict[str, int] | None = None,
+        variants: tuple[tuple[str, int], ...] = VARIANTS) -> list[dict]:
+    """`variants` ((mode, staleness), ...) must include ddp: every figure is a ratio to it."""
     steps = {**STEPS, **(steps or {})}
     results = []
     with tempfile.TemporaryDirectory(prefix="psrv-e2e-") as d:
         for job in jobs:
             rates: dict[str, list[float]] = {}
             for rep in range(repeats):
-                for mode, s in VARIANTS:
+                for mode, s in variants:
                     name = mode if mode != "ssp" else f"ssp-{s}"
                     o = RunOptions(servers=1, workers=2, mode=mode, staleness=s, job=job, steps=steps[job],
                                    batch_size=32, optim=OptimConfig("sgd", lr=0.01, momentum=0.9),

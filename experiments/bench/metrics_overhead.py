@@ -103,7 +103,7 @@ def one_run(a: argparse.Namespace, out: Path, *, metrics: bool) -> dict:
             "samples_per_second": s["samples_per_second"], "scrapes": scraper.scrapes, "out": str(out)}
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=400, help="steps per worker (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=3, help="runs of each variant (default: %(default)s)")
@@ -118,8 +118,39 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per run")
     p.add_argument("--workdir", type=Path, default=None, help="where the runs go (default: a temporary dir)")
     p.add_argument("--out", type=Path, required=True, help="write the results (JSON) here")
-    a = p.parse_args(argv)
+    return p
 
+
+def run(steps: int, repeats: int, workers: int = 2) -> list[dict]:
+    """For `python -m experiments.bench`: ratio = median steps/s with metrics on / off (goal >= 0.98)."""
+    argv = ["--steps", str(steps), "--repeats", str(repeats), "--workers", str(workers), "--out", "-"]
+    r = measure(parser().parse_args(argv), argv)
+    on, off = r["median_steps_per_second"]["on"], r["median_steps_per_second"]["off"]
+    return [{"bench": "metrics_overhead", "job": r["job"], "mode": r["mode"], "steps": steps, "repeats": repeats,
+             "steps_per_second_on": on, "steps_per_second_off": off, "ratio": on / off,
+             "instrument_costs": r["instrument_costs"]}]
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
+    result = measure(a, argv)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(result, indent=1))
+    off, on = result["median_steps_per_second"]["off"], result["median_steps_per_second"]["on"]
+    spread, per_step = result["range_steps_per_second"], result["instrument_costs"]["seconds_per_step"]
+    costs = result["instrument_costs"]
+    print(f"range of steps/s: off {spread['off'][0]:.2f}-{spread['off'][1]:.2f}, "
+          f"on {spread['on'][0]:.2f}-{spread['on'][1]:.2f} (the noise the medians carry)")
+    print(f"median steps/s: metrics off {off:.2f}, on {on:.2f}; overhead {100 * (off / on - 1):+.2f}% "
+          f"of step time (goal < 2%); wrote {a.out}")
+    print(f"metrics calls: {1e6 * per_step:.1f} us of CPU per worker step "
+          f"({100 * costs['fraction_of_step_time']:.3f}% of its step time), "
+          f"{1e3 * costs['server_seconds_per_scrape']:.2f} ms per scrape of a shard")
+    return 0
+
+
+def measure(a: argparse.Namespace, argv: list[str] | None) -> dict:
+    """Alternate runs without and with metrics; the result main() writes."""
     with tempfile.TemporaryDirectory(prefix="psrv-metrics-bench-") as tmp:
         work = a.workdir or Path(tmp)
         runs = []
@@ -145,16 +176,7 @@ def main(argv: list[str] | None = None) -> int:
               "median_steps_per_second": {"off": off, "on": on}, "overhead": off / on - 1.0, "goal": 0.02,
               "range_steps_per_second": {k: [min(v), max(v)] for k, v in spread.items()},
               "instrument_costs": costs}
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(result, indent=1))
-    print(f"range of steps/s: off {min(spread['off']):.2f}-{max(spread['off']):.2f}, "
-          f"on {min(spread['on']):.2f}-{max(spread['on']):.2f} (the noise the medians carry)")
-    print(f"median steps/s: metrics off {off:.2f}, on {on:.2f}; overhead {100 * (off / on - 1):+.2f}% "
-          f"of step time (goal < 2%); wrote {a.out}")
-    print(f"metrics calls: {1e6 * per_step:.1f} us of CPU per worker step "
-          f"({100 * costs['fraction_of_step_time']:.3f}% of its step time), "
-          f"{1e3 * costs['server_seconds_per_scrape']:.2f} ms per scrape of a shard")
-    return 0
+    return result
 
 
 if __name__ == "__main__":

@@ -3,17 +3,21 @@
 python -m experiments.bench.scaling --workers 1 4 16 32 64 --seconds 5
 Workers are threads, each with its own PSClient, spread over a few load-generator processes so the
 clients' GIL is not the bottleneck. The figure is the shard's updates_applied over the measured
-window; each count is reported as a ratio to the best count of the same run.
+window; each count is reported as a ratio to the best count of the same run. The server's CPU
+seconds per update, while the load runs, show any per-worker cost growing with N.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from experiments.launch import thread_env
 
 
 def one(workers: int, seconds: float, size: int, procs: int, tmp: Path) -> dict:
@@ -21,7 +25,8 @@ def one(workers: int, seconds: float, size: int, procs: int, tmp: Path) -> dict:
     server = subprocess.Popen([sys.executable, "-m", "psrv.cli", "serve", "--bind", "tcp://127.0.0.1:0",
                                "--workers", str(workers), "--mode", "async", "--optimizer", "sgd", "--lr", "1e-6",
                                "--momentum", "0", "--log-level", "WARNING", "--ready-file", str(ready),
-                               "--out", str(out), "--worker-timeout", "60"], stdout=subprocess.DEVNULL)
+                               "--out", str(out), "--worker-timeout", "60"], stdout=subprocess.DEVNULL,
+                              env={**os.environ, **thread_env(1 + min(procs, workers))})
     try:
         deadline = time.monotonic() + 60
         while not ready.exists():
@@ -32,10 +37,12 @@ def one(workers: int, seconds: float, size: int, procs: int, tmp: Path) -> dict:
         n = min(procs, workers)
         split = [workers // n + (1 if i < workers % n else 0) for i in range(n)]
         firsts = [sum(split[:i]) for i in range(n)]
+        cpu0 = _cpu_seconds(server.pid)
         gens = [subprocess.Popen([sys.executable, "-m", "experiments.bench.loadgen", address, str(f), str(k),
                                   str(workers), str(size), str(seconds)], stdout=subprocess.PIPE, text=True)
                 for f, k in zip(firsts, split)]
         reports = [json.loads(g.communicate(timeout=seconds + 120)[0]) for g in gens]
+        cpu = _cpu_seconds(server.pid) - cpu0  # the server's CPU while the load ran (and the LEAVEs)
         server.wait(60)
     finally:
         if server.poll() is None:
@@ -44,7 +51,14 @@ def one(workers: int, seconds: float, size: int, procs: int, tmp: Path) -> dict:
     window = max(r["seconds"] for r in reports)
     acked = sum(r["round_trips"] for r in reports)
     return {"bench": "scaling", "workers": workers, "updates_applied": stats["updates_applied"],
-            "acknowledged": acked, "seconds": window, "updates_per_second": stats["updates_applied"] / window}
+            "acknowledged": acked, "seconds": window, "updates_per_second": stats["updates_applied"] / window,
+            "server_cpu_seconds_per_update": cpu / max(1, stats["updates_applied"])}
+
+
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of a running process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run(counts: list[int], seconds: float, size: int = 1024, procs: int = 4) -> list[dict]:
@@ -65,6 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = run(a.workers, a.seconds)
     for r in rows:
         print(f"{r['workers']:>3} workers: {r['updates_per_second']:8.0f} updates/s  {r['ratio']:.2f}x peak"
+              f"  server CPU {r['server_cpu_seconds_per_update'] * 1e6:4.0f} us/update"
               f"  (acked {r['acknowledged']}, applied {r['updates_applied']})")
     if a.out:
         a.out.write_text(json.dumps(rows, indent=1))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -19,9 +20,13 @@ import torch
 from psrv.client import PSClient
 from psrv.server.partition import ParamSpec, PartitionPlan
 
+from experiments.bench.raw_zmq import keep_freed_buffers
+from experiments.launch import thread_env
 
-def _spawn(argv: list[str], ready: Path, timeout: float = 60.0) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+def _spawn(argv: list[str], ready: Path, timeout: float = 60.0, processes: int = 2) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, **thread_env(processes)})
     deadline = time.monotonic() + timeout
     while not ready.exists() or not ready.read_text():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -61,7 +66,7 @@ def psrv_push_pull(size: int, shards: int, kind: str, repeats: int, tmp: Path) -
         p, a = _spawn([sys.executable, "-m", "psrv.cli", "serve", "--bind", _endpoint(kind, tmp, f"s{i}"),
                        "--shard", str(i), "--num-shards", str(shards), "--workers", "1", "--mode", "async",
                        "--optimizer", "sgd", "--lr", "1e-9", "--momentum", "0.9", "--log-level", "WARNING",
-                       "--ready-file", str(ready)], ready)
+                       "--ready-file", str(ready)], ready, processes=shards + 1)
         procs.append(p)
         addresses.append(a)
     try:
@@ -86,6 +91,7 @@ def psrv_push_pull(size: int, shards: int, kind: str, repeats: int, tmp: Path) -
 
 
 def run(sizes_mb: list[int], shards: list[int], endpoints: list[str], repeats: int) -> list[dict]:
+    keep_freed_buffers()  # this process is both clients: the same allocator for the echo and for psrv
     results = []
     with tempfile.TemporaryDirectory(prefix="psrv-wire-") as d:
         tmp = Path(d)

@@ -23,39 +23,37 @@ class Pending:
 
 
 class PendingPulls:
+    """Keyed by (worker, seq), in arrival order: adding a re-sent pull is O(1), not a scan."""
+
     def __init__(self) -> None:
-        self._items: list[Pending] = []
+        self._items: dict[tuple[int, int], Pending] = {}
 
     def __iter__(self) -> Iterator[Pending]:
-        return iter(self._items)
+        return iter(self._items.values())
 
     def __len__(self) -> int:
         return len(self._items)
 
     def add(self, peer: Hashable, *, worker: int, seq: int, clock: int, final: bool, received: float,
             push: dict | None) -> None:
-        for p in self._items:
-            if p.worker == worker and p.seq == seq:
-                if peer not in p.peers:
-                    p.peers = [*p.peers[1 - MAX_PEERS:], peer]
-                return
-        self._items.append(Pending([peer], worker, seq, clock, final, received, push))
+        p = self._items.get((worker, seq))
+        if p is None:
+            self._items[worker, seq] = Pending([peer], worker, seq, clock, final, received, push)
+        elif peer not in p.peers:
+            p.peers = [*p.peers[1 - MAX_PEERS:], peer]
 
     def holding(self, worker: int, seq) -> bool:
-        return any(p.worker == worker and p.seq == seq for p in self._items)
+        return isinstance(seq, int) and (worker, seq) in self._items  # `seq` comes off the wire
 
     def workers(self) -> set[int]:
-        return {p.worker for p in self._items}
+        return {w for w, _ in self._items}
 
     def drop(self, worker: int) -> None:
-        self._items = [p for p in self._items if p.worker != worker]
+        self._items = {k: p for k, p in self._items.items() if p.worker != worker}
 
     def release(self, ready: Callable[[Pending], bool], answer: Callable[[Pending], None]) -> None:
         """Answer (and forget) every pull that is `ready` now."""
-        still = []
-        for p in self._items:
+        for key, p in list(self._items.items()):
             if ready(p):
+                del self._items[key]
                 answer(p)
-            else:
-                still.append(p)
-        self._items = still

@@ -80,3 +80,19 @@ def test_unknown_mode_and_bad_parameters_are_refused():
         make_controller("ssp", 2, staleness=-1)
     with pytest.raises(ValueError, match="backup_workers"):
         make_controller("sync", 2, backup_workers=2)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_slowest_clock_is_kept_right_through_pushes_joins_and_leaves(seed):
+    import random
+    rng = random.Random(seed)
+    c = make_controller("ssp", 8, staleness=2)
+    for _ in range(2000):
+        w, r = rng.randrange(8), rng.random()
+        if r < 0.05:
+            c.leave(w)
+        elif r < 0.1:
+            c.join(w)
+        elif w in c.active:
+            c.push(w, c.clocks[w] + rng.choice([0, 0, 1, 3]) - 1)   # repeats, steps and jumps
+        assert c.min_clock() == min((c.clocks[a] for a in c.active), default=0)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+from collections import Counter
 
 
 class Decision(enum.Enum):
@@ -18,16 +19,25 @@ class Controller:
         self.active: set[int] = set(range(num_workers))
         self.clocks: dict[int, int] = {w: 0 for w in range(num_workers)}
         self.finishing: set[int] = set()  # active, done pushing, awaiting their final pull
+        self._recount()
+
+    def _recount(self) -> None:
+        """The slowest active clock, kept up to date per push instead of a scan over every worker
+        per answered pull: `_at` counts active workers at each clock."""
+        self._at = Counter(self.clocks.get(w, 0) for w in self.active)
+        self._min = min(self._at, default=0)
 
     # --- membership -------------------------------------------------------
     def leave(self, worker: int) -> None:
         self.active.discard(worker)
         self.finishing.discard(worker)
+        self._recount()
 
     def join(self, worker: int) -> None:
         self.active.add(worker)
         self.finishing.discard(worker)
         self.clocks.setdefault(worker, 0)
+        self._recount()
 
     def finish(self, worker: int) -> None:
         """`worker` pushes no more (its final pull came): barriers stop counting on it."""
@@ -39,7 +49,7 @@ class Controller:
         return self.active - self.finishing
 
     def min_clock(self) -> int:
-        return min((self.clocks[w] for w in self.active), default=0)
+        return self._min
 
     def clock_gap(self, clock: int) -> int:
         """How far `clock` (a worker being answered) runs ahead of the slowest active worker."""
@@ -48,7 +58,15 @@ class Controller:
     # --- the policy -------------------------------------------------------
     def push(self, worker: int, clock: int) -> Decision:
         """Record a push of `worker`'s gradient for `clock` and say what to do with it."""
-        self.clocks[worker] = max(self.clocks.get(worker, 0), clock + 1)
+        old = self.clocks.get(worker, 0)
+        new = self.clocks[worker] = max(old, clock + 1)
+        if new != old and worker in self.active:
+            self._at[new] += 1
+            self._at[old] -= 1
+            if not self._at[old]:
+                del self._at[old]
+                if old == self._min:
+                    self._min = min(self._at)
         return self._decide(worker, clock)
 
     def _decide(self, worker: int, clock: int) -> Decision:
@@ -84,3 +102,4 @@ class Controller:
             raise ValueError(f"checkpoint holds a {state.get('mode')!r} controller, this server runs {self.mode!r}")
         self.active = {int(w) for w in state["active"]}
         self.clocks = {int(w): int(c) for w, c in state["clocks"].items()}
+        self._recount()
