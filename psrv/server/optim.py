@@ -1,29 +1,68 @@
-"""Server-side optimizers: torch.optim itself, stepping one flat parameter vector in place.
+"""Server-side optimizers: torch.optim's own update functions, stepping one flat vector in place.
 
-Using torch.optim makes the server's step the same as a worker-side torch.optim step by
-construction, and allocates nothing per step. Large shards take torch's fused kernels (one pass
-over memory: Adam 6.5x faster than the default at 64 MB here); small ones don't, because a fused
-step has a fixed cost of about 5 ms on this 2-core machine against 0.2 ms for the plain one (0.1 ms
-with foreach=False, which is what a single tensor wants).
+`FlatOptimizer` calls torch.optim's functional forms (`torch.optim.sgd.sgd`, `torch.optim.adam.adam`),
+the very functions torch.optim.SGD/Adam/AdamW.step call, so the server's step equals a worker-side
+torch.optim step by construction, and it allocates nothing per step. It keeps the state itself, in
+torch.optim's state_dict layout. Why not the classes: their step and add_param_group import
+torch._dynamo on first use, 2.6 s of every server's start-up on this machine; these functions don't.
+
+Large shards take torch's fused kernels (one pass over memory: Adam 6.5x faster than the default
+at 64 MB here); small ones don't, because a fused step has a fixed cost of about 5 ms on this 2-core
+machine against 0.1 ms for the single-tensor one.
 """
 from __future__ import annotations
 
 import torch
+from torch.optim.adam import adam as adam_update
+from torch.optim.sgd import sgd as sgd_update
 
 from psrv.config import OptimConfig
-
 
 FUSED_MIN_ELEMENTS = 1 << 20
 
 
-def make_optimizer(cfg: OptimConfig, param: torch.nn.Parameter, *, fused: bool | None = None) -> torch.optim.Optimizer:
-    """The torch.optim optimizer `cfg` names, over the single flat `param` (fused: None picks by size)."""
-    if fused is None:
-        fused = param.numel() >= FUSED_MIN_ELEMENTS
-    # One flat tensor: the multi-tensor (foreach) path batches nothing and costs ~0.1 ms a step.
-    extra = {"fused": True} if fused else {"foreach": False}
-    if cfg.name == "sgd":
-        return torch.optim.SGD([param], lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
-                               weight_decay=cfg.weight_decay, **extra)
-    cls = torch.optim.Adam if cfg.name == "adam" else torch.optim.AdamW
-    return cls([param], lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, **extra)
+class FlatOptimizer:
+    def __init__(self, cfg: OptimConfig, param: torch.Tensor, *, fused: bool):
+        self.cfg, self.param, self.fused = cfg, param, fused
+        self.state: dict[str, torch.Tensor] = {}
+
+    def step(self, grad: torch.Tensor) -> None:
+        """One step of cfg's rule with `grad` (float32, on the parameter's device)."""
+        c = self.cfg
+        kernel = {"fused": True, "foreach": False} if self.fused else {"fused": False, "foreach": False}
+        with torch.no_grad():
+            if c.name == "sgd":
+                buffers = [self.state.get("momentum_buffer")]
+                sgd_update([self.param], [grad], buffers, **kernel, weight_decay=c.weight_decay,
+                                    momentum=c.momentum, lr=c.lr, dampening=0.0, nesterov=c.nesterov, maximize=False)
+                if c.momentum != 0:
+                    self.state["momentum_buffer"] = buffers[0]
+                return
+            if not self.state:  # what Adam._init_group makes at the first step
+                self.state = {"step": torch.zeros((), dtype=torch.float32, device=self.param.device)
+                              if self.fused else torch.tensor(0.0, dtype=torch.float32),
+                              "exp_avg": torch.zeros_like(self.param), "exp_avg_sq": torch.zeros_like(self.param)}
+            s = self.state
+            adam_update([self.param], [grad], [s["exp_avg"]], [s["exp_avg_sq"]], [], [s["step"]], **kernel,
+                                  decoupled_weight_decay=c.name == "adamw", amsgrad=False, beta1=c.betas[0],
+                                  beta2=c.betas[1], lr=c.lr, weight_decay=c.weight_decay, eps=c.eps, maximize=False)
+
+    def state_dict(self) -> dict:
+        """torch.optim's layout: {"state": {0: {...}}, "param_groups": [{..., "params": [0]}]}."""
+        c = self.cfg
+        group = {"lr": c.lr, "weight_decay": c.weight_decay, "params": [0]}
+        group.update({"momentum": c.momentum, "nesterov": c.nesterov} if c.name == "sgd" else
+                     {"betas": tuple(c.betas), "eps": c.eps})
+        return {"state": {0: dict(self.state)} if self.state else {}, "param_groups": [group]}
+
+    def load_state_dict(self, state: dict) -> None:
+        slot = state.get("state", {}).get(0, {})
+        self.state = {k: v.to(self.param.device).clone() if k != "step" or self.fused else v.clone().cpu()
+                      for k, v in slot.items()}
+
+
+def make_optimizer(cfg: OptimConfig, param: torch.Tensor, *, fused: bool | None = None) -> FlatOptimizer:
+    """The optimizer `cfg` names, over the single flat `param` (fused: None picks by size)."""
+    if cfg.name not in ("sgd", "adam", "adamw"):
+        raise ValueError(f"unknown optimizer {cfg.name!r}")
+    return FlatOptimizer(cfg, param, fused=param.numel() >= FUSED_MIN_ELEMENTS if fused is None else fused)

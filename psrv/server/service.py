@@ -9,6 +9,8 @@ import logging
 import time
 from typing import Callable, Hashable
 
+import torch
+
 from psrv import checkpoint
 from psrv.config import ServerConfig
 from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError, decode, encode
@@ -53,7 +55,8 @@ class ShardService:
             MsgType.HEARTBEAT: self._on_heartbeat, MsgType.LEAVE: self._on_leave, MsgType.STATS: self._on_stats,
             MsgType.SHUTDOWN: self._on_shutdown, MsgType.CHECKPOINT: self._on_checkpoint,
         }
-        Shard(1, cfg.optim, device=cfg.device)  # warm torch.optim up now, not during the first HELLO
+        warm = Shard(1, cfg.optim, device=cfg.device)  # the optimizer's first step now, not at the first push
+        warm.apply(torch.zeros(1, device=warm.device))
         if cfg.resume and cfg.checkpoint_dir:
             checkpoint.resume(self, cfg.checkpoint_dir)
 

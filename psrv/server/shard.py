@@ -59,9 +59,7 @@ class Shard:
         return n
 
     def _step(self, grad: torch.Tensor) -> None:
-        self.param.grad = grad
-        self.optimizer.step()
-        self.param.grad = None
+        self.optimizer.step(grad)
         self.version += 1
 
     def discard_accumulated(self) -> None:

@@ -1,18 +1,46 @@
-"""digits_mlp, the default job: scikit-learn's shipped 8x8 digits (1797 images), a small MLP."""
+"""digits_mlp, the default job: scikit-learn's shipped 8x8 digits (1797 images), a small MLP.
+
+The images are read straight from the CSV that scikit-learn ships (what `load_digits` reads) and
+split by the indices in digits_split.json: `train_test_split(test_size=0.2, random_state=0,
+stratify=y)` computed once. Importing sklearn costs about 3 s per process, paid by every worker of
+every run; tests/unit/test_jobs.py checks that this equals load_digits + train_test_split.
+"""
 from __future__ import annotations
 
+import gzip
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
 import torch
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 
 from workers.jobs import Job
 
+SPLIT = Path(__file__).with_name("digits_split.json")
+
+
+def digits_csv() -> Path:
+    """sklearn/datasets/data/digits.csv.gz, found without importing sklearn."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("digits_mlp needs scikit-learn installed (pip install scikit-learn)")
+    return Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.csv.gz"
+
+
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) exactly as load_digits(return_X_y=True) gives them."""
+    with gzip.open(digits_csv(), "rt") as f:
+        data = np.loadtxt(f, delimiter=",")
+    return data[:, :-1], data[:, -1].astype(int)
+
 
 def digits_mlp(seed: int) -> Job:
-    x, y = load_digits(return_X_y=True)
+    x, y = digits_arrays()
     # The split is fixed (not seeded) so every run and variant is judged on the same held-out set.
-    x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=0.2, random_state=0, stratify=y)
-    as_x = lambda a: torch.tensor(a / 16.0, dtype=torch.float32)  # noqa: E731  (pixels are 0..16)
-    as_y = lambda a: torch.tensor(a, dtype=torch.long)  # noqa: E731
+    split = json.loads(SPLIT.read_text())
+    as_x = lambda idx: torch.tensor(x[idx] / 16.0, dtype=torch.float32)  # noqa: E731  (pixels are 0..16)
+    as_y = lambda idx: torch.tensor(y[idx], dtype=torch.long)  # noqa: E731
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
-    return Job("digits_mlp", model, (as_x(x_tr), as_y(y_tr)), (as_x(x_te), as_y(y_te)))
+    return Job("digits_mlp", model, (as_x(split["train"]), as_y(split["train"])),
+               (as_x(split["test"]), as_y(split["test"])))
