@@ -1,4 +1,4 @@
-"""A local cluster of real processes on 127.0.0.1: servers first, then workers; `psrv run` calls this."""
+"""A local cluster of real processes on 127.0.0.1: servers and workers started together; `psrv run` calls this."""
 from __future__ import annotations
 
 import argparse
@@ -37,6 +37,7 @@ class RunOptions:
     device: str = "cpu"
     transport: str = "zmq"
     wire_dtype: str = "float32"
+    overlap: bool = True
     worker_timeout: float = 10.0
     metrics: bool = False
     metrics_linger: float = 0.0
@@ -57,7 +58,7 @@ def run_options_from_args(a: argparse.Namespace) -> RunOptions:
     return RunOptions(servers=a.servers, workers=a.workers, mode=a.mode, staleness=a.staleness,
                       backup_workers=a.backup_workers, job=a.job, steps=a.steps, batch_size=a.batch_size,
                       seed=a.seed, eval_every=a.eval_every, optim=optim_config(a), faults=fault_config(a),
-                      device=a.device, transport=a.transport, wire_dtype=a.wire_dtype,
+                      device=a.device, transport=a.transport, wire_dtype=a.wire_dtype, overlap=a.overlap,
                       worker_timeout=a.worker_timeout, metrics=a.metrics, metrics_linger=a.metrics_linger, out=a.out)
 
 
@@ -77,7 +78,7 @@ def worker_flags(o: RunOptions, rank: int) -> list[str]:
             "--batch-size", str(o.batch_size), "--seed", str(o.seed), "--eval-every", str(o.eval_every),
             "--device", o.device, "--compute-ms", repr(f.compute_ms), "--straggler", f.straggler,
             "--transient-stragglers", f.transient_stragglers, "--net-delay-ms", repr(f.net_delay_ms),
-            "--wire-dtype", o.wire_dtype]
+            "--wire-dtype", o.wire_dtype] + ([] if o.overlap else ["--no-overlap"])
 
 
 def thread_env(processes: int) -> dict[str, str]:
@@ -221,15 +222,9 @@ def _start_servers(cluster: Cluster, o: RunOptions) -> list[tuple[str, str]]:
         names.append((f"server-{i}", ready))
     if rpc_master:  # the RPC world forms only once the workers join it too: do not wait for the servers
         return [(n, f"rpc://{rpc_master}/server-{i}") for i, (n, _) in enumerate(names)]
-    deadline = time.monotonic() + 60
-    while not all(r.exists() for _, r in names):
-        bad = cluster.failed()
-        if bad:
-            raise RunFailed(f"{bad} failed to start:\n{cluster.tail(bad)}")
-        if time.monotonic() > deadline:
-            raise RunFailed("servers did not start listening within 60s")
-        time.sleep(0.05)
-    return [(n, r.read_text().strip()) for n, r in names]
+    # Workers start at once and read each address from the server's ready file when it appears
+    # (psrv worker --servers @FILE), so their start-up overlaps the servers'.
+    return [(n, f"@{r}") for n, r in names]
 
 
 def _start_workers(cluster: Cluster, o: RunOptions, addresses: list[str]) -> list[str]:

@@ -8,7 +8,6 @@ import sys
 import time
 from pathlib import Path
 
-from psrv.client import PSError
 from psrv.config import (MODES, OPTIMIZERS, RUN_MODES, TRANSPORTS, WIRE_DTYPES, FaultConfig, OptimConfig,
                          ServerConfig, WorkerConfig)
 
@@ -40,6 +39,8 @@ def _worker_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eval-every", type=int, default=0, help="rank 0 evaluates every K steps (0: start and end)")
     g.add_argument("--wire-dtype", choices=WIRE_DTYPES, default="float32", help="send gradients as this dtype "
                    "(bfloat16/float16 halve the push; the servers apply them in float32; default: %(default)s)")
+    g.add_argument("--no-overlap", dest="overlap", action="store_false", help="with several shards, push only "
+                   "after backward ends (default: each shard's slice goes out as soon as backward finishes it)")
     f = p.add_argument_group("emulated disturbances (deterministic, seeded)")
     f.add_argument("--compute-ms", type=float, default=0.0, help="extra emulated compute per step")
     f.add_argument("--straggler", default="", metavar="RANK:FACTOR", help="a persistently slow worker")
@@ -106,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     w = sub.add_parser("worker", help="run one worker", description="Train one worker against the servers. "
                        "Example: psrv worker --servers tcp://10.0.0.1:5555,tcp://10.0.0.2:5555 --rank 0 "
                        "--world-size 4 --job digits_mlp --steps 300")
-    w.add_argument("--servers", required=True, help="comma-separated shard addresses, in shard order")
+    w.add_argument("--servers", required=True, help="comma-separated shard addresses, in shard order; @FILE "
+                   "waits for FILE (a server's --ready-file) and reads the address from it")
     w.add_argument("--rank", type=int, default=0, help="this worker's rank (default: %(default)s)")
     w.add_argument("--world-size", type=int, default=1, help="number of workers (default: %(default)s)")
     _worker_args(w)
@@ -197,13 +199,29 @@ def _serve(a: argparse.Namespace) -> int:
     return 0
 
 
+def server_addresses(text: str, *, wait: float) -> tuple[str, ...]:
+    """Shard addresses from --servers. An entry @FILE is read from FILE, a server's --ready-file, once
+    it exists: a worker can start (and import torch) while its servers are still starting."""
+    out = []
+    for item in (s.strip() for s in text.split(",") if s.strip()):
+        if item.startswith("@"):
+            path, deadline = Path(item[1:]), time.monotonic() + wait
+            while not (path.exists() and path.read_text().strip()):
+                if time.monotonic() > deadline:
+                    raise ValueError(f"server address file {path} did not appear within {wait:.0f}s")
+                time.sleep(0.02)
+            item = path.read_text().strip()
+        out.append(item)
+    return tuple(out)
+
+
 def _worker(a: argparse.Namespace) -> int:
     import torch
     from workers.loop import train
-    cfg = WorkerConfig(servers=tuple(s.strip() for s in a.servers.split(",") if s.strip()), rank=a.rank,
+    cfg = WorkerConfig(servers=server_addresses(a.servers, wait=120.0), rank=a.rank,
                        world_size=a.world_size, job=a.job, steps=a.steps, batch_size=a.batch_size, seed=a.seed,
                        device=a.device, transport=a.transport, eval_every=a.eval_every, faults=fault_config(a),
-                       curve_keys=a.curve_keys, wire_dtype=a.wire_dtype)
+                       curve_keys=a.curve_keys, wire_dtype=a.wire_dtype, overlap=a.overlap)
     progress = None
     if a.progress_file:
         progress = lambda step: step % 10 == 0 and a.progress_file.write_text(str(step))  # noqa: E731
@@ -288,9 +306,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # bad input: say what to change, no traceback
         print(f"psrv {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except (PSError, TimeoutError) as exc:  # a server refused us or never answered
-        print(f"psrv {args.command}: {exc}", file=sys.stderr)
-        return 1
+    except Exception as exc:
+        client = sys.modules.get("psrv.client")  # imported (with torch) only by the commands that talk to servers
+        if isinstance(exc, TimeoutError) or (client is not None and isinstance(exc, client.PSError)):
+            print(f"psrv {args.command}: {exc}", file=sys.stderr)  # a server refused us or never answered
+            return 1
+        raise
 
 
 if __name__ == "__main__":

@@ -109,6 +109,14 @@ class PSClient:
         """Push `clock`'s gradient and pull the weights for clock+1 in one round trip."""
         return self._weights(self._round_trip(self._pushes(MsgType.PUSH_PULL, grad, clock)), out)
 
+    def begin_push_pull(self, grad: torch.Tensor, *, clock: int, out: torch.Tensor) -> "PushPull":
+        """push_pull in two halves, to overlap communication with backward: `ready(s)` sends shard s's
+        slice as soon as it is final (while backward computes the rest), `finish()` sends whatever is
+        left and waits. Nothing else may use this client in between."""
+        self._seq += 1
+        rt = _RoundTrip(self, self._pushes(MsgType.PUSH_PULL, grad, clock, cast=False), self._seq, self.timeout)
+        return PushPull(self, rt, grad, out)
+
     def stats(self) -> list[dict]:
         return [m.fields for m in self._round_trip([self._msg(MsgType.STATS) for _ in self.ranges])]
 
@@ -144,13 +152,21 @@ class PSClient:
             "plan_hash": self.plan.hash, "total": self.plan.total, "num_shards": self.plan.num_shards,
             "shard": shard, "world_size": self.world_size})
 
-    def _pushes(self, mtype: MsgType, grad: torch.Tensor, clock: int) -> list[Message]:
+    def _pushes(self, mtype: MsgType, grad: torch.Tensor, clock: int, *, cast: bool = True) -> list[Message]:
+        """One message per shard with its slice of `grad` in the wire dtype. cast=False leaves the
+        slices of the wire buffer to be filled later, shard by shard (`_cast`)."""
         if grad.dtype != self.wire_dtype:  # one cast into a buffer kept across steps, no allocation
             if self._wire is None or self._wire.shape != grad.shape or self._wire.device != grad.device:
                 self._wire = torch.empty_like(grad, dtype=self.wire_dtype)
-            grad = self._wire.copy_(grad)
+            grad = self._wire.copy_(grad) if cast else self._wire
         return [self._msg(mtype, clock=clock, base_version=self.versions[s], tensor=grad[lo:hi])
                 for s, (lo, hi) in enumerate(self.ranges)]
+
+    def _cast(self, grad: torch.Tensor, shard: int) -> None:
+        """Fill shard's slice of the wire buffer from `grad` (a no-op when grad is already wire dtype)."""
+        if grad.dtype != self.wire_dtype:
+            lo, hi = self.ranges[shard]
+            self._wire[lo:hi].copy_(grad[lo:hi])
 
     def _weights(self, replies: list[Message], out: torch.Tensor) -> Reply:
         for (lo, hi), r in zip(self.ranges, replies):
@@ -187,10 +203,10 @@ class _RoundTrip:
 
     def __init__(self, client: PSClient, msgs: list[Message], seq: int, timeout: float):
         self.c, self.net, self.seq, self.timeout = client, client._net, seq, timeout
-        self.frames = []
         for m in msgs:
             m.seq = seq
-            self.frames.append(encode(m))
+        self.msgs = msgs
+        self.frames: list[list | None] = [None] * len(msgs)  # encoded when sent: the tensor may still be filling
         self.kind = msgs[0].type.name
         n = len(msgs)
         self.replies: list[Message | None] = [None] * n
@@ -198,9 +214,15 @@ class _RoundTrip:
         self.greeting = [False] * n    # re-sent HELLO, waiting for WELCOME
         self.hellos = [0] * n
 
+    def send(self, s: int) -> None:
+        """Send shard s its request now (once)."""
+        if self.frames[s] is None:
+            self.frames[s] = encode(self.msgs[s])
+            self.net.send(s, self.frames[s])
+
     def run(self) -> list[Message]:
-        for s, f in enumerate(self.frames):
-            self.net.send(s, f)
+        for s in range(len(self.msgs)):
+            self.send(s)
         interval = self.c.retry_interval
         now = time.monotonic()
         deadline, check_at = now + self.timeout, now + interval
@@ -270,6 +292,26 @@ class _RoundTrip:
             raise PSError(s, f.get("code", ErrorCode.INTERNAL), f.get("message", ""))
         self.replies[s] = reply
         return True
+
+
+class PushPull:
+    """A push_pull whose shards are sent one by one as their gradient slices become final."""
+
+    def __init__(self, client: PSClient, rt: _RoundTrip, grad: torch.Tensor, out: torch.Tensor):
+        self.client, self.rt, self.grad, self.out = client, rt, grad, out
+        self.early = 0  # shards sent before finish()
+
+    def ready(self, shard: int) -> None:
+        if self.rt.frames[shard] is None:
+            self.client._cast(self.grad, shard)
+            self.rt.send(shard)
+            self.early += 1
+
+    def finish(self) -> Reply:
+        for s in range(len(self.rt.msgs)):
+            if self.rt.frames[s] is None:
+                self.client._cast(self.grad, s)
+        return self.client._weights(self.rt.run(), self.out)
 
 
 def admin_request(address: str, kind: MsgType, *, curve_keys: str = "", name: str = "admin",

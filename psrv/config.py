@@ -145,6 +145,7 @@ class WorkerConfig:
     request_timeout: float = 60.0  # seconds without any reply before the client gives up
     curve_keys: str = ""           # a `psrv keygen` directory holding server.key and worker-RANK.key_secret
     wire_dtype: str = "float32"    # the gradient's dtype on the wire; the servers apply it in float32
+    overlap: bool = True           # with >1 shard, push each shard's slice as soon as backward finishes it
     faults: FaultConfig = field(default_factory=FaultConfig)
 
     def __post_init__(self) -> None:

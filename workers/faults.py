@@ -19,6 +19,11 @@ class FaultInjector:
         self.persistent = pair[1] if pair and pair[0] == rank else 1.0
         self.transient = cfg.transient_pair()
 
+    @property
+    def active(self) -> bool:
+        """Whether any disturbance is configured."""
+        return self.cfg != FaultConfig()
+
     def slowdown(self, step: int) -> float:
         """How many times slower than normal this rank's `step` runs."""
         factor = self.persistent

@@ -8,11 +8,13 @@ import torch
 
 from psrv.client import PSClient
 from psrv.config import WorkerConfig
+from psrv.rss import peak_rss_bytes
 from psrv.server.partition import PartitionPlan
 from workers.data import batch_indices
 from workers.faults import FaultInjector
 from workers.flat import FlatModel
 from workers.jobs import evaluate, load_job
+from workers.overlap import ShardReadiness
 
 log = logging.getLogger("psrv.worker")
 
@@ -26,6 +28,8 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
     flat = FlatModel(model)
     plan = PartitionPlan.from_module(model, len(cfg.servers))
     faults = FaultInjector(cfg.faults, rank=cfg.rank, seed=cfg.seed)
+    # Early sends would beat injected compute and network delays, so faults turn the overlap off.
+    readiness = ShardReadiness(model, plan.ranges) if cfg.overlap and plan.num_shards > 1 and not faults.active else None
     x_train, y_train = (t.to(device) for t in job.train)
     batches = batch_indices(len(x_train), rank=cfg.rank, world_size=cfg.world_size,
                             batch_size=cfg.batch_size, seed=cfg.seed)
@@ -44,16 +48,27 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
             _eval(job, model, device, record, step=0, started=started)
             record["initial_loss"] = record["evals"][0]["eval_loss"]
         t_loop = time.time()
+        early_sends = 0  # shard pushes sent while backward was still running
         for step in range(cfg.steps):
             t0 = time.perf_counter()
             idx = next(batches).to(device)
             flat.zero_grad()
+            pending = None
+            if readiness is not None:
+                pending = client.begin_push_pull(flat.grads, clock=clock, out=flat.params)
+                readiness.arm(pending.ready)
             loss = job.loss_fn(model(x_train[idx]), y_train[idx])
             loss.backward()
+            if readiness is not None:
+                readiness.disarm()
             faults.compute(step, time.perf_counter() - t0)
             t1 = time.perf_counter()
             faults.before_send()
-            reply = client.push_pull(flat.grads, clock=clock, out=flat.params)
+            if pending is not None:
+                early_sends += pending.early
+                reply = pending.finish()
+            else:
+                reply = client.push_pull(flat.grads, clock=clock, out=flat.params)
             t2 = time.perf_counter()
             clock = reply.clock
             row = {"wall_time": time.time(), "worker": cfg.rank, "step": step, "loss": loss.item(),
@@ -77,8 +92,10 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
         client.leave()
     rows = record["step_log"]
     record.update(pushes=len(rows), samples=len(rows) * cfg.batch_size, train_seconds=train_seconds,
+                  early_sends=early_sends,
                   wall_seconds=time.time() - started,
                   max_staleness=max((r["staleness"] for r in rows), default=0),
+                  max_rss_bytes=peak_rss_bytes(),
                   final_params=flat.params.detach().cpu())
     return record
 

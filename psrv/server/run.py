@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import logging
 import os
-import resource
 import signal
 import time
 from pathlib import Path
 
 from psrv.config import ServerConfig
+from psrv.rss import peak_rss_bytes
 from psrv.server.service import ShardService
 from psrv.transport import create_server
 
@@ -40,7 +40,7 @@ def serve(cfg: ServerConfig, *, metrics_port: int | None = None, metrics_file: P
         summary = service.serve()
     finally:
         transport.close()
-    summary["max_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    summary["max_rss_bytes"] = peak_rss_bytes()
     if metrics is not None and metrics_linger > 0:
         time.sleep(metrics_linger)
     return summary
