@@ -12,13 +12,13 @@ import json
 import os
 import platform
 import sys
+import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
-from experiments.bench import apply, end_to_end, memory, metrics_overhead, scaling, wire
-
-GOALS = {"wire": 0.8, "apply": 0.5, "scaling": 0.8, "memory": 1.2, "metrics_overhead": 0.98}
+from experiments.bench import apply, end_to_end, memory, metrics_overhead, scaling, wire, worker_options
 
 
 def machine() -> dict:
@@ -28,15 +28,52 @@ def machine() -> dict:
             "date": datetime.date.today().isoformat()}
 
 
-def suite(smoke: bool) -> list[dict]:
-    if smoke:  # every bench at its smallest: one shard, one load generator, async and DDP, 1 worker for metrics
-        return (wire.run([1], [1], ["tcp"], 3) + apply.run(4, 3) + scaling.run([1, 4], 1.0, procs=1)
-                + memory.run(16) + end_to_end.run(["digits_mlp"], 1, steps={"digits_mlp": 10},
-                                                  variants=(("async", 0), ("ddp", 0)))
-                + metrics_overhead.run(10, 1, workers=1))
-    return (wire.run([1, 16, 64, 256], [1, 2], ["tcp", "ipc"], 7) + apply.run(64, 9)
-            + end_to_end.run(["synthetic_mlp", "digits_mlp"], 2) + scaling.run([1, 4, 16, 32, 64], 5.0)
-            + memory.run(256) + metrics_overhead.run(300, 2))
+def suite(smoke: bool) -> list[tuple[str, Callable[[], list[dict]]]]:
+    """(name, thunk) per benchmark, in running order."""
+    if smoke:  # every bench at its smallest: one shard, one load generator, one worker, async against DDP
+        return [("wire", lambda: wire.run([1], [1], ["tcp"], 3)),
+                ("apply", lambda: apply.run(4, 3)),
+                ("scaling", lambda: scaling.run([1, 4], 1.0, procs=1)),
+                ("memory", lambda: memory.run(16, "synthetic_mlp", 2)),
+                ("end_to_end", lambda: end_to_end.run(["digits_mlp"], 1, steps={"digits_mlp": 10},
+                                                      variants=(("async", 0), ("ddp", 0)), workers=1)),
+                ("worker_options", lambda: worker_options.run("digits_mlp", 1, 10, workers=1,
+                                                              variants=("baseline", "overlap+bfloat16"))),
+                ("metrics_overhead", lambda: metrics_overhead.run(10, 1, workers=1))]
+    return [("wire", lambda: wire.run([1, 16, 64, 256], [1, 2], ["tcp", "ipc"], 7)),
+            ("apply", lambda: apply.run(64, 9)),
+            ("end_to_end", lambda: end_to_end.run(["synthetic_mlp", "digits_mlp"], 2)),
+            ("worker_options", lambda: worker_options.run("synthetic_mlp", 2, 40)),
+            ("scaling", lambda: scaling.run([1, 4, 16, 32, 64], 5.0)),
+            ("memory", lambda: memory.run(256)),
+            ("metrics_overhead", lambda: metrics_overhead.run(300, 2))]
+
+
+def goal(r: dict) -> tuple[str, float] | None:
+    """The issue's goal for this figure as (">=" or "<=", threshold); None where none is set."""
+    b = r["bench"]
+    if b == "wire":
+        return (">=", 0.8) if r["size_mb"] >= 16 else None
+    if b == "apply":
+        return (">=", 0.5)
+    if b == "scaling":
+        return (">=", 0.8) if r["workers"] == 32 else None
+    if b == "memory":
+        return ("<=", 1.2) if r["role"] == "server" else ("<=", 2.0)
+    if b == "end_to_end" and r["job"] == "synthetic_mlp":
+        return {"sync": (">=", 1.0), "async": (">=", 1.3)}.get(r["variant"])
+    if b == "metrics_overhead":
+        return (">=", 0.98)
+    return None
+
+
+def judge(r: dict) -> None:
+    """Add goal and goal_met to r, from the ratio measured in this run."""
+    g = goal(r)
+    if g is not None:
+        op, x = g
+        r["goal"] = f"{op} {x}"
+        r["goal_met"] = r["ratio"] >= x if op == ">=" else r["ratio"] <= x
 
 
 def describe(r: dict) -> str:
@@ -49,8 +86,14 @@ def describe(r: dict) -> str:
         return f"e2e {r['job']} {r['variant']}: {r['samples_per_second']:.0f} samples/s vs DDP {r['ddp_samples_per_second']:.0f}"
     if b == "scaling":
         return f"scaling {r['workers']} workers: {r['updates_per_second']:.0f} updates/s"
+    if b == "worker_options":
+        return (f"options {r['job']} {r['variant']}: {r['samples_per_second']:.0f} samples/s vs "
+                f"{r['baseline_samples_per_second']:.0f}, loss {r['final_loss']:.3f}")
     if b == "metrics_overhead":
         return f"metrics {r['job']} {r['mode']}: {r['steps_per_second_on']:.1f} steps/s on vs {r['steps_per_second_off']:.1f} off"
+    if r["role"] == "worker":
+        return (f"memory worker {r['job']}: {r['peak_rss_bytes']/2**20:.0f} MiB vs plain torch "
+                f"{r['baseline_bytes']/2**20:.0f} MiB, in model sizes")
     return f"memory server {r['size_mb']} MB adam: {r['peak_rss_bytes']/2**20:.0f} MiB vs {r['baseline_bytes']/2**20:.0f} MiB"
 
 
@@ -59,12 +102,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true", help="tiny sizes, under a minute")
     p.add_argument("--out", type=Path, default=Path("bench/results.json"))
     a = p.parse_args(argv)
-    results = suite(a.smoke)
+    results, seconds = [], {}
+    benches = suite(a.smoke)
+    for i, (name, thunk) in enumerate(benches, 1):
+        print(f"[{i}/{len(benches)}] {name} ...", file=sys.stderr, flush=True)
+        t0 = time.monotonic()
+        rows = thunk()
+        seconds[name] = round(time.monotonic() - t0, 1)
+        for r in rows:
+            judge(r)
+        results += rows
+        print(f"[{i}/{len(benches)}] {name}: {len(rows)} figures in {seconds[name]:.0f} s", file=sys.stderr, flush=True)
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps({"machine": machine(), "smoke": a.smoke, "results": results}, indent=1))
+    a.out.write_text(json.dumps({"machine": machine(), "smoke": a.smoke, "bench_seconds": seconds,
+                                 "results": results}, indent=1))
     width = max(len(describe(r)) for r in results)
     for r in results:
-        print(f"{describe(r):<{width}}  ratio {r['ratio']:.2f}")
+        met = "" if "goal" not in r else f"  goal {r['goal']}: {'met' if r['goal_met'] else 'NOT met'}"
+        print(f"{describe(r):<{width}}  ratio {r['ratio']:.2f}{met}")
     print(f"\nwrote {a.out}", file=sys.stderr)
     return 0
 

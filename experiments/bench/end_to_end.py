@@ -22,7 +22,7 @@ STEPS = {"synthetic_mlp": 40, "digits_mlp": 300, "mnist1d_mlp": 300}
 
 
 def run(jobs: list[str], repeats: int, steps: dict[str, int] | None = None,
-        variants: tuple[tuple[str, int], ...] = VARIANTS) -> list[dict]:
+        variants: tuple[tuple[str, int], ...] = VARIANTS, workers: int = 2) -> list[dict]:
     """`variants` ((mode, staleness), ...) must include ddp: every figure is a ratio to it."""
     steps = {**STEPS, **(steps or {})}
     results = []
@@ -32,7 +32,7 @@ def run(jobs: list[str], repeats: int, steps: dict[str, int] | None = None,
             for rep in range(repeats):
                 for mode, s in variants:
                     name = mode if mode != "ssp" else f"ssp-{s}"
-                    o = RunOptions(servers=1, workers=2, mode=mode, staleness=s, job=job, steps=steps[job],
+                    o = RunOptions(servers=1, workers=workers, mode=mode, staleness=s, job=job, steps=steps[job],
                                    batch_size=32, optim=OptimConfig("sgd", lr=0.01, momentum=0.9),
                                    out=Path(d) / f"{job}-{name}-{rep}")
                     rates.setdefault(name, []).append(run_local(o, progress=False)["samples_per_second"])
@@ -41,7 +41,7 @@ def run(jobs: list[str], repeats: int, steps: dict[str, int] | None = None,
                 med = statistics.median(values)
                 results.append({"bench": "end_to_end", "job": job, "variant": name, "samples_per_second": med,
                                 "spread": [min(values), max(values)], "ddp_samples_per_second": ddp,
-                                "ratio": med / ddp, "repeats": repeats, "steps": steps[job]})
+                                "ratio": med / ddp, "repeats": repeats, "steps": steps[job], "workers": workers})
     return results
 
 

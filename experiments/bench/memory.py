@@ -1,9 +1,13 @@
-"""memory: peak RSS of a server holding a large model with Adam, against 3x the model + bare torch.
+"""memory: peak RSS of a server and of a worker, each against what its job needs at the least.
 
-python -m experiments.bench.memory --size-mb 256
-The server reports its own peak RSS (getrusage) in its --out JSON. The baseline is 3 x the model
-(parameters + Adam's two moments) plus the peak RSS of a process that only imports torch, measured
-in the same run. A worker's extra memory is measured the same way against its model's size.
+python -m experiments.bench.memory --size-mb 256 --worker-job synthetic_mlp
+Server: a 256 MB model with Adam. It reports its own peak RSS (getrusage) in its --out JSON; the
+baseline is 3 x the model (parameters + Adam's two moments) plus the peak RSS of a process that only
+imports torch, measured in the same run. Goal: <= 1.2x.
+Worker: a real `psrv worker` training the job for a few steps, against a process that trains the same
+job with plain torch (same batches, its own .grad tensors, evaluation at start and end) and no
+parameter server. The figure is the difference in model-sized buffers. Goal: <= 2 (one flat gradient
+and one flat parameter buffer at most beyond the model).
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -20,27 +25,73 @@ import torch
 from psrv.client import PSClient
 from psrv.server.partition import ParamSpec, PartitionPlan
 
-BARE = "import resource, torch; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)"
+BARE = "import torch; from psrv.rss import peak_rss_bytes; print(peak_rss_bytes())"
+PLAIN = "from experiments.bench.memory import plain_training as p; print(p({job!r}, {steps}))"
 
 
 def bare_torch_rss() -> int:
     return int(subprocess.run([sys.executable, "-c", BARE], capture_output=True, text=True, check=True).stdout)
 
 
-def server_rss(size_mb: int, tmp: Path) -> int:
-    ready, out = tmp / "mem.addr", tmp / "mem.json"
+def plain_training(job_name: str, steps: int) -> int:
+    """Train `job_name` in this process with plain torch and no server; return the peak RSS."""
+    from psrv.rss import peak_rss_bytes
+    from workers.data import batch_indices
+    from workers.jobs import evaluate, load_job
+    job = load_job(job_name, seed=0)
+    x, y = job.train
+    batches = batch_indices(len(x), rank=0, world_size=1, batch_size=32, seed=0)
+    params = list(job.model.parameters())
+    evaluate(job, job.model)
+    for _ in range(steps):
+        idx = next(batches)
+        job.loss_fn(job.model(x[idx]), y[idx]).backward()
+        with torch.no_grad():  # SGD in place, as a psrv worker holds no optimizer either (nor torch.optim's imports)
+            for p in params:
+                p.add_(p.grad, alpha=-1e-3)
+                p.grad.zero_()
+    evaluate(job, job.model)
+    return peak_rss_bytes()
+
+
+def _start_server(tmp: Path, optimizer: str, *, wait: bool = True) -> tuple[subprocess.Popen, str, Path]:
+    """A one-worker async shard; its address, or "@READY_FILE" when not waiting for it."""
+    ready, out = tmp / f"{optimizer}.addr", tmp / f"{optimizer}.json"
     server = subprocess.Popen([sys.executable, "-m", "psrv.cli", "serve", "--bind", "tcp://127.0.0.1:0",
-                               "--workers", "1", "--mode", "async", "--optimizer", "adam", "--lr", "1e-4",
+                               "--workers", "1", "--mode", "async", "--optimizer", optimizer, "--lr", "1e-4",
                                "--log-level", "WARNING", "--ready-file", str(ready), "--out", str(out)],
                               stdout=subprocess.DEVNULL)
+    if not wait:
+        return server, f"@{ready}", out
+    deadline = time.monotonic() + 120
+    while not ready.exists():
+        if server.poll() is not None or time.monotonic() > deadline:
+            server.kill()
+            raise RuntimeError("server did not start")
+        time.sleep(0.02)
+    return server, ready.read_text().strip(), out
+
+
+def worker_rss(job: str, steps: int, tmp: Path) -> int:
+    server, address, _ = _start_server(tmp, "sgd", wait=False)
+    out = tmp / "worker.json"
     try:
-        while not ready.exists():
-            if server.poll() is not None:
-                raise RuntimeError("server did not start")
-            time.sleep(0.02)
+        subprocess.run([sys.executable, "-m", "psrv.cli", "worker", "--servers", address, "--job", job,
+                        "--steps", str(steps), "--batch-size", "32", "--log-level", "WARNING", "--out", str(out)],
+                       check=True, timeout=300, stdout=subprocess.DEVNULL)
+        server.wait(60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    return json.loads(out.read_text())["max_rss_bytes"]
+
+
+def server_rss(size_mb: int, tmp: Path) -> int:
+    server, address, out = _start_server(tmp, "adam")
+    try:
         plan = PartitionPlan((ParamSpec("w", (size_mb * 2**20 // 4,)),), 1)
         weights = torch.zeros(plan.total)
-        with PSClient([ready.read_text().strip()], plan, worker=0, world_size=1, timeout=300) as c:
+        with PSClient([address], plan, worker=0, world_size=1, timeout=300) as c:
             c.hello()
             c.init(weights)
             clock = c.pull(clock=0, out=weights).clock
@@ -55,26 +106,40 @@ def server_rss(size_mb: int, tmp: Path) -> int:
     return json.loads(out.read_text())["max_rss_bytes"]
 
 
-def run(size_mb: int) -> list[dict]:
-    bare = bare_torch_rss()
-    with tempfile.TemporaryDirectory(prefix="psrv-mem-") as d:
-        peak = server_rss(size_mb, Path(d))
+def run(size_mb: int, worker_job: str = "synthetic_mlp", worker_steps: int = 5) -> list[dict]:
+    # Four separate processes, each measuring its own peak: they may run side by side.
+    with tempfile.TemporaryDirectory(prefix="psrv-mem-") as d, ThreadPoolExecutor(4) as pool:
+        bare = pool.submit(bare_torch_rss)
+        peak = pool.submit(server_rss, size_mb, Path(d))
+        worker = pool.submit(worker_rss, worker_job, worker_steps, Path(d))
+        plain = pool.submit(lambda: int(subprocess.run(
+            [sys.executable, "-c", PLAIN.format(job=worker_job, steps=worker_steps)],
+            capture_output=True, text=True, check=True).stdout))
+        bare, peak, worker, plain = bare.result(), peak.result(), worker.result(), plain.result()
     model = size_mb * 2**20
     baseline = 3 * model + bare
+    from workers.jobs import load_job
+    model_bytes = sum(p.numel() * p.element_size() for p in load_job(worker_job, seed=0).model.parameters())
     return [{"bench": "memory", "role": "server", "size_mb": size_mb, "optimizer": "adam", "peak_rss_bytes": peak,
-             "bare_torch_bytes": bare, "baseline_bytes": baseline, "ratio": peak / baseline}]
+             "bare_torch_bytes": bare, "baseline_bytes": baseline, "ratio": peak / baseline},
+            {"bench": "memory", "role": "worker", "job": worker_job, "model_bytes": model_bytes,
+             "peak_rss_bytes": worker, "baseline_bytes": plain, "ratio": (worker - plain) / model_bytes}]
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--size-mb", type=int, default=256)
+    p.add_argument("--size-mb", type=int, default=256, help="server model size (default: %(default)s)")
+    p.add_argument("--worker-job", default="synthetic_mlp", help="the worker's job (default: %(default)s)")
     p.add_argument("--out", type=Path)
     a = p.parse_args(argv)
-    for r in run(a.size_mb):
-        print(f"server {r['size_mb']} MB adam: peak RSS {r['peak_rss_bytes']/2**20:.0f} MiB, baseline "
-              f"{r['baseline_bytes']/2**20:.0f} MiB (3x model + bare torch), {r['ratio']:.2f}x")
-        if a.out:
-            a.out.write_text(json.dumps([r], indent=1))
+    rows = run(a.size_mb, a.worker_job)
+    server, worker = rows
+    print(f"server {server['size_mb']} MB adam: peak RSS {server['peak_rss_bytes']/2**20:.0f} MiB, baseline "
+          f"{server['baseline_bytes']/2**20:.0f} MiB (3x model + bare torch), {server['ratio']:.2f}x")
+    print(f"worker {worker['job']}: peak RSS {worker['peak_rss_bytes']/2**20:.0f} MiB vs plain torch "
+          f"{worker['baseline_bytes']/2**20:.0f} MiB: {worker['ratio']:.2f} model-sized buffers more")
+    if a.out:
+        a.out.write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":
