@@ -1,8 +1,10 @@
 """`make bench`: every benchmark, each figure a ratio against a baseline measured in the same run.
 
-python -m experiments.bench            # the full suite (about 10 minutes on 2 cores)
+python -m experiments.bench            # the full suite (about 10 minutes on 2 cores; make bench)
 python -m experiments.bench --smoke    # tiny sizes, under a minute: proves the bench still runs
-Writes bench/results.json and prints a table.
+python -m experiments.bench --only wire apply         # a subset
+python -m experiments.bench --markdown bench/results.json   # the table for docs/benchmarks.md
+Writes bench/results.json and prints a table; each figure says whether it meets its goal.
 """
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ def suite(smoke: bool) -> list[tuple[str, Callable[[], list[dict]]]]:
             ("apply", lambda: apply.run(64, 9)),
             ("end_to_end", lambda: end_to_end.run(["synthetic_mlp", "digits_mlp"], 2)),
             ("worker_options", lambda: worker_options.run("synthetic_mlp", 2, 40)),
-            ("scaling", lambda: scaling.run([1, 4, 16, 32, 64], 5.0)),
+            ("scaling", lambda: scaling.run([1, 4, 16, 32, 64], 3.0, repeats=3)),
             ("memory", lambda: memory.run(256)),
             ("metrics_overhead", lambda: metrics_overhead.run(300, 2))]
 
@@ -97,13 +99,36 @@ def describe(r: dict) -> str:
     return f"memory server {r['size_mb']} MB adam: {r['peak_rss_bytes']/2**20:.0f} MiB vs {r['baseline_bytes']/2**20:.0f} MiB"
 
 
+def markdown(doc: dict) -> str:
+    """A results.json as the Markdown table docs/benchmarks.md carries."""
+    m = doc["machine"]
+    lines = [f"{m['cores']} cores, {m['cpu']}, torch {m['torch']}, Python {m['python']}, {m['date']}; "
+             f"seconds per bench: {doc.get('bench_seconds', {})}", "",
+             "| figure | ratio | goal |", "|---|---|---|"]
+    for r in doc["results"]:
+        goal = "" if "goal" not in r else f"{r['goal']}: {'met' if r['goal_met'] else '**not met**'}"
+        lines.append(f"| {describe(r)} | {r['ratio']:.2f} | {goal} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="tiny sizes, under a minute")
-    p.add_argument("--out", type=Path, default=Path("bench/results.json"))
+    p.add_argument("--only", nargs="+", metavar="BENCH", help="run only these benches (names as printed)")
+    p.add_argument("--out", type=Path, default=Path("bench/results.json"), help="default: %(default)s")
+    p.add_argument("--markdown", type=Path, metavar="RESULTS",
+                   help="print an existing results.json as a Markdown table and exit (runs nothing)")
     a = p.parse_args(argv)
+    if a.markdown:
+        print(markdown(json.loads(a.markdown.read_text())))
+        return 0
     results, seconds = [], {}
     benches = suite(a.smoke)
+    if a.only:
+        unknown = set(a.only) - {name for name, _ in benches}
+        if unknown:
+            p.error(f"unknown bench {', '.join(sorted(unknown))}; choose from {', '.join(n for n, _ in benches)}")
+        benches = [(n, f) for n, f in benches if n in a.only]
     for i, (name, thunk) in enumerate(benches, 1):
         print(f"[{i}/{len(benches)}] {name} ...", file=sys.stderr, flush=True)
         t0 = time.monotonic()

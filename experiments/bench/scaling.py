@@ -1,6 +1,6 @@
 """scaling: aggregate updates/s of one async shard as concurrent workers grow (1, 4, 16, 32, 64).
 
-python -m experiments.bench.scaling --workers 1 4 16 32 64 --seconds 5
+python -m experiments.bench.scaling --workers 1 4 16 32 64 --seconds 3 --repeats 3
 Workers are threads, each with its own PSClient, spread over a few load-generator processes so the
 clients' GIL is not the bottleneck. The figure is the shard's updates_applied over the measured
 window; each count is reported as a ratio to the best count of the same run. The server's CPU
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -61,9 +62,21 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run(counts: list[int], seconds: float, size: int = 1024, procs: int = 4) -> list[dict]:
+def run(counts: list[int], seconds: float, size: int = 1024, procs: int = 4, repeats: int = 1) -> list[dict]:
+    """One row per worker count: the median of `repeats` windows (counts alternate within a repeat),
+    as a ratio to the best median of the run."""
+    runs: dict[int, list[dict]] = {n: [] for n in counts}
     with tempfile.TemporaryDirectory(prefix="psrv-scaling-") as d:
-        rows = [one(n, seconds, size, procs, Path(d)) for n in counts]
+        for rep in range(repeats):
+            (Path(d) / f"r{rep}").mkdir()
+            for n in counts:
+                runs[n].append(one(n, seconds, size, procs, Path(d) / f"r{rep}"))
+    rows = []
+    for n, rs in runs.items():
+        rates = sorted(r["updates_per_second"] for r in rs)
+        row = min(rs, key=lambda r: abs(r["updates_per_second"] - statistics.median(rates)))
+        rows.append({**row, "updates_per_second": statistics.median(rates), "spread": [rates[0], rates[-1]],
+                     "repeats": repeats})
     peak = max(r["updates_per_second"] for r in rows)
     for r in rows:
         r["ratio"] = r["updates_per_second"] / peak
@@ -73,10 +86,11 @@ def run(counts: list[int], seconds: float, size: int = 1024, procs: int = 4) -> 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workers", type=int, nargs="+", default=[1, 4, 16, 32, 64])
-    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--seconds", type=float, default=3.0)
+    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", type=Path)
     a = p.parse_args(argv)
-    rows = run(a.workers, a.seconds)
+    rows = run(a.workers, a.seconds, repeats=a.repeats)
     for r in rows:
         print(f"{r['workers']:>3} workers: {r['updates_per_second']:8.0f} updates/s  {r['ratio']:.2f}x peak"
               f"  server CPU {r['server_cpu_seconds_per_update'] * 1e6:4.0f} us/update"
