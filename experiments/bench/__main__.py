@@ -48,7 +48,7 @@ def suite(smoke: bool) -> list[tuple[str, Callable[[], list[dict]]]]:
             ("worker_options", lambda: worker_options.run("synthetic_mlp", 2, 40)),
             ("scaling", lambda: scaling.run([1, 4, 16, 32, 64], 3.0, repeats=3)),
             ("memory", lambda: memory.run(256)),
-            ("metrics_overhead", lambda: metrics_overhead.run(300, 2))]
+            ("metrics_overhead", lambda: metrics_overhead.run(1500, 3))]
 
 
 def goal(r: dict) -> tuple[str, float] | None:
