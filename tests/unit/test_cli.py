@@ -54,3 +54,15 @@ def test_every_option_has_help_text(name):
 def test_defaults_run_the_embedded_default():
     a = build_parser().parse_args(["run"])
     assert (a.servers, a.workers, a.mode, a.staleness, a.job) == (2, 2, "ssp", 2, "digits_mlp")
+
+
+def test_server_addresses_wait_for_ready_files_and_fail_clearly(tmp_path):
+    import threading
+
+    from psrv.cli import server_addresses
+    ready = tmp_path / "server-1.addr"
+    threading.Timer(0.2, lambda: ready.write_text("tcp://127.0.0.1:5556\n")).start()
+    assert server_addresses(f"tcp://127.0.0.1:5555, @{ready}", wait=10) == ("tcp://127.0.0.1:5555",
+                                                                              "tcp://127.0.0.1:5556")
+    with pytest.raises(ValueError, match="did not appear within"):
+        server_addresses(f"@{tmp_path / 'never.addr'}", wait=0.1)
