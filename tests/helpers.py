@@ -9,6 +9,9 @@ import sys
 import time
 from pathlib import Path
 
+from psrv.protocol import decode
+from psrv.transport.base import ServerTransport
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -82,3 +85,22 @@ def psrv_run(out: Path, *args: str, timeout: float = 180.0) -> dict:
                           timeout=timeout)
     assert proc.returncode == 0, f"psrv run failed ({proc.returncode}):\n{proc.stdout[-4000:]}"
     return json.loads((out / "summary.json").read_text())
+
+
+class RecordingNet(ServerTransport):
+    """A ServerTransport for a ShardService driven by hand: receives nothing, keeps every reply decoded."""
+
+    address = "fake://shard"
+
+    def __init__(self):
+        self.out = []
+
+    def recv(self, timeout):
+        return None
+
+    def send(self, peer, frames):
+        self.out.append(decode([bytes(memoryview(f)) for f in frames]))
+
+    def close(self):
+        pass
+

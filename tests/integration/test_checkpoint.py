@@ -14,10 +14,9 @@ import torch
 from psrv.checkpoint import CheckpointError, checkpoint_path, read_verified
 from psrv.client import admin_request
 from psrv.config import OptimConfig, ServerConfig
-from psrv.protocol import ErrorCode, Message, MsgType, decode, encode
+from psrv.protocol import ErrorCode, Message, MsgType, encode
 from psrv.server.service import ShardService
-from psrv.transport.base import ServerTransport
-from tests.helpers import ROOT, psrv_argv
+from tests.helpers import ROOT, RecordingNet, psrv_argv
 
 SIZE = 16
 
@@ -99,22 +98,6 @@ def test_killed_server_resumes_from_its_checkpoint_and_the_run_completes(procs, 
 
 
 # --- refusing bad checkpoints -------------------------------------------------------------
-class FakeNet(ServerTransport):
-    address = "fake://shard"
-
-    def __init__(self):
-        self.out = []
-
-    def recv(self, timeout):
-        return None
-
-    def send(self, peer, frames):
-        self.out.append(decode([bytes(memoryview(f)) for f in frames]))
-
-    def close(self):
-        pass
-
-
 def config(tmp_path, **kw) -> ServerConfig:
     base = dict(workers=2, mode="sync", optim=OptimConfig(name="sgd", lr=0.5, momentum=0.9),
                 checkpoint_dir=str(tmp_path))
@@ -130,7 +113,7 @@ def request(svc, mtype, worker=0, seq=1, **kw) -> Message:
 
 
 def trained_service(tmp_path, plan="plan-a") -> ShardService:
-    svc = ShardService(config(tmp_path), FakeNet())
+    svc = ShardService(config(tmp_path), RecordingNet())
     for w in range(2):
         request(svc, MsgType.HELLO, w, fields={"plan_hash": plan, "total": SIZE, "num_shards": 1, "shard": 0,
                                                "world_size": 2})
@@ -151,7 +134,7 @@ def save(svc: ShardService) -> None:
 def test_checkpoint_restores_everything(tmp_path):
     svc = trained_service(tmp_path)
     svc.checkpoints.save(svc)
-    back = ShardService(config(tmp_path, resume=True), FakeNet())
+    back = ShardService(config(tmp_path, resume=True), RecordingNet())
     assert torch.equal(back.shard.weights, svc.shard.weights) and back.shard.version == 3
     momentum = lambda s: s.shard.optimizer.state_dict()["state"][0]["momentum_buffer"]  # noqa: E731
     assert torch.equal(momentum(back), momentum(svc))
@@ -166,7 +149,7 @@ def test_checkpoint_restores_everything(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_no_checkpoint_before_the_shard_has_weights(tmp_path):
-    svc = ShardService(config(tmp_path), FakeNet())
+    svc = ShardService(config(tmp_path), RecordingNet())
     request(svc, MsgType.HELLO, 0, fields={"plan_hash": "p", "total": SIZE, "num_shards": 1, "shard": 0,
                                            "world_size": 2})
     assert svc.checkpoints.save(svc) is None and not list(tmp_path.iterdir())
@@ -181,17 +164,17 @@ def test_corrupt_checkpoint_is_refused_and_nothing_is_loaded(tmp_path, damage):
     path.write_bytes({"truncated": data[: len(data) // 2], "flipped byte": data[:-100] + bytes([data[-100] ^ 1])
                       + data[-99:], "empty": b"", "not a checkpoint": b"hello world" * 10}[damage])
     with pytest.raises(CheckpointError, match="corrupt|truncated|not a psrv checkpoint"):
-        ShardService(config(tmp_path, resume=True), FakeNet())
+        ShardService(config(tmp_path, resume=True), RecordingNet())
 
 
 @pytest.mark.timeout(60)
 def test_checkpoint_of_another_job_is_refused_and_a_model_mismatch_at_hello(tmp_path):
     save(trained_service(tmp_path))
     with pytest.raises(CheckpointError, match="workers 2 .this server: 3."):
-        ShardService(config(tmp_path, resume=True, workers=3), FakeNet())
+        ShardService(config(tmp_path, resume=True, workers=3), RecordingNet())
     with pytest.raises(CheckpointError, match="mode 'sync' .this server: 'async'."):
-        ShardService(config(tmp_path, resume=True, mode="async"), FakeNet())
-    back = ShardService(config(tmp_path, resume=True), FakeNet())
+        ShardService(config(tmp_path, resume=True, mode="async"), RecordingNet())
+    back = ShardService(config(tmp_path, resume=True), RecordingNet())
     reply = request(back, MsgType.HELLO, 1, fields={"plan_hash": "plan-b", "total": SIZE, "num_shards": 1,
                                                      "shard": 0, "world_size": 2})
     assert reply.fields["code"] == ErrorCode.PLAN_MISMATCH and "resumed from a checkpoint" in reply.fields["message"]

@@ -11,7 +11,8 @@ from psrv.server.optim import FUSED_MIN_ELEMENTS
 from psrv.server.partition import ParamSpec, PartitionPlan
 from psrv.server.service import ShardService
 from psrv.server.shard import Shard
-from psrv.transport.base import ClientTransport, ServerTransport
+from psrv.transport.base import ClientTransport
+from tests.helpers import RecordingNet
 
 HALF = [torch.bfloat16, torch.float16]
 
@@ -38,25 +39,9 @@ def test_shard_applies_a_half_gradient_as_its_float32_value(cfg, size, dtype):
     assert torch.equal(half.weights, full.weights)
 
 
-class _Net(ServerTransport):
-    address = "fake://shard"
-
-    def __init__(self):
-        self.out = []
-
-    def recv(self, timeout):
-        return None
-
-    def send(self, peer, frames):
-        self.out.append(decode([bytes(memoryview(f)) for f in frames]))
-
-    def close(self):
-        pass
-
-
 def test_the_service_applies_a_bfloat16_push_exactly_as_float32():
     cfg = ServerConfig(workers=1, mode="async", optim=OptimConfig("sgd", lr=1.0, momentum=0.0))
-    net = _Net()
+    net = RecordingNet()
     svc = ShardService(cfg, net)
     grad = torch.tensor([0.1, -2.5, 3.0e-3, 1.0e4]).bfloat16()
     for seq, msg in enumerate([Message(MsgType.HELLO, fields={"plan_hash": "p", "total": 4, "num_shards": 1,
