@@ -53,10 +53,9 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
             t0 = time.perf_counter()
             idx = next(batches).to(device)
             flat.zero_grad()
-            pending = None
+            pushing = client.begin_push_pull(flat.grads, clock=clock, out=flat.params)
             if readiness is not None:
-                pending = client.begin_push_pull(flat.grads, clock=clock, out=flat.params)
-                readiness.arm(pending.ready)
+                readiness.arm(pushing.ready)
             loss = job.loss_fn(model(x_train[idx]), y_train[idx])
             loss.backward()
             if readiness is not None:
@@ -64,11 +63,8 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
             faults.compute(step, time.perf_counter() - t0)
             t1 = time.perf_counter()
             faults.before_send()
-            if pending is not None:
-                early_sends += pending.early
-                reply = pending.finish()
-            else:
-                reply = client.push_pull(flat.grads, clock=clock, out=flat.params)
+            early_sends += pushing.early
+            reply = pushing.finish()  # sends the shards not sent during backward, then waits for all
             t2 = time.perf_counter()
             clock = reply.clock
             row = {"wall_time": time.time(), "worker": cfg.rank, "step": step, "loss": loss.item(),
