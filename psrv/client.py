@@ -107,7 +107,7 @@ class PSClient:
 
     def push_pull(self, grad: torch.Tensor, *, clock: int, out: torch.Tensor) -> Reply:
         """Push `clock`'s gradient and pull the weights for clock+1 in one round trip."""
-        return self._weights(self._round_trip(self._pushes(MsgType.PUSH_PULL, grad, clock)), out)
+        return self.begin_push_pull(grad, clock=clock, out=out).finish()
 
     def begin_push_pull(self, grad: torch.Tensor, *, clock: int, out: torch.Tensor) -> "PushPull":
         """push_pull in two halves, to overlap communication with backward: `ready(s)` sends shard s's
