@@ -11,7 +11,7 @@ import importlib
 __version__ = "0.1.0"
 _WHERE = {"PSClient": "psrv.client", "PSError": "psrv.client", "FaultConfig": "psrv.config",
           "OptimConfig": "psrv.config", "ServerConfig": "psrv.config", "WorkerConfig": "psrv.config",
-          "PartitionPlan": "psrv.server.partition", "serve": "psrv.server.run"}
+          "PartitionPlan": "psrv.partition", "serve": "psrv.server.run"}
 __all__ = sorted(_WHERE) + ["__version__"]
 
 

@@ -18,7 +18,7 @@ import torch
 from psrv.heartbeat import Heartbeat
 from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError, decode, encode
 from psrv.protocol.codec import DTYPES
-from psrv.server.partition import PartitionPlan
+from psrv.partition import PartitionPlan
 from psrv.transport import ClientTransport, create_client
 
 log = logging.getLogger("psrv.client")

@@ -9,7 +9,7 @@ import torch
 from psrv.client import PSClient
 from psrv.config import WorkerConfig
 from psrv.rss import peak_rss_bytes
-from psrv.server.partition import PartitionPlan
+from psrv.partition import PartitionPlan
 from workers.data import batch_indices
 from workers.faults import FaultInjector
 from workers.flat import FlatModel

@@ -13,7 +13,7 @@ import time
 import torch
 
 from psrv.client import PSClient
-from psrv.server.partition import ParamSpec, PartitionPlan
+from psrv.partition import ParamSpec, PartitionPlan
 
 
 def worker(address: str, rank: int, world: int, size: int, until: float, counts: list[int], slot: int) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from psrv.client import PSClient
-from psrv.server.partition import ParamSpec, PartitionPlan
+from psrv.partition import ParamSpec, PartitionPlan
 
 BARE = "import torch; from psrv.rss import peak_rss_bytes; print(peak_rss_bytes())"
 PLAIN = "from experiments.bench.memory import plain_training as p; print(p({job!r}, {steps}))"

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from psrv.client import PSClient
-from psrv.server.partition import ParamSpec, PartitionPlan
+from psrv.partition import ParamSpec, PartitionPlan
 
 TRANSPORTS = ("zmq", "rpc")
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from psrv.client import PSClient
-from psrv.server.partition import ParamSpec, PartitionPlan
+from psrv.partition import ParamSpec, PartitionPlan
 
 from experiments.bench.raw_zmq import keep_freed_buffers
 from experiments.launch import thread_env

@@ -8,7 +8,7 @@ import torch
 
 from psrv.config import ServerConfig
 from psrv.protocol import ErrorCode, Message, ProtocolError
-from psrv.server.partition import shard_range
+from psrv.partition import shard_range
 
 WIRE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

@@ -5,7 +5,7 @@ import torch
 
 from psrv.client import PSClient, PSError
 from psrv.protocol import PROTOCOL_VERSION, ErrorCode, MsgType, decode
-from psrv.server.partition import ParamSpec, PartitionPlan
+from psrv.partition import ParamSpec, PartitionPlan
 from psrv.transport import create_client
 
 PLAN = PartitionPlan((ParamSpec("w", (100, 10)), ParamSpec("b", (10,))), 1)

@@ -194,7 +194,7 @@ def test_cli_refuses_a_truncated_checkpoint_with_a_clear_error(tmp_path):
 @pytest.mark.timeout(120)
 def test_sigterm_writes_a_checkpoint(procs, tmp_path):
     from psrv.client import PSClient
-    from psrv.server.partition import ParamSpec, PartitionPlan
+    from psrv.partition import ParamSpec, PartitionPlan
     plan = PartitionPlan((ParamSpec("w", (SIZE,)),), 1)
     server, address = procs.server("server", "--workers", "1", "--mode", "async", "--checkpoint-dir",
                                    str(tmp_path / "ck"), "--worker-timeout", "60")

@@ -11,7 +11,7 @@ from psrv.cli import main as psrv_main
 from psrv.client import PSClient, admin_request
 from psrv.config import OptimConfig, ServerConfig
 from psrv.protocol import MsgType
-from psrv.server.partition import ParamSpec, PartitionPlan
+from psrv.partition import ParamSpec, PartitionPlan
 from psrv.server.service import ShardService
 from psrv.transport import create_server
 

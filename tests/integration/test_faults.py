@@ -13,7 +13,7 @@ import torch
 
 from psrv.client import PSClient
 from psrv.config import OptimConfig, ServerConfig
-from psrv.server.partition import ParamSpec, PartitionPlan
+from psrv.partition import ParamSpec, PartitionPlan
 from psrv.server.service import ShardService
 from psrv.transport import ClientTransport, create_client, create_server
 from tests.helpers import psrv_run

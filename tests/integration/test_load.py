@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from psrv.client import PSClient
-from psrv.server.partition import ParamSpec, PartitionPlan
+from psrv.partition import ParamSpec, PartitionPlan
 
 WORKERS = 32
 LR = 2.0 ** -10

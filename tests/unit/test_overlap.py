@@ -2,7 +2,7 @@
 slice of the flat gradient is final."""
 import torch
 
-from psrv.server.partition import PartitionPlan
+from psrv.partition import PartitionPlan
 from workers.flat import FlatModel
 from workers.overlap import ShardReadiness
 

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from psrv.server.partition import ParamSpec, PartitionPlan
+from psrv.partition import ParamSpec, PartitionPlan
 
 
 def plan(num_shards, shapes=((1000, 10), (10,), (3, 3))):

@@ -8,7 +8,7 @@ from psrv.client import PSClient
 from psrv.config import OptimConfig, ServerConfig
 from psrv.protocol import Message, MsgType, decode, encode
 from psrv.server.optim import FUSED_MIN_ELEMENTS
-from psrv.server.partition import ParamSpec, PartitionPlan
+from psrv.partition import ParamSpec, PartitionPlan
 from psrv.server.service import ShardService
 from psrv.server.shard import Shard
 from psrv.transport.base import ClientTransport
