@@ -96,14 +96,17 @@ def _plot_throughput(path: Path, summaries: list[VariantSummary]) -> None:
     _save(fig, path)
 
 
-def _plot_staleness(path: Path, steps: dict[str, Rows]) -> None:
+def _plot_staleness(path: Path, steps: dict[str, Rows], modes: dict[str, str]) -> None:
     ncols = min(len(steps), 3)
     nrows = -(-len(steps) // ncols)
     fig, axes = _figure(nrows, ncols, width=3.6 * ncols, height=2.8 * nrows)
     for i, (ax, (name, rows)) in enumerate(zip(axes, steps.items())):
         values = [v for v in (number(row.get("staleness")) for row in rows) if v is not None]
         ax.set_title(name, fontsize="medium")
-        if values:
+        if modes[name] == "ddp":  # no bar at 0: all-reduce has no staleness to measure
+            ax.text(0.5, 0.5, "n/a: all-reduce has no staleness", ha="center", va="center",
+                    transform=ax.transAxes)
+        elif values:
             top = int(max(values))
             ax.hist(values, bins=[b - 0.5 for b in range(top + 2)], color=f"C{i % 10}",
                     rwidth=0.85)
@@ -160,7 +163,7 @@ def write_plots(out_dir: str | Path, spec: ExperimentSpec,
         _plot_curves(path, evals, x=x, y=y, xlabel=xlabel, ylabel=ylabel, target=target,
                      title=title)
     _plot_throughput(paths[3], summaries)
-    _plot_staleness(paths[4], steps)
+    _plot_staleness(paths[4], steps, {v.name: v.mode for v in spec.variants})
     _plot_breakdown(paths[5], steps)
     return plots
 
@@ -182,13 +185,14 @@ def _table(summaries: list[VariantSummary]) -> list[str]:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in summaries:
         st = s.stats
+        stale = "n/a" if s.mode == "ddp" else None  # DDP has no staleness, not a staleness of 0
         ttt = "no runs" if not s.repeats else _fmt(st["time_to_target_seconds"]) \
             if s.target_reached == s.repeats else f"not reached ({s.target_reached}/{s.repeats})"
         cells = [f"`{s.variant}`", s.mode, "" if s.staleness is None else str(s.staleness),
                  str(s.repeats), _fmt(st["wall_seconds"]), _fmt(st["samples_per_second"]),
                  _fmt(st["final_loss"]), _fmt(st["eval_accuracy"], 3), ttt,
-                 _fmt(st["updates_applied"]), _fmt(st["mean_staleness"], 3),
-                 _fmt(st["max_staleness"], 3), _fmt(st["wait_fraction"], 3)]
+                 _fmt(st["updates_applied"]), stale or _fmt(st["mean_staleness"], 3),
+                 stale or _fmt(st["max_staleness"], 3), _fmt(st["wait_fraction"], 3)]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 

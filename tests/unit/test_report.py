@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+from matplotlib.axes import Axes
 
 from experiments.collect import (collect, is_finished, read_csv, read_summary, run_dir,
                                  time_to_target, wait_fraction)
@@ -34,18 +35,20 @@ def _write_csv(path: Path, columns: list[str], rows: list[list[float]]) -> None:
 
 
 def _run(out: Path, variant: str, repeat: int, *, summary: dict, evals: list[tuple],
-         step_times: tuple[float, float, float], staleness: int = 0) -> None:
-    """One fabricated run: 2 workers x 3 steps of (compute, communication, wait) seconds."""
+         step_times: tuple[float, float, float], staleness: int | None = 0) -> None:
+    """One fabricated run: 2 workers x 3 steps of (compute, communication, wait) seconds;
+    staleness None leaves the column empty, as DDP's steps.csv does."""
     path = run_dir(out, variant, repeat)
     path.mkdir(parents=True)
-    steps = [[0.1 * s, w, s, 1.0 / s, staleness, *step_times, 32] for s in (1, 2, 3) for w in (0, 1)]
+    cell = "" if staleness is None else staleness
+    steps = [[0.1 * s, w, s, 1.0 / s, cell, *step_times, 32] for s in (1, 2, 3) for w in (0, 1)]
     _write_csv(path / "steps.csv", STEP_COLUMNS, steps)
     _write_csv(path / "evals.csv", EVAL_COLUMNS, [list(e) for e in evals])
     (path / "summary.json").write_text(json.dumps({"mode": variant, "max_clock_gap": 1, **summary}))
 
 
 def _summary(wall: float, sps: float, loss: float, acc: float, updates: int,
-             mean_st: float, max_st: int) -> dict:
+             mean_st: float | None, max_st: int | None) -> dict:
     return {"wall_seconds": wall, "samples_per_second": sps, "final_loss": loss,
             "eval_accuracy": acc, "updates_applied": updates, "mean_staleness": mean_st,
             "max_staleness": max_st}
@@ -60,13 +63,14 @@ def _fabricate(out: Path, second: str = "async") -> None:
          evals=[(1.5, 1, 0.9, 0.6), (4.0, 2, 0.4, 0.91), (5.0, 3, 0.4, 0.91)],
          step_times=(0.1, 0.1, 0.2))  # wait fraction 0.5
     # the second variant reaches it at 0.5 s in rep 0 and never in rep 1.
-    mode = "ddp" if second == "ddp" else "async"
-    _run(out, second, 0, summary=_summary(5.0, 240.0, 0.35, 0.93, 6, 1.0, 2),
+    # DDP records no staleness (summary.json null, steps.csv cells empty): it has none to measure.
+    ddp = second == "ddp"
+    _run(out, second, 0, summary=_summary(5.0, 240.0, 0.35, 0.93, 6, *((None, None) if ddp else (1.0, 2))),
          evals=[(0.5, 1, 0.6, 0.93), (1.0, 2, 0.5, 0.94), (2.0, 3, 0.35, 0.93)],
-         step_times=(0.1, 0.1, 0.0), staleness=1 if mode == "async" else 0)
-    _run(out, second, 1, summary=_summary(7.0, 240.0, 0.9, 0.8, 6, 2.0, 4),
+         step_times=(0.1, 0.1, 0.0), staleness=None if ddp else 1)
+    _run(out, second, 1, summary=_summary(7.0, 240.0, 0.9, 0.8, 6, *((None, None) if ddp else (2.0, 4))),
          evals=[(0.5, 1, 1.0, 0.5), (1.0, 2, 0.95, 0.7), (2.0, 3, 0.9, 0.8)],
-         step_times=(0.1, 0.1, 0.0), staleness=2 if mode == "async" else 0)
+         step_times=(0.1, 0.1, 0.0), staleness=None if ddp else 2)
 
 
 def _rows(out: Path) -> dict[str, dict[str, str]]:
@@ -158,11 +162,25 @@ def test_report_plots_and_winner(tmp_path: Path) -> None:
     assert matplotlib.image.imread(tmp_path / images[0]).ndim == 3
 
 
-def test_report_ddp_gap(tmp_path: Path) -> None:
+def test_report_ddp_gap(tmp_path: Path, monkeypatch) -> None:
     _fabricate(tmp_path, second="ddp")
     spec = _spec(VariantSpec(mode="sync"), VariantSpec(mode="ddp"))
     collect(tmp_path, spec)
+    ddp = _rows(tmp_path)["ddp"]
+    assert (ddp["mean_staleness"], ddp["max_staleness"]) == ("", "")   # absent, not 0
+    assert _f(_rows(tmp_path)["sync"]["max_staleness"]) == 0.0
+    drawn = []  # (panel title, what was drawn) on the staleness plot
+    real_hist, real_text = Axes.hist, Axes.text
+    monkeypatch.setattr(Axes, "hist", lambda ax, *a, **k: drawn.append((ax.get_title(), "bars"))
+                        or real_hist(ax, *a, **k))
+    monkeypatch.setattr(Axes, "text", lambda ax, x, y, s, *a, **k: drawn.append((ax.get_title(), s))
+                        or real_text(ax, x, y, s, *a, **k))
     text = write_report(tmp_path, spec, spec_path="x.toml", versions=VERSIONS).read_text()
+    assert drawn == [("sync", "bars"), ("ddp", "n/a: all-reduce has no staleness")]  # no bar at 0
+    [sync_row] = [line for line in text.splitlines() if line.startswith("| `sync` | sync |")]
+    [ddp_row] = [line for line in text.splitlines() if line.startswith("| `ddp` | ddp |")]
+    assert sync_row.split(" | ")[10:12] == ["0 ± 0", "0 ± 0"]  # mean, max staleness: measured
+    assert ddp_row.split(" | ")[10:12] == ["n/a", "n/a"]      # DDP has none to measure
     # ddp did not reach the target in every repeat: no time ratio; throughput 120 / 240
     assert "| `sync` | 3 | — | 120 | 0.50 |" in text
     assert "| `ddp` | — | — | 240 | 1.00 |" in text
