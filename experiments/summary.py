@@ -39,7 +39,10 @@ def build_summary(o, out: Path) -> dict:
     end = max((r["wall_time"] for r in rows), default=origin)
     wall = max(end - origin, 1e-9)
     rank0 = workers[0]
-    staleness = [r["staleness"] for r in rows]
+    # DDP has no staleness and no clock gap to measure (every rank steps on the same all-reduced
+    # gradient): they are None there, not a 0 that reads like a measurement.
+    measured = o.mode != "ddp"
+    staleness = [r["staleness"] for r in rows] if measured else []
     samples = sum(w["samples"] for w in workers)
     return {
         "mode": o.mode, "staleness": o.staleness if o.mode == "ssp" else 0, "transport": _transport(o),
@@ -54,9 +57,9 @@ def build_summary(o, out: Path) -> dict:
         "early_sends": sum(w.get("early_sends", 0) for w in workers),
         "updates_applied": servers[0]["updates_applied"] if servers else rank0.get("updates_applied", 0),
         "updates_applied_per_shard": [s["updates_applied"] for s in servers],
-        "max_staleness": max(staleness, default=0),
-        "mean_staleness": sum(staleness) / len(staleness) if staleness else 0.0,
-        "max_clock_gap": max((s["max_clock_gap"] for s in servers), default=0),
+        "max_staleness": max(staleness, default=0) if measured else None,
+        "mean_staleness": (sum(staleness) / len(staleness) if staleness else 0.0) if measured else None,
+        "max_clock_gap": max((s["max_clock_gap"] for s in servers), default=0) if measured else None,
         "dropped": sum(sum(s["dropped"].values()) for s in servers[:1]),
         "lost_workers": sorted({w for s in servers for w in s.get("lost_workers", [])}),
         "wait_seconds": sum(r["wait_seconds"] for r in rows),
@@ -65,7 +68,9 @@ def build_summary(o, out: Path) -> dict:
 
 
 def write_tables(out: Path) -> None:
-    """DIR/steps.csv (one row per worker step) and DIR/evals.csv, wall times relative to the start."""
+    """DIR/steps.csv (one row per worker step) and DIR/evals.csv, wall times relative to the start.
+
+    A value a record does not have (DDP's staleness) is an empty cell."""
     workers = _records(out, "worker")
     origin = _origin(workers)
     rows = sorted((r for w in workers for r in w["step_log"]), key=lambda r: r["wall_time"])
@@ -87,6 +92,6 @@ def format_summary(s: dict) -> str:
             "initial_loss", "final_loss", "eval_accuracy", "wall_seconds", "samples_per_second", "pushes",
             "updates_applied", "max_staleness", "mean_staleness", "max_clock_gap", "lost_workers")
     def fmt(v):
-        return f"{v:.4g}" if isinstance(v, float) else str(v)
+        return "n/a" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
     width = max(map(len, keys))
     return "\n".join(f"{k:<{width}}  {fmt(s.get(k))}" for k in keys)

@@ -67,7 +67,9 @@ def make_optimizer(cfg: OptimConfig, params) -> torch.optim.Optimizer:
 
 class _StepClock:
     """State of the DDP comm hook: it applies the step's emulated compute and network delay when the
-    last gradient bucket is ready (backward is done), then starts the all-reduce of that bucket."""
+    last gradient bucket is ready (backward is done), then starts the all-reduce of that bucket.
+    It also counts what really happened: all-reduces of a step's last bucket that completed
+    (`reduced`) and optimizer steps that ran (`updates`, from an optimizer step post-hook)."""
 
     def __init__(self, faults: FaultInjector, group):
         self.faults = faults
@@ -75,9 +77,18 @@ class _StepClock:
         self.step = 0
         self.t0 = 0.0
         self.compute_end: float | None = None
+        self.reduced = 0
+        self.updates = 0
 
     def start(self, step: int) -> None:
         self.step, self.t0, self.compute_end = step, time.perf_counter(), None
+
+    def reduce_done(self, fut):
+        self.reduced += 1
+        return fut.value()
+
+    def stepped(self, optimizer, args, kwargs) -> None:
+        self.updates += 1
 
 
 def _timed_allreduce(clock: _StepClock, bucket):  # no annotation: DDP checks it against Future[Tensor]
@@ -85,6 +96,7 @@ def _timed_allreduce(clock: _StepClock, bucket):  # no annotation: DDP checks it
         clock.faults.compute(clock.step, time.perf_counter() - clock.t0)
         clock.compute_end = time.perf_counter()
         clock.faults.before_send()
+        return allreduce_hook(clock.group, bucket).then(clock.reduce_done)
     return allreduce_hook(clock.group, bucket)
 
 
@@ -111,7 +123,9 @@ def train_ddp(cfg: DDPConfig, *, progress=None) -> dict:
     Step rows: compute_seconds = forward + backward until the last bucket is ready + emulated compute;
     communication_seconds = the rest: net delay, the all-reduce still in flight (including waiting for a
     slower rank, which gloo/nccl cannot tell apart from transfer) and the optimizer step (the PS analogue
-    is the server applying the update inside push_pull); wait_seconds = 0; staleness = 0.
+    is the server applying the update inside push_pull); wait_seconds = 0; no staleness column (DDP has none
+    to measure: every rank steps on the same all-reduced gradient). pushes and updates_applied are counted
+    by the comm hook (all-reduces completed) and an optimizer step post-hook (steps that ran).
     """
     started = time.time()
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
@@ -143,6 +157,7 @@ def _train(cfg: DDPConfig, *, rank: int, world: int, device, group, started: flo
     clock = _StepClock(FaultInjector(cfg.faults, rank=rank, seed=cfg.seed), group)
     ddp.register_comm_hook(clock, _timed_allreduce)
     optimizer = make_optimizer(cfg.optim, ddp.parameters())
+    optimizer.register_step_post_hook(clock.stepped)
     x_train, y_train = (t.to(device) for t in job.train)
     batches = batch_indices(len(x_train), rank=rank, world_size=world, batch_size=cfg.batch_size, seed=cfg.seed)
     record = {"rank": rank, "world_size": world, "job": job.name, "steps": cfg.steps,
@@ -164,7 +179,7 @@ def _train(cfg: DDPConfig, *, rank: int, world: int, device, group, started: flo
             torch.cuda.synchronize(device)
         t_end = time.perf_counter()
         compute_end = clock.compute_end if clock.compute_end is not None else t_end
-        row = {"wall_time": time.time(), "worker": rank, "step": step, "loss": loss.item(), "staleness": 0,
+        row = {"wall_time": time.time(), "worker": rank, "step": step, "loss": loss.item(),
                "compute_seconds": compute_end - clock.t0, "communication_seconds": t_end - compute_end,
                "wait_seconds": 0.0, "batch_size": cfg.batch_size}
         record["step_log"].append(row)
@@ -178,8 +193,10 @@ def _train(cfg: DDPConfig, *, rank: int, world: int, device, group, started: flo
         record.update(final_loss=record["evals"][-1]["eval_loss"],
                       eval_accuracy=record["evals"][-1]["eval_accuracy"])
     rows = record["step_log"]
-    record.update(pushes=len(rows), updates_applied=len(rows), samples=len(rows) * cfg.batch_size,
-                  train_seconds=train_seconds, wall_seconds=time.time() - started, max_staleness=0,
+    # Counted, not assumed: pushes = this rank's gradients that came back all-reduced, updates_applied =
+    # optimizer steps that ran. No staleness: every rank steps on the same all-reduced gradient.
+    record.update(pushes=clock.reduced, updates_applied=clock.updates, samples=len(rows) * cfg.batch_size,
+                  train_seconds=train_seconds, wall_seconds=time.time() - started,
                   final_params=torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu())
     return record
 
