@@ -1,4 +1,42 @@
-"""Transports, chosen by name: nothing outside this package imports zmq or torch RPC."""
-from psrv.transport.base import ClientTransport, ServerTransport, create_client, create_server
+"""Transports, chosen by name: nothing outside this package imports zmq or torch RPC.
 
-__all__ = ["ClientTransport", "ServerTransport", "create_client", "create_server"]
+The factories import an implementation only when it is asked for, so `zmq` and `rpc` each import
+the interface (psrv.transport.base) and never each other or this package's factories.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from psrv.transport.base import ClientTransport, ServerTransport
+
+__all__ = ["TRANSPORTS", "ClientTransport", "ServerTransport", "create_client", "create_server"]
+TRANSPORTS = ("zmq", "rpc")
+
+
+def _check(name: str) -> None:
+    if name not in TRANSPORTS:
+        raise ValueError(f"unknown transport {name!r}; choose one of {', '.join(TRANSPORTS)}")
+
+
+def create_server(name: str, bind: str, *, shard: int = 0, num_shards: int = 1, workers: int = 1,
+                  **options: Any) -> ServerTransport:
+    """A bound server transport; `bind` like tcp://127.0.0.1:0 (0 = a free port), or rpc://HOST:PORT
+    (the rendezvous). The shard's place in the job (shard, num_shards, workers) names it in an RPC world."""
+    _check(name)
+    if name == "zmq":
+        from psrv.transport.zmq import ZmqServer
+        return ZmqServer(bind, **options)
+    from psrv.transport.torch_rpc import RpcServer
+    return RpcServer(bind, shard=shard, num_shards=num_shards, workers=workers, **options)
+
+
+def create_client(name: str, addresses: Sequence[str], *, worker: int = 0, world_size: int = 1,
+                  **options: Any) -> ClientTransport:
+    """A client transport connected to every shard address, in shard order; `worker` of `world_size`
+    names it in an RPC world (zmq needs no names)."""
+    _check(name)
+    if name == "zmq":
+        from psrv.transport.zmq import ZmqClient
+        return ZmqClient(addresses, **options)
+    from psrv.transport.torch_rpc import RpcClient
+    return RpcClient(addresses, worker=worker, world_size=world_size, **options)

@@ -1,33 +1,17 @@
-"""ZeroMQ transport: a ROUTER per shard on the server, a DEALER per shard on the worker."""
+"""ZeroMQ transport: a ROUTER per shard on the server, a DEALER per shard on the worker.
+
+Big messages are cheapest with the allocator tuned by psrv.process.tune_malloc, which psrv's own
+entry points call; a library user may call it too (it is process-wide, so it is never done here).
+"""
 from __future__ import annotations
 
-import ctypes
 import time
 from typing import Any, Hashable, Sequence
 
 import zmq
 
-from psrv.transport import curve
+from psrv.transport.curve import client_keys, server_pair, start_authenticator
 from psrv.transport.base import ClientTransport, ServerTransport
-
-
-def keep_freed_buffers() -> None:
-    """Have glibc keep freed big buffers for reuse instead of unmapping them.
-
-    zmq receives every large message into a fresh malloc'd buffer. By default glibc maps each one
-    (and its zmq I/O thread's own arena maps them too), so every page of every message faults in
-    and is zeroed afresh: 16k page faults and about a third of the CPU of a 64 MB round trip here.
-    One arena and no mmap/trim thresholds in reach make a freed buffer the next message's buffer.
-    Process-wide, idempotent; a no-op without glibc."""
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return
-    for option, value in ((_M_ARENA_MAX, 1), (_M_MMAP_THRESHOLD, 1 << 30), (_M_TRIM_THRESHOLD, 1 << 30)):
-        mallopt(option, value)
-
-
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8  # glibc's malloc.h
 
 
 def _resolve_bind(bind: str) -> str:
@@ -41,7 +25,6 @@ class ZmqServer(ServerTransport):
 
     def __init__(self, bind: str, *, max_message_bytes: int = -1, context: zmq.Context | None = None,
                  curve_keys: str = ""):
-        keep_freed_buffers()  # before the context starts zmq's I/O thread
         self._own_ctx = bool(curve_keys) and context is None  # one ZAP handler per context
         self._ctx = zmq.Context() if self._own_ctx else (context or zmq.Context.instance())
         self._auth = None
@@ -52,8 +35,8 @@ class ZmqServer(ServerTransport):
             self._sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
         self.authenticated = bool(curve_keys)
         if curve_keys:
-            self._auth = curve.start_authenticator(self._ctx, curve_keys)
-            public, secret = curve.server_pair(curve_keys)
+            self._auth = start_authenticator(self._ctx, curve_keys)
+            public, secret = server_pair(curve_keys)
             self._sock.curve_publickey, self._sock.curve_secretkey = public, secret
             self._sock.curve_server = True
         self._sock.bind(_resolve_bind(bind))
@@ -97,12 +80,11 @@ class ZmqClient(ClientTransport):
 
     def __init__(self, addresses: Sequence[str], *, context: zmq.Context | None = None,
                  socket_options: dict[int, Any] | None = None, curve_keys: str = "", curve_name: str = ""):
-        keep_freed_buffers()
         self._ctx = context or zmq.Context.instance()
         self._addresses = list(addresses)
         self._options = dict(socket_options or {})
         if curve_keys:
-            server_public, public, secret = curve.client_keys(curve_keys, curve_name)
+            server_public, public, secret = client_keys(curve_keys, curve_name)
             self._options.update({zmq.CURVE_SERVERKEY: server_public, zmq.CURVE_PUBLICKEY: public,
                                   zmq.CURVE_SECRETKEY: secret})
         self._socks: list[zmq.Socket] = [self._connect(a) for a in self._addresses]
