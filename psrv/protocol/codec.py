@@ -1,13 +1,15 @@
 """The one codec pair: Message -> [msgpack header, raw tensor frame], and back.
 
 Tensors travel as raw contiguous buffers (zero copy on both sides), never pickled
-and never inside msgpack.
+and never inside msgpack. Importing or using the codec changes no process-wide state (no warning
+filters): a received read-only frame becomes a tensor through a writable alias instead.
 """
 from __future__ import annotations
 
-import warnings
+import ctypes
 
 import msgpack
+import numpy as np
 import torch
 
 from psrv.protocol.messages import PROTOCOL_VERSION, ErrorCode, Message, MsgType, ProtocolError
@@ -15,8 +17,6 @@ from psrv.protocol.messages import PROTOCOL_VERSION, ErrorCode, Message, MsgType
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 MAX_HEADER_BYTES = 64 * 1024
-# Received frames are read-only and are only ever read: torch's warning about it is noise.
-warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
 
 
 def encode(msg: Message) -> list:
@@ -90,4 +90,15 @@ def _tensor(h: dict, frame) -> torch.Tensor:
     if buf.nbytes == 0:
         return torch.empty(0, dtype=dtype)
     raw = torch.int16 if dtype == torch.bfloat16 else dtype
-    return torch.frombuffer(buf, dtype=raw).view(dtype)
+    return torch.frombuffer(_writable(buf), dtype=raw).view(dtype)
+
+
+def _writable(buf: memoryview):
+    """`buf`, or for a read-only one (a received zmq frame) a writable alias of the same memory that
+    keeps the frame alive: no copy. torch has no read-only tensors and warns (once per process) when
+    given a read-only buffer; the tensor is writable either way, and psrv only reads what it receives."""
+    if not buf.readonly:
+        return buf
+    alias = (ctypes.c_ubyte * buf.nbytes).from_address(np.frombuffer(buf, dtype=np.uint8).ctypes.data)
+    alias.owner = buf  # the alias does not own its memory: this keeps the frame alive with it
+    return alias
