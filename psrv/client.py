@@ -17,8 +17,8 @@ import torch
 
 from psrv.heartbeat import Heartbeat
 from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError, decode, encode
-from psrv.protocol.codec import DTYPES
 from psrv.partition import PartitionPlan
+from psrv.protocol.codec import DTYPES
 from psrv.transport import ClientTransport, create_client
 
 log = logging.getLogger("psrv.client")
@@ -63,7 +63,6 @@ class PSClient:
         self.retry_interval = retry_interval
         self.ranges = plan.ranges
         self.versions = [0] * plan.num_shards
-        self.resends = 0
         if wire_dtype not in DTYPES:
             raise ValueError(f"wire_dtype must be one of {', '.join(DTYPES)}; got {wire_dtype!r}")
         self.wire_dtype = DTYPES[wire_dtype]
@@ -256,7 +255,6 @@ class _RoundTrip:
             self.probing[s] = True
 
     def _resend(self, s: int) -> None:
-        self.c.resends += 1
         self.net.send(s, encode(self.c._hello(s)) if self.greeting[s] else self.frames[s])
 
     def _take(self, s: int, frames: list) -> bool:

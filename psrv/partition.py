@@ -53,10 +53,6 @@ class PartitionPlan:
         """[start, end) element ranges of the flat vector, one per shard, sizes differing by <= 1."""
         return tuple(shard_range(self.total, self.num_shards, i) for i in range(self.num_shards))
 
-    def shard_size(self, shard: int) -> int:
-        start, end = self.ranges[shard]
-        return end - start
-
     def pieces(self, shard: int) -> list[tuple[str, int, int]]:
         """(param name, start, end) element slices of each parameter that lies in `shard`."""
         lo, hi = self.ranges[shard]
@@ -74,9 +70,6 @@ class PartitionPlan:
         doc = json.dumps({"params": [[p.name, list(p.shape), p.dtype] for p in self.params],
                           "num_shards": self.num_shards}, separators=(",", ":"))
         return hashlib.sha256(doc.encode()).hexdigest()[:16]
-
-    def to_wire(self) -> dict:
-        return {"total": self.total, "num_shards": self.num_shards, "hash": self.hash}
 
 
 def shard_range(total: int, num_shards: int, shard: int) -> tuple[int, int]:
