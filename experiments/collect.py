@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments.spec import ExperimentSpec, TargetSpec, VariantSpec
+from experiments.spec import ExperimentSpec, TargetSpec, Variant
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ class VariantSummary:
         return row
 
 
-def aggregate(variant: VariantSpec, runs: list[RunMetrics]) -> VariantSummary:
+def aggregate(variant: Variant, runs: list[RunMetrics]) -> VariantSummary:
     """Mean and spread over repeats; time to target is empty unless every repeat reached it."""
     stats = {metric: Stat.of([run.values[metric] for run in runs]) for metric in METRICS}
     reached = sum(run.reached_target for run in runs)

@@ -1,7 +1,6 @@
 """A local cluster of real processes on 127.0.0.1: servers and workers started together; `psrv run` calls this."""
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -11,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from psrv.config import RUN_MODES, FaultConfig, OptimConfig
+from psrv.config import RunConfig, to_dict
 
 from experiments.summary import build_summary, write_tables
 
@@ -20,65 +19,16 @@ class RunFailed(RuntimeError):
     """A process of the cluster failed; the message carries the tail of its log."""
 
 
-@dataclass(frozen=True)
-class RunOptions:
-    servers: int = 2
-    workers: int = 2
-    mode: str = "ssp"
-    staleness: int = 2
-    backup_workers: int = 0
-    job: str = "digits_mlp"
-    steps: int = 300
-    batch_size: int = 32
-    seed: int = 0
-    eval_every: int = 0
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    faults: FaultConfig = field(default_factory=FaultConfig)
-    device: str = "cpu"
-    transport: str = "zmq"
-    wire_dtype: str = "float32"
-    overlap: bool = True
-    worker_timeout: float = 10.0
-    metrics: bool = False
-    metrics_linger: float = 0.0
-    out: Path = Path("runs/latest")
-    timeout: float = 1800.0
-
-    def __post_init__(self) -> None:
-        if self.mode not in RUN_MODES:
-            raise ValueError(f"mode must be one of {', '.join(RUN_MODES)}; got {self.mode!r}")
-        if self.servers < 1 or self.workers < 1:
-            raise ValueError(f"need at least one server and one worker; got {self.servers} and {self.workers}")
-        if self.wire_dtype != "float32" and self.mode == "ddp":
-            raise ValueError("wire_dtype is for the parameter server's pushes; the DDP baseline all-reduces float32")
-
-
-def run_options_from_args(a: argparse.Namespace) -> RunOptions:
-    from psrv.cli import fault_config, optim_config
-    return RunOptions(servers=a.servers, workers=a.workers, mode=a.mode, staleness=a.staleness,
-                      backup_workers=a.backup_workers, job=a.job, steps=a.steps, batch_size=a.batch_size,
-                      seed=a.seed, eval_every=a.eval_every, optim=optim_config(a), faults=fault_config(a),
-                      device=a.device, transport=a.transport, wire_dtype=a.wire_dtype, overlap=a.overlap,
-                      worker_timeout=a.worker_timeout, metrics=a.metrics, metrics_linger=a.metrics_linger, out=a.out)
-
-
 def _psrv(*args: str) -> list[str]:
     return [sys.executable, "-m", "psrv.cli", *args]
 
 
-def _optim_flags(o: RunOptions) -> list[str]:
-    flags = ["--optimizer", o.optim.name, "--lr", repr(o.optim.lr), "--momentum", repr(o.optim.momentum),
-             "--weight-decay", repr(o.optim.weight_decay)]
-    return flags + (["--nesterov"] if o.optim.nesterov else [])
-
-
-def worker_flags(o: RunOptions, rank: int) -> list[str]:
-    f = o.faults
-    return ["--rank", str(rank), "--world-size", str(o.workers), "--job", o.job, "--steps", str(o.steps),
-            "--batch-size", str(o.batch_size), "--seed", str(o.seed), "--eval-every", str(o.eval_every),
-            "--device", o.device, "--compute-ms", repr(f.compute_ms), "--straggler", f.straggler,
-            "--transient-stragglers", f.transient_stragglers, "--net-delay-ms", repr(f.net_delay_ms),
-            "--wire-dtype", o.wire_dtype] + ([] if o.overlap else ["--no-overlap"])
+def write_config(path: Path, cfg) -> Path:
+    """A process's resolved config as JSON: what it is started with (`--config path`) and what it ran."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(to_dict(cfg), indent=1))
+    tmp.replace(path)
+    return path
 
 
 def thread_env(processes: int) -> dict[str, str]:
@@ -146,43 +96,45 @@ class Cluster:
                             f"last lines of {self.out / (bad + '.log')}:\n{self.tail(bad)}")
 
 
-def run_local(o: RunOptions, *, progress: bool = True, on_progress: Callable[[int], None] | None = None) -> dict:
-    """Run the job on a local cluster; write DIR/summary.json, steps.csv, evals.csv and return the summary.
+def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linger: float = 0.0,
+              timeout: float = 1800.0, progress: bool = True,
+              on_progress: Callable[[int], None] | None = None) -> dict:
+    """Run `cfg` on a local cluster; write DIR/config.json (the resolved config), summary.json, steps.csv,
+    evals.csv, and return the summary. `metrics`: every process serves /metrics (DIR/targets.json).
 
     on_progress(steps done by all workers so far) is called while it runs (for an outer progress bar)."""
-    o.out.mkdir(parents=True, exist_ok=True)
-    for stale in o.out.glob("*.json"):
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob("*.json"):
         stale.unlink()
-    cluster = Cluster(o.out, processes=o.workers + (o.servers if o.mode != "ddp" else 0))
+    write_config(out / "config.json", cfg)
+    workers = cfg.cluster.workers
+    cluster = Cluster(out, processes=workers + (0 if cfg.is_allreduce else cfg.cluster.servers))
+    extra = ["--metrics-port", "0", "--metrics-linger", repr(metrics_linger)] if metrics else []
     try:
-        if o.mode == "ddp":
+        if cfg.is_allreduce:
             from experiments.launch_ddp import start_ddp
-            names = start_ddp(cluster, o)
+            names = start_ddp(cluster, cfg, out)
             servers = []
         else:
-            servers = _start_servers(cluster, o)
-            names = _start_workers(cluster, o, [a for _, a in servers])
-        bar = _progress(o, enabled=progress, on_update=on_progress)
-        expected = o.servers + o.workers if o.metrics and o.mode != "ddp" else 0
+            servers = _start_servers(cluster, cfg, out, extra)
+            names = _start_workers(cluster, cfg, out, [a for _, a in servers], extra)
+        bar = _progress(cfg, out, enabled=progress, on_update=on_progress)
+        expected = cfg.cluster.servers + workers if metrics and not cfg.is_allreduce else 0
         found = [0]
 
         def tick() -> None:
             bar.tick()
             if found[0] < expected:  # processes announce their /metrics ports as they start
-                found[0] = write_targets(o.out)
-        cluster.wait(names, timeout=o.timeout, tick=tick)
+                found[0] = write_targets(out)
+        cluster.wait(names, timeout=timeout, tick=tick)
         cluster.wait([n for n, _ in servers], timeout=60)
         bar.close()
     finally:
         cluster.stop()
-    summary = build_summary(o, o.out)
-    write_tables(o.out)
-    (o.out / "summary.json").write_text(json.dumps(summary, indent=1))
+    summary = build_summary(cfg, out)
+    write_tables(out)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
-
-
-def _metrics_flags(o: RunOptions) -> list[str]:
-    return ["--metrics-port", "0", "--metrics-linger", repr(o.metrics_linger)] if o.metrics else []
 
 
 def write_targets(out: Path) -> int:
@@ -206,36 +158,35 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_servers(cluster: Cluster, o: RunOptions) -> list[tuple[str, str]]:
+def _start_servers(cluster: Cluster, cfg: RunConfig, out: Path, extra: list[str]) -> list[tuple[str, str]]:
     names = []
-    rpc_master = f"127.0.0.1:{_free_port()}" if o.transport == "rpc" else ""  # shard 0 hosts the rendezvous
-    for i in range(o.servers):
-        ready = o.out / f"server-{i}.addr"
+    rpc_master = f"127.0.0.1:{_free_port()}" if cfg.cluster.transport == "rpc" else ""  # shard 0 hosts it
+    bind = f"rpc://{rpc_master}" if rpc_master else "tcp://127.0.0.1:0"
+    for i in range(cfg.cluster.servers):
+        ready = out / f"server-{i}.addr"
         ready.unlink(missing_ok=True)
-        argv = _psrv("serve", "--bind", "tcp://127.0.0.1:0", "--shard", str(i), "--num-shards", str(o.servers),
-                     "--workers", str(o.workers), "--mode", o.mode, "--staleness", str(o.staleness),
-                     "--backup-workers", str(o.backup_workers), *_optim_flags(o), "--device", o.device,
-                     "--transport", o.transport, "--worker-timeout", repr(o.worker_timeout),
-                     "--out", str(o.out / f"server-{i}.json"), "--ready-file", str(ready))
-        argv += _metrics_flags(o) + (["--rpc-master", rpc_master] if rpc_master else [])
+        config = write_config(out / f"config-server-{i}.json", cfg.server_config(i, bind=bind))
+        argv = _psrv("serve", "--config", str(config), "--out", str(out / f"server-{i}.json"),
+                     "--ready-file", str(ready), *extra)
         cluster.start(f"server-{i}", argv)
         names.append((f"server-{i}", ready))
     if rpc_master:  # the RPC world forms only once the workers join it too: do not wait for the servers
         return [(n, f"rpc://{rpc_master}/server-{i}") for i, (n, _) in enumerate(names)]
     # Workers start at once and read each address from the server's ready file when it appears
-    # (psrv worker --servers @FILE), so their start-up overlaps the servers'.
+    # (an address @FILE), so their start-up overlaps the servers'.
     return [(n, f"@{r}") for n, r in names]
 
 
-def _start_workers(cluster: Cluster, o: RunOptions, addresses: list[str]) -> list[str]:
+def _start_workers(cluster: Cluster, cfg: RunConfig, out: Path, addresses: list[str],
+                   extra: list[str]) -> list[str]:
     names = []
-    for rank in range(o.workers):
-        argv = _psrv("worker", "--servers", ",".join(addresses), *worker_flags(o, rank),
-                     "--transport", o.transport, "--out", str(o.out / f"worker-{rank}.json"),
-                     "--progress-file", str(o.out / f"worker-{rank}.progress"))
+    for rank in range(cfg.cluster.workers):
+        config = write_config(out / f"config-worker-{rank}.json",
+                              cfg.worker_config(rank, servers=tuple(addresses)))
+        argv = _psrv("worker", "--config", str(config), "--out", str(out / f"worker-{rank}.json"),
+                     "--progress-file", str(out / f"worker-{rank}.progress"), *extra, "--mode", cfg.mode)
         if rank == 0:
-            argv += ["--params-out", str(o.out / "params.pt")]
-        argv += _metrics_flags(o) + ["--mode", o.mode]
+            argv += ["--params-out", str(out / "params.pt")]
         cluster.start(f"worker-{rank}", argv)
         names.append(f"worker-{rank}")
     return names
@@ -244,20 +195,22 @@ def _start_workers(cluster: Cluster, o: RunOptions, addresses: list[str]) -> lis
 class _progress:
     """A tqdm bar over all workers' steps, fed by the workers' logs of completed steps."""
 
-    def __init__(self, o: RunOptions, *, enabled: bool, on_update: Callable[[int], None] | None = None):
-        self.o = o
+    def __init__(self, cfg: RunConfig, out: Path, *, enabled: bool,
+                 on_update: Callable[[int], None] | None = None):
+        self.workers, self.out = cfg.cluster.workers, out
         self.on_update = on_update
         self.bar = None
         if enabled:
             from tqdm import tqdm
-            self.bar = tqdm(total=o.steps * o.workers, desc=f"{o.mode} x{o.workers}", unit="step", leave=False)
+            self.bar = tqdm(total=cfg.job.steps * self.workers, desc=f"{cfg.mode} x{self.workers}", unit="step",
+                            leave=False)
 
     def tick(self) -> None:
         if self.bar is None and self.on_update is None:
             return
         done = 0
-        for rank in range(self.o.workers):
-            p = self.o.out / f"worker-{rank}.progress"
+        for rank in range(self.workers):
+            p = self.out / f"worker-{rank}.progress"
             try:
                 done += int(p.read_text() or 0)
             except (FileNotFoundError, ValueError):

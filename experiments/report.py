@@ -246,7 +246,8 @@ def write_report(out_dir: str | Path, spec: ExperimentSpec, *, spec_path: str | 
     out = Path(out_dir)
     summaries = read_summary(out)
     plots = write_plots(out, spec, summaries)
-    job, opt, cl = spec.job, spec.optimizer, spec.cluster
+    base = spec.config
+    job, opt, cl = base.job, base.optimizer, base.cluster
     target = spec.target.describe()
     lines = [f"# Experiment report: {spec.name}", ""]
     lines += [spec.description, ""] if spec.description else []

@@ -11,10 +11,9 @@ from pathlib import Path
 from tqdm import tqdm
 
 from experiments.collect import collect, is_finished, run_dir
-from experiments.launch import RunFailed, run_local, run_options_from_args
+from experiments.launch import RunFailed, run_local
 from experiments.report import write_report
 from experiments.spec import load_spec
-from psrv.cli import build_parser
 
 log = logging.getLogger("psrv.experiment")
 
@@ -49,7 +48,7 @@ def run_experiment(spec_path: str | Path, *, out: str | Path | None = None) -> i
             _say(f"skipped {variant.name} rep-{repeat} (seed {seed}): already finished in {path}")
         else:
             todo.append((variant, seed, repeat, path))
-    steps = spec.job.steps * spec.cluster.workers  # one run's steps, all workers together
+    steps = spec.config.job.steps * spec.config.cluster.workers  # one run's steps, all workers together
     failed: list[str] = []
     started = time.monotonic()
     with tqdm(total=steps * len(todo), unit="step", dynamic_ncols=True, file=sys.stderr) as bar:
@@ -76,10 +75,9 @@ def run_experiment(spec_path: str | Path, *, out: str | Path | None = None) -> i
 
 def _one_run(spec, variant, seed: int, path: Path, *, label: str, on_progress) -> bool:
     """One `psrv run` into `path`; a failure is reported and recorded in path/error.txt, never raised."""
-    args = build_parser().parse_args(["run", *spec.run_argv(variant, seed), "--out", str(path)])
     (path / "error.txt").unlink(missing_ok=True)
     try:
-        run_local(run_options_from_args(args), progress=False, on_progress=on_progress)
+        run_local(spec.run_config(variant, seed), out=path, progress=False, on_progress=on_progress)
     except (RunFailed, RuntimeError, ValueError) as exc:  # RuntimeError: a process left no record
         path.mkdir(parents=True, exist_ok=True)
         (path / "error.txt").write_text(f"{exc}\n")

@@ -5,6 +5,8 @@ import csv
 import json
 from pathlib import Path
 
+from psrv.config import RunConfig
+
 STEP_COLUMNS = ("wall_time", "worker", "step", "loss", "staleness", "compute_seconds",
                 "communication_seconds", "wait_seconds", "batch_size")
 EVAL_COLUMNS = ("wall_time", "step", "eval_loss", "eval_accuracy")
@@ -22,18 +24,18 @@ def _origin(workers: list[dict]) -> float:
     return min(starts, default=0.0)
 
 
-def _transport(o) -> str:
-    if o.mode != "ddp":
-        return o.transport
-    return "nccl" if o.device.startswith("cuda") else "gloo"
+def _transport(cfg: RunConfig) -> str:
+    if not cfg.is_allreduce:
+        return cfg.cluster.transport
+    return "nccl" if cfg.cluster.device.startswith("cuda") else "gloo"
 
 
-def build_summary(o, out: Path) -> dict:
+def build_summary(cfg: RunConfig, out: Path) -> dict:
     """The run's summary (keys documented in README.md) from worker-*.json and server-*.json."""
     workers = _records(out, "worker")
     servers = _records(out, "server")
-    if len(workers) != o.workers:
-        raise RuntimeError(f"expected {o.workers} worker records in {out}, found {len(workers)}")
+    if len(workers) != cfg.cluster.workers:
+        raise RuntimeError(f"expected {cfg.cluster.workers} worker records in {out}, found {len(workers)}")
     rows = [r for w in workers for r in w["step_log"]]
     origin = _origin(workers)
     end = max((r["wall_time"] for r in rows), default=origin)
@@ -41,15 +43,15 @@ def build_summary(o, out: Path) -> dict:
     rank0 = workers[0]
     # DDP has no staleness and no clock gap to measure (every rank steps on the same all-reduced
     # gradient): they are None there, not a 0 that reads like a measurement.
-    measured = o.mode != "ddp"
+    measured = not cfg.is_allreduce
     staleness = [r["staleness"] for r in rows] if measured else []
     samples = sum(w["samples"] for w in workers)
     return {
-        "mode": o.mode, "staleness": o.staleness if o.mode == "ssp" else 0, "transport": _transport(o),
-        "job": o.job, "num_servers": len(servers) if o.mode != "ddp" else 0, "num_workers": o.workers,
-        "steps": o.steps, "batch_size": o.batch_size, "backup_workers": o.backup_workers,
-        "optimizer": o.optim.name, "lr": o.optim.lr, "seed": o.seed, "device": o.device,
-        "wire_dtype": getattr(o, "wire_dtype", "float32"), "overlap": getattr(o, "overlap", True),
+        "mode": cfg.mode, "staleness": cfg.staleness if cfg.mode == "ssp" else 0, "transport": _transport(cfg),
+        "job": cfg.job.name, "num_servers": len(servers) if measured else 0, "num_workers": cfg.cluster.workers,
+        "steps": cfg.job.steps, "batch_size": cfg.job.batch_size, "backup_workers": cfg.backup_workers,
+        "optimizer": cfg.optimizer.name, "lr": cfg.optimizer.lr, "seed": cfg.seed, "device": cfg.cluster.device,
+        "wire_dtype": cfg.worker.wire_dtype, "overlap": cfg.worker.overlap,
         "initial_loss": rank0.get("initial_loss"), "final_loss": rank0.get("final_loss"),
         "eval_accuracy": rank0.get("eval_accuracy"),
         "wall_seconds": wall, "samples_per_second": samples / wall,

@@ -8,51 +8,19 @@ import sys
 import time
 from pathlib import Path
 
-from psrv.config import (MODES, OPTIMIZERS, RUN_MODES, TRANSPORTS, WIRE_DTYPES, FaultConfig, OptimConfig,
-                         ServerConfig, WorkerConfig)
+from psrv.config import RunConfig, ServerConfig, WorkerConfig
+from psrv.config.cli_args import PREFIX, add_config_arguments, config_from_args, read_config_file
 
 EPILOG = "Docs: README.md (quick start), docs/architecture.md, docs/experiments.md."
 
 
-def _server_args(p: argparse.ArgumentParser, *, modes=MODES) -> None:
-    g = p.add_argument_group("consistency and optimizer (held by the servers)")
-    g.add_argument("--mode", choices=modes, default="ssp", help="sync (BSP), async (ASP) or ssp (default: %(default)s)")
-    g.add_argument("--staleness", type=int, default=2, help="SSP bound s: no worker runs more than s clocks "
-                   "ahead of the slowest (default: %(default)s)")
-    g.add_argument("--backup-workers", type=int, default=0, help="sync: apply a clock once N-b gradients are in")
-    g.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd", help="server-side optimizer (default: %(default)s)")
-    g.add_argument("--lr", type=float, default=0.05, help="learning rate (default: %(default)s)")
-    g.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default: %(default)s)")
-    g.add_argument("--nesterov", action="store_true", help="SGD with Nesterov momentum")
-    g.add_argument("--weight-decay", type=float, default=0.0, help="weight decay (default: %(default)s)")
-    g.add_argument("--worker-timeout", type=float, default=10.0,
-                   help="seconds of silence before a worker leaves the active set (default: %(default)s)")
+def _config_arg(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--config", type=Path, metavar="FILE", help=f"start from this {what} (JSON, as a run "
+                   "directory's config.json holds it); the options given on the command line override it")
 
 
-def _worker_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("training job")
-    g.add_argument("--job", default="digits_mlp", help="digits_mlp, mnist1d_mlp, synthetic_mlp or "
-                   "package.module:factory (default: %(default)s)")
-    g.add_argument("--steps", type=int, default=300, help="steps per worker (default: %(default)s)")
-    g.add_argument("--batch-size", type=int, default=32, help="per-worker batch (default: %(default)s)")
-    g.add_argument("--seed", type=int, default=0, help="seeds the model, the data order and the faults")
-    g.add_argument("--eval-every", type=int, default=0, help="rank 0 evaluates every K steps (0: start and end)")
-    g.add_argument("--wire-dtype", choices=WIRE_DTYPES, default="float32", help="send gradients as this dtype "
-                   "(bfloat16/float16 halve the push; the servers apply them in float32; default: %(default)s)")
-    g.add_argument("--no-overlap", dest="overlap", action="store_false", help="with several shards, push only "
-                   "after backward ends (default: each shard's slice goes out as soon as backward finishes it)")
-    f = p.add_argument_group("emulated disturbances (deterministic, seeded)")
-    f.add_argument("--compute-ms", type=float, default=0.0, help="extra emulated compute per step")
-    f.add_argument("--straggler", default="", metavar="RANK:FACTOR", help="a persistently slow worker")
-    f.add_argument("--transient-stragglers", default="", metavar="P:FACTOR",
-                   help="each step is FACTOR x slower with probability P")
-    f.add_argument("--net-delay-ms", type=float, default=0.0, help="user-space delay before each send")
-
-
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default="cpu", help="cpu or cuda:K (default: %(default)s)")
-    p.add_argument("--transport", choices=TRANSPORTS, default="zmq", help="default: %(default)s")
-    p.add_argument("--log-level", default="INFO", help="logging level (default: %(default)s)")
+def _log_level(p: argparse.ArgumentParser, default: str = "INFO") -> None:
+    p.add_argument("--log-level", default=default, help="logging level (default: %(default)s)")
 
 
 def _metrics_args(p: argparse.ArgumentParser) -> None:
@@ -64,22 +32,6 @@ def _metrics_args(p: argparse.ArgumentParser) -> None:
                    help="address /metrics listens on; 0.0.0.0 lets other hosts scrape (default: %(default)s)")
 
 
-def _reliability_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("reliability and security (docs/reliability.md, docs/security.md)")
-    g.add_argument("--checkpoint-dir", default="", metavar="DIR", help="write this shard's checkpoint here "
-                   "(atomically) every --checkpoint-every seconds, on CHECKPOINT, on SIGTERM and at exit")
-    g.add_argument("--checkpoint-every", type=float, default=0.0, metavar="SECONDS",
-                   help="seconds between checkpoints; 0: only at exit and on CHECKPOINT (default: %(default)s)")
-    g.add_argument("--resume", action="store_true", help="restore the shard from --checkpoint-dir first")
-    g.add_argument("--curve-keys", default="", metavar="DIR", help="CURVE encryption, and admit only the clients "
-                   "whose public key is in DIR (made by psrv keygen); enables CHECKPOINT and SHUTDOWN")
-    g.add_argument("--max-message-bytes", type=int, default=1 << 31, help="drop (and disconnect) any bigger "
-                   "message before it is read (default: %(default)s)")
-    g.add_argument("--nonfinite", choices=("reject", "skip"), default="reject", help="a gradient with NaN/Inf "
-                   "is answered with ERROR (reject) or acknowledged and not applied (skip); both are counted "
-                   "(default: %(default)s)")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="psrv", description="Parameter-server training with sync, async "
                                      "and SSP consistency, and a harness that compares them with DDP.",
@@ -89,37 +41,29 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="run one server shard", description="Serve one shard of the parameters. "
                        "Exits 0 once all --workers have left. Example: psrv serve --bind tcp://0.0.0.0:5555 "
                        "--shard 0 --num-shards 2 --workers 4 --mode ssp --staleness 2")
-    s.add_argument("--bind", default="tcp://127.0.0.1:5555", help="address to listen on; port 0 picks a free "
-                   "port (default: %(default)s; bind 0.0.0.0 only on a trusted network)")
     s.add_argument("--rpc-master", metavar="HOST:PORT", help="--transport rpc: the rendezvous of the job's RPC "
                    "world, hosted by shard 0 (replaces --bind); workers then use --servers "
                    "rpc://HOST:PORT/server-0,...")
-    s.add_argument("--shard", type=int, default=0, help="this shard's index (default: %(default)s)")
-    s.add_argument("--num-shards", type=int, default=1, help="number of shards in all (default: %(default)s)")
-    s.add_argument("--workers", type=int, default=1, help="number of workers N (default: %(default)s)")
-    _server_args(s)
-    _common(s)
+    _config_arg(s, "shard's config")
+    add_config_arguments(s, ServerConfig)
+    _log_level(s)
     _metrics_args(s)
     s.add_argument("--out", type=Path, help="write the shard's statistics (JSON) here at exit")
     s.add_argument("--ready-file", type=Path, help="write the bound address here once listening")
-    _reliability_args(s)
 
     w = sub.add_parser("worker", help="run one worker", description="Train one worker against the servers. "
                        "Example: psrv worker --servers tcp://10.0.0.1:5555,tcp://10.0.0.2:5555 --rank 0 "
                        "--world-size 4 --job digits_mlp --steps 300")
-    w.add_argument("--servers", required=True, help="comma-separated shard addresses, in shard order; @FILE "
+    w.add_argument("--servers", help="comma-separated shard addresses, in shard order; @FILE "
                    "waits for FILE (a server's --ready-file) and reads the address from it")
-    w.add_argument("--rank", type=int, default=0, help="this worker's rank (default: %(default)s)")
-    w.add_argument("--world-size", type=int, default=1, help="number of workers (default: %(default)s)")
-    _worker_args(w)
-    _common(w)
+    _config_arg(w, "worker's config")
+    add_config_arguments(w, WorkerConfig)
+    _log_level(w)
     w.add_argument("--mode", default="", help="label for this worker's metrics (the servers hold the mode)")
     _metrics_args(w)
     w.add_argument("--out", type=Path, help="write this worker's record (JSON) here")
     w.add_argument("--params-out", type=Path, help="save the final flat parameter vector here (torch.save)")
     w.add_argument("--progress-file", type=Path, help="keep the number of finished steps in this file")
-    w.add_argument("--curve-keys", default="", metavar="DIR", help="connect with CURVE as worker-RANK "
-                   "(DIR holds server.key and worker-RANK.key_secret; see psrv keygen)")
 
     k = sub.add_parser("keygen", help="make CURVE key pairs for servers, workers and admin",
                        description="Write DIR/server.key(_secret), DIR/worker-K.key(_secret) for K < --workers "
@@ -127,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "Example: psrv keygen keys --workers 4")
     k.add_argument("dir", type=Path, help="directory for the keys (created, mode 0700)")
     k.add_argument("--workers", type=int, default=1, help="worker key pairs to make (default: %(default)s)")
-    k.add_argument("--log-level", default="WARNING", help="logging level (default: %(default)s)")
+    _log_level(k, "WARNING")
 
     d = sub.add_parser("admin", help="send STATS, CHECKPOINT or SHUTDOWN to running servers",
                        description="CHECKPOINT and SHUTDOWN need servers started with --curve-keys. "
@@ -135,17 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("action", choices=("stats", "checkpoint", "shutdown"))
     d.add_argument("--servers", required=True, help="comma-separated shard addresses")
     d.add_argument("--curve-keys", default="", metavar="DIR", help="connect with CURVE as admin (DIR/admin.key_secret)")
-    d.add_argument("--log-level", default="WARNING", help="logging level (default: %(default)s)")
+    _log_level(d, "WARNING")
 
     r = sub.add_parser("run", help="run a whole local cluster on 127.0.0.1",
                        description="Start --servers shards and --workers workers on 127.0.0.1, train to the "
                        "end, print a summary and write DIR/summary.json, steps.csv and evals.csv. "
                        "Example: psrv run --mode sync --workers 4 --steps 200")
-    r.add_argument("--servers", type=int, default=2, help="server shards (default: %(default)s)")
-    r.add_argument("--workers", type=int, default=2, help="workers (default: %(default)s)")
-    _server_args(r, modes=RUN_MODES)
-    _worker_args(r)
-    _common(r)
+    _config_arg(r, "run's config")
+    add_config_arguments(r, RunConfig)
+    _log_level(r)
     r.add_argument("--metrics", action="store_true", help="every process serves /metrics; writes DIR/targets.json")
     r.add_argument("--metrics-linger", type=float, default=0.0,
                    help="with --metrics: keep /metrics up this many seconds after the end")
@@ -158,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "Example: psrv experiment experiments/specs/modes.toml --out runs/modes")
     e.add_argument("spec", type=Path, help="experiment spec (TOML), e.g. experiments/specs/modes.toml")
     e.add_argument("--out", type=Path, default=None, help="output directory (default: runs/<spec name>)")
-    e.add_argument("--log-level", default="WARNING", help="logging level (default: %(default)s)")
+    _log_level(e, "WARNING")
 
     t = sub.add_parser("top", help="live per-shard view of running servers",
                        description="Poll the shards with STATS and show version, active workers, clocks, "
@@ -168,30 +110,22 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--once", action="store_true", help="print one table (two polls, --interval apart) and exit")
     t.add_argument("--timeout", type=float, default=2.0,
                    help="seconds to wait for a shard's answer (default: %(default)s)")
-    t.add_argument("--log-level", default="WARNING", help="logging level (default: %(default)s)")
+    _log_level(t, "WARNING")
     return parser
 
 
-def optim_config(a: argparse.Namespace) -> OptimConfig:
-    return OptimConfig(name=a.optimizer, lr=a.lr, momentum=a.momentum if a.optimizer == "sgd" else 0.0,
-                       nesterov=a.nesterov, weight_decay=a.weight_decay)
-
-
-def fault_config(a: argparse.Namespace) -> FaultConfig:
-    return FaultConfig(compute_ms=a.compute_ms, straggler=a.straggler,
-                       transient_stragglers=a.transient_stragglers, net_delay_ms=a.net_delay_ms)
+def _base(a: argparse.Namespace) -> dict:
+    return read_config_file(a.config) if a.config else {}
 
 
 def _serve(a: argparse.Namespace) -> int:
+    from psrv.process import tune_malloc
     from psrv.server.run import serve
-    if (a.transport == "rpc") != bool(a.rpc_master):
+    extra = {"bind": f"rpc://{a.rpc_master}"} if a.rpc_master else {}
+    cfg = config_from_args(ServerConfig, a, base=_base(a), extra=extra)
+    if (cfg.transport == "rpc") != cfg.bind.startswith("rpc://"):
         raise ValueError("--transport rpc and --rpc-master HOST:PORT go together (shard 0 hosts the rendezvous)")
-    bind = f"rpc://{a.rpc_master}" if a.rpc_master else a.bind
-    cfg = ServerConfig(shard=a.shard, num_shards=a.num_shards, workers=a.workers, bind=bind, mode=a.mode,
-                       staleness=a.staleness, backup_workers=a.backup_workers, optim=optim_config(a),
-                       device=a.device, transport=a.transport, worker_timeout=a.worker_timeout,
-                       checkpoint_dir=a.checkpoint_dir, checkpoint_every=a.checkpoint_every, resume=a.resume,
-                       curve_keys=a.curve_keys, max_message_bytes=a.max_message_bytes, nonfinite=a.nonfinite)
+    tune_malloc()
     summary = serve(cfg, metrics_port=a.metrics_port, metrics_file=_metrics_file(a), metrics_host=a.metrics_host,
                     metrics_linger=a.metrics_linger, ready_file=a.ready_file)
     if a.out:
@@ -216,12 +150,16 @@ def server_addresses(text: str, *, wait: float) -> tuple[str, ...]:
 
 
 def _worker(a: argparse.Namespace) -> int:
+    from psrv.process import tune_malloc
+    base = _base(a)
+    servers = a.servers if a.servers is not None else ",".join(base.get("servers", []))
+    if not servers:
+        raise ValueError("--servers: name at least one shard address (tcp://host:port), or give --config")
+    extra = {"servers": server_addresses(servers, wait=120.0)}
+    cfg = config_from_args(WorkerConfig, a, base=base, extra=extra)
+    tune_malloc()
     import torch
     from workers.loop import train
-    cfg = WorkerConfig(servers=server_addresses(a.servers, wait=120.0), rank=a.rank,
-                       world_size=a.world_size, job=a.job, steps=a.steps, batch_size=a.batch_size, seed=a.seed,
-                       device=a.device, transport=a.transport, eval_every=a.eval_every, faults=fault_config(a),
-                       curve_keys=a.curve_keys, wire_dtype=a.wire_dtype, overlap=a.overlap)
     progress = None
     if a.progress_file:
         progress = lambda step: step % 10 == 0 and a.progress_file.write_text(str(step))  # noqa: E731
@@ -230,7 +168,7 @@ def _worker(a: argparse.Namespace) -> int:
         from psrv.metrics import WorkerMetrics
         from psrv.server.run import start_metrics
         metrics = start_metrics(WorkerMetrics, a.metrics_port, _metrics_file(a), host=a.metrics_host,
-                                worker=a.rank, mode=a.mode)
+                                worker=cfg.rank, mode=a.mode)
     record = train(cfg, progress=progress, metrics=metrics)
     if metrics is not None and a.metrics_linger > 0:
         time.sleep(a.metrics_linger)
@@ -244,15 +182,17 @@ def _worker(a: argparse.Namespace) -> int:
 
 
 def _run(a: argparse.Namespace) -> int:
-    from experiments.launch import RunFailed, run_local, run_options_from_args
+    from experiments.launch import RunFailed, run_local
     from experiments.summary import format_summary
+    cfg = config_from_args(RunConfig, a, base=_base(a))
     try:
-        summary = run_local(run_options_from_args(a), progress=not a.no_progress)
+        summary = run_local(cfg, out=a.out, metrics=a.metrics, metrics_linger=a.metrics_linger,
+                            progress=not a.no_progress)
     except RunFailed as exc:
         print(f"psrv run failed: {exc}", file=sys.stderr)
         return 1
     print(format_summary(summary))
-    print(f"\nwrote {a.out}/summary.json, steps.csv, evals.csv")
+    print(f"\nwrote {a.out}/summary.json, steps.csv, evals.csv, config.json")
     return 0
 
 
@@ -295,9 +235,23 @@ def _write_json(path: Path, data: dict) -> None:
     tmp.replace(path)
 
 
+def _role(a: argparse.Namespace) -> str:
+    """'server K' or 'worker R' for the log lines of one process; the command's name otherwise."""
+    key = {"serve": ("server", "shard"), "worker": ("worker", "rank")}.get(a.command)
+    if key is None:
+        return a.command
+    index = vars(a).get(f"{PREFIX}{key[1]}")
+    if index is None and a.config:
+        try:
+            index = read_config_file(a.config).get(key[1])
+        except ValueError:  # said once more, as an error, when the config is built
+            pass
+    return f"{key[0]} {index if index is not None else 0}"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    role = {"serve": "server", "worker": f"worker {getattr(args, 'rank', '')}".strip()}.get(args.command, args.command)
+    role = _role(args)
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
                         format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s")
     try:

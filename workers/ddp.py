@@ -11,7 +11,6 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -19,7 +18,8 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from psrv.config import OPTIMIZERS, FaultConfig, OptimConfig
+from psrv.config import OptimConfig, RunConfig
+from psrv.config.cli_args import add_config_arguments, config_from_args, read_config_file
 from workers.data import batch_indices
 from workers.faults import FaultInjector
 from workers.jobs import evaluate, load_job
@@ -27,33 +27,6 @@ from workers.jobs import evaluate, load_job
 log = logging.getLogger("psrv.ddp")
 
 BACKENDS = ("auto", "gloo", "nccl")
-
-
-@dataclass(frozen=True)
-class DDPConfig:
-    """One DDP rank's run; rank and world size come from the rendezvous environment."""
-
-    job: str = "digits_mlp"
-    steps: int = 300
-    batch_size: int = 32
-    seed: int = 0
-    device: str = "cpu"
-    eval_every: int = 0            # 0: evaluate only at the start and the end
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    faults: FaultConfig = field(default_factory=FaultConfig)
-    backend: str = "auto"          # auto: nccl on cuda, gloo on cpu
-    timeout: float = 600.0         # seconds a collective may wait for the other ranks
-
-    def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}")
-        if self.device != "cpu" and not self.device.startswith("cuda"):
-            raise ValueError(f"device must be 'cpu' or 'cuda[:K]'; got {self.device!r}")
-        for name in ("steps", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
-        if self.eval_every < 0:
-            raise ValueError(f"eval_every must be >= 0; got {self.eval_every}")
 
 
 def make_optimizer(cfg: OptimConfig, params) -> torch.optim.Optimizer:
@@ -100,21 +73,22 @@ def _timed_allreduce(clock: _StepClock, bucket):  # no annotation: DDP checks it
     return allreduce_hook(clock.group, bucket)
 
 
-def _device_and_backend(cfg: DDPConfig, local_rank: int, local_world: int) -> tuple[torch.device, str]:
-    if cfg.device == "cpu":
-        return torch.device("cpu"), "gloo" if cfg.backend == "auto" else cfg.backend
+def _device_and_backend(name: str, backend: str, local_rank: int, local_world: int) -> tuple[torch.device, str]:
+    if name == "cpu":
+        return torch.device("cpu"), "gloo" if backend == "auto" else backend
     count = torch.cuda.device_count()
     if count == 0:
-        raise ValueError(f"device {cfg.device!r} asked for, but torch sees no CUDA device")
-    device = torch.device(f"cuda:{local_rank % count}" if cfg.device == "cuda" else cfg.device)
-    if cfg.backend != "auto":
-        return device, cfg.backend
+        raise ValueError(f"device {name!r} asked for, but torch sees no CUDA device")
+    device = torch.device(f"cuda:{local_rank % count}" if name == "cuda" else name)
+    if backend != "auto":
+        return device, backend
     # nccl refuses two ranks on one GPU; gloo all-reduces CUDA tensors too.
-    return device, "nccl" if cfg.device == "cuda" and local_world <= count else "gloo"
+    return device, "nccl" if name == "cuda" and local_world <= count else "gloo"
 
 
-def train_ddp(cfg: DDPConfig, *, progress=None) -> dict:
-    """Train cfg.steps DDP steps as this rank; return its record (the same keys as workers.loop.train).
+def train_ddp(cfg: RunConfig, *, backend: str = "auto", timeout: float = 600.0, progress=None) -> dict:
+    """Train cfg.job.steps DDP steps as this rank; return its record (the same keys as workers.loop.train).
+    `backend`: auto (nccl on cuda, gloo on cpu), gloo or nccl; `timeout`: seconds a collective may wait.
 
     Rendezvous is env:// as torchrun sets it (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT);
     gloo on CPU, nccl on GPU. A comm hook wraps DDP's default all-reduce (mean of the gradients): when the
@@ -130,8 +104,11 @@ def train_ddp(cfg: DDPConfig, *, progress=None) -> dict:
     started = time.time()
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    device, backend = _device_and_backend(cfg, local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
-    timeout = datetime.timedelta(seconds=cfg.timeout)
+    if backend not in BACKENDS:
+        raise ValueError(f"--backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+    device, backend = _device_and_backend(cfg.cluster.device, backend, local_rank,
+                                          int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    timeout = datetime.timedelta(seconds=timeout)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if "MASTER_ADDR" in os.environ:
@@ -148,27 +125,27 @@ def train_ddp(cfg: DDPConfig, *, progress=None) -> dict:
         dist.destroy_process_group()
 
 
-def _train(cfg: DDPConfig, *, rank: int, world: int, device, group, started: float, progress,
+def _train(cfg: RunConfig, *, rank: int, world: int, device, group, started: float, progress,
            backend: str) -> dict:
-    job = load_job(cfg.job, seed=cfg.seed)  # every rank builds the same init; DDP broadcasts rank 0's
+    job = load_job(cfg.job.name, seed=cfg.seed)  # every rank builds the same init; DDP broadcasts rank 0's
     model = job.model.to(device)
     ddp = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None,
                                   process_group=group)
     clock = _StepClock(FaultInjector(cfg.faults, rank=rank, seed=cfg.seed), group)
     ddp.register_comm_hook(clock, _timed_allreduce)
-    optimizer = make_optimizer(cfg.optim, ddp.parameters())
+    optimizer = make_optimizer(cfg.optimizer, ddp.parameters())
     optimizer.register_step_post_hook(clock.stepped)
     x_train, y_train = (t.to(device) for t in job.train)
-    batches = batch_indices(len(x_train), rank=rank, world_size=world, batch_size=cfg.batch_size, seed=cfg.seed)
-    record = {"rank": rank, "world_size": world, "job": job.name, "steps": cfg.steps,
-              "batch_size": cfg.batch_size, "backend": backend,
+    batches = batch_indices(len(x_train), rank=rank, world_size=world, batch_size=cfg.job.batch_size, seed=cfg.seed)
+    record = {"rank": rank, "world_size": world, "job": job.name, "steps": cfg.job.steps,
+              "batch_size": cfg.job.batch_size, "backend": backend,
               "parameters": sum(p.numel() for p in model.parameters()), "evals": [], "step_log": []}
     log.info("rank %d of %d: %s on %s, %s", rank, world, job.name, device, backend)
     if rank == 0:
         _eval(job, model, device, record, step=0, started=started)
         record["initial_loss"] = record["evals"][0]["eval_loss"]
     t_loop = time.time()
-    for step in range(cfg.steps):
+    for step in range(cfg.job.steps):
         clock.start(step)
         idx = next(batches).to(device)
         optimizer.zero_grad(set_to_none=False)
@@ -181,21 +158,21 @@ def _train(cfg: DDPConfig, *, rank: int, world: int, device, group, started: flo
         compute_end = clock.compute_end if clock.compute_end is not None else t_end
         row = {"wall_time": time.time(), "worker": rank, "step": step, "loss": loss.item(),
                "compute_seconds": compute_end - clock.t0, "communication_seconds": t_end - compute_end,
-               "wait_seconds": 0.0, "batch_size": cfg.batch_size}
+               "wait_seconds": 0.0, "batch_size": cfg.job.batch_size}
         record["step_log"].append(row)
         if progress is not None:
             progress(step + 1)
-        if rank == 0 and cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
+        if rank == 0 and cfg.job.eval_every and (step + 1) % cfg.job.eval_every == 0 and step + 1 < cfg.job.steps:
             _eval(job, model, device, record, step=step + 1, started=started)
     train_seconds = time.time() - t_loop
     if rank == 0:  # after the last all-reduce every rank holds the same weights
-        _eval(job, model, device, record, step=cfg.steps, started=started)
+        _eval(job, model, device, record, step=cfg.job.steps, started=started)
         record.update(final_loss=record["evals"][-1]["eval_loss"],
                       eval_accuracy=record["evals"][-1]["eval_accuracy"])
     rows = record["step_log"]
     # Counted, not assumed: pushes = this rank's gradients that came back all-reduced, updates_applied =
     # optimizer steps that ran. No staleness: every rank steps on the same all-reduced gradient.
-    record.update(pushes=clock.reduced, updates_applied=clock.updates, samples=len(rows) * cfg.batch_size,
+    record.update(pushes=clock.reduced, updates_applied=clock.updates, samples=len(rows) * cfg.job.batch_size,
                   train_seconds=train_seconds, wall_seconds=time.time() - started,
                   final_params=torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu())
     return record
@@ -208,18 +185,12 @@ def _eval(job, model, device, record: dict, *, step: int, started: float) -> Non
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from psrv.cli import _worker_args
     p = argparse.ArgumentParser(prog="python -m workers.ddp", description="One DDP rank of the baseline: "
                                 "start it with torchrun (or let `psrv run --mode ddp` start it). Example: "
                                 "torchrun --nproc-per-node 2 -m workers.ddp --steps 100 --out run/worker-{rank}.json")
-    _worker_args(p)
-    g = p.add_argument_group("optimizer (as the servers' in the PS modes)")
-    g.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd", help="default: %(default)s")
-    g.add_argument("--lr", type=float, default=0.05, help="learning rate (default: %(default)s)")
-    g.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default: %(default)s)")
-    g.add_argument("--nesterov", action="store_true", help="SGD with Nesterov momentum")
-    g.add_argument("--weight-decay", type=float, default=0.0, help="weight decay (default: %(default)s)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda (GPU LOCAL_RANK) or cuda:K (default: %(default)s)")
+    p.add_argument("--config", type=Path, metavar="FILE", help="the run's config (a run directory's "
+                   "config.json); the options given override it")
+    add_config_arguments(p, RunConfig)
     p.add_argument("--backend", choices=BACKENDS, default="auto", help="auto: nccl on cuda, gloo on cpu")
     p.add_argument("--timeout", type=float, default=600.0, help="collective timeout, seconds (default: %(default)s)")
     p.add_argument("--out", help="write this rank's record (JSON) here; '{rank}' in the path is replaced by "
@@ -239,20 +210,18 @@ def rank_path(template: str, rank: int) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from psrv.cli import fault_config, optim_config
     a = build_parser().parse_args(argv)
     rank = int(os.environ.get("RANK", 0))
     logging.basicConfig(level=getattr(logging, str(a.log_level).upper(), logging.INFO),
                         format=f"%(asctime)s ddp-worker {rank} %(levelname)s %(name)s: %(message)s")
     try:
-        cfg = DDPConfig(job=a.job, steps=a.steps, batch_size=a.batch_size, seed=a.seed, device=a.device,
-                        eval_every=a.eval_every, optim=optim_config(a), faults=fault_config(a),
-                        backend=a.backend, timeout=a.timeout)
+        cfg = config_from_args(RunConfig, a, base=read_config_file(a.config) if a.config else {},
+                               extra={"mode": "ddp"})
         progress = None
         if a.progress_file:
             path = rank_path(a.progress_file, rank)
-            progress = lambda step: (step % 10 == 0 or step == cfg.steps) and path.write_text(str(step))  # noqa: E731
-        record = train_ddp(cfg, progress=progress)
+            progress = lambda step: (step % 10 == 0 or step == cfg.job.steps) and path.write_text(str(step))  # noqa: E731
+        record = train_ddp(cfg, backend=a.backend, timeout=a.timeout, progress=progress)
     except ValueError as exc:
         print(f"workers.ddp: error: {exc}", file=sys.stderr)
         return 2

@@ -20,10 +20,10 @@ log = logging.getLogger("psrv.worker")
 
 
 def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
-    """Train cfg.steps steps against the servers; return this worker's record (see `psrv worker --out`)."""
+    """Train cfg.job.steps steps against the servers; return this worker's record (see `psrv worker --out`)."""
     started = time.time()
     device = torch.device(cfg.device)
-    job = load_job(cfg.job, seed=cfg.seed)
+    job = load_job(cfg.job.name, seed=cfg.seed)
     model = job.model.to(device)
     flat = FlatModel(model)
     plan = PartitionPlan.from_module(model, len(cfg.servers))
@@ -32,9 +32,9 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
     readiness = ShardReadiness(model, plan.ranges) if cfg.overlap and plan.num_shards > 1 and not faults.active else None
     x_train, y_train = (t.to(device) for t in job.train)
     batches = batch_indices(len(x_train), rank=cfg.rank, world_size=cfg.world_size,
-                            batch_size=cfg.batch_size, seed=cfg.seed)
-    record = {"rank": cfg.rank, "world_size": cfg.world_size, "job": job.name, "steps": cfg.steps,
-              "batch_size": cfg.batch_size, "parameters": plan.total, "plan_hash": plan.hash,
+                            batch_size=cfg.job.batch_size, seed=cfg.seed)
+    record = {"rank": cfg.rank, "world_size": cfg.world_size, "job": job.name, "steps": cfg.job.steps,
+              "batch_size": cfg.job.batch_size, "parameters": plan.total, "plan_hash": plan.hash,
               "evals": [], "step_log": []}
     with PSClient(cfg.servers, plan, worker=cfg.rank, world_size=cfg.world_size,
                   transport=cfg.transport, timeout=cfg.request_timeout, curve_keys=cfg.curve_keys,
@@ -49,7 +49,7 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
             record["initial_loss"] = record["evals"][0]["eval_loss"]
         t_loop = time.time()
         early_sends = 0  # shard pushes sent while backward was still running
-        for step in range(cfg.steps):
+        for step in range(cfg.job.steps):
             t0 = time.perf_counter()
             idx = next(batches).to(device)
             flat.zero_grad()
@@ -70,24 +70,24 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
             row = {"wall_time": time.time(), "worker": cfg.rank, "step": step, "loss": loss.item(),
                    "staleness": reply.staleness, "compute_seconds": t1 - t0,
                    "communication_seconds": max(0.0, t2 - t1 - reply.waited),
-                   "wait_seconds": min(reply.waited, t2 - t1), "batch_size": cfg.batch_size}
+                   "wait_seconds": min(reply.waited, t2 - t1), "batch_size": cfg.job.batch_size}
             record["step_log"].append(row)
             if metrics is not None:
                 metrics.observe_step(row)
             if progress is not None:
                 progress(step + 1)
-            if cfg.rank == 0 and cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
+            if cfg.rank == 0 and cfg.job.eval_every and (step + 1) % cfg.job.eval_every == 0 and step + 1 < cfg.job.steps:
                 _eval(job, model, device, record, step=step + 1, started=started)
         train_seconds = time.time() - t_loop
         if cfg.rank == 0:
             # The final answer is the weights after every worker's last push: wait for the others to leave.
             client.pull(clock=clock, out=flat.params, final=True)
-            _eval(job, model, device, record, step=cfg.steps, started=started)
+            _eval(job, model, device, record, step=cfg.job.steps, started=started)
             record["final_loss"] = record["evals"][-1]["eval_loss"]
             record["eval_accuracy"] = record["evals"][-1]["eval_accuracy"]
         client.leave()
     rows = record["step_log"]
-    record.update(pushes=len(rows), samples=len(rows) * cfg.batch_size, train_seconds=train_seconds,
+    record.update(pushes=len(rows), samples=len(rows) * cfg.job.batch_size, train_seconds=train_seconds,
                   early_sends=early_sends,
                   wall_seconds=time.time() - started,
                   max_staleness=max((r["staleness"] for r in rows), default=0),

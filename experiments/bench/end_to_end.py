@@ -13,9 +13,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from psrv.config import OptimConfig
+from psrv.config import RunConfig, from_dict
 
-from experiments.launch import RunOptions, run_local
+from experiments.launch import run_local
 
 VARIANTS = (("sync", 0), ("async", 0), ("ssp", 2), ("ddp", 0))
 STEPS = {"synthetic_mlp": 40, "digits_mlp": 300, "mnist1d_mlp": 300}
@@ -32,10 +32,11 @@ def run(jobs: list[str], repeats: int, steps: dict[str, int] | None = None,
             for rep in range(repeats):
                 for mode, s in variants:
                     name = mode if mode != "ssp" else f"ssp-{s}"
-                    o = RunOptions(servers=1, workers=workers, mode=mode, staleness=s, job=job, steps=steps[job],
-                                   batch_size=32, optim=OptimConfig("sgd", lr=0.01, momentum=0.9),
-                                   out=Path(d) / f"{job}-{name}-{rep}")
-                    rates.setdefault(name, []).append(run_local(o, progress=False)["samples_per_second"])
+                    cfg = from_dict(RunConfig, {"mode": mode, "staleness": s, "cluster": {"servers": 1, "workers": workers},
+                                                "job": {"name": job, "steps": steps[job], "batch_size": 32},
+                                                "optimizer": {"lr": 0.01, "momentum": 0.9}})
+                    summary = run_local(cfg, out=Path(d) / f"{job}-{name}-{rep}", progress=False)
+                    rates.setdefault(name, []).append(summary["samples_per_second"])
             ddp = statistics.median(rates["ddp"])
             for name, values in rates.items():
                 med = statistics.median(values)

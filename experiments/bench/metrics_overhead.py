@@ -19,7 +19,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from experiments.launch import RunOptions, run_local
+from experiments.launch import run_local
+from psrv.config import RunConfig, from_dict
 
 
 class Scraper:
@@ -94,10 +95,10 @@ def instrument_costs(*, workers: int, repeats: int = 20000) -> dict:
 
 
 def one_run(a: argparse.Namespace, out: Path, *, metrics: bool) -> dict:
-    o = RunOptions(servers=a.servers, workers=a.workers, mode=a.mode, job=a.job, steps=a.steps,
-                   batch_size=a.batch_size, seed=a.seed, metrics=metrics, out=out, timeout=a.timeout)
+    cfg = from_dict(RunConfig, {"mode": a.mode, "seed": a.seed, "cluster": {"servers": a.servers, "workers": a.workers},
+                                "job": {"name": a.job, "steps": a.steps, "batch_size": a.batch_size}})
     with Scraper(out, a.scrape_interval if metrics else 0.0) as scraper:
-        s = run_local(o, progress=False)
+        s = run_local(cfg, out=out, metrics=metrics, timeout=a.timeout, progress=False)
     steps = a.steps * a.workers
     return {"metrics": metrics, "steps_per_second": steps / s["wall_seconds"], "wall_seconds": s["wall_seconds"],
             "samples_per_second": s["samples_per_second"], "scrapes": scraper.scrapes, "out": str(out)}

@@ -15,9 +15,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from psrv.config import OptimConfig
+from psrv.config import RunConfig, from_dict
 
-from experiments.launch import RunOptions, run_local
+from experiments.launch import run_local
 
 VARIANTS = {"baseline": (False, "float32"), "overlap": (True, "float32"),
             "bfloat16": (False, "bfloat16"), "overlap+bfloat16": (True, "bfloat16")}
@@ -31,10 +31,11 @@ def run(job: str, repeats: int, steps: int, *, servers: int = 2, workers: int = 
         for rep in range(repeats):
             for name in variants:
                 overlap, dtype = VARIANTS[name]
-                o = RunOptions(servers=servers, workers=workers, mode="async", job=job, steps=steps, batch_size=32,
-                               optim=OptimConfig("sgd", lr=0.01, momentum=0.9), overlap=overlap, wire_dtype=dtype,
-                               out=Path(d) / f"{name}-{rep}")
-                summary = run_local(o, progress=False)
+                cfg = from_dict(RunConfig, {"mode": "async", "cluster": {"servers": servers, "workers": workers},
+                                            "job": {"name": job, "steps": steps, "batch_size": 32},
+                                            "optimizer": {"lr": 0.01, "momentum": 0.9},
+                                            "worker": {"overlap": overlap, "wire_dtype": dtype}})
+                summary = run_local(cfg, out=Path(d) / f"{name}-{rep}", progress=False)
                 rates[name].append(summary["samples_per_second"])
                 losses[name].append(summary["final_loss"])
     base = statistics.median(rates["baseline"])

@@ -32,7 +32,7 @@ def keys(tmp_path):
 def shard(keys, tmp_path):
     good, _ = keys
     cfg = ServerConfig(workers=2, mode="async", worker_timeout=60, curve_keys=str(good),
-                       checkpoint_dir=str(tmp_path / "ck"), optim=OptimConfig(name="sgd", lr=0.5, momentum=0))
+                       checkpoint_dir=str(tmp_path / "ck"), optimizer=OptimConfig(name="sgd", lr=0.5, momentum=0))
     svc = ShardService(cfg, create_server("zmq", "tcp://127.0.0.1:0", curve_keys=str(good)))
     thread = threading.Thread(target=svc.serve, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()

@@ -142,7 +142,7 @@ def train(mode: str, workers: int, steps: int, *, faulty: bool) -> tuple[torch.T
     services, threads = [], []
     for s in range(PLAN.num_shards):
         cfg = ServerConfig(shard=s, num_shards=2, workers=workers, mode=mode, worker_timeout=30,
-                           optim=OptimConfig(name="sgd", lr=0.1, momentum=0.5))
+                           optimizer=OptimConfig(name="sgd", lr=0.1, momentum=0.5))
         svc = ShardService(cfg, create_server("zmq", "tcp://127.0.0.1:0"))
         services.append(svc)
         threads.append(threading.Thread(target=svc.serve, kwargs={"poll_interval": 0.02}, daemon=True))

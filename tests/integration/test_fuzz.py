@@ -42,7 +42,7 @@ class Harness:
     def __init__(self, *, fresh: bool = False):
         logging.getLogger("psrv").setLevel(logging.CRITICAL)  # 10k refusals would flood the log
         cfg = ServerConfig(workers=1, mode="async", worker_timeout=1e6, max_message_bytes=MAX_BYTES,
-                           optim=OptimConfig(name="sgd", lr=0.1, momentum=0.9))
+                           optimizer=OptimConfig(name="sgd", lr=0.1, momentum=0.9))
         self.server = create_server("zmq", "tcp://127.0.0.1:0", max_message_bytes=MAX_BYTES)
         self.svc = ShardService(cfg, self.server, join_timeout=1e6)
         self.client = create_client("zmq", [self.server.address])

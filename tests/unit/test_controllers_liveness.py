@@ -38,7 +38,7 @@ class Shard:
 
     def __init__(self, *, workers=3, mode="sync", timeout=3.0, authenticated=False, **kw):
         self.t = 0.0
-        self.cfg = ServerConfig(workers=workers, mode=mode, worker_timeout=timeout, optim=SGD, staleness=1, **kw)
+        self.cfg = ServerConfig(workers=workers, mode=mode, worker_timeout=timeout, optimizer=SGD, staleness=1, **kw)
         self.net = FakeNet(authenticated)
         self.svc = ShardService(self.cfg, self.net, now=lambda: self.t, join_timeout=60.0)
         self.seqs = {}

@@ -40,7 +40,7 @@ def test_shard_applies_a_half_gradient_as_its_float32_value(cfg, size, dtype):
 
 
 def test_the_service_applies_a_bfloat16_push_exactly_as_float32():
-    cfg = ServerConfig(workers=1, mode="async", optim=OptimConfig("sgd", lr=1.0, momentum=0.0))
+    cfg = ServerConfig(workers=1, mode="async", optimizer=OptimConfig("sgd", lr=1.0, momentum=0.0))
     net = RecordingNet()
     svc = ShardService(cfg, net)
     grad = torch.tensor([0.1, -2.5, 3.0e-3, 1.0e4]).bfloat16()

@@ -1,0 +1,114 @@
+"""What each process is given, composed from the sections: a shard (`psrv serve`), a worker
+(`psrv worker`) and a whole run (`psrv run`, one run of a spec, the all-reduce baseline).
+
+A run derives every process's config (`RunConfig.server_config`, `RunConfig.worker_config`), and a
+launched process receives it whole as JSON (`--config FILE`), so no setting is described twice.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from psrv.config.base import ConfigError, Section, section, setting
+from psrv.config.sections import (MODES, ClusterConfig, Consistency, FaultConfig, JobConfig, OptimConfig,
+                                  Placement, Seeded, ServerSettings, ServeSettings, WorkerSettings)
+
+
+def _shallow(obj: Section, cls: type) -> dict[str, Any]:
+    """The fields of `obj` that `cls` also has (a section's settings, handed to a process config)."""
+    names = {f.name for f in fields(cls)}
+    return {f.name: getattr(obj, f.name) for f in fields(obj) if f.name in names}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerConfig(ServeSettings, ServerSettings, Consistency, Placement):
+    """One shard: which one, how many in all, its workers, its address, and the settings it holds."""
+
+    shard: int = setting(0, "this shard's index", minimum=0)
+    num_shards: int = setting(1, "number of shards in all", minimum=1)
+    workers: int = setting(1, "number of workers N this shard serves", minimum=1)
+    bind: str = setting("tcp://127.0.0.1:0", "address to listen on; port 0 picks a free port (bind 0.0.0.0 "
+                        "only on a trusted network)")
+    optimizer: OptimConfig = section(OptimConfig)
+
+    def validate(self) -> None:
+        super().validate()
+        if self.mode not in MODES:
+            raise ConfigError("mode", f"a server holds {', '.join(MODES)}; {self.mode!r} has no servers")
+        if not self.shard < self.num_shards:
+            raise ConfigError("shard", f"must be in [0, num_shards={self.num_shards}); got {self.shard}")
+        if not self.backup_workers < self.workers:
+            raise ConfigError("backup_workers", f"must be < workers ({self.workers}); got {self.backup_workers}")
+        if self.resume and not self.checkpoint_dir:
+            raise ConfigError("resume", "needs checkpoint_dir (where the checkpoints are)")
+        if self.curve_keys and self.transport != "zmq":
+            raise ConfigError("curve_keys", "needs transport 'zmq' (torch RPC has no authentication)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerConfig(WorkerSettings, Seeded, Placement):
+    """One worker: the shards it talks to, its rank, the job and the disturbances it emulates."""
+
+    servers: tuple[str, ...] = setting((), "shard addresses, in shard order", flag="")
+    rank: int = setting(0, "this worker's rank", minimum=0)
+    world_size: int = setting(1, "number of workers", minimum=1)
+    curve_keys: str = setting("", "connect with CURVE as worker-RANK (DIR holds server.key and "
+                              "worker-RANK.key_secret; see psrv keygen)", metavar="DIR")
+    job: JobConfig = section(JobConfig)
+    faults: FaultConfig = section(FaultConfig)
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.servers:
+            raise ConfigError("servers", "name at least one shard address (tcp://host:port)")
+        if any(a.startswith("rpc://") for a in self.servers) != (self.transport == "rpc"):
+            raise ConfigError("servers", "rpc://HOST:PORT/server-<i> addresses go with transport 'rpc', "
+                                         "tcp:// ones with 'zmq'")
+        if not self.rank < self.world_size:
+            raise ConfigError("rank", f"must be in [0, world_size={self.world_size}); got {self.rank}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig(Seeded, Consistency):
+    """A whole run: the cluster, the job, the optimizer, and the servers' and workers' settings.
+    `psrv run` and every run of a spec are one of these; the run directory stores it as config.json."""
+
+    cluster: ClusterConfig = section(ClusterConfig)
+    job: JobConfig = section(JobConfig)
+    optimizer: OptimConfig = section(OptimConfig)
+    server: ServerSettings = section(ServerSettings)
+    worker: WorkerSettings = section(WorkerSettings)
+    faults: FaultConfig = section(FaultConfig)
+
+    def validate(self) -> None:
+        super().validate()
+        n = self.cluster.workers
+        if self.backup_workers >= n:
+            raise ConfigError("backup_workers", f"must be < cluster.workers ({n}); got {self.backup_workers}")
+        straggler = self.faults.straggler_pair()
+        if straggler and straggler[0] >= n:
+            raise ConfigError("faults.straggler", f"rank must be in 0..{n - 1} (cluster.workers = {n}); "
+                                                  f"got {straggler[0]}")
+        if self.mode not in MODES:
+            if self.cluster.transport != "zmq":
+                raise ConfigError("cluster.transport", f"not used by mode {self.mode!r} (it has no servers)")
+            if self.worker.wire_dtype != "float32":
+                raise ConfigError("worker.wire_dtype", f"is for the parameter server's pushes; mode "
+                                                       f"{self.mode!r} all-reduces float32")
+
+    @property
+    def is_allreduce(self) -> bool:
+        """True for the all-reduce baseline (no servers)."""
+        return self.mode not in MODES
+
+    def server_config(self, shard: int, *, bind: str) -> ServerConfig:
+        """Shard `shard`'s config: this run's consistency, optimizer and server settings."""
+        return ServerConfig(shard=shard, num_shards=self.cluster.servers, workers=self.cluster.workers,
+                            bind=bind, optimizer=self.optimizer, **_shallow(self, Consistency),
+                            **_shallow(self.cluster, Placement), **_shallow(self.server, ServerSettings))
+
+    def worker_config(self, rank: int, *, servers: tuple[str, ...]) -> WorkerConfig:
+        """Worker `rank`'s config: this run's job, seed, faults and worker settings."""
+        return WorkerConfig(servers=servers, rank=rank, world_size=self.cluster.workers, seed=self.seed,
+                            job=self.job, faults=self.faults, **_shallow(self.cluster, Placement),
+                            **_shallow(self.worker, WorkerSettings))

@@ -1,0 +1,173 @@
+"""The sections of the config tree: every setting psrv has, each declared once with its default,
+bounds and help. The process configs and a run (psrv/config/processes.py) are composed of these."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from psrv.config.base import ConfigError, Section, setting
+
+MODES = ("sync", "async", "ssp")
+ALLREDUCE_MODES = ("ddp",)
+RUN_MODES = (*MODES, *ALLREDUCE_MODES)
+OPTIMIZERS = ("sgd", "adam", "adamw")
+TRANSPORTS = ("zmq", "rpc")
+WIRE_DTYPES = ("float32", "bfloat16", "float16")  # what a worker may send its gradient as
+SGD_MOMENTUM = 0.9  # momentum's default with sgd; adam and adamw take none
+
+
+def _device(value: str) -> None:
+    if value != "cpu" and not (value == "cuda" or value.startswith("cuda:") and value[5:].isdigit()):
+        raise ValueError(f"must be cpu, cuda or cuda:K; got {value!r}")
+
+
+def parse_pair(text: str, *, first: str) -> tuple[float, float]:
+    """'A:FACTOR' -> (a, factor), FACTOR >= 1; ValueError with the expected form otherwise."""
+    try:
+        a, b = (float(x) for x in text.split(":"))
+    except ValueError:
+        raise ValueError(f"must look like {first}:FACTOR (e.g. 1:2.0), or '' for none; got {text!r}") from None
+    if not b >= 1:
+        raise ValueError(f"FACTOR must be >= 1; got {text!r}")
+    return a, b
+
+
+def _straggler(text: str) -> None:
+    if text:
+        rank, _ = parse_pair(text, first="RANK")
+        if rank < 0 or rank != int(rank):
+            raise ValueError(f"RANK must be an integer >= 0; got {text!r}")
+
+
+def _transient(text: str) -> None:
+    if text:
+        p, _ = parse_pair(text, first="P")
+        if not 0 <= p <= 1:
+            raise ValueError(f"P must be a probability in [0, 1]; got {text!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Placement(Section):
+    """Where the tensors live and how processes talk."""
+
+    device: str = setting("cpu", "cpu, cuda or cuda:K", check=_device)
+    transport: str = setting("zmq", "how workers reach the servers", choices=TRANSPORTS)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Consistency(Section):
+    """When a shard applies a push and answers a pull (the servers hold it)."""
+
+    mode: str = setting("ssp", "sync (BSP), async (ASP), ssp, or ddp (the all-reduce baseline, psrv run only)",
+                        choices=RUN_MODES)
+    staleness: int = setting(2, "SSP bound s: no worker runs more than s clocks ahead of the slowest",
+                             minimum=0)
+    backup_workers: int = setting(0, "sync: apply a clock once N-b gradients are in", minimum=0)
+
+    def validate(self) -> None:
+        super().validate()
+        if self.backup_workers and self.mode != "sync":
+            raise ConfigError("backup_workers", f"applies to mode 'sync' only (mode is {self.mode!r})")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Seeded(Section):
+    seed: int = setting(0, "seeds the model, the data order and the faults", minimum=0)
+
+
+@dataclass(frozen=True)
+class OptimConfig(Section):
+    """The optimizer the servers (or the all-reduce baseline's ranks) apply; names follow torch.optim."""
+
+    name: str = setting("sgd", "server-side optimizer", choices=OPTIMIZERS, flag="optimizer")
+    lr: float = setting(0.05, "learning rate", minimum=0.0, above=True)
+    momentum: float | None = setting(None, f"SGD momentum (default: {SGD_MOMENTUM} with sgd; adam and adamw "
+                                     "take none)", minimum=0.0, maximum=1.0)
+    nesterov: bool = setting(False, "SGD with Nesterov momentum")
+    weight_decay: float = setting(0.0, "weight decay", minimum=0.0)
+    betas: tuple[float, float] = setting((0.9, 0.999), "Adam's betas", flag="")
+    eps: float = setting(1e-8, "Adam's eps", minimum=0.0, above=True, flag="")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.momentum is None:
+            object.__setattr__(self, "momentum", SGD_MOMENTUM if self.name == "sgd" else 0.0)
+        elif self.momentum and self.name != "sgd":
+            raise ConfigError("momentum", f"only used by optimizer 'sgd' ({self.name!r} takes none); remove it")
+        if self.nesterov and (self.name != "sgd" or self.momentum == 0):
+            raise ConfigError("nesterov", "needs optimizer 'sgd' with momentum > 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FaultConfig(Section):
+    """Deterministic, seeded disturbances injected by the worker (workers/faults.py)."""
+
+    compute_ms: float = setting(0.0, "extra emulated compute per step, ms", minimum=0.0)
+    straggler: str = setting("", "a persistently slow worker", check=_straggler, metavar="RANK:FACTOR")
+    transient_stragglers: str = setting("", "each step is FACTOR x slower with probability P",
+                                        check=_transient, metavar="P:FACTOR")
+    net_delay_ms: float = setting(0.0, "user-space delay before each send, ms", minimum=0.0)
+
+    def straggler_pair(self) -> tuple[int, float] | None:
+        if not self.straggler:
+            return None
+        rank, factor = parse_pair(self.straggler, first="RANK")
+        return int(rank), factor
+
+    def transient_pair(self) -> tuple[float, float] | None:
+        return parse_pair(self.transient_stragglers, first="P") if self.transient_stragglers else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobConfig(Section):
+    """What to train: a job (workers/jobs) and how long."""
+
+    name: str = setting("digits_mlp", "digits_mlp, mnist1d_mlp, synthetic_mlp or package.module:factory",
+                        flag="job")
+    steps: int = setting(300, "steps per worker", minimum=1)
+    batch_size: int = setting(32, "per-worker batch", minimum=1)
+    eval_every: int = setting(0, "rank 0 evaluates every K steps (0: at the start and the end only)", minimum=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerSettings(Section):
+    """How a shard treats its workers and their messages."""
+
+    worker_timeout: float = setting(10.0, "seconds of silence before a worker leaves the active set",
+                                    minimum=0.1)
+    max_message_bytes: int = setting(1 << 31, "drop (and disconnect) any bigger message before it is read",
+                                     minimum=1)
+    nonfinite: str = setting("reject", "a gradient with NaN/Inf is answered with ERROR (reject) or "
+                             "acknowledged and not applied (skip); both are counted", choices=("reject", "skip"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeSettings(Section):
+    """A shard started by hand (psrv serve): checkpoints and CURVE (docs/reliability.md, docs/security.md)."""
+
+    checkpoint_dir: str = setting("", "write this shard's checkpoint here (atomically) every --checkpoint-every "
+                                  "seconds, on CHECKPOINT, on SIGTERM and at exit", metavar="DIR")
+    checkpoint_every: float = setting(0.0, "seconds between checkpoints; 0: only at exit and on CHECKPOINT",
+                                      minimum=0.0, metavar="SECONDS")
+    resume: bool = setting(False, "restore the shard from --checkpoint-dir first")
+    curve_keys: str = setting("", "CURVE encryption, and admit only the clients whose public key is in DIR "
+                              "(made by psrv keygen); enables CHECKPOINT and SHUTDOWN", metavar="DIR")
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerSettings(Section):
+    """How a worker pushes and waits."""
+
+    wire_dtype: str = setting("float32", "send gradients as this dtype (bfloat16/float16 halve the push; the "
+                              "servers apply them in float32)", choices=WIRE_DTYPES)
+    overlap: bool = setting(True, "with several shards, push only after backward ends (default: each "
+                            "shard's slice goes out as soon as backward finishes it)", flag="no-overlap")
+    request_timeout: float = setting(60.0, "seconds without any reply before a worker gives up",
+                                     minimum=0.1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterConfig(Placement):
+    """How many processes of each kind a run starts."""
+
+    servers: int = setting(2, "server shards", minimum=1)
+    workers: int = setting(2, "workers", minimum=1)
