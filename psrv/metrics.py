@@ -4,14 +4,17 @@ Metrics live in a CollectorRegistry the caller passes in; nothing here touches t
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+import logging
+from pathlib import Path
+from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+log = logging.getLogger("psrv.metrics")
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)  # unit: shard versions
 LATENCY_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1,
                    0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-DROP_REASONS = ("late", "duplicate", "backup", "inactive", "invalid")
+DROP_REASONS = ("late", "duplicate", "invalid")  # each emitted by psrv/server/stats.py
 
 
 class _Spec(NamedTuple):
@@ -25,40 +28,50 @@ class _Spec(NamedTuple):
 _SERVER_LABELS = ("shard", "mode")
 _WORKER_LABELS = ("worker", "mode")
 _SERVER = {
-    "pushes": _Spec(Counter, "psrv_pushes_total", "Push requests received."),
-    "pulls": _Spec(Counter, "psrv_pulls_total", "Pull requests received."),
+    "pushes": _Spec(Counter, "psrv_pushes_total",
+                    "Pushed gradients accepted: applied, buffered for the barrier, or dropped as late or "
+                    "non-finite. Refused requests and re-sent duplicates are not counted."),
+    "pulls": _Spec(Counter, "psrv_pulls_total",
+                   "Pulls answered with weights (PULL and the pull half of PUSH_PULL), counted when answered."),
     "updates_applied": _Spec(Counter, "psrv_updates_applied_total",
                              "Optimizer steps applied to the shard."),
     "updates_dropped": _Spec(Counter, "psrv_updates_dropped_total",
-                             "Gradients received but not applied, by reason.", ("reason",)),
-    "bytes_received": _Spec(Counter, "psrv_bytes_received_total", "Bytes received in requests."),
-    "bytes_sent": _Spec(Counter, "psrv_bytes_sent_total", "Bytes sent in replies."),
-    "push_latency": _Spec(Histogram, "psrv_push_latency_seconds", "Time to handle a push.",
+                             "Gradients received and never applied, by reason: late (their clock was "
+                             "finished without them), duplicate (a re-sent push), invalid (NaN/Inf).",
+                             ("reason",)),
+    "bytes_received": _Spec(Counter, "psrv_bytes_received_total", "Bytes of every request received."),
+    "bytes_sent": _Spec(Counter, "psrv_bytes_sent_total", "Bytes of every reply sent."),
+    "push_latency": _Spec(Histogram, "psrv_push_latency_seconds",
+                          "Seconds the shard spent handling an accepted push (validate, then apply or buffer).",
                           (), LATENCY_BUCKETS),
     "pull_latency": _Spec(Histogram, "psrv_pull_latency_seconds",
-                          "Pull request to reply, including deferral.", (), LATENCY_BUCKETS),
+                          "Seconds from a pull's arrival to its answer, the controller's deferral included.",
+                          (), LATENCY_BUCKETS),
     "push_staleness": _Spec(Histogram, "psrv_push_staleness",
-                            "Versions between the pull a gradient used and its apply.",
-                            (), STALENESS_BUCKETS),
+                            "Per accepted push: the shard's version when it arrived minus the version its "
+                            "gradient was computed from.", (), STALENESS_BUCKETS),
     "wait_seconds": _Spec(Counter, "psrv_wait_seconds_total",
-                          "Seconds pulls spent deferred by the BSP/SSP controller."),
+                          "Seconds answered pulls spent between arrival and answer (held by the BSP "
+                          "barrier or the SSP bound), summed."),
     "active_workers": _Spec(Gauge, "psrv_active_workers", "Workers in the shard's active set."),
-    "shard_version": _Spec(Gauge, "psrv_shard_version", "Updates applied to the shard so far."),
-    "worker_clock": _Spec(Gauge, "psrv_worker_clock", "Each worker's clock as seen by the shard.",
+    "shard_version": _Spec(Gauge, "psrv_shard_version", "The shard's version: optimizer steps applied so far."),
+    "worker_clock": _Spec(Gauge, "psrv_worker_clock",
+                          "Each active worker's clock as the shard sees it: the steps it has pushed.",
                           ("worker",)),
     "max_clock_gap": _Spec(Gauge, "psrv_max_clock_gap",
-                           "Largest minus smallest clock of the active workers."),
+                           "Largest clock gap at an answered pull so far: the pulling worker's clock minus "
+                           "the slowest active worker's clock (SSP keeps it <= its bound s)."),
 }
 _WORKER = {
     "steps": _Spec(Counter, "psrv_worker_steps_total", "Training steps completed."),
     "step_seconds": _Spec(Histogram, "psrv_worker_step_seconds", "Wall time of one step.",
                           (), LATENCY_BUCKETS),
     "compute_seconds": _Spec(Counter, "psrv_worker_compute_seconds_total",
-                             "Seconds in forward/backward."),
+                             "Seconds computing steps: batch, forward, backward (and any emulated compute)."),
     "communication_seconds": _Spec(Counter, "psrv_worker_communication_seconds_total",
-                                   "Seconds in push/pull, not counting the wait."),
+                                   "Seconds in push/pull minus the time the servers held the pull."),
     "wait_seconds": _Spec(Counter, "psrv_worker_wait_seconds_total",
-                          "Seconds blocked on a BSP barrier or the SSP bound."),
+                          "Seconds the servers held this worker's pulls (BSP barrier or SSP bound)."),
     "samples": _Spec(Counter, "psrv_worker_samples_total", "Training samples processed."),
     "loss": _Spec(Gauge, "psrv_worker_loss", "Training loss of the latest step."),
     "staleness": _Spec(Histogram, "psrv_worker_staleness",
@@ -147,13 +160,44 @@ class WorkerMetrics:
         self.step_seconds.observe(compute + comm + wait)
 
 
-def serve_metrics(port: int, registry: CollectorRegistry, *, host: str = "127.0.0.1") -> int:
-    """Serve `registry` at http://host:port/metrics from a daemon thread; return the bound port.
+class MetricsEndpoint:
+    """`registry` served at http://host:port/metrics from a daemon thread until close().
 
-    port 0 picks a free one. host "0.0.0.0" exposes it beyond this machine.
+    port 0 picks a free one (`port` tells which). host "0.0.0.0" exposes it beyond this machine.
     """
-    started = start_http_server(port, addr=host, registry=registry)
-    if started is None:  # prometheus_client < 0.17 returned nothing
-        raise RuntimeError("psrv needs prometheus-client>=0.17: upgrade it with pip")
-    server, _thread = started
-    return int(server.server_port)
+
+    def __init__(self, port: int, registry: CollectorRegistry, *, host: str = "127.0.0.1") -> None:
+        started = start_http_server(port, addr=host, registry=registry)
+        if started is None:  # prometheus_client < 0.17 returned nothing
+            raise RuntimeError("psrv needs prometheus-client>=0.17: upgrade it with pip")
+        self._server, self._thread = started
+        self.port = int(self._server.server_port)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5.0)
+
+
+def serve_metrics(port: int, registry: CollectorRegistry, *, host: str = "127.0.0.1") -> int:
+    """Serve `registry` at http://host:port/metrics for the rest of the process; return the bound port."""
+    return MetricsEndpoint(port, registry, host=host).port
+
+
+def open_metrics(kind, port: int, port_file: Path | None = None, *, host: str = "127.0.0.1",
+                 **labels) -> tuple[Any, MetricsEndpoint]:
+    """`kind`'s metrics (ServerMetrics or WorkerMetrics, given `labels`) in a fresh registry, served on
+    `port`; the bound port is written to `port_file`. Returns the metrics and their endpoint."""
+    registry = CollectorRegistry()
+    metrics = kind(registry, **labels)
+    endpoint = MetricsEndpoint(port, registry, host=host)
+    log.info("metrics on http://%s:%d/metrics", host, endpoint.port)
+    if port_file is not None:
+        port_file.parent.mkdir(parents=True, exist_ok=True)
+        port_file.write_text(str(endpoint.port))
+    return metrics, endpoint
+
+
+def start_metrics(kind, port: int, port_file: Path | None = None, *, host: str = "127.0.0.1", **labels):
+    """open_metrics for the rest of the process (a worker process's metrics): just the metrics."""
+    return open_metrics(kind, port, port_file, host=host, **labels)[0]
