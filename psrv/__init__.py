@@ -1,18 +1,30 @@
 """psrv: a parameter server for sync, async and SSP data-parallel training experiments.
 
-The public face: `PSClient` (push/pull/push_pull), `serve` (start a shard in one call) and
-`train` (a worker loop in one call), with their configs. Names are imported on first use, so
-that `import psrv.config` (the launcher, `psrv --help`) does not pay for importing torch.
+Its public names, each imported on first use (so `import psrv` alone does not import torch):
+
+    PSClient        a worker's link to every shard: hello, init, push, pull, push_pull
+    PSError         what PSClient raises when a shard answers ERROR
+    PartitionPlan   a model's parameters as one flat vector, cut into byte-balanced shards
+    Server          one shard bound to its address: serve() here, or start() a thread; stop(), join()
+    serve           bind a shard and serve it in this thread until every worker has left
+    ServerConfig    a shard's settings
+    WorkerConfig    a worker's settings
+    OptimConfig     the server-side optimizer's settings
+    FaultConfig     emulated stragglers and network delays
+    __version__     this package's version
+
+The library never changes its host process; psrv's own entry points set the process-wide things
+(allocator, SIGTERM) through psrv.process.
 """
 from __future__ import annotations
 
 import importlib
 
 __version__ = "0.1.0"
-_WHERE = {"PSClient": "psrv.client", "PSError": "psrv.client", "FaultConfig": "psrv.config",
-          "OptimConfig": "psrv.config", "ServerConfig": "psrv.config", "WorkerConfig": "psrv.config",
-          "PartitionPlan": "psrv.partition", "serve": "psrv.server.run"}
-__all__ = sorted(_WHERE) + ["__version__"]
+_WHERE = {"PSClient": "psrv.client", "PSError": "psrv.client", "PartitionPlan": "psrv.partition",
+          "Server": "psrv.server.run", "serve": "psrv.server.run", "ServerConfig": "psrv.config",
+          "WorkerConfig": "psrv.config", "OptimConfig": "psrv.config", "FaultConfig": "psrv.config"}
+__all__ = [*_WHERE, "__version__"]
 
 
 def __getattr__(name: str):
