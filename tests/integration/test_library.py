@@ -1,0 +1,136 @@
+"""psrv as a library: a shard served from a thread on port 0 trains a real worker, and no library call
+(importing the codec, constructing a PSClient, psrv.serve) changes its host process -- signal
+handlers, warning filters, the allocator. psrv.process is what psrv's entry points call instead."""
+import json
+import queue
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import warnings
+
+import pytest
+import torch
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from psrv.client import PSClient
+from psrv.config import ServerConfig
+from psrv.partition import PartitionPlan
+from psrv.server.run import Server, serve
+from tests.helpers import ROOT
+
+pytestmark = pytest.mark.timeout(120)
+STEPS = 20
+
+
+def _cfg() -> ServerConfig:
+    return ServerConfig(workers=1, mode="async", bind="tcp://127.0.0.1:0", worker_timeout=30.0)
+
+
+def _train(address: str, steps: int = STEPS) -> list[float]:
+    """One worker fitting y = x @ w through the shard (push_pull every step); the losses it saw."""
+    torch.manual_seed(0)
+    x = torch.randn(256, 8)
+    y = x @ torch.randn(8, 1)
+    model = torch.nn.Linear(8, 1)
+    plan = PartitionPlan.from_module(model, 1)
+    flat = parameters_to_vector(model.parameters()).detach().clone()
+    losses = []
+    with PSClient([address], plan, worker=0, world_size=1, timeout=20) as client:
+        client.hello()
+        client.init(flat)
+        clock = client.pull(clock=0, out=flat).clock
+        for _ in range(steps):
+            vector_to_parameters(flat, model.parameters())
+            model.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            grad = parameters_to_vector(p.grad for p in model.parameters())
+            clock = client.push_pull(grad, clock=clock, out=flat).clock
+            losses.append(loss.item())
+        client.leave()
+    return losses
+
+
+def _process_state():
+    return {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}, list(warnings.filters)
+
+
+def test_serve_in_a_thread_on_port_0_trains_a_worker_and_ends_when_it_leaves():
+    before = _process_state()
+    ready, result = queue.Queue(), {}
+    thread = threading.Thread(target=lambda: result.update(summary=serve(_cfg(), on_ready=ready.put)), daemon=True)
+    thread.start()
+    server = ready.get(timeout=60)
+    assert server.address.startswith("tcp://127.0.0.1:") and not server.address.endswith(":0")
+
+    losses = _train(server.address)
+
+    thread.join(30)
+    assert not thread.is_alive(), "the shard kept serving after its only worker left"
+    summary = result["summary"]
+    assert summary["updates_applied"] == STEPS and summary["active"] == []
+    assert losses[-1] < 0.3 * losses[0], losses
+    assert _process_state() == before
+
+
+def test_a_started_server_stops_cleanly_from_another_thread():
+    with Server(_cfg()) as server:
+        server.start()
+        with pytest.raises(TimeoutError):
+            server.join(0.3)  # no worker has come: still serving
+        server.stop()
+        summary = server.join(10)
+    assert summary["version"] == 0 and summary["updates_applied"] == 0
+    with pytest.raises(RuntimeError, match="already served"):
+        server.serve()
+
+
+def test_library_calls_leave_the_host_process_as_it_was():
+    """In a fresh interpreter: importing the codec, serving from a thread, and a PSClient that talks
+    to the shard change no signal handler or warning filter, and leave glibc's malloc untuned (a 64 MB
+    block is still mmapped). The control: psrv.process.tune_malloc does change that."""
+    script = textwrap.dedent('''
+        import ctypes, json, signal, sys, warnings
+        import torch
+
+        libc = ctypes.CDLL("libc.so.6")
+        class Mallinfo2(ctypes.Structure):
+            _fields_ = [(n, ctypes.c_size_t) for n in
+                        "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+        libc.mallinfo2.restype = Mallinfo2
+        libc.malloc.restype = ctypes.c_void_p
+        libc.free.argtypes = [ctypes.c_void_p]
+
+        def mmapped_64mb():
+            before = libc.mallinfo2().hblkhd
+            block = libc.malloc(64 << 20)
+            grew = libc.mallinfo2().hblkhd - before
+            libc.free(block)
+            return grew >= 64 << 20
+
+        def state():
+            return {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}, list(warnings.filters)
+
+        before, untuned = state(), mmapped_64mb()
+        import psrv.protocol.codec
+        after_import = state()
+        from tests.integration.test_library import _cfg, _train
+        from psrv.server.run import Server
+        with Server(_cfg()) as server:
+            server.start()
+            losses = _train(server.address, steps=3)
+            server.join(30)
+        after_use = state()
+        still_untuned = mmapped_64mb()
+        from psrv.process import tune_malloc
+        tuned = tune_malloc() and not mmapped_64mb()
+        print(json.dumps({"import": after_import == before, "use": after_use == before, "trained": len(losses),
+                          "untuned": untuned, "still_untuned": still_untuned, "tuned": tuned}))
+    ''')
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got == {"import": True, "use": True, "trained": 3, "untuned": True, "still_untuned": True,
+                   "tuned": True}, got
