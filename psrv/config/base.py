@@ -94,8 +94,8 @@ def coerce(key: str, hint: Any, value: Any) -> Any:
         value = float(value)
     if kind is bool and not isinstance(value, bool) or kind is not bool and isinstance(value, bool) \
             or isinstance(kind, type) and not isinstance(value, kind):
-        name = getattr(kind, "__name__", str(kind))
-        raise ConfigError(key, f"must be {'a number' if kind is float else 'a ' + name}; got {value!r}")
+        name = {float: "a number", int: "an integer", bool: "true or false", str: "a string"}.get(kind, str(kind))
+        raise ConfigError(key, f"must be {name}; got {value!r}")
     return value
 
 

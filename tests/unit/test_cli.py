@@ -6,20 +6,21 @@ import pytest
 from psrv.cli import build_parser
 
 SURFACE = {
-    "serve": ((), ("--backup-workers", "--bind", "--checkpoint-dir", "--checkpoint-every", "--curve-keys", "--device",
+    "serve": ((), ("--backup-workers", "--bind", "--checkpoint-dir", "--checkpoint-every", "--config", "--curve-keys", "--device",
                    "--log-level", "--lr", "--max-message-bytes", "--metrics-host", "--metrics-linger", "--metrics-port",
                    "--mode", "--momentum", "--nesterov", "--nonfinite", "--num-shards", "--optimizer", "--out",
                    "--ready-file", "--resume", "--rpc-master", "--shard", "--staleness", "--transport",
                    "--weight-decay", "--worker-timeout", "--workers")),
-    "worker": ((), ("--batch-size", "--compute-ms", "--curve-keys", "--device", "--eval-every", "--job", "--log-level",
+    "worker": ((), ("--batch-size", "--compute-ms", "--config", "--curve-keys", "--device", "--eval-every", "--job", "--log-level",
                     "--metrics-host", "--metrics-linger", "--metrics-port", "--mode", "--net-delay-ms", "--no-overlap",
-                    "--out", "--params-out", "--progress-file", "--rank", "--seed", "--servers", "--steps", "--straggler",
+                    "--out", "--params-out", "--progress-file", "--rank", "--request-timeout", "--seed", "--servers", "--steps", "--straggler",
                     "--transient-stragglers", "--transport", "--wire-dtype", "--world-size")),
     "keygen": (("dir",), ("--log-level", "--workers")),
     "admin": (("action",), ("--curve-keys", "--log-level", "--servers")),
-    "run": ((), ("--backup-workers", "--batch-size", "--compute-ms", "--device", "--eval-every", "--job", "--log-level",
-                 "--lr", "--metrics", "--metrics-linger", "--mode", "--momentum", "--nesterov", "--net-delay-ms",
-                 "--no-overlap", "--no-progress", "--optimizer", "--out", "--seed", "--servers", "--staleness", "--steps",
+    "run": ((), ("--backup-workers", "--batch-size", "--compute-ms", "--config", "--device", "--eval-every", "--job", "--log-level",
+                 "--lr", "--max-message-bytes", "--metrics", "--metrics-linger", "--mode", "--momentum", "--nesterov",
+                 "--net-delay-ms", "--no-overlap", "--no-progress", "--nonfinite", "--optimizer", "--out",
+                 "--request-timeout", "--seed", "--servers", "--staleness", "--steps",
                  "--straggler", "--transient-stragglers", "--transport", "--weight-decay", "--wire-dtype",
                  "--worker-timeout", "--workers")),
     "experiment": (("spec",), ("--log-level", "--out")),
@@ -52,8 +53,11 @@ def test_every_option_has_help_text(name):
 
 
 def test_defaults_run_the_embedded_default():
-    a = build_parser().parse_args(["run"])
-    assert (a.servers, a.workers, a.mode, a.staleness, a.job) == (2, 2, "ssp", 2, "digits_mlp")
+    from psrv.config import RunConfig
+    from psrv.config.cli_args import config_from_args
+    cfg = config_from_args(RunConfig, build_parser().parse_args(["run"]))
+    assert (cfg.cluster.servers, cfg.cluster.workers, cfg.mode, cfg.staleness, cfg.job.name) == \
+        (2, 2, "ssp", 2, "digits_mlp")
 
 
 def test_server_addresses_wait_for_ready_files_and_fail_clearly(tmp_path):

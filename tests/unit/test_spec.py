@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from experiments.spec import (ExperimentSpec, FaultSpec, JobSpec, TargetSpec, VariantSpec,
-                              load_spec)
+from experiments.spec import ExperimentSpec, load_spec, spec_from_dict
+from psrv.cli import build_parser
+from psrv.config import FaultConfig, JobConfig, RunConfig, from_dict
+from psrv.config.cli_args import config_from_args
 
 SPECS = sorted((Path(__file__).resolve().parents[2] / "experiments" / "specs").glob("*.toml"))
 
@@ -69,16 +71,16 @@ def test_shipped_spec_loads(path: Path) -> None:
 def test_modes_spec_contents() -> None:
     spec = load_spec(SPECS[0].parent / "modes.toml")
     assert [v.name for v in spec.variants] == ["sync", "ssp-1", "ssp-2", "ssp-4", "async", "ddp"]
-    assert spec.job == JobSpec(name="digits_mlp", steps=300, batch_size=32, eval_every=25)
-    assert (spec.cluster.servers, spec.cluster.workers, spec.cluster.device) == (1, 2, "cpu")
-    assert spec.target == TargetSpec(eval_loss=0.2) and spec.seeds == (0,)
+    assert spec.config.job == JobConfig(name="digits_mlp", steps=300, batch_size=32, eval_every=25)
+    assert (spec.config.cluster.servers, spec.config.cluster.workers, spec.config.cluster.device) == (1, 2, "cpu")
+    assert spec.target.eval_loss == 0.2 and spec.target.eval_accuracy is None and spec.seeds == (0,)
 
 
 def test_stragglers_spec_measures_both_straggler_models() -> None:
     spec = load_spec(SPECS[0].parent / "stragglers.toml")
-    faults = {v.name: spec.faults_for(v) for v in spec.variants}
-    assert faults["sync-transient"] == FaultSpec(compute_ms=20, transient_stragglers="0.1:4")
-    assert faults["sync-persistent"] == FaultSpec(compute_ms=20, straggler="1:2")
+    faults = {v.name: v.config.faults for v in spec.variants}
+    assert faults["sync-transient"] == FaultConfig(compute_ms=20, transient_stragglers="0.1:4")
+    assert faults["sync-persistent"] == FaultConfig(compute_ms=20, straggler="1:2")
     assert {v.mode for v in spec.variants} == {"sync", "ssp", "async"}
     assert {v.staleness for v in spec.variants if v.mode == "ssp"} == {2, 8}
 
@@ -86,40 +88,46 @@ def test_stragglers_spec_measures_both_straggler_models() -> None:
 def test_base_spec_loads(tmp_path: Path) -> None:
     spec = _load(tmp_path, BASE)
     assert [v.name for v in spec.variants] == ["sync", "ssp-2", "async"]
-    assert spec.optimizer.lr == 0.1 and spec.faults.compute_ms == 5.0
-    assert isinstance(spec.faults.compute_ms, float)
+    assert spec.config.optimizer.lr == 0.1 and spec.config.faults.compute_ms == 5.0
+    assert isinstance(spec.config.faults.compute_ms, float)
+
+
+def test_a_spec_has_the_command_lines_defaults() -> None:
+    """A key a spec leaves out has the value the command line gives when its option is left out."""
+    spec = spec_from_dict({"name": "t", "target": {"eval_loss": 1.0}, "variants": [{"mode": "ssp"}]})
+    cli = config_from_args(RunConfig, build_parser().parse_args(["run"]))
+    assert spec.run_config(spec.variants[0], 0) == cli
+    assert cli.optimizer.momentum == 0.9  # once 0.9 on the command line and 0.0 in a spec
 
 
 BAD = [  # (replace this, with that, every piece the message must contain)
-    ("workers = 2", "wokers = 2", ["unknown key 'cluster.wokers'", "servers, workers, device, transport"]),
+    ("workers = 2", "wokers = 2", ["unknown key 'cluster.wokers'", "device, transport, servers, workers"]),
     ('mode = "async"', 'mode = "bsp"', ["variants[2].mode", "sync, async, ssp, ddp", "'bsp'"]),
-    ("staleness = 2\n", "", ["variants[1].staleness", "required when mode = 'ssp'", ">= 0"]),
-    ('mode = "sync"', 'mode = "sync"\nstaleness = 1', ["variants[0].staleness", "only allowed when mode = 'ssp'"]),
-    ("steps = 10", "steps = -5", ["job.steps", "integer >= 1", "-5"]),
-    ("steps = 10", "steps = 2.5", ["job.steps", "integer >= 1"]),
+    ('mode = "sync"', 'mode = "sync"\nstaleness = 1', ["variants[0].staleness", "only used when mode = 'ssp'"]),
+    ("steps = 10", "steps = -5", ["job.steps", ">= 1", "-5"]),
+    ("steps = 10", "steps = 2.5", ["job.steps", "must be an integer"]),
     ('mode = "async"', 'mode = "async"\nname = "sync"', ["variants[2].name", "duplicate", "unique"]),
     ('mode = "async"', 'mode = "async"\nname = "a/b"', ["variants[2].name", "A-Z a-z 0-9 _ . -"]),
-    ("[target]\neval_accuracy = 0.9\n", "", ["target: required", "eval_loss, eval_accuracy"]),
+    ("[target]\neval_accuracy = 0.9\n", "", ["target: required", "eval_loss", "eval_accuracy"]),
     ("eval_accuracy = 0.9\n", "", ["target", "at least one of eval_loss, eval_accuracy"]),
-    ("eval_accuracy = 0.9", "eval_accuracy = 1.5", ["target.eval_accuracy", "<= 1.0"]),
+    ("eval_accuracy = 0.9", "eval_accuracy = 1.5", ["target.eval_accuracy", "<= 1"]),
     ("staleness = 2", "stalenes = 2", ["variants[1].stalenes", "did you mean 'staleness'"]),
     ('name = "sgd"', 'name = "adamx"', ["optimizer.name", "sgd, adam, adamw"]),
     ('name = "sgd"\nlr = 0.1', 'name = "adam"\nlr = 0.1\nmomentum = 0.9', ["optimizer.momentum", "'sgd'"]),
-    ("lr = 0.1", "lr = 0", ["optimizer.lr", "> 0.0"]),
+    ("lr = 0.1", "lr = 0", ["optimizer.lr", "> 0"]),
     ("workers = 2", 'workers = 2\ntransport = "tcp"', ["cluster.transport", "zmq, rpc"]),
-    ("workers = 2", 'workers = 2\ndevice = "gpu"', ["cluster.device", "cpu, cuda, cuda:N"]),
+    ("workers = 2", 'workers = 2\ndevice = "gpu"', ["cluster.device", "cpu, cuda or cuda:K"]),
     ("compute_ms = 5", 'compute_ms = 5\nstraggler = "5:2"', ["faults.straggler", "0..1"]),
     ("compute_ms = 5", 'straggler = "1"', ["faults.straggler", "RANK:FACTOR"]),
     ('mode = "sync"', 'mode = "sync"\nfaults = { stragler = "1:2" }', ["variants[0].faults.stragler", "straggler"]),
     ('mode = "sync"', 'mode = "sync"\nfaults = { transient_stragglers = "2:4" }',
-     ["variants[0].faults.transient_stragglers", "0 < P <= 1"]),
-    ('mode = "async"', 'mode = "async"\nbackup_workers = 1', ["variants[2].backup_workers", "mode = 'sync'"]),
+     ["variants[0].faults.transient_stragglers", "[0, 1]"]),
+    ('mode = "async"', 'mode = "async"\nbackup_workers = 1', ["variants[2].backup_workers", "mode 'sync'"]),
     ('mode = "sync"', 'mode = "sync"\nbackup_workers = 2', ["variants[0].backup_workers", "< cluster.workers"]),
-    ('mode = "async"', 'mode = "ddp"\ntransport = "rpc"', ["variants[2].transport", "ddp"]),
+    ('mode = "async"', 'mode = "ddp"\ncluster = { transport = "rpc" }', ["variants[2].cluster.transport", "ddp"]),
     ("seeds = [0, 1]", "seeds = [0, 0]", ["seeds[1]", "unique"]),
     ("seeds = [0, 1]", "seeds = []", ["seeds", "at least one"]),
     ("seeds = [0, 1]", "seed = [0]", ["unknown key 'seed'", "did you mean 'seeds'", "variants"]),
-    ('mode = "sync"', "", ["variants[0].mode: required", "sync, async, ssp, ddp"]),
 ]
 
 
@@ -140,11 +148,16 @@ def test_invalid_toml_is_a_value_error(tmp_path: Path) -> None:
         _load(tmp_path, "name = ")
 
 
-def test_default_variant_names() -> None:
-    names = [VariantSpec(mode="sync").name, VariantSpec(mode="sync", backup_workers=1).name,
-             VariantSpec(mode="ssp", staleness=4).name, VariantSpec(mode="async").name,
-             VariantSpec(mode="ddp").name, VariantSpec(mode="async", name="mine").name]
-    assert names == ["sync", "sync-b1", "ssp-4", "async", "ddp", "mine"]
+def test_missing_spec_is_a_value_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no such spec file"):
+        load_spec(tmp_path / "nope.toml")
+
+
+def test_default_variant_names(tmp_path: Path) -> None:
+    variants = [{"mode": "sync"}, {"mode": "sync", "backup_workers": 1}, {"mode": "ssp", "staleness": 4},
+                {"mode": "async"}, {"mode": "ddp"}, {"mode": "async", "name": "mine"}, {"mode": "ssp"}]
+    spec = spec_from_dict({"name": "t", "target": {"eval_loss": 1.0}, "variants": variants})
+    assert [v.name for v in spec.variants] == ["sync", "sync-b1", "ssp-4", "async", "ddp", "mine", "ssp-2"]
 
 
 def test_runs_are_repeat_major(tmp_path: Path) -> None:
@@ -154,26 +167,20 @@ def test_runs_are_repeat_major(tmp_path: Path) -> None:
                     ("sync", 3, 1), ("ssp-2", 3, 1), ("async", 3, 1)]
 
 
-def test_run_argv(tmp_path: Path) -> None:
+def test_run_argv_gives_what_differs_from_the_defaults(tmp_path: Path) -> None:
     spec = _load(tmp_path, BASE)
     sync, ssp, asynchronous = spec.variants
     argv = spec.run_argv(sync, 1)
     assert "--out" not in argv
-    assert _flags(argv) == {
-        "--servers": "1", "--workers": "2", "--mode": "sync", "--backup-workers": "0",
-        "--job": "digits_mlp", "--steps": "10", "--batch-size": "32", "--optimizer": "sgd",
-        "--lr": "0.1", "--momentum": "0.0", "--weight-decay": "0.0", "--seed": "1",
-        "--device": "cpu", "--transport": "zmq", "--eval-every": "25", "--compute-ms": "5.0",
-        "--net-delay-ms": "0.0"}
-    flags = _flags(spec.run_argv(ssp, 0))
-    assert (flags["--mode"], flags["--staleness"]) == ("ssp", "2") and "--backup-workers" not in flags
-    flags = _flags(spec.run_argv(asynchronous, 0))
-    assert flags["--mode"] == "async" and "--staleness" not in flags
+    assert _flags(argv) == {"--mode": "sync", "--seed": "1", "--steps": "10", "--lr": "0.1", "--compute-ms": "5.0"}
+    # ssp, staleness 2 and seed 0 are the defaults: no flag for them
+    assert _flags(spec.run_argv(ssp, 0)) == {"--steps": "10", "--lr": "0.1", "--compute-ms": "5.0"}
+    assert _flags(spec.run_argv(asynchronous, 0))["--mode"] == "async"
 
 
 def test_run_argv_variant_overrides(tmp_path: Path) -> None:
     text = BASE.replace('name = "sgd"', 'name = "adam"').replace(
-        'mode = "sync"', 'mode = "sync"\nbackup_workers = 1\ntransport = "rpc"\ndevice = "cuda:0"\n'
+        'mode = "sync"', 'mode = "sync"\nbackup_workers = 1\ncluster = { transport = "rpc", device = "cuda:0" }\n'
         'faults = { straggler = "1:2", transient_stragglers = "0.1:4" }')
     spec = _load(tmp_path, text)
     flags = _flags(spec.run_argv(spec.variants[0], 0))
@@ -184,19 +191,13 @@ def test_run_argv_variant_overrides(tmp_path: Path) -> None:
     assert (flags["--straggler"], flags["--transient-stragglers"]) == ("1:2", "0.1:4")
     assert flags["--compute-ms"] == "5.0"  # the experiment's [faults], merged key by key
     other = _flags(spec.run_argv(spec.variants[1], 0))
-    assert other["--transport"] == "zmq" and "--straggler" not in other
+    assert "--transport" not in other and "--straggler" not in other
 
 
 @pytest.mark.parametrize("path", SPECS, ids=lambda p: p.name)
-def test_every_run_argv_parses_with_the_cli(path: Path) -> None:
-    cli = pytest.importorskip("psrv.cli")
-    parser = cli.build_parser()
+def test_every_run_argv_parses_back_to_the_same_config(path: Path) -> None:
+    parser = build_parser()
     spec = load_spec(path)
     for variant, seed, _ in spec.runs():
-        argv = ["run", *spec.run_argv(variant, seed), "--out", "x"]
-        try:
-            args = parser.parse_args(argv)
-        except SystemExit:
-            pytest.fail(f"psrv {' '.join(argv)} does not parse")
-        assert getattr(args, "mode", variant.mode) == variant.mode
-        assert getattr(args, "seed", seed) == seed
+        args = parser.parse_args(["run", *spec.run_argv(variant, seed), "--out", "x"])
+        assert config_from_args(RunConfig, args) == spec.run_config(variant, seed)
