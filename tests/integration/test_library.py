@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import warnings
 
 import pytest
@@ -134,3 +135,54 @@ def test_library_calls_leave_the_host_process_as_it_was():
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got == {"import": True, "use": True, "trained": 3, "untuned": True, "still_untuned": True,
                    "tuned": True}, got
+
+
+def test_an_entry_point_turns_sigterm_into_a_clean_stop_with_a_final_checkpoint(tmp_path):
+    """What `psrv serve` does: psrv.process.stop_on_signals(server.stop) from on_ready. SIGTERM ends
+    the shard through its loop (exit 0, the summary returned) and the final checkpoint is written."""
+    ready, ckpt = tmp_path / "address", tmp_path / "ck"
+    script = textwrap.dedent(f'''
+        import json
+        from pathlib import Path
+        from psrv.config import ServerConfig
+        from psrv.process import stop_on_signals
+        from psrv.server.run import serve
+        cfg = ServerConfig(workers=1, mode="async", bind="tcp://127.0.0.1:0", worker_timeout=60.0,
+                           checkpoint_dir={str(ckpt)!r})
+        summary = serve(cfg, ready_file=Path({str(ready)!r}), on_ready=lambda server: stop_on_signals(server.stop))
+        print(json.dumps({{"version": summary["version"], "checkpoints": summary["checkpoints"]}}))
+    ''')
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (ready.exists() and ready.read_text()) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        plan = PartitionPlan.from_module(torch.nn.Linear(4, 1), 1)
+        with PSClient([ready.read_text()], plan, worker=0, world_size=1, timeout=20) as client:
+            client.hello()
+            client.init(torch.zeros(plan.total))
+            for _ in range(3):
+                client.push(torch.ones(plan.total), clock=0)
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["version"] == 3 and summary["checkpoints"] >= 1
+    assert any(ckpt.iterdir())
+
+
+def test_stop_on_signals_hands_back_the_previous_handler():
+    from psrv.process import stop_on_signals
+    before = signal.getsignal(signal.SIGTERM)
+    stopped = threading.Event()
+    restore = stop_on_signals(stopped.set)
+    try:
+        assert signal.getsignal(signal.SIGTERM) is not before
+        signal.raise_signal(signal.SIGTERM)
+        assert stopped.wait(5)
+    finally:
+        restore()
+    assert signal.getsignal(signal.SIGTERM) == before

@@ -1,9 +1,15 @@
 """The codec pair: every message round-trips, tensors stay zero-copy, defects raise ProtocolError."""
+import gc
+import subprocess
+import sys
+
 import msgpack
+import numpy as np
 import pytest
 import torch
 
 from psrv.protocol import PROTOCOL_VERSION, ErrorCode, Message, MsgType, ProtocolError, decode, encode
+from tests.helpers import ROOT
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -30,6 +36,34 @@ def test_tensor_travels_as_a_raw_frame_without_copy():
     assert torch.frombuffer(frames[1], dtype=torch.float32).data_ptr() == t.data_ptr()
     received = bytearray(frames[1])
     assert decode([frames[0], received]).tensor.data_ptr() == torch.frombuffer(received, dtype=torch.float32).data_ptr()
+
+
+def test_a_read_only_frame_is_decoded_in_place_and_kept_alive():
+    t = torch.randn(4096)
+    head, payload = encode(Message(MsgType.PUSH, tensor=t))
+    received = bytes(payload)  # read-only, like a zmq frame
+    got = decode([head, received]).tensor
+    assert got.data_ptr() == np.frombuffer(received, dtype=np.uint8).ctypes.data  # no copy
+    del received
+    gc.collect()
+    junk = [bytes(range(256)) * 64 for _ in range(64)]  # reuse freed memory, were the frame freed
+    assert torch.equal(got, t) and junk
+
+
+def test_the_codec_sets_no_warning_filter_and_decoding_a_read_only_frame_warns_nothing():
+    code = """if True:
+        import warnings, torch
+        before = list(warnings.filters)
+        from psrv.protocol import Message, MsgType, decode, encode
+        assert list(warnings.filters) == before, "importing the codec changed the warning filters"
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            head, payload = encode(Message(MsgType.PUSH, tensor=torch.ones(8)))
+            decode([head, bytes(payload)])
+        assert not seen, [str(w.message) for w in seen]
+    """
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def _header(**over):
