@@ -1,9 +1,10 @@
-"""Atomic sharded checkpoints: each shard writes its own file, restores all of it or nothing.
+"""Atomic checkpoint files: one dict of plain tensors, numbers and strings per shard, all or nothing.
 
-A file is MAGIC + sha256(payload) + payload, the payload a torch.save of plain tensors,
-numbers and strings (loaded with weights_only=True: no pickled code runs). It is written to
-a temporary file, fsynced and renamed over the old one, so a crash leaves the old or the new
-checkpoint, never a torn one; a truncated or altered file fails the digest and is refused.
+A file is MAGIC + sha256(payload) + payload, the payload a torch.save of the dict (loaded with
+weights_only=True: no pickled code runs). It is written to a temporary file, fsynced and renamed
+over the old one, so a crash leaves the old or the new checkpoint, never a torn one; a truncated or
+altered file fails the digest and is refused. This module knows files, not servers: a shard hands
+it its state_dict() and gets a dict back for its load_state_dict() (psrv/server/service.py).
 """
 from __future__ import annotations
 
@@ -13,25 +14,17 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 
-from psrv.server.consistency import make_controller
-from psrv.server.dedup import Dedup
-from psrv.server.liveness import Liveness
-from psrv.server.shard import Shard
-
-if TYPE_CHECKING:
-    from psrv.server.service import ShardService
-
 log = logging.getLogger("psrv.checkpoint")
 MAGIC = b"PSRVCKPT1\n"
-FORMAT = 1
+FORMAT = 1  # the payload's layout: bump it when the dict's keys change meaning
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that cannot be restored (corrupt, truncated, or another job's)."""
+    """A checkpoint (or state dict) that cannot be restored: corrupt, truncated, or another job's."""
 
 
 def checkpoint_path(directory: str | Path, *, shard: int, num_shards: int) -> Path:
@@ -39,8 +32,10 @@ def checkpoint_path(directory: str | Path, *, shard: int, num_shards: int) -> Pa
 
 
 def write_atomic(path: Path, state: dict) -> None:
+    """Write `state`, stamped with the format and the time, to `path`: the old file or the new one
+    survives a crash, never a torn one."""
     buf = io.BytesIO()
-    torch.save(state, buf)
+    torch.save({**state, "format": FORMAT, "written": time.time()}, buf)
     payload = buf.getvalue()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -57,7 +52,7 @@ def write_atomic(path: Path, state: dict) -> None:
 
 
 def read_verified(path: Path) -> dict:
-    """The checkpoint's state; CheckpointError if it is missing, truncated or altered."""
+    """The checkpoint's dict; CheckpointError if it is missing, truncated, altered or of another format."""
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
@@ -73,101 +68,46 @@ def read_verified(path: Path) -> dict:
         raise CheckpointError(f"{path} cannot be loaded: {type(exc).__name__}: {exc}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path} has checkpoint format {state.get('format') if isinstance(state, dict) else '?'}"
-                              f", this psrv reads {FORMAT}")
+                              f", this psrv reads {FORMAT}: resume with the psrv that wrote it, or start fresh")
     return state
 
 
-def capture(service: "ShardService") -> dict:
-    """Everything a shard needs to carry on: parameters, optimizer, version, clocks, dedup table."""
-    cfg = service.cfg
-    return {"format": FORMAT, "shard": cfg.shard, "num_shards": cfg.num_shards, "workers": cfg.workers,
-            "mode": cfg.mode, "optimizer": cfg.optim.name, "plan_hash": service.plan_hash,
-            "size": service.shard.size, "shard_state": service.shard.state_dict(),
-            "controller": service.controller.state_dict(), "dedup": service.dedup.state_dict(),
-            "liveness": service.liveness.state_dict(), "written": time.time()}
-
-
-def save(service: "ShardService", directory: str | Path) -> Path | None:
-    """Write the shard's checkpoint; None when there is nothing to keep yet (no weights: no INIT)."""
-    if service.shard is None or not service.shard.initialised:
-        return None
-    path = checkpoint_path(directory, shard=service.cfg.shard, num_shards=service.cfg.num_shards)
-    started = time.perf_counter()
-    write_atomic(path, capture(service))
-    log.info("shard %d: checkpoint at version %d -> %s (%.3fs)", service.cfg.shard, service.shard.version,
-             path, time.perf_counter() - started)
-    return path
-
-
 class Checkpointer:
-    """When a shard checkpoints (every `every` seconds, if a directory is set) and what it wrote."""
+    """One shard's checkpoint file: when it is due (every `every` seconds, if a directory is set),
+    writing and reading it, and what the last write held."""
 
-    def __init__(self, directory: str, *, every: float, now: Callable[[], float]):
+    def __init__(self, directory: str, *, shard: int, num_shards: int, every: float, now: Callable[[], float]):
         self.directory, self.every, self.now = directory, every, now
+        self.shard = shard
+        self.path = checkpoint_path(directory, shard=shard, num_shards=num_shards) if directory else None
         self.count = 0
         self.version: int | None = None  # the version the last checkpoint holds
         self._last = now()
 
     def due(self) -> bool:
-        return bool(self.directory) and self.every > 0 and self.now() - self._last >= self.every
+        return self.path is not None and self.every > 0 and self.now() - self._last >= self.every
 
-    def save(self, service: "ShardService") -> str | None:
-        """Write now; a failure (disk full...) is logged, never fatal to the shard's loop."""
+    def save(self, state: dict, *, version: int) -> str | None:
+        """Write `state` (the shard's, at `version`) now; a failure (disk full...) is logged and
+        answered with None, never fatal to the shard's loop."""
+        assert self.path is not None, "Checkpointer.save without a directory"
         self._last = self.now()
+        started = time.perf_counter()
         try:
-            path = save(service, self.directory)
+            write_atomic(self.path, state)
         except OSError as exc:
-            log.error("shard %d: checkpoint to %s failed: %s", service.cfg.shard, self.directory, exc)
+            log.error("shard %d: checkpoint to %s failed: %s", self.shard, self.directory, exc)
             return None
-        if path is not None:
-            self.count += 1
-            self.version = service.shard.version
-        return str(path) if path else None
+        self.count += 1
+        self.version = version
+        log.info("shard %d: checkpoint at version %d -> %s (%.3fs)", self.shard, version, self.path,
+                 time.perf_counter() - started)
+        return str(self.path)
 
-
-def restore(service: "ShardService", state: dict, *, source: str = "checkpoint") -> None:
-    """Load `state` into `service`: everything is built and checked first, then swapped in at once."""
-    cfg = service.cfg
-    want = {"shard": cfg.shard, "num_shards": cfg.num_shards, "workers": cfg.workers, "mode": cfg.mode,
-            "optimizer": cfg.optim.name}
-    got = {k: state.get(k) for k in want}
-    if got != want:
-        diff = ", ".join(f"{k} {got[k]!r} (this server: {want[k]!r})" for k in want if got[k] != want[k])
-        raise CheckpointError(f"{source} belongs to another job: {diff}")
-    plan_hash, size = state.get("plan_hash"), state.get("size")
-    if not isinstance(plan_hash, str) or not isinstance(size, int) or size < 1:
-        raise CheckpointError(f"{source} has no partition plan hash or shard size")
-    try:
-        shard = Shard(size, cfg.optim, device=cfg.device)
-        shard.load_state_dict(state["shard_state"])
-        for slot in shard.optimizer.state_dict()["state"].values():  # momentum, Adam moments: one per element
-            for name, value in slot.items():
-                if torch.is_tensor(value) and value.dim() > 0 and tuple(value.shape) != (size,):
-                    raise ValueError(f"optimizer state {name} has shape {tuple(value.shape)}, the shard {size}")
-        controller = make_controller(cfg.mode, cfg.workers, staleness=cfg.staleness,
-                                     backup_workers=cfg.backup_workers)
-        controller.load_state_dict(state["controller"])
-        dedup = Dedup()
-        dedup.load_state_dict(state["dedup"])
-        old = service.liveness
-        liveness = Liveness(timeout=old.timeout, join_timeout=old.join_timeout, now=old.now)
-        liveness.load_state_dict(state["liveness"])
-    except CheckpointError:
-        raise
-    except (AttributeError, KeyError, TypeError, ValueError, RuntimeError) as exc:
-        raise CheckpointError(f"{source} is incomplete or inconsistent: {type(exc).__name__}: {exc}") from None
-    liveness.restart_clocks(controller.active)
-    service.shard, service.plan_hash, service.controller = shard, plan_hash, controller
-    service.dedup, service.liveness, service.resumed_from = dedup, liveness, shard.version
-    log.info("shard %d: resumed from %s at version %d (active workers %s)", cfg.shard, source,
-             shard.version, sorted(controller.active))
-
-
-def resume(service: "ShardService", directory: str | Path) -> bool:
-    """Restore the shard's checkpoint from `directory` if there is one; False when there is none."""
-    path = checkpoint_path(directory, shard=service.cfg.shard, num_shards=service.cfg.num_shards)
-    if not path.exists():
-        log.warning("shard %d: --resume but no checkpoint at %s; starting fresh", service.cfg.shard, path)
-        return False
-    restore(service, read_verified(path), source=str(path))
-    return True
+    def load(self) -> dict | None:
+        """The checkpoint's dict, or None when there is none yet; CheckpointError if it is damaged."""
+        assert self.path is not None, "Checkpointer.load without a directory"
+        if not self.path.exists():
+            log.warning("shard %d: --resume but no checkpoint at %s; starting fresh", self.shard, self.path)
+            return None
+        return read_verified(self.path)

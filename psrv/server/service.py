@@ -11,10 +11,10 @@ from typing import Callable, Hashable
 
 import torch
 
-from psrv import checkpoint
+from psrv.checkpoint import Checkpointer
 from psrv.config import ServerConfig
 from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError, decode, encode
-from psrv.server import validate
+from psrv.server import snapshot, validate
 from psrv.server.consistency import Decision, make_controller
 from psrv.server.dedup import Dedup
 from psrv.server.liveness import Liveness
@@ -46,7 +46,8 @@ class ShardService:
         self.dedup = Dedup()
         self.liveness = Liveness(timeout=cfg.worker_timeout, join_timeout=join_timeout, now=now)
         self.resumed_from: int | None = None
-        self.checkpoints = checkpoint.Checkpointer(cfg.checkpoint_dir, every=cfg.checkpoint_every, now=now)
+        self.checkpoints = Checkpointer(cfg.checkpoint_dir, shard=cfg.shard, num_shards=cfg.num_shards,
+                                        every=cfg.checkpoint_every, now=now)
         self.stopped = False
         self._last_check = now()
         self._handlers = {
@@ -55,10 +56,12 @@ class ShardService:
             MsgType.HEARTBEAT: self._on_heartbeat, MsgType.LEAVE: self._on_leave, MsgType.STATS: self._on_stats,
             MsgType.SHUTDOWN: self._on_shutdown, MsgType.CHECKPOINT: self._on_checkpoint,
         }
-        warm = Shard(1, cfg.optim, device=cfg.device)  # the optimizer's first step now, not at the first push
+        warm = Shard(1, cfg.optimizer, device=cfg.device)  # the optimizer's first step now, not at the first push
         warm.apply(torch.zeros(1, device=warm.device))
         if cfg.resume and cfg.checkpoint_dir:
-            checkpoint.resume(self, cfg.checkpoint_dir)
+            saved = self.checkpoints.load()
+            if saved is not None:
+                self.load_state_dict(saved, source=str(self.checkpoints.path))
 
     # --- the loop -----------------------------------------------------------
     @property
@@ -78,9 +81,9 @@ class ShardService:
                 self.handle(*item)
             self.check_liveness()
             if self.checkpoints.due():
-                self.checkpoints.save(self)
+                self.save_checkpoint()
         if self.cfg.checkpoint_dir:
-            self.checkpoints.save(self)
+            self.save_checkpoint()
         self.transport.wait_sent(5.0)
         return self.summary()
 
@@ -130,7 +133,7 @@ class ShardService:
     def _on_hello(self, peer, msg: Message) -> None:
         plan_hash, size = validate.hello(self.cfg, msg)
         if self.plan_hash is None:
-            self.shard = Shard(size, self.cfg.optim, device=self.cfg.device)
+            self.shard = Shard(size, self.cfg.optimizer, device=self.cfg.device)
             self.plan_hash = plan_hash
         elif plan_hash != self.plan_hash:
             resumed = " (resumed from a checkpoint)" if self.resumed_from is not None else ""
@@ -205,7 +208,7 @@ class ShardService:
     def _on_checkpoint(self, peer, msg: Message) -> None:
         if not self.cfg.checkpoint_dir:
             raise ProtocolError(ErrorCode.NOT_ALLOWED, "this server has no --checkpoint-dir")
-        path = self.checkpoints.save(self)
+        path = self.save_checkpoint()
         if path is None and self.shard is not None and self.shard.initialised:
             raise ProtocolError(ErrorCode.INTERNAL, "checkpoint failed; see the server's log")
         self._reply(peer, Message(MsgType.OK, seq=msg.seq, fields={
@@ -232,7 +235,7 @@ class ShardService:
         if self.controller.catch_up(msg.clock):
             log.warning("shard %d: worker %d pushed clock %d, ahead of this restored shard; skipping to it",
                         self.cfg.shard, msg.worker, msg.clock)
-            shard.discard_accumulated()
+            self.stats.drop("late", shard.discard_accumulated())  # the others applied that clock without us
         decision = self.controller.push(msg.worker, msg.clock)
         if decision is Decision.DROP:
             self.stats.drop("late")
@@ -264,6 +267,7 @@ class ShardService:
     def _remove(self, worker: int) -> None:
         self.controller.leave(worker)
         self.stats.membership(self.controller.active, {})
+        self.stats.departed(worker)
         self.pending.drop(worker)
         self._commit_if_ready()
         self._release()
@@ -310,6 +314,32 @@ class ShardService:
         if need_init and not self.shard.initialised:
             raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{msg.type.name} before INIT (rank 0 sends it)")
         return self.shard
+
+    # --- state ----------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Everything this shard needs to carry on, as plain data (keys: psrv/server/snapshot.py)."""
+        if self.shard is None:
+            raise ValueError("a shard has no state before its first HELLO (which brings its size)")
+        return snapshot.compose(self.cfg, snapshot.Parts(self.plan_hash, self.shard, self.controller,
+                                                         self.dedup, self.liveness))
+
+    def load_state_dict(self, state: dict, *, source: str = "state dict") -> None:
+        """Carry on from `state` (a state_dict of this job's shard): every part is built and checked
+        first, then swapped in at once; CheckpointError, with nothing changed, if it does not fit."""
+        fresh = Liveness(timeout=self.liveness.timeout, join_timeout=self.liveness.join_timeout, now=self.now)
+        parts = snapshot.build(state, self.cfg, liveness=fresh, source=source)
+        self.plan_hash, self.shard, self.controller, self.dedup, self.liveness = parts
+        self.resumed_from = self.shard.version
+        active = self.controller.active
+        self.stats.membership(active, {w: self.controller.clocks.get(w, 0) for w in active})
+        log.info("shard %d: resumed from %s at version %d (active workers %s)", self.cfg.shard, source,
+                 self.shard.version, sorted(active))
+
+    def save_checkpoint(self) -> str | None:
+        """Write this shard's checkpoint now; None when it has no weights yet (no INIT) or the write failed."""
+        if self.shard is None or not self.shard.initialised:
+            return None
+        return self.checkpoints.save(self.state_dict(), version=self.shard.version)
 
     def summary(self) -> dict:
         return {"shard": self.cfg.shard, "num_shards": self.cfg.num_shards, "mode": self.cfg.mode,

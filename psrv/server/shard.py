@@ -62,13 +62,17 @@ class Shard:
         self.optimizer.step(grad)
         self.version += 1
 
-    def discard_accumulated(self) -> None:
-        """Forget the open clock's sum (its clock was overtaken after a restore)."""
+    def discard_accumulated(self) -> int:
+        """Forget the open clock's sum (its clock was overtaken after a restore); returns how many
+        gradients it held."""
+        n, self._accumulated = self._accumulated, 0
         if self._accum is not None:
             self._accum.zero_()
-        self._accumulated = 0
+        return n
 
     def state_dict(self) -> dict:
+        """Parameters, optimizer state (torch.optim's layout), version and the open clock's sum.
+        Tensors are the shard's own (as nn.Module.state_dict's are): save or copy before stepping on."""
         state = {"param": self.param.data, "optimizer": self.optimizer.state_dict(), "version": self.version,
                  "accumulated": self._accumulated, "initialised": self.initialised}
         if self._accum is not None:
@@ -76,9 +80,15 @@ class Shard:
         return state
 
     def load_state_dict(self, state: dict) -> None:
+        """Take `state` (another shard's state_dict, same size and optimizer); ValueError, with nothing
+        changed, if its tensors have another shape."""
         for key in ("param", "accum"):
             if key in state and tuple(state[key].shape) != (self.size,):
-                raise ValueError(f"checkpoint {key} has shape {tuple(state[key].shape)}, this shard {self.size}")
+                raise ValueError(f"state {key} has shape {tuple(state[key].shape)}, this shard {self.size}")
+        for slot in state["optimizer"]["state"].values():  # momentum, Adam moments: one per element
+            for name, value in slot.items():
+                if torch.is_tensor(value) and value.dim() > 0 and tuple(value.shape) != (self.size,):
+                    raise ValueError(f"optimizer state {name} has shape {tuple(value.shape)}, this shard {self.size}")
         self.param.data.copy_(state["param"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])

@@ -53,10 +53,13 @@ class ShardStats:
             self.metrics.updates_applied.inc()
             self.metrics.shard_version.set(version)
 
-    def drop(self, reason: str) -> None:
-        self.dropped[reason] += 1
-        if self.metrics:
-            self.metrics.dropped(reason).inc()
+    def drop(self, reason: str, count: int = 1) -> None:
+        """`count` gradients received and never applied: "late" (their clock was finished without
+        them) or "invalid" (NaN/Inf)."""
+        if count:
+            self.dropped[reason] += count
+            if self.metrics:
+                self.metrics.dropped(reason).inc(count)
 
     def duplicate(self) -> None:
         """A re-sent push, answered from the dedup table and not applied again."""
@@ -80,6 +83,11 @@ class ShardStats:
             self.metrics.active_workers.set(len(active))
             for w, c in clocks.items():
                 self.metrics.worker_clock(w).set(c)
+
+    def departed(self, worker: int) -> None:
+        """`worker` left the active set (LEAVE or silence): its clock series goes until it rejoins."""
+        if self.metrics:
+            self.metrics.forget_worker(worker)
 
     # --- summaries ----------------------------------------------------------
     @property

@@ -99,7 +99,7 @@ def test_killed_server_resumes_from_its_checkpoint_and_the_run_completes(procs, 
 
 # --- refusing bad checkpoints -------------------------------------------------------------
 def config(tmp_path, **kw) -> ServerConfig:
-    base = dict(workers=2, mode="sync", optim=OptimConfig(name="sgd", lr=0.5, momentum=0.9),
+    base = dict(workers=2, mode="sync", optimizer=OptimConfig(name="sgd", lr=0.5, momentum=0.9),
                 checkpoint_dir=str(tmp_path))
     return ServerConfig(**{**base, **kw})
 
@@ -127,13 +127,13 @@ def trained_service(tmp_path, plan="plan-a") -> ShardService:
 
 
 def save(svc: ShardService) -> None:
-    assert svc.checkpoints.save(svc) is not None
+    assert svc.save_checkpoint() is not None
 
 
 @pytest.mark.timeout(60)
 def test_checkpoint_restores_everything(tmp_path):
     svc = trained_service(tmp_path)
-    svc.checkpoints.save(svc)
+    svc.save_checkpoint()
     back = ShardService(config(tmp_path, resume=True), RecordingNet())
     assert torch.equal(back.shard.weights, svc.shard.weights) and back.shard.version == 3
     momentum = lambda s: s.shard.optimizer.state_dict()["state"][0]["momentum_buffer"]  # noqa: E731
@@ -152,7 +152,7 @@ def test_no_checkpoint_before_the_shard_has_weights(tmp_path):
     svc = ShardService(config(tmp_path), RecordingNet())
     request(svc, MsgType.HELLO, 0, fields={"plan_hash": "p", "total": SIZE, "num_shards": 1, "shard": 0,
                                            "world_size": 2})
-    assert svc.checkpoints.save(svc) is None and not list(tmp_path.iterdir())
+    assert svc.save_checkpoint() is None and not list(tmp_path.iterdir())
 
 
 @pytest.mark.timeout(60)
