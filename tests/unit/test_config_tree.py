@@ -1,0 +1,147 @@
+"""One source per setting: the command line, a spec, a launched process's JSON and the DDP baseline
+are all derived from the config tree, so each setting has one name, one default and one check."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from experiments.spec import spec_from_dict
+from psrv.cli import build_parser
+from psrv.config import ConfigError, RunConfig, ServerConfig, WorkerConfig, from_dict, to_dict
+from psrv.config.base import default_of, leaves
+from psrv.config.cli_args import config_from_args, flag_of, to_argv
+from workers.ddp import build_parser as ddp_parser
+
+# what a setting needs beside it to be valid at a value other than its default
+COMPANIONS: dict[str, dict[str, Any]] = {"backup_workers": {"mode": "sync"}, "mode": {}}
+OTHER = {"mode": "sync", "cluster.device": "cuda:1", "job.name": "synthetic_mlp", "faults.straggler": "1:2",
+         "faults.transient_stragglers": "0.1:4", "optimizer.momentum": 0.5, "optimizer.betas": (0.8, 0.99)}
+
+
+def _nest(key: str, value: Any) -> dict[str, Any]:
+    *path, name = key.split(".")
+    out: dict[str, Any] = {name: value}
+    for part in reversed(path):
+        out = {part: out}
+    return out
+
+
+def _other_value(key: str, f, s) -> Any:
+    """A valid value other than the default, for every leaf of a run."""
+    if key in OTHER:
+        return OTHER[key]
+    default = default_of(f)
+    if isinstance(default, bool):
+        return not default
+    if s.choices:
+        return next(c for c in s.choices if c != default)
+    if isinstance(default, int):
+        return default + 1
+    if isinstance(default, float):
+        return default * 2 if default else 0.5
+    raise AssertionError(f"no other value for {key}")
+
+
+RUN_LEAVES = leaves(RunConfig)
+
+
+def test_every_leaf_is_reachable_and_checked():
+    keys = [key for key, _, _ in RUN_LEAVES]
+    assert len(keys) == len(set(keys))
+    assert {"mode", "optimizer.momentum", "job.steps", "cluster.workers", "faults.straggler",
+            "server.worker_timeout", "worker.wire_dtype"} <= set(keys)
+    for key, _, s in RUN_LEAVES:
+        assert s.help, f"{key} has no help text"
+
+
+@pytest.mark.parametrize(("key", "f", "s"), RUN_LEAVES, ids=[k for k, _, _ in RUN_LEAVES])
+def test_one_setting_reads_the_same_from_the_cli_a_spec_and_a_launched_process(key, f, s):
+    value = _other_value(key, f, s)
+    data = {**COMPANIONS.get(key.split(".")[-1], {}), **_nest(key, value)}
+    expected = from_dict(RunConfig, data)
+
+    # a spec: the same dotted key, given in a variant
+    if key == "seed":  # a spec lists its seeds, one run each
+        spec = spec_from_dict({"name": "t", "target": {"eval_loss": 1.0}, "seeds": [value], "variants": [{}]})
+        assert [spec.run_config(v, seed) for v, seed, _ in spec.runs()] == [expected]
+    else:
+        spec = spec_from_dict({"name": "t", "target": {"eval_loss": 1.0}, "variants": [{"name": "v", **data}]})
+        assert spec.run_config(spec.variants[0], expected.seed) == expected
+
+    # the command line: its option (or, for a setting without one, --config), printed by the one emitter
+    if s.flag != "":
+        argv = to_argv(expected)
+        assert flag_of(key, s) in argv
+        assert config_from_args(RunConfig, build_parser().parse_args(["run", *argv])) == expected
+        assert config_from_args(RunConfig, ddp_parser().parse_args(argv)) == expected
+    else:
+        with pytest.raises(ValueError, match="--config"):
+            to_argv(expected)
+
+    # a launched process: the JSON it is given
+    assert from_dict(RunConfig, json.loads(json.dumps(to_dict(expected)))) == expected
+    server = expected.server_config(0, bind="tcp://127.0.0.1:0") if not expected.is_allreduce else None
+    address = "rpc://127.0.0.1:1/server-0" if expected.cluster.transport == "rpc" else "tcp://127.0.0.1:1"
+    worker = expected.worker_config(0, servers=(address,))
+    for process in filter(None, (server, worker)):
+        assert from_dict(type(process), json.loads(json.dumps(to_dict(process)))) == process
+    for process, cls in ((server, ServerConfig), (worker, WorkerConfig)):
+        for pkey, _, ps in leaves(cls) if process is not None else ():
+            if ps is s:  # the very same setting, handed to the process
+                assert _get(process, pkey) == _get(expected, key)
+
+
+def _get(cfg: Any, key: str) -> Any:
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def test_each_setting_has_one_default_everywhere():
+    """Left out, a setting has the same value on each command line, in a spec, and in a launched process."""
+    tree = RunConfig()
+    assert config_from_args(RunConfig, build_parser().parse_args(["run"])) == tree
+    assert config_from_args(RunConfig, ddp_parser().parse_args([])) == tree
+    spec = spec_from_dict({"name": "t", "target": {"eval_loss": 1.0}, "variants": [{"mode": tree.mode}]})
+    assert spec.run_config(spec.variants[0], 0) == tree
+    served = config_from_args(ServerConfig, build_parser().parse_args(["serve"]))
+    assert served.optimizer == tree.optimizer and served.optimizer.momentum == 0.9
+    assert (served.mode, served.staleness, served.worker_timeout) == (tree.mode, tree.staleness,
+                                                                      tree.server.worker_timeout)
+    worker = config_from_args(WorkerConfig, build_parser().parse_args(["worker"]), extra={"servers": ["tcp://h:1"]})
+    assert (worker.job, worker.faults, worker.wire_dtype) == (tree.job, tree.faults, tree.worker.wire_dtype)
+
+
+def test_process_configs_share_the_runs_settings_not_copies():
+    """A shard's `mode` and a run's `mode` are one declaration (one help, one check), not two."""
+    run = {key: s for key, _, s in RUN_LEAVES}
+    by_name: dict[str, list[str]] = {}
+    for key in run:
+        by_name.setdefault(key.rsplit(".", 1)[-1], []).append(key)
+    shared = 0
+    for cls in (ServerConfig, WorkerConfig):
+        for key, _, s in leaves(cls):
+            name = key.rsplit(".", 1)[-1]
+            if name in ("workers", "servers", "curve_keys"):  # a shard's N, addresses, key files: their own
+                continue
+            matches = [key] if "." in key else by_name.get(name, [])
+            if len(matches) == 1 and matches[0] in run:
+                assert s is run[matches[0]], f"{cls.__name__}.{key} is declared apart from the run's {matches[0]}"
+                shared += 1
+    assert shared >= 20
+
+
+def test_errors_name_the_key_in_each_place():
+    with pytest.raises(ConfigError, match=r"^optimizer\.momentum: only used by optimizer 'sgd'"):
+        from_dict(RunConfig, {"optimizer": {"name": "adam", "momentum": 0.5}})
+    with pytest.raises(ValueError, match=r"^--momentum: only used by optimizer 'sgd'"):
+        config_from_args(RunConfig, build_parser().parse_args(["run", "--optimizer", "adam", "--momentum", "0.5"]))
+    with pytest.raises(ConfigError, match=r"variants\[0\]\.optimizer\.momentum"):
+        spec_from_dict({"name": "t", "target": {"eval_loss": 1.0},
+                        "variants": [{"mode": "sync", "optimizer": {"name": "adam", "momentum": 0.5}}]})
+    with pytest.raises(ConfigError, match=r"faults\.transient_stragglers"):
+        from_dict(RunConfig, {"faults": {"transient_stragglers": "1.5:2"}})
+    # P = 0 is a valid probability everywhere (once valid in one place and refused in another)
+    assert from_dict(RunConfig, {"faults": {"transient_stragglers": "0:2"}}).faults.transient_pair() == (0.0, 2.0)
