@@ -9,6 +9,8 @@ import sys
 import textwrap
 import threading
 import time
+import urllib.error
+import urllib.request
 import warnings
 
 import pytest
@@ -76,8 +78,11 @@ def test_serve_in_a_thread_on_port_0_trains_a_worker_and_ends_when_it_leaves():
     assert _process_state() == before
 
 
-def test_a_started_server_stops_cleanly_from_another_thread():
-    with Server(_cfg()) as server:
+def test_a_started_server_stops_cleanly_from_another_thread_and_releases_its_metrics_port(tmp_path):
+    port_file = tmp_path / "metrics.port"
+    with Server(_cfg(), metrics_port=0, metrics_file=port_file) as server:
+        url = f"http://127.0.0.1:{port_file.read_text()}/metrics"
+        assert "psrv_active_workers" in urllib.request.urlopen(url, timeout=5).read().decode()
         server.start()
         with pytest.raises(TimeoutError):
             server.join(0.3)  # no worker has come: still serving
@@ -86,6 +91,8 @@ def test_a_started_server_stops_cleanly_from_another_thread():
     assert summary["version"] == 0 and summary["updates_applied"] == 0
     with pytest.raises(RuntimeError, match="already served"):
         server.serve()
+    with pytest.raises(urllib.error.URLError):  # the metrics endpoint went with the shard
+        urllib.request.urlopen(url, timeout=5)
 
 
 def test_library_calls_leave_the_host_process_as_it_was():
