@@ -20,6 +20,7 @@ run: setup
 	$(BIN)/psrv run --out runs/default
 
 test: setup
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
 bench: setup

@@ -2,21 +2,14 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from psrv.config import RunConfig, to_dict
 
+from experiments.cluster import Cluster, RunFailed, free_port
 from experiments.summary import build_summary, write_tables
-
-
-class RunFailed(RuntimeError):
-    """A process of the cluster failed; the message carries the tail of its log."""
 
 
 def _psrv(*args: str) -> list[str]:
@@ -29,71 +22,6 @@ def write_config(path: Path, cfg) -> Path:
     tmp.write_text(json.dumps(to_dict(cfg), indent=1))
     tmp.replace(path)
     return path
-
-
-def thread_env(processes: int) -> dict[str, str]:
-    """OMP_NUM_THREADS for each of `processes` sharing this machine: the cores split evenly, as torchrun
-    does for several ranks on a host (unless the caller set it). Oversubscribed, torch's threads wait
-    for a descheduled peer at every parallel op: on 2 cores DDP ran 2.1x, async PS 1.6x faster so."""
-    if "OMP_NUM_THREADS" in os.environ:
-        return {}
-    return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // processes))}
-
-
-class Cluster:
-    """The processes of one run, each logging to DIR/<name>.log; stop() kills whatever is left, by PID.
-    `processes`: how many will share the machine (each gets its share of the cores as torch threads)."""
-
-    def __init__(self, out: Path, *, processes: int = 1):
-        self.out = out
-        self.procs: dict[str, subprocess.Popen] = {}
-        self.env = thread_env(processes)
-
-    def start(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
-        log = open(self.out / f"{name}.log", "w")
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, **self.env, **(env or {}), "PYTHONUNBUFFERED": "1"})
-        log.close()
-        self.procs[name] = proc
-        return proc
-
-    def failed(self) -> str | None:
-        for name, proc in self.procs.items():
-            if proc.poll() not in (None, 0):
-                return name
-        return None
-
-    def tail(self, name: str, lines: int = 15) -> str:
-        text = (self.out / f"{name}.log").read_text(errors="replace").splitlines()
-        return "\n".join(text[-lines:])
-
-    def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.terminate()
-        deadline = time.monotonic() + 5
-        for proc in self.procs.values():
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-    def wait(self, names: list[str], *, timeout: float, tick: Callable[[], None] = lambda: None) -> None:
-        deadline = time.monotonic() + timeout
-        while any(self.procs[n].poll() is None for n in names):
-            bad = self.failed()
-            if bad:
-                raise RunFailed(f"{bad} exited with code {self.procs[bad].returncode}; "
-                                f"last lines of {self.out / (bad + '.log')}:\n{self.tail(bad)}")
-            if time.monotonic() > deadline:
-                raise RunFailed(f"run did not finish within {timeout:.0f}s; see the logs in {self.out}")
-            tick()
-            time.sleep(0.2)
-        bad = self.failed()
-        if bad:
-            raise RunFailed(f"{bad} exited with code {self.procs[bad].returncode}; "
-                            f"last lines of {self.out / (bad + '.log')}:\n{self.tail(bad)}")
 
 
 def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linger: float = 0.0,
@@ -151,16 +79,9 @@ def write_targets(out: Path) -> int:
     return sum(len(g["targets"]) for g in groups)
 
 
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start_servers(cluster: Cluster, cfg: RunConfig, out: Path, extra: list[str]) -> list[tuple[str, str]]:
     names = []
-    rpc_master = f"127.0.0.1:{_free_port()}" if cfg.cluster.transport == "rpc" else ""  # shard 0 hosts it
+    rpc_master = f"127.0.0.1:{free_port()}" if cfg.cluster.transport == "rpc" else ""  # shard 0 hosts it
     bind = f"rpc://{rpc_master}" if rpc_master else "tcp://127.0.0.1:0"
     for i in range(cfg.cluster.servers):
         ready = out / f"server-{i}.addr"

@@ -1,20 +1,12 @@
 """Start the all-reduce baseline's ranks (workers/ddp.py) on 127.0.0.1 with the env:// variables torchrun sets."""
 from __future__ import annotations
 
-import socket
 import sys
 from pathlib import Path
 
 from psrv.config import RunConfig
 
-from experiments.launch import Cluster
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (for MASTER_PORT)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from experiments.cluster import Cluster, free_port
 
 
 def start_ddp(cluster: Cluster, cfg: RunConfig, out: Path) -> list[str]:

@@ -119,15 +119,17 @@ def _base(a: argparse.Namespace) -> dict:
 
 
 def _serve(a: argparse.Namespace) -> int:
-    from psrv.process import tune_malloc
+    from psrv.process import stop_on_signals, tune_malloc
     from psrv.server.run import serve
     extra = {"bind": f"rpc://{a.rpc_master}"} if a.rpc_master else {}
     cfg = config_from_args(ServerConfig, a, base=_base(a), extra=extra)
     if (cfg.transport == "rpc") != cfg.bind.startswith("rpc://"):
         raise ValueError("--transport rpc and --rpc-master HOST:PORT go together (shard 0 hosts the rendezvous)")
     tune_malloc()
+    # SIGTERM ends the loop cleanly (the shard writes its final checkpoint), as systemd, k8s and psrv run expect
     summary = serve(cfg, metrics_port=a.metrics_port, metrics_file=_metrics_file(a), metrics_host=a.metrics_host,
-                    metrics_linger=a.metrics_linger, ready_file=a.ready_file)
+                    metrics_linger=a.metrics_linger, ready_file=a.ready_file,
+                    on_ready=lambda server: stop_on_signals(server.stop))
     if a.out:
         _write_json(a.out, summary)
     return 0
@@ -166,7 +168,7 @@ def _worker(a: argparse.Namespace) -> int:
     metrics = None
     if a.metrics_port is not None:
         from psrv.metrics import WorkerMetrics
-        from psrv.server.run import start_metrics
+        from psrv.metrics import start_metrics
         metrics = start_metrics(WorkerMetrics, a.metrics_port, _metrics_file(a), host=a.metrics_host,
                                 worker=cfg.rank, mode=a.mode)
     record = train(cfg, progress=progress, metrics=metrics)
@@ -185,6 +187,8 @@ def _run(a: argparse.Namespace) -> int:
     from experiments.launch import RunFailed, run_local
     from experiments.summary import format_summary
     cfg = config_from_args(RunConfig, a, base=_base(a))
+    from psrv.process import tune_malloc
+    tune_malloc()  # this process only launches; the processes it starts tune themselves
     try:
         summary = run_local(cfg, out=a.out, metrics=a.metrics, metrics_linger=a.metrics_linger,
                             progress=not a.no_progress)

@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from psrv.process import tune_malloc
 from psrv.client import PSClient
 from psrv.partition import ParamSpec, PartitionPlan
 
@@ -32,6 +33,7 @@ def worker(address: str, rank: int, world: int, size: int, until: float, counts:
 
 
 def main() -> None:
+    tune_malloc()  # as psrv's own processes do (psrv/process.py)
     address, first, threads, world, size, seconds = sys.argv[1], *map(int, sys.argv[2:6]), float(sys.argv[6])
     counts = [0] * threads
     until = time.monotonic() + seconds

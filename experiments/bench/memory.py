@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from psrv.process import tune_malloc
 from psrv.client import PSClient
 from psrv.partition import ParamSpec, PartitionPlan
 
@@ -127,6 +128,7 @@ def run(size_mb: int, worker_job: str = "synthetic_mlp", worker_steps: int = 5) 
 
 
 def main(argv: list[str] | None = None) -> None:
+    tune_malloc()  # as psrv's own processes do (psrv/process.py)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size-mb", type=int, default=256, help="server model size (default: %(default)s)")
     p.add_argument("--worker-job", default="synthetic_mlp", help="the worker's job (default: %(default)s)")

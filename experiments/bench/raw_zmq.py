@@ -1,33 +1,24 @@
 """The raw-transport baseline: a pyzmq ROUTER that echoes every message back, zero-copy.
 
 This is the yardstick psrv's wire is measured against, so it uses pyzmq directly and nothing of psrv.
-It gets the same malloc settings psrv's processes use (see psrv.transport.zmq.keep_freed_buffers):
+It gets the same malloc settings psrv's processes use (psrv.process.tune_malloc):
 with glibc's defaults every received big message faults in fresh pages, and an untuned echo of
 64 MB was slower than psrv's whole PUSH_PULL, which measures the allocator rather than the wire.
 Run as a process: python -m experiments.bench.raw_zmq ENDPOINT READY_FILE
 """
 from __future__ import annotations
 
-import ctypes
 import sys
 import time
 from pathlib import Path
 
 import zmq
 
-
-def keep_freed_buffers() -> None:
-    """One malloc arena, no mmap or trim threshold in reach: a freed message buffer is reused (glibc)."""
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return
-    for option, value in ((-8, 1), (-3, 1 << 30), (-1, 1 << 30)):  # M_ARENA_MAX, M_MMAP_/M_TRIM_THRESHOLD
-        mallopt(option, value)
+from psrv.process import tune_malloc
 
 
 def echo_server(endpoint: str, ready: Path) -> None:
-    keep_freed_buffers()
+    tune_malloc()
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.ROUTER)
     sock.bind(endpoint.replace(":0", ":*") if endpoint.endswith(":0") else endpoint)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from psrv.process import tune_malloc
 from psrv.client import PSClient
 from psrv.partition import ParamSpec, PartitionPlan
 
@@ -89,6 +90,7 @@ def measure(transport: str, mb: float, *, warmup: int, repeats: int, tmp: Path) 
 
 
 def main(argv: list[str] | None = None) -> int:
+    tune_malloc()  # as psrv's own processes do (psrv/process.py)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes-mb", type=float, nargs="+", default=[1, 16, 64])
     p.add_argument("--repeats", type=int, default=7, help="timed round trips per (size, transport)")

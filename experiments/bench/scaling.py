@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from experiments.launch import thread_env
+from experiments.cluster import thread_env
 
 
 def one(workers: int, seconds: float, size: int, procs: int, tmp: Path) -> dict:

@@ -20,8 +20,8 @@ import torch
 from psrv.client import PSClient
 from psrv.partition import ParamSpec, PartitionPlan
 
-from experiments.bench.raw_zmq import keep_freed_buffers
-from experiments.launch import thread_env
+from psrv.process import tune_malloc
+from experiments.cluster import thread_env
 
 
 def _spawn(argv: list[str], ready: Path, timeout: float = 60.0, processes: int = 2) -> tuple[subprocess.Popen, str]:
@@ -91,7 +91,7 @@ def psrv_push_pull(size: int, shards: int, kind: str, repeats: int, tmp: Path) -
 
 
 def run(sizes_mb: list[int], shards: list[int], endpoints: list[str], repeats: int) -> list[dict]:
-    keep_freed_buffers()  # this process is both clients: the same allocator for the echo and for psrv
+    tune_malloc()  # this process is both clients: the same allocator for the echo and for psrv
     results = []
     with tempfile.TemporaryDirectory(prefix="psrv-wire-") as d:
         tmp = Path(d)

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from psrv.config import TRANSPORTS
 from psrv.transport.base import ClientTransport, ServerTransport
 
 __all__ = ["TRANSPORTS", "ClientTransport", "ServerTransport", "create_client", "create_server"]
-TRANSPORTS = ("zmq", "rpc")
 
 
 def _check(name: str) -> None:
