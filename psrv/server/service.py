@@ -347,6 +347,6 @@ class ShardService:
                 "version": self.shard.version if self.shard else 0, "plan_hash": self.plan_hash,
                 "active": sorted(self.controller.active),
                 "clocks": {str(w): c for w, c in self.controller.clocks.items()},
-                "resumed_from": self.resumed_from, "lost_clocks": getattr(self.controller, "skipped", 0),
+                "resumed_from": self.resumed_from, "lost_clocks": self.controller.skipped,
                 "checkpoints": self.checkpoints.count, "checkpoint_version": self.checkpoints.version,
                 **self.stats.to_dict()}

@@ -13,6 +13,7 @@ class Decision(enum.Enum):
 
 class Controller:
     mode = "base"
+    skipped = 0  # clocks lost to a restore: only sync's barrier can skip clocks (see catch_up)
 
     def __init__(self, num_workers: int):
         self.num_workers = num_workers
