@@ -1,13 +1,18 @@
-"""The DDP baseline: sync PS and DDP reach the same parameters; the worker also runs under torchrun."""
+"""The DDP baseline: sync PS and DDP reach the same parameters; the worker also runs under torchrun;
+its update count is counted (optimizer steps that ran), and it records no staleness (it has none)."""
 from __future__ import annotations
 
+import csv
 import json
 import sys
 
 import pytest
 import torch
 
+import workers.ddp
 from tests.helpers import psrv_run, run_in_session
+from psrv.config import JobConfig, RunConfig
+from workers.ddp import train_ddp
 from workers.jobs import load_job
 
 pytestmark = pytest.mark.timeout(180)
@@ -25,13 +30,20 @@ def test_sync_ps_and_ddp_reach_the_same_parameters(tmp_path):
     assert torch.allclose(ps, ddp, atol=1e-5, rtol=0), f"max difference {(ps - ddp).abs().max():.3g}"
 
     assert summary["mode"] == "ddp" and summary["num_servers"] == 0
-    assert summary["pushes"] == 40 and summary["updates_applied"] == 20   # all-reduce steps
-    assert summary["max_staleness"] == 0 and summary["mean_staleness"] == 0
+    # Counted by each rank: all-reduces that completed (2 ranks x 20) and optimizer steps that ran.
+    assert summary["pushes"] == 40 and summary["updates_applied"] == 20
+    # No staleness or clock gap to measure under all-reduce: absent (null), not a 0.
+    assert (summary["max_staleness"], summary["mean_staleness"], summary["max_clock_gap"]) == (None,) * 3
     assert summary["final_loss"] < summary["initial_loss"]
     for rank in (0, 1):
         record = json.loads((tmp_path / "ddp" / f"worker-{rank}.json").read_text())
         assert [r["step"] for r in record["step_log"]] == list(range(20))
         assert all(r["compute_seconds"] > 0 and r["communication_seconds"] >= 0 for r in record["step_log"])
+        assert (record["pushes"], record["updates_applied"]) == (20, 20)
+        assert "max_staleness" not in record and all("staleness" not in r for r in record["step_log"])
+    with open(tmp_path / "ddp" / "steps.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 40 and {r["staleness"] for r in rows} == {""}
     evals = (tmp_path / "ddp" / "evals.csv").read_text().splitlines()
     assert [line.split(",")[1] for line in evals[1:]] == ["0", "10", "20"]
 
@@ -45,6 +57,26 @@ def test_ddp_worker_runs_under_torchrun(tmp_path):
     rank0 = json.loads((tmp_path / "x.json").read_text())
     rank1 = json.loads((tmp_path / "x-rank1.json").read_text())
     assert (rank0["rank"], rank0["world_size"], rank1["rank"]) == (0, 2, 1)
-    assert rank0["updates_applied"] == 5 and len(rank1["step_log"]) == 5
+    assert rank0["updates_applied"] == rank1["updates_applied"] == 5 and len(rank1["step_log"]) == 5
+    assert rank0["pushes"] == rank1["pushes"] == 5
     assert rank0["final_loss"] < rank0["initial_loss"] and "final_loss" not in rank1
     assert torch.load(tmp_path / "params.pt").numel() == rank0["parameters"]
+
+
+def test_ddp_counts_the_optimizer_steps_that_ran(monkeypatch):
+    # An optimizer whose step() does nothing on every other call: the rank still runs 4 steps and
+    # all-reduces 4 gradients, but only 2 updates happen, and the record says 2, not `steps`.
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    real = workers.ddp.make_optimizer
+
+    def every_other_step(cfg, params):
+        optimizer = real(cfg, params)
+        step, calls = optimizer.step, []
+        optimizer.step = lambda *a, **k: calls.append(1) or (step(*a, **k) if len(calls) % 2 else None)
+        return optimizer
+
+    monkeypatch.setattr(workers.ddp, "make_optimizer", every_other_step)
+    record = train_ddp(RunConfig(mode="ddp", job=JobConfig(steps=4)))
+    assert len(record["step_log"]) == 4 and record["pushes"] == 4
+    assert record["updates_applied"] == 2
