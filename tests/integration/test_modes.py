@@ -1,9 +1,29 @@
-"""Each mode on the default job, as real processes on 127.0.0.1: it learns, and it counts right."""
+"""Each mode on the default job, as real processes on 127.0.0.1: it learns, and it counts right.
+
+The counts are the servers' own (server-i.json, what `psrv serve --out` writes at exit), checked
+against what the workers did: every worker pushes to every shard once per step.
+"""
 import csv
+import json
+from pathlib import Path
 
 import pytest
 
 from tests.helpers import psrv_run
+
+
+def _shards(out: Path, n: int) -> list[dict]:
+    """The n servers' own records, by shard."""
+    shards = [json.loads((out / f"server-{i}.json").read_text()) for i in range(n)]
+    assert [s["shard"] for s in shards] == list(range(n))
+    return shards
+
+
+def _check_push_counts(shard: dict, pushes: int) -> None:
+    """Every push arrived, none was refused, dropped or re-sent."""
+    assert shard["pushes"] == pushes, shard
+    assert (shard["dropped"], shard["errors"], shard["lost_workers"]) == ({}, 0, []), shard
+    assert sum(shard["staleness_histogram"].values()) == pushes   # a staleness for every push
 
 
 @pytest.mark.timeout(150)
@@ -13,19 +33,25 @@ def test_default_job_learns_and_counts_updates(mode, tmp_path):
     assert s["mode"] == mode and s["num_servers"] == 2 and s["num_workers"] == 2
     assert s["eval_accuracy"] >= 0.90, s
     assert s["final_loss"] < s["initial_loss"]
-    assert s["pushes"] == s["num_workers"] * s["steps"]
-    assert len(set(s["updates_applied_per_shard"])) == 1     # every shard took the same number of steps
-    if mode == "sync":
-        assert s["updates_applied"] == s["steps"]            # one step per clock
-        assert s["max_staleness"] == 0 and s["max_clock_gap"] == 0
-    else:
-        assert s["updates_applied"] == s["pushes"]           # exactly one update per push
-    if mode == "ssp":
-        assert s["max_clock_gap"] <= s["staleness"]
+    steps, pushes = s["steps"], 2 * s["steps"]              # per shard: 2 workers x steps
+    assert s["pushes"] == pushes                            # the workers' own count of steps pushed
+    shards = _shards(tmp_path, 2)
+    for shard in shards:
+        _check_push_counts(shard, pushes)
+        if mode == "sync":                                  # one step per clock, nothing stale
+            assert shard["updates_applied"] == shard["version"] == steps, shard
+            assert shard["staleness_histogram"] == {"0": pushes} and shard["max_clock_gap"] == 0
+        else:                                               # one update per push, at once
+            assert shard["updates_applied"] == shard["version"] == pushes, shard
+        if mode == "ssp":
+            assert shard["max_clock_gap"] <= shard["staleness"] == s["staleness"], shard
     with open(tmp_path / "steps.csv") as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == s["pushes"]
-    assert max(int(r["staleness"]) for r in rows) == s["max_staleness"]
+    assert len(rows) == 2 * steps                           # one row per worker step
+    # A step's staleness is the worst its shards replied: the workers' rows and the servers'
+    # histograms see the same pushes from the two ends.
+    assert max(int(r["staleness"]) for r in rows) == max(sh["max_staleness"] for sh in shards) \
+        == s["max_staleness"]
 
 
 @pytest.mark.timeout(150)
@@ -35,12 +61,17 @@ def test_ssp_bound_holds_with_a_slow_worker(bound, tmp_path):
                  "--steps", "40", "--straggler", "2:6", "--compute-ms", "3")
     # The recorded gap (clock of each answered pull minus the slowest active clock) never exceeds
     # the bound, and the fast workers did run into it: the slow worker really held them back.
-    assert s["max_clock_gap"] == bound, s
-    assert s["updates_applied"] == s["pushes"] == 120
+    [shard] = _shards(tmp_path, 1)
+    assert shard["max_clock_gap"] == s["max_clock_gap"] == bound, shard
+    _check_push_counts(shard, 120)
+    assert shard["updates_applied"] == shard["version"] == 120
 
 
 @pytest.mark.timeout(150)
 def test_async_runs_ahead_of_a_slow_worker(tmp_path):
     s = psrv_run(tmp_path, "--mode", "async", "--workers", "2", "--servers", "1", "--steps", "40",
                  "--straggler", "1:6", "--compute-ms", "3")
-    assert s["max_clock_gap"] > 2 and s["updates_applied"] == s["pushes"] == 80
+    [shard] = _shards(tmp_path, 1)
+    assert shard["max_clock_gap"] == s["max_clock_gap"] and shard["max_clock_gap"] > 2, shard
+    _check_push_counts(shard, 80)
+    assert shard["updates_applied"] == shard["version"] == 80
