@@ -13,7 +13,7 @@ from matplotlib.axes import Axes
 from experiments.collect import (collect, is_finished, read_csv, read_summary, run_dir,
                                  time_to_target, wait_fraction)
 from experiments.report import write_report
-from experiments.spec import ExperimentSpec, JobSpec, TargetSpec, VariantSpec
+from experiments.spec import ExperimentSpec, TargetSpec, spec_from_dict
 
 STEP_COLUMNS = ["wall_time", "worker", "step", "loss", "staleness", "compute_seconds",
                 "communication_seconds", "wait_seconds", "batch_size"]
@@ -22,9 +22,10 @@ VERSIONS = {"python": "3.11", "torch": "2.13", "psrv": "0.1.0"}
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def _spec(*variants: VariantSpec) -> ExperimentSpec:
-    return ExperimentSpec(name="fab", job=JobSpec(name="digits_mlp", steps=3, eval_every=1),
-                          target=TargetSpec(eval_accuracy=0.9), variants=variants, seeds=(0, 1))
+def _spec(*modes: str, target: dict | None = None, eval_every: int = 1) -> ExperimentSpec:
+    return spec_from_dict({"name": "fab", "job": {"name": "digits_mlp", "steps": 3, "eval_every": eval_every},
+                           "target": target or {"eval_accuracy": 0.9}, "seeds": [0, 1],
+                           "variants": [{"mode": mode} for mode in modes]})
 
 
 def _write_csv(path: Path, columns: list[str], rows: list[list[float]]) -> None:
@@ -97,7 +98,7 @@ def test_time_to_target_and_wait_fraction() -> None:
 
 def test_collect_summary_values(tmp_path: Path) -> None:
     _fabricate(tmp_path)
-    spec = _spec(VariantSpec(mode="sync"), VariantSpec(mode="async"))
+    spec = _spec("sync", "async")
     summaries = collect(tmp_path, spec)
     assert [s.variant for s in summaries] == ["sync", "async"]
     sync, asynchronous = _rows(tmp_path)["sync"], _rows(tmp_path)["async"]
@@ -132,7 +133,7 @@ def test_collect_merges_repeats_and_skips_unfinished(tmp_path: Path) -> None:
     unfinished.mkdir()
     (unfinished / "summary.json").write_text("{not json")
     assert not is_finished(unfinished) and is_finished(run_dir(tmp_path, "sync", 0))
-    summaries = collect(tmp_path, _spec(VariantSpec(mode="sync"), VariantSpec(mode="async")))
+    summaries = collect(tmp_path, _spec("sync", "async"))
     assert summaries[0].repeats == 2
     steps = read_csv(tmp_path / "sync" / "steps.csv")
     assert list(steps[0]) == ["repeat", *STEP_COLUMNS]
@@ -143,7 +144,7 @@ def test_collect_merges_repeats_and_skips_unfinished(tmp_path: Path) -> None:
 
 def test_report_plots_and_winner(tmp_path: Path) -> None:
     _fabricate(tmp_path)
-    spec = _spec(VariantSpec(mode="sync"), VariantSpec(mode="async"))
+    spec = _spec("sync", "async")
     collect(tmp_path, spec)
     report = write_report(tmp_path, spec, spec_path="specs/fab.toml", versions=VERSIONS)
     text = report.read_text()
@@ -164,7 +165,7 @@ def test_report_plots_and_winner(tmp_path: Path) -> None:
 
 def test_report_ddp_gap(tmp_path: Path, monkeypatch) -> None:
     _fabricate(tmp_path, second="ddp")
-    spec = _spec(VariantSpec(mode="sync"), VariantSpec(mode="ddp"))
+    spec = _spec("sync", "ddp")
     collect(tmp_path, spec)
     ddp = _rows(tmp_path)["ddp"]
     assert (ddp["mean_staleness"], ddp["max_staleness"]) == ("", "")   # absent, not 0
@@ -189,9 +190,7 @@ def test_report_ddp_gap(tmp_path: Path, monkeypatch) -> None:
 
 def test_report_when_no_variant_reaches_the_target(tmp_path: Path) -> None:
     _fabricate(tmp_path)
-    spec = ExperimentSpec(name="fab", job=JobSpec(name="digits_mlp", steps=3),
-                          target=TargetSpec(eval_loss=0.01), seeds=(0, 1),
-                          variants=(VariantSpec(mode="sync"), VariantSpec(mode="async")))
+    spec = _spec("sync", "async", target={"eval_loss": 0.01}, eval_every=0)
     collect(tmp_path, spec)
     assert all(row["time_to_target_seconds"] == "" for row in _rows(tmp_path).values())
     text = write_report(tmp_path, spec, spec_path="x.toml", versions=VERSIONS).read_text()
@@ -199,6 +198,6 @@ def test_report_when_no_variant_reaches_the_target(tmp_path: Path) -> None:
 
 
 def test_write_report_needs_collect_first(tmp_path: Path) -> None:
-    spec = _spec(VariantSpec(mode="sync"))
+    spec = _spec("sync")
     with pytest.raises(ValueError, match="collect"):
         write_report(tmp_path, spec, spec_path="x.toml", versions=VERSIONS)
