@@ -26,7 +26,7 @@ def _owner_doc(cls: type, key: str) -> str:
     for part in path:
         cls, _ = _plain_type(typing.get_type_hints(cls)[part])
     owner = next(c for c in cls.__mro__ if name in c.__dict__.get("__annotations__", {}))
-    return (owner.__doc__ or owner.__name__).strip().splitlines()[0]
+    return (owner.__doc__ or owner.__name__).strip().splitlines()[0].rstrip(".")
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = ()) -> None:

@@ -71,6 +71,8 @@ class Consistency(Section):
 
 @dataclass(frozen=True, kw_only=True)
 class Seeded(Section):
+    """Reproducibility: one seed for the model, the data order and the faults."""
+
     seed: int = setting(0, "seeds the model, the data order and the faults", minimum=0)
 
 
