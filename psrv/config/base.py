@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import types
 import typing
@@ -63,7 +64,9 @@ def leaf_setting(f: dataclasses.Field) -> Setting | None:
     return f.metadata.get("setting")
 
 
+@functools.cache
 def _hints(cls: type) -> dict[str, Any]:
+    """A section's field types, resolved once per class (its annotations are strings)."""
     return typing.get_type_hints(cls)
 
 
