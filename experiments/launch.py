@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Callable
 
 from psrv.config import RunConfig, to_dict
+from psrv.config.base import config_hash
 
 from experiments.cluster import Cluster, RunFailed, free_port
 from experiments.summary import build_summary, write_tables
@@ -59,7 +60,7 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
         bar.close()
     finally:
         cluster.stop()
-    summary = build_summary(cfg, out)
+    summary = {**build_summary(cfg, out), "config_hash": config_hash(cfg)}  # which config made these results
     write_tables(out)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import hashlib
+import json
 import math
 import types
 import typing
@@ -188,6 +190,13 @@ def to_dict(obj: Any) -> dict[str, Any]:
         out[f.name] = to_dict(value) if isinstance(value, Section) else \
             list(value) if isinstance(value, tuple) else value
     return out
+
+
+def config_hash(section: Section) -> str:
+    """The identity of a resolved config: the first 16 hex digits of the sha256 of its sorted-keys JSON
+    (`to_dict`). Equal hashes, equal settings; a run directory records its run's hash."""
+    text = json.dumps(to_dict(section), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 def merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
