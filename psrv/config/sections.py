@@ -2,6 +2,7 @@
 bounds and help. The process configs and a run (psrv/config/processes.py) are composed of these."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from psrv.config.base import ConfigError, Section, setting
@@ -13,6 +14,8 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 TRANSPORTS = ("zmq", "rpc")
 WIRE_DTYPES = ("float32", "bfloat16", "float16")  # what a worker may send its gradient as
 SGD_MOMENTUM = 0.9  # momentum's default with sgd; adam and adamw take none
+SHIPPED_JOBS = ("digits_mlp", "mnist1d_mlp", "synthetic_mlp")  # workers/jobs builds them
+_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
 def _device(value: str) -> None:
@@ -43,6 +46,20 @@ def _transient(text: str) -> None:
         p, _ = parse_pair(text, first="P")
         if not 0 <= p <= 1:
             raise ValueError(f"P must be a probability in [0, 1]; got {text!r}")
+
+
+def _job(name: str) -> None:
+    """A shipped job's name, package.module:factory or path/to/file.py:factory; whether that module
+    imports is for the launcher to find out (experiments/preflight.py), this only checks the form."""
+    if ":" not in name:
+        if name not in SHIPPED_JOBS:
+            raise ValueError(f"unknown job {name!r}; use one of {', '.join(SHIPPED_JOBS)}, "
+                             "package.module:factory or path/to/file.py:factory")
+        return
+    where, _, factory = name.rpartition(":")
+    if not factory.isidentifier() or not (where.endswith(".py") or _MODULE.fullmatch(where)):
+        raise ValueError(f"must be one of {', '.join(SHIPPED_JOBS)}, package.module:factory or "
+                         f"path/to/file.py:factory; got {name!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,8 +140,8 @@ class FaultConfig(Section):
 class JobConfig(Section):
     """What to train: a job (workers/jobs) and how long."""
 
-    name: str = setting("digits_mlp", "digits_mlp, mnist1d_mlp, synthetic_mlp or package.module:factory",
-                        flag="job")
+    name: str = setting("digits_mlp", "digits_mlp, mnist1d_mlp, synthetic_mlp, package.module:factory or "
+                        "path/to/file.py:factory (both found from the current folder)", flag="job", check=_job)
     steps: int = setting(300, "steps per worker", minimum=1)
     batch_size: int = setting(32, "per-worker batch", minimum=1)
     eval_every: int = setting(0, "rank 0 evaluates every K steps (0: at the start and the end only)", minimum=0)

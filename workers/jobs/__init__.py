@@ -1,15 +1,27 @@
 """Job registry: a job is a model, a train split, a held-out test split and a loss.
 
-`load_job("digits_mlp", seed=0)` for a shipped job, or `load_job("pkg.mod:factory", seed=0)`
-for any factory `factory(seed: int) -> Job`.
+`load_job("digits_mlp", seed=0)` for a shipped job; any factory `factory(seed: int) -> Job` as
+`load_job("pkg.mod:factory", seed=0)` (the module imported as `python -m` would, the current folder
+first) or `load_job("path/to/file.py:factory", seed=0)` (a relative path is from the current folder).
+`job_factory(name)` finds the factory without building the job: what a launcher checks first.
+Importing this package does not import torch; building a job does.
 """
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
-from typing import Callable
+import importlib.util
+import os
+import sys
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Callable
 
-import torch
+from psrv.config.sections import SHIPPED_JOBS
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -18,8 +30,12 @@ class Job:
     model: torch.nn.Module
     train: tuple[torch.Tensor, torch.Tensor]   # inputs, integer labels
     test: tuple[torch.Tensor, torch.Tensor]
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = field(
-        default=torch.nn.functional.cross_entropy)
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None  # None: cross-entropy
+
+    def __post_init__(self) -> None:
+        if self.loss_fn is None:
+            import torch
+            self.loss_fn = torch.nn.functional.cross_entropy
 
 
 def _registry() -> dict[str, str]:
@@ -28,31 +44,81 @@ def _registry() -> dict[str, str]:
             "synthetic_mlp": "workers.jobs.synthetic:synthetic_mlp"}
 
 
-JOB_NAMES = tuple(_registry())
+JOB_NAMES = SHIPPED_JOBS  # the config tree checks a job's name against these; _registry() builds them
 
 
-def load_job(spec: str, *, seed: int) -> Job:
-    """Build the job `spec` names (a shipped name or 'package.module:factory')."""
-    target = _registry().get(spec, spec)
-    if ":" not in target:
-        raise ValueError(f"unknown job {spec!r}; use one of {', '.join(JOB_NAMES)} or 'package.module:factory'")
-    module_name, _, attr = target.partition(":")
+def _with_path(folder: str, load: Callable[[], ModuleType]) -> ModuleType:
+    """`load()` with `folder` first on sys.path while it runs (as `python -m` and `python FILE` have it)."""
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
+    importlib.invalidate_caches()  # a module written since this process started is found too
     try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"cannot load job factory {target!r}: {exc}") from None
+        return load()
+    finally:
+        if added and folder in sys.path:
+            sys.path.remove(folder)
+
+
+def _from_file(path: Path) -> ModuleType:
+    """The module in the file at `path`, loaded once per process under a name of its own."""
+    name = f"_psrv_job_{path.stem}_{zlib.crc32(str(path).encode()):08x}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path} is not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look their module up here
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def job_factory(name: str) -> Callable[[int], Job]:
+    """The factory `name` stands for, imported but not called; ValueError saying what is wrong."""
+    target = _registry().get(name, name)
+    if ":" not in target:
+        raise ValueError(f"unknown job {name!r}; use one of {', '.join(JOB_NAMES)}, package.module:factory "
+                         "or path/to/file.py:factory")
+    where, _, attr = target.rpartition(":")
+    try:
+        if where.endswith(".py"):
+            path = Path(where).expanduser().resolve()
+            if not path.is_file():
+                raise ValueError(f"job {name!r}: no such file {path}")
+            module = _with_path(str(path.parent), lambda: _from_file(path))
+        else:
+            module = _with_path(os.getcwd(), lambda: importlib.import_module(where))
+    except ImportError as exc:
+        raise ValueError(f"job {name!r}: cannot import {where}: {exc} (a module is looked for in the current "
+                         f"folder {os.getcwd()} and on the Python path)") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ValueError(f"job {name!r}: {where} has no function {attr!r}")
+    return factory
+
+
+def load_job(name: str, *, seed: int) -> Job:
+    """Build the job `name` names (a shipped name, 'package.module:factory' or 'path/to/file.py:factory')."""
+    factory = job_factory(name)
+    import torch
     torch.manual_seed(seed)
     job = factory(seed)
     if not isinstance(job, Job):
-        raise ValueError(f"job factory {target!r} returned {type(job).__name__}, not workers.jobs.Job")
+        raise ValueError(f"job factory {name!r} returned {type(job).__name__}, not workers.jobs.Job")
     return job
 
 
-@torch.no_grad()
 def evaluate(job: Job, model: torch.nn.Module, *, device: str | torch.device = "cpu") -> tuple[float, float]:
     """Held-out (loss, accuracy) of `model`."""
-    x, y = (t.to(device) for t in job.test)
-    model.eval()
-    logits = model(x)
-    model.train()
-    return float(job.loss_fn(logits, y)), float((logits.argmax(1) == y).float().mean())
+    import torch
+    with torch.no_grad():
+        x, y = (t.to(device) for t in job.test)
+        model.eval()
+        logits = model(x)
+        model.train()
+        return float(job.loss_fn(logits, y)), float((logits.argmax(1) == y).float().mean())
