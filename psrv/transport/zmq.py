@@ -39,11 +39,23 @@ class ZmqServer(ServerTransport):
             public, secret = server_pair(curve_keys)
             self._sock.curve_publickey, self._sock.curve_secretkey = public, secret
             self._sock.curve_server = True
-        self._sock.bind(_resolve_bind(bind))
+        self._bind(bind)
         self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
         self._trackers: list[zmq.MessageTracker] = []
+
+    def _bind(self, bind: str) -> None:
+        """Bind, or close what was opened and raise ValueError saying what to change."""
+        try:
+            self._sock.bind(_resolve_bind(bind))
+        except zmq.ZMQError as exc:
+            self.close()
+            if exc.errno == zmq.EADDRINUSE:
+                raise ValueError(f"{bind} is already in use (another psrv serve?); pick another --bind port "
+                                 "or port 0") from None
+            raise ValueError(f"cannot bind {bind}: {exc.strerror}; --bind takes tcp://HOST:PORT "
+                             "(port 0: a free port)") from None
 
     def recv(self, timeout: float) -> tuple[Hashable, list] | None:
         if not self._poller.poll(int(timeout * 1000)):
