@@ -10,6 +10,7 @@ from psrv.config import RunConfig, to_dict
 from psrv.config.base import config_hash
 
 from experiments.cluster import Cluster, RunFailed, free_port
+from experiments.preflight import preflight
 from experiments.summary import build_summary, write_tables
 
 
@@ -32,6 +33,7 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
     evals.csv, and return the summary. `metrics`: every process serves /metrics (DIR/targets.json).
 
     on_progress(steps done by all workers so far) is called while it runs (for an outer progress bar)."""
+    preflight(cfg)  # a device that is not here, a job that does not import: ValueError before any process
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*.json"):
         stale.unlink()

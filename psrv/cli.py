@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from psrv.config import RunConfig, ServerConfig, WorkerConfig
-from psrv.config.cli_args import PREFIX, add_config_arguments, config_from_args, read_config_file
+from psrv.config.cli_args import PREFIX, add_config_arguments, config_from_args, given, read_config_file
 
 EPILOG = "Docs: README.md (quick start), docs/architecture.md, docs/experiments.md."
 
@@ -118,13 +118,22 @@ def _base(a: argparse.Namespace) -> dict:
     return read_config_file(a.config) if a.config else {}
 
 
+def _unused_staleness(a: argparse.Namespace, mode: str) -> None:
+    """--staleness typed with a mode that has no bound: a mistake (a config file's default one is not)."""
+    if "staleness" in given(a) and mode != "ssp":
+        raise ValueError(f"--staleness: only used with --mode ssp (mode is {mode!r}); remove it")
+
+
 def _serve(a: argparse.Namespace) -> int:
+    from psrv.device import check_device
     from psrv.process import stop_on_signals, tune_malloc
     from psrv.server.run import serve
     extra = {"bind": f"rpc://{a.rpc_master}"} if a.rpc_master else {}
     cfg = config_from_args(ServerConfig, a, base=_base(a), extra=extra)
     if (cfg.transport == "rpc") != cfg.bind.startswith("rpc://"):
         raise ValueError("--transport rpc and --rpc-master HOST:PORT go together (shard 0 hosts the rendezvous)")
+    _unused_staleness(a, cfg.mode)
+    check_device(cfg.device)
     tune_malloc()
     # SIGTERM ends the loop cleanly (the shard writes its final checkpoint), as systemd, k8s and psrv run expect
     summary = serve(cfg, metrics_port=a.metrics_port, metrics_file=_metrics_file(a), metrics_host=a.metrics_host,
@@ -159,6 +168,10 @@ def _worker(a: argparse.Namespace) -> int:
         raise ValueError("--servers: name at least one shard address (tcp://host:port), or give --config")
     extra = {"servers": server_addresses(servers, wait=120.0)}
     cfg = config_from_args(WorkerConfig, a, base=base, extra=extra)
+    from psrv.device import check_device
+    from workers.jobs import job_factory
+    check_device(cfg.device)
+    job_factory(cfg.job.name)  # imports a user's job module (from the current folder) before any server is met
     tune_malloc()
     import torch
     from workers.loop import train
@@ -187,6 +200,7 @@ def _run(a: argparse.Namespace) -> int:
     from experiments.launch import RunFailed, run_local
     from experiments.summary import format_summary
     cfg = config_from_args(RunConfig, a, base=_base(a))
+    _unused_staleness(a, cfg.mode)
     from psrv.process import tune_malloc
     tune_malloc()  # this process only launches; the processes it starts tune themselves
     try:
@@ -201,6 +215,13 @@ def _run(a: argparse.Namespace) -> int:
 
 
 def _experiment(a: argparse.Namespace) -> int:
+    from experiments.preflight import preflight
+    from experiments.spec import load_spec
+    for variant in load_spec(a.spec).variants:  # every run's device and job, before the first run starts
+        try:
+            preflight(variant.config)
+        except ValueError as exc:
+            raise ValueError(f"{a.spec}: variant {variant.name}: {exc}") from None
     from experiments.runner import run_experiment
     return run_experiment(a.spec, out=a.out)
 
@@ -262,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         return {"serve": _serve, "worker": _worker, "run": _run, "experiment": _experiment,
                 "top": _top, "keygen": _keygen, "admin": _admin}[args.command](args)
     except ValueError as exc:  # bad input: say what to change, no traceback
+        logging.getLogger("psrv").debug("the error's traceback:", exc_info=True)  # shown with --log-level DEBUG
         print(f"psrv {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:
