@@ -1,0 +1,130 @@
+"""A user's mistake is refused with one line, `psrv CMD: error: ...` and exit 2, before any process
+starts: no traceback, no run directory, and quickly (a mistake that needs no torch in well under the
+seconds that importing it takes)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT
+
+PSRV = str(Path(sys.executable).with_name("psrv"))  # the console script users type
+QUICK = 3.0  # seconds: python + psrv.config, no torch (importing torch alone takes about 2.5 s here)
+SLOW = 30.0  # seconds: a check that imports torch, still long before any process would have started
+
+
+def psrv(*args: str, cwd: Path = ROOT, timeout: float = 60.0) -> tuple[subprocess.CompletedProcess, float]:
+    """The real CLI in a subprocess (its own session, killed by PID if it overruns); (result, seconds)."""
+    started = time.monotonic()
+    p = subprocess.Popen([PSRV, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+            p.wait()
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err), time.monotonic() - started
+
+
+def assert_refused(result: subprocess.CompletedProcess, seconds: float, *, command: str, says: str,
+                   within: float) -> None:
+    err = result.stderr.strip()
+    assert result.returncode == 2, f"exit {result.returncode}; stderr:\n{err}"
+    assert "Traceback" not in err, err
+    assert len(err.splitlines()) == 1 and err.startswith(f"psrv {command}: error: "), err
+    assert says in err, err
+    assert seconds < within, f"took {seconds:.1f}s (> {within}s): refused too late"
+
+
+RUN_MISTAKES = {  # psrv run options -> what the one line says, and how soon
+    "a device name torch does not know": (["--device", "gpu"], "--device: must be cpu, cuda or cuda:K; got 'gpu'",
+                                          QUICK),
+    "no steps": (["--steps", "0"], "--steps: must be >= 1; got 0", QUICK),
+    "an unknown job": (["--job", "digitz_mlp"], "--job: unknown job 'digitz_mlp'; use one of digits_mlp", QUICK),
+    "a job module that is not there": (["--job", "no_such_module:make"],
+                                       "job 'no_such_module:make': cannot import no_such_module", QUICK),
+    "a job file that is not there": (["--job", "no/such/file.py:make"], "no such file", QUICK),
+    "a straggler rank beyond the workers": (["--workers", "2", "--straggler", "3:2"],
+                                            "--straggler: rank must be in 0..1 (cluster.workers = 2); got 3", QUICK),
+    "a staleness bound with sync": (["--mode", "sync", "--staleness", "5"],
+                                    "--staleness: only used with --mode ssp (mode is 'sync')", QUICK),
+    "a staleness bound with async": (["--mode", "async", "--staleness", "0"],
+                                     "--staleness: only used with --mode ssp (mode is 'async')", QUICK),
+    "momentum with adam": (["--optimizer", "adam", "--momentum", "0.5"],
+                           "--momentum: only used by optimizer 'sgd' ('adam' takes none)", QUICK),
+    "backup workers without sync": (["--mode", "async", "--backup-workers", "1"],
+                                    "--backup-workers: applies to mode 'sync' only", QUICK),
+    "a cuda device beyond the machine's": (["--device", "cuda:99"], "--device cuda:99: ", SLOW),
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mistake", RUN_MISTAKES)
+def test_psrv_run_refuses_a_mistake_before_any_process_starts(mistake, tmp_path):
+    args, says, within = RUN_MISTAKES[mistake]
+    out = tmp_path / "run"
+    result, seconds = psrv("run", "--steps", "3", *args, "--no-progress", "--out", str(out), cwd=tmp_path)
+    assert_refused(result, seconds, command="run", says=says, within=within)
+    assert not out.exists(), "a run directory was made: processes were started before the check"
+
+
+@pytest.mark.timeout(120)
+def test_cuda_on_a_machine_without_cuda_is_refused_by_run_serve_and_worker(tmp_path):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA (cuda:99 above checks an index beyond the count)")
+    says = "--device cuda:0: torch sees no CUDA device on this machine"
+    result, seconds = psrv("run", "--device", "cuda:0", "--steps", "3", "--out", str(tmp_path / "run"), cwd=tmp_path)
+    assert_refused(result, seconds, command="run", says=says, within=SLOW)
+    assert not (tmp_path / "run").exists()
+    result, seconds = psrv("serve", "--device", "cuda:0", cwd=tmp_path)
+    assert_refused(result, seconds, command="serve", says=says, within=SLOW)
+    result, seconds = psrv("worker", "--device", "cuda:0", "--servers", "tcp://127.0.0.1:9", cwd=tmp_path)
+    assert_refused(result, seconds, command="worker", says=says, within=SLOW)
+
+
+@pytest.mark.timeout(120)
+def test_a_port_in_use_is_refused_in_one_line(procs, tmp_path):
+    first, address = procs.server("first", "--workers", "1")
+    result, seconds = psrv("serve", "--bind", address, "--workers", "1", cwd=tmp_path)
+    assert_refused(result, seconds, command="serve", within=SLOW, says=f"{address} is already in use (another "
+                   "psrv serve?); pick another --bind port or port 0")
+    assert first.poll() is None, "the first server must keep serving"
+
+
+@pytest.mark.timeout(60)
+def test_a_port_in_use_shows_its_traceback_with_debug_logging(procs, tmp_path):
+    _, address = procs.server("first", "--workers", "1")
+    result, _ = psrv("serve", "--bind", address, "--log-level", "DEBUG", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" in result.stderr and "already in use" in result.stderr
+
+
+@pytest.mark.timeout(60)
+def test_psrv_serve_refuses_a_staleness_bound_it_would_not_use(tmp_path):
+    result, seconds = psrv("serve", "--mode", "sync", "--staleness", "5", cwd=tmp_path)
+    assert_refused(result, seconds, command="serve", says="--staleness: only used with --mode ssp", within=SLOW)
+
+
+@pytest.mark.timeout(60)
+def test_a_missing_spec_file_is_one_line(tmp_path):
+    result, seconds = psrv("experiment", str(tmp_path / "nope.toml"), "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert_refused(result, seconds, command="experiment", says=f"{tmp_path / 'nope.toml'}: no such spec file",
+                   within=QUICK)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.timeout(60)
+def test_a_spec_whose_job_does_not_import_is_refused_before_its_first_run(tmp_path):
+    spec = tmp_path / "spec.toml"
+    spec.write_text('name = "broken"\n[job]\nname = "no_such_module:make"\nsteps = 3\n'
+                    '[target]\neval_accuracy = 0.5\n[[variants]]\nmode = "async"\n')
+    result, seconds = psrv("experiment", str(spec), "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert_refused(result, seconds, command="experiment", within=QUICK,
+                   says="variant async: job 'no_such_module:make': cannot import no_such_module")
+    assert not (tmp_path / "out").exists()
