@@ -2,7 +2,8 @@
 
 Reads DIR/<variant>/rep-<k>/{summary.json,steps.csv,evals.csv}; writes DIR/<variant>/steps.csv
 and evals.csv (all repeats, with a `repeat` column), DIR/runs.csv (one row per run) and
-DIR/summary.csv (one row per variant: mean and sample std over repeats).
+DIR/summary.csv (one row per variant: mean and sample std over repeats). Only the repeats the spec
+has (rep-0 .. rep-<seeds - 1>) are read; runs kept aside (rep-<k>.replaced-<hash>) never are.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from psrv.config.base import config_hash
+
+from experiments.provenance import stored_config
 from experiments.spec import ExperimentSpec, TargetSpec, Variant
 
 log = logging.getLogger(__name__)
@@ -26,7 +30,7 @@ METRICS = ("wall_seconds", "samples_per_second", "final_loss", "eval_accuracy",
            "wait_fraction")
 _FROM_SUMMARY = ("wall_seconds", "samples_per_second", "final_loss", "eval_accuracy",
                  "updates_applied", "mean_staleness", "max_staleness")
-RUN_COLUMNS = ("variant", "repeat", "mode", "staleness", "reached_target", *METRICS)
+RUN_COLUMNS = ("variant", "repeat", "mode", "staleness", "reached_target", *METRICS, "config_hash")
 SUMMARY_COLUMNS = ("variant", "mode", "staleness", "repeats", "target_reached",
                    *(name for metric in METRICS for name in (metric, f"{metric}_std")))
 _REP_RE = re.compile(r"rep-([0-9]+)")
@@ -57,6 +61,24 @@ def finished_repeats(out_dir: str | Path, variant: str) -> list[tuple[int, Path]
             else:
                 log.warning("collect: skipping unfinished run %s (no valid summary.json)", path)
     return sorted(found)
+
+
+def spec_repeats(out_dir: str | Path, spec: ExperimentSpec, variant: str) -> list[tuple[int, Path]]:
+    """The finished rep-<k> of `variant` that the spec has (k < its number of seeds); others are left out."""
+    found = finished_repeats(out_dir, variant)
+    for repeat, path in found:
+        if repeat >= spec.repeats:
+            log.warning("collect: leaving out %s: the spec has %d seed(s), so no rep-%d", path, spec.repeats,
+                        repeat)
+    return [(repeat, path) for repeat, path in found if repeat < spec.repeats]
+
+
+def stored_hash(path: str | Path) -> str:
+    """The config hash of a run directory's stored config.json; empty if it has none that reads."""
+    try:
+        return config_hash(stored_config(path))
+    except ValueError:
+        return ""
 
 
 def read_csv(path: str | Path) -> list[dict[str, str]]:
@@ -207,7 +229,7 @@ def collect(out_dir: str | Path, spec: ExperimentSpec) -> list[VariantSummary]:
     out.mkdir(parents=True, exist_ok=True)
     summaries, run_rows = [], []
     for variant in spec.variants:
-        repeats = finished_repeats(out, variant.name)
+        repeats = spec_repeats(out, spec, variant.name)
         merge_variant(out, variant.name, repeats)
         runs = [run_metrics(path, spec.target, variant=variant.name, repeat=repeat)
                 for repeat, path in repeats]
@@ -216,7 +238,7 @@ def collect(out_dir: str | Path, spec: ExperimentSpec) -> list[VariantSummary]:
                         len(runs), spec.repeats)
         run_rows += [{"variant": variant.name, "repeat": run.repeat, "mode": variant.mode,
                       "staleness": variant.staleness, "reached_target": int(run.reached_target),
-                      **run.values} for run in runs]
+                      **run.values, "config_hash": stored_hash(path)} for run, (_, path) in zip(runs, repeats)]
         summaries.append(aggregate(variant, runs))
     _write_csv(out / "runs.csv", RUN_COLUMNS, run_rows)
     _write_csv(out / "summary.csv", SUMMARY_COLUMNS, [s.row() for s in summaries])

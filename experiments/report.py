@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import shlex
 from collections import defaultdict
 from pathlib import Path
 
@@ -12,6 +11,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from experiments.collect import Stat, VariantSummary, number, read_csv, read_summary
+from experiments.report_configs import (command_lines, disagreement_section, disagreements, setup_lines,
+                                        stored_runs)
 from experiments.spec import ExperimentSpec
 
 log = logging.getLogger(__name__)
@@ -242,36 +243,27 @@ def _ddp_gap(summaries: list[VariantSummary]) -> list[str]:
 
 def write_report(out_dir: str | Path, spec: ExperimentSpec, *, spec_path: str | Path,
                  versions: dict[str, str]) -> Path:
-    """Write DIR/plots/*.png and DIR/report.md from DIR/summary.csv and the merged CSVs."""
+    """Write DIR/plots/*.png and DIR/report.md from DIR/summary.csv, the merged CSVs and each run's stored
+    config.json (what was run, and whether the runs agree with each other and with the spec)."""
     out = Path(out_dir)
     summaries = read_summary(out)
     plots = write_plots(out, spec, summaries)
-    base = spec.config
-    job, opt, cl = base.job, base.optimizer, base.cluster
+    runs = stored_runs(out, spec)  # what was run is what each run stored, not what the spec says now
+    problems = disagreements(runs, spec)
     target = spec.target.describe()
     lines = [f"# Experiment report: {spec.name}", ""]
     lines += [spec.description, ""] if spec.description else []
-    lines += [f"- Spec: `{spec_path}` (name `{spec.name}`)",
-              f"- Job: `{job.name}`, {job.steps} steps per worker, batch {job.batch_size} per "
-              "worker, " + (f"eval every {job.eval_every} steps" if job.eval_every
-                            else "eval at start and end"),
-              f"- Optimizer: {opt.name}, lr {opt.lr:g}"
-              + (f", momentum {opt.momentum:g}" if opt.name == "sgd" else "")
-              + f", weight decay {opt.weight_decay:g}",
-              f"- Cluster: {cl.servers} server(s), {cl.workers} workers, {cl.device}, {cl.transport}",
+    lines += [f"- Spec: `{spec_path}` (name `{spec.name}`)", *setup_lines(runs, spec, problems),
               f"- Target: {target}",
-              f"- Repeats: {spec.repeats} (seeds {', '.join(map(str, spec.seeds))})",
               "- Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
-              "", "## Result", "", *_winner(summaries, target), "", "## DDP gap", "",
+              "", *disagreement_section(problems), "## Result", "", *_winner(summaries, target), "",
+              "## DDP gap", "",
               *_ddp_gap(summaries), "", "## Summary", "",
               "Mean ± sample std over repeats (summary.csv has every value; "
               "docs/experiments.md defines each column).", "", *_table(summaries), "", "## Plots", ""]
     for caption, rel in plots:
         lines += [f"### {caption}", "", f"![{caption}]({rel})", ""]
-    lines += ["## Commands", "", "Each run, as `psrv run` (first seed shown):", "", "```"]
-    lines += [f"psrv run {shlex.join(spec.run_argv(v, spec.seeds[0]))} "
-              f"--out {shlex.quote(str(out / v.name / 'rep-0'))}" for v in spec.variants]
-    lines += ["```", ""]
+    lines += command_lines(runs, spec)
     path = out / "report.md"
     path.write_text("\n".join(lines), encoding="utf-8")
     log.info("report: wrote %s", path)

@@ -12,6 +12,7 @@ from tqdm import tqdm
 
 from experiments.collect import collect, is_finished, run_dir
 from experiments.launch import RunFailed, run_local
+from experiments.provenance import claim, default_out, keep_aside, why_changed
 from experiments.report import write_report
 from experiments.spec import load_spec
 
@@ -35,29 +36,37 @@ def versions() -> dict[str, str]:
 def run_experiment(spec_path: str | Path, *, out: str | Path | None = None) -> int:
     """Run (or resume) the experiment SPEC into `out`; 0 if every run finished, 1 if any failed.
 
-    Runs go to DIR/<variant>/rep-<k>; one whose summary.json exists is skipped, so an interrupted experiment
-    resumes. One tqdm bar covers all runs (variant, steps, ETA); status lines go to stderr via tqdm.write.
+    Runs go to DIR/<variant>/rep-<k>. A finished run whose stored config is the one the spec now asks for is
+    skipped, so an interrupted experiment resumes; one whose config changed is run again, the old run kept
+    aside. The default DIR is runs/<spec file stem>; a folder of another spec file's results is refused
+    unless `out` is given. One tqdm bar covers all runs; status lines go to stderr via tqdm.write.
     """
     spec = load_spec(spec_path)
-    out = Path(out) if out is not None else Path("runs") / spec.name
-    out.mkdir(parents=True, exist_ok=True)
+    chosen = out is not None
+    out = Path(out) if chosen else default_out(spec_path)
+    note = claim(out, spec_path, chosen=chosen)  # a folder holds one spec file's results, unless chosen
+    if note:
+        _say(note)
     todo = []
     for variant, seed, repeat in spec.runs():
-        path = run_dir(out, variant.name, repeat)
+        path, cfg = run_dir(out, variant.name, repeat), spec.run_config(variant, seed)
         if is_finished(path):
-            _say(f"skipped {variant.name} rep-{repeat} (seed {seed}): already finished in {path}")
-        else:
-            todo.append((variant, seed, repeat, path))
-    steps = spec.config.job.steps * spec.config.cluster.workers  # one run's steps, all workers together
+            why = why_changed(path, cfg)
+            if why is None:
+                _say(f"skipped {variant.name} rep-{repeat} (seed {seed}): already finished with this config "
+                     f"in {path}")
+                continue
+            _say(f"rerunning {variant.name} rep-{repeat}: {why}; the old run is kept in {keep_aside(path)}")
+        todo.append((variant, seed, repeat, path, cfg.job.steps * cfg.cluster.workers))
     failed: list[str] = []
     started = time.monotonic()
-    with tqdm(total=steps * len(todo), unit="step", dynamic_ncols=True, file=sys.stderr) as bar:
-        for variant, seed, repeat, path in todo:
+    with tqdm(total=sum(t[-1] for t in todo), unit="step", dynamic_ncols=True, file=sys.stderr) as bar:
+        for variant, seed, repeat, path, steps in todo:  # steps: one run's, all workers together
             label = f"{variant.name} rep-{repeat}"
             bar.set_description(label)
             base = bar.n
 
-            def advance(done: int, base: int = base) -> None:
+            def advance(done: int, base: int = base, steps: int = steps) -> None:
                 if base + min(done, steps) > bar.n:
                     bar.update(base + min(done, steps) - bar.n)
             if not _one_run(spec, variant, seed, path, label=label, on_progress=advance):
@@ -68,7 +77,7 @@ def run_experiment(spec_path: str | Path, *, out: str | Path | None = None) -> i
     report = write_report(out, spec, spec_path=spec_path, versions=versions())
     if failed:
         _say(f"{len(failed)} of {len(todo)} runs failed: {', '.join(failed)}; rerun the same command "
-             "to retry them (finished runs are skipped)")
+             "to retry them (finished runs with an unchanged config are skipped)")
     print(f"report: {report}")  # the CLI's final message
     return 1 if failed else 0
 

@@ -12,6 +12,7 @@ from matplotlib.axes import Axes
 
 from experiments.collect import (collect, is_finished, read_csv, read_summary, run_dir,
                                  time_to_target, wait_fraction)
+from experiments.launch import write_config
 from experiments.report import write_report
 from experiments.spec import ExperimentSpec, TargetSpec, spec_from_dict
 
@@ -56,6 +57,7 @@ def _summary(wall: float, sps: float, loss: float, acc: float, updates: int,
 
 
 def _fabricate(out: Path, second: str = "async") -> None:
+    """Two variants x two repeats, each run with the config.json run_local would have stored."""
     # sync reaches 0.9 accuracy at 2.0 s (rep 0) and 4.0 s (rep 1): mean 3.0, std sqrt(2).
     _run(out, "sync", 0, summary=_summary(10.0, 100.0, 0.30, 0.95, 3, 0.0, 0),
          evals=[(1.0, 1, 1.0, 0.5), (2.0, 2, 0.5, 0.92), (3.0, 3, 0.3, 0.95)],
@@ -72,6 +74,9 @@ def _fabricate(out: Path, second: str = "async") -> None:
     _run(out, second, 1, summary=_summary(7.0, 240.0, 0.9, 0.8, 6, *((None, None) if ddp else (2.0, 4))),
          evals=[(0.5, 1, 1.0, 0.5), (1.0, 2, 0.95, 0.7), (2.0, 3, 0.9, 0.8)],
          step_times=(0.1, 0.1, 0.0), staleness=None if ddp else 2)
+    spec = _spec("sync", second)
+    for variant, seed, repeat in spec.runs():
+        write_config(run_dir(out, variant.name, repeat) / "config.json", spec.run_config(variant, seed))
 
 
 def _rows(out: Path) -> dict[str, dict[str, str]]:

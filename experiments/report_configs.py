@@ -1,0 +1,140 @@
+"""What the report says was run: the job, optimizer, cluster and seed lines and each variant's `psrv run`
+command, all from each run's stored config.json (never from the spec's text), and every way the runs
+disagree: repeats of a variant that differ in more than the seed, variants that differ in a line shown
+as common, runs with no stored config, and runs made with another config than the spec's.
+"""
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from psrv.config import RunConfig
+from psrv.config.cli_args import to_argv
+
+from experiments.collect import spec_repeats
+from experiments.provenance import describe, differences, stored_config
+from experiments.spec import ExperimentSpec
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    """One finished run and the config it stored; config None (and `problem` saying why) if none reads."""
+
+    variant: str
+    repeat: int
+    path: Path
+    config: RunConfig | None
+    problem: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"`{self.variant}` rep-{self.repeat}"
+
+
+def stored_runs(out_dir: str | Path, spec: ExperimentSpec) -> list[StoredRun]:
+    """Every finished run that collect reads, in spec order, with its stored config."""
+    runs = []
+    for variant in spec.variants:
+        for repeat, path in spec_repeats(out_dir, spec, variant.name):
+            try:
+                runs.append(StoredRun(variant.name, repeat, path, stored_config(path)))
+            except ValueError as exc:
+                runs.append(StoredRun(variant.name, repeat, path, None, str(exc)))
+    return runs
+
+
+def _job(cfg: RunConfig) -> str:
+    job = cfg.job
+    return (f"`{job.name}`, {job.steps} steps per worker, batch {job.batch_size} per worker, "
+            + (f"eval every {job.eval_every} steps" if job.eval_every else "eval at start and end"))
+
+
+def _optimizer(cfg: RunConfig) -> str:
+    opt = cfg.optimizer
+    return (f"{opt.name}, lr {opt.lr:g}" + (f", momentum {opt.momentum:g}" if opt.name == "sgd" else "")
+            + f", weight decay {opt.weight_decay:g}")
+
+
+def _cluster(cfg: RunConfig) -> str:
+    cl = cfg.cluster
+    return f"{cl.servers} server(s), {cl.workers} workers, {cl.device}, {cl.transport}"
+
+
+def _who(group: list[StoredRun], runs: list[StoredRun]) -> str:
+    """The runs of a group: a variant's name when all its runs are in it, else each run."""
+    names = []
+    for variant in dict.fromkeys(r.variant for r in group):
+        mine = [r for r in group if r.variant == variant]
+        whole = len(mine) == sum(r.variant == variant and r.config is not None for r in runs)
+        names += [f"`{variant}`"] if whole else [r.label for r in mine]
+    return ", ".join(names)
+
+
+def _line(title: str, render: Callable[[RunConfig], str], runs: list[StoredRun]) -> str:
+    groups: dict[str, list[StoredRun]] = {}
+    for run in runs:
+        if run.config is not None:
+            groups.setdefault(render(run.config), []).append(run)
+    if not groups:
+        return f"- {title}: unknown (no finished run has a stored config.json)"
+    if len(groups) == 1:
+        return f"- {title}: {next(iter(groups))}"
+    return f"- {title}: **differs between runs**: " + "; ".join(f"{text} ({_who(group, runs)})"
+                                                                for text, group in groups.items())
+
+
+def disagreements(runs: list[StoredRun], spec: ExperimentSpec) -> list[str]:
+    """One line per way the runs disagree with each other (beyond the seed) or with the spec."""
+    lines = [f"{r.label}: {r.problem}; its settings are unknown" for r in runs if r.config is None]
+    firsts: dict[str, tuple[int, RunConfig]] = {}
+    for run in runs:
+        if run.config is None:
+            continue
+        first_repeat, first = firsts.setdefault(run.variant, (run.repeat, run.config))
+        diffs = differences(first, run.config, ignore=("seed",))
+        if diffs:
+            lines.append(f"{run.label} differs from rep-{first_repeat} in more than the seed: {describe(diffs)}")
+        wanted = spec.run_config(spec.variant(run.variant), spec.seeds[run.repeat])
+        diffs = differences(run.config, wanted)
+        if diffs:
+            lines.append(f"{run.label} was run with another config than the spec's: {describe(diffs)} "
+                         "(stored -> spec); `psrv experiment` would run it again")
+    return lines
+
+
+def setup_lines(runs: list[StoredRun], spec: ExperimentSpec, problems: list[str]) -> list[str]:
+    """The report's job, optimizer, cluster, seeds and configs lines."""
+    seeds = sorted({r.config.seed for r in runs if r.config is not None}) or list(spec.seeds)
+    configs = ("**the runs disagree: see \"The runs disagree\" below**" if problems else
+               f"all finished runs ({len(runs)}) are the spec's (their config_hash is in runs.csv)")
+    return [_line("Job", _job, runs), _line("Optimizer", _optimizer, runs), _line("Cluster", _cluster, runs),
+            f"- Repeats: {spec.repeats} per variant (seeds {', '.join(map(str, seeds))})",
+            f"- Configs: read from each run's stored config.json; {configs}"]
+
+
+def disagreement_section(problems: list[str]) -> list[str]:
+    if not problems:
+        return []
+    return ["## The runs disagree", "", "Each line is a run whose stored config.json disagrees with another "
+            "run's or with the spec's; the numbers below include it:", "", *(f"- {line}" for line in problems), ""]
+
+
+def command_lines(runs: list[StoredRun], spec: ExperimentSpec) -> list[str]:
+    """Each variant's first finished run: `psrv run --config` its stored config.json, and its flags."""
+    lines = ["## Commands", "", "Each variant's first finished run, from its stored config.json: "
+             "`psrv run --config` repeats it exactly, and the flags (`to_argv`) say how it differs from "
+             "the defaults:", "", "```"]
+    for variant in spec.variants:
+        run = next((r for r in runs if r.variant == variant.name and r.config is not None), None)
+        if run is None or run.config is None:
+            lines.append(f"# {variant.name}: no finished run with a stored config.json")
+            continue
+        lines.append(f"# {variant.name} rep-{run.repeat} (seed {run.config.seed}): psrv run --config "
+                     f"{shlex.quote(str(run.path / 'config.json'))} --out NEW_DIR")
+        try:
+            lines.append(f"psrv run {shlex.join(to_argv(run.config))} --out {shlex.quote(str(run.path))}")
+        except ValueError as exc:  # a setting with no command-line option: --config is the only way
+            lines.append(f"# ({exc})")
+    return [*lines, "```", ""]
