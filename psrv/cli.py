@@ -96,10 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("experiment", help="compare modes on one job as a TOML spec says",
                        description="Run every variant and repeat of SPEC, then write summary.csv, plots "
-                       "and report.md. Finished runs are skipped, so an interrupted experiment resumes. "
-                       "Example: psrv experiment experiments/specs/modes.toml --out runs/modes")
+                       "and report.md. A finished run whose stored config is the one SPEC asks for is skipped, "
+                       "so an interrupted experiment resumes; one whose config changed is run again (the old "
+                       "run kept aside as rep-K.replaced-HASH). "
+                       "Example: psrv experiment experiments/specs/modes.toml (writes runs/modes)")
     e.add_argument("spec", type=Path, help="experiment spec (TOML), e.g. experiments/specs/modes.toml")
-    e.add_argument("--out", type=Path, default=None, help="output directory (default: runs/<spec name>)")
+    e.add_argument("--out", type=Path, default=None, help="output directory (default: runs/<SPEC file name "
+                   "without .toml>; a folder holding another spec file's results is refused unless given here)")
     _log_level(e, "WARNING")
 
     t = sub.add_parser("top", help="live per-shard view of running servers",
