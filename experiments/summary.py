@@ -12,9 +12,16 @@ STEP_COLUMNS = ("wall_time", "worker", "step", "loss", "staleness", "compute_sec
 EVAL_COLUMNS = ("wall_time", "step", "eval_loss", "eval_accuracy")
 
 
-def _records(out: Path, prefix: str) -> list[dict]:
-    paths = sorted(out.glob(f"{prefix}-*.json"), key=lambda p: int(p.stem.split("-")[1]))
-    return [json.loads(p.read_text()) for p in paths]
+def _records(out: Path, prefix: str, *, partial: bool = False) -> list[dict]:
+    """The processes' records, by index. `partial` (an interrupted run): an unreadable one is skipped."""
+    found = []
+    for path in out.glob(f"{prefix}-*.json"):
+        try:
+            found.append((int(path.stem.split("-")[1]), json.loads(path.read_text())))
+        except (ValueError, OSError):
+            if not partial:
+                raise
+    return [record for _, record in sorted(found, key=lambda item: item[0])]
 
 
 def _origin(workers: list[dict]) -> float:
@@ -30,23 +37,29 @@ def _transport(cfg: RunConfig) -> str:
     return "nccl" if cfg.cluster.device.startswith("cuda") else "gloo"
 
 
-def build_summary(cfg: RunConfig, out: Path) -> dict:
-    """The run's summary (keys documented in README.md) from worker-*.json and server-*.json."""
-    workers = _records(out, "worker")
-    servers = _records(out, "server")
-    if len(workers) != cfg.cluster.workers:
+def build_summary(cfg: RunConfig, out: Path, *, interrupted: bool = False) -> dict:
+    """The run's summary (keys documented in README.md) from worker-*.json and server-*.json.
+
+    A finished run must have every worker's record. An `interrupted` one is summarised from whatever
+    records there are (a worker stopped before it wrote one has none; an interrupted worker's holds the
+    steps it did): `complete` is then False and `steps_done` counts the worker steps that ran."""
+    workers = _records(out, "worker", partial=interrupted)
+    servers = _records(out, "server", partial=interrupted)
+    if len(workers) != cfg.cluster.workers and not interrupted:
         raise RuntimeError(f"expected {cfg.cluster.workers} worker records in {out}, found {len(workers)}")
     rows = [r for w in workers for r in w["step_log"]]
     origin = _origin(workers)
     end = max((r["wall_time"] for r in rows), default=origin)
     wall = max(end - origin, 1e-9)
-    rank0 = workers[0]
+    rank0 = next((w for w in workers if w["rank"] == 0), {})
     # DDP has no staleness and no clock gap to measure (every rank steps on the same all-reduced
     # gradient): they are None there, not a 0 that reads like a measurement.
     measured = not cfg.is_allreduce
     staleness = [r["staleness"] for r in rows] if measured else []
     samples = sum(w["samples"] for w in workers)
+    ended = {"complete": False, "interrupted": True, "steps_done": len(rows)} if interrupted else {"complete": True}
     return {
+        **ended,
         "mode": cfg.mode, "staleness": cfg.staleness if cfg.mode == "ssp" else 0, "transport": _transport(cfg),
         "job": cfg.job.name, "num_servers": len(servers) if measured else 0, "num_workers": cfg.cluster.workers,
         "steps": cfg.job.steps, "batch_size": cfg.job.batch_size, "backup_workers": cfg.backup_workers,
@@ -69,11 +82,12 @@ def build_summary(cfg: RunConfig, out: Path) -> dict:
     }
 
 
-def write_tables(out: Path) -> None:
+def write_tables(out: Path, *, interrupted: bool = False) -> None:
     """DIR/steps.csv (one row per worker step) and DIR/evals.csv, wall times relative to the start.
 
-    A value a record does not have (DDP's staleness) is an empty cell."""
-    workers = _records(out, "worker")
+    A value a record does not have (DDP's staleness) is an empty cell. `interrupted`: from the records
+    there are (see build_summary)."""
+    workers = _records(out, "worker", partial=interrupted)
     origin = _origin(workers)
     rows = sorted((r for w in workers for r in w["step_log"]), key=lambda r: r["wall_time"])
     with open(out / "steps.csv", "w", newline="") as f:
@@ -84,7 +98,7 @@ def write_tables(out: Path) -> None:
     with open(out / "evals.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, EVAL_COLUMNS, extrasaction="ignore")
         writer.writeheader()
-        for e in workers[0].get("evals", []) if workers else []:
+        for e in next((w["evals"] for w in workers if w["rank"] == 0), []):
             writer.writerow({**e, "wall_time": round(max(0.0, e["wall_time"] - origin), 6)})
 
 
