@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -12,6 +13,16 @@ from typing import Callable
 
 class RunFailed(RuntimeError):
     """A process of the cluster failed; the message carries the tail of its log."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM, where the entry point makes it one) stopped a run after its processes were
+    started: they were stopped, and what ran was written, marked incomplete. `summary` is that summary
+    (`complete` False, `steps_done`), `interrupt` the KeyboardInterrupt that stopped it."""
+
+    def __init__(self, summary: dict, interrupt: KeyboardInterrupt):
+        super().__init__(f"interrupted after {summary['steps_done']} steps")
+        self.summary, self.interrupt = summary, interrupt
 
 
 def thread_env(processes: int) -> dict[str, str]:
@@ -25,7 +36,10 @@ def thread_env(processes: int) -> dict[str, str]:
 
 class Cluster:
     """The processes of one run, each logging to DIR/<name>.log; stop() kills whatever is left, by PID.
-    `processes`: how many will share the machine (each gets its share of the cores as torch threads)."""
+    `processes`: how many will share the machine (each gets its share of the cores as torch threads).
+
+    Each process runs in a session of its own, so a terminal's Ctrl-C reaches only the launcher, which
+    then stops them in order (`interrupt`: the workers first, so they can leave and write their records)."""
 
     def __init__(self, out: Path, *, processes: int = 1):
         self.out = out
@@ -35,7 +49,8 @@ class Cluster:
     def start(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
         log = open(self.out / f"{name}.log", "w")
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, **self.env, **(env or {}), "PYTHONUNBUFFERED": "1"})
+                                env={**os.environ, **self.env, **(env or {}), "PYTHONUNBUFFERED": "1"},
+                                start_new_session=True)
         log.close()
         self.procs[name] = proc
         return proc
@@ -61,6 +76,19 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+    def interrupt(self, names: list[str], *, grace: float = 3.0) -> None:
+        """Send SIGINT to `names` still running and give them up to `grace` seconds to end (a worker
+        leaves its shards and writes its record); stop() then ends whatever is left."""
+        running = [self.procs[n] for n in names if n in self.procs and self.procs[n].poll() is None]
+        for proc in running:
+            proc.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + grace
+        for proc in running:
+            try:
+                proc.wait(max(0.01, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
 
     def wait(self, names: list[str], *, timeout: float, tick: Callable[[], None] = lambda: None) -> None:
         deadline = time.monotonic() + timeout

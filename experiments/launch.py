@@ -9,7 +9,7 @@ from typing import Callable
 from psrv.config import RunConfig, to_dict
 from psrv.config.base import config_hash
 
-from experiments.cluster import Cluster, RunFailed, free_port
+from experiments.cluster import Cluster, RunFailed, RunInterrupted, free_port
 from experiments.preflight import preflight
 from experiments.summary import build_summary, write_tables
 
@@ -32,7 +32,10 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
     """Run `cfg` on a local cluster; write DIR/config.json (the resolved config), summary.json, steps.csv,
     evals.csv, and return the summary. `metrics`: every process serves /metrics (DIR/targets.json).
 
-    on_progress(steps done by all workers so far) is called while it runs (for an outer progress bar)."""
+    on_progress(steps done by all workers so far) is called while it runs (for an outer progress bar).
+    Ctrl-C (KeyboardInterrupt) while it runs: the workers get SIGINT and up to 3 s to leave and write
+    their records, the rest are stopped, what ran is written (summary.json `complete` False), and
+    RunInterrupted is raised."""
     preflight(cfg)  # a device that is not here, a job that does not import: ValueError before any process
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*.json"):
@@ -41,6 +44,7 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
     workers = cfg.cluster.workers
     cluster = Cluster(out, processes=workers + (0 if cfg.is_allreduce else cfg.cluster.servers))
     extra = ["--metrics-port", "0", "--metrics-linger", repr(metrics_linger)] if metrics else []
+    bar, interrupt = None, None
     try:
         if cfg.is_allreduce:
             from experiments.launch_ddp import start_ddp
@@ -59,12 +63,20 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
                 found[0] = write_targets(out)
         cluster.wait(names, timeout=timeout, tick=tick)
         cluster.wait([n for n, _ in servers], timeout=60)
-        bar.close()
+    except KeyboardInterrupt as exc:  # the workers first: they leave the shards and write what they did
+        interrupt = exc
+        cluster.interrupt([n for n in cluster.procs if not n.startswith("server-")], grace=3.0)
     finally:
+        if bar is not None:
+            bar.close()
         cluster.stop()
-    summary = {**build_summary(cfg, out), "config_hash": config_hash(cfg)}  # which config made these results
-    write_tables(out)
+    interrupted = interrupt is not None
+    summary = {**build_summary(cfg, out, interrupted=interrupted),
+               "config_hash": config_hash(cfg)}  # which config made these results
+    write_tables(out, interrupted=interrupted)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    if interrupt is not None:
+        raise RunInterrupted(summary, interrupt) from None
     return summary
 
 

@@ -164,7 +164,17 @@ def server_addresses(text: str, *, wait: float) -> tuple[str, ...]:
 
 
 def _worker(a: argparse.Namespace) -> int:
-    from psrv.process import tune_malloc
+    from psrv.process import exit_code, interrupt_on_signals
+    interrupt_on_signals()  # SIGTERM takes Ctrl-C's path: train() leaves the shards and keeps its rows
+    try:
+        return _train_worker(a)
+    except KeyboardInterrupt as exc:  # before train() reached the shards: nothing to leave or write
+        print(f"psrv worker: interrupted ({str(exc) or 'SIGINT'}) before training began", file=sys.stderr)
+        return exit_code(exc)
+
+
+def _train_worker(a: argparse.Namespace) -> int:
+    from psrv.process import exit_code, tune_malloc
     base = _base(a)
     servers = a.servers if a.servers is not None else ",".join(base.get("servers", []))
     if not servers:
@@ -177,7 +187,7 @@ def _worker(a: argparse.Namespace) -> int:
     job_factory(cfg.job.name)  # imports a user's job module (from the current folder) before any server is met
     tune_malloc()
     import torch
-    from workers.loop import train
+    from workers.loop import TrainingInterrupted, train
     progress = None
     if a.progress_file:
         progress = lambda step: step % 10 == 0 and a.progress_file.write_text(str(step))  # noqa: E731
@@ -187,7 +197,13 @@ def _worker(a: argparse.Namespace) -> int:
         from psrv.metrics import start_metrics
         metrics = start_metrics(WorkerMetrics, a.metrics_port, _metrics_file(a), host=a.metrics_host,
                                 worker=cfg.rank, mode=a.mode)
-    record = train(cfg, progress=progress, metrics=metrics)
+    try:
+        record = train(cfg, progress=progress, metrics=metrics)
+    except TrainingInterrupted as exc:  # it said so in one line and left; keep its rows, not its weights
+        exc.record.pop("final_params")
+        if a.out:
+            _write_json(a.out, exc.record)
+        return exit_code(exc.interrupt)
     if metrics is not None and a.metrics_linger > 0:
         time.sleep(a.metrics_linger)
     params = record.pop("final_params")
@@ -200,18 +216,26 @@ def _worker(a: argparse.Namespace) -> int:
 
 
 def _run(a: argparse.Namespace) -> int:
-    from experiments.launch import RunFailed, run_local
+    from experiments.launch import RunFailed, RunInterrupted, run_local
     from experiments.summary import format_summary
     cfg = config_from_args(RunConfig, a, base=_base(a))
     _unused_staleness(a, cfg.mode)
-    from psrv.process import tune_malloc
+    from psrv.process import exit_code, interrupt_on_signals, tune_malloc
     tune_malloc()  # this process only launches; the processes it starts tune themselves
+    interrupt_on_signals()  # SIGTERM as Ctrl-C: stop the processes in order, keep what ran
     try:
         summary = run_local(cfg, out=a.out, metrics=a.metrics, metrics_linger=a.metrics_linger,
                             progress=not a.no_progress)
     except RunFailed as exc:
         print(f"psrv run failed: {exc}", file=sys.stderr)
         return 1
+    except RunInterrupted as exc:
+        print(f"interrupted: wrote the {exc.summary['steps_done']} steps that ran to {a.out} (incomplete)",
+              file=sys.stderr)
+        return exit_code(exc.interrupt)
+    except KeyboardInterrupt as exc:  # before any process started: nothing to stop or write
+        print("psrv run: interrupted before the run started", file=sys.stderr)
+        return exit_code(exc)
     print(format_summary(summary))
     print(f"\nwrote {a.out}/summary.json, steps.csv, evals.csv, config.json")
     return 0

@@ -1,0 +1,183 @@
+"""Ctrl-C and SIGTERM, as real processes on 127.0.0.1: a worker leaves its shards and keeps its rows,
+`psrv run` stops its processes in order and writes what ran, marked incomplete.
+
+Exit codes are the shell's for a process a signal stopped: 130 for SIGINT, 143 for SIGTERM.
+"""
+import csv
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from psrv.client import admin_request
+from psrv.protocol import MsgType
+from tests.helpers import ROOT, psrv_argv
+
+STEPS = 400           # long enough that the other worker is still training when the first one stops
+TIMEOUT = "60"        # --worker-timeout: a worker lost to silence would stall the barrier this long
+
+
+def _progress(path: Path) -> int:
+    try:
+        return int(path.read_text() or 0)
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def _wait_for_steps(path: Path, steps: int, proc: subprocess.Popen, log: Path, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while _progress(path) < steps:
+        assert proc.poll() is None, f"exited ({proc.returncode}) before {steps} steps:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"fewer than {steps} steps in {timeout}s:\n{log.read_text()[-3000:]}"
+        time.sleep(0.05)
+
+
+def _rows(path: Path) -> list[dict]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupted_worker_leaves_and_keeps_its_rows(signum, code, procs, tmp_path):
+    server, address = procs.server("server", "--workers", "2", "--mode", "sync", "--worker-timeout", TIMEOUT,
+                                   "--out", str(tmp_path / "server.json"), "--log-level", "WARNING")
+    common = ("--servers", address, "--world-size", "2", "--steps", str(STEPS), "--compute-ms", "10",
+              "--log-level", "WARNING")
+    others = procs.start("worker-0", "worker", "--rank", "0", "--out", str(tmp_path / "worker-0.json"), *common)
+    victim = procs.start("worker-1", "worker", "--rank", "1", "--out", str(tmp_path / "worker-1.json"),
+                         "--progress-file", str(tmp_path / "worker-1.progress"), *common)
+    _wait_for_steps(tmp_path / "worker-1.progress", 20, victim, tmp_path / "worker-1.log")
+
+    sent = time.monotonic()
+    victim.send_signal(signum)
+    assert procs.wait(victim, timeout=5) == code
+    # The shard took it out of the active set at once: by LEAVE, since silence would take 60 s.
+    assert others.poll() is None, "worker 0 finished before the check; raise STEPS"
+    stats = admin_request(address, MsgType.STATS)
+    assert stats["active"] == [0] and stats["lost_workers"] == [], stats
+
+    lines = procs.log("worker-1").splitlines()            # its stdout and stderr
+    assert len(lines) == 1 and "Traceback" not in procs.log("worker-1"), lines
+    done = int(re.search(r"worker 1: interrupted at step (\d+); leaving$", lines[0]).group(1))
+    record = json.loads((tmp_path / "worker-1.json").read_text())
+    assert record["interrupted"] is True and record["steps_done"] == done == record["pushes"]
+    assert 20 <= done < STEPS
+    assert [r["step"] for r in record["step_log"]] == list(range(done))
+
+    # The other worker goes on alone, never waiting anywhere near the worker timeout.
+    assert procs.wait(others, timeout=120) == 0
+    assert time.monotonic() - sent < 40
+    steps = json.loads((tmp_path / "worker-0.json").read_text())["step_log"]
+    assert len(steps) == STEPS and max(r["wait_seconds"] for r in steps) < 10
+    assert procs.wait(server, timeout=30) == 0                # every worker left: the shard ends
+    shard = json.loads((tmp_path / "server.json").read_text())
+    assert shard["lost_workers"] == [] and shard["version"] == STEPS, shard
+    assert shard["pushes"] - STEPS - done in (0, 1)           # its push in flight may have arrived
+
+
+def _children(pid: int) -> dict[int, str]:
+    """{pid: start time} of pid's children, from /proc."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = _stat(int(entry))
+            if stat is not None and int(stat[1]) == pid:
+                found[int(entry)] = stat[19]
+    return found
+
+
+def _stat(pid: int) -> list[str] | None:
+    """/proc/pid/stat's fields after the command name (state, ppid, ...); None if there is no such process."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return text[text.rindex(")") + 2:].split()
+
+
+def _alive(pid: int, started: str) -> bool:
+    stat = _stat(pid)
+    return stat is not None and stat[19] == started and stat[0] != "Z"
+
+
+@pytest.mark.timeout(240)
+def test_an_interrupted_run_writes_what_ran_and_leaves_no_process(tmp_path):
+    out = tmp_path / "run"
+    with open(tmp_path / "stdout", "w") as stdout, open(tmp_path / "stderr", "w") as stderr:
+        launcher = subprocess.Popen(psrv_argv("run", "--mode", "sync", "--workers", "2", "--servers", "2",
+                                              "--steps", "3000", "--compute-ms", "10", "--worker-timeout",
+                                              TIMEOUT, "--no-progress", "--out", str(out)),
+                                    cwd=ROOT, stdout=stdout, stderr=stderr, start_new_session=True,
+                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    children: dict[int, str] = {}
+    try:
+        _wait_for_steps(out / "worker-0.progress", 20, launcher, tmp_path / "stderr")
+        children = _children(launcher.pid)
+        assert len(children) == 4, children                   # 2 servers, 2 workers
+        sent = time.monotonic()
+        launcher.send_signal(signal.SIGINT)
+        assert launcher.wait(30) == 130
+        assert time.monotonic() - sent < 15
+        assert [pid for pid, started in children.items() if _alive(pid, started)] == []
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+        for pid, started in children.items():
+            if _alive(pid, started):
+                os.kill(pid, signal.SIGKILL)
+
+    err = (tmp_path / "stderr").read_text()
+    assert "Traceback" not in err, err
+    said = re.search(r"^interrupted: wrote the (\d+) steps that ran to (\S+) \(incomplete\)$", err, re.M)
+    assert said and said.group(2) == str(out), err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["complete"] is False and summary["interrupted"] is True
+    rows = _rows(out / "steps.csv")
+    assert summary["steps_done"] == len(rows) == int(said.group(1)) >= 40
+    assert len(rows) < 2 * 3000 and {r["worker"] for r in rows} == {"0", "1"}
+    for rank in (0, 1):                                       # each worker left and wrote its record
+        record = json.loads((out / f"worker-{rank}.json").read_text())
+        assert record["interrupted"] is True and "Traceback" not in (out / f"worker-{rank}.log").read_text()
+    assert summary["lost_workers"] == []
+
+
+LIBRARY_USER = """
+import json, signal, sys
+from psrv.config import WorkerConfig, from_dict
+from workers.loop import TrainingInterrupted, train
+cfg = from_dict(WorkerConfig, {"servers": [sys.argv[1]], "rank": 0, "world_size": 1,
+                               "job": {"steps": 100000}, "faults": {"compute_ms": 10}})
+try:
+    train(cfg, progress=lambda step: step == 20 and print("20 steps", flush=True))
+except TrainingInterrupted as exc:
+    print(json.dumps({"steps_done": exc.record["steps_done"], "rows": len(exc.record["step_log"]),
+                      "default_handler": signal.getsignal(signal.SIGINT) is signal.default_int_handler}))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_in_a_library_users_train_leaves_and_hands_back_the_rows(procs, tmp_path):
+    server, address = procs.server("server", "--workers", "1", "--mode", "sync", "--worker-timeout", TIMEOUT,
+                                   "--log-level", "WARNING")
+    user = subprocess.Popen([sys.executable, "-c", LIBRARY_USER, address], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert user.stdout.readline() == "20 steps\n"     # its own print, from the progress callback
+        user.send_signal(signal.SIGINT)
+        out, err = user.communicate(timeout=10)
+    finally:
+        if user.poll() is None:
+            user.kill()
+            user.wait()
+    assert user.returncode == 0 and "Traceback" not in err, err
+    got = json.loads(out)
+    assert got["steps_done"] == got["rows"] >= 20 and got["default_handler"]   # train installed no handler
+    assert procs.wait(server, timeout=10) == 0                # its only worker left (not lost): it ends
