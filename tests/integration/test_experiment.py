@@ -74,9 +74,11 @@ def test_experiment_runs_every_variant_then_resumes(tmp_path):
 
 @pytest.mark.timeout(180)
 def test_a_failed_run_is_recorded_and_the_experiment_goes_on(tmp_path):
-    spec, out = write_spec(tmp_path, ("async",), job="no_such_job"), tmp_path / "out"
+    broken = tmp_path / "broken_job.py"  # imports, so the spec is valid; the workers fail building it
+    broken.write_text("def build(seed):\n    raise RuntimeError('this job is broken on purpose')\n")
+    spec, out = write_spec(tmp_path, ("async",), job=f"{broken}:build"), tmp_path / "out"
     proc = experiment(spec, out, timeout=150)
     assert proc.returncode == 1, proc.stdout[-4000:]
     assert "FAILED async rep-0" in proc.stdout
-    assert "no_such_job" in (out / "async" / "rep-0" / "error.txt").read_text()
+    assert "broken on purpose" in (out / "async" / "rep-0" / "error.txt").read_text()
     assert (out / "report.md").exists()
