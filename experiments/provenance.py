@@ -90,6 +90,13 @@ def keep_aside(run: str | Path) -> Path:
     return dest
 
 
+def kept_runs(run: str | Path, wanted: RunConfig) -> list[Path]:
+    """The runs kept aside from `run` whose stored config is `wanted` (to reuse when a spec changes back)."""
+    run = Path(run)
+    return [path for path in sorted(run.parent.glob(f"{run.name}.replaced-{config_hash(wanted)}*"))
+            if path.is_dir() and why_changed(path, wanted) is None]
+
+
 def default_out(spec_path: str | Path) -> Path:
     """runs/<the spec file's name without .toml>: a copied spec never shares the original's folder."""
     return Path("runs") / Path(spec_path).stem

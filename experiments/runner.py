@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from experiments.collect import collect, is_finished, run_dir
 from experiments.launch import RunFailed, run_local
-from experiments.provenance import claim, default_out, keep_aside, why_changed
+from experiments.provenance import claim, default_out, keep_aside, kept_runs, why_changed
 from experiments.report import write_report
 from experiments.spec import load_spec
 
@@ -47,17 +47,7 @@ def run_experiment(spec_path: str | Path, *, out: str | Path | None = None) -> i
     note = claim(out, spec_path, chosen=chosen)  # a folder holds one spec file's results, unless chosen
     if note:
         _say(note)
-    todo = []
-    for variant, seed, repeat in spec.runs():
-        path, cfg = run_dir(out, variant.name, repeat), spec.run_config(variant, seed)
-        if is_finished(path):
-            why = why_changed(path, cfg)
-            if why is None:
-                _say(f"skipped {variant.name} rep-{repeat} (seed {seed}): already finished with this config "
-                     f"in {path}")
-                continue
-            _say(f"rerunning {variant.name} rep-{repeat}: {why}; the old run is kept in {keep_aside(path)}")
-        todo.append((variant, seed, repeat, path, cfg.job.steps * cfg.cluster.workers))
+    todo = _plan(spec, out)
     failed: list[str] = []
     started = time.monotonic()
     with tqdm(total=sum(t[-1] for t in todo), unit="step", dynamic_ncols=True, file=sys.stderr) as bar:
@@ -80,6 +70,32 @@ def run_experiment(spec_path: str | Path, *, out: str | Path | None = None) -> i
              "to retry them (finished runs with an unchanged config are skipped)")
     print(f"report: {report}")  # the CLI's final message
     return 1 if failed else 0
+
+
+def _plan(spec, out: Path) -> list[tuple]:
+    """(variant, seed, repeat, run dir, steps of all workers) of each run to do, in order. A finished run
+    with the config the spec asks for is skipped; one with another config is kept aside, and a run kept
+    aside earlier with the asked-for config is put back instead of running it again."""
+    todo = []
+    for variant, seed, repeat in spec.runs():
+        path, cfg = run_dir(out, variant.name, repeat), spec.run_config(variant, seed)
+        label = f"{variant.name} rep-{repeat}"
+        finished = is_finished(path)
+        why = why_changed(path, cfg) if finished else None
+        if finished and why is None:
+            _say(f"skipped {label} (seed {seed}): already finished with this config in {path}")
+            continue
+        earlier = next((p for p in kept_runs(path, cfg) if is_finished(p)), None)
+        aside = keep_aside(path) if finished or (earlier is not None and path.exists()) else None
+        if earlier is not None:
+            earlier.rename(path)
+            _say(f"restored {label} (seed {seed}) from {earlier}: it ran with this config before"
+                 + (f"; the run it replaces is kept in {aside}" if aside else ""))
+            continue
+        if aside is not None:
+            _say(f"rerunning {label}: {why}; the old run is kept in {aside}")
+        todo.append((variant, seed, repeat, path, cfg.job.steps * cfg.cluster.workers))
+    return todo
 
 
 def _one_run(spec, variant, seed: int, path: Path, *, label: str, on_progress) -> bool:

@@ -1,5 +1,6 @@
 """`psrv experiment` knows what its runs are: a changed spec reruns them (the old runs kept aside) and the
-report shows what was run; an unchanged spec reuses them; a copied spec never writes into another spec
+report shows what was run; an unchanged spec reuses them, and a spec changed back puts the kept run
+back; a copied spec never writes into another spec
 file's folder. Real CLI, real processes on 127.0.0.1, run from a temporary folder (the default output,
 runs/<spec file stem>, is relative to it)."""
 from __future__ import annotations
@@ -101,6 +102,15 @@ def test_a_changed_spec_reruns_and_the_report_shows_what_ran(tmp_path):
     assert sorted(p.name for p in run.parent.iterdir()) == ["evals.csv", "rep-0", f"rep-0.replaced-{old_hash}",
                                                           "steps.csv"]
     assert time.monotonic() - t0 < 60
+
+    spec.write_text(SPEC.format(lr=0.05))  # back to the first config: the run kept aside is put back
+    fourth = experiment(tmp_path, "tiny.toml", timeout=90)
+    assert fourth.returncode == 0, fourth.stdout[-4000:]
+    assert (f"restored sync rep-0 (seed 0) from runs/tiny/sync/rep-0.replaced-{old_hash}: it ran with this "
+            f"config before; the run it replaces is kept in runs/tiny/sync/rep-0.replaced-{new_hash}") in fourth.stdout
+    assert not [line for line in fourth.stdout.splitlines() if line.startswith("finished ")]
+    assert stored(run) == (old_cfg, old_hash) and stored(run.with_name(f"rep-0.replaced-{new_hash}"))[1] == new_hash
+    assert "- Optimizer: sgd, lr 0.05, momentum 0.9" in (tmp_path / "runs" / "tiny" / "report.md").read_text()
 
 
 @pytest.mark.timeout(300)
