@@ -23,6 +23,8 @@ def encode(msg: Message) -> list:
     """Frames for `msg`: the header, then the tensor's bytes as a buffer (not copied)."""
     header = {"t": int(msg.type), "v": PROTOCOL_VERSION, "w": msg.worker, "s": msg.seq,
               "c": msg.clock, "bv": msg.base_version}
+    if msg.session:
+        header["sid"] = msg.session
     if msg.fields:
         header["f"] = msg.fields
     if msg.tensor is None:
@@ -62,13 +64,13 @@ def decode(frames: list) -> Message:
         mtype = MsgType(h.get("t"))
     except ValueError:
         raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown message type {h.get('t')!r}") from None
-    ints = {k: h.get(k, 0) for k in ("w", "s", "c", "bv")}
+    ints = {k: h.get(k, 0) for k in ("w", "s", "c", "bv", "sid")}
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in ints.values()):
-        raise ProtocolError(ErrorCode.MALFORMED, "worker, seq, clock and base version must be integers")
+        raise ProtocolError(ErrorCode.MALFORMED, "worker, seq, clock, base version and session must be integers")
     fields = h.get("f", {})
     if not isinstance(fields, dict):
         raise ProtocolError(ErrorCode.MALFORMED, "fields must be a map")
-    msg = Message(mtype, ints["w"], ints["s"], ints["c"], ints["bv"], fields)
+    msg = Message(mtype, ints["w"], ints["s"], ints["c"], ints["bv"], fields, session=ints["sid"])
     if len(frames) == 2:
         msg.tensor = _tensor(h, frames[1])
     elif "dt" in h:

@@ -5,7 +5,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 1  # the optional session id (`sid`) and RANK_IN_USE left it compatible: see docs/protocol.md
 
 
 class MsgType(enum.IntEnum):
@@ -35,15 +35,17 @@ class ErrorCode(enum.IntEnum):
     TOO_LARGE = 7
     NONFINITE = 8
     INTERNAL = 9
+    RANK_IN_USE = 10       # another live process already works as this rank
 
 
 class ProtocolError(Exception):
     """A message that cannot be accepted; becomes an ERROR reply, never a crash."""
 
-    def __init__(self, code: ErrorCode, message: str):
+    def __init__(self, code: ErrorCode, message: str, *, fields: dict[str, Any] | None = None):
         super().__init__(f"{code.name}: {message}")
         self.code = code
         self.message = message
+        self.fields = dict(fields or {})  # more for the ERROR reply (e.g. RANK_IN_USE's worker_timeout)
 
 
 @dataclass
@@ -51,7 +53,8 @@ class Message:
     """One protocol message: header fields plus at most one tensor payload.
 
     `tensor` is a 1-D torch tensor when sending; on receive it is a tensor viewing
-    the received frame (no copy).
+    the received frame (no copy). `session` is the sending worker process's random id (0: none
+    given); it tells two processes claiming the same rank apart.
     """
 
     type: MsgType
@@ -61,3 +64,4 @@ class Message:
     base_version: int = 0
     fields: dict[str, Any] = field(default_factory=dict)
     tensor: Any = None
+    session: int = 0

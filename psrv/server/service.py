@@ -17,6 +17,8 @@ from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError, decode, en
 from psrv.server import snapshot, validate
 from psrv.server.consistency import Decision, make_controller
 from psrv.server.dedup import Dedup
+from psrv.server.identity import Sessions
+from psrv.server.late import LateStreaks
 from psrv.server.liveness import Liveness
 from psrv.server.pending import Pending, PendingPulls
 from psrv.server.shard import Shard
@@ -45,6 +47,8 @@ class ShardService:
         self.pending = PendingPulls()
         self.dedup = Dedup()
         self.liveness = Liveness(timeout=cfg.worker_timeout, join_timeout=join_timeout, now=now)
+        self.sessions = Sessions(shard=cfg.shard, timeout=cfg.worker_timeout)
+        self.late = LateStreaks(shard=cfg.shard)
         self.resumed_from: int | None = None
         self.checkpoints = Checkpointer(cfg.checkpoint_dir, shard=cfg.shard, num_shards=cfg.num_shards,
                                         every=cfg.checkpoint_every, now=now)
@@ -106,7 +110,7 @@ class ShardService:
         except ProtocolError as exc:
             self.stats.errors += 1
             log.warning("shard %d: refused a request: %s", self.cfg.shard, exc)
-            fields = {"code": int(exc.code), "message": exc.message}
+            fields = {**exc.fields, "code": int(exc.code), "message": exc.message}
             if isinstance(exc, HelloAgain):
                 fields["hello"] = True
             self._reply(peer, Message(MsgType.ERROR, seq=seq, fields=fields))
@@ -139,6 +143,7 @@ class ShardService:
             resumed = " (resumed from a checkpoint)" if self.resumed_from is not None else ""
             raise ProtocolError(ErrorCode.PLAN_MISMATCH, f"worker {msg.worker}'s partition plan {plan_hash} "
                                 f"differs from this server's {self.plan_hash}{resumed}: another model or shard count")
+        self._claim(msg)
         self.pending.drop(msg.worker)  # a restarted worker's old pulls
         if msg.worker in self.liveness.left or msg.worker not in self.controller.active:
             if msg.worker in self.liveness.lost:
@@ -236,11 +241,15 @@ class ShardService:
             log.warning("shard %d: worker %d pushed clock %d, ahead of this restored shard; skipping to it",
                         self.cfg.shard, msg.worker, msg.clock)
             self.stats.drop("late", shard.discard_accumulated())  # the others applied that clock without us
+        pushed = self.controller.clocks.get(msg.worker, 0)
         decision = self.controller.push(msg.worker, msg.clock)
         if decision is Decision.DROP:
             self.stats.drop("late")
             self.stats.pushed(time.perf_counter() - started, None)
-            return self._accepted(msg, {"version": shard.version, "dropped": "late", "staleness": 0})
+            stale = self.late.dropped(msg.worker, clock=msg.clock, pushed=pushed,
+                                      open_clock=self.controller.next_clock(msg.worker))
+            return self._accepted(msg, {"version": shard.version, "dropped": "late", "staleness": 0, **stale})
+        self.late.applied(msg.worker)
         staleness = max(0, shard.version - msg.base_version)
         self.transport.wait_sent()  # replies still reading the weights must leave before we write them
         if decision is Decision.APPLY:
@@ -301,12 +310,18 @@ class ShardService:
         if not 0 <= msg.worker < self.cfg.workers:
             raise ProtocolError(ErrorCode.NOT_ALLOWED,
                                 f"worker id {msg.worker} outside [0, {self.cfg.workers}) (--workers)")
-        self.liveness.seen(msg.worker)
+        if msg.type is not MsgType.HELLO:  # a HELLO claims its rank once its plan is checked (_on_hello)
+            self._claim(msg)
         if msg.type in NEEDS_ACTIVE:
             self.dedup.note(msg.worker, msg.seq)
         if msg.type in NEEDS_ACTIVE and self.shard is not None and msg.worker not in self.controller.active:
             why = "left" if msg.worker in self.liveness.left else "was dropped after silence"
             raise HelloAgain(f"worker {msg.worker} {why}; send HELLO to rejoin")
+
+    def _claim(self, msg: Message) -> None:
+        """msg's process holds its rank (RANK_IN_USE while another live one does); heard from now."""
+        self.sessions.check(msg, active=msg.worker in self.controller.active, silent=self.liveness.silent(msg.worker))
+        self.liveness.seen(msg.worker)
 
     def _ready_shard(self, msg: Message, *, need_init: bool) -> Shard:
         if self.shard is None:
