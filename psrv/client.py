@@ -4,11 +4,13 @@ Requests to all shards are sent first and the replies collected after, so shards
 concurrently. Every call returns the versions it saw (ps-lite's timestamps), so staleness
 is measured, never guessed. A request left unanswered is probed and, if the shard no longer
 holds it, re-sent with the SAME seq (the shard applies a push at most once); a shard that
-forgot this worker (restarted, or dropped it for silence) is greeted again first.
+forgot this worker (restarted, or dropped it for silence) is greeted again first. Every request
+carries this process's random session id, so a second live process with the same rank is refused.
 """
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -19,17 +21,10 @@ from psrv.heartbeat import Heartbeat
 from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError, decode, encode
 from psrv.partition import PartitionPlan
 from psrv.protocol.codec import DTYPES
+from psrv.roundtrip import PSError, PushPull, RoundTrip
 from psrv.transport import ClientTransport, create_client
 
 log = logging.getLogger("psrv.client")
-
-
-class PSError(RuntimeError):
-    """A shard answered ERROR; `code` is a psrv.protocol.ErrorCode."""
-
-    def __init__(self, shard: int, code: int, message: str):
-        super().__init__(f"shard {shard}: {ErrorCode(code).name}: {message}")
-        self.shard, self.code, self.message = shard, ErrorCode(code), message
 
 
 @dataclass
@@ -68,6 +63,9 @@ class PSClient:
         self.wire_dtype = DTYPES[wire_dtype]
         self._wire: torch.Tensor | None = None  # the gradient cast to wire_dtype, reused every push
         self._seq = 0
+        self.session = secrets.randbits(63) or 1  # this process, as the shards tell it from another of this rank
+        self._sent_init = False
+        self._warned_late = False
         self._servers = list(servers)
         self._options = {"curve_keys": curve_keys, "curve_name": f"worker-{worker}"} if curve_keys else {}
         self._net = net or create_client(transport, self._servers, worker=worker, world_size=world_size,
@@ -78,19 +76,22 @@ class PSClient:
 
     # --- the public face ----------------------------------------------------
     def hello(self) -> list[dict]:
-        """Introduce this worker to every shard; raises PSError on a plan mismatch."""
-        welcomes = [m.fields for m in self._round_trip([self._hello(s) for s in range(self.plan.num_shards)])]
+        """Introduce this worker to every shard; raises PSError on a plan mismatch, or RANK_IN_USE
+        when another live process works as this rank. A refused HELLO is tried again for one
+        worker_timeout (+1 s): a crashed process of this rank goes silent within it, a live one does not."""
+        welcomes = [m.fields for m in self._hellos()]
         # A restarted worker continues after its previous life's seqs, so no push of it looks re-sent.
         self._seq = max([self._seq] + [int(w.get("last_seq", 0)) for w in welcomes])
         timeouts = [w["worker_timeout"] for w in welcomes if isinstance(w.get("worker_timeout"), (int, float))]
         if self._heartbeat_on and self._heartbeat is None and timeouts:
             self._heartbeat = Heartbeat(self._servers, worker=self.worker, interval=min(timeouts) / 3,
-                                        options=self._options)
+                                        session=self.session, options=self._options)
             self._heartbeat.start()
         return welcomes
 
     def init(self, flat: torch.Tensor) -> None:
         """Offer initial weights (rank 0); shards already initialised keep theirs."""
+        self._sent_init = True
         self._round_trip([self._msg(MsgType.INIT, tensor=flat[lo:hi]) for lo, hi in self.ranges])
 
     def pull(self, *, clock: int, out: torch.Tensor, final: bool = False) -> Reply:
@@ -98,6 +99,21 @@ class PSClient:
         fields = {"final": True} if final else {}
         msgs = [self._msg(MsgType.PULL, clock=clock, fields=fields) for _ in self.ranges]
         return self._weights(self._round_trip(msgs), out)
+
+    def first_pull(self, welcomes: list[dict], *, out: torch.Tensor) -> Reply:
+        """The first weights after hello(). Where a shard has none yet (WELCOME's `initialised`) and
+        this client sent no INIT, that is rank 0's to send: say so, and wait at most `timeout` seconds."""
+        waiting = [] if self._sent_init else [s for s, w in enumerate(welcomes) if not w.get("initialised")]
+        clock = welcomes[0].get("clock", 0)
+        if not waiting:
+            return self.pull(clock=clock, out=out)
+        log.info("worker %d: waiting for rank 0's initial weights (INIT) from shard(s) %s, at most %gs",
+                 self.worker, waiting, self.timeout)
+        why = (f"worker {self.worker}: rank 0 never sent the initial weights within {self.timeout:g}s "
+               "(is rank 0 running? --request-timeout sets the bound)")
+        self._seq += 1
+        msgs = [self._msg(MsgType.PULL, clock=clock) for _ in self.ranges]
+        return self._weights(RoundTrip(self, msgs, self._seq, self.timeout, limit=self.timeout, why=why).run(), out)
 
     def push(self, grad: torch.Tensor, *, clock: int) -> Reply:
         """Push the flat gradient of `clock`, computed on the versions last pulled."""
@@ -108,12 +124,12 @@ class PSClient:
         """Push `clock`'s gradient and pull the weights for clock+1 in one round trip."""
         return self.begin_push_pull(grad, clock=clock, out=out).finish()
 
-    def begin_push_pull(self, grad: torch.Tensor, *, clock: int, out: torch.Tensor) -> "PushPull":
+    def begin_push_pull(self, grad: torch.Tensor, *, clock: int, out: torch.Tensor) -> PushPull:
         """push_pull in two halves, to overlap communication with backward: `ready(s)` sends shard s's
         slice as soon as it is final (while backward computes the rest), `finish()` sends whatever is
         left and waits. Nothing else may use this client in between."""
         self._seq += 1
-        rt = _RoundTrip(self, self._pushes(MsgType.PUSH_PULL, grad, clock, cast=False), self._seq, self.timeout)
+        rt = RoundTrip(self, self._pushes(MsgType.PUSH_PULL, grad, clock, cast=False), self._seq, self.timeout)
         return PushPull(self, rt, grad, out)
 
     def stats(self) -> list[dict]:
@@ -144,7 +160,27 @@ class PSClient:
             self._heartbeat = None
 
     def _msg(self, mtype: MsgType, **kw) -> Message:
-        return Message(mtype, worker=self.worker, **kw)
+        return Message(mtype, worker=self.worker, session=self.session, **kw)
+
+    def _hellos(self) -> list[Message]:
+        """HELLO to every shard, again every second while one answers RANK_IN_USE, for at most
+        the shards' worker_timeout + 1 s after the first refusal."""
+        give_up = None
+        while True:
+            try:
+                return self._round_trip([self._hello(s) for s in range(self.plan.num_shards)])
+            except PSError as exc:
+                if exc.code is not ErrorCode.RANK_IN_USE:
+                    raise
+                wait = float(exc.fields.get("worker_timeout", 0.0)) + 1.0
+                if give_up is None:
+                    give_up = time.monotonic() + wait
+                    log.warning("worker %d: shard %d says rank %d is in use by another live worker; saying "
+                                "HELLO again for up to %.0fs, in case that one has crashed", self.worker,
+                                exc.shard, self.worker, wait)
+                if time.monotonic() >= give_up:
+                    raise
+                time.sleep(min(1.0, wait / 4))
 
     def _hello(self, shard: int) -> Message:
         return self._msg(MsgType.HELLO, fields={
@@ -177,139 +213,28 @@ class PSClient:
         for s, f in enumerate(fields):
             if "version" in f:
                 self.versions[s] = f["version"]
+        self._warn_late(pushes)
         return Reply(versions=list(self.versions),
                      clock=max((f.get("clock", 0) for f in fields), default=0),
                      staleness=max((p.get("staleness", 0) for p in pushes), default=0),
                      waited=max((f.get("waited", 0.0) for f in fields), default=0.0),
                      gap=max((f.get("gap", 0) for f in fields), default=0), fields=fields)
 
+    def _warn_late(self, pushes: list[dict]) -> None:
+        """Say once why a shard keeps dropping our pushes as late (see psrv/server/late.py)."""
+        for s, p in enumerate(pushes):
+            late = p.get("late")
+            if isinstance(late, dict) and late.get("streak", 0) >= 3 and not self._warned_late:
+                self._warned_late = True
+                where = "behind" if late.get("clock", 0) < late.get("open", 0) else "not"
+                log.warning("worker %d: shard %d dropped %d pushes of worker %d as late: its clock %s is %s the "
+                            "shard's clock %s; push with the clock from the last reply", self.worker, s,
+                            late["streak"], self.worker, late.get("clock"), where, late.get("open"))
+
     def _round_trip(self, msgs: list[Message], *, timeout: float | None = None) -> list[Message]:
         """Send msgs[s] to shard s (all at once), then wait for every shard's reply."""
         self._seq += 1
-        return _RoundTrip(self, msgs, self._seq, self.timeout if timeout is None else timeout).run()
-
-
-class _RoundTrip:
-    """One request to every shard, seen through lost messages, lost replies and restarted shards.
-
-    Every retry_interval (doubling) an unanswered shard gets a small HEARTBEAT probe on the same
-    connection: a shard that holds the request (a pull it may not answer yet) says so and we wait;
-    one that does not gets the request again, same seq. A probe left unanswered means the
-    connection or the shard is gone: reconnect and re-send. Any answer counts as a sign of life.
-    """
-
-    MAX_HELLOS = 5
-
-    def __init__(self, client: PSClient, msgs: list[Message], seq: int, timeout: float):
-        self.c, self.net, self.seq, self.timeout = client, client._net, seq, timeout
-        for m in msgs:
-            m.seq = seq
-        self.msgs = msgs
-        self.frames: list[list | None] = [None] * len(msgs)  # encoded when sent: the tensor may still be filling
-        self.kind = msgs[0].type.name
-        n = len(msgs)
-        self.replies: list[Message | None] = [None] * n
-        self.probing = [False] * n     # a probe is out and unanswered
-        self.greeting = [False] * n    # re-sent HELLO, waiting for WELCOME
-        self.hellos = [0] * n
-
-    def send(self, s: int) -> None:
-        """Send shard s its request now (once)."""
-        if self.frames[s] is None:
-            self.frames[s] = encode(self.msgs[s])
-            self.net.send(s, self.frames[s])
-
-    def run(self) -> list[Message]:
-        for s in range(len(self.msgs)):
-            self.send(s)
-        interval = self.c.retry_interval
-        now = time.monotonic()
-        deadline, check_at = now + self.timeout, now + interval
-        while None in self.replies:
-            now = time.monotonic()
-            if now >= deadline:
-                missing = [s for s, r in enumerate(self.replies) if r is None]
-                raise TimeoutError(f"worker {self.c.worker}: no reply from shard(s) {missing} "
-                                   f"within {self.timeout:.0f}s to {self.kind}")
-            if now >= check_at:
-                self._probe_missing()
-                interval = min(interval * 2, 8 * self.c.retry_interval)
-                check_at = now + interval
-                continue
-            got = self.net.recv(min(deadline, check_at) - now)
-            if got is not None and self._take(*got):
-                deadline = time.monotonic() + self.timeout
-        return self.replies
-
-    def _probe_missing(self) -> None:
-        for s, r in enumerate(self.replies):
-            if r is not None:
-                continue
-            if self.probing[s]:  # no answer to the last probe either: start a fresh connection
-                log.info("worker %d: shard %d silent; reconnecting and re-sending %s seq %d",
-                         self.c.worker, s, self.kind, self.seq)
-                self.net.reconnect(s)
-                self._resend(s)
-            probe = Message(MsgType.HEARTBEAT, worker=self.c.worker, seq=self.seq, fields={"probe": self.seq})
-            self.net.send(s, encode(probe))
-            self.probing[s] = True
-
-    def _resend(self, s: int) -> None:
-        self.net.send(s, encode(self.c._hello(s)) if self.greeting[s] else self.frames[s])
-
-    def _take(self, s: int, frames: list) -> bool:
-        """Handle one arrival; True if it was from this round trip (a sign of life)."""
-        try:
-            reply = decode(frames)
-        except ProtocolError as exc:
-            raise PSError(s, exc.code, f"undecodable reply: {exc.message}") from None
-        if reply.seq != self.seq or self.replies[s] is not None:
-            log.debug("worker %d: dropped a stale reply (seq %d, waiting for %d)", self.c.worker, reply.seq, self.seq)
-            return False
-        if reply.type is MsgType.OK and "probe" in reply.fields:
-            self.probing[s] = False
-            if not reply.fields.get("holding"):  # the request, or its answer, was lost
-                self._resend(s)
-            return True
-        if reply.type is MsgType.WELCOME and self.greeting[s]:
-            self.greeting[s] = False
-            self.net.send(s, self.frames[s])
-            return True
-        if reply.type is MsgType.ERROR:
-            f = reply.fields
-            if f.get("hello") and self.kind != "HELLO":
-                if not self.greeting[s]:
-                    self.hellos[s] += 1
-                    if self.hellos[s] > self.MAX_HELLOS:
-                        raise PSError(s, f.get("code", ErrorCode.INTERNAL), f.get("message", ""))
-                    log.info("worker %d: shard %d does not know us (%s); saying HELLO again",
-                             self.c.worker, s, f.get("message"))
-                    self.greeting[s] = True
-                    self.net.send(s, encode(self.c._hello(s)))
-                return True
-            raise PSError(s, f.get("code", ErrorCode.INTERNAL), f.get("message", ""))
-        self.replies[s] = reply
-        return True
-
-
-class PushPull:
-    """A push_pull whose shards are sent one by one as their gradient slices become final."""
-
-    def __init__(self, client: PSClient, rt: _RoundTrip, grad: torch.Tensor, out: torch.Tensor):
-        self.client, self.rt, self.grad, self.out = client, rt, grad, out
-        self.early = 0  # shards sent before finish()
-
-    def ready(self, shard: int) -> None:
-        if self.rt.frames[shard] is None:
-            self.client._cast(self.grad, shard)
-            self.rt.send(shard)
-            self.early += 1
-
-    def finish(self) -> Reply:
-        for s in range(len(self.rt.msgs)):
-            if self.rt.frames[s] is None:
-                self.client._cast(self.grad, s)
-        return self.client._weights(self.rt.run(), self.out)
+        return RoundTrip(self, msgs, self._seq, self.timeout if timeout is None else timeout).run()
 
 
 def admin_request(address: str, kind: MsgType, *, curve_keys: str = "", name: str = "admin",

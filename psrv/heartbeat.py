@@ -15,11 +15,13 @@ log = logging.getLogger("psrv.client")
 
 
 class Heartbeat(threading.Thread):
-    def __init__(self, servers: Sequence[str], *, worker: int, interval: float, options: dict | None = None):
+    def __init__(self, servers: Sequence[str], *, worker: int, interval: float, session: int = 0,
+                 options: dict | None = None):
         super().__init__(name=f"psrv-heartbeat-{worker}", daemon=True)
         self.servers = list(servers)
         self.worker = worker
         self.interval = max(0.05, interval)
+        self.session = session  # the PSClient's: a beat keeps alive only the process that holds the rank
         self.options = options or {}
         self._stop_event = threading.Event()
 
@@ -38,7 +40,8 @@ class Heartbeat(threading.Thread):
                 for s in range(len(self.servers)):
                     if not answered[s]:  # last beat went unanswered: the shard may have restarted
                         net.reconnect(s)
-                    net.send(s, encode(Message(MsgType.HEARTBEAT, worker=self.worker, seq=seq)))
+                    beat = Message(MsgType.HEARTBEAT, worker=self.worker, seq=seq, session=self.session)
+                    net.send(s, encode(beat))
                     answered[s] = False
                 until = time.monotonic() + self.interval
                 while not self._stop_event.is_set() and (left := until - time.monotonic()) > 0:

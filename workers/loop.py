@@ -61,7 +61,7 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
             welcome = client.hello()
             if cfg.rank == 0:
                 client.init(flat.params.cpu())
-            reply = client.pull(clock=welcome[0].get("clock", 0), out=flat.params)
+            reply = client.first_pull(welcome, out=flat.params)  # waits, bounded, for rank 0's INIT
             clock = reply.clock
             if cfg.rank == 0:
                 _eval(job, model, device, record, step=0, started=started)

@@ -1,0 +1,157 @@
+"""One request to every shard and its replies, through lost messages, lost replies and restarted
+shards (PSClient's mechanics; `client` below is the psrv.client.PSClient that owns it, a module
+that imports this one); PSError, what an ERROR reply becomes."""
+from __future__ import annotations
+
+import logging
+import math
+import time
+import torch
+
+from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError, decode, encode
+
+log = logging.getLogger("psrv.client")
+
+
+class PSError(RuntimeError):
+    """A shard answered ERROR; `code` is a psrv.protocol.ErrorCode, `fields` the whole reply."""
+
+    def __init__(self, shard: int, code: int, message: str, *, fields: dict | None = None):
+        super().__init__(f"shard {shard}: {ErrorCode(code).name}: {message}")
+        self.shard, self.code, self.message = shard, ErrorCode(code), message
+        self.fields = dict(fields or {})
+
+
+class RoundTrip:
+    """One request to every shard, seen through lost messages, lost replies and restarted shards.
+
+    Every retry_interval (doubling) an unanswered shard gets a small HEARTBEAT probe on the same
+    connection: a shard that holds the request (a pull it may not answer yet) says so and we wait;
+    one that does not gets the request again, same seq. A probe left unanswered means the
+    connection or the shard is gone: reconnect and re-send. Any answer counts as a sign of life.
+    `limit` (seconds) bounds the whole wait even while the shards answer probes; past it,
+    TimeoutError(`why`).
+    """
+
+    MAX_HELLOS = 5
+
+    def __init__(self, client: "PSClient", msgs: list[Message], seq: int, timeout: float, *,
+                 limit: float | None = None, why: str = ""):
+        self.c, self.net, self.seq, self.timeout = client, client._net, seq, timeout
+        self.limit, self.why = limit, why
+        for m in msgs:
+            m.seq = seq
+        self.msgs = msgs
+        self.frames: list[list | None] = [None] * len(msgs)  # encoded when sent: the tensor may still be filling
+        self.kind = msgs[0].type.name
+        n = len(msgs)
+        self.replies: list[Message | None] = [None] * n
+        self.probing = [False] * n     # a probe is out and unanswered
+        self.greeting = [False] * n    # re-sent HELLO, waiting for WELCOME
+        self.hellos = [0] * n
+
+    def send(self, s: int) -> None:
+        """Send shard s its request now (once)."""
+        if self.frames[s] is None:
+            self.frames[s] = encode(self.msgs[s])
+            self.net.send(s, self.frames[s])
+
+    def run(self) -> list[Message]:
+        for s in range(len(self.msgs)):
+            self.send(s)
+        interval = self.c.retry_interval
+        now = time.monotonic()
+        deadline, check_at = now + self.timeout, now + interval
+        bound = now + self.limit if self.limit is not None else math.inf
+        while None in self.replies:
+            now = time.monotonic()
+            if now >= bound:
+                raise TimeoutError(self.why)
+            if now >= deadline:
+                raise TimeoutError(self._silence())
+            if now >= check_at:
+                self._probe_missing()
+                interval = min(interval * 2, 8 * self.c.retry_interval)
+                check_at = now + interval
+                continue
+            got = self.net.recv(min(deadline, check_at, bound) - now)
+            if got is not None and self._take(*got):
+                deadline = time.monotonic() + self.timeout
+        return self.replies
+
+    def _silence(self) -> str:
+        """What a timeout says: which shard at which address, and the option that sets the bound."""
+        missing = [s for s, r in enumerate(self.replies) if r is None]
+        where = ", ".join(f"{self.c._servers[s]} (shard {s})" for s in missing)
+        return (f"worker {self.c.worker}: no reply from {where} within {self.timeout:g}s to {self.kind}; "
+                "is `psrv serve` running there? --request-timeout sets the bound")
+
+    def _probe_missing(self) -> None:
+        for s, r in enumerate(self.replies):
+            if r is not None:
+                continue
+            if self.probing[s]:  # no answer to the last probe either: start a fresh connection
+                log.info("worker %d: shard %d silent; reconnecting and re-sending %s seq %d",
+                         self.c.worker, s, self.kind, self.seq)
+                self.net.reconnect(s)
+                self._resend(s)
+            probe = self.c._msg(MsgType.HEARTBEAT, seq=self.seq, fields={"probe": self.seq})
+            self.net.send(s, encode(probe))
+            self.probing[s] = True
+
+    def _resend(self, s: int) -> None:
+        self.net.send(s, encode(self.c._hello(s)) if self.greeting[s] else self.frames[s])
+
+    def _take(self, s: int, frames: list) -> bool:
+        """Handle one arrival; True if it was from this round trip (a sign of life)."""
+        try:
+            reply = decode(frames)
+        except ProtocolError as exc:
+            raise PSError(s, exc.code, f"undecodable reply: {exc.message}") from None
+        if reply.seq != self.seq or self.replies[s] is not None:
+            log.debug("worker %d: dropped a stale reply (seq %d, waiting for %d)", self.c.worker, reply.seq, self.seq)
+            return False
+        if reply.type is MsgType.OK and "probe" in reply.fields:
+            self.probing[s] = False
+            if not reply.fields.get("holding"):  # the request, or its answer, was lost
+                self._resend(s)
+            return True
+        if reply.type is MsgType.WELCOME and self.greeting[s]:
+            self.greeting[s] = False
+            self.net.send(s, self.frames[s])
+            return True
+        if reply.type is MsgType.ERROR:
+            f = reply.fields
+            if f.get("hello") and self.kind != "HELLO":
+                if not self.greeting[s]:
+                    self.hellos[s] += 1
+                    if self.hellos[s] > self.MAX_HELLOS:
+                        raise PSError(s, f.get("code", ErrorCode.INTERNAL), f.get("message", ""), fields=f)
+                    log.info("worker %d: shard %d does not know us (%s); saying HELLO again",
+                             self.c.worker, s, f.get("message"))
+                    self.greeting[s] = True
+                    self.net.send(s, encode(self.c._hello(s)))
+                return True
+            raise PSError(s, f.get("code", ErrorCode.INTERNAL), f.get("message", ""), fields=f)
+        self.replies[s] = reply
+        return True
+
+
+class PushPull:
+    """A push_pull whose shards are sent one by one as their gradient slices become final."""
+
+    def __init__(self, client: "PSClient", rt: RoundTrip, grad: torch.Tensor, out: torch.Tensor):
+        self.client, self.rt, self.grad, self.out = client, rt, grad, out
+        self.early = 0  # shards sent before finish()
+
+    def ready(self, shard: int) -> None:
+        if self.rt.frames[shard] is None:
+            self.client._cast(self.grad, shard)
+            self.rt.send(shard)
+            self.early += 1
+
+    def finish(self) -> "Reply":
+        for s in range(len(self.rt.msgs)):
+            if self.rt.frames[s] is None:
+                self.client._cast(self.grad, s)
+        return self.client._weights(self.rt.run(), self.out)
