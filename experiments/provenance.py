@@ -102,7 +102,9 @@ def default_out(spec_path: str | Path) -> Path:
     return Path("runs") / Path(spec_path).stem
 
 
-def _recorded(out: Path) -> list[Path]:
+def recorded_specs(out: str | Path) -> list[Path]:
+    """The spec files whose results `out` holds, as its _spec-path.txt records them (resolved paths)."""
+    out = Path(out)
     try:
         lines = (out / SPEC_RECORD).read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
@@ -116,7 +118,7 @@ def claim(out: str | Path, spec_path: str | Path, *, chosen: bool) -> str | None
     A folder that holds another spec file's results is refused with a ValueError, unless the user chose it
     (--out): then this returns a line to tell them that the folder mixes specs."""
     out, spec = Path(out), Path(spec_path).resolve()
-    recorded = _recorded(out)
+    recorded = recorded_specs(out)
     others = [str(p) for p in recorded if p != spec]
     note = None
     if others and not chosen:

@@ -11,8 +11,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from experiments.collect import Stat, VariantSummary, number, read_csv, read_summary
-from experiments.report_configs import (command_lines, disagreement_section, disagreements, setup_lines,
-                                        stored_runs)
+from experiments.report_configs import (command_lines, disagreement_section, disagreements,
+                                        mixed_folder_lines, setup_lines, stored_runs)
 from experiments.spec import ExperimentSpec
 
 log = logging.getLogger(__name__)
@@ -253,7 +253,8 @@ def write_report(out_dir: str | Path, spec: ExperimentSpec, *, spec_path: str | 
     target = spec.target.describe()
     lines = [f"# Experiment report: {spec.name}", ""]
     lines += [spec.description, ""] if spec.description else []
-    lines += [f"- Spec: `{spec_path}` (name `{spec.name}`)", *setup_lines(runs, spec, problems),
+    lines += [f"- Spec: `{spec_path}` (name `{spec.name}`)", *mixed_folder_lines(out, spec_path),
+              *setup_lines(runs, spec, problems),
               f"- Target: {target}",
               "- Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
               "", *disagreement_section(problems), "## Result", "", *_winner(summaries, target), "",

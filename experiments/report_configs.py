@@ -14,7 +14,7 @@ from psrv.config import RunConfig
 from psrv.config.cli_args import to_argv
 
 from experiments.collect import spec_repeats
-from experiments.provenance import describe, differences, stored_config
+from experiments.provenance import describe, differences, recorded_specs, stored_config
 from experiments.spec import ExperimentSpec
 
 
@@ -112,6 +112,15 @@ def setup_lines(runs: list[StoredRun], spec: ExperimentSpec, problems: list[str]
     return [_line("Job", _job, runs), _line("Optimizer", _optimizer, runs), _line("Cluster", _cluster, runs),
             f"- Repeats: {spec.repeats} per variant (seeds {', '.join(map(str, seeds))})",
             f"- Configs: read from each run's stored config.json; {configs}"]
+
+
+def mixed_folder_lines(out_dir: str | Path, spec_path: str | Path) -> list[str]:
+    """A line when the folder also holds another spec file's results (an --out the user chose)."""
+    others = [str(p) for p in recorded_specs(out_dir) if p != Path(spec_path).resolve()]
+    if not others:
+        return []
+    return [f"- Folder: **also holds the results of {', '.join(others)}**; this report reads only this spec's "
+            "variants, each run checked against this spec's config"]
 
 
 def disagreement_section(problems: list[str]) -> list[str]:

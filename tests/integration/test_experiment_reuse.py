@@ -149,3 +149,4 @@ def test_a_copied_spec_never_writes_into_the_originals_folder(tmp_path):
     assert f"note: runs/tiny also holds the results of {original}" in chosen.stdout
     assert "skipped sync rep-0 (seed 0): already finished with this config" in chosen.stdout
     assert (runs / "tiny" / "_spec-path.txt").read_text().split() == ["../../tiny.toml", "../../other/tiny.toml"]
+    assert f"- Folder: **also holds the results of {original}**" in (runs / "tiny" / "report.md").read_text()
