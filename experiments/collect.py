@@ -42,11 +42,13 @@ def run_dir(out_dir: str | Path, variant: str, repeat: int) -> Path:
 
 
 def is_finished(path: str | Path) -> bool:
-    """Whether a run directory holds a summary.json that parses (so a rerun can skip it)."""
+    """Whether a run directory holds a summary.json that parses and is not marked incomplete (an
+    interrupted run writes what ran with `complete` false; a summary from before that key is complete)."""
     try:
-        return isinstance(json.loads((Path(path) / "summary.json").read_text()), dict)
+        summary = json.loads((Path(path) / "summary.json").read_text())
     except (OSError, ValueError):
         return False
+    return isinstance(summary, dict) and summary.get("complete", True) is not False
 
 
 def finished_repeats(out_dir: str | Path, variant: str) -> list[tuple[int, Path]]:
@@ -59,7 +61,7 @@ def finished_repeats(out_dir: str | Path, variant: str) -> list[tuple[int, Path]
             if is_finished(path):
                 found.append((int(match.group(1)), path))
             else:
-                log.warning("collect: skipping unfinished run %s (no valid summary.json)", path)
+                log.warning("collect: skipping unfinished run %s (no summary.json of a complete run)", path)
     return sorted(found)
 
 

@@ -138,13 +138,16 @@ def test_collect_merges_repeats_and_skips_unfinished(tmp_path: Path) -> None:
     unfinished.mkdir()
     (unfinished / "summary.json").write_text("{not json")
     assert not is_finished(unfinished) and is_finished(run_dir(tmp_path, "sync", 0))
+    interrupted = run_dir(tmp_path, "async", 1) / "summary.json"  # what an interrupted run writes
+    interrupted.write_text(json.dumps({**json.loads(interrupted.read_text()), "complete": False}))
+    assert not is_finished(interrupted.parent)
     summaries = collect(tmp_path, _spec("sync", "async"))
-    assert summaries[0].repeats == 2
+    assert (summaries[0].repeats, summaries[1].repeats) == (2, 1)
     steps = read_csv(tmp_path / "sync" / "steps.csv")
     assert list(steps[0]) == ["repeat", *STEP_COLUMNS]
     assert [r["repeat"] for r in steps] == ["0"] * 6 + ["1"] * 6
     evals = read_csv(tmp_path / "async" / "evals.csv")
-    assert list(evals[0]) == ["repeat", *EVAL_COLUMNS] and len(evals) == 6
+    assert list(evals[0]) == ["repeat", *EVAL_COLUMNS] and [r["repeat"] for r in evals] == ["0"] * 3
 
 
 def test_report_plots_and_winner(tmp_path: Path) -> None:
