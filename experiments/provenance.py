@@ -118,6 +118,8 @@ def claim(out: str | Path, spec_path: str | Path, *, chosen: bool) -> str | None
     A folder that holds another spec file's results is refused with a ValueError, unless the user chose it
     (--out): then this returns a line to tell them that the folder mixes specs."""
     out, spec = Path(out), Path(spec_path).resolve()
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} is a file, not a folder; pass --out DIR with a folder for the results")
     recorded = recorded_specs(out)
     others = [str(p) for p in recorded if p != spec]
     note = None

@@ -75,6 +75,8 @@ def test_a_folder_belongs_to_one_spec_file(tmp_path: Path) -> None:
         claim(out, other, chosen=False)
     assert claim(out, other, chosen=True).startswith(f"note: {out} also holds the results of {mine};")
     assert (out / "_spec-path.txt").read_text().split() == ["../../x.toml", "../../b/x.toml"]
+    with pytest.raises(ValueError, match="is a file, not a folder"):
+        claim(out / "_spec-path.txt", mine, chosen=True)
 
 
 def test_the_report_says_what_was_run_not_what_the_spec_says(tmp_path: Path) -> None:
