@@ -73,9 +73,11 @@ def test_an_interrupted_worker_leaves_and_keeps_its_rows(signum, code, procs, tm
 
     # The other worker goes on alone, never waiting anywhere near the worker timeout.
     assert procs.wait(others, timeout=120) == 0
-    assert time.monotonic() - sent < 40
+    took = time.monotonic() - sent
     steps = json.loads((tmp_path / "worker-0.json").read_text())["step_log"]
-    assert len(steps) == STEPS and max(r["wait_seconds"] for r in steps) < 10
+    waits = sorted(r["wait_seconds"] for r in steps)[-3:]
+    assert len(steps) == STEPS and waits[-1] < 10, (took, waits)
+    assert took < float(TIMEOUT), (took, waits)           # it ended before a timeout could have freed it
     assert procs.wait(server, timeout=30) == 0                # every worker left: the shard ends
     shard = json.loads((tmp_path / "server.json").read_text())
     assert shard["lost_workers"] == [] and shard["version"] == STEPS, shard
