@@ -65,10 +65,10 @@ class RoundTrip:
         bound = now + self.limit if self.limit is not None else math.inf
         while None in self.replies:
             now = time.monotonic()
+            if now >= deadline:  # no sign of life at all: say that, not `why`
+                raise TimeoutError(self._silence())
             if now >= bound:
                 raise TimeoutError(self.why)
-            if now >= deadline:
-                raise TimeoutError(self._silence())
             if now >= check_at:
                 self._probe_missing()
                 interval = min(interval * 2, 8 * self.c.retry_interval)
