@@ -36,6 +36,18 @@ def test_sync_with_backup_workers_commits_on_n_minus_b():
     assert c.next_clock(2) == 1                        # and it is told to continue at the open clock
 
 
+def test_sync_a_worker_that_pushed_then_left_does_not_close_the_clock_for_the_others():
+    c = make_controller("sync", 3)
+    c.push(0, 0)
+    c.leave(0)                                         # e.g. interrupted right after its push
+    assert not c.commit_ready()                        # workers 1 and 2 have not pushed clock 0 yet
+    c.push(1, 0)
+    assert not c.commit_ready()
+    assert c.push(2, 0) is Decision.ACCUMULATE and c.commit_ready()   # 2's gradient is not dropped as late
+    c.committed()
+    assert c.open_clock == 1
+
+
 def test_sync_barrier_does_not_wait_for_a_worker_that_left():
     c = make_controller("sync", 3)
     c.push(0, 0)

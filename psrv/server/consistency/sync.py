@@ -26,9 +26,12 @@ class SyncController(Controller):
         return max(1, len(self.pushing()) - self.backup_workers)
 
     def commit_ready(self) -> bool:
+        # A worker that pushed this clock and then left (or finished) keeps its gradient in the sum,
+        # but only the workers still pushing count toward the quorum: its leaving must not close the
+        # clock before the others' gradients of it are in.
         if not self.arrived:
             return False
-        return len(self.arrived) >= self.needed() or self.pushing() <= self.arrived
+        return len(self.arrived & self.pushing()) >= self.needed() or self.pushing() <= self.arrived
 
     def committed(self) -> None:
         self.open_clock += 1
