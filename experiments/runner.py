@@ -12,9 +12,11 @@ from tqdm import tqdm
 
 from experiments.collect import collect, is_finished, run_dir
 from experiments.launch import RunFailed, run_local
+from experiments.preflight import preflight
 from experiments.provenance import claim, default_out, keep_aside, kept_runs, why_changed
 from experiments.report import write_report
 from experiments.spec import load_spec
+from psrv.process import exit_code
 
 log = logging.getLogger("psrv.experiment")
 
@@ -42,6 +44,11 @@ def run_experiment(spec_path: str | Path, *, out: str | Path | None = None) -> i
     unless `out` is given. One tqdm bar covers all runs; status lines go to stderr via tqdm.write.
     """
     spec = load_spec(spec_path)
+    for variant in spec.variants:  # every run's device and job, before the first run starts
+        try:
+            preflight(variant.config)
+        except ValueError as exc:
+            raise ValueError(f"{spec_path}: variant {variant.name}: {exc}") from None
     chosen = out is not None
     out = Path(out) if chosen else default_out(spec_path)
     note = claim(out, spec_path, chosen=chosen)  # a folder holds one spec file's results, unless chosen
@@ -59,8 +66,14 @@ def run_experiment(spec_path: str | Path, *, out: str | Path | None = None) -> i
             def advance(done: int, base: int = base, steps: int = steps) -> None:
                 if base + min(done, steps) > bar.n:
                     bar.update(base + min(done, steps) - bar.n)
-            if not _one_run(spec, variant, seed, path, label=label, on_progress=advance):
-                failed.append(label)
+            try:
+                if not _one_run(spec, variant, seed, path, label=label, on_progress=advance):
+                    failed.append(label)
+            except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM where the entry point makes it one
+                bar.close()
+                _say(f"interrupted during {label}: what ran is in {path}, marked incomplete; rerun the same "
+                     "command to resume (finished runs with an unchanged config are skipped)")
+                return exit_code(getattr(exc, "interrupt", exc))
             advance(steps)
     log.info("ran %d runs in %.1fs", len(todo), time.monotonic() - started)
     collect(out, spec)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 import time
 from pathlib import Path
@@ -141,7 +142,7 @@ def _serve(a: argparse.Namespace) -> int:
     # SIGTERM ends the loop cleanly (the shard writes its final checkpoint), as systemd, k8s and psrv run expect
     summary = serve(cfg, metrics_port=a.metrics_port, metrics_file=_metrics_file(a), metrics_host=a.metrics_host,
                     metrics_linger=a.metrics_linger, ready_file=a.ready_file,
-                    on_ready=lambda server: stop_on_signals(server.stop))
+                    on_ready=lambda server: stop_on_signals(server.stop, (signal.SIGTERM, signal.SIGINT)))
     if a.out:
         _write_json(a.out, summary)
     return 0
@@ -242,14 +243,9 @@ def _run(a: argparse.Namespace) -> int:
 
 
 def _experiment(a: argparse.Namespace) -> int:
-    from experiments.preflight import preflight
-    from experiments.spec import load_spec
-    for variant in load_spec(a.spec).variants:  # every run's device and job, before the first run starts
-        try:
-            preflight(variant.config)
-        except ValueError as exc:
-            raise ValueError(f"{a.spec}: variant {variant.name}: {exc}") from None
     from experiments.runner import run_experiment
+    from psrv.process import interrupt_on_signals
+    interrupt_on_signals()  # SIGTERM as Ctrl-C: the run in progress stops in order and keeps what ran
     return run_experiment(a.spec, out=a.out)
 
 

@@ -63,14 +63,19 @@ class Procs:
 
 
 def run_in_session(argv: list[str], *, timeout: float) -> subprocess.CompletedProcess:
-    """Run argv in its own process group; on timeout the whole group (its children too) is killed."""
+    """Run argv in its own process group. On timeout it gets SIGTERM first, so a `psrv run` stops the
+    processes it started (each in a session of its own) by PID, then the whole group is killed."""
     p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
     try:
         out, _ = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, _ = p.communicate()
+        p.terminate()
+        try:
+            out, _ = p.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            out, _ = p.communicate()
         raise AssertionError(f"{argv[3:5]} still running after {timeout}s:\n{out[-3000:]}")
     finally:
         if p.poll() is None:
