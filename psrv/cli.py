@@ -180,12 +180,13 @@ def _train_worker(a: argparse.Namespace) -> int:
     servers = a.servers if a.servers is not None else ",".join(base.get("servers", []))
     if not servers:
         raise ValueError("--servers: name at least one shard address (tcp://host:port), or give --config")
-    extra = {"servers": server_addresses(servers, wait=120.0)}
-    cfg = config_from_args(WorkerConfig, a, base=base, extra=extra)
+    listed = tuple(s.strip() for s in servers.split(",") if s.strip())
+    cfg = config_from_args(WorkerConfig, a, base=base, extra={"servers": listed})
     from psrv.device import check_device
     from workers.jobs import job_factory
     check_device(cfg.device)
     job_factory(cfg.job.name)  # imports a user's job module (from the current folder) before any server is met
+    cfg = cfg.replace(servers=server_addresses(servers, wait=120.0))  # then wait for @FILE addresses
     tune_malloc()
     import torch
     from workers.loop import TrainingInterrupted, train

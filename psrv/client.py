@@ -135,11 +135,12 @@ class PSClient:
     def stats(self) -> list[dict]:
         return [m.fields for m in self._round_trip([self._msg(MsgType.STATS) for _ in self.ranges])]
 
-    def leave(self) -> None:
-        """Say goodbye; a shard that already finished may not answer, which is fine."""
+    def leave(self, *, timeout: float = 5.0) -> None:
+        """Say goodbye, waiting at most `timeout` seconds; a shard that already finished may not answer,
+        which is fine."""
         self._stop_heartbeat()
         try:
-            self._round_trip([self._msg(MsgType.LEAVE) for _ in self.ranges], timeout=min(self.timeout, 5.0))
+            self._round_trip([self._msg(MsgType.LEAVE) for _ in self.ranges], timeout=min(self.timeout, timeout))
         except TimeoutError as exc:
             log.warning("worker %d: LEAVE not acknowledged (%s)", self.worker, exc)
 

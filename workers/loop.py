@@ -108,7 +108,7 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
             if readiness is not None:
                 readiness.disarm()
             log.warning("worker %d: interrupted at step %d; leaving", cfg.rank, len(record["step_log"]))
-        client.leave()
+        client.leave(timeout=2.0 if interrupt is not None else 5.0)  # an interrupted worker exits promptly
     rows = record["step_log"]
     record.update(pushes=len(rows), samples=len(rows) * cfg.job.batch_size,
                   train_seconds=t_end - t_loop if t_loop else 0.0, early_sends=early_sends,
