@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from psrv.config import ServerConfig
+from psrv.device import check_device
 from psrv.metrics import ServerMetrics, open_metrics, start_metrics
 from psrv.rss import peak_rss_bytes
 from psrv.server.service import ShardService
@@ -39,6 +40,7 @@ class Server:
 
     def __init__(self, cfg: ServerConfig, *, metrics_port: int | None = None, metrics_file: Path | None = None,
                  metrics_host: str = "127.0.0.1", metrics_linger: float = 0.0):
+        check_device(cfg.device, option="device")  # a ValueError that says so, not torch's AssertionError
         self.cfg = cfg
         self._linger = metrics_linger if metrics_port is not None else 0.0
         self._thread: threading.Thread | None = None

@@ -193,3 +193,12 @@ def test_stop_on_signals_hands_back_the_previous_handler():
     finally:
         restore()
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_a_server_on_a_device_that_is_not_here_is_a_value_error_naming_it():
+    import torch
+
+    import psrv
+    device = f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda:0"  # never present
+    with pytest.raises(ValueError, match=f"device {device}: "):
+        psrv.Server(psrv.ServerConfig(device=device))
