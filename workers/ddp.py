@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import logging
 import os
@@ -17,9 +18,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim.lr_scheduler import LambdaLR
 
 from psrv.config import OptimConfig, RunConfig
 from psrv.config.cli_args import add_config_arguments, config_from_args, read_config_file
+from psrv.schedule import is_scheduled, lr_factor
 from workers.data import batch_indices
 from workers.faults import FaultInjector
 from workers.jobs import evaluate, load_job
@@ -36,6 +39,12 @@ def make_optimizer(cfg: OptimConfig, params) -> torch.optim.Optimizer:
                                weight_decay=cfg.weight_decay)
     cls = torch.optim.Adam if cfg.name == "adam" else torch.optim.AdamW
     return cls(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
+
+
+def make_schedule(cfg: OptimConfig, optimizer: torch.optim.Optimizer) -> LambdaLR | None:
+    """torch's LambdaLR over psrv.schedule.lr_factor, stepped once per optimizer step: the lr the servers
+    use at the same update count, bit for bit; None when cfg has no schedule."""
+    return LambdaLR(optimizer, functools.partial(lr_factor, cfg)) if is_scheduled(cfg) else None
 
 
 class _StepClock:
@@ -135,6 +144,7 @@ def _train(cfg: RunConfig, *, rank: int, world: int, device, group, started: flo
     ddp.register_comm_hook(clock, _timed_allreduce)
     optimizer = make_optimizer(cfg.optimizer, ddp.parameters())
     optimizer.register_step_post_hook(clock.stepped)
+    schedule = make_schedule(cfg.optimizer, optimizer)
     x_train, y_train = (t.to(device) for t in job.train)
     batches = batch_indices(len(x_train), rank=rank, world_size=world, batch_size=cfg.job.batch_size, seed=cfg.seed)
     record = {"rank": rank, "world_size": world, "job": job.name, "steps": cfg.job.steps,
@@ -152,6 +162,8 @@ def _train(cfg: RunConfig, *, rank: int, world: int, device, group, started: flo
         loss = job.loss_fn(ddp(x_train[idx]), y_train[idx])
         loss.backward()  # the comm hook all-reduces (averages) the gradient buckets inside
         optimizer.step()
+        if schedule is not None:
+            schedule.step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t_end = time.perf_counter()

@@ -11,6 +11,7 @@ MODES = ("sync", "async", "ssp")
 ALLREDUCE_MODES = ("ddp",)
 RUN_MODES = (*MODES, *ALLREDUCE_MODES)
 OPTIMIZERS = ("sgd", "adam", "adamw")
+LR_SCHEDULES = ("constant", "warmup_cosine", "step", "linear")  # psrv/schedule.py has their formulas
 TRANSPORTS = ("zmq", "rpc")
 WIRE_DTYPES = ("float32", "bfloat16", "float16")  # what a worker may send its gradient as
 SGD_MOMENTUM = 0.9  # momentum's default with sgd; adam and adamw take none
@@ -105,9 +106,29 @@ class OptimConfig(Section):
     weight_decay: float = setting(0.0, "weight decay", minimum=0.0)
     betas: tuple[float, float] = setting((0.9, 0.999), "Adam's betas", flag="")
     eps: float = setting(1e-8, "Adam's eps", minimum=0.0, above=True, flag="")
+    lr_schedule: str = setting("constant", "learning rate by update count (a server's: its shard's "
+                               "updates; ddp's: its steps); formulas in psrv/schedule.py", choices=LR_SCHEDULES)
+    warmup_steps: int = setting(0, "first updates of a linear warm-up: update k < N takes lr*(k+1)/(N+1)",
+                                minimum=0)
+    lr_decay_steps: int = setting(0, "warmup_cosine and linear: updates after the warm-up over which lr "
+                                  "falls to lr*lr_end_factor (required by them)", minimum=0)
+    lr_end_factor: float = setting(0.0, "warmup_cosine and linear: the lr they end at, as a fraction of lr",
+                                   minimum=0.0, maximum=1.0)
+    lr_step_size: int = setting(0, "step: lr is multiplied by lr_gamma every N updates after the warm-up "
+                                "(required by it)", minimum=0)
+    lr_gamma: float = setting(0.1, "step: the factor", minimum=0.0, maximum=1.0, above=True)
 
     def validate(self) -> None:
         super().validate()
+        needs = {"warmup_cosine": "lr_decay_steps", "linear": "lr_decay_steps", "step": "lr_step_size"}
+        if self.lr_schedule in needs and not getattr(self, needs[self.lr_schedule]):
+            raise ConfigError(needs[self.lr_schedule], f"lr_schedule {self.lr_schedule!r} needs it (> 0)")
+        for key, users in (("lr_decay_steps", ("warmup_cosine", "linear")),
+                           ("lr_end_factor", ("warmup_cosine", "linear")),
+                           ("lr_step_size", ("step",)), ("lr_gamma", ("step",))):
+            if getattr(self, key) != self.__dataclass_fields__[key].default and self.lr_schedule not in users:
+                raise ConfigError(key, f"only used by lr_schedule {' or '.join(users)} "
+                                  f"(it is {self.lr_schedule!r}); remove it")
         if self.momentum is None:
             object.__setattr__(self, "momentum", SGD_MOMENTUM if self.name == "sgd" else 0.0)
         elif self.momentum and self.name != "sgd":

@@ -24,17 +24,18 @@ FUSED_MIN_ELEMENTS = 1 << 20
 class FlatOptimizer:
     def __init__(self, cfg: OptimConfig, param: torch.Tensor, *, fused: bool):
         self.cfg, self.param, self.fused = cfg, param, fused
+        self.lr = cfg.lr  # the next step's; the shard sets it from the schedule (psrv/schedule.py)
         self.state: dict[str, torch.Tensor] = {}
 
     def step(self, grad: torch.Tensor) -> None:
-        """One step of cfg's rule with `grad` (float32, on the parameter's device)."""
+        """One step of cfg's rule with `grad` (float32, on the parameter's device), at `self.lr`."""
         c = self.cfg
         kernel = {"fused": True, "foreach": False} if self.fused else {"fused": False, "foreach": False}
         with torch.no_grad():
             if c.name == "sgd":
                 buffers = [self.state.get("momentum_buffer")]
                 sgd_update([self.param], [grad], buffers, **kernel, weight_decay=c.weight_decay,
-                                    momentum=c.momentum, lr=c.lr, dampening=0.0, nesterov=c.nesterov, maximize=False)
+                                    momentum=c.momentum, lr=self.lr, dampening=0.0, nesterov=c.nesterov, maximize=False)
                 if c.momentum != 0:
                     self.state["momentum_buffer"] = buffers[0]
                 return
@@ -45,12 +46,12 @@ class FlatOptimizer:
             s = self.state
             adam_update([self.param], [grad], [s["exp_avg"]], [s["exp_avg_sq"]], [], [s["step"]], **kernel,
                                   decoupled_weight_decay=c.name == "adamw", amsgrad=False, beta1=c.betas[0],
-                                  beta2=c.betas[1], lr=c.lr, weight_decay=c.weight_decay, eps=c.eps, maximize=False)
+                                  beta2=c.betas[1], lr=self.lr, weight_decay=c.weight_decay, eps=c.eps, maximize=False)
 
     def state_dict(self) -> dict:
         """torch.optim's layout: {"state": {0: {...}}, "param_groups": [{..., "params": [0]}]}."""
         c = self.cfg
-        group = {"lr": c.lr, "weight_decay": c.weight_decay, "params": [0]}
+        group = {"lr": self.lr, "weight_decay": c.weight_decay, "params": [0]}
         group.update({"momentum": c.momentum, "nesterov": c.nesterov} if c.name == "sgd" else
                      {"betas": tuple(c.betas), "eps": c.eps})
         return {"state": {0: dict(self.state)} if self.state else {}, "param_groups": [group]}

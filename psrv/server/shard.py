@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from psrv.config import OptimConfig
+from psrv.schedule import lr_at
 from psrv.server.optim import make_optimizer
 
 
@@ -16,6 +17,7 @@ class Shard:
         self.device = torch.device(device)
         self.param = torch.nn.Parameter(torch.zeros(size, dtype=torch.float32, device=self.device),
                                         requires_grad=False)
+        self.optim = optim
         self.optimizer = make_optimizer(optim, self.param)
         self._accum: torch.Tensor | None = None  # the open clock's sum (sync mode), made at its first use
         self._accumulated = 0
@@ -59,6 +61,8 @@ class Shard:
         return n
 
     def _step(self, grad: torch.Tensor) -> None:
+        """One optimizer step at the schedule's lr for this update (the version is the update count)."""
+        self.optimizer.lr = lr_at(self.optim, self.version)
         self.optimizer.step(grad)
         self.version += 1
 

@@ -10,12 +10,18 @@ import pytest
 from experiments.spec import spec_from_dict
 from psrv.cli import build_parser
 from psrv.config import ConfigError, RunConfig, ServerConfig, WorkerConfig, from_dict, to_dict
-from psrv.config.base import default_of, leaves
+from psrv.config.base import default_of, leaves, merge
 from psrv.config.cli_args import config_from_args, flag_of, to_argv
 from workers.ddp import build_parser as ddp_parser
 
 # what a setting needs beside it to be valid at a value other than its default
-COMPANIONS: dict[str, dict[str, Any]] = {"backup_workers": {"mode": "sync"}, "mode": {}}
+COMPANIONS: dict[str, dict[str, Any]] = {
+    "backup_workers": {"mode": "sync"}, "mode": {},
+    "lr_schedule": {"optimizer": {"lr_decay_steps": 10}},  # its other value, warmup_cosine, needs a horizon
+    "lr_decay_steps": {"optimizer": {"lr_schedule": "linear"}},
+    "lr_end_factor": {"optimizer": {"lr_schedule": "linear", "lr_decay_steps": 10}},
+    "lr_step_size": {"optimizer": {"lr_schedule": "step"}},
+    "lr_gamma": {"optimizer": {"lr_schedule": "step", "lr_step_size": 3}}}
 OTHER = {"mode": "sync", "cluster.device": "cuda:1", "job.name": "synthetic_mlp", "faults.straggler": "1:2",
          "faults.transient_stragglers": "0.1:4", "optimizer.momentum": 0.5, "optimizer.betas": (0.8, 0.99)}
 
@@ -59,7 +65,7 @@ def test_every_leaf_is_reachable_and_checked():
 @pytest.mark.parametrize(("key", "f", "s"), RUN_LEAVES, ids=[k for k, _, _ in RUN_LEAVES])
 def test_one_setting_reads_the_same_from_the_cli_a_spec_and_a_launched_process(key, f, s):
     value = _other_value(key, f, s)
-    data = {**COMPANIONS.get(key.split(".")[-1], {}), **_nest(key, value)}
+    data = merge(COMPANIONS.get(key.split(".")[-1], {}), _nest(key, value))
     expected = from_dict(RunConfig, data)
 
     # a spec: the same dotted key, given in a variant
