@@ -1,5 +1,6 @@
 """The learning-rate schedule, a pure function of the update count: the servers set each step's lr
-from their shard's version (psrv/server/shard.py), and the DDP baseline from its optimizer steps.
+from their shard's version (psrv/server/shard.py; sync: one update per clock, async and ssp: one per
+push, so N workers x S steps in all), and the DDP baseline from its optimizer steps (one per step).
 
 `lr_at(cfg, k)` is the lr of update k (0-based: k updates were applied before it), equal to what
 torch.optim.lr_scheduler gives after k `scheduler.step()` calls. With W = warmup_steps,
