@@ -165,3 +165,22 @@ def test_ddp_follows_the_schedule_by_its_optimizer_steps(monkeypatch):
     want, unscheduled = _torch_loop(cfg, scheduled=True), _torch_loop(cfg, scheduled=False)
     assert (want - unscheduled).abs().max() > 1e-2       # the schedule makes a difference here
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+def test_a_restored_shard_goes_on_with_the_schedule_from_its_version():
+    cfg = OptimConfig(lr=LR, momentum=0.9, warmup_steps=3, lr_schedule="linear", lr_decay_steps=12)
+    gen = torch.Generator().manual_seed(2)
+    init, grads = torch.randn(16, generator=gen), [torch.randn(16, generator=gen) for _ in range(20)]
+    straight, first = Shard(16, cfg), Shard(16, cfg)
+    for shard in (straight, first):
+        shard.init(init)
+    for grad in grads[:10]:
+        straight.apply(grad)
+        first.apply(grad)
+    restored = Shard(16, cfg)
+    restored.load_state_dict({k: v.clone() if torch.is_tensor(v) else v for k, v in first.state_dict().items()})
+    for grad in grads[10:]:
+        straight.apply(grad)
+        restored.apply(grad)
+    assert restored.optimizer.lr == lr_at(cfg, 19) != lr_at(cfg, 9)
+    assert torch.equal(restored.weights, straight.weights)
