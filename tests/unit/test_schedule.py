@@ -13,7 +13,7 @@ from psrv.client import PSClient
 from psrv.config import ConfigError, JobConfig, OptimConfig, RunConfig, ServerConfig
 from psrv.partition import ParamSpec, PartitionPlan
 from psrv.schedule import is_scheduled, lr_at
-from psrv.server.optim import make_optimizer
+from psrv.server.optim import FUSED_MIN_ELEMENTS, make_optimizer
 from psrv.server.run import Server
 from psrv.server.shard import Shard
 from workers.data import batch_indices
@@ -73,6 +73,26 @@ def test_the_shards_lr_at_each_update_is_torch_lr_schedulers(cfg):
     assert shard.version == UPDATES
     assert len(set(theirs)) > 5                                    # the schedule really moves the lr
     assert max(abs(a - b) for a, b in zip(ours, theirs)) <= 1e-12, list(zip(ours, theirs))
+    torch.testing.assert_close(shard.weights, ref.detach(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["adam", "adamw"])
+def test_a_large_shards_fused_adam_takes_the_scheduled_lr(name):
+    cfg = OptimConfig(name, lr=1e-2, weight_decay=1e-2, warmup_steps=2, lr_schedule="warmup_cosine", lr_decay_steps=6)
+    gen = torch.Generator().manual_seed(3)
+    init = torch.randn(FUSED_MIN_ELEMENTS, generator=gen)
+    shard = Shard(init.numel(), cfg)
+    shard.init(init)
+    assert shard.optimizer.fused
+    ref = torch.nn.Parameter(init.clone())
+    opt = (torch.optim.Adam if name == "adam" else torch.optim.AdamW)([ref], lr=cfg.lr, weight_decay=cfg.weight_decay)
+    scheduler = torch_scheduler(cfg, opt)
+    for _ in range(8):
+        grad = torch.randn(init.numel(), generator=gen)
+        ref.grad = grad.clone()
+        opt.step()
+        scheduler.step()
+        shard.apply(grad)
     torch.testing.assert_close(shard.weights, ref.detach(), rtol=1e-6, atol=1e-6)
 
 
