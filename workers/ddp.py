@@ -26,6 +26,7 @@ from psrv.schedule import is_scheduled, lr_factor
 from workers.data import batch_indices
 from workers.faults import FaultInjector
 from workers.jobs import evaluate, load_job
+from workers.loop import TrainingInterrupted
 
 log = logging.getLogger("psrv.ddp")
 
@@ -155,29 +156,36 @@ def _train(cfg: RunConfig, *, rank: int, world: int, device, group, started: flo
         _eval(job, model, device, record, step=0, started=started)
         record["initial_loss"] = record["evals"][0]["eval_loss"]
     t_loop = time.time()
-    for step in range(cfg.job.steps):
-        clock.start(step)
-        idx = next(batches).to(device)
-        optimizer.zero_grad(set_to_none=False)
-        loss = job.loss_fn(ddp(x_train[idx]), y_train[idx])
-        loss.backward()  # the comm hook all-reduces (averages) the gradient buckets inside
-        optimizer.step()
-        if schedule is not None:
-            schedule.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t_end = time.perf_counter()
-        compute_end = clock.compute_end if clock.compute_end is not None else t_end
-        row = {"wall_time": time.time(), "worker": rank, "step": step, "loss": loss.item(),
-               "compute_seconds": compute_end - clock.t0, "communication_seconds": t_end - compute_end,
-               "wait_seconds": 0.0, "batch_size": cfg.job.batch_size}
-        record["step_log"].append(row)
-        if progress is not None:
-            progress(step + 1)
-        if rank == 0 and cfg.job.eval_every and (step + 1) % cfg.job.eval_every == 0 and step + 1 < cfg.job.steps:
-            _eval(job, model, device, record, step=step + 1, started=started)
+    interrupt: KeyboardInterrupt | None = None
+    try:
+        for step in range(cfg.job.steps):
+            clock.start(step)
+            idx = next(batches).to(device)
+            optimizer.zero_grad(set_to_none=False)
+            loss = job.loss_fn(ddp(x_train[idx]), y_train[idx])
+            loss.backward()  # the comm hook all-reduces (averages) the gradient buckets inside
+            optimizer.step()
+            if schedule is not None:
+                schedule.step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t_end = time.perf_counter()
+            compute_end = clock.compute_end if clock.compute_end is not None else t_end
+            row = {"wall_time": time.time(), "worker": rank, "step": step, "loss": loss.item(),
+                   "compute_seconds": compute_end - clock.t0, "communication_seconds": t_end - compute_end,
+                   "wait_seconds": 0.0, "batch_size": cfg.job.batch_size}
+            record["step_log"].append(row)
+            if progress is not None:
+                progress(step + 1)
+            if rank == 0 and cfg.job.eval_every and (step + 1) % cfg.job.eval_every == 0 and step + 1 < cfg.job.steps:
+                _eval(job, model, device, record, step=step + 1, started=started)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM where the entry point makes it one: keep the rows
+        interrupt = exc
+        log.warning("rank %d: interrupted at step %d", rank, len(record["step_log"]))
     train_seconds = time.time() - t_loop
-    if rank == 0:  # after the last all-reduce every rank holds the same weights
+    if interrupt is not None:
+        record.update(interrupted=True, steps_done=len(record["step_log"]))
+    elif rank == 0:  # after the last all-reduce every rank holds the same weights
         _eval(job, model, device, record, step=cfg.job.steps, started=started)
         record.update(final_loss=record["evals"][-1]["eval_loss"],
                       eval_accuracy=record["evals"][-1]["eval_accuracy"])
@@ -187,6 +195,8 @@ def _train(cfg: RunConfig, *, rank: int, world: int, device, group, started: flo
     record.update(pushes=clock.reduced, updates_applied=clock.updates, samples=len(rows) * cfg.job.batch_size,
                   train_seconds=train_seconds, wall_seconds=time.time() - started,
                   final_params=torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu())
+    if interrupt is not None:
+        raise TrainingInterrupted(record, interrupt)
     return record
 
 
@@ -222,8 +232,10 @@ def rank_path(template: str, rank: int) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from psrv.process import exit_code, interrupt_on_signals
     a = build_parser().parse_args(argv)
     rank = int(os.environ.get("RANK", 0))
+    interrupt_on_signals()  # a rank is an entry point of its own: SIGTERM takes Ctrl-C's path, rows kept
     logging.basicConfig(level=getattr(logging, str(a.log_level).upper(), logging.INFO),
                         format=f"%(asctime)s ddp-worker {rank} %(levelname)s %(name)s: %(message)s")
     try:
@@ -234,6 +246,11 @@ def main(argv: list[str] | None = None) -> int:
             path = rank_path(a.progress_file, rank)
             progress = lambda step: (step % 10 == 0 or step == cfg.job.steps) and path.write_text(str(step))  # noqa: E731
         record = train_ddp(cfg, backend=a.backend, timeout=a.timeout, progress=progress)
+    except TrainingInterrupted as exc:  # said in one line; keep the rows, not the partial weights
+        record = exc.record
+        record.pop("final_params")
+        _write_record(a.out, rank, record)
+        return exit_code(exc.interrupt)
     except ValueError as exc:
         print(f"workers.ddp: error: {exc}", file=sys.stderr)
         return 2
@@ -241,13 +258,17 @@ def main(argv: list[str] | None = None) -> int:
     if a.params_out and rank == 0:
         a.params_out.parent.mkdir(parents=True, exist_ok=True)
         torch.save(params, a.params_out)
-    if a.out:
-        path = rank_path(a.out, rank)
+    _write_record(a.out, rank, record)
+    return 0
+
+
+def _write_record(template: str | None, rank: int, record: dict) -> None:
+    if template:
+        path = rank_path(template, rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(record, indent=1))
         tmp.replace(path)
-    return 0
 
 
 if __name__ == "__main__":

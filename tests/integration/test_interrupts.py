@@ -183,3 +183,31 @@ def test_ctrl_c_in_a_library_users_train_leaves_and_hands_back_the_rows(procs, t
     got = json.loads(out)
     assert got["steps_done"] == got["rows"] >= 20 and got["default_handler"]   # train installed no handler
     assert procs.wait(server, timeout=10) == 0                # its only worker left (not lost): it ends
+
+
+@pytest.mark.timeout(240)
+def test_an_interrupted_ddp_run_keeps_each_ranks_rows(tmp_path):
+    """The all-reduce baseline stops as the parameter server does: each rank keeps its rows."""
+    out = tmp_path / "run"
+    with open(tmp_path / "stderr", "w") as stderr:
+        launcher = subprocess.Popen(psrv_argv("run", "--mode", "ddp", "--workers", "2", "--steps", "3000",
+                                              "--compute-ms", "10", "--no-progress", "--out", str(out)),
+                                    cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True,
+                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        _wait_for_steps(out / "worker-0.progress", 20, launcher, tmp_path / "stderr")
+        launcher.send_signal(signal.SIGINT)
+        assert launcher.wait(30) == 130
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    err = (tmp_path / "stderr").read_text()
+    assert "Traceback" not in err, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["complete"] is False and summary["steps_done"] == len(_rows(out / "steps.csv")) >= 40
+    for rank in (0, 1):
+        record = json.loads((out / f"worker-{rank}.json").read_text())
+        assert record["interrupted"] is True and record["steps_done"] == len(record["step_log"]) >= 20
+        assert "Traceback" not in (out / f"worker-{rank}.log").read_text()
+    assert not (out / "params.pt").exists()  # partial weights are not a result
