@@ -114,9 +114,11 @@ def test_prometheus_scrape_matches_the_run_summary(tmp_path, prometheus_for):
     # Prometheus first: file_sd watches for targets.json, which psrv run writes as processes start.
     prom = prometheus_for(run / "prometheus.yml")
 
-    steps = 400  # a few seconds of training, so that rate() sees several scrapes while it runs
+    # A few seconds of training, so that rate() sees several 1 s scrapes while it runs: the emulated
+    # compute keeps it that long on a fast machine too (400 plain steps took under a second on one).
+    steps = 400
     s = psrv_run(run, "--metrics", "--metrics-linger", "4", "--steps", str(steps), "--servers", "2", "--workers", "2",
-                 "--mode", "async", timeout=100)
+                 "--mode", "async", "--compute-ms", "10", timeout=100)
     targets = json.loads((run / "targets.json").read_text())
     assert sorted(g["labels"]["role"] for g in targets) == ["server", "worker"]
     assert sum(len(g["targets"]) for g in targets) == 4
