@@ -2,6 +2,8 @@
 
 Its public names, each imported on first use (so `import psrv` alone does not import torch):
 
+    Worker          a worker in your own loop: Worker(model), then backward() and step(); close()
+    StepInfo        what Worker.step() returns: step, clock, version, staleness, waited, seconds
     PSClient        a worker's link to every shard: hello, init, push, pull, push_pull
     PSError         what PSClient raises when a shard answers ERROR
     PartitionPlan   a model's parameters as one flat vector, cut into byte-balanced shards
@@ -21,7 +23,8 @@ from __future__ import annotations
 import importlib
 
 __version__ = "0.1.0"
-_WHERE = {"PSClient": "psrv.client", "PSError": "psrv.client", "PartitionPlan": "psrv.partition",
+_WHERE = {"Worker": "psrv.worker", "StepInfo": "psrv.worker",
+          "PSClient": "psrv.client", "PSError": "psrv.client", "PartitionPlan": "psrv.partition",
           "Server": "psrv.server.run", "serve": "psrv.server.run", "ServerConfig": "psrv.config",
           "WorkerConfig": "psrv.config", "OptimConfig": "psrv.config", "FaultConfig": "psrv.config"}
 __all__ = [*_WHERE, "__version__"]

@@ -1,31 +1,32 @@
-"""The worker loop: pull -> forward/backward -> push, over PSClient. One call: `train(cfg)`.
+"""The shipped worker loop (`psrv worker`): a job's batches through psrv.Worker. One call: `train(cfg)`.
 
-Ctrl-C (KeyboardInterrupt) anywhere between HELLO and the end sends LEAVE to every shard, so the
-other workers' barriers go on without this one, and raises `TrainingInterrupted` with the record so far."""
+psrv.Worker does HELLO, INIT, the first pull, the pushes (overlapped with backward), rank 0's final
+pull and LEAVE; this loop adds the job, emulated faults, rank 0's evaluations, the step log, metrics
+and progress. Ctrl-C (KeyboardInterrupt) anywhere between HELLO and the end leaves every shard, so
+the other workers' barriers go on without this one, and raises `TrainingInterrupted` with the record
+so far."""
 from __future__ import annotations
 
 import logging
 import time
 
 import torch
+from torch.nn.utils import parameters_to_vector
 
-from psrv.client import PSClient
 from psrv.config import WorkerConfig
 from psrv.rss import peak_rss_bytes
-from psrv.partition import PartitionPlan
+from psrv.worker import Worker
 from workers.data import batch_indices
 from workers.faults import FaultInjector
-from workers.flat import FlatModel
 from workers.jobs import evaluate, load_job
-from workers.overlap import ShardReadiness
 
 log = logging.getLogger("psrv.worker")
 
 
 class TrainingInterrupted(KeyboardInterrupt):
     """Ctrl-C (or SIGTERM, where the entry point makes it one) stopped `train`. The worker has already
-    sent LEAVE to every shard (best effort, bounded by the client's LEAVE timeout). `record` is its
-    record so far: `interrupted` True, `steps_done`, the rows of the steps done; `interrupt` is the
+    sent LEAVE to every shard (best effort, bounded by 2 s). `record` is its record so far:
+    `interrupted` True, `steps_done`, the rows of the steps done; `interrupt` is the
     KeyboardInterrupt that stopped it (psrv.process.Interrupted says which signal)."""
 
     def __init__(self, record: dict, interrupt: KeyboardInterrupt):
@@ -40,29 +41,23 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
     device = torch.device(cfg.device)
     job = load_job(cfg.job.name, seed=cfg.seed)
     model = job.model.to(device)
-    flat = FlatModel(model)
-    plan = PartitionPlan.from_module(model, len(cfg.servers))
     faults = FaultInjector(cfg.faults, rank=cfg.rank, seed=cfg.seed)
-    # Early sends would beat injected compute and network delays, so faults turn the overlap off.
-    readiness = ShardReadiness(model, plan.ranges) if cfg.overlap and plan.num_shards > 1 and not faults.active else None
     x_train, y_train = (t.to(device) for t in job.train)
     batches = batch_indices(len(x_train), rank=cfg.rank, world_size=cfg.world_size,
                             batch_size=cfg.job.batch_size, seed=cfg.seed)
     record = {"rank": cfg.rank, "world_size": cfg.world_size, "job": job.name, "steps": cfg.job.steps,
-              "batch_size": cfg.job.batch_size, "parameters": plan.total, "plan_hash": plan.hash,
+              "batch_size": cfg.job.batch_size, "parameters": sum(p.numel() for p in model.parameters()),
               "evals": [], "step_log": []}
     interrupt: KeyboardInterrupt | None = None
     t_loop = t_end = None  # the step loop's start and end (train_seconds)
-    early_sends = 0  # shard pushes sent while backward was still running
-    with PSClient(cfg.servers, plan, worker=cfg.rank, world_size=cfg.world_size,
-                  transport=cfg.transport, timeout=cfg.request_timeout, curve_keys=cfg.curve_keys,
-                  wire_dtype=cfg.wire_dtype) as client:
-        try:
-            welcome = client.hello()
-            if cfg.rank == 0:
-                client.init(flat.params.cpu())
-            reply = client.first_pull(welcome, out=flat.params)  # waits, bounded, for rank 0's INIT
-            clock = reply.clock
+    ps: Worker | None = None
+    try:
+        # Early sends would beat injected compute and network delays, so faults turn the overlap off.
+        ps = Worker(model, cfg.servers, rank=cfg.rank, world_size=cfg.world_size, transport=cfg.transport,
+                    timeout=cfg.request_timeout, curve_keys=cfg.curve_keys, wire_dtype=cfg.wire_dtype,
+                    overlap=cfg.overlap and not faults.active)
+        record["plan_hash"] = ps.plan.hash
+        with ps:
             if cfg.rank == 0:
                 _eval(job, model, device, record, step=0, started=started)
                 record["initial_loss"] = record["evals"][0]["eval_loss"]
@@ -70,25 +65,17 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
             for step in range(cfg.job.steps):
                 t0 = time.perf_counter()
                 idx = next(batches).to(device)
-                flat.zero_grad()
-                pushing = client.begin_push_pull(flat.grads, clock=clock, out=flat.params)
-                if readiness is not None:
-                    readiness.arm(pushing.ready)
                 loss = job.loss_fn(model(x_train[idx]), y_train[idx])
-                loss.backward()
-                if readiness is not None:
-                    readiness.disarm()
+                loss.backward()  # psrv.Worker sends each shard's gradient as soon as it is final
                 faults.compute(step, time.perf_counter() - t0)
                 t1 = time.perf_counter()
                 faults.before_send()
-                early_sends += pushing.early
-                reply = pushing.finish()  # sends the shards not sent during backward, then waits for all
+                info = ps.step()  # sends the shards not sent during backward, waits, pulls into the model
                 t2 = time.perf_counter()
-                clock = reply.clock
                 row = {"wall_time": time.time(), "worker": cfg.rank, "step": step, "loss": loss.item(),
-                       "staleness": reply.staleness, "compute_seconds": t1 - t0,
-                       "communication_seconds": max(0.0, t2 - t1 - reply.waited),
-                       "wait_seconds": min(reply.waited, t2 - t1), "batch_size": cfg.job.batch_size}
+                       "staleness": info.staleness, "compute_seconds": t1 - t0,
+                       "communication_seconds": max(0.0, t2 - t1 - info.waited),
+                       "wait_seconds": min(info.waited, t2 - t1), "batch_size": cfg.job.batch_size}
                 record["step_log"].append(row)
                 if metrics is not None:
                     metrics.observe_step(row)
@@ -97,25 +84,22 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
                 if cfg.rank == 0 and cfg.job.eval_every and (step + 1) % cfg.job.eval_every == 0 and step + 1 < cfg.job.steps:
                     _eval(job, model, device, record, step=step + 1, started=started)
             t_end = time.time()
-            if cfg.rank == 0:
-                # The final answer is the weights after every worker's last push: wait for the others to leave.
-                client.pull(clock=clock, out=flat.params, final=True)
-                _eval(job, model, device, record, step=cfg.job.steps, started=started)
-                record["final_loss"] = record["evals"][-1]["eval_loss"]
-                record["eval_accuracy"] = record["evals"][-1]["eval_accuracy"]
-        except KeyboardInterrupt as exc:  # in a zmq wait or anywhere in a step: leave, keep the rows
-            interrupt, t_end = exc, t_end or time.time()
-            if readiness is not None:
-                readiness.disarm()
-            log.warning("worker %d: interrupted at step %d; leaving", cfg.rank, len(record["step_log"]))
-        client.leave(timeout=2.0 if interrupt is not None else 5.0)  # an interrupted worker exits promptly
+            ps.close()  # rank 0: the weights after every worker's last push; then every worker leaves
+        if cfg.rank == 0:
+            _eval(job, model, device, record, step=cfg.job.steps, started=started)
+            record["final_loss"] = record["evals"][-1]["eval_loss"]
+            record["eval_accuracy"] = record["evals"][-1]["eval_accuracy"]
+    except KeyboardInterrupt as exc:  # in a zmq wait or anywhere in a step: psrv.Worker has left
+        interrupt, t_end = exc, t_end or time.time()
+        log.warning("worker %d: interrupted at step %d; leaving", cfg.rank, len(record["step_log"]))
     rows = record["step_log"]
     record.update(pushes=len(rows), samples=len(rows) * cfg.job.batch_size,
-                  train_seconds=t_end - t_loop if t_loop else 0.0, early_sends=early_sends,
+                  train_seconds=t_end - t_loop if t_loop else 0.0,
+                  early_sends=ps.early_sends if ps is not None else 0,
                   wall_seconds=time.time() - started,
                   max_staleness=max((r["staleness"] for r in rows), default=0),
                   max_rss_bytes=peak_rss_bytes(),
-                  final_params=flat.params.detach().cpu())
+                  final_params=parameters_to_vector(model.parameters()).detach().cpu())
     if interrupt is not None:
         record.update(interrupted=True, steps_done=len(rows))
         raise TrainingInterrupted(record, interrupt) from None

@@ -5,6 +5,7 @@ the flat gradient, so the last shard's range is often complete while backward st
 first layers. `ShardReadiness` counts, per shard, the parameters overlapping its range that still
 wait for their gradient (autograd's post-accumulate-grad hooks), and calls back when one reaches
 zero. This is DDP's bucketing and BytePS's priority order, with the shards as buckets.
+`repeated` says that a second backward ran while armed (its gradient came after the early sends).
 """
 from __future__ import annotations
 
@@ -29,11 +30,13 @@ class ShardReadiness:
                 p.register_post_accumulate_grad_hook(lambda _p, i=i: self._done(i))
         self._left: list[int] = []
         self._callback: Callable[[int], None] | None = None
+        self.repeated = False
 
     def arm(self, callback: Callable[[int], None]) -> None:
         """Call `callback(shard)` during the next backward as each shard's gradient becomes final."""
         self._left = list(self._needs)
         self._callback = callback
+        self.repeated = False
 
     def disarm(self) -> None:
         self._callback = None
@@ -45,3 +48,5 @@ class ShardReadiness:
             self._left[s] -= 1
             if self._left[s] == 0:
                 self._callback(s)
+            elif self._left[s] < 0:
+                self.repeated = True

@@ -1,0 +1,202 @@
+"""psrv.Worker: a parameter-server worker inside a user's own training loop.
+
+    ps = psrv.Worker(model)          # RANK, WORLD_SIZE and PSRV_SERVERS from the environment
+    for x, y in loader:
+        loss_fn(model(x), y).backward()
+        ps.step()                    # push the gradient, pull the new weights into the model
+    ps.close()                       # rank 0 ends with the final weights; every worker leaves
+
+Clocks, versions, the partition plan and the flat buffers stay inside.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from psrv.client import PSClient
+from psrv.flat import FlatModel
+from psrv.overlap import ShardReadiness
+from psrv.partition import PartitionPlan
+from psrv.roundtrip import PushPull
+
+log = logging.getLogger("psrv.worker")
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What one `Worker.step()` saw. `step`: steps done before this one; `clock`: the clock of the
+    next push; `version`: the oldest shard version in the weights now in the model; `staleness`: the
+    worst staleness of this push (shard version when applied - version it was computed on);
+    `waited`: seconds a shard held the reply back (sync barrier, SSP bound); `seconds`: wall time in
+    step(), sending included."""
+
+    step: int
+    clock: int
+    version: int
+    staleness: int
+    waited: float
+    seconds: float
+
+
+class Worker:
+    """One worker of a parameter-server cluster, driving `model` (an nn.Module, float32 parameters on
+    one device). The constructor says HELLO to every shard, sends the initial weights when it is
+    rank 0 (shards already initialised keep theirs), and pulls the first weights into the model,
+    waiting at most `timeout` seconds for rank 0's.
+
+    `servers` (the shards' addresses in shard order), `rank` and `world_size` default to the
+    environment's PSRV_SERVERS (comma-separated), RANK and WORLD_SIZE (as torchrun sets them).
+
+    The model's parameters become views of one flat buffer and their `.grad` views of another; do
+    not move or re-create them afterwards. `step()` zeroes the gradients, so `model.zero_grad()` is
+    not needed (calling it costs one copy per parameter). Parameters that get no gradient push
+    zeros. Buffers (BatchNorm statistics) do not travel: each worker keeps its own, and rank 0's are
+    the model's, as DDP with broadcast_buffers makes rank 0's the ones evaluated.
+
+    With `overlap` and more than one shard, each shard's gradient is sent during backward as soon
+    as it is final; that needs one backward per step() (pass overlap=False to accumulate gradients
+    over several). Use it as a context manager, or call close(): a worker that raises (Ctrl-C
+    included) inside step(), close() or the `with` block leaves every shard, bounded by 2 s, so the
+    other workers go on without it. psrv.Worker changes nothing in its host process."""
+
+    def __init__(self, model: torch.nn.Module, servers: Sequence[str] | None = None, *,
+                 rank: int | None = None, world_size: int | None = None, transport: str = "zmq",
+                 timeout: float = 60.0, curve_keys: str = "", wire_dtype: str = "float32",
+                 overlap: bool = True):
+        servers = list(servers) if servers is not None else _env_servers()
+        self.rank = int(rank if rank is not None else _env("RANK"))
+        self.world_size = int(world_size if world_size is not None else _env("WORLD_SIZE"))
+        self.model = model
+        self._flat = FlatModel(model)
+        self.plan = PartitionPlan.from_module(model, len(servers))
+        self._readiness = ShardReadiness(model, self.plan.ranges) if overlap and self.plan.num_shards > 1 else None
+        self._client = PSClient(servers, self.plan, worker=self.rank, world_size=self.world_size,
+                                transport=transport, timeout=timeout, curve_keys=curve_keys, wire_dtype=wire_dtype)
+        self._pushing: PushPull | None = None
+        self._open = True
+        self.steps = 0
+        self.early_sends = 0  # shard pushes sent while backward was still running
+        try:
+            welcomes = self._client.hello()
+            if self.rank == 0:
+                self._client.init(self._flat.params.cpu())
+            self._clock = self._client.first_pull(welcomes, out=self._flat.params).clock
+        except KeyboardInterrupt:
+            self._abandon()
+            raise
+        except BaseException:
+            self._open = False
+            self._client.close()
+            raise
+        self._arm()
+
+    def step(self) -> StepInfo:
+        """Push the gradient backward left in the model (the shards not sent during backward now),
+        wait for the new weights, copy them into the model and zero the gradients."""
+        t0 = time.perf_counter()
+        self._check_open()
+        try:
+            if self._readiness is not None:
+                self._readiness.disarm()
+                if self._readiness.repeated:
+                    raise RuntimeError("two backward passes between step() calls with overlap on: the shards "
+                                       "sent during the first carried its gradient only; pass overlap=False "
+                                       "to accumulate gradients over several backward passes")
+            reply = self._finish()
+            self._flat.zero_grad()
+            self._arm()
+        except BaseException:
+            self._abandon()
+            raise
+        info = StepInfo(step=self.steps, clock=self._clock, version=min(reply.versions),
+                        staleness=reply.staleness, waited=reply.waited, seconds=time.perf_counter() - t0)
+        self.steps += 1
+        return info
+
+    def close(self) -> None:
+        """End this worker: rank 0 first pulls the final weights into the model (answered once every
+        other worker has left, so they hold every worker's last push), then every worker leaves."""
+        if not self._open:
+            return
+        try:
+            if self._pushing is not None:  # a backward after the last step() already sent some shards
+                log.warning("worker %d: a backward after the last step(); pushing its gradient", self.rank)
+                self._finish()
+            if self._readiness is not None:
+                self._readiness.disarm()
+            if self.rank == 0:
+                self._client.pull(clock=self._clock, out=self._flat.params, final=True)
+        except BaseException:
+            self._abandon()
+            raise
+        self._open = False
+        try:
+            self._client.leave(timeout=5.0)
+        finally:
+            self._client.close()
+
+    def __enter__(self) -> "Worker":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self._abandon()
+
+    # --- mechanics ----------------------------------------------------------
+    def _arm(self) -> None:
+        if self._readiness is not None:
+            self._readiness.arm(self._ready)
+
+    def _begin(self) -> PushPull:
+        if self._pushing is None:
+            self._pushing = self._client.begin_push_pull(self._flat.grads, clock=self._clock, out=self._flat.params)
+        return self._pushing
+
+    def _ready(self, shard: int) -> None:
+        """Shard's slice of the gradient is final (during backward): send it now."""
+        self._begin().ready(shard)
+
+    def _finish(self):
+        pushing, self._pushing = self._begin(), None
+        self.early_sends += pushing.early
+        reply = pushing.finish()
+        self._clock = reply.clock
+        return reply
+
+    def _check_open(self) -> None:
+        if not self._open:
+            raise RuntimeError(f"worker {self.rank}: this psrv.Worker has left its shards (close() or an error)")
+
+    def _abandon(self) -> None:
+        """Leave every shard at once, bounded (Ctrl-C, an error): no final pull."""
+        if not self._open:
+            return
+        self._open = False
+        if self._readiness is not None:
+            self._readiness.disarm()
+        log.info("worker %d: stopped at step %d; leaving every shard", self.rank, self.steps)
+        try:
+            self._client.leave(timeout=2.0)  # an interrupted worker exits promptly
+        finally:
+            self._client.close()
+
+
+def _env(name: str) -> str:
+    value = os.environ.get(name, "")
+    if not value.strip():
+        raise ValueError(f"psrv.Worker: pass {name.lower()}= or set {name} in the environment")
+    return value
+
+
+def _env_servers() -> list[str]:
+    servers = [s.strip() for s in _env("PSRV_SERVERS").split(",") if s.strip()]
+    if not servers:
+        raise ValueError("psrv.Worker: PSRV_SERVERS names no shard address (tcp://host:port,...)")
+    return servers
