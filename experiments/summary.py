@@ -66,7 +66,8 @@ def build_summary(cfg: RunConfig, out: Path, *, interrupted: bool = False) -> di
         "optimizer": cfg.optimizer.name, "lr": cfg.optimizer.lr, "seed": cfg.seed, "device": cfg.cluster.device,
         "wire_dtype": cfg.worker.wire_dtype, "overlap": cfg.worker.overlap,
         "initial_loss": rank0.get("initial_loss"), "final_loss": rank0.get("final_loss"),
-        "eval_accuracy": rank0.get("eval_accuracy"),
+        "eval_accuracy": rank0.get("eval_accuracy"), "eval_metrics": rank0.get("eval_metrics"),
+        "metric": rank0.get("metric"), "lower_is_better": rank0.get("lower_is_better"),
         "wall_seconds": wall, "samples_per_second": samples / wall,
         "pushes": sum(w["pushes"] for w in workers),
         "early_sends": sum(w.get("early_sends", 0) for w in workers),
@@ -95,10 +96,12 @@ def write_tables(out: Path, *, interrupted: bool = False) -> None:
         writer.writeheader()
         for r in rows:
             writer.writerow({**r, "wall_time": round(r["wall_time"] - origin, 6)})
+    evals = next((w["evals"] for w in workers if w["rank"] == 0), [])
+    extra = sorted({k for e in evals for k in e} - set(EVAL_COLUMNS))  # the job's other metrics, eval_<name>
     with open(out / "evals.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, EVAL_COLUMNS, extrasaction="ignore")
+        writer = csv.DictWriter(f, EVAL_COLUMNS + tuple(extra), extrasaction="ignore")
         writer.writeheader()
-        for e in next((w["evals"] for w in workers if w["rank"] == 0), []):
+        for e in evals:
             writer.writerow({**e, "wall_time": round(max(0.0, e["wall_time"] - origin), 6)})
 
 

@@ -23,9 +23,9 @@ from torch.optim.lr_scheduler import LambdaLR
 from psrv.config import OptimConfig, RunConfig
 from psrv.config.cli_args import add_config_arguments, config_from_args, read_config_file
 from psrv.schedule import is_scheduled, lr_factor
-from workers.data import batch_indices
 from workers.faults import FaultInjector
-from workers.jobs import evaluate, load_job
+from workers.evals import record_eval, record_final
+from workers.jobs import batch_size_of, load_job
 from workers.loop import TrainingInterrupted
 
 log = logging.getLogger("psrv.ddp")
@@ -146,23 +146,22 @@ def _train(cfg: RunConfig, *, rank: int, world: int, device, group, started: flo
     optimizer = make_optimizer(cfg.optimizer, ddp.parameters())
     optimizer.register_step_post_hook(clock.stepped)
     schedule = make_schedule(cfg.optimizer, optimizer)
-    x_train, y_train = (t.to(device) for t in job.train)
-    batches = batch_indices(len(x_train), rank=rank, world_size=world, batch_size=cfg.job.batch_size, seed=cfg.seed)
+    batches = job.batches_for(rank=rank, world_size=world, batch_size=cfg.job.batch_size, seed=cfg.seed,
+                              device=device)
     record = {"rank": rank, "world_size": world, "job": job.name, "steps": cfg.job.steps,
               "batch_size": cfg.job.batch_size, "backend": backend,
               "parameters": sum(p.numel() for p in model.parameters()), "evals": [], "step_log": []}
     log.info("rank %d of %d: %s on %s, %s", rank, world, job.name, device, backend)
     if rank == 0:
-        _eval(job, model, device, record, step=0, started=started)
-        record["initial_loss"] = record["evals"][0]["eval_loss"]
+        record_eval(job, model, device, record, step=0)
     t_loop = time.time()
     interrupt: KeyboardInterrupt | None = None
     try:
         for step in range(cfg.job.steps):
             clock.start(step)
-            idx = next(batches).to(device)
+            batch = next(batches)
             optimizer.zero_grad(set_to_none=False)
-            loss = job.loss_fn(ddp(x_train[idx]), y_train[idx])
+            loss = job.loss_of(ddp, batch)
             loss.backward()  # the comm hook all-reduces (averages) the gradient buckets inside
             optimizer.step()
             if schedule is not None:
@@ -173,12 +172,12 @@ def _train(cfg: RunConfig, *, rank: int, world: int, device, group, started: flo
             compute_end = clock.compute_end if clock.compute_end is not None else t_end
             row = {"wall_time": time.time(), "worker": rank, "step": step, "loss": loss.item(),
                    "compute_seconds": compute_end - clock.t0, "communication_seconds": t_end - compute_end,
-                   "wait_seconds": 0.0, "batch_size": cfg.job.batch_size}
+                   "wait_seconds": 0.0, "batch_size": batch_size_of(batch)}
             record["step_log"].append(row)
             if progress is not None:
                 progress(step + 1)
             if rank == 0 and cfg.job.eval_every and (step + 1) % cfg.job.eval_every == 0 and step + 1 < cfg.job.steps:
-                _eval(job, model, device, record, step=step + 1, started=started)
+                record_eval(job, model, device, record, step=step + 1)
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM where the entry point makes it one: keep the rows
         interrupt = exc
         log.warning("rank %d: interrupted at step %d", rank, len(record["step_log"]))
@@ -186,24 +185,16 @@ def _train(cfg: RunConfig, *, rank: int, world: int, device, group, started: flo
     if interrupt is not None:
         record.update(interrupted=True, steps_done=len(record["step_log"]))
     elif rank == 0:  # after the last all-reduce every rank holds the same weights
-        _eval(job, model, device, record, step=cfg.job.steps, started=started)
-        record.update(final_loss=record["evals"][-1]["eval_loss"],
-                      eval_accuracy=record["evals"][-1]["eval_accuracy"])
+        record_final(job, model, device, record, step=cfg.job.steps)
     rows = record["step_log"]
     # Counted, not assumed: pushes = this rank's gradients that came back all-reduced, updates_applied =
     # optimizer steps that ran. No staleness: every rank steps on the same all-reduced gradient.
-    record.update(pushes=clock.reduced, updates_applied=clock.updates, samples=len(rows) * cfg.job.batch_size,
+    record.update(pushes=clock.reduced, updates_applied=clock.updates, samples=sum(r["batch_size"] for r in rows),
                   train_seconds=train_seconds, wall_seconds=time.time() - started,
                   final_params=torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu())
     if interrupt is not None:
         raise TrainingInterrupted(record, interrupt)
     return record
-
-
-def _eval(job, model, device, record: dict, *, step: int, started: float) -> None:
-    loss, acc = evaluate(job, model, device=device)
-    record["evals"].append({"wall_time": time.time(), "step": step, "eval_loss": loss, "eval_accuracy": acc})
-    log.info("eval at step %d: loss %.4f accuracy %.4f", step, loss, acc)
 
 
 def build_parser() -> argparse.ArgumentParser:

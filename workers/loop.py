@@ -16,9 +16,9 @@ from torch.nn.utils import parameters_to_vector
 from psrv.config import WorkerConfig
 from psrv.rss import peak_rss_bytes
 from psrv.worker import Worker
-from workers.data import batch_indices
 from workers.faults import FaultInjector
-from workers.jobs import evaluate, load_job
+from workers.evals import record_eval, record_final
+from workers.jobs import batch_size_of, load_job
 
 log = logging.getLogger("psrv.worker")
 
@@ -42,9 +42,8 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
     job = load_job(cfg.job.name, seed=cfg.seed)
     model = job.model.to(device)
     faults = FaultInjector(cfg.faults, rank=cfg.rank, seed=cfg.seed)
-    x_train, y_train = (t.to(device) for t in job.train)
-    batches = batch_indices(len(x_train), rank=cfg.rank, world_size=cfg.world_size,
-                            batch_size=cfg.job.batch_size, seed=cfg.seed)
+    batches = job.batches_for(rank=cfg.rank, world_size=cfg.world_size, batch_size=cfg.job.batch_size,
+                              seed=cfg.seed, device=device)
     record = {"rank": cfg.rank, "world_size": cfg.world_size, "job": job.name, "steps": cfg.job.steps,
               "batch_size": cfg.job.batch_size, "parameters": sum(p.numel() for p in model.parameters()),
               "evals": [], "step_log": []}
@@ -59,13 +58,12 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
         record["plan_hash"] = ps.plan.hash
         with ps:
             if cfg.rank == 0:
-                _eval(job, model, device, record, step=0, started=started)
-                record["initial_loss"] = record["evals"][0]["eval_loss"]
+                record_eval(job, model, device, record, step=0)
             t_loop = time.time()
             for step in range(cfg.job.steps):
                 t0 = time.perf_counter()
-                idx = next(batches).to(device)
-                loss = job.loss_fn(model(x_train[idx]), y_train[idx])
+                batch = next(batches)
+                loss = job.loss_of(model, batch)
                 loss.backward()  # psrv.Worker sends each shard's gradient as soon as it is final
                 faults.compute(step, time.perf_counter() - t0)
                 t1 = time.perf_counter()
@@ -75,25 +73,23 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
                 row = {"wall_time": time.time(), "worker": cfg.rank, "step": step, "loss": loss.item(),
                        "staleness": info.staleness, "compute_seconds": t1 - t0,
                        "communication_seconds": max(0.0, t2 - t1 - info.waited),
-                       "wait_seconds": min(info.waited, t2 - t1), "batch_size": cfg.job.batch_size}
+                       "wait_seconds": min(info.waited, t2 - t1), "batch_size": batch_size_of(batch)}
                 record["step_log"].append(row)
                 if metrics is not None:
                     metrics.observe_step(row)
                 if progress is not None:
                     progress(step + 1)
                 if cfg.rank == 0 and cfg.job.eval_every and (step + 1) % cfg.job.eval_every == 0 and step + 1 < cfg.job.steps:
-                    _eval(job, model, device, record, step=step + 1, started=started)
+                    record_eval(job, model, device, record, step=step + 1)
             t_end = time.time()
             ps.close()  # rank 0: the weights after every worker's last push; then every worker leaves
         if cfg.rank == 0:
-            _eval(job, model, device, record, step=cfg.job.steps, started=started)
-            record["final_loss"] = record["evals"][-1]["eval_loss"]
-            record["eval_accuracy"] = record["evals"][-1]["eval_accuracy"]
+            record_final(job, model, device, record, step=cfg.job.steps)
     except KeyboardInterrupt as exc:  # in a zmq wait or anywhere in a step: psrv.Worker has left
         interrupt, t_end = exc, t_end or time.time()
         log.warning("worker %d: interrupted at step %d; leaving", cfg.rank, len(record["step_log"]))
     rows = record["step_log"]
-    record.update(pushes=len(rows), samples=len(rows) * cfg.job.batch_size,
+    record.update(pushes=len(rows), samples=sum(r["batch_size"] for r in rows),
                   train_seconds=t_end - t_loop if t_loop else 0.0,
                   early_sends=ps.early_sends if ps is not None else 0,
                   wall_seconds=time.time() - started,
@@ -105,8 +101,3 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
         raise TrainingInterrupted(record, interrupt) from None
     return record
 
-
-def _eval(job, model, device, record: dict, *, step: int, started: float) -> None:
-    loss, acc = evaluate(job, model, device=device)
-    record["evals"].append({"wall_time": time.time(), "step": step, "eval_loss": loss, "eval_accuracy": acc})
-    log.info("eval at step %d: loss %.4f accuracy %.4f", step, loss, acc)

@@ -1,4 +1,4 @@
-"""Job registry: a job is a model, a train split, a held-out test split and a loss.
+"""Job registry: a job is a model, its training batches, a loss and an evaluation (workers/jobs/job.py).
 
 `load_job("digits_mlp", seed=0)` for a shipped job; any factory `factory(seed: int) -> Job` as
 `load_job("pkg.mod:factory", seed=0)` (the module imported as `python -m` would, the current folder
@@ -13,29 +13,15 @@ import importlib.util
 import os
 import sys
 import zlib
-from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Callable
 
 from psrv.config.sections import SHIPPED_JOBS
+from workers.jobs.job import Job, batch_size_of, to_device  # noqa: F401  (the job interface)
 
 if TYPE_CHECKING:
     import torch
-
-
-@dataclass
-class Job:
-    name: str
-    model: torch.nn.Module
-    train: tuple[torch.Tensor, torch.Tensor]   # inputs, integer labels
-    test: tuple[torch.Tensor, torch.Tensor]
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None  # None: cross-entropy
-
-    def __post_init__(self) -> None:
-        if self.loss_fn is None:
-            import torch
-            self.loss_fn = torch.nn.functional.cross_entropy
 
 
 def _registry() -> dict[str, str]:
@@ -113,12 +99,6 @@ def load_job(name: str, *, seed: int) -> Job:
     return job
 
 
-def evaluate(job: Job, model: torch.nn.Module, *, device: str | torch.device = "cpu") -> tuple[float, float]:
-    """Held-out (loss, accuracy) of `model`."""
-    import torch
-    with torch.no_grad():
-        x, y = (t.to(device) for t in job.test)
-        model.eval()
-        logits = model(x)
-        model.train()
-        return float(job.loss_fn(logits, y)), float((logits.argmax(1) == y).float().mean())
+def evaluate(job: Job, model: torch.nn.Module, *, device: str | torch.device = "cpu") -> dict[str, float]:
+    """Held-out metrics of `model` ({name: float}; "loss" always, "accuracy" for a classifier)."""
+    return job.evaluate_on(model, device=device)

@@ -1,0 +1,32 @@
+"""Rank 0's held-out evaluations, the same in the PS loop and the DDP baseline.
+
+Each evaluation is a row of the record's `evals`: wall_time, step and `eval_<name>` for every metric
+the job reports (eval_loss always, eval_accuracy for a classifier). At the end the record gains
+`final_loss`, `eval_metrics` (the last evaluation's metrics by name), `eval_accuracy` where there is
+one, and the job's primary `metric` with `lower_is_better`."""
+from __future__ import annotations
+
+import logging
+import time
+
+log = logging.getLogger("psrv.worker")
+
+
+def record_eval(job, model, device, record: dict, *, step: int) -> dict[str, float]:
+    """Evaluate `model` on the job's held-out data and append the row to record["evals"]."""
+    metrics = job.evaluate_on(model, device=device)
+    record["evals"].append({"wall_time": time.time(), "step": step,
+                            **{f"eval_{name}": value for name, value in metrics.items()}})
+    log.info("eval at step %d: %s", step, "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+    if step == 0:
+        record["initial_loss"] = metrics["loss"]
+    return metrics
+
+
+def record_final(job, model, device, record: dict, *, step: int) -> None:
+    """The last evaluation, and what the summary reads from it."""
+    metrics = record_eval(job, model, device, record, step=step)
+    record.update(final_loss=metrics["loss"], eval_metrics=metrics, metric=job.metric,
+                  lower_is_better=job.lower_is_better)
+    if "accuracy" in metrics:
+        record["eval_accuracy"] = metrics["accuracy"]
