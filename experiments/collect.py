@@ -25,7 +25,7 @@ from experiments.spec import ExperimentSpec, TargetSpec, Variant
 
 log = logging.getLogger(__name__)
 
-METRICS = ("wall_seconds", "samples_per_second", "final_loss", "eval_accuracy",
+METRICS = ("wall_seconds", "samples_per_second", "final_loss", "eval_accuracy", "final_target_metric",
            "time_to_target_seconds", "updates_applied", "mean_staleness", "max_staleness",
            "wait_fraction")
 _FROM_SUMMARY = ("wall_seconds", "samples_per_second", "final_loss", "eval_accuracy",
@@ -139,11 +139,12 @@ def merge_variant(out_dir: str | Path, variant: str,
     return written[0], written[1]
 
 
-def time_to_target(evals: list[dict[str, str]], target: TargetSpec) -> float | None:
-    """Wall time of the first evaluation (in time order) that meets the target; None if none does."""
+def time_to_target(evals: list[dict[str, str]], target: TargetSpec, *, lower: bool | None = None) -> float | None:
+    """Wall time of the first evaluation (in time order) that meets the target; None if none does.
+    `lower`: the direction of the target's metric (see TargetSpec.lower)."""
     timed = [(number(row.get("wall_time")), row) for row in evals]
     for wall, row in sorted((pair for pair in timed if pair[0] is not None), key=lambda p: p[0]):
-        if target.reached(number(row.get("eval_loss")), number(row.get("eval_accuracy"))):
+        if target.reached({key: number(value) for key, value in row.items()}, lower=lower):
             return wall
     return None
 
@@ -175,7 +176,13 @@ def run_metrics(path: str | Path, target: TargetSpec, *, variant: str = "",
     path = Path(path)
     summary = json.loads((path / "summary.json").read_text())
     values: dict[str, float | None] = {key: number(summary.get(key)) for key in _FROM_SUMMARY}
-    values["time_to_target_seconds"] = time_to_target(read_csv(path / "evals.csv"), target)
+    reported = summary.get("eval_metrics") or {}
+    if target.metric is not None and reported and target.metric not in reported:
+        raise ValueError(f"the target's metric {target.metric!r} is not among the metrics job "
+                         f"{summary.get('job')!r} reports ({', '.join(sorted(reported))}); see {path / 'summary.json'}")
+    values["final_target_metric"] = number(reported.get(target.metric)) if target.metric else None
+    lower = target.lower(summary.get("metric"), summary.get("lower_is_better")) if target.metric else None
+    values["time_to_target_seconds"] = time_to_target(read_csv(path / "evals.csv"), target, lower=lower)
     values["wait_fraction"] = wait_fraction(read_csv(path / "steps.csv"))
     return RunMetrics(variant=variant, repeat=repeat, values=values)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import defaultdict
 from pathlib import Path
@@ -149,17 +150,20 @@ def write_plots(out_dir: str | Path, spec: ExperimentSpec,
     (out / "plots").mkdir(parents=True, exist_ok=True)
     evals = {v.name: read_csv(out / v.name / "evals.csv") for v in spec.variants}
     steps = {v.name: read_csv(out / v.name / "steps.csv") for v in spec.variants}
+    # the third curve: the target's metric where it names one (perplexity, ...), else accuracy
+    shown = spec.target.metric or "accuracy"
     plots = [("Eval loss vs wall time", "plots/eval_loss_vs_time.png"),
              ("Eval loss vs step (rank 0's step)", "plots/eval_loss_vs_step.png"),
-             ("Eval accuracy vs wall time", "plots/eval_accuracy_vs_time.png"),
+             (f"Eval {shown} vs wall time", f"plots/eval_{shown}_vs_time.png"),
              ("Throughput", "plots/throughput.png"),
              ("Staleness of each worker step", "plots/staleness.png"),
              ("Where a worker step's time goes", "plots/time_breakdown.png")]
     paths = [out / rel for _, rel in plots]
-    loss, acc = spec.target.eval_loss, spec.target.eval_accuracy
+    loss = spec.target.eval_loss
+    third = spec.target.value if spec.target.metric else spec.target.eval_accuracy
     curves = [("wall_time", "eval_loss", "wall time (s)", "held-out loss", loss),
               ("step", "eval_loss", "step (rank 0)", "held-out loss", loss),
-              ("wall_time", "eval_accuracy", "wall time (s)", "held-out accuracy", acc)]
+              ("wall_time", f"eval_{shown}", "wall time (s)", f"held-out {shown}", third)]
     for (x, y, xlabel, ylabel, target), path, (title, _) in zip(curves, paths, plots):
         _plot_curves(path, evals, x=x, y=y, xlabel=xlabel, ylabel=ylabel, target=target,
                      title=title)
@@ -180,8 +184,10 @@ def _fmt(stat: Stat, digits: int = 4) -> str:
     return f"{text} ± {_num(stat.std, 2)}" if stat.std is not None else text
 
 
-def _table(summaries: list[VariantSummary]) -> list[str]:
-    head = ["variant", "mode", "s", "repeats", "wall s", "samples/s", "final loss", "accuracy",
+def _table(summaries: list[VariantSummary], metric: str | None = None) -> list[str]:
+    """The summary table; `metric` (the target's, when not accuracy) takes the accuracy column's place."""
+    quality = metric if metric and metric != "accuracy" else None
+    head = ["variant", "mode", "s", "repeats", "wall s", "samples/s", "final loss", quality or "accuracy",
             "time to target s", "updates", "mean stale", "max stale", "wait frac"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in summaries:
@@ -191,7 +197,7 @@ def _table(summaries: list[VariantSummary]) -> list[str]:
             if s.target_reached == s.repeats else f"not reached ({s.target_reached}/{s.repeats})"
         cells = [f"`{s.variant}`", s.mode, "" if s.staleness is None else str(s.staleness),
                  str(s.repeats), _fmt(st["wall_seconds"]), _fmt(st["samples_per_second"]),
-                 _fmt(st["final_loss"]), _fmt(st["eval_accuracy"], 3), ttt,
+                 _fmt(st["final_loss"]), _fmt(st["final_target_metric" if quality else "eval_accuracy"], 3), ttt,
                  _fmt(st["updates_applied"]), stale or _fmt(st["mean_staleness"], 3),
                  stale or _fmt(st["max_staleness"], 3), _fmt(st["wait_fraction"], 3)]
         lines.append("| " + " | ".join(cells) + " |")
@@ -241,6 +247,20 @@ def _ddp_gap(summaries: list[VariantSummary]) -> list[str]:
     return lines
 
 
+def _direction(runs, spec: ExperimentSpec) -> bool | None:
+    """The direction of the target's metric as the runs' own summaries declare it (None: no metric)."""
+    if spec.target.metric is None:
+        return None
+    for run in runs:
+        try:
+            summary = json.loads((run.path / "summary.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if summary.get("metric") is not None:
+            return spec.target.lower(summary.get("metric"), summary.get("lower_is_better"))
+    return spec.target.lower()
+
+
 def write_report(out_dir: str | Path, spec: ExperimentSpec, *, spec_path: str | Path,
                  versions: dict[str, str]) -> Path:
     """Write DIR/plots/*.png and DIR/report.md from DIR/summary.csv, the merged CSVs and each run's stored
@@ -250,7 +270,7 @@ def write_report(out_dir: str | Path, spec: ExperimentSpec, *, spec_path: str | 
     plots = write_plots(out, spec, summaries)
     runs = stored_runs(out, spec)  # what was run is what each run stored, not what the spec says now
     problems = disagreements(runs, spec)
-    target = spec.target.describe()
+    target = spec.target.describe(_direction(runs, spec))
     lines = [f"# Experiment report: {spec.name}", ""]
     lines += [spec.description, ""] if spec.description else []
     lines += [f"- Spec: `{spec_path}` (name `{spec.name}`)", *mixed_folder_lines(out, spec_path),
@@ -261,7 +281,7 @@ def write_report(out_dir: str | Path, spec: ExperimentSpec, *, spec_path: str | 
               "## DDP gap", "",
               *_ddp_gap(summaries), "", "## Summary", "",
               "Mean ± sample std over repeats (summary.csv has every value; "
-              "docs/experiments.md defines each column).", "", *_table(summaries), "", "## Plots", ""]
+              "docs/experiments.md defines each column).", "", *_table(summaries, spec.target.metric), "", "## Plots", ""]
     for caption, rel in plots:
         lines += [f"### {caption}", "", f"![{caption}]({rel})", ""]
     lines += command_lines(runs, spec)

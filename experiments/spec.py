@@ -27,27 +27,64 @@ _TOP_KEYS = ("name", "description", "seeds", "target", "variants", *_RUN_KEYS)
 
 @dataclass(frozen=True, kw_only=True)
 class TargetSpec(Section):
-    """The held-out quality a run must reach; with both keys, both must hold at one eval."""
+    """The held-out quality a run must reach; with several keys, all must hold at one eval.
+
+    `metric` + `value` target any metric the job reports (its evaluation's names: loss, accuracy,
+    perplexity, ...); the direction is `lower_is_better` where given, else the job's own where the
+    metric is the job's primary one, else lower for loss-like names (loss, perplexity, bits_per_byte,
+    error, mse, mae) and higher for the rest."""
 
     eval_loss: float | None = setting(None, "reached when held-out loss <= this", minimum=0.0)
     eval_accuracy: float | None = setting(None, "reached when held-out accuracy >= this", minimum=0.0,
                                           above=True, maximum=1.0)
+    metric: str | None = setting(None, "a metric the job's evaluation reports (e.g. perplexity); "
+                                 "reached when it is at `value` or better")
+    value: float | None = setting(None, "the value `metric` must reach")
+    lower_is_better: bool | None = setting(None, "the direction of `metric` (default: the job's own, "
+                                           "else lower for loss-like names)")
 
     def validate(self) -> None:
-        if self.eval_loss is None and self.eval_accuracy is None:
-            raise ConfigError("", "give at least one of eval_loss, eval_accuracy")
+        if (self.metric is None) != (self.value is None):
+            raise ConfigError("", "give metric and value together (e.g. metric = \"perplexity\", value = 20)")
+        if self.lower_is_better is not None and self.metric is None:
+            raise ConfigError("lower_is_better", "only means something with metric and value")
+        if self.eval_loss is None and self.eval_accuracy is None and self.metric is None:
+            raise ConfigError("", "give eval_loss, eval_accuracy, or metric and value")
 
-    def reached(self, eval_loss: float | None, eval_accuracy: float | None) -> bool:
-        """Whether one evaluation meets every given target (missing or NaN values never do)."""
-        if self.eval_loss is not None and not (eval_loss is not None and eval_loss <= self.eval_loss):
+    def lower(self, job_metric: str | None = None, job_lower_is_better: bool | None = None) -> bool:
+        """Whether `metric` is better lower: given, else the job's (if it is the job's metric), else by name."""
+        if self.lower_is_better is not None:
+            return self.lower_is_better
+        if job_lower_is_better is not None and job_metric == self.metric:
+            return job_lower_is_better
+        from workers.jobs.job import lower_is_better_by_name
+        return lower_is_better_by_name(self.metric or "")
+
+    def reached(self, row: Mapping[str, float | None], *, lower: bool | None = None) -> bool:
+        """Whether one evaluation (`eval_<name>` values; missing or NaN never do) meets every given target.
+        `lower`: the direction of `metric` (default: TargetSpec.lower())."""
+        def at_most(key: str, bound: float) -> bool:
+            v = row.get(key)
+            return v is not None and v <= bound
+        def at_least(key: str, bound: float) -> bool:
+            v = row.get(key)
+            return v is not None and v >= bound
+        if self.eval_loss is not None and not at_most("eval_loss", self.eval_loss):
             return False
-        return self.eval_accuracy is None or (eval_accuracy is not None
-                                              and eval_accuracy >= self.eval_accuracy)
+        if self.eval_accuracy is not None and not at_least("eval_accuracy", self.eval_accuracy):
+            return False
+        if self.metric is not None:
+            lower = self.lower() if lower is None else lower
+            return (at_most if lower else at_least)(f"eval_{self.metric}", self.value)
+        return True
 
-    def describe(self) -> str:
+    def describe(self, lower: bool | None = None) -> str:
         parts = [f"eval_loss <= {self.eval_loss:g}"] if self.eval_loss is not None else []
         if self.eval_accuracy is not None:
             parts.append(f"eval_accuracy >= {self.eval_accuracy:g}")
+        if self.metric is not None:
+            lower = self.lower() if lower is None else lower
+            parts.append(f"{self.metric} {'<=' if lower else '>='} {self.value:g}")
         return " and ".join(parts)
 
 
@@ -164,8 +201,8 @@ def _variant(i: int, raw: Any, base: Mapping[str, Any], seed: int) -> Variant:
 def spec_from_dict(raw: Mapping[str, Any]) -> ExperimentSpec:
     """Build and validate a spec from parsed TOML (the layout docs/experiments.md describes)."""
     _check_keys("", raw, _TOP_KEYS)
-    for key, hint in (("name", "the experiment's name"), ("target", "a [target] table with eval_loss "
-                      "and/or eval_accuracy"), ("variants", "[[variants]] tables, each with a mode")):
+    for key, hint in (("name", "the experiment's name"), ("target", "a [target] table with eval_loss, "
+                      "eval_accuracy, or metric and value"), ("variants", "[[variants]] tables, each with a mode")):
         if key not in raw:
             raise ConfigError(key, f"required: {hint}")
     if not isinstance(raw["name"], str) or not raw["name"].strip():

@@ -95,6 +95,17 @@ def test_time_to_target_and_wait_fraction() -> None:
     assert time_to_target(evals, TargetSpec(eval_accuracy=0.9)) == 3.0
     assert time_to_target(evals, TargetSpec(eval_loss=0.5, eval_accuracy=0.9)) == 3.0
     assert time_to_target(evals, TargetSpec(eval_loss=0.01)) is None
+    ppl = [{"wall_time": "1", "eval_loss": "2.0", "eval_perplexity": "7.4"},
+           {"wall_time": "2", "eval_loss": "1.0", "eval_perplexity": "2.7"}]
+    assert time_to_target(ppl, TargetSpec(metric="perplexity", value=3.0)) == 2.0  # lower by name
+    assert time_to_target(ppl, TargetSpec(metric="perplexity", value=3.0), lower=False) == 1.0
+    assert time_to_target(ppl, TargetSpec(metric="perplexity", value=1.0)) is None
+    assert time_to_target(ppl, TargetSpec(metric="f1", value=0.5)) is None  # a metric no row has
+    f1 = [{"wall_time": "1", "eval_f1": "0.4"}, {"wall_time": "2", "eval_f1": "0.6"}]
+    assert time_to_target(f1, TargetSpec(metric="f1", value=0.5)) == 2.0  # higher by name
+    assert TargetSpec(metric="wer", value=0.1).lower("wer", True)  # the job's own direction
+    assert not TargetSpec(metric="wer", value=0.1).lower("accuracy", True)  # not the job's metric: by name
+    assert TargetSpec(metric="f1", value=0.1, lower_is_better=True).lower("f1", False)  # the spec wins
     steps = [{"compute_seconds": "0.3", "communication_seconds": "0.1", "wait_seconds": "0.1"},
              {"compute_seconds": "0.3", "communication_seconds": "0.1", "wait_seconds": "0.3"}]
     assert wait_fraction(steps) == pytest.approx(0.4 / 1.2)
@@ -209,3 +220,27 @@ def test_write_report_needs_collect_first(tmp_path: Path) -> None:
     spec = _spec("sync")
     with pytest.raises(ValueError, match="collect"):
         write_report(tmp_path, spec, spec_path="x.toml", versions=VERSIONS)
+
+
+def test_a_target_on_a_metric_the_job_does_not_report_is_a_clear_error(tmp_path: Path) -> None:
+    _run(tmp_path, "sync", 0, summary={**_summary(1.0, 1.0, 0.3, 0.9, 3, 0.0, 0), "job": "digits_mlp",
+                                       "eval_metrics": {"loss": 0.3, "accuracy": 0.9}},
+         evals=[(1.0, 1, 0.3, 0.9)], step_times=(0.1, 0.0, 0.0))
+    from experiments.collect import run_metrics
+    with pytest.raises(ValueError, match="'perplexity' is not among the metrics job 'digits_mlp' reports"):
+        run_metrics(run_dir(tmp_path, "sync", 0), TargetSpec(metric="perplexity", value=3.0))
+
+
+def test_a_metric_target_reads_the_jobs_direction_and_final_value(tmp_path: Path) -> None:
+    """A custom metric 'wer' that the job declares lower-is-better: reached at 2.0 s, not at 1.0 s,
+    though by name alone ('wer' is not loss-like) it would read as higher-is-better."""
+    path = run_dir(tmp_path, "sync", 0)
+    _run(tmp_path, "sync", 0, summary={**_summary(1.0, 1.0, 0.3, 0.9, 3, 0.0, 0), "job": "asr",
+                                       "metric": "wer", "lower_is_better": True,
+                                       "eval_metrics": {"loss": 0.3, "wer": 0.2}},
+         evals=[], step_times=(0.1, 0.0, 0.0))
+    _write_csv(path / "evals.csv", ["wall_time", "step", "eval_loss", "eval_wer"],
+               [[1.0, 1, 0.5, 0.6], [2.0, 2, 0.3, 0.2]])
+    from experiments.collect import run_metrics
+    values = run_metrics(path, TargetSpec(metric="wer", value=0.3)).values
+    assert values["time_to_target_seconds"] == 2.0 and values["final_target_metric"] == 0.2

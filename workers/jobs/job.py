@@ -50,7 +50,7 @@ class Job:
         if self.metric is None:
             self.metric = "accuracy" if self.evaluate is None and self._classifier() else "loss"
         if self.lower_is_better is None:
-            self.lower_is_better = self.metric in LOWER_IS_BETTER or self.metric.endswith("loss")
+            self.lower_is_better = lower_is_better_by_name(self.metric)
 
     def _classifier(self) -> bool:
         import torch
@@ -120,6 +120,11 @@ class Job:
 
 
 LOWER_IS_BETTER = ("loss", "perplexity", "bits_per_byte", "error", "mse", "mae")
+
+
+def lower_is_better_by_name(metric: str) -> bool:
+    """The default direction of a metric: lower for loss-like names, higher for the rest."""
+    return metric in LOWER_IS_BETTER or metric.endswith("loss") or metric.endswith("error")
 
 
 def batch_size_of(batch: Any) -> int:
