@@ -15,7 +15,8 @@ LR_SCHEDULES = ("constant", "warmup_cosine", "step", "linear")  # psrv/schedule.
 TRANSPORTS = ("zmq", "rpc")
 WIRE_DTYPES = ("float32", "bfloat16", "float16")  # what a worker may send its gradient as
 SGD_MOMENTUM = 0.9  # momentum's default with sgd; adam and adamw take none
-SHIPPED_JOBS = ("digits_mlp", "mnist1d_mlp", "synthetic_mlp")  # workers/jobs builds them
+SHIPPED_JOBS = ("digits_mlp", "mnist1d_mlp", "synthetic_mlp", "digits_cnn", "mnist1d_cnn",
+                "code_lm")  # workers/jobs builds them
 _MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 

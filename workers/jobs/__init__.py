@@ -27,7 +27,10 @@ if TYPE_CHECKING:
 def _registry() -> dict[str, str]:
     return {"digits_mlp": "workers.jobs.digits:digits_mlp",
             "mnist1d_mlp": "workers.jobs.mnist1d:mnist1d_mlp",
-            "synthetic_mlp": "workers.jobs.synthetic:synthetic_mlp"}
+            "synthetic_mlp": "workers.jobs.synthetic:synthetic_mlp",
+            "digits_cnn": "workers.jobs.digits:digits_cnn",
+            "mnist1d_cnn": "workers.jobs.mnist1d:mnist1d_cnn",
+            "code_lm": "workers.jobs.code_lm:code_lm"}
 
 
 JOB_NAMES = SHIPPED_JOBS  # the config tree checks a job's name against these; _registry() builds them
