@@ -148,11 +148,14 @@ class WorkerMetrics:
         self.staleness = f["staleness"].labels(**labels)
 
     def observe_step(self, row: dict) -> None:
-        """Record one step from the worker loop's step-log row (see workers/loop.py)."""
+        """Record one step from the worker loop's step-log row (see workers/loop.py); a loss or batch
+        size the row does not know (None: a user's loop that did not say, psrv/steplog.py) is left out."""
         compute, comm, wait = row["compute_seconds"], row["communication_seconds"], row["wait_seconds"]
         self.steps.inc()
-        self.samples.inc(row["batch_size"])
-        self.loss.set(row["loss"])
+        if row["batch_size"] is not None:
+            self.samples.inc(row["batch_size"])
+        if row["loss"] is not None:
+            self.loss.set(row["loss"])
         self.staleness.observe(row["staleness"])
         self.compute_seconds.inc(compute)
         self.communication_seconds.inc(comm)

@@ -23,6 +23,7 @@ from psrv.flat import FlatModel
 from psrv.overlap import ShardReadiness
 from psrv.partition import PartitionPlan
 from psrv.roundtrip import PushPull
+from psrv.steplog import StepLog, check_step_args
 
 log = logging.getLogger("psrv.worker")
 
@@ -94,11 +95,16 @@ class Worker:
             self._client.close()
             raise
         self._arm()
+        self._log = StepLog.from_env(rank=self.rank, world_size=self.world_size, params=self._flat.params,
+                                     plan_hash=self.plan.hash, wire_dtype=wire_dtype, overlap=overlap)
 
-    def step(self) -> StepInfo:
+    def step(self, *, loss: float | torch.Tensor | None = None, batch_size: int | None = None) -> StepInfo:
         """Push the gradient backward left in the model (the shards not sent during backward now),
-        wait for the new weights, copy them into the model and zero the gradients."""
+        wait for the new weights, copy them into the model and zero the gradients. `loss` (a number or
+        a one-element tensor) and `batch_size`, if given, go into the step log kept when PSRV_RECORD
+        is set (psrv run --script; psrv/steplog.py); nothing else reads them."""
         t0 = time.perf_counter()
+        check_step_args(loss, batch_size)
         self._check_open()
         try:
             if self._readiness is not None:
@@ -116,6 +122,8 @@ class Worker:
         info = StepInfo(step=self.steps, clock=self._clock, version=min(reply.versions),
                         staleness=reply.staleness, waited=reply.waited, seconds=time.perf_counter() - t0)
         self.steps += 1
+        if self._log is not None:
+            self._log.step(info, loss=loss, batch_size=batch_size, started=t0)
         return info
 
     def close(self) -> None:
@@ -139,6 +147,8 @@ class Worker:
             self._client.leave(timeout=5.0)
         finally:
             self._client.close()
+        if self._log is not None:  # after LEAVE: the other workers need not wait for this write
+            self._log.write(params=self._flat.params if self.rank == 0 else None, early_sends=self.early_sends)
 
     def __enter__(self) -> "Worker":
         return self
@@ -186,6 +196,8 @@ class Worker:
             self._client.leave(timeout=2.0)  # an interrupted worker exits promptly
         finally:
             self._client.close()
+            if getattr(self, "_log", None) is not None:  # what it did, marked interrupted
+                self._log.write(early_sends=self.early_sends, interrupted=True)
 
 
 def _env(name: str) -> str:
