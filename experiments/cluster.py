@@ -45,14 +45,19 @@ class Cluster:
         self.out = out
         self.procs: dict[str, subprocess.Popen] = {}
         self.env = thread_env(processes)
+        self.brief: dict[str, str] = {}  # processes whose failure is said in one line, as what they are
 
-    def start(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
+    def start(self, name: str, argv: list[str], env: dict | None = None, *, brief: str = "") -> subprocess.Popen:
+        """Start `name` (its output to DIR/<name>.log). `brief`: what it is (e.g. "rank 1 (train.py)"); its
+        failure is then one line naming it, its exit code, its last line of output and its log."""
         log = open(self.out / f"{name}.log", "w")
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env={**os.environ, **self.env, **(env or {}), "PYTHONUNBUFFERED": "1"},
                                 start_new_session=True)
         log.close()
         self.procs[name] = proc
+        if brief:
+            self.brief[name] = brief
         return proc
 
     def failed(self) -> str | None:
@@ -64,6 +69,21 @@ class Cluster:
     def tail(self, name: str, lines: int = 15) -> str:
         text = (self.out / f"{name}.log").read_text(errors="replace").splitlines()
         return "\n".join(text[-lines:])
+
+    def failure(self, name: str) -> str:
+        """Why process `name` (ended) failed: RunFailed's message."""
+        code, log = self.procs[name].returncode, self.out / f"{name}.log"
+        if name not in self.brief:
+            return f"{name} exited with code {code}; last lines of {log}:\n{self.tail(name)}"
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        last = next((line.strip() for line in reversed(self.tail(name).splitlines()) if line.strip()), "")
+        return f"{self.brief[name]} {how}{f' ({last})' if last else ''}; its output: {log}"
+
+    def check(self) -> None:
+        """RunFailed if any process has failed."""
+        bad = self.failed()
+        if bad:
+            raise RunFailed(self.failure(bad))
 
     def stop(self) -> None:
         for proc in self.procs.values():
@@ -93,18 +113,12 @@ class Cluster:
     def wait(self, names: list[str], *, timeout: float, tick: Callable[[], None] = lambda: None) -> None:
         deadline = time.monotonic() + timeout
         while any(self.procs[n].poll() is None for n in names):
-            bad = self.failed()
-            if bad:
-                raise RunFailed(f"{bad} exited with code {self.procs[bad].returncode}; "
-                                f"last lines of {self.out / (bad + '.log')}:\n{self.tail(bad)}")
+            self.check()
             if time.monotonic() > deadline:
                 raise RunFailed(f"run did not finish within {timeout:.0f}s; see the logs in {self.out}")
             tick()
             time.sleep(0.2)
-        bad = self.failed()
-        if bad:
-            raise RunFailed(f"{bad} exited with code {self.procs[bad].returncode}; "
-                            f"last lines of {self.out / (bad + '.log')}:\n{self.tail(bad)}")
+        self.check()
 
 
 def free_port() -> int:

@@ -11,6 +11,7 @@ from psrv.config.base import config_hash
 
 from experiments.cluster import Cluster, RunFailed, RunInterrupted, free_port
 from experiments.preflight import preflight
+from experiments.script import Script, check_records, start_script_workers
 from experiments.summary import build_summary, write_tables
 
 
@@ -28,15 +29,18 @@ def write_config(path: Path, cfg) -> Path:
 
 def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linger: float = 0.0,
               timeout: float = 1800.0, progress: bool = True,
-              on_progress: Callable[[int], None] | None = None) -> dict:
+              on_progress: Callable[[int], None] | None = None, script: Script | None = None) -> dict:
     """Run `cfg` on a local cluster; write DIR/config.json (the resolved config), summary.json, steps.csv,
     evals.csv, and return the summary. `metrics`: every process serves /metrics (DIR/targets.json).
+    `script`: the workers are that script (a user's loop on psrv.Worker, experiments/script.py), not the
+    shipped loop over cfg.job.
 
     on_progress(steps done by all workers so far) is called while it runs (for an outer progress bar).
     Ctrl-C (KeyboardInterrupt) while it runs: the workers get SIGINT and up to 3 s to leave and write
     their records, the rest are stopped, what ran is written (summary.json `complete` False), and
     RunInterrupted is raised."""
-    preflight(cfg)  # a device that is not here, a job that does not import: ValueError before any process
+    if script is None:
+        preflight(cfg)  # a device that is not here, a job that does not import: ValueError before any process
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*.json"):
         stale.unlink()
@@ -51,9 +55,11 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
             names = start_ddp(cluster, cfg, out)
             servers = []
         else:
-            servers = _start_servers(cluster, cfg, out, extra)
-            names = _start_workers(cluster, cfg, out, [a for _, a in servers], extra)
-        bar = _progress(cfg, out, enabled=progress, on_update=on_progress)
+            servers = _start_servers(cluster, cfg, out, extra, known_ports=script is not None)
+            names = start_script_workers(cluster, cfg, out, script, servers, metrics=metrics, linger=metrics_linger) \
+                if script else _start_workers(cluster, cfg, out, [a for _, a in servers], extra)
+        steps = cfg.job.steps if script is None else script.steps
+        bar = _progress(cfg, out, steps=steps, enabled=progress, on_update=on_progress)
         expected = cfg.cluster.servers + workers if metrics and not cfg.is_allreduce else 0
         found = [0]
 
@@ -62,6 +68,8 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
             if found[0] < expected:  # processes announce their /metrics ports as they start
                 found[0] = write_targets(out)
         cluster.wait(names, timeout=timeout, tick=tick)
+        if script is not None:
+            check_records(cluster, out, names, script)
         cluster.wait([n for n, _ in servers], timeout=60)
     except KeyboardInterrupt as exc:  # the workers first: they leave the shards and write what they did
         interrupt = exc
@@ -71,7 +79,7 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
             bar.close()
         cluster.stop()
     interrupted = interrupt is not None
-    summary = {**build_summary(cfg, out, interrupted=interrupted),
+    summary = {**build_summary(cfg, out, interrupted=interrupted, script=script.argv if script else None),
                "config_hash": config_hash(cfg)}  # which config made these results
     write_tables(out, interrupted=interrupted)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -94,20 +102,29 @@ def write_targets(out: Path) -> int:
     return sum(len(g["targets"]) for g in groups)
 
 
-def _start_servers(cluster: Cluster, cfg: RunConfig, out: Path, extra: list[str]) -> list[tuple[str, str]]:
+def _start_servers(cluster: Cluster, cfg: RunConfig, out: Path, extra: list[str], *,
+                   known_ports: bool = False) -> list[tuple[str, str]]:
+    """Start the shards; return (name, address) each. `known_ports`: each binds a port that was free a
+    moment ago, so its address is known now (a script's PSRV_SERVERS cannot wait for a ready file)."""
     names = []
     rpc_master = f"127.0.0.1:{free_port()}" if cfg.cluster.transport == "rpc" else ""  # shard 0 hosts it
     bind = f"rpc://{rpc_master}" if rpc_master else "tcp://127.0.0.1:0"
+    ports: set[int] = set()
+    while known_ports and len(ports) < cfg.cluster.servers:
+        ports.add(free_port())
+    binds = [f"tcp://127.0.0.1:{port}" for port in sorted(ports)] if known_ports else [bind] * cfg.cluster.servers
     for i in range(cfg.cluster.servers):
         ready = out / f"server-{i}.addr"
         ready.unlink(missing_ok=True)
-        config = write_config(out / f"config-server-{i}.json", cfg.server_config(i, bind=bind))
+        config = write_config(out / f"config-server-{i}.json", cfg.server_config(i, bind=binds[i]))
         argv = _psrv("serve", "--config", str(config), "--out", str(out / f"server-{i}.json"),
                      "--ready-file", str(ready), *extra)
         cluster.start(f"server-{i}", argv)
         names.append((f"server-{i}", ready))
     if rpc_master:  # the RPC world forms only once the workers join it too: do not wait for the servers
         return [(n, f"rpc://{rpc_master}/server-{i}") for i, (n, _) in enumerate(names)]
+    if known_ports:  # a worker's HELLO waits in its socket until the shard listens
+        return [(n, address) for (n, _), address in zip(names, binds)]
     # Workers start at once and read each address from the server's ready file when it appears
     # (an address @FILE), so their start-up overlaps the servers'.
     return [(n, f"@{r}") for n, r in names]
@@ -131,15 +148,15 @@ def _start_workers(cluster: Cluster, cfg: RunConfig, out: Path, addresses: list[
 class _progress:
     """A tqdm bar over all workers' steps, fed by the workers' logs of completed steps."""
 
-    def __init__(self, cfg: RunConfig, out: Path, *, enabled: bool,
+    def __init__(self, cfg: RunConfig, out: Path, *, steps: int | None, enabled: bool,
                  on_update: Callable[[int], None] | None = None):
         self.workers, self.out = cfg.cluster.workers, out
         self.on_update = on_update
         self.bar = None
         if enabled:
             from tqdm import tqdm
-            self.bar = tqdm(total=cfg.job.steps * self.workers, desc=f"{cfg.mode} x{self.workers}", unit="step",
-                            leave=False)
+            self.bar = tqdm(total=steps * self.workers if steps else None, desc=f"{cfg.mode} x{self.workers}",
+                            unit="step", leave=False)
 
     def tick(self) -> None:
         if self.bar is None and self.on_update is None:

@@ -37,12 +37,17 @@ def _transport(cfg: RunConfig) -> str:
     return "nccl" if cfg.cluster.device.startswith("cuda") else "gloo"
 
 
-def build_summary(cfg: RunConfig, out: Path, *, interrupted: bool = False) -> dict:
+def build_summary(cfg: RunConfig, out: Path, *, interrupted: bool = False, script: list[str] | None = None) -> dict:
     """The run's summary (keys documented in README.md) from worker-*.json and server-*.json.
 
     A finished run must have every worker's record. An `interrupted` one is summarised from whatever
     records there are (a worker stopped before it wrote one has none; an interrupted worker's holds the
-    steps it did): `complete` is then False and `steps_done` counts the worker steps that ran."""
+    steps it did): `complete` is then False and `steps_done` counts the worker steps that ran.
+
+    `script` (psrv run --script: [FILE.py, *ARGS]): the workers ran that loop, not cfg.job, so `job` is
+    the script, `steps` and `batch_size` are what the records say (None where the workers differ or the
+    script did not say), and what only a shipped job knows (seed, losses on held-out data, accuracy;
+    samples where a step's batch size is unknown) is None, not made up."""
     workers = _records(out, "worker", partial=interrupted)
     servers = _records(out, "server", partial=interrupted)
     if len(workers) != cfg.cluster.workers and not interrupted:
@@ -56,9 +61,9 @@ def build_summary(cfg: RunConfig, out: Path, *, interrupted: bool = False) -> di
     # gradient): they are None there, not a 0 that reads like a measurement.
     measured = not cfg.is_allreduce
     staleness = [r["staleness"] for r in rows] if measured else []
-    samples = sum(w["samples"] for w in workers)
+    samples = None if any(w["samples"] is None for w in workers) else sum(w["samples"] for w in workers)
     ended = {"complete": False, "interrupted": True, "steps_done": len(rows)} if interrupted else {"complete": True}
-    return {
+    summary = {
         **ended,
         "mode": cfg.mode, "staleness": cfg.staleness if cfg.mode == "ssp" else 0, "transport": _transport(cfg),
         "job": cfg.job.name, "num_servers": len(servers) if measured else 0, "num_workers": cfg.cluster.workers,
@@ -68,7 +73,7 @@ def build_summary(cfg: RunConfig, out: Path, *, interrupted: bool = False) -> di
         "initial_loss": rank0.get("initial_loss"), "final_loss": rank0.get("final_loss"),
         "eval_accuracy": rank0.get("eval_accuracy"), "eval_metrics": rank0.get("eval_metrics"),
         "metric": rank0.get("metric"), "lower_is_better": rank0.get("lower_is_better"),
-        "wall_seconds": wall, "samples_per_second": samples / wall,
+        "wall_seconds": wall, "samples_per_second": None if samples is None else samples / wall,
         "pushes": sum(w["pushes"] for w in workers),
         "early_sends": sum(w.get("early_sends", 0) for w in workers),
         "updates_applied": servers[0]["updates_applied"] if servers else rank0.get("updates_applied", 0),
@@ -81,6 +86,17 @@ def build_summary(cfg: RunConfig, out: Path, *, interrupted: bool = False) -> di
         "wait_seconds": sum(r["wait_seconds"] for r in rows),
         "parameters": rank0.get("parameters"),
     }
+    if script is not None:
+        summary.update(job=script[0], script_args=script[1:], seed=None, steps=_common(workers, "steps"),
+                       batch_size=_common(workers, "batch_size"), wire_dtype=rank0.get("wire_dtype"),
+                       overlap=rank0.get("overlap"), device=rank0.get("device"))
+    return summary
+
+
+def _common(workers: list[dict], key: str):
+    """The records' one value of `key`; None when they differ or say none."""
+    values = {w.get(key) for w in workers}
+    return values.pop() if len(values) == 1 else None
 
 
 def write_tables(out: Path, *, interrupted: bool = False) -> None:

@@ -85,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run a whole local cluster on 127.0.0.1",
                        description="Start --servers shards and --workers workers on 127.0.0.1, train to the "
                        "end, print a summary and write DIR/summary.json, steps.csv and evals.csv. "
-                       "Example: psrv run --mode sync --workers 4 --steps 200")
+                       "Example: psrv run --mode sync --workers 4 --steps 200. Your own loop instead of a "
+                       "job: psrv run --mode sync --workers 2 --script train.py --epochs 3")
     _config_arg(r, "run's config")
     add_config_arguments(r, RunConfig)
     _log_level(r)
@@ -94,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --metrics: keep /metrics up this many seconds after the end")
     r.add_argument("--out", type=Path, default=Path("runs/latest"), help="output directory (default: %(default)s)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--script", nargs=argparse.REMAINDER, help="FILE.py [ARGS...]: each worker runs your own loop "
+                   "on psrv.Worker, python FILE.py ARGS, with RANK, WORLD_SIZE and PSRV_SERVERS set; its record "
+                   "(DIR/worker-R.json) feeds steps.csv and summary.json (pass step(loss=..., batch_size=...) to "
+                   "log them). Everything after FILE.py is the script's: put psrv's options first. --steps, if "
+                   "given, reaches the script as PSRV_STEPS; the job, seed, fault and worker options and "
+                   "--mode ddp (torchrun's) are refused")
 
     e = sub.add_parser("experiment", help="compare modes on one job as a TOML spec says",
                        description="Run every variant and repeat of SPEC, then write summary.csv, plots "
@@ -222,12 +229,16 @@ def _run(a: argparse.Namespace) -> int:
     from experiments.summary import format_summary
     cfg = config_from_args(RunConfig, a, base=_base(a))
     _unused_staleness(a, cfg.mode)
+    script = None
+    if a.script is not None:
+        from experiments.script import script_from_args
+        script = script_from_args(a.script, cfg, typed=_dotted(given(a)))
     from psrv.process import exit_code, interrupt_on_signals, tune_malloc
     tune_malloc()  # this process only launches; the processes it starts tune themselves
     interrupt_on_signals()  # SIGTERM as Ctrl-C: stop the processes in order, keep what ran
     try:
         summary = run_local(cfg, out=a.out, metrics=a.metrics, metrics_linger=a.metrics_linger,
-                            progress=not a.no_progress)
+                            progress=not a.no_progress, script=script)
     except RunFailed as exc:
         print(f"psrv run failed: {exc}", file=sys.stderr)
         return 1
@@ -241,6 +252,12 @@ def _run(a: argparse.Namespace) -> int:
     print(format_summary(summary))
     print(f"\nwrote {a.out}/summary.json, steps.csv, evals.csv, config.json")
     return 0
+
+
+def _dotted(tree: dict, prefix: str = "") -> set[str]:
+    """The dotted keys of a nested dict (the options given, as `given` nests them)."""
+    return {k for key, v in tree.items()
+            for k in (_dotted(v, f"{prefix}{key}.") if isinstance(v, dict) else {f"{prefix}{key}"})}
 
 
 def _experiment(a: argparse.Namespace) -> int:

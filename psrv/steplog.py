@@ -68,8 +68,10 @@ class StepLog:
     def step(self, info, *, loss, batch_size: int | None, started: float) -> None:
         """Log the step `info` (step() began at perf_counter `started`)."""
         inside = info.seconds
+        if isinstance(loss, torch.Tensor):
+            loss = loss.detach().item()
         row = {"wall_time": time.time(), "worker": self.rank, "step": info.step,
-               "loss": None if loss is None else float(loss.detach().item() if isinstance(loss, torch.Tensor) else loss),
+               "loss": None if loss is None else float(loss),
                "staleness": info.staleness, "compute_seconds": max(0.0, started - self._last),
                "communication_seconds": max(0.0, inside - info.waited), "wait_seconds": min(info.waited, inside),
                "batch_size": batch_size}

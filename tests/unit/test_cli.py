@@ -22,7 +22,7 @@ SURFACE = {
                  "--lr", "--lr-decay-steps", "--lr-end-factor", "--lr-gamma", "--lr-schedule", "--lr-step-size",
                  "--max-message-bytes", "--metrics", "--metrics-linger", "--mode", "--momentum", "--nesterov",
                  "--net-delay-ms", "--no-overlap", "--no-progress", "--nonfinite", "--optimizer", "--out",
-                 "--request-timeout", "--seed", "--servers", "--staleness", "--steps",
+                 "--request-timeout", "--script", "--seed", "--servers", "--staleness", "--steps",
                  "--straggler", "--transient-stragglers", "--transport", "--warmup-steps", "--weight-decay",
                  "--wire-dtype", "--worker-timeout", "--workers")),
     "experiment": (("spec",), ("--log-level", "--out")),
