@@ -19,6 +19,7 @@ from typing import Sequence
 import torch
 
 from psrv.client import PSClient
+from psrv.clip import clip_flat_
 from psrv.flat import FlatModel
 from psrv.overlap import ShardReadiness
 from psrv.partition import PartitionPlan
@@ -63,19 +64,26 @@ class Worker:
     as it is final; that needs one backward per step() (pass overlap=False to accumulate gradients
     over several). Use it as a context manager, or call close(): a worker that raises (Ctrl-C
     included) inside step(), close() or the `with` block leaves every shard, bounded by 2 s, so the
-    other workers go on without it. psrv.Worker changes nothing in its host process."""
+    other workers go on without it.
+
+    `clip_grad_norm` (0: off) clips by global norm. In async and ssp this worker clips its gradient
+    before its push (the norm needs all of it, so nothing is sent early), by its own clip or else the
+    servers' (`psrv serve --clip-grad-norm`); in sync the servers clip each clock's averaged
+    gradient, so a clip given here must be theirs. psrv.Worker changes nothing in its host process."""
 
     def __init__(self, model: torch.nn.Module, servers: Sequence[str] | None = None, *,
                  rank: int | None = None, world_size: int | None = None, transport: str = "zmq",
                  timeout: float = 60.0, curve_keys: str = "", wire_dtype: str = "float32",
-                 overlap: bool = True):
+                 overlap: bool = True, clip_grad_norm: float | None = 0.0):
+        if clip_grad_norm is not None and not clip_grad_norm >= 0:
+            raise ValueError(f"clip_grad_norm must be >= 0 (0: off); got {clip_grad_norm!r}")
         servers = list(servers) if servers is not None else _env_servers()
         self.rank = int(rank if rank is not None else _env("RANK"))
         self.world_size = int(world_size if world_size is not None else _env("WORLD_SIZE"))
         self.model = model
         self._flat = FlatModel(model)
         self.plan = PartitionPlan.from_module(model, len(servers))
-        self._readiness = ShardReadiness(model, self.plan.ranges) if overlap and self.plan.num_shards > 1 else None
+        self._readiness: ShardReadiness | None = None  # made after HELLO, which says the mode
         self._client = PSClient(servers, self.plan, worker=self.rank, world_size=self.world_size,
                                 transport=transport, timeout=timeout, curve_keys=curve_keys, wire_dtype=wire_dtype)
         self._pushing: PushPull | None = None
@@ -84,6 +92,15 @@ class Worker:
         self.early_sends = 0  # shard pushes sent while backward was still running
         try:
             welcomes = self._client.hello()
+            self.mode = welcomes[0].get("mode", "")
+            try:
+                self.clip_grad_norm = _clip_of(clip_grad_norm, welcomes, self.mode)
+            except ValueError:
+                self._abandon()
+                raise
+            self._clip_here = bool(self.clip_grad_norm) and self.mode != "sync"  # sync: the servers clip
+            if overlap and self.plan.num_shards > 1 and not self._clip_here:
+                self._readiness = ShardReadiness(model, self.plan.ranges)
             if self.rank == 0:
                 self._client.init(self._flat.params.cpu())
             self._clock = self._client.first_pull(welcomes, out=self._flat.params).clock
@@ -91,8 +108,9 @@ class Worker:
             self._abandon()
             raise
         except BaseException:
-            self._open = False
-            self._client.close()
+            if self._open:
+                self._open = False
+                self._client.close()
             raise
         self._arm()
         self._log = StepLog.from_env(rank=self.rank, world_size=self.world_size, params=self._flat.params,
@@ -174,6 +192,8 @@ class Worker:
         self._begin().ready(shard)
 
     def _finish(self):
+        if self._clip_here:  # no early sends then: the whole gradient is here
+            clip_flat_(self._flat.grads, self.clip_grad_norm)
         pushing, self._pushing = self._begin(), None
         self.early_sends += pushing.early
         reply = pushing.finish()
@@ -198,6 +218,22 @@ class Worker:
             self._client.close()
             if getattr(self, "_log", None) is not None:  # what it did, marked interrupted
                 self._log.write(early_sends=self.early_sends, interrupted=True)
+
+
+def _clip_of(mine: float | None, welcomes: list[dict], mode: str) -> float:
+    """The clip this worker's pushes get: its own, else the servers'; ValueError where they differ,
+    or where sync's servers (which clip there) would not clip by this worker's."""
+    mine = float(mine or 0.0)
+    served = {float(w.get("clip_grad_norm") or 0.0) for w in welcomes}
+    if len(served) > 1:
+        raise ValueError(f"the shards clip by different norms ({', '.join(map(str, sorted(served)))}); "
+                         "start them with one --clip-grad-norm")
+    theirs = served.pop()
+    if mine and mine != theirs and (theirs or mode == "sync"):
+        where = " (in sync the servers clip)" if mode == "sync" else ""
+        raise ValueError(f"clip_grad_norm={mine:g}, but the servers were started with --clip-grad-norm "
+                         f"{theirs:g}{where}; give both the same value")
+    return mine or theirs
 
 
 def _env(name: str) -> str:

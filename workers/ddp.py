@@ -163,6 +163,8 @@ def _train(cfg: RunConfig, *, rank: int, world: int, device, group, started: flo
             optimizer.zero_grad(set_to_none=False)
             loss = job.loss_of(ddp, batch)
             loss.backward()  # the comm hook all-reduces (averages) the gradient buckets inside
+            if cfg.optimizer.clip_grad_norm:  # the all-reduced gradient: the global batch's, as sync's server
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optimizer.clip_grad_norm)
             optimizer.step()
             if schedule is not None:
                 schedule.step()

@@ -54,7 +54,7 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
         # Early sends would beat injected compute and network delays, so faults turn the overlap off.
         ps = Worker(model, cfg.servers, rank=cfg.rank, world_size=cfg.world_size, transport=cfg.transport,
                     timeout=cfg.request_timeout, curve_keys=cfg.curve_keys, wire_dtype=cfg.wire_dtype,
-                    overlap=cfg.overlap and not faults.active)
+                    overlap=cfg.overlap and not faults.active, clip_grad_norm=cfg.clip_grad_norm)
         record["plan_hash"] = ps.plan.hash
         with ps:
             if cfg.rank == 0:

@@ -10,8 +10,16 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from psrv.config.base import ConfigError, Section, section, setting
-from psrv.config.sections import (MODES, ClusterConfig, Consistency, FaultConfig, JobConfig, OptimConfig,
-                                  Placement, Seeded, ServerSettings, ServeSettings, WorkerSettings)
+from psrv.config.sections import (MODES, ClusterConfig, Consistency, FaultConfig, GradClip, JobConfig,
+                                  OptimConfig, Placement, Seeded, ServerSettings, ServeSettings, WorkerSettings)
+
+
+def _one_shard_clip(clip: float, mode: str, shards: int, shards_key: str) -> None:
+    """Sync's server-side clip needs the global norm, which spans every shard; shards do not exchange
+    partial norms, so it needs one shard."""
+    if clip and mode == "sync" and shards > 1:
+        raise ConfigError("optimizer.clip_grad_norm", f"in mode 'sync' the server clips by the global norm, "
+                          f"which needs {shards_key} = 1 (got {shards}: shards do not exchange partial norms)")
 
 
 def _shallow(obj: Section, cls: type) -> dict[str, Any]:
@@ -43,11 +51,13 @@ class ServerConfig(ServeSettings, ServerSettings, Consistency, Placement):
             raise ConfigError("resume", "needs checkpoint_dir (where the checkpoints are)")
         if self.curve_keys and self.transport != "zmq":
             raise ConfigError("curve_keys", "needs transport 'zmq' (torch RPC has no authentication)")
+        _one_shard_clip(self.optimizer.clip_grad_norm, self.mode, self.num_shards, "num_shards")
 
 
 @dataclass(frozen=True, kw_only=True)
-class WorkerConfig(WorkerSettings, Seeded, Placement):
-    """One worker: the shards it talks to, its rank, the job and the disturbances it emulates."""
+class WorkerConfig(WorkerSettings, Seeded, Placement, GradClip):
+    """One worker: the shards it talks to, its rank, the job and the disturbances it emulates, and its
+    gradient clip (applied by the worker in async and ssp; in sync the servers clip)."""
 
     servers: tuple[str, ...] = setting((), "shard addresses, in shard order", flag="")
     rank: int = setting(0, "this worker's rank", minimum=0)
@@ -95,6 +105,7 @@ class RunConfig(Seeded, Consistency):
             if self.worker.wire_dtype != "float32":
                 raise ConfigError("worker.wire_dtype", f"is for the parameter server's pushes; mode "
                                                        f"{self.mode!r} all-reduces float32")
+        _one_shard_clip(self.optimizer.clip_grad_norm, self.mode, self.cluster.servers, "cluster.servers")
 
     @property
     def is_allreduce(self) -> bool:
@@ -110,5 +121,6 @@ class RunConfig(Seeded, Consistency):
     def worker_config(self, rank: int, *, servers: tuple[str, ...]) -> WorkerConfig:
         """Worker `rank`'s config: this run's job, seed, faults and worker settings."""
         return WorkerConfig(servers=servers, rank=rank, world_size=self.cluster.workers, seed=self.seed,
-                            job=self.job, faults=self.faults, **_shallow(self.cluster, Placement),
+                            job=self.job, faults=self.faults, clip_grad_norm=self.optimizer.clip_grad_norm,
+                            **_shallow(self.cluster, Placement),
                             **_shallow(self.worker, WorkerSettings))

@@ -95,8 +95,24 @@ class Seeded(Section):
     seed: int = setting(0, "seeds the model, the data order and the faults", minimum=0)
 
 
+@dataclass(frozen=True, kw_only=True)
+class GradClip(Section):
+    """Gradient clipping by global norm (an optimizer setting that a worker holds too)."""
+
+    clip_grad_norm: float | None = setting(0.0, "clip the gradient to this global norm, as torch's clip_grad_norm_ "
+                                           "(0: off). sync: the server clips each clock's averaged gradient "
+                                           "(one server only); async, ssp: each worker clips its own before its "
+                                           "push (no early sends); ddp: the all-reduced gradient", minimum=0.0,
+                                           metavar="NORM")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.clip_grad_norm is None:  # None and 0 both mean off; one spelling, one config hash
+            object.__setattr__(self, "clip_grad_norm", 0.0)
+
+
 @dataclass(frozen=True)
-class OptimConfig(Section):
+class OptimConfig(GradClip):
     """The optimizer the servers (or the all-reduce baseline's ranks) apply; names follow torch.optim."""
 
     name: str = setting("sgd", "server-side optimizer", choices=OPTIMIZERS, flag="optimizer")

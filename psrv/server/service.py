@@ -155,7 +155,8 @@ class ShardService:
             "shard": self.cfg.shard, "mode": self.cfg.mode, "staleness": self.cfg.staleness,
             "version": self.shard.version, "clock": self.controller.next_clock(msg.worker),
             "initialised": self.shard.initialised, "size": self.shard.size,
-            "last_seq": self.dedup.last_seq(msg.worker), "worker_timeout": self.cfg.worker_timeout}))
+            "last_seq": self.dedup.last_seq(msg.worker), "worker_timeout": self.cfg.worker_timeout,
+            "clip_grad_norm": self.cfg.optimizer.clip_grad_norm}))
 
     def _on_init(self, peer, msg: Message) -> None:
         shard = self._ready_shard(msg, need_init=False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from psrv.clip import clip_flat_
 from psrv.config import OptimConfig
 from psrv.schedule import lr_at
 from psrv.server.optim import make_optimizer
@@ -51,10 +52,14 @@ class Shard:
         self._accumulated += 1
 
     def apply_accumulated(self) -> int:
-        """One optimizer step with the mean of the accumulated gradients; returns how many."""
+        """One optimizer step with the mean of the accumulated gradients (sync mode), clipped first to
+        the optimizer's clip_grad_norm where it has one (this shard is then the only one: the norm is
+        global); returns how many."""
         n = self._accumulated
         assert n > 0 and self._accum is not None, "apply_accumulated with nothing accumulated"
         self._accum.div_(n)
+        if self.optim.clip_grad_norm:
+            clip_flat_(self._accum, self.optim.clip_grad_norm)
         self._step(self._accum)
         self._accum.zero_()
         self._accumulated = 0
