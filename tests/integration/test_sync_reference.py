@@ -9,16 +9,22 @@ from workers.jobs import load_job
 WORKERS, BATCH, STEPS, LR, MOMENTUM = 3, 16, 20, 0.1, 0.9
 
 
-def big_batch_sgd() -> torch.Tensor:
+def big_batch_sgd(*, workers: int = WORKERS, clip: float = 0.0, norms: list[float] | None = None) -> torch.Tensor:
+    """Single-process SGD on the global batch of `workers` workers; with `clip`, each step's gradient
+    is clipped by torch's clip_grad_norm_ first (its norms before clipping appended to `norms`)."""
     job = load_job("digits_mlp", seed=0)
     model = job.model
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     x, y = job.train
-    streams = [batch_indices(len(x), rank=r, world_size=WORKERS, batch_size=BATCH, seed=0) for r in range(WORKERS)]
+    streams = [batch_indices(len(x), rank=r, world_size=workers, batch_size=BATCH, seed=0) for r in range(workers)]
     for _ in range(STEPS):
         idx = torch.cat([next(s) for s in streams])          # the global batch N*b of this step
         opt.zero_grad()
         job.loss_fn(model(x[idx]), y[idx]).backward()
+        if clip:
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            if norms is not None:
+                norms.append(float(norm))
         opt.step()
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
