@@ -139,7 +139,7 @@ def _start_workers(cluster: Cluster, cfg: RunConfig, out: Path, addresses: list[
         argv = _psrv("worker", "--config", str(config), "--out", str(out / f"worker-{rank}.json"),
                      "--progress-file", str(out / f"worker-{rank}.progress"), *extra, "--mode", cfg.mode)
         if rank == 0:
-            argv += ["--params-out", str(out / "params.pt")]
+            argv += ["--params-out", str(out / "params.pt"), "--state-out", str(out / "model.pt")]
         cluster.start(f"worker-{rank}", argv)
         names.append(f"worker-{rank}")
     return names

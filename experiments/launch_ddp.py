@@ -11,7 +11,7 @@ from experiments.cluster import Cluster, free_port
 
 def start_ddp(cluster: Cluster, cfg: RunConfig, out: Path) -> list[str]:
     """Start cfg.cluster.workers ranks named worker-R, each given the run's DIR/config.json whole,
-    writing DIR/worker-R.json (rank 0 also DIR/params.pt)."""
+    writing DIR/worker-R.json (rank 0 also DIR/params.pt and DIR/model.pt)."""
     workers = cfg.cluster.workers
     rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(workers),
                   "LOCAL_WORLD_SIZE": str(workers), "GROUP_RANK": "0"}
@@ -20,7 +20,7 @@ def start_ddp(cluster: Cluster, cfg: RunConfig, out: Path) -> list[str]:
         # the same argv for every rank, as under torchrun: workers/ddp.py fills in {rank}
         argv = [sys.executable, "-m", "workers.ddp", "--config", str(out / "config.json"),
                 "--out", str(out / "worker-{rank}.json"), "--progress-file", str(out / "worker-{rank}.progress"),
-                "--params-out", str(out / "params.pt")]
+                "--params-out", str(out / "params.pt"), "--state-out", str(out / "model.pt")]
         env = {**rendezvous, "RANK": str(rank), "LOCAL_RANK": str(rank)}
         cluster.start(f"worker-{rank}", argv, env)
         names.append(f"worker-{rank}")

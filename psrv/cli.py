@@ -64,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     _metrics_args(w)
     w.add_argument("--out", type=Path, help="write this worker's record (JSON) here")
     w.add_argument("--params-out", type=Path, help="save the final flat parameter vector here (torch.save)")
+    w.add_argument("--state-out", type=Path, help="save the final model.state_dict() here: parameters and "
+                   "this worker's buffers (torch.save)")
     w.add_argument("--progress-file", type=Path, help="keep the number of finished steps in this file")
 
     k = sub.add_parser("keygen", help="make CURVE key pairs for servers, workers and admin",
@@ -209,16 +211,20 @@ def _train_worker(a: argparse.Namespace) -> int:
     try:
         record = train(cfg, progress=progress, metrics=metrics)
     except TrainingInterrupted as exc:  # it said so in one line and left; keep its rows, not its weights
-        exc.record.pop("final_params")
+        for key in ("final_params", "final_state"):
+            exc.record.pop(key)
         if a.out:
             _write_json(a.out, exc.record)
         return exit_code(exc.interrupt)
     if metrics is not None and a.metrics_linger > 0:
         time.sleep(a.metrics_linger)
-    params = record.pop("final_params")
+    params, state = record.pop("final_params"), record.pop("final_state")
     if a.params_out:
         a.params_out.parent.mkdir(parents=True, exist_ok=True)
         torch.save(params, a.params_out)
+    if a.state_out:
+        a.state_out.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({k: v.detach().cpu().clone() for k, v in state.items()}, a.state_out)
     if a.out:
         _write_json(a.out, record)
     return 0

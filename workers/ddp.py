@@ -193,7 +193,8 @@ def _train(cfg: RunConfig, *, rank: int, world: int, device, group, started: flo
     # optimizer steps that ran. No staleness: every rank steps on the same all-reduced gradient.
     record.update(pushes=clock.reduced, updates_applied=clock.updates, samples=sum(r["batch_size"] for r in rows),
                   train_seconds=train_seconds, wall_seconds=time.time() - started,
-                  final_params=torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu())
+                  final_params=torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu(),
+                  final_state=model.state_dict())  # parameters and this rank's buffers
     if interrupt is not None:
         raise TrainingInterrupted(record, interrupt)
     return record
@@ -211,6 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write this rank's record (JSON) here; '{rank}' in the path is replaced by "
                    "the rank, else ranks > 0 write NAME-rankR.json beside it")
     p.add_argument("--params-out", type=Path, help="rank 0 saves the final flat parameter vector here")
+    p.add_argument("--state-out", type=Path, help="rank 0 saves the final model.state_dict() here (parameters "
+                   "and buffers)")
     p.add_argument("--progress-file", help="keep the number of finished steps here ('{rank}' as for --out)")
     p.add_argument("--log-level", default="INFO", help="logging level (default: %(default)s)")
     return p
@@ -241,16 +244,20 @@ def main(argv: list[str] | None = None) -> int:
         record = train_ddp(cfg, backend=a.backend, timeout=a.timeout, progress=progress)
     except TrainingInterrupted as exc:  # said in one line; keep the rows, not the partial weights
         record = exc.record
-        record.pop("final_params")
+        for key in ("final_params", "final_state"):
+            record.pop(key)
         _write_record(a.out, rank, record)
         return exit_code(exc.interrupt)
     except ValueError as exc:
         print(f"workers.ddp: error: {exc}", file=sys.stderr)
         return 2
-    params = record.pop("final_params")
+    params, state = record.pop("final_params"), record.pop("final_state")
     if a.params_out and rank == 0:
         a.params_out.parent.mkdir(parents=True, exist_ok=True)
         torch.save(params, a.params_out)
+    if a.state_out and rank == 0:
+        a.state_out.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({k: v.detach().cpu().clone() for k, v in state.items()}, a.state_out)
     _write_record(a.out, rank, record)
     return 0
 

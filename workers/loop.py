@@ -95,7 +95,8 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
                   wall_seconds=time.time() - started,
                   max_staleness=max((r["staleness"] for r in rows), default=0),
                   max_rss_bytes=peak_rss_bytes(),
-                  final_params=parameters_to_vector(model.parameters()).detach().cpu())
+                  final_params=parameters_to_vector(model.parameters()).detach().cpu(),
+                  final_state=model.state_dict())  # parameters and this worker's buffers
     if interrupt is not None:
         record.update(interrupted=True, steps_done=len(rows))
         raise TrainingInterrupted(record, interrupt) from None

@@ -16,7 +16,7 @@ SURFACE = {
     "worker": ((), ("--batch-size", "--clip-grad-norm", "--compute-ms", "--config", "--curve-keys", "--device", "--eval-every", "--job", "--log-level",
                     "--metrics-host", "--metrics-linger", "--metrics-port", "--mode", "--net-delay-ms", "--no-overlap",
                     "--out", "--params-out", "--progress-file", "--rank", "--request-timeout", "--seed", "--servers",
-                    "--steps", "--straggler",
+                    "--state-out", "--steps", "--straggler",
                     "--transient-stragglers", "--transport", "--wire-dtype", "--world-size")),
     "keygen": (("dir",), ("--log-level", "--workers")),
     "admin": (("action",), ("--curve-keys", "--log-level", "--servers")),
