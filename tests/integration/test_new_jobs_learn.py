@@ -1,0 +1,50 @@
+"""digits_cnn, mnist1d_cnn and code_lm learn under `psrv run` with 2 workers, as real processes.
+
+To stay cheap (each run pays ~5 s of process start-up on 2 cores), code_lm, the general-form job,
+runs in sync, async and SSP on 2 server shards; each CNN runs in one mode on one shard: digits_cnn in
+async (each worker keeps its own BatchNorm statistics; 150 steps, as at 60 its accuracy still swings
+with the order of the stale pushes), mnist1d_cnn in sync with Adam. "Learns" is read from
+the run's own files: the step-0 evaluation (evals.csv, initial_loss) against eval_metrics at the end.
+"""
+import csv
+import math
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import psrv_run
+
+
+def _initial(out: Path, metric: str) -> float:
+    with open(out / "evals.csv") as f:
+        first = next(csv.DictReader(f))
+    assert first["step"] == "0"
+    return float(first[f"eval_{metric}"])
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("mode", ["sync", "async", "ssp"])
+def test_code_lm_perplexity_falls(mode, tmp_path):
+    s = psrv_run(tmp_path, "--job", "code_lm", "--mode", mode, "--workers", "2", "--steps", "60",
+                 "--batch-size", "16", "--optimizer", "adam", "--lr", "0.003", timeout=80)
+    assert s["job"] == "code_lm" and s["mode"] == mode and s["metric"] == "perplexity" and s["lower_is_better"]
+    m = s["eval_metrics"]
+    assert m["perplexity"] == pytest.approx(math.exp(s["final_loss"]))
+    initial = _initial(tmp_path, "perplexity")
+    assert initial == pytest.approx(math.exp(s["initial_loss"])) and initial > 150  # 317 untrained
+    assert m["perplexity"] < math.exp(s["initial_loss"]) / 5, s   # 317 -> 16-17 here
+    assert m["bits_per_byte"] < 5.0, s                              # 8.3 -> 4.0-4.1 here
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(("job", "mode", "steps", "args", "floor"), [
+    ("digits_cnn", "async", 150, (), 0.8),                   # 0.95-0.98 here; at 60 steps 0.54-0.96
+    ("mnist1d_cnn", "sync", 150, ("--optimizer", "adam", "--lr", "0.003"), 0.4),  # 0.62 here
+])
+def test_a_cnn_job_gets_accurate(job, mode, steps, args, floor, tmp_path):
+    s = psrv_run(tmp_path, "--job", job, "--mode", mode, "--workers", "2", "--servers", "1", "--steps", str(steps),
+                 "--batch-size", "32", *args, timeout=80)
+    assert s["job"] == job and s["metric"] == "accuracy" and not s["lower_is_better"]
+    assert _initial(tmp_path, "accuracy") < 0.25                            # chance is 0.1
+    assert s["eval_metrics"]["accuracy"] == s["eval_accuracy"] >= floor, s
+    assert s["final_loss"] < s["initial_loss"] - 0.5, s
