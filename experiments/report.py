@@ -75,6 +75,10 @@ def _plot_curves(path: Path, evals: dict[str, Rows], *, x: str, y: str, xlabel: 
                 linestyle=style)
     if target is not None:
         ax.axhline(target, color="grey", linestyle="--", linewidth=1, label="target")
+    shown = [v for line in ax.get_lines() for v in line.get_ydata()]
+    if shown and min(shown) > 0 and max(shown) / min(shown) > 30:  # perplexity from ~300 to ~8
+        ax.set_yscale("log")  # a linear axis would flatten everything after the first evaluation
+        ylabel += " (log scale)"
     note = " (thin: each repeat; thick: mean over repeats)" if repeats > 1 else ""
     ax.set_title(title + note, fontsize="medium")
     ax.set_xlabel(xlabel)
