@@ -272,4 +272,11 @@ def _write_record(template: str | None, rank: int, record: dict) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Every output is written and closed by now. Leave without running C++ destructors: gloo's
+    # threads, torn down at interpreter exit, sometimes abort a rank that has finished cleanly
+    # ("terminate called without an active exception"), turning a good run into a failed one.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
