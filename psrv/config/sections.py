@@ -14,6 +14,8 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 LR_SCHEDULES = ("constant", "warmup_cosine", "step", "linear")  # psrv/schedule.py has their formulas
 TRANSPORTS = ("zmq", "rpc")
 WIRE_DTYPES = ("float32", "bfloat16", "float16")  # what a worker may send its gradient as
+INNER_OPTIMIZERS = ("sgd", "adamw")  # a worker's own, for local steps (torch.optim.SGD, AdamW)
+INNER_LR = {"sgd": 0.05, "adamw": 0.001}  # inner_lr's default with each
 SGD_MOMENTUM = 0.9  # momentum's default with sgd; adam and adamw take none
 SHIPPED_JOBS = ("digits_mlp", "mnist1d_mlp", "synthetic_mlp", "digits_cnn", "mnist1d_cnn",
                 "code_lm")  # workers/jobs builds them
@@ -220,6 +222,29 @@ class WorkerSettings(Section):
                             "shard's slice goes out as soon as backward finishes it)", flag="no-overlap")
     request_timeout: float = setting(60.0, "seconds without any reply before a worker gives up",
                                      minimum=0.1)
+    local_steps: int = setting(1, "local SGD / DiLoCo: inner steps per push; each push is the pseudo-gradient "
+                               "w_pulled - w_now and the servers' optimizer is the outer one (1: push every "
+                               "step; docs/algorithms.md)", minimum=1, metavar="H")
+    inner_optimizer: str | None = setting(None, "the worker's own optimizer for its inner steps (default: adamw "
+                                          "when local_steps > 1, none at 1: push the gradient); given at "
+                                          "local_steps 1, every step pushes its update", choices=INNER_OPTIMIZERS)
+    inner_lr: float | None = setting(None, f"the inner optimizer's learning rate (default: {INNER_LR['adamw']} "
+                                     f"with adamw, {INNER_LR['sgd']} with sgd)", minimum=0.0, above=True)
+
+    @property
+    def local_updates(self) -> bool:
+        """True when this worker steps its own inner optimizer and pushes pseudo-gradients."""
+        return self.inner_optimizer is not None
+
+    def validate(self) -> None:
+        super().validate()
+        if self.inner_optimizer is None and self.local_steps > 1:
+            object.__setattr__(self, "inner_optimizer", "adamw")
+        if self.inner_optimizer is None:
+            if self.inner_lr is not None:
+                raise ConfigError("inner_lr", "needs local_steps > 1 or an inner_optimizer; remove it")
+        elif self.inner_lr is None:
+            object.__setattr__(self, "inner_lr", INNER_LR[self.inner_optimizer])
 
 
 @dataclass(frozen=True, kw_only=True)
