@@ -60,7 +60,7 @@ def build_summary(cfg: RunConfig, out: Path, *, interrupted: bool = False, scrip
     # DDP has no staleness and no clock gap to measure (every rank steps on the same all-reduced
     # gradient): they are None there, not a 0 that reads like a measurement.
     measured = not cfg.is_allreduce
-    staleness = [r["staleness"] for r in rows] if measured else []
+    staleness = [r["staleness"] for r in rows if r.get("pushed", True)] if measured else []  # pushes only
     samples = None if any(w["samples"] is None for w in workers) else sum(w["samples"] for w in workers)
     ended = {"complete": False, "interrupted": True, "steps_done": len(rows)} if interrupted else {"complete": True}
     summary = {
@@ -75,6 +75,7 @@ def build_summary(cfg: RunConfig, out: Path, *, interrupted: bool = False, scrip
         "metric": rank0.get("metric"), "lower_is_better": rank0.get("lower_is_better"),
         "wall_seconds": wall, "samples_per_second": None if samples is None else samples / wall,
         "pushes": sum(w["pushes"] for w in workers),
+        **_local_steps(workers, samples),
         "early_sends": sum(w.get("early_sends", 0) for w in workers),
         "updates_applied": servers[0]["updates_applied"] if servers else rank0.get("updates_applied", 0),
         "updates_applied_per_shard": [s["updates_applied"] for s in servers],
@@ -82,6 +83,7 @@ def build_summary(cfg: RunConfig, out: Path, *, interrupted: bool = False, scrip
         "mean_staleness": (sum(staleness) / len(staleness) if staleness else 0.0) if measured else None,
         "max_clock_gap": max((s["max_clock_gap"] for s in servers), default=0) if measured else None,
         "dropped": sum(sum(s["dropped"].values()) for s in servers[:1]),
+        **_lr_scale(servers, cfg.optimizer.update_rule if measured else None),
         "lost_workers": sorted({w for s in servers for w in s.get("lost_workers", [])}),
         "wait_seconds": sum(r["wait_seconds"] for r in rows),
         "parameters": rank0.get("parameters"),
@@ -93,10 +95,31 @@ def build_summary(cfg: RunConfig, out: Path, *, interrupted: bool = False, scrip
     return summary
 
 
+def _local_steps(workers: list[dict], samples: int | None) -> dict:
+    """Local SGD / DiLoCo: `inner_steps` (all workers'), the mean pseudo-gradient norm over every push,
+    and pushes per sample (against 1/batch_size when every step pushes); none without local steps."""
+    if not any("inner_steps" in w for w in workers):
+        return {}
+    norms = [n for w in workers for n in w.get("pseudo_grad_norms", [])]
+    pushes = sum(w["pushes"] for w in workers)
+    return {"local_steps": _common(workers, "local_steps"), "inner_steps": sum(w.get("inner_steps", 0) for w in workers),
+            "pseudo_grad_norm": sum(norms) / len(norms) if norms else None,
+            "pushes_per_sample": pushes / samples if samples else None}
+
+
 def _common(workers: list[dict], key: str):
     """The records' one value of `key`; None when they differ or say none."""
     values = {w.get(key) for w in workers}
     return values.pop() if len(values) == 1 else None
+
+
+def _lr_scale(servers: list[dict], rule: str | None) -> dict:
+    """The servers' update rule (psrv/server/rules) and the lr scale it applied: the mean over every
+    shard's optimizer steps, and shard 0's histogram (scale -> steps); None for ddp."""
+    steps = [(float(k), n) for s in servers for k, n in s.get("lr_scale_histogram", {}).items()]
+    total = sum(n for _, n in steps)
+    return {"update_rule": rule, "mean_lr_scale": sum(k * n for k, n in steps) / total if total else None,
+            "lr_scale_histogram": servers[0].get("lr_scale_histogram") if servers and rule else None}
 
 
 def write_tables(out: Path, *, interrupted: bool = False) -> None:
@@ -125,8 +148,10 @@ def format_summary(s: dict) -> str:
     """The summary as an aligned two-column table for the terminal."""
     keys = ("mode", "staleness", "transport", "job", "num_servers", "num_workers", "steps", "batch_size",
             "initial_loss", "final_loss", "eval_accuracy", "wall_seconds", "samples_per_second", "pushes",
+            "inner_steps", "pushes_per_sample", "pseudo_grad_norm",
             "updates_applied", "max_staleness", "mean_staleness", "max_clock_gap", "lost_workers")
     def fmt(v):
         return "n/a" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
     width = max(map(len, keys))
-    return "\n".join(f"{k:<{width}}  {fmt(s.get(k))}" for k in keys)
+    local = ("inner_steps", "pushes_per_sample", "pseudo_grad_norm")  # shown for local-steps runs only
+    return "\n".join(f"{k:<{width}}  {fmt(s.get(k))}" for k in keys if k in s or k not in local)

@@ -6,6 +6,9 @@
         ps.step()                    # push the gradient, pull the new weights into the model
     ps.close()                       # rank 0 ends with the final weights; every worker leaves
 
+Local SGD / DiLoCo: `psrv.Worker(model, local_steps=H)` with the user's own (inner) optimizer; call
+`opt.step()` then `ps.step()` every step, and every H-th `ps.step()` pushes w_pulled - w_now.
+
 Clocks, versions, the partition plan and the flat buffers stay inside.
 """
 from __future__ import annotations
@@ -43,6 +46,7 @@ class StepInfo:
     staleness: int
     waited: float
     seconds: float
+    pushed: bool = True
 
 
 class Worker:
@@ -69,12 +73,22 @@ class Worker:
     `clip_grad_norm` (0: off) clips by global norm. In async and ssp this worker clips its gradient
     before its push (the norm needs all of it, so nothing is sent early), by its own clip or else the
     servers' (`psrv serve --clip-grad-norm`); in sync the servers clip each clock's averaged
-    gradient, so a clip given here must be theirs. psrv.Worker changes nothing in its host process."""
+    gradient, so a clip given here must be theirs. psrv.Worker changes nothing in its host process.
+
+    `local_steps` H (None: off) is local SGD, DiLoCo under sync: the caller steps its own optimizer
+    (the inner one) and calls step() after each `opt.step()`; step() zeroes the gradients and every
+    H-th call pushes the pseudo-gradient w_pulled - w_now (the weights last pulled minus the model's)
+    as the gradient, for the servers' (outer) optimizer, and pulls; the other calls send nothing and
+    return `pushed=False`. close() pushes the inner steps done since the last push, if any. No
+    early sends then (the push is known only after the inner step); a clip applies to the pushed
+    vector. `pseudo_grad_norms` holds each push's norm."""
 
     def __init__(self, model: torch.nn.Module, servers: Sequence[str] | None = None, *,
                  rank: int | None = None, world_size: int | None = None, transport: str = "zmq",
                  timeout: float = 60.0, curve_keys: str = "", wire_dtype: str = "float32",
-                 overlap: bool = True, clip_grad_norm: float | None = 0.0):
+                 overlap: bool = True, clip_grad_norm: float | None = 0.0, local_steps: int | None = None):
+        if local_steps is not None and not (isinstance(local_steps, int) and local_steps >= 1):
+            raise ValueError(f"local_steps must be an integer >= 1 (None: off); got {local_steps!r}")
         if clip_grad_norm is not None and not clip_grad_norm >= 0:
             raise ValueError(f"clip_grad_norm must be >= 0 (0: off); got {clip_grad_norm!r}")
         servers = list(servers) if servers is not None else _env_servers()
@@ -90,6 +104,9 @@ class Worker:
         self._open = True
         self.steps = 0
         self.early_sends = 0  # shard pushes sent while backward was still running
+        self.local_steps = local_steps
+        self.pseudo_grad_norms: list[float] = []  # one per push with local_steps
+        self._pulled: torch.Tensor | None = None  # the weights last pulled (local_steps)
         try:
             welcomes = self._client.hello()
             self.mode = welcomes[0].get("mode", "")
@@ -99,11 +116,14 @@ class Worker:
                 self._abandon()
                 raise
             self._clip_here = bool(self.clip_grad_norm) and self.mode != "sync"  # sync: the servers clip
-            if overlap and self.plan.num_shards > 1 and not self._clip_here:
+            if overlap and self.plan.num_shards > 1 and not self._clip_here and local_steps is None:
                 self._readiness = ShardReadiness(model, self.plan.ranges)
             if self.rank == 0:
                 self._client.init(self._flat.params.cpu())
-            self._clock = self._client.first_pull(welcomes, out=self._flat.params).clock
+            first = self._client.first_pull(welcomes, out=self._flat.params)
+            self._clock, self._version = first.clock, min(first.versions)
+            if local_steps is not None:
+                self._pulled = self._flat.params.clone()
         except KeyboardInterrupt:
             self._abandon()
             raise
@@ -124,6 +144,8 @@ class Worker:
         t0 = time.perf_counter()
         check_step_args(loss, batch_size)
         self._check_open()
+        if self.local_steps is not None and (self.steps + 1) % self.local_steps:
+            return self._local_step(t0, loss, batch_size)
         try:
             if self._readiness is not None:
                 self._readiness.disarm()
@@ -152,6 +174,8 @@ class Worker:
         try:
             if self._pushing is not None:  # a backward after the last step() already sent some shards
                 log.warning("worker %d: a backward after the last step(); pushing its gradient", self.rank)
+                self._finish()
+            if self.local_steps is not None and self.steps % self.local_steps:  # inner steps not pushed yet
                 self._finish()
             if self._readiness is not None:
                 self._readiness.disarm()
@@ -191,13 +215,29 @@ class Worker:
         """Shard's slice of the gradient is final (during backward): send it now."""
         self._begin().ready(shard)
 
+    def _local_step(self, t0: float, loss, batch_size) -> StepInfo:
+        """An inner step that pushes nothing: the caller's optimizer has stepped the model."""
+        self._flat.zero_grad()
+        info = StepInfo(step=self.steps, clock=self._clock, version=self._version, staleness=0, waited=0.0,
+                        seconds=time.perf_counter() - t0, pushed=False)
+        self.steps += 1
+        if self._log is not None:
+            self._log.step(info, loss=loss, batch_size=batch_size, started=t0)
+        return info
+
     def _finish(self):
+        if self._pulled is not None:  # the pseudo-gradient w_pulled - w_now goes where the gradient would
+            torch.sub(self._pulled, self._flat.params, out=self._flat.grads)
+            self.pseudo_grad_norms.append(float(self._flat.grads.norm()))
         if self._clip_here:  # no early sends then: the whole gradient is here
             clip_flat_(self._flat.grads, self.clip_grad_norm)
         pushing, self._pushing = self._begin(), None
         self.early_sends += pushing.early
         reply = pushing.finish()
         self._clock = reply.clock
+        self._version = min(reply.versions)
+        if self._pulled is not None:
+            self._pulled.copy_(self._flat.params)
         return reply
 
     def _check_open(self) -> None:

@@ -26,6 +26,7 @@ from psrv.schedule import is_scheduled, lr_factor
 from workers.faults import FaultInjector
 from workers.evals import record_eval, record_final
 from workers.jobs import batch_size_of, load_job
+from workers.local_steps import make_inner_optimizer
 from workers.loop import TrainingInterrupted
 
 log = logging.getLogger("psrv.ddp")
@@ -46,6 +47,42 @@ def make_schedule(cfg: OptimConfig, optimizer: torch.optim.Optimizer) -> LambdaL
     """torch's LambdaLR over psrv.schedule.lr_factor, stepped once per optimizer step: the lr the servers
     use at the same update count, bit for bit; None when cfg has no schedule."""
     return LambdaLR(optimizer, functools.partial(lr_factor, cfg)) if is_scheduled(cfg) else None
+
+
+class OuterAllReduce:
+    """Local SGD / DiLoCo over all-reduce: the outer step of every `local_steps` inner steps. The ranks
+    all-reduce (mean) their pseudo-gradients w_shared - w_now and step cfg's optimizer (the servers' one)
+    on a shared copy of the weights, which every rank then loads: the same update as sync PS."""
+
+    def __init__(self, model: torch.nn.Module, cfg: OptimConfig, group):
+        self.params, self.group = list(model.parameters()), group
+        with torch.no_grad():
+            for p in self.params:  # rank 0's start, as DDP's constructor broadcasts it
+                dist.broadcast(p, 0, group=group)
+        self.shared = [p.detach().clone() for p in self.params]
+        self.optimizer = make_optimizer(cfg, self.shared)
+        self.schedule = make_schedule(cfg, self.optimizer)
+        self.clip = cfg.clip_grad_norm
+        self.norms: list[float] = []  # this rank's pseudo-gradient norm at each round, before the mean
+
+    def __call__(self) -> None:
+        with torch.no_grad():
+            delta = torch.cat([(s - p).reshape(-1) for s, p in zip(self.shared, self.params)])
+            self.norms.append(float(delta.norm()))
+            dist.all_reduce(delta, group=self.group)
+            delta /= dist.get_world_size(self.group)
+            offset = 0
+            for s in self.shared:
+                s.grad = delta[offset:offset + s.numel()].view_as(s)
+                offset += s.numel()
+        if self.clip:  # the averaged pseudo-gradient, as sync's server clips the averaged push
+            torch.nn.utils.clip_grad_norm_(self.shared, self.clip)
+        self.optimizer.step()
+        if self.schedule is not None:
+            self.schedule.step()
+        with torch.no_grad():
+            for p, s in zip(self.params, self.shared):
+                p.copy_(s)
 
 
 class _StepClock:
@@ -139,13 +176,18 @@ def _train(cfg: RunConfig, *, rank: int, world: int, device, group, started: flo
            backend: str) -> dict:
     job = load_job(cfg.job.name, seed=cfg.seed)  # every rank builds the same init; DDP broadcasts rank 0's
     model = job.model.to(device)
-    ddp = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None,
-                                  process_group=group)
     clock = _StepClock(FaultInjector(cfg.faults, rank=rank, seed=cfg.seed), group)
-    ddp.register_comm_hook(clock, _timed_allreduce)
-    optimizer = make_optimizer(cfg.optimizer, ddp.parameters())
-    optimizer.register_step_post_hook(clock.stepped)
-    schedule = make_schedule(cfg.optimizer, optimizer)
+    local, outer = cfg.worker.local_updates, None
+    if local:  # local SGD / DiLoCo: inner steps on the plain module, an outer all-reduce every local_steps
+        net, outer = model, OuterAllReduce(model, cfg.optimizer, group)
+        optimizer, schedule = make_inner_optimizer(cfg.worker, model.parameters()), None
+    else:
+        net = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None,
+                                      process_group=group)
+        net.register_comm_hook(clock, _timed_allreduce)
+        optimizer = make_optimizer(cfg.optimizer, net.parameters())
+        optimizer.register_step_post_hook(clock.stepped)
+        schedule = make_schedule(cfg.optimizer, optimizer)
     batches = job.batches_for(rank=rank, world_size=world, batch_size=cfg.job.batch_size, seed=cfg.seed,
                               device=device)
     record = {"rank": rank, "world_size": world, "job": job.name, "steps": cfg.job.steps,
@@ -161,13 +203,19 @@ def _train(cfg: RunConfig, *, rank: int, world: int, device, group, started: flo
             clock.start(step)
             batch = next(batches)
             optimizer.zero_grad(set_to_none=False)
-            loss = job.loss_of(ddp, batch)
+            loss = job.loss_of(net, batch)
             loss.backward()  # the comm hook all-reduces (averages) the gradient buckets inside
-            if cfg.optimizer.clip_grad_norm:  # the all-reduced gradient: the global batch's, as sync's server
+            if outer is not None:
+                clock.faults.compute(step, time.perf_counter() - clock.t0)
+                clock.compute_end = time.perf_counter()
+            elif cfg.optimizer.clip_grad_norm:  # the all-reduced gradient: the global batch's, as sync's server
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optimizer.clip_grad_norm)
             optimizer.step()
             if schedule is not None:
                 schedule.step()
+            if outer is not None and (step + 1) % cfg.worker.local_steps == 0:
+                clock.faults.before_send()
+                outer()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             t_end = time.perf_counter()
@@ -183,6 +231,8 @@ def _train(cfg: RunConfig, *, rank: int, world: int, device, group, started: flo
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM where the entry point makes it one: keep the rows
         interrupt = exc
         log.warning("rank %d: interrupted at step %d", rank, len(record["step_log"]))
+    if outer is not None and interrupt is None and cfg.job.steps % cfg.worker.local_steps:
+        outer()  # the last, partial round, as psrv.Worker.close() pushes it
     train_seconds = time.time() - t_loop
     if interrupt is not None:
         record.update(interrupted=True, steps_done=len(record["step_log"]))
@@ -191,6 +241,9 @@ def _train(cfg: RunConfig, *, rank: int, world: int, device, group, started: flo
     rows = record["step_log"]
     # Counted, not assumed: pushes = this rank's gradients that came back all-reduced, updates_applied =
     # optimizer steps that ran. No staleness: every rank steps on the same all-reduced gradient.
+    if outer is not None:  # a push is an outer round's all-reduce
+        clock.reduced = clock.updates = len(outer.norms)
+        record.update(local_steps=cfg.worker.local_steps, inner_steps=len(rows), pseudo_grad_norms=outer.norms)
     record.update(pushes=clock.reduced, updates_applied=clock.updates, samples=sum(r["batch_size"] for r in rows),
                   train_seconds=train_seconds, wall_seconds=time.time() - started,
                   final_params=torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu(),

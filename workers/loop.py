@@ -19,6 +19,7 @@ from psrv.worker import Worker
 from workers.faults import FaultInjector
 from workers.evals import record_eval, record_final
 from workers.jobs import batch_size_of, load_job
+from workers.local_steps import make_inner_optimizer
 
 log = logging.getLogger("psrv.worker")
 
@@ -36,7 +37,11 @@ class TrainingInterrupted(KeyboardInterrupt):
 
 def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
     """Train cfg.job.steps steps against the servers; return this worker's record (see `psrv worker --out`).
-    Raises TrainingInterrupted (a KeyboardInterrupt, after LEAVE) on Ctrl-C."""
+    Raises TrainingInterrupted (a KeyboardInterrupt, after LEAVE) on Ctrl-C.
+
+    With local steps (cfg.local_updates) a step is an inner step of this worker's own optimizer, one
+    step-log row each (`pushed`: whether it pushed); every cfg.local_steps-th pushes the pseudo-gradient,
+    and the record's `pushes` counts those pushes (the last, partial round's included)."""
     started = time.time()
     device = torch.device(cfg.device)
     job = load_job(cfg.job.name, seed=cfg.seed)
@@ -50,11 +55,14 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
     interrupt: KeyboardInterrupt | None = None
     t_loop = t_end = None  # the step loop's start and end (train_seconds)
     ps: Worker | None = None
+    inner = None
     try:
         # Early sends would beat injected compute and network delays, so faults turn the overlap off.
         ps = Worker(model, cfg.servers, rank=cfg.rank, world_size=cfg.world_size, transport=cfg.transport,
                     timeout=cfg.request_timeout, curve_keys=cfg.curve_keys, wire_dtype=cfg.wire_dtype,
-                    overlap=cfg.overlap and not faults.active, clip_grad_norm=cfg.clip_grad_norm)
+                    overlap=cfg.overlap and not faults.active, clip_grad_norm=cfg.clip_grad_norm,
+                    local_steps=cfg.local_steps if cfg.local_updates else None)
+        inner = make_inner_optimizer(cfg, model.parameters()) if cfg.local_updates else None
         record["plan_hash"] = ps.plan.hash
         with ps:
             if cfg.rank == 0:
@@ -65,6 +73,8 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
                 batch = next(batches)
                 loss = job.loss_of(model, batch)
                 loss.backward()  # psrv.Worker sends each shard's gradient as soon as it is final
+                if inner is not None:
+                    inner.step()  # local steps: the inner step; ps.step() pushes every cfg.local_steps
                 faults.compute(step, time.perf_counter() - t0)
                 t1 = time.perf_counter()
                 faults.before_send()
@@ -74,6 +84,8 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
                        "staleness": info.staleness, "compute_seconds": t1 - t0,
                        "communication_seconds": max(0.0, t2 - t1 - info.waited),
                        "wait_seconds": min(info.waited, t2 - t1), "batch_size": batch_size_of(batch)}
+                if inner is not None:
+                    row["pushed"] = info.pushed
                 record["step_log"].append(row)
                 if metrics is not None:
                     metrics.observe_step(row)
@@ -89,7 +101,10 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
         interrupt, t_end = exc, t_end or time.time()
         log.warning("worker %d: interrupted at step %d; leaving", cfg.rank, len(record["step_log"]))
     rows = record["step_log"]
-    record.update(pushes=len(rows), samples=sum(r["batch_size"] for r in rows),
+    norms = ps.pseudo_grad_norms if ps is not None and inner is not None else []
+    if inner is not None:
+        record.update(local_steps=cfg.local_steps, inner_steps=len(rows), pseudo_grad_norms=norms)
+    record.update(pushes=len(norms) if inner is not None else len(rows), samples=sum(r["batch_size"] for r in rows),
                   train_seconds=t_end - t_loop if t_loop else 0.0,
                   early_sends=ps.early_sends if ps is not None else 0,
                   wall_seconds=time.time() - started,
