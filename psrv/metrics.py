@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 log = logging.getLogger("psrv.metrics")
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)  # unit: shard versions
+LR_SCALE_BUCKETS = (1 / 64, 1 / 32, 1 / 16, 1 / 12, 1 / 8, 1 / 6, 1 / 4, 1 / 3, 1 / 2, 1.0)  # 1/staleness
 LATENCY_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1,
                    0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 DROP_REASONS = ("late", "duplicate", "invalid")  # each emitted by psrv/server/stats.py
@@ -50,6 +51,10 @@ _SERVER = {
     "push_staleness": _Spec(Histogram, "psrv_push_staleness",
                             "Per accepted push: the shard's version when it arrived minus the version its "
                             "gradient was computed from.", (), STALENESS_BUCKETS),
+    "lr_scale": _Spec(Histogram, "psrv_lr_scale",
+                      "Per optimizer step: the factor the update rule scaled the gradient by, i.e. its "
+                      "effective lr over --lr (staleness-lr: 1/max(1, staleness); 1 for plain, dc-asgd and "
+                      "every sync step).", (), LR_SCALE_BUCKETS),
     "wait_seconds": _Spec(Counter, "psrv_wait_seconds_total",
                           "Seconds answered pulls spent between arrival and answer (held by the BSP "
                           "barrier or the SSP bound), summed."),
@@ -110,6 +115,7 @@ class ServerMetrics:
         self.pull_latency = f["pull_latency"].labels(**self._labels)
         self.push_staleness = f["push_staleness"].labels(**self._labels)
         self.wait_seconds = f["wait_seconds"].labels(**self._labels)
+        self.lr_scale = f["lr_scale"].labels(**self._labels)
         self.active_workers = f["active_workers"].labels(**self._labels)
         self.shard_version = f["shard_version"].labels(**self._labels)
         self.max_clock_gap = f["max_clock_gap"].labels(**self._labels)

@@ -17,6 +17,8 @@ WIRE_DTYPES = ("float32", "bfloat16", "float16")  # what a worker may send its g
 INNER_OPTIMIZERS = ("sgd", "adamw")  # a worker's own, for local steps (torch.optim.SGD, AdamW)
 INNER_LR = {"sgd": 0.05, "adamw": 0.001}  # inner_lr's default with each
 SGD_MOMENTUM = 0.9  # momentum's default with sgd; adam and adamw take none
+UPDATE_RULES = ("plain", "staleness-lr", "dc-asgd", "dc-asgd-a")  # psrv/server/rules registers them
+DC_LAMBDA = {"dc-asgd": 0.04, "dc-asgd-a": 2.0}  # dc_lambda's default with each (Zheng et al. 2017)
 SHIPPED_JOBS = ("digits_mlp", "mnist1d_mlp", "synthetic_mlp", "digits_cnn", "mnist1d_cnn",
                 "code_lm")  # workers/jobs builds them
 _MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
@@ -136,6 +138,12 @@ class OptimConfig(GradClip):
     lr_step_size: int = setting(0, "step: lr is multiplied by lr_gamma every N updates after the warm-up "
                                 "(required by it)", minimum=0)
     lr_gamma: float = setting(0.1, "step: the factor", minimum=0.0, maximum=1.0, above=True)
+    update_rule: str = setting("plain", "how a shard treats a push's gradient before the step (async, ssp; sync "
+                               "steps on the clock's mean at staleness 0, plain for every rule): plain, "
+                               "staleness-lr (g/max(1,staleness)), dc-asgd, dc-asgd-a (delay compensation); "
+                               "docs/algorithms.md", choices=UPDATE_RULES)
+    dc_lambda: float | None = setting(None, "dc-asgd's lambda (default 0.04), dc-asgd-a's lambda0 (default 2.0)",
+                                      minimum=0.0)
 
     def validate(self) -> None:
         super().validate()
@@ -148,6 +156,11 @@ class OptimConfig(GradClip):
             if getattr(self, key) != self.__dataclass_fields__[key].default and self.lr_schedule not in users:
                 raise ConfigError(key, f"only used by lr_schedule {' or '.join(users)} "
                                   f"(it is {self.lr_schedule!r}); remove it")
+        if self.dc_lambda is None:
+            object.__setattr__(self, "dc_lambda", DC_LAMBDA.get(self.update_rule, 0.0))
+        elif self.update_rule not in DC_LAMBDA and self.dc_lambda:
+            raise ConfigError("dc_lambda", f"only used by update_rule dc-asgd or dc-asgd-a (it is "
+                              f"{self.update_rule!r}); remove it")
         if self.momentum is None:
             object.__setattr__(self, "momentum", SGD_MOMENTUM if self.name == "sgd" else 0.0)
         elif self.momentum and self.name != "sgd":

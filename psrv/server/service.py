@@ -21,6 +21,7 @@ from psrv.server.identity import Sessions
 from psrv.server.late import LateStreaks
 from psrv.server.liveness import Liveness
 from psrv.server.pending import Pending, PendingPulls
+from psrv.server.rules import PushContext
 from psrv.server.shard import Shard
 from psrv.server.stats import ShardStats
 from psrv.server.validate import HelloAgain
@@ -253,9 +254,9 @@ class ShardService:
         self.late.applied(msg.worker)
         staleness = max(0, shard.version - msg.base_version)
         self.transport.wait_sent()  # replies still reading the weights must leave before we write them
-        if decision is Decision.APPLY:
-            shard.apply(grad)
-            self.stats.applied(shard.version)
+        if decision is Decision.APPLY:  # the update rule sees the push's context (psrv/server/rules)
+            scale = shard.apply(grad, PushContext(msg.worker, msg.clock, msg.base_version, staleness))
+            self.stats.applied(shard.version, lr_scale=scale)
         else:
             shard.accumulate(grad)
             self._commit_if_ready()
@@ -270,7 +271,7 @@ class ShardService:
     def _commit_if_ready(self) -> None:
         if self.shard is not None and self.controller.commit_ready():
             self.transport.wait_sent()
-            self.shard.apply_accumulated()
+            self.shard.apply_accumulated()  # the rule sees the mean at staleness 0 (lr scale 1)
             self.controller.committed()
             self.stats.applied(self.shard.version)
 
@@ -295,6 +296,8 @@ class ShardService:
         gap = self.controller.clock_gap(p.clock)
         waited = self.now() - p.received
         self.stats.answered(waited=waited, gap=gap)
+        if self.cfg.mode != "sync":  # a sync clock's mean has no one worker's pulled weights
+            self.shard.pulled(p.worker)
         fields = {"version": self.shard.version, "clock": self.controller.next_clock(p.worker),
                   "waited": waited, "gap": gap}
         if p.push is not None:
@@ -359,6 +362,7 @@ class ShardService:
 
     def summary(self) -> dict:
         return {"shard": self.cfg.shard, "num_shards": self.cfg.num_shards, "mode": self.cfg.mode,
+                "update_rule": self.cfg.optimizer.update_rule,
                 "staleness": self.cfg.staleness, "workers": self.cfg.workers,
                 "version": self.shard.version if self.shard else 0, "plan_hash": self.plan_hash,
                 "active": sorted(self.controller.active),

@@ -10,6 +10,8 @@ from psrv.clip import clip_flat_
 from psrv.config import OptimConfig
 from psrv.schedule import lr_at
 from psrv.server.optim import make_optimizer
+from psrv.server.rules import PushContext, make_rule
+from psrv.server.rules.base import SYNC
 
 
 class Shard:
@@ -20,6 +22,7 @@ class Shard:
                                         requires_grad=False)
         self.optim = optim
         self.optimizer = make_optimizer(optim, self.param)
+        self.rule = make_rule(optim, size, self.device)  # optim.update_rule (psrv/server/rules)
         self._accum: torch.Tensor | None = None  # the open clock's sum (sync mode), made at its first use
         self._accumulated = 0
         self._cast: torch.Tensor | None = None  # a float32 copy of a bf16/fp16 (or off-device) gradient
@@ -34,13 +37,22 @@ class Shard:
         self.param.data.copy_(values)
         self.initialised = True
 
-    def apply(self, grad: torch.Tensor) -> None:
-        """One optimizer step with `grad` (asynchronous and SSP pushes), taken in float32."""
+    def apply(self, grad: torch.Tensor, ctx: PushContext = SYNC) -> float:
+        """One optimizer step with `grad` (asynchronous and SSP pushes), taken in float32, after the
+        update rule has seen it with its context; returns the lr scale the rule applied."""
         if grad.dtype != torch.float32 or grad.device != self.device:  # converted into a reused buffer
-            if self._cast is None:
-                self._cast = torch.empty(self.size, dtype=torch.float32, device=self.device)
-            grad = self._cast.copy_(grad)
-        self._step(grad)
+            grad = self._scratch().copy_(grad)
+        return self._step(grad, ctx)
+
+    def pulled(self, worker: int) -> None:
+        """`worker`'s pull was answered with the weights as they are now (for rules that keep them)."""
+        if self.rule.records_pulls:
+            self.rule.pulled(worker, self.param.data)
+
+    def _scratch(self) -> torch.Tensor:
+        if self._cast is None:
+            self._cast = torch.empty(self.size, dtype=torch.float32, device=self.device)
+        return self._cast
 
     def accumulate(self, grad: torch.Tensor) -> None:
         """Add `grad` to the open clock's float32 sum (sync mode)."""
@@ -60,16 +72,19 @@ class Shard:
         self._accum.div_(n)
         if self.optim.clip_grad_norm:
             clip_flat_(self._accum, self.optim.clip_grad_norm)
-        self._step(self._accum)
+        self._step(self._accum, SYNC)
         self._accum.zero_()
         self._accumulated = 0
         return n
 
-    def _step(self, grad: torch.Tensor) -> None:
-        """One optimizer step at the schedule's lr for this update (the version is the update count)."""
+    def _step(self, grad: torch.Tensor, ctx: PushContext) -> float:
+        """One optimizer step at the schedule's lr for this update (the version is the update count),
+        with the gradient as the update rule prepares it; returns the rule's lr scale."""
+        grad, scale = self.rule.prepare(grad, ctx, self.param.data, self._scratch)
         self.optimizer.lr = lr_at(self.optim, self.version)
         self.optimizer.step(grad)
         self.version += 1
+        return scale
 
     def discard_accumulated(self) -> int:
         """Forget the open clock's sum (its clock was overtaken after a restore); returns how many
@@ -83,7 +98,8 @@ class Shard:
         """Parameters, optimizer state (torch.optim's layout), version and the open clock's sum.
         Tensors are the shard's own (as nn.Module.state_dict's are): save or copy before stepping on."""
         state = {"param": self.param.data, "optimizer": self.optimizer.state_dict(), "version": self.version,
-                 "accumulated": self._accumulated, "initialised": self.initialised}
+                 "accumulated": self._accumulated, "initialised": self.initialised,
+                 "rule": self.rule.state_dict()}
         if self._accum is not None:
             state["accum"] = self._accum
         return state
@@ -98,9 +114,13 @@ class Shard:
             for name, value in slot.items():
                 if torch.is_tensor(value) and value.dim() > 0 and tuple(value.shape) != (self.size,):
                     raise ValueError(f"optimizer state {name} has shape {tuple(value.shape)}, this shard {self.size}")
+        rule = make_rule(self.optim, self.size, self.device)
+        if state.get("rule", {}).get("name") == rule.name:  # another rule's state: this one starts fresh
+            rule.load_state_dict(state["rule"])
         self.param.data.copy_(state["param"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
+        self.rule = rule
         if "accum" in state:
             self._accum = state["accum"].to(self.device, torch.float32).clone()
             self._accumulated = int(state["accumulated"])

@@ -24,6 +24,7 @@ class ShardStats:
     max_clock_gap: int = 0
     wait_seconds: float = 0.0
     lost_workers: list = field(default_factory=list)
+    lr_scale: collections.Counter = field(default_factory=collections.Counter)  # per applied update
 
     # --- events -------------------------------------------------------------
     def received(self, nbytes: int) -> None:
@@ -47,10 +48,13 @@ class ShardStats:
             if staleness is not None:
                 self.metrics.push_staleness.observe(staleness)
 
-    def applied(self, version: int) -> None:
+    def applied(self, version: int, *, lr_scale: float = 1.0) -> None:
+        """An optimizer step was taken; `lr_scale`: the factor the update rule scaled its gradient by."""
         self.updates_applied += 1
+        self.lr_scale[round(lr_scale, 6)] += 1
         if self.metrics:
             self.metrics.updates_applied.inc()
+            self.metrics.lr_scale.observe(lr_scale)
             self.metrics.shard_version.set(version)
 
     def drop(self, reason: str, count: int = 1) -> None:
@@ -99,6 +103,11 @@ class ShardStats:
         n = sum(self.staleness.values())
         return sum(k * v for k, v in self.staleness.items()) / n if n else 0.0
 
+    @property
+    def mean_lr_scale(self) -> float:
+        n = sum(self.lr_scale.values())
+        return sum(k * v for k, v in self.lr_scale.items()) / n if n else 1.0
+
     def to_dict(self) -> dict:
         return {
             "pushes": self.pushes, "pulls": self.pulls, "updates_applied": self.updates_applied,
@@ -108,4 +117,6 @@ class ShardStats:
             "max_staleness": self.max_staleness, "mean_staleness": self.mean_staleness,
             "max_clock_gap": self.max_clock_gap, "wait_seconds": self.wait_seconds,
             "lost_workers": list(self.lost_workers),
+            "lr_scale_histogram": {f"{k:g}": v for k, v in sorted(self.lr_scale.items(), reverse=True)},
+            "mean_lr_scale": self.mean_lr_scale,
         }
