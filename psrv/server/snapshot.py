@@ -2,7 +2,8 @@
 
 The dict's keys: the job it belongs to (JOB_KEYS), "plan_hash" and "size" (the partition plan's
 hash, this shard's length), then each part's own state_dict: "shard_state" (Shard: parameters,
-optimizer state, version, the open clock's sum), "controller" (active set, clocks, sync's open
+optimizer state, version, the open clock's sum, the update rule's state: DC-ASGD's pulled weights
+per worker and its mean square), "controller" (active set, clocks, sync's open
 clock), "dedup" (each worker's last accepted push and its answer), "liveness" (who left, who was lost).
 """
 from __future__ import annotations
