@@ -55,14 +55,15 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
     interrupt: KeyboardInterrupt | None = None
     t_loop = t_end = None  # the step loop's start and end (train_seconds)
     ps: Worker | None = None
-    inner = None
+    # Before the Worker: torch.optim's constructor imports torch._dynamo, and that import once the RPC
+    # transport has joined its world leaves the shards unreachable ("server-0 is not serving").
+    inner = make_inner_optimizer(cfg, model.parameters()) if cfg.local_updates else None
     try:
         # Early sends would beat injected compute and network delays, so faults turn the overlap off.
         ps = Worker(model, cfg.servers, rank=cfg.rank, world_size=cfg.world_size, transport=cfg.transport,
                     timeout=cfg.request_timeout, curve_keys=cfg.curve_keys, wire_dtype=cfg.wire_dtype,
                     overlap=cfg.overlap and not faults.active, clip_grad_norm=cfg.clip_grad_norm,
                     local_steps=cfg.local_steps if cfg.local_updates else None)
-        inner = make_inner_optimizer(cfg, model.parameters()) if cfg.local_updates else None
         record["plan_hash"] = ps.plan.hash
         with ps:
             if cfg.rank == 0:

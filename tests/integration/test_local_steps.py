@@ -1,0 +1,99 @@
+"""Local SGD and DiLoCo (--local-steps): each worker takes H steps of its own inner optimizer, then
+pushes w_pulled - w_now for the servers' outer optimizer. Sync PS and the DDP baseline both equal a
+single-process DiLoCo; H = 1 with outer SGD at lr 1 is the inner optimizer alone; --local-steps 1
+with no inner optimizer is today's push of the gradient; async local SGD learns."""
+import json
+
+import pytest
+import torch
+
+from psrv.config import RunConfig, from_dict
+from tests.helpers import psrv_run
+from tests.integration.test_sync_reference import big_batch_sgd
+from workers.jobs import load_job
+
+JOB, BATCH = "digits_mlp", 16
+H, ROUNDS, INNER_LR, OUTER = 5, 3, 0.01, ("--optimizer", "sgd", "--lr", "0.7", "--momentum", "0.9", "--nesterov")
+
+
+def flat(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def diloco(*, workers: int, local_steps: int, rounds: int, outer_lr: float, momentum: float, nesterov: bool,
+           inner_lr: float = INNER_LR) -> torch.Tensor:
+    """Single-process DiLoCo: from the same start, each rank's AdamW (state kept across rounds) takes
+    `local_steps` steps on that rank's batches; the mean of w_start - w_rank is one outer SGD step."""
+    jobs = [load_job(JOB, seed=0) for _ in range(workers)]
+    inner = [torch.optim.AdamW(j.model.parameters(), lr=inner_lr) for j in jobs]
+    batches = [j.batches_for(rank=r, world_size=workers, batch_size=BATCH, seed=0) for r, j in enumerate(jobs)]
+    shared = [p.detach().clone() for p in jobs[0].model.parameters()]
+    outer = torch.optim.SGD(shared, lr=outer_lr, momentum=momentum, nesterov=nesterov)
+    for _ in range(rounds):
+        for job, opt, stream in zip(jobs, inner, batches):
+            with torch.no_grad():
+                for p, s in zip(job.model.parameters(), shared):
+                    p.copy_(s)
+            for _ in range(local_steps):
+                opt.zero_grad()
+                job.loss_of(job.model, next(stream)).backward()
+                opt.step()
+        for k, s in enumerate(shared):
+            s.grad = sum(s - list(j.model.parameters())[k].detach() for j in jobs) / workers
+        outer.step()
+    return torch.cat([s.reshape(-1) for s in shared])
+
+
+@pytest.mark.timeout(120)
+def test_h1_with_outer_sgd_lr1_is_the_inner_optimizer_alone(tmp_path):
+    steps = 20
+    summary = psrv_run(tmp_path, "--job", JOB, "--mode", "sync", "--workers", "1", "--servers", "1", "--steps",
+                       str(steps), "--batch-size", str(BATCH), "--local-steps", "1", "--inner-optimizer", "adamw",
+                       "--inner-lr", str(INNER_LR), "--optimizer", "sgd", "--lr", "1", "--momentum", "0")
+    want = diloco(workers=1, local_steps=1, rounds=steps, outer_lr=1.0, momentum=0.0, nesterov=False)
+    assert (want - flat(load_job(JOB, seed=0).model)).abs().max() > 1e-2      # the reference really moved
+    torch.testing.assert_close(torch.load(tmp_path / "params.pt"), want, rtol=0, atol=1e-6)
+    assert (summary["pushes"], summary["inner_steps"]) == (steps, steps), summary
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("mode", ["sync", "ddp"])
+def test_two_workers_equal_single_process_diloco(mode, tmp_path):
+    summary = psrv_run(tmp_path, "--job", JOB, "--mode", mode, "--workers", "2", "--servers", "1",
+                       "--steps", str(H * ROUNDS), "--batch-size", str(BATCH), "--local-steps", str(H),
+                       "--inner-lr", str(INNER_LR), *OUTER)
+    want = diloco(workers=2, local_steps=H, rounds=ROUNDS, outer_lr=0.7, momentum=0.9, nesterov=True)
+    torch.testing.assert_close(torch.load(tmp_path / "params.pt"), want, rtol=0, atol=1e-5)
+    assert (summary["pushes"], summary["inner_steps"], summary["updates_applied"]) == (2 * ROUNDS, 2 * H * ROUNDS,
+                                                                                       ROUNDS), summary
+    assert summary["pushes_per_sample"] == pytest.approx(1 / (H * BATCH)) and summary["pseudo_grad_norm"] > 0
+
+
+@pytest.mark.timeout(120)
+def test_local_steps_1_without_an_inner_optimizer_pushes_the_gradient_as_before(tmp_path):
+    summary = psrv_run(tmp_path, "--mode", "sync", "--workers", "3", "--servers", "1", "--steps", "20",
+                       "--batch-size", "16", "--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9",
+                       "--local-steps", "1")
+    ran = from_dict(RunConfig, json.loads((tmp_path / "config.json").read_text()))
+    assert ran.worker == from_dict(RunConfig, {}).worker                       # the very config of a run without it
+    torch.testing.assert_close(torch.load(tmp_path / "params.pt"), big_batch_sgd(), rtol=0, atol=1e-5)
+    assert "inner_steps" not in summary and summary["pushes"] == 60
+
+
+@pytest.mark.timeout(180)
+def test_async_local_sgd_learns(tmp_path):
+    summary = psrv_run(tmp_path, "--mode", "async", "--workers", "2", "--servers", "2", "--steps", "100",
+                       "--local-steps", "5", "--inner-lr", "0.003", "--optimizer", "sgd", "--lr", "0.5",
+                       "--momentum", "0.5")
+    assert summary["eval_accuracy"] >= 0.7, summary                           # from about 0.08 at the start
+    assert summary["final_loss"] < 0.5 * summary["initial_loss"], summary
+    assert (summary["pushes"], summary["inner_steps"]) == (40, 200), summary
+
+
+@pytest.mark.timeout(120)
+def test_local_steps_over_rpc(tmp_path):
+    # the inner optimizer is made before the RPC world is joined (torch.optim imports torch._dynamo,
+    # which after joining left the shards unreachable)
+    summary = psrv_run(tmp_path, "--mode", "async", "--transport", "rpc", "--workers", "1", "--servers", "1",
+                       "--steps", "10", "--local-steps", "5")
+    assert (summary["pushes"], summary["inner_steps"], summary["updates_applied"]) == (2, 10, 2), summary
