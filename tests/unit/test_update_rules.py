@@ -148,3 +148,24 @@ def test_another_rules_state_is_not_loaded():
     b = shard("dc-asgd")
     b.load_state_dict(a.state_dict())
     assert b.rule.pulled_weights == {} and torch.equal(b.param.data, a.param.data)
+
+
+def test_lr_scale_is_counted_in_the_stats_and_prometheus():
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from psrv.metrics import ServerMetrics
+    from psrv.server.stats import ShardStats
+
+    registry = CollectorRegistry()
+    stats = ShardStats(metrics=ServerMetrics(registry, shard=0, mode="async"))
+    s = shard("staleness-lr")
+    for tau in (0, 1, 3, 3, 2):
+        stats.applied(s.version, lr_scale=s.apply(torch.ones(SIZE), PushContext(0, staleness=tau)))
+    out = stats.to_dict()
+    assert out["lr_scale_histogram"] == {"1": 2, "0.5": 1, "0.333333": 2}
+    assert out["mean_lr_scale"] == pytest.approx((2 + 0.5 + 2 / 3) / 5)
+    got = {(x.name, x.labels.get("le")): x.value for f in text_string_to_metric_families(
+        generate_latest(registry).decode()) for x in f.samples if x.name.startswith("psrv_lr_scale")}
+    assert got[("psrv_lr_scale_count", None)] == 5
+    assert got[("psrv_lr_scale_bucket", "0.3333333333333333")] == 2 and got[("psrv_lr_scale_bucket", "0.5")] == 3
