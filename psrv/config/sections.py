@@ -195,7 +195,7 @@ class JobConfig(Section):
 
     name: str = setting("digits_mlp", "digits_mlp, mnist1d_mlp, synthetic_mlp, package.module:factory or "
                         "path/to/file.py:factory (both found from the current folder)", flag="job", check=_job)
-    steps: int = setting(300, "steps per worker", minimum=1)
+    steps: int = setting(300, "steps per worker (inner steps with local_steps)", minimum=1)
     batch_size: int = setting(32, "per-worker batch", minimum=1)
     eval_every: int = setting(0, "rank 0 evaluates every K steps (0: at the start and the end only)", minimum=0)
 
