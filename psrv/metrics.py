@@ -162,7 +162,8 @@ class WorkerMetrics:
             self.samples.inc(row["batch_size"])
         if row["loss"] is not None:
             self.loss.set(row["loss"])
-        self.staleness.observe(row["staleness"])
+        if row.get("pushed", True):  # a local step (--local-steps) pushed nothing: no staleness
+            self.staleness.observe(row["staleness"])
         self.compute_seconds.inc(compute)
         self.communication_seconds.inc(comm)
         self.wait_seconds.inc(wait)

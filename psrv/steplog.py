@@ -75,6 +75,8 @@ class StepLog:
                "staleness": info.staleness, "compute_seconds": max(0.0, started - self._last),
                "communication_seconds": max(0.0, inside - info.waited), "wait_seconds": min(info.waited, inside),
                "batch_size": batch_size}
+        if not info.pushed:  # a local step (psrv.Worker local_steps) that sent nothing
+            row["pushed"] = False
         self.rows.append(row)
         if self.metrics is not None:
             self.metrics.observe_step(row)
@@ -82,8 +84,10 @@ class StepLog:
             self.progress.write_text(str(len(self.rows)))
         self._last_wall, self._last = row["wall_time"], time.perf_counter()
 
-    def write(self, *, params: torch.Tensor | None = None, early_sends: int = 0, interrupted: bool = False) -> None:
-        """Write the record (and rank 0's final parameters, `params`, unless `interrupted`)."""
+    def write(self, *, params: torch.Tensor | None = None, early_sends: int = 0, interrupted: bool = False,
+              local_steps: int | None = None, pseudo_grad_norms: list[float] | None = None) -> None:
+        """Write the record (and rank 0's final parameters, `params`, unless `interrupted`). With
+        `local_steps`, a push is a round of them: `pushes` counts `pseudo_grad_norms` (one per push)."""
         rows = self.rows
         sizes = {r["batch_size"] for r in rows}
         known = bool(rows) and None not in sizes  # samples only when every step said its batch size
@@ -94,6 +98,9 @@ class StepLog:
                   "wall_seconds": time.time() - self.started,
                   "max_staleness": max((r["staleness"] for r in rows), default=0),
                   "max_rss_bytes": peak_rss_bytes()}
+        if local_steps is not None:
+            norms = list(pseudo_grad_norms or [])
+            record.update(pushes=len(norms), local_steps=local_steps, inner_steps=len(rows), pseudo_grad_norms=norms)
         if interrupted:
             record.update(interrupted=True, steps_done=len(rows))
         if self.progress is not None:

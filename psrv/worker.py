@@ -190,7 +190,8 @@ class Worker:
         finally:
             self._client.close()
         if self._log is not None:  # after LEAVE: the other workers need not wait for this write
-            self._log.write(params=self._flat.params if self.rank == 0 else None, early_sends=self.early_sends)
+            self._log.write(params=self._flat.params if self.rank == 0 else None, early_sends=self.early_sends,
+                            local_steps=self.local_steps, pseudo_grad_norms=self.pseudo_grad_norms)
 
     def __enter__(self) -> "Worker":
         return self
@@ -257,7 +258,8 @@ class Worker:
         finally:
             self._client.close()
             if getattr(self, "_log", None) is not None:  # what it did, marked interrupted
-                self._log.write(early_sends=self.early_sends, interrupted=True)
+                self._log.write(early_sends=self.early_sends, interrupted=True, local_steps=self.local_steps,
+                                pseudo_grad_norms=self.pseudo_grad_norms)
 
 
 def _clip_of(mine: float | None, welcomes: list[dict], mode: str) -> float:

@@ -112,7 +112,7 @@ def to_argv(cfg: Any) -> list[str]:
     for key, f, s in leaves(cls):
         value = _get(cfg, key)
         default = default_of(f)
-        if value == default or (default is None and _get(_without(cls, cfg, key), key) == value):
+        if value == default or (default is None and _resolves_to(cls, cfg, key, value)):
             continue
         if s.flag == "":
             raise ValueError(f"{key} has no command-line option; pass the whole config with --config FILE")
@@ -128,6 +128,15 @@ def _get(cfg: Any, key: str) -> Any:
     for part in key.split("."):
         cfg = getattr(cfg, part)
     return cfg
+
+
+def _resolves_to(cls: type, cfg: Any, key: str, value: Any) -> bool:
+    """Whether the setting at `key`, left to its default, resolves to `value` (False where the config
+    without it is refused: another setting needs it said, as inner_lr needs an inner_optimizer)."""
+    try:
+        return _get(_without(cls, cfg, key), key) == value
+    except ConfigError:
+        return False
 
 
 def _without(cls: type, cfg: Any, key: str) -> Any:

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+import psrv
 from psrv.config import RunConfig, from_dict
 from tests.helpers import psrv_run
 from tests.integration.test_sync_reference import big_batch_sgd
@@ -97,3 +98,15 @@ def test_local_steps_over_rpc(tmp_path):
     summary = psrv_run(tmp_path, "--mode", "async", "--transport", "rpc", "--workers", "1", "--servers", "1",
                        "--steps", "10", "--local-steps", "5")
     assert (summary["pushes"], summary["inner_steps"], summary["updates_applied"]) == (2, 10, 2), summary
+
+
+def test_local_steps_settings_resolve_and_refuse_in_one_line():
+    worker = from_dict(RunConfig, {"worker": {"local_steps": 20}}).worker
+    assert (worker.inner_optimizer, worker.inner_lr, worker.local_updates) == ("adamw", 0.001, True)
+    assert from_dict(RunConfig, {"worker": {"inner_optimizer": "sgd"}}).worker.inner_lr == 0.05
+    with pytest.raises(ValueError, match=r"^worker\.inner_lr: needs local_steps > 1 or an inner_optimizer"):
+        from_dict(RunConfig, {"worker": {"inner_lr": 0.1}})
+    with pytest.raises(ValueError, match=r"^worker\.local_steps: must be >= 1"):
+        from_dict(RunConfig, {"worker": {"local_steps": 0}})
+    with pytest.raises(ValueError, match=r"^local_steps must be an integer >= 1"):
+        psrv.Worker(torch.nn.Linear(2, 1), ["tcp://127.0.0.1:9"], rank=0, world_size=1, local_steps=0)

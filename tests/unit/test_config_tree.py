@@ -22,10 +22,11 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     "lr_end_factor": {"optimizer": {"lr_schedule": "linear", "lr_decay_steps": 10}},
     "lr_step_size": {"optimizer": {"lr_schedule": "step"}},
     "lr_gamma": {"optimizer": {"lr_schedule": "step", "lr_step_size": 3}},
-    "dc_lambda": {"optimizer": {"update_rule": "dc-asgd"}}}
+    "dc_lambda": {"optimizer": {"update_rule": "dc-asgd"}},
+    "inner_lr": {"worker": {"local_steps": 5}}}
 OTHER = {"mode": "sync", "cluster.device": "cuda:1", "job.name": "synthetic_mlp", "faults.straggler": "1:2",
          "faults.transient_stragglers": "0.1:4", "optimizer.momentum": 0.5, "optimizer.betas": (0.8, 0.99),
-         "optimizer.dc_lambda": 0.5}
+         "optimizer.dc_lambda": 0.5, "worker.inner_lr": 0.01}
 
 
 def _nest(key: str, value: Any) -> dict[str, Any]:
