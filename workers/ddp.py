@@ -147,6 +147,11 @@ def train_ddp(cfg: RunConfig, *, backend: str = "auto", timeout: float = 600.0, 
     is the server applying the update inside push_pull); wait_seconds = 0; no staleness column (DDP has none
     to measure: every rank steps on the same all-reduced gradient). pushes and updates_applied are counted
     by the comm hook (all-reduces completed) and an optimizer step post-hook (steps that ran).
+
+    With local steps (cfg.worker.local_updates: --local-steps H, --inner-optimizer) there is no DDP
+    wrapper: each rank steps its inner optimizer on the plain module, and every H steps (and once more
+    for a last, partial round) `OuterAllReduce` averages the pseudo-gradients and takes the outer step;
+    a row is an inner step, and pushes and updates_applied count the outer rounds.
     """
     started = time.time()
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
