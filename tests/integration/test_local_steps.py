@@ -83,12 +83,15 @@ def test_local_steps_1_without_an_inner_optimizer_pushes_the_gradient_as_before(
 
 @pytest.mark.timeout(180)
 def test_async_local_sgd_learns(tmp_path):
-    summary = psrv_run(tmp_path, "--mode", "async", "--workers", "2", "--servers", "2", "--steps", "100",
-                       "--local-steps", "5", "--inner-lr", "0.003", "--optimizer", "sgd", "--lr", "0.5",
-                       "--momentum", "0.5")
-    assert summary["eval_accuracy"] >= 0.7, summary                           # from about 0.08 at the start
-    assert summary["final_loss"] < 0.5 * summary["initial_loss"], summary
-    assert (summary["pushes"], summary["inner_steps"]) == (40, 200), summary
+    # Outer SGD lr 1 without momentum: each pseudo-gradient applied as it comes. With outer momentum 0.5
+    # and 100 steps, three runs here ended at 0.68, 0.69 and 0.92 (async order varies); these
+    # settings ended at 0.947, 0.950 and 0.947.
+    summary = psrv_run(tmp_path, "--mode", "async", "--workers", "2", "--servers", "2", "--steps", "150",
+                       "--local-steps", "5", "--inner-lr", "0.003", "--optimizer", "sgd", "--lr", "1.0",
+                       "--momentum", "0")
+    assert summary["eval_accuracy"] >= 0.8, summary                           # from about 0.08 at the start
+    assert summary["final_loss"] < 0.25 * summary["initial_loss"], summary
+    assert (summary["pushes"], summary["inner_steps"]) == (60, 300), summary
 
 
 @pytest.mark.timeout(120)
