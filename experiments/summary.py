@@ -152,6 +152,13 @@ def format_summary(s: dict) -> str:
             "updates_applied", "max_staleness", "mean_staleness", "max_clock_gap", "lost_workers")
     def fmt(v):
         return "n/a" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
-    width = max(map(len, keys))
     local = ("inner_steps", "pushes_per_sample", "pseudo_grad_norm")  # shown for local-steps runs only
-    return "\n".join(f"{k:<{width}}  {fmt(s.get(k))}" for k in keys if k in s or k not in local)
+    rows = [(k, s.get(k)) for k in keys if k in s or k not in local]
+    if s.get("eval_accuracy") is None and s.get("eval_metrics"):  # a job without accuracy: no n/a line
+        rows = [row for row in rows if row[0] != "eval_accuracy"]
+    at = next(i for i, (k, _) in enumerate(rows) if k == "final_loss") + 1
+    others = [(f"eval_{name}", value) for name, value in (s.get("eval_metrics") or {}).items()
+              if name not in ("loss", "accuracy")]  # the job's other metrics: perplexity, mse, ...
+    rows[at:at] = others
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {fmt(v)}" for k, v in rows)
