@@ -6,7 +6,7 @@ launched process receives it whole as JSON (`--config FILE`), so no setting is d
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from psrv.config.base import ConfigError, Section, section, setting
@@ -20,6 +20,17 @@ def _one_shard_clip(clip: float, mode: str, shards: int, shards_key: str) -> Non
     if clip and mode == "sync" and shards > 1:
         raise ConfigError("optimizer.clip_grad_norm", f"in mode 'sync' the server clips by the global norm, "
                           f"which needs {shards_key} = 1 (got {shards}: shards do not exchange partial norms)")
+
+
+def _dn_period(optim: OptimConfig, mode: str, workers: int) -> int:
+    """dn's N: given, or the number of workers (the paper's); in sync each clock is one update of the
+    mean, so N is 1 there (dn is then SGD-Nesterov) and another N is refused."""
+    if mode == "sync":
+        if optim.dn_period > 1:
+            raise ConfigError("optimizer.dn_period", "in mode 'sync' each clock is one update: dn there is "
+                              f"sgd-nesterov with N = 1 (got {optim.dn_period}); remove it")
+        return 1
+    return optim.dn_period or workers
 
 
 def _shallow(obj: Section, cls: type) -> dict[str, Any]:
@@ -52,6 +63,10 @@ class ServerConfig(ServeSettings, ServerSettings, Consistency, Placement):
         if self.curve_keys and self.transport != "zmq":
             raise ConfigError("curve_keys", "needs transport 'zmq' (torch RPC has no authentication)")
         _one_shard_clip(self.optimizer.clip_grad_norm, self.mode, self.num_shards, "num_shards")
+        if self.optimizer.update_rule == "dn":  # the shard is told its N
+            n = _dn_period(self.optimizer, self.mode, self.workers)
+            if n != self.optimizer.dn_period:
+                object.__setattr__(self, "optimizer", replace(self.optimizer, dn_period=n))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,6 +121,8 @@ class RunConfig(Seeded, Consistency):
                 raise ConfigError("worker.wire_dtype", f"is for the parameter server's pushes; mode "
                                                        f"{self.mode!r} all-reduces float32")
         _one_shard_clip(self.optimizer.clip_grad_norm, self.mode, self.cluster.servers, "cluster.servers")
+        if self.optimizer.update_rule == "dn":
+            _dn_period(self.optimizer, self.mode, n)
 
     @property
     def is_allreduce(self) -> bool:

@@ -17,7 +17,7 @@ WIRE_DTYPES = ("float32", "bfloat16", "float16")  # what a worker may send its g
 INNER_OPTIMIZERS = ("sgd", "adamw")  # a worker's own, for local steps (torch.optim.SGD, AdamW)
 INNER_LR = {"sgd": 0.05, "adamw": 0.001}  # inner_lr's default with each
 SGD_MOMENTUM = 0.9  # momentum's default with sgd; adam and adamw take none
-UPDATE_RULES = ("plain", "staleness-lr", "dc-asgd", "dc-asgd-a")  # psrv/server/rules registers them
+UPDATE_RULES = ("plain", "staleness-lr", "dc-asgd", "dc-asgd-a", "dn")  # psrv/server/rules registers them
 DC_LAMBDA = {"dc-asgd": 0.04, "dc-asgd-a": 2.0}  # dc_lambda's default with each (Zheng et al. 2017)
 SHIPPED_JOBS = ("digits_mlp", "mnist1d_mlp", "synthetic_mlp", "digits_cnn", "mnist1d_cnn",
                 "code_lm")  # workers/jobs builds them
@@ -140,10 +140,12 @@ class OptimConfig(GradClip):
     lr_gamma: float = setting(0.1, "step: the factor", minimum=0.0, maximum=1.0, above=True)
     update_rule: str = setting("plain", "how a shard treats a push's gradient before the step (async, ssp; sync "
                                "steps on the clock's mean at staleness 0, plain for every rule): plain, "
-                               "staleness-lr (g/max(1,staleness)), dc-asgd, dc-asgd-a (delay compensation); "
-                               "docs/algorithms.md", choices=UPDATE_RULES)
+                               "staleness-lr (g/max(1,staleness)), dc-asgd, dc-asgd-a (delay compensation), "
+                               "dn (delayed Nesterov, sgd --nesterov only); docs/algorithms.md", choices=UPDATE_RULES)
     dc_lambda: float | None = setting(None, "dc-asgd's lambda (default 0.04), dc-asgd-a's lambda0 (default 2.0)",
                                       minimum=0.0)
+    dn_period: int = setting(0, "dn: pushes N per momentum update (0: the number of workers; mode sync: 1)",
+                             minimum=0, metavar="N")
 
     def validate(self) -> None:
         super().validate()
@@ -167,6 +169,10 @@ class OptimConfig(GradClip):
             raise ConfigError("momentum", f"only used by optimizer 'sgd' ({self.name!r} takes none); remove it")
         if self.nesterov and (self.name != "sgd" or self.momentum == 0):
             raise ConfigError("nesterov", "needs optimizer 'sgd' with momentum > 0")
+        if self.update_rule == "dn" and not self.nesterov:
+            raise ConfigError("update_rule", "dn is delayed Nesterov: needs optimizer 'sgd' with nesterov")
+        if self.dn_period and self.update_rule != "dn":
+            raise ConfigError("dn_period", f"only used by update_rule dn (it is {self.update_rule!r}); remove it")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -82,7 +82,7 @@ class Shard:
         with the gradient as the update rule prepares it; returns the rule's lr scale."""
         grad, scale = self.rule.prepare(grad, ctx, self.param.data, self._scratch)
         self.optimizer.lr = lr_at(self.optim, self.version)
-        self.optimizer.step(grad)
+        self.rule.step(grad, self.optimizer)  # the optimizer's step, or the rule's own (dn)
         self.version += 1
         return scale
 

@@ -43,3 +43,13 @@ def test_rule_runs_and_records_its_lr_scale(mode, rule, transport, servers, tmp_
         assert s["max_staleness"] >= 2 and s["mean_lr_scale"] < 1.0, s  # 3 workers in async/ssp: stale pushes
     else:
         assert s["mean_lr_scale"] == 1.0, s
+
+
+@pytest.mark.timeout(60)
+def test_dn_learns_under_async_local_sgd(tmp_path):
+    """Delayed Nesterov as the outer optimizer of 2 async workers taking 5 local steps per push."""
+    s = psrv_run(tmp_path, "--mode", "async", "--workers", "2", "--local-steps", "5", "--update-rule", "dn",
+                 "--optimizer", "sgd", "--momentum", "0.9", "--nesterov", "--lr", "0.7", "--steps", "60",
+                 timeout=50)
+    assert s["complete"] and s["update_rule"] == "dn" and s["mean_lr_scale"] == 0.5, s  # N = 2 workers
+    assert s["eval_accuracy"] > 0.5, s  # from 0.08 at the start

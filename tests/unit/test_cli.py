@@ -7,7 +7,7 @@ from psrv.cli import build_parser
 
 SURFACE = {
     "serve": ((), ("--backup-workers", "--bind", "--checkpoint-dir", "--checkpoint-every", "--clip-grad-norm", "--config",
-                   "--curve-keys", "--dc-lambda", "--device",
+                   "--curve-keys", "--dc-lambda", "--device", "--dn-period",
                    "--log-level", "--lr", "--lr-decay-steps", "--lr-end-factor", "--lr-gamma", "--lr-schedule",
                    "--lr-step-size", "--max-message-bytes", "--metrics-host", "--metrics-linger", "--metrics-port",
                    "--mode", "--momentum", "--nesterov", "--nonfinite", "--num-shards", "--optimizer", "--out",
@@ -20,7 +20,7 @@ SURFACE = {
                     "--transient-stragglers", "--transport", "--wire-dtype", "--world-size")),
     "keygen": (("dir",), ("--log-level", "--workers")),
     "admin": (("action",), ("--curve-keys", "--log-level", "--servers")),
-    "run": ((), ("--backup-workers", "--batch-size", "--clip-grad-norm", "--compute-ms", "--config", "--dc-lambda", "--device", "--eval-every", "--inner-lr",
+    "run": ((), ("--backup-workers", "--batch-size", "--clip-grad-norm", "--compute-ms", "--config", "--dc-lambda", "--device", "--dn-period", "--eval-every", "--inner-lr",
                  "--inner-optimizer", "--job", "--local-steps", "--log-level", "--lr", "--lr-decay-steps", "--lr-end-factor", "--lr-gamma", "--lr-schedule", "--lr-step-size",
                  "--max-message-bytes", "--metrics", "--metrics-linger", "--mode", "--momentum", "--nesterov",
                  "--net-delay-ms", "--no-overlap", "--no-progress", "--nonfinite", "--optimizer", "--out",

@@ -23,6 +23,7 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     "lr_step_size": {"optimizer": {"lr_schedule": "step"}},
     "lr_gamma": {"optimizer": {"lr_schedule": "step", "lr_step_size": 3}},
     "dc_lambda": {"optimizer": {"update_rule": "dc-asgd"}},
+    "dn_period": {"optimizer": {"update_rule": "dn", "nesterov": True}},
     "inner_lr": {"worker": {"local_steps": 5}}}
 OTHER = {"mode": "sync", "cluster.device": "cuda:1", "job.name": "synthetic_mlp", "faults.straggler": "1:2",
          "faults.transient_stragglers": "0.1:4", "optimizer.momentum": 0.5, "optimizer.betas": (0.8, 0.99),

@@ -8,6 +8,7 @@ import torch
 
 if TYPE_CHECKING:
     from psrv.config import OptimConfig
+    from psrv.server.optim import FlatOptimizer
 
 RULES: dict[str, type["UpdateRule"]] = {}
 
@@ -52,6 +53,11 @@ class UpdateRule:
                 out: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, float]:
         """(the gradient to step with, the factor the lr was effectively scaled by)."""
         return grad, 1.0
+
+    def step(self, grad: torch.Tensor, optimizer: "FlatOptimizer") -> None:
+        """Take the step with the prepared `grad` at `optimizer.lr`: the optimizer's own, for every rule
+        but one that keeps its own momentum (dn)."""
+        optimizer.step(grad)
 
     def pulled(self, worker: int, weights: torch.Tensor) -> None:
         """`worker`'s pull was answered with `weights` (the shard's own tensor: copy what you keep)."""
