@@ -52,9 +52,22 @@ def _job(cfg: RunConfig) -> str:
 
 
 def _optimizer(cfg: RunConfig) -> str:
-    opt = cfg.optimizer
-    return (f"{opt.name}, lr {opt.lr:g}" + (f", momentum {opt.momentum:g}" if opt.name == "sgd" else "")
-            + f", weight decay {opt.weight_decay:g}")
+    """The servers' optimizer (the outer one with local steps) and every setting that changes its step."""
+    opt, worker = cfg.optimizer, cfg.worker
+    parts = [f"{opt.name}, lr {opt.lr:g}" + (f", momentum {opt.momentum:g}" if opt.name == "sgd" else "")
+             + (" (Nesterov)" if opt.nesterov else "") + f", weight decay {opt.weight_decay:g}"]
+    if opt.lr_schedule != "constant":
+        parts.append(f"lr schedule {opt.lr_schedule}")
+    if opt.clip_grad_norm:
+        parts.append(f"clip grad norm {opt.clip_grad_norm:g}")
+    if opt.update_rule != "plain":
+        extra = f" (lambda {opt.dc_lambda:g})" if opt.update_rule.startswith("dc-") else \
+            f" (period {opt.dn_period or 'the workers'})" if opt.update_rule == "dn" else ""
+        parts.append(f"update rule {opt.update_rule}{extra}")
+    if worker.local_updates:
+        parts.append(f"{worker.local_steps} local steps per push, inner {worker.inner_optimizer} "
+                     f"lr {worker.inner_lr:g}")
+    return "; ".join(parts)
 
 
 def _cluster(cfg: RunConfig) -> str:

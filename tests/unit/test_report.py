@@ -244,3 +244,19 @@ def test_a_metric_target_reads_the_jobs_direction_and_final_value(tmp_path: Path
     from experiments.collect import run_metrics
     values = run_metrics(path, TargetSpec(metric="wer", value=0.3)).values
     assert values["time_to_target_seconds"] == 2.0 and values["final_target_metric"] == 0.2
+
+
+def test_the_setup_line_names_every_setting_that_changes_the_step() -> None:
+    """A report that said 'sgd, lr 0.7, momentum 0.9' for a DiLoCo run with dn would hide what ran."""
+    from experiments.report_configs import _optimizer
+    spec = spec_from_dict({"name": "t", "target": {"eval_loss": 1.0}, "variants": [
+        {"mode": "sync"},
+        {"mode": "async", "name": "dn", "optimizer": {"lr": 0.7, "nesterov": True, "update_rule": "dn",
+                                                      "lr_schedule": "linear", "lr_decay_steps": 10},
+         "worker": {"local_steps": 20}},
+        {"mode": "async", "name": "dc", "optimizer": {"update_rule": "dc-asgd"}}]})
+    plain, dn, dc = (_optimizer(v.config) for v in spec.variants)
+    assert plain == "sgd, lr 0.05, momentum 0.9, weight decay 0"
+    assert dn == ("sgd, lr 0.7, momentum 0.9 (Nesterov), weight decay 0; lr schedule linear; update rule dn "
+                  "(period the workers); 20 local steps per push, inner adamw lr 0.001")
+    assert dc.endswith("; update rule dc-asgd (lambda 0.04)")
