@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -109,3 +110,22 @@ class RecordingNet(ServerTransport):
     def close(self):
         pass
 
+
+
+
+def in_spawned_process(fn, *args, timeout: float = 120.0):
+    """fn(*args) in a fresh Python process (multiprocessing spawn); its return value, or its error.
+    `fn` must be importable (a module-level function).
+
+    For in-process torch.distributed (gloo): a gloo thread torn down after destroy_process_group once
+    aborted the pytest process itself ("Fatal Python error: Aborted", one test after a gloo run), so
+    such runs happen in a child that leaves with os._exit once it has answered. Not fork: forking a
+    process whose torch thread pools are running can hang the child."""
+    import multiprocessing
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        return pickle.loads(pool.apply_async(_pickled_call, (fn, args)).get(timeout=timeout))
+
+
+def _pickled_call(fn, args):
+    return pickle.dumps(fn(*args))  # plain pickle: tensors copied, no file descriptors shared

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import workers.ddp
-from tests.helpers import psrv_run, run_in_session
+from tests.helpers import in_spawned_process, psrv_run, run_in_session
 from psrv.config import JobConfig, RunConfig
 from workers.ddp import train_ddp
 from workers.jobs import load_job
@@ -68,6 +68,13 @@ def test_ddp_counts_the_optimizer_steps_that_ran(monkeypatch):
     # all-reduces 4 gradients, but only 2 updates happen, and the record says 2, not `steps`.
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
+    record = in_spawned_process(_train_skipping_every_other_step)  # gloo in a process of its own
+    assert len(record["step_log"]) == 4 and record["pushes"] == 4
+    assert record["updates_applied"] == 2
+
+
+def _train_skipping_every_other_step() -> dict:
+    """train_ddp for 4 steps with an optimizer whose step runs only every other call (in a spawned child)."""
     real = workers.ddp.make_optimizer
 
     def every_other_step(cfg, params):
@@ -76,7 +83,5 @@ def test_ddp_counts_the_optimizer_steps_that_ran(monkeypatch):
         optimizer.step = lambda *a, **k: calls.append(1) or (step(*a, **k) if len(calls) % 2 else None)
         return optimizer
 
-    monkeypatch.setattr(workers.ddp, "make_optimizer", every_other_step)
-    record = train_ddp(RunConfig(mode="ddp", job=JobConfig(steps=4)))
-    assert len(record["step_log"]) == 4 and record["pushes"] == 4
-    assert record["updates_applied"] == 2
+    workers.ddp.make_optimizer = every_other_step
+    return train_ddp(RunConfig(mode="ddp", job=JobConfig(steps=4)))
