@@ -119,7 +119,7 @@ def in_spawned_process(fn, *args, timeout: float = 120.0):
 
     For in-process torch.distributed (gloo): a gloo thread torn down after destroy_process_group once
     aborted the pytest process itself ("Fatal Python error: Aborted", one test after a gloo run), so
-    such runs happen in a child that leaves with os._exit once it has answered. Not fork: forking a
+    such runs happen in a pool's child, terminated once it has answered. Not fork: forking a
     process whose torch thread pools are running can hang the child."""
     import multiprocessing
     ctx = multiprocessing.get_context("spawn")
