@@ -196,7 +196,8 @@ def test_report_ddp_gap(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(Axes, "text", lambda ax, x, y, s, *a, **k: drawn.append((ax.get_title(), s))
                         or real_text(ax, x, y, s, *a, **k))
     text = write_report(tmp_path, spec, spec_path="x.toml", versions=VERSIONS).read_text()
-    assert drawn == [("sync", "bars"), ("ddp", "n/a: all-reduce has no staleness")]  # no bar at 0
+    assert drawn == []  # sync's staleness is always 0 and ddp has none: no panel, no bar at 0
+    assert "plots/staleness.png" not in text and not (tmp_path / "plots" / "staleness.png").exists()
     [sync_row] = [line for line in text.splitlines() if line.startswith("| `sync` | sync |")]
     [ddp_row] = [line for line in text.splitlines() if line.startswith("| `ddp` | ddp |")]
     assert sync_row.split(" | ")[10:12] == ["0 ± 0", "0 ± 0"]  # mean, max staleness: measured
