@@ -64,15 +64,24 @@ def describe(diffs: list[tuple[str, Any, Any]], *, between: str = " -> ", limit:
     return text + (f" and {len(diffs) - limit} more" if len(diffs) > limit else "")
 
 
+OUTPUT_KEYS = ("tensorboard",)  # where results are also written: never a reason to train again
+
+
+def trained(cfg: RunConfig) -> RunConfig:
+    """`cfg` without the settings that only say where results also go (OUTPUT_KEYS)."""
+    return cfg.replace(tensorboard="")
+
+
 def why_changed(run: str | Path, wanted: RunConfig) -> str | None:
-    """None when the run directory's stored config is `wanted` (equal hashes); else why it is not."""
+    """None when the run directory's stored config trains as `wanted` does (equal hashes once OUTPUT_KEYS
+    are set aside); else why it does not."""
     try:
         stored = stored_config(run)
     except ValueError as exc:
         return str(exc)
-    if config_hash(stored) == config_hash(wanted):
+    if config_hash(trained(stored)) == config_hash(trained(wanted)):
         return None
-    return f"its config changed ({describe(differences(stored, wanted))})"
+    return f"its config changed ({describe(differences(stored, wanted, ignore=OUTPUT_KEYS))})"
 
 
 def keep_aside(run: str | Path) -> Path:

@@ -14,7 +14,7 @@ from psrv.config import RunConfig
 from psrv.config.cli_args import to_argv
 
 from experiments.collect import spec_repeats
-from experiments.provenance import describe, differences, recorded_specs, stored_config
+from experiments.provenance import OUTPUT_KEYS, describe, differences, recorded_specs, stored_config
 from experiments.spec import ExperimentSpec
 
 
@@ -106,11 +106,11 @@ def disagreements(runs: list[StoredRun], spec: ExperimentSpec) -> list[str]:
         if run.config is None:
             continue
         first_repeat, first = firsts.setdefault(run.variant, (run.repeat, run.config))
-        diffs = differences(first, run.config, ignore=("seed",))
+        diffs = differences(first, run.config, ignore=("seed", *OUTPUT_KEYS))
         if diffs:
             lines.append(f"{run.label} differs from rep-{first_repeat} in more than the seed: {describe(diffs)}")
         wanted = spec.run_config(spec.variant(run.variant), spec.seeds[run.repeat])
-        diffs = differences(run.config, wanted)
+        diffs = differences(run.config, wanted, ignore=OUTPUT_KEYS)
         if diffs:
             lines.append(f"{run.label} was run with another config than the spec's: {describe(diffs)} "
                          "(stored -> spec); `psrv experiment` would run it again")

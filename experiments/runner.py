@@ -10,12 +10,13 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from experiments.collect import collect, is_finished, run_dir
+from experiments.collect import collect, is_finished, run_dir, spec_repeats
 from experiments.launch import RunFailed, run_local
 from experiments.preflight import preflight
 from experiments.provenance import claim, default_out, keep_aside, kept_runs, why_changed
 from experiments.report import write_report
 from experiments.spec import load_spec
+from experiments.tracking import run_name, write_events
 from psrv.process import exit_code
 
 log = logging.getLogger("psrv.experiment")
@@ -35,15 +36,21 @@ def versions() -> dict[str, str]:
     return {"python": platform.python_version(), "torch": torch.__version__, "psrv": psrv_version}
 
 
-def run_experiment(spec_path: str | Path, *, out: str | Path | None = None) -> int:
+def run_experiment(spec_path: str | Path, *, out: str | Path | None = None,
+                   tensorboard: str | Path | None = None) -> int:
     """Run (or resume) the experiment SPEC into `out`; 0 if every run finished, 1 if any failed.
 
     Runs go to DIR/<variant>/rep-<k>. A finished run whose stored config is the one the spec now asks for is
     skipped, so an interrupted experiment resumes; one whose config changed is run again, the old run kept
     aside. The default DIR is runs/<spec file stem>; a folder of another spec file's results is refused
     unless `out` is given. One tqdm bar covers all runs; status lines go to stderr via tqdm.write.
+
+    `tensorboard` (or the spec's key of that name): every finished run's TensorBoard events go to
+    TB/<spec name>/<variant>/seed-<seed>, a run finished earlier included (it is not run again for them).
     """
     spec = load_spec(spec_path)
+    if tensorboard is not None:  # the command line's folder over the spec's, in what every run stores
+        spec = spec.with_settings(tensorboard=str(tensorboard))
     for variant in spec.variants:  # every run's device and job, before the first run starts
         try:
             preflight(variant.config)
@@ -77,6 +84,7 @@ def run_experiment(spec_path: str | Path, *, out: str | Path | None = None) -> i
             advance(steps)
     log.info("ran %d runs in %.1fs", len(todo), time.monotonic() - started)
     collect(out, spec)
+    _write_events(spec, out)
     report = write_report(out, spec, spec_path=spec_path, versions=versions())
     if failed:
         _say(f"{len(failed)} of {len(todo)} runs failed: {', '.join(failed)}; rerun the same command "
@@ -123,3 +131,13 @@ def _one_run(spec, variant, seed: int, path: Path, *, label: str, on_progress) -
         return False
     _say(f"finished {label} in {path}")
     return True
+
+
+def _write_events(spec, out: Path) -> None:
+    """TensorBoard events of every finished run of a variant whose config names a folder for them."""
+    for variant in spec.variants:
+        root = variant.config.tensorboard
+        for repeat, path in spec_repeats(out, spec, variant.name) if root else ():
+            logdir = Path(root) / spec.name / run_name(variant.name, spec.seeds[repeat])
+            write_events(path, logdir)
+            log.info("wrote TensorBoard events of %s rep-%d to %s", variant.name, repeat, logdir)

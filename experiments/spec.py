@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +131,13 @@ class ExperimentSpec:
     def config(self) -> RunConfig:
         """The experiment's own run (no variant), with its first seed."""
         return from_dict(RunConfig, {**self.base, "seed": self.seeds[0]})
+
+    def with_settings(self, **keys: Any) -> ExperimentSpec:
+        """This spec with top-level run settings (`tensorboard=...`) given for the experiment and every
+        variant, as the command line gives them."""
+        variants = tuple(replace(v, overrides={**v.overrides, **keys}, config=v.config.replace(**keys))
+                         for v in self.variants)
+        return replace(self, base={**self.base, **keys}, variants=variants)
 
     def variant(self, name: str) -> Variant:
         for variant in self.variants:

@@ -113,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("spec", type=Path, help="experiment spec (TOML), e.g. experiments/specs/modes.toml")
     e.add_argument("--out", type=Path, default=None, help="output directory (default: runs/<SPEC file name "
                    "without .toml>; a folder holding another spec file's results is refused unless given here)")
+    e.add_argument("--tensorboard", type=Path, default=None, metavar="DIR",
+                   help="also write TensorBoard event files under DIR/<spec name>/<variant>/seed-<seed> (the "
+                   "spec's key `tensorboard` says the same; this overrides it); a finished run gets its files "
+                   "without being run again")
     _log_level(e, "WARNING")
 
     t = sub.add_parser("top", help="live per-shard view of running servers",
@@ -257,6 +261,9 @@ def _run(a: argparse.Namespace) -> int:
         return exit_code(exc)
     print(format_summary(summary))
     print(f"\nwrote {a.out}/summary.json, steps.csv, evals.csv, config.json")
+    if cfg.tensorboard:
+        from experiments.tracking import write_run_events
+        print(f"wrote TensorBoard events to {write_run_events(cfg, a.out)}")
     return 0
 
 
@@ -270,7 +277,7 @@ def _experiment(a: argparse.Namespace) -> int:
     from experiments.runner import run_experiment
     from psrv.process import interrupt_on_signals
     interrupt_on_signals()  # SIGTERM as Ctrl-C: the run in progress stops in order and keeps what ran
-    return run_experiment(a.spec, out=a.out)
+    return run_experiment(a.spec, out=a.out, tensorboard=a.tensorboard)
 
 
 def _top(a: argparse.Namespace) -> int:

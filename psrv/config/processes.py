@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from psrv.config.base import ConfigError, Section, section, setting
+from psrv.config.sections import Trackers
 from psrv.config.sections import (MODES, ClusterConfig, Consistency, FaultConfig, GradClip, JobConfig,
                                   OptimConfig, Placement, Seeded, ServerSettings, ServeSettings, WorkerSettings)
 
@@ -94,7 +95,7 @@ class WorkerConfig(WorkerSettings, Seeded, Placement, GradClip):
 
 
 @dataclass(frozen=True, kw_only=True)
-class RunConfig(Seeded, Consistency):
+class RunConfig(Trackers, Seeded, Consistency):
     """A whole run: the cluster, the job, the optimizer, and the servers' and workers' settings.
     `psrv run` and every run of a spec are one of these; the run directory stores it as config.json."""
 

@@ -100,6 +100,15 @@ class Seeded(Section):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Trackers(Section):
+    """Where a run's results also go, for the trackers researchers already use (experiments/tracking.py)."""
+
+    tensorboard: str = setting("", "also write TensorBoard event files under DIR when the run ends: one run per "
+                               "variant and seed, with the scalars of steps.csv and evals.csv and the servers' "
+                               "staleness histograms (empty: none)", metavar="DIR")
+
+
+@dataclass(frozen=True, kw_only=True)
 class GradClip(Section):
     """Gradient clipping by global norm (an optimizer setting that a worker holds too)."""
 

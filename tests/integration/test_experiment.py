@@ -30,8 +30,8 @@ workers = 2
 [target]
 eval_accuracy = 0.2
 """
-PLOTS = ("eval_loss_vs_time", "eval_loss_vs_step", "eval_accuracy_vs_time", "throughput", "staleness",
-         "time_breakdown")
+PLOTS = ("loss_curves", "accuracy_curves", "worker_timeline", "throughput", "time_breakdown", "staleness",
+         "staleness_over_time")
 
 
 def write_spec(tmp_path: Path, modes: tuple[str, ...], *, job: str = "digits_mlp") -> Path:
@@ -40,14 +40,29 @@ def write_spec(tmp_path: Path, modes: tuple[str, ...], *, job: str = "digits_mlp
     return path
 
 
-def experiment(spec: Path, out: Path, *, timeout: float):
-    return run_in_session(psrv_argv("experiment", str(spec), "--out", str(out)), timeout=timeout)
+def experiment(spec: Path, out: Path, *, timeout: float, extra: tuple[str, ...] = ()):
+    return run_in_session(psrv_argv("experiment", str(spec), "--out", str(out), *extra), timeout=timeout)
+
+
+def assert_events_are_the_steps(logdir: Path, steps_csv: Path) -> None:
+    """The run's TensorBoard scalars, read back, are its steps.csv (at TensorBoard's float32)."""
+    import numpy as np
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
+    acc.Reload()
+    with open(steps_csv, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for column in ("loss", "staleness", "compute_seconds", "communication_seconds", "wait_seconds"):
+        for worker in ("0", "1"):
+            want = [(int(r["step"]), float(np.float32(r[column]))) for r in rows if r["worker"] == worker]
+            got = [(e.step, e.value) for e in acc.Scalars(f"worker-{worker}/{column}")]
+            assert got == want and len(got) == 20, (column, worker)
 
 
 @pytest.mark.timeout(330)
 def test_experiment_runs_every_variant_then_resumes(tmp_path):
-    spec, out = write_spec(tmp_path, ("sync", "async")), tmp_path / "out"
-    first = experiment(spec, out, timeout=240)
+    spec, out, tb = write_spec(tmp_path, ("sync", "async")), tmp_path / "out", tmp_path / "tb"
+    first = experiment(spec, out, timeout=240, extra=("--tensorboard", str(tb)))
     assert first.returncode == 0, first.stdout[-4000:]
     assert f"report: {out / 'report.md'}" in first.stdout
     with open(out / "summary.csv", newline="") as f:
@@ -61,15 +76,19 @@ def test_experiment_runs_every_variant_then_resumes(tmp_path):
         assert (out / "plots" / f"{plot}.png").stat().st_size > 1000, plot
     report = (out / "report.md").read_text()
     assert "sync" in report and "async" in report and "plots/throughput.png" in report
+    for variant in rows:  # one TensorBoard run per variant and seed, the scalars of its steps.csv
+        assert_events_are_the_steps(tb / "tiny" / variant / "seed-0", out / variant / "rep-0" / "steps.csv")
 
     reps = {p: p.stat().st_mtime_ns for v in rows for p in [out / v / "rep-0", out / v / "rep-0" / "summary.json"]}
     t0 = time.monotonic()
-    second = experiment(spec, out, timeout=120)
+    second = experiment(spec, out, timeout=120, extra=("--tensorboard", str(tmp_path / "tb2")))
     assert second.returncode == 0, second.stdout[-4000:]
     assert "skipped sync rep-0" in second.stdout and "skipped async rep-0" in second.stdout
     assert not [line for line in second.stdout.splitlines() if line.startswith("finished ")]
     assert {p: p.stat().st_mtime_ns for p in reps} == reps, "a finished run was run again"
     assert time.monotonic() - t0 < 90
+    # another TensorBoard folder is no reason to train again: the finished runs' events are written there
+    assert_events_are_the_steps(tmp_path / "tb2" / "tiny" / "async" / "seed-0", out / "async" / "rep-0" / "steps.csv")
 
 
 @pytest.mark.timeout(180)

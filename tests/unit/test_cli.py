@@ -25,9 +25,9 @@ SURFACE = {
                  "--max-message-bytes", "--metrics", "--metrics-linger", "--mode", "--momentum", "--nesterov",
                  "--net-delay-ms", "--no-overlap", "--no-progress", "--nonfinite", "--optimizer", "--out",
                  "--request-timeout", "--script", "--seed", "--servers", "--staleness", "--steps",
-                 "--straggler", "--transient-stragglers", "--transport", "--update-rule", "--warmup-steps", "--weight-decay",
-                 "--wire-dtype", "--worker-timeout", "--workers")),
-    "experiment": (("spec",), ("--log-level", "--out")),
+                 "--straggler", "--tensorboard", "--transient-stragglers", "--transport", "--update-rule", "--warmup-steps",
+                 "--weight-decay", "--wire-dtype", "--worker-timeout", "--workers")),
+    "experiment": (("spec",), ("--log-level", "--out", "--tensorboard")),
     "top": ((), ("--interval", "--log-level", "--once", "--servers", "--timeout")),
 }
 
