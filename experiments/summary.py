@@ -104,7 +104,13 @@ def _local_steps(workers: list[dict], samples: int | None) -> dict:
     pushes = sum(w["pushes"] for w in workers)
     return {"local_steps": _common(workers, "local_steps"), "inner_steps": sum(w.get("inner_steps", 0) for w in workers),
             "pseudo_grad_norm": sum(norms) / len(norms) if norms else None,
-            "pushes_per_sample": pushes / samples if samples else None}
+            "pushes_per_sample": pushes / samples if samples else None,
+            "inner_steps_per_push": [_mean(w.get("inner_steps_per_push") or []) for w in workers]}
+
+
+def _mean(values: list) -> float | None:
+    """One worker's mean inner steps per push (local_steps 'auto:H' plans it per round)."""
+    return round(sum(values) / len(values), 3) if values else None
 
 
 def _common(workers: list[dict], key: str):

@@ -155,3 +155,9 @@ class PushPull:
             if self.rt.frames[s] is None:
                 self.client._cast(self.grad, s)
         return self.client._weights(self.rt.run(), self.out)
+
+    def annotate(self, fields: dict) -> None:
+        """Add header `fields` to every shard's message not sent yet."""
+        for s, m in enumerate(self.rt.msgs):
+            if self.rt.frames[s] is None and fields:
+                m.fields = {**m.fields, **fields}

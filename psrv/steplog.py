@@ -85,7 +85,8 @@ class StepLog:
         self._last_wall, self._last = row["wall_time"], time.perf_counter()
 
     def write(self, *, params: torch.Tensor | None = None, early_sends: int = 0, interrupted: bool = False,
-              local_steps: int | None = None, pseudo_grad_norms: list[float] | None = None) -> None:
+              local_steps: int | str | None = None, pseudo_grad_norms: list[float] | None = None,
+              inner_steps_per_push: list[int] | None = None) -> None:
         """Write the record (and rank 0's final parameters, `params`, unless `interrupted`). With
         `local_steps`, a push is a round of them: `pushes` counts `pseudo_grad_norms` (one per push)."""
         rows = self.rows
@@ -100,7 +101,8 @@ class StepLog:
                   "max_rss_bytes": peak_rss_bytes()}
         if local_steps is not None:
             norms = list(pseudo_grad_norms or [])
-            record.update(pushes=len(norms), local_steps=local_steps, inner_steps=len(rows), pseudo_grad_norms=norms)
+            record.update(pushes=len(norms), local_steps=local_steps, inner_steps=len(rows), pseudo_grad_norms=norms,
+                          inner_steps_per_push=list(inner_steps_per_push or []))
         if interrupted:
             record.update(interrupted=True, steps_done=len(rows))
         if self.progress is not None:

@@ -24,6 +24,7 @@ import torch
 from psrv.client import PSClient
 from psrv.clip import clip_flat_
 from psrv.flat import FlatModel
+from psrv.local_period import LocalPeriod, fastest_of, parse_local_steps
 from psrv.overlap import ShardReadiness
 from psrv.partition import PartitionPlan
 from psrv.roundtrip import PushPull
@@ -86,9 +87,12 @@ class Worker:
     def __init__(self, model: torch.nn.Module, servers: Sequence[str] | None = None, *,
                  rank: int | None = None, world_size: int | None = None, transport: str = "zmq",
                  timeout: float = 60.0, curve_keys: str = "", wire_dtype: str = "float32",
-                 overlap: bool = True, clip_grad_norm: float | None = 0.0, local_steps: int | None = None):
-        if local_steps is not None and not (isinstance(local_steps, int) and local_steps >= 1):
-            raise ValueError(f"local_steps must be an integer >= 1 (None: off); got {local_steps!r}")
+                 overlap: bool = True, clip_grad_norm: float | None = 0.0, local_steps: int | str | None = None):
+        if local_steps is not None:
+            try:
+                local_steps = parse_local_steps(local_steps)
+            except ValueError as exc:
+                raise ValueError(f"local_steps {exc} (None: off)") from None
         if clip_grad_norm is not None and not clip_grad_norm >= 0:
             raise ValueError(f"clip_grad_norm must be >= 0 (0: off); got {clip_grad_norm!r}")
         servers = list(servers) if servers is not None else _env_servers()
@@ -105,6 +109,7 @@ class Worker:
         self.steps = 0
         self.early_sends = 0  # shard pushes sent while backward was still running
         self.local_steps = local_steps
+        self._period = LocalPeriod(local_steps) if local_steps is not None else None
         self.pseudo_grad_norms: list[float] = []  # one per push with local_steps
         self._pulled: torch.Tensor | None = None  # the weights last pulled (local_steps)
         try:
@@ -144,7 +149,7 @@ class Worker:
         t0 = time.perf_counter()
         check_step_args(loss, batch_size)
         self._check_open()
-        if self.local_steps is not None and (self.steps + 1) % self.local_steps:
+        if self._period is not None and not self._period.stepped(t0):
             return self._local_step(t0, loss, batch_size)
         try:
             if self._readiness is not None:
@@ -164,7 +169,14 @@ class Worker:
         self.steps += 1
         if self._log is not None:
             self._log.step(info, loss=loss, batch_size=batch_size, started=t0)
+        if self._period is not None:
+            self._period.returned(time.perf_counter())
         return info
+
+    @property
+    def inner_steps_per_push(self) -> list[int]:
+        """With local_steps: the inner steps each push carried (under 'auto:H', each round's H_i)."""
+        return list(self._period.history) if self._period is not None else []
 
     def close(self) -> None:
         """End this worker: rank 0 first pulls the final weights into the model (answered once every
@@ -175,7 +187,7 @@ class Worker:
             if self._pushing is not None:  # a backward after the last step() already sent some shards
                 log.warning("worker %d: a backward after the last step(); pushing its gradient", self.rank)
                 self._finish()
-            if self.local_steps is not None and self.steps % self.local_steps:  # inner steps not pushed yet
+            if self._period is not None and self._period.pending:  # inner steps not pushed yet
                 self._finish()
             if self._readiness is not None:
                 self._readiness.disarm()
@@ -191,7 +203,8 @@ class Worker:
             self._client.close()
         if self._log is not None:  # after LEAVE: the other workers need not wait for this write
             self._log.write(params=self._flat.params if self.rank == 0 else None, early_sends=self.early_sends,
-                            local_steps=self.local_steps, pseudo_grad_norms=self.pseudo_grad_norms)
+                            local_steps=self.local_steps, pseudo_grad_norms=self.pseudo_grad_norms,
+                            inner_steps_per_push=self.inner_steps_per_push)
 
     def __enter__(self) -> "Worker":
         return self
@@ -224,6 +237,7 @@ class Worker:
         self.steps += 1
         if self._log is not None:
             self._log.step(info, loss=loss, batch_size=batch_size, started=t0)
+        self._period.returned(time.perf_counter())
         return info
 
     def _finish(self):
@@ -233,12 +247,16 @@ class Worker:
         if self._clip_here:  # no early sends then: the whole gradient is here
             clip_flat_(self._flat.grads, self.clip_grad_norm)
         pushing, self._pushing = self._begin(), None
+        if self._period is not None:  # auto:H: this worker's speed rides on its push
+            pushing.annotate(self._period.push_fields())
         self.early_sends += pushing.early
         reply = pushing.finish()
         self._clock = reply.clock
         self._version = min(reply.versions)
         if self._pulled is not None:
             self._pulled.copy_(self._flat.params)
+        if self._period is not None:
+            self._period.pushed(fastest_of(reply.fields))
         return reply
 
     def _check_open(self) -> None:
@@ -259,7 +277,8 @@ class Worker:
             self._client.close()
             if getattr(self, "_log", None) is not None:  # what it did, marked interrupted
                 self._log.write(early_sends=self.early_sends, interrupted=True, local_steps=self.local_steps,
-                                pseudo_grad_norms=self.pseudo_grad_norms)
+                                pseudo_grad_norms=self.pseudo_grad_norms,
+                                inner_steps_per_push=self.inner_steps_per_push)
 
 
 def _clip_of(mine: float | None, welcomes: list[dict], mode: str) -> float:

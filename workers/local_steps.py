@@ -3,6 +3,8 @@
 all-reduce baseline's outer step is workers/ddp.py's `OuterAllReduce`."""
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
 from psrv.config import WorkerSettings
@@ -16,3 +18,16 @@ def make_inner_optimizer(cfg: WorkerSettings, params) -> torch.optim.Optimizer:
     if cfg.inner_optimizer == "adamw":
         return torch.optim.AdamW(params, lr=cfg.inner_lr)
     raise ValueError(f"no inner optimizer to make (inner_optimizer is {cfg.inner_optimizer!r})")
+
+
+def inner_steps(cfg: WorkerSettings, steps: int, ps) -> Iterator[int]:
+    """The step indices a worker runs: `steps` of them; under local_steps 'auto:H' (dynamic local
+    updates), until it has pushed ceil(steps / H) times, so every worker runs the same number of
+    rounds and the fastest takes `steps` inner steps (each round's H_i is never above H)."""
+    if not isinstance(cfg.local_steps, str):
+        yield from range(steps)
+        return
+    rounds, step = -(-steps // cfg.local_steps_base), 0
+    while len(ps.inner_steps_per_push) < rounds:
+        yield step
+        step += 1

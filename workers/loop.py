@@ -19,7 +19,7 @@ from psrv.worker import Worker
 from workers.faults import FaultInjector
 from workers.evals import record_eval, record_final
 from workers.jobs import batch_size_of, load_job
-from workers.local_steps import make_inner_optimizer
+from workers.local_steps import inner_steps, make_inner_optimizer
 
 log = logging.getLogger("psrv.worker")
 
@@ -69,7 +69,7 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
             if cfg.rank == 0:
                 record_eval(job, model, device, record, step=0)
             t_loop = time.time()
-            for step in range(cfg.job.steps):
+            for step in inner_steps(cfg, cfg.job.steps, ps):  # range(steps) but under local_steps auto
                 t0 = time.perf_counter()
                 batch = next(batches)
                 loss = job.loss_of(model, batch)
@@ -104,7 +104,8 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
     rows = record["step_log"]
     norms = ps.pseudo_grad_norms if ps is not None and inner is not None else []
     if inner is not None:
-        record.update(local_steps=cfg.local_steps, inner_steps=len(rows), pseudo_grad_norms=norms)
+        record.update(local_steps=cfg.local_steps, inner_steps=len(rows), pseudo_grad_norms=norms,
+                      inner_steps_per_push=ps.inner_steps_per_push if ps is not None else [])
     record.update(pushes=len(norms) if inner is not None else len(rows), samples=sum(r["batch_size"] for r in rows),
                   train_seconds=t_end - t_loop if t_loop else 0.0,
                   early_sends=ps.early_sends if ps is not None else 0,
@@ -117,4 +118,3 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
         record.update(interrupted=True, steps_done=len(rows))
         raise TrainingInterrupted(record, interrupt) from None
     return record
-

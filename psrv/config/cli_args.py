@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -45,12 +46,21 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tu
             options["action"] = "store_false" if default else "store_true"
             help_text = s.help
         else:
-            options.update(type=kind, metavar=s.metavar or (None if s.choices else key.rsplit(".", 1)[-1].upper()))
+            options.update(type=_int_or_text if _is_union(kind) else kind, metavar=s.metavar or (None if s.choices else key.rsplit(".", 1)[-1].upper()))
             if s.choices:
                 options["choices"] = s.choices
             shown = "''" if default == "" else default
             help_text = s.help if default is None else f"{s.help} (default: {shown})"
         group.add_argument(flag_of(key, s), help=help_text.replace("%", "%%"), **options)
+
+
+def _is_union(kind: Any) -> bool:
+    """A leaf typed like `int | str` (local_steps: H or 'auto:H'): its own check parses it."""
+    return typing.get_origin(kind) in (typing.Union, types.UnionType)
+
+
+def _int_or_text(value: str) -> int | str:
+    return int(value) if value.strip().lstrip("-").isdigit() else value
 
 
 def _leaf_hint(cls: type, key: str) -> Any:

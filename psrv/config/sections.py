@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 
 from psrv.config.base import ConfigError, Section, setting
+from psrv.local_period import AUTO_DEFAULT, base_steps, is_dynamic, parse_local_steps
 
 MODES = ("sync", "async", "ssp")
 ALLREDUCE_MODES = ("ddp",)
@@ -250,9 +251,12 @@ class WorkerSettings(Section):
                             "shard's slice goes out as soon as backward finishes it)", flag="no-overlap")
     request_timeout: float = setting(60.0, "seconds without any reply before a worker gives up",
                                      minimum=0.1)
-    local_steps: int = setting(1, "local SGD / DiLoCo: inner steps per push; each push is the pseudo-gradient "
-                               "w_pulled - w_now and the servers' optimizer is the outer one (1: push every "
-                               "step; docs/algorithms.md)", minimum=1, metavar="H")
+    local_steps: int | str = setting(1, "local SGD / DiLoCo: inner steps per push; each push is the "
+                                     "pseudo-gradient w_pulled - w_now and the servers' optimizer is the outer one "
+                                     "(1: push every step). auto[:H]: dynamic local updates, the fastest worker "
+                                     f"takes H (default {AUTO_DEFAULT}) and each other fewer, by its measured "
+                                     "speed, so all push at about the same rate; docs/algorithms.md",
+                                     check=parse_local_steps, metavar="H|auto[:H]")
     inner_optimizer: str | None = setting(None, "the worker's own optimizer for its inner steps (default: adamw "
                                           "when local_steps > 1, none at 1: push the gradient); given at "
                                           "local_steps 1, every step pushes its update", choices=INNER_OPTIMIZERS)
@@ -264,9 +268,14 @@ class WorkerSettings(Section):
         """True when this worker steps its own inner optimizer and pushes pseudo-gradients."""
         return self.inner_optimizer is not None
 
+    @property
+    def local_steps_base(self) -> int:
+        """H: the inner steps per push, or the fastest worker's under 'auto:H'."""
+        return base_steps(self.local_steps)
+
     def validate(self) -> None:
         super().validate()
-        if self.inner_optimizer is None and self.local_steps > 1:
+        if self.inner_optimizer is None and (self.local_steps_base > 1 or is_dynamic(self.local_steps)):
             object.__setattr__(self, "inner_optimizer", "adamw")
         if self.inner_optimizer is None:
             if self.inner_lr is not None:

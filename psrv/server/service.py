@@ -23,6 +23,7 @@ from psrv.server.liveness import Liveness
 from psrv.server.pending import Pending, PendingPulls
 from psrv.server.rules import PushContext
 from psrv.server.shard import Shard
+from psrv.server.speeds import WorkerSpeeds
 from psrv.server.stats import ShardStats
 from psrv.server.validate import HelloAgain
 from psrv.transport.base import ServerTransport
@@ -43,6 +44,7 @@ class ShardService:
         self.controller = make_controller(cfg.mode, cfg.workers, staleness=cfg.staleness,
                                           backup_workers=cfg.backup_workers)
         self.stats = ShardStats(metrics=metrics)
+        self.speeds = WorkerSpeeds()  # local_steps 'auto:H': the workers' seconds per inner step
         self.shard: Shard | None = None
         self.plan_hash: str | None = None
         self.pending = PendingPulls()
@@ -171,7 +173,8 @@ class ShardService:
         self._release()
 
     def _on_push(self, peer, msg: Message) -> None:
-        info = self._push(msg)
+        self.speeds.report(msg.worker, msg.fields)
+        info = {**self._push(msg), **self.speeds.fastest(self.controller.active)}
         self._reply(peer, Message(MsgType.OK, seq=msg.seq, fields=info))
         self._release()
 
@@ -186,7 +189,8 @@ class ShardService:
         self._release()
 
     def _on_push_pull(self, peer, msg: Message) -> None:
-        info = self._push(msg)
+        self.speeds.report(msg.worker, msg.fields)
+        info = {**self._push(msg), **self.speeds.fastest(self.controller.active)}
         self._on_pull(peer, msg, push=info, clock=msg.clock + 1)
 
     def _on_heartbeat(self, peer, msg: Message) -> None:
@@ -277,6 +281,7 @@ class ShardService:
 
     def _remove(self, worker: int) -> None:
         self.controller.leave(worker)
+        self.speeds.forget(worker)
         self.stats.membership(self.controller.active, {})
         self.stats.departed(worker)
         self.pending.drop(worker)
