@@ -11,6 +11,7 @@ from pathlib import Path
 
 from psrv.config import RunConfig, ServerConfig, WorkerConfig
 from psrv.config.cli_args import PREFIX, add_config_arguments, config_from_args, given, read_config_file
+from experiments.simulate.config import NOT_SIMULATED, SimulationConfig
 
 EPILOG = "Docs: README.md (quick start), docs/architecture.md, docs/experiments.md."
 
@@ -118,6 +119,21 @@ def build_parser() -> argparse.ArgumentParser:
                    "spec's key `tensorboard` says the same; this overrides it); a finished run gets its files "
                    "without being run again")
     _log_level(e, "WARNING")
+
+    m = sub.add_parser("simulate", help="simulate a run of N workers and S shards (discrete events)",
+                       description="Simulate `psrv run` with psrv's own consistency controllers and update rules "
+                       "driven by modelled compute and network time; write DIR/summary.json (simulated: true), "
+                       "steps.csv (the sampled workers), evals.csv and plots. --level learning also trains the "
+                       "job's model on real gradients applied in the simulated order. --calibrate runs the real "
+                       "run too and compares (docs/simulator.md). Example: psrv simulate --mode ssp --staleness 2 "
+                       "--workers 1024 --servers 4 --steps 1000 --compute-ms 20 --compute lognormal")
+    _config_arg(m, "run's config")
+    add_config_arguments(m, SimulationConfig, skip=NOT_SIMULATED)
+    _log_level(m, "WARNING")
+    m.add_argument("--out", type=Path, default=Path("runs/simulated"), help="output directory (default: %(default)s)")
+    m.add_argument("--calibrate", action="store_true", help="first run the same setting for real (psrv run, in "
+                   "DIR/real), take the job's compute, the message time and the shard's handling time from it, "
+                   "simulate it (DIR/simulated) and print how far apart they are (DIR/calibration.json)")
 
     t = sub.add_parser("top", help="live per-shard view of running servers",
                        description="Poll the shards with STATS and show version, active workers, clocks, "
@@ -280,6 +296,23 @@ def _experiment(a: argparse.Namespace) -> int:
     return run_experiment(a.spec, out=a.out, tensorboard=a.tensorboard)
 
 
+def _simulate(a: argparse.Namespace) -> int:
+    cfg = config_from_args(SimulationConfig, a, base=_base(a))
+    _unused_staleness(a, cfg.mode)
+    if a.calibrate:
+        from experiments.simulate.calibrate import calibrate, format_calibration
+        print(format_calibration(calibrate(cfg, out=a.out)))
+        print(f"\nwrote {a.out}/calibration.json, {a.out}/real, {a.out}/simulated")
+        return 0
+    from experiments.simulate.run import simulate
+    from experiments.summary import format_summary
+    summary = simulate(cfg, out=a.out)
+    print(format_summary(summary))
+    print(f"wait_fraction  {summary['wait_fraction']:.4g}\nsimulated in   {summary['simulator_seconds']:.3g}s")
+    print(f"\nwrote {a.out}/summary.json, steps.csv, evals.csv, config.json, plots (all simulated)")
+    return 0
+
+
 def _top(a: argparse.Namespace) -> int:
     from psrv.top import top
     return top([s.strip() for s in a.servers.split(",") if s.strip()], interval=a.interval, once=a.once,
@@ -335,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
                         format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s")
     try:
         return {"serve": _serve, "worker": _worker, "run": _run, "experiment": _experiment,
-                "top": _top, "keygen": _keygen, "admin": _admin}[args.command](args)
+                "top": _top, "simulate": _simulate, "keygen": _keygen, "admin": _admin}[args.command](args)
     except ValueError as exc:  # bad input: say what to change, no traceback
         logging.getLogger("psrv").debug("the error's traceback:", exc_info=True)  # shown with --log-level DEBUG
         print(f"psrv {args.command}: error: {exc}", file=sys.stderr)

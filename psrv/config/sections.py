@@ -290,3 +290,33 @@ class ClusterConfig(Placement):
 
     servers: int = setting(2, "server shards", minimum=1)
     workers: int = setting(2, "workers", minimum=1)
+
+
+SIM_LEVELS = ("timing", "learning")
+COMPUTE_DISTS = ("constant", "lognormal", "steps.csv")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimulateSettings(Section):
+    """psrv simulate: the discrete-event simulator's models (experiments/simulate, docs/simulator.md)."""
+
+    level: str = setting("timing", "timing: throughput, waits, staleness and clock gaps only; learning: also "
+                         "the job's real gradients, applied in the simulated order", choices=SIM_LEVELS)
+    compute: str = setting("constant", "a step's compute time before stragglers: constant (model_ms + compute_ms), "
+                           "lognormal (that times exp(sigma*Z), Z standard normal) or steps.csv (drawn from "
+                           "--compute-csv's compute_seconds; stragglers already in it)", choices=COMPUTE_DISTS)
+    model_ms: float = setting(1.0, "the job's own compute per step, ms, to which --compute-ms is added",
+                              minimum=0.0)
+    sigma: float = setting(0.5, "lognormal's sigma", minimum=0.0, flag="lognormal-sigma")
+    compute_csv: str = setting("", "a real run's steps.csv, for --compute steps.csv", metavar="FILE")
+    latency_ms: float = setting(0.1, "one-way latency of every message, ms", minimum=0.0)
+    bandwidth_gbps: float = setting(10.0, "bandwidth of every link, Gbit/s: a worker's own, and each server's, "
+                                    "shared by all its workers' messages", minimum=0.0, above=True)
+    server_ms: float = setting(0.0, "a shard's time to handle one push (one at a time), ms", minimum=0.0)
+    sample_workers: int = setting(8, "the first K workers' every step goes into steps.csv", minimum=1,
+                                  metavar="K")
+
+    def validate(self) -> None:
+        super().validate()
+        if (self.compute == "steps.csv") != bool(self.compute_csv):
+            raise ConfigError("compute_csv", "goes with compute 'steps.csv', and it needs one")

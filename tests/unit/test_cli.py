@@ -29,6 +29,14 @@ SURFACE = {
                  "--weight-decay", "--wire-dtype", "--worker-timeout", "--workers")),
     "experiment": (("spec",), ("--log-level", "--out", "--tensorboard")),
     "top": ((), ("--interval", "--log-level", "--once", "--servers", "--timeout")),
+    "simulate": ((), ("--backup-workers", "--bandwidth-gbps", "--batch-size", "--calibrate", "--clip-grad-norm",
+                      "--compute", "--compute-csv", "--compute-ms", "--config", "--dc-lambda", "--dn-period",
+                      "--eval-every", "--inner-lr", "--inner-optimizer", "--job", "--latency-ms", "--level",
+                      "--local-steps", "--log-level", "--lognormal-sigma", "--lr", "--lr-decay-steps",
+                      "--lr-end-factor", "--lr-gamma", "--lr-schedule", "--lr-step-size", "--mode", "--model-ms",
+                      "--momentum", "--nesterov", "--optimizer", "--out", "--sample-workers", "--seed", "--server-ms",
+                      "--servers", "--staleness", "--steps", "--straggler", "--transient-stragglers", "--update-rule",
+                      "--warmup-steps", "--weight-decay", "--workers")),
 }
 
 

@@ -1,0 +1,229 @@
+"""The discrete-event core: N simulated workers and S simulated shards, one event per worker push.
+
+Each shard holds psrv's own consistency controller (psrv/server/consistency), asked exactly as the
+shard service asks it (psrv/server/service.py): push -> APPLY / ACCUMULATE / DROP, commit_ready ->
+one update, pull_ready -> a held pull is answered. The simulator only adds time: compute, the network
+model and the shard's handling time. A shard's link is first come first served and every worker's
+messages cross it in the order they were sent, so a push is handled (at its own, later time) in the
+event that sends it, and the heap holds one event per worker: its next push.
+
+A learner (experiments/simulate/learning.py) may ride along: it computes each push's gradient on the
+weights the worker pulled and applies it on a real psrv Shard, in the order simulated here."""
+from __future__ import annotations
+
+import heapq
+from heapq import heappop, heappush
+from collections import Counter
+from dataclasses import dataclass, field
+
+from psrv.server.consistency import Decision, make_controller
+
+APPLY, ACCUMULATE, DROP = Decision.APPLY, Decision.ACCUMULATE, Decision.DROP
+
+
+@dataclass
+class Recorded:
+    """What the simulation measured (all workers), and every step of the sampled workers."""
+
+    staleness: Counter = field(default_factory=Counter)   # per push: the worst over its shards
+    clock_gap: Counter = field(default_factory=Counter)   # per answered pull, per shard
+    compute: float = 0.0
+    communication: float = 0.0
+    wait: float = 0.0
+    pushes: int = 0
+    dropped: int = 0
+    updates: list[int] = field(default_factory=list)      # per shard
+    end: list[float] = field(default_factory=list)        # per worker: its last step's end
+    rows: list[dict] = field(default_factory=list)        # the sampled workers' steps
+
+
+class Cluster:
+    def __init__(self, *, workers: int, shards: int, mode: str, staleness: int, backup_workers: int,
+                 steps: int, local_steps: int, compute: list[list[float]], latency: float,
+                 transfer: tuple[float, ...], server_seconds: float, sample: int, batch_size: int,
+                 learner=None):
+        self.n, self.s, self.steps, self.h = workers, shards, steps, local_steps
+        self.controllers = [make_controller(mode, workers, staleness=staleness, backup_workers=backup_workers)
+                            for _ in range(shards)]
+        self.compute, self.latency, self.transfer = compute, latency, transfer
+        self.server_seconds, self.sample, self.batch_size = server_seconds, sample, batch_size
+        self.learner = learner
+        self.version = [0] * shards
+        self.base = [[0] * shards for _ in range(workers)]     # versions each worker last pulled
+        self.clock = [0] * workers                              # the clock of each worker's next push
+        self.done = [0] * workers                               # steps finished
+        self.waiting = [[] for _ in range(shards)]              # held pulls: (clock, worker, since)
+        self.in_free = [0.0] * shards                           # a shard's link, to it
+        self.out_free = [0.0] * shards                          # and from it
+        self.busy = [0.0] * shards                              # the shard's thread
+        self.replies = [0] * workers                            # replies still due this step
+        self.reply_at = [0.0] * workers                         # the last one's arrival
+        self.held = [0.0] * workers                             # the longest a shard held this step's pull
+        self.pushed_at = [0.0] * workers
+        self.step_stale = [0] * workers
+        self.round_compute = [0.0] * workers
+        self.shards = [(tx, ctrl, waiting) for tx, ctrl, waiting in zip(transfer, self.controllers, self.waiting)]
+        self.heap: list[tuple[float, int]] = []
+        self.leaving: list[tuple[int, float]] = []             # workers done, their LEAVE not yet handled
+        self.rec = Recorded()
+
+    # --- the loop -------------------------------------------------------------
+    def run(self) -> Recorded:
+        for w in range(self.n):
+            self._start_round(w, 0.0)
+        heap, push, leaving = self.heap, self._push, self.leaving
+        while heap or leaving:
+            if leaving:  # after the event that ended their last step
+                self._leave(*leaving.pop())
+                continue
+            t, w = heapq.heappop(heap)
+            push(t, w)
+        self.rec.updates = list(self.version)
+        return self.rec
+
+    def _start_round(self, w: int, t: float) -> None:
+        """Worker `w` has its weights at `t`: it computes its next local_steps steps (1 without local
+        steps), then pushes; the steps before the last push nothing."""
+        first = self.done[w]
+        last = min(first + self.h, self.steps)
+        times = self.compute[w]
+        for step in range(first, last - 1):
+            t += times[step]
+            self._row(w, step, t, times[step], 0.0, 0.0, None)
+        self.rec.compute += sum(times[first:last])
+        self.round_compute[w] = times[last - 1]
+        self.done[w] = last - 1
+        heapq.heappush(self.heap, (t + times[last - 1], w))
+
+    def _push(self, t: float, w: int) -> None:
+        """Worker `w` finished computing at `t` and sends each shard its slice (one PUSH_PULL each)."""
+        clock, base, lat, server = self.clock[w], self.base[w], self.latency, self.server_seconds
+        learner, version, in_free, busy = self.learner, self.version, self.in_free, self.busy
+        gaps, bases, out_free, held, reply_at = self.rec.clock_gap, self.base, self.out_free, self.held, self.reply_at
+        clocks, replies = self.clock, self.replies
+        grad = learner.gradient(w, self.done[w]) if learner is not None else None
+        self.pushed_at[w], self.replies[w], self.held[w], self.reply_at[w] = t, self.s, 0.0, t
+        self.step_stale[w] = 0
+        sent = t
+        for s, (tx, ctrl, waiting) in enumerate(self.shards):
+            start, sent = sent, sent + tx                       # the worker's link, one slice after another
+            arrive = start + lat
+            if in_free[s] > arrive:                             # the shard's link, first come first served
+                arrive = in_free[s]
+            arrive += tx
+            if sent + lat > arrive:
+                arrive = sent + lat
+            in_free[s] = arrive
+            th = (arrive if arrive > busy[s] else busy[s]) + server  # the shard's thread, one push at a time
+            busy[s] = th
+            decision = ctrl.push(w, clock)
+            if decision is DROP:
+                self.rec.dropped += 1
+            else:
+                stale = version[s] - base[s]
+                if stale > self.step_stale[w]:
+                    self.step_stale[w] = stale
+                if decision is APPLY:
+                    if learner is not None:
+                        learner.apply(s, w, clock, base[s], stale, grad)
+                    version[s] += 1
+                else:
+                    if learner is not None:
+                        learner.accumulate(s, grad)
+                    if ctrl.commit_ready():
+                        if learner is not None:
+                            learner.commit(s)
+                        ctrl.committed()
+                        version[s] += 1
+            heappush(waiting, (clock + 1, w, th))
+            ready = ctrl.pull_ready
+            while waiting and ready(waiting[0][1], waiting[0][0]):  # as _release, inline: the hot path
+                pclock, pw, since = heappop(waiting)
+                gaps[ctrl.clock_gap(pclock)] += 1
+                bases[pw][s] = version[s]
+                if learner is not None:
+                    learner.answered(s, pw)
+                out = (th if th > out_free[s] else out_free[s]) + tx
+                out_free[s] = out
+                if th - since > held[pw]:
+                    held[pw] = th - since
+                if out + lat > reply_at[pw]:
+                    reply_at[pw] = out + lat
+                nxt = ctrl.next_clock(pw)
+                if nxt > clocks[pw]:
+                    clocks[pw] = nxt
+                replies[pw] -= 1
+                if not replies[pw]:
+                    self._step_done(pw)
+
+    def _release(self, s: int, t: float) -> None:
+        """Answer every held pull of shard `s` the controller allows at `t`. pull_ready is monotone in
+        the pull's clock for every controller, so the held pulls are kept by clock and the first one
+        not ready ends the scan."""
+        tx, ctrl, waiting = self.shards[s]
+        lat, ready, gaps, version, learner = self.latency, ctrl.pull_ready, self.rec.clock_gap, self.version[s], self.learner
+        held, reply_at, clocks, replies, out_free = self.held, self.reply_at, self.clock, self.replies, self.out_free
+        while waiting and ready(waiting[0][1], waiting[0][0]):
+            clock, w, since = heappop(waiting)
+            gaps[ctrl.clock_gap(clock)] += 1
+            self.base[w][s] = version
+            if learner is not None:
+                learner.answered(s, w)
+            out = (t if t > out_free[s] else out_free[s]) + tx
+            out_free[s] = out
+            if t - since > held[w]:
+                held[w] = t - since
+            if out + lat > reply_at[w]:
+                reply_at[w] = out + lat
+            nxt = ctrl.next_clock(w)  # the client takes the largest any shard names
+            if nxt > clocks[w]:
+                clocks[w] = nxt
+            replies[w] -= 1
+            if not replies[w]:
+                self._step_done(w)
+
+    def _step_done(self, w: int) -> None:
+        """Every shard's reply reached worker `w`: its pushing step ends."""
+        end = self.reply_at[w]
+        in_flight = end - self.pushed_at[w]
+        wait = min(self.held[w], in_flight)
+        rec = self.rec
+        rec.communication += in_flight - wait
+        rec.wait += wait
+        rec.pushes += 1
+        rec.staleness[self.step_stale[w]] += 1
+        step = self.done[w]
+        self._row(w, step, end, self.round_compute[w], in_flight - wait, wait, self.step_stale[w])
+        self.done[w] = step + 1
+        if self.learner is not None:
+            self.learner.step_done(w, step + 1, end)
+        if step + 1 < self.steps:
+            self._start_round(w, end)
+        else:
+            rec.end.append(end)
+            self.leaving.append((w, end + self.latency))
+
+    def _leave(self, w: int, t: float) -> None:
+        """Worker `w`'s LEAVE reaches every shard at `t`: as the shard service's _remove, it leaves the
+        active set, and a clock or held pull waiting on it goes on."""
+        for s, ctrl in enumerate(self.controllers):
+            ctrl.leave(w)
+            th = t if t > self.busy[s] else self.busy[s]
+            if ctrl.commit_ready():
+                if self.learner is not None:
+                    self.learner.commit(s)
+                ctrl.committed()
+                self.version[s] += 1
+            self._release(s, th)
+
+    def _row(self, w: int, step: int, end: float, compute: float, comm: float, wait: float,
+             staleness: int | None) -> None:
+        if w < self.sample:
+            row = {"wall_time": end, "worker": w, "step": step, "staleness": staleness or 0,
+                   "compute_seconds": compute, "communication_seconds": comm, "wait_seconds": wait,
+                   "batch_size": self.batch_size, "loss": ""}
+            if self.h > 1:
+                row["pushed"] = staleness is not None
+            if self.learner is not None:
+                row["loss"] = self.learner.loss_of(w, step)
+            self.rec.rows.append(row)

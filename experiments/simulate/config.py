@@ -1,0 +1,51 @@
+"""A simulated run's config: a run's (psrv/config, RunConfig) and the simulator's own section."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from psrv.config import ConfigError, RunConfig
+from psrv.config.base import default_of, leaves, section
+from psrv.config.sections import SimulateSettings
+
+# The settings of a run the simulator models (a key, or a section ending in '.'); the others (where
+# tensors live, the transport, the wire, timeouts, codecs, the all-reduce baselines) it does not:
+# `psrv simulate` has no option for them and refuses them set in a --config file.
+SIMULATED = ("mode", "staleness", "backup_workers", "seed", "cluster.servers", "cluster.workers", "job.",
+             "optimizer.", "worker.local_steps", "worker.inner_optimizer", "worker.inner_lr", "faults.compute_ms",
+             "faults.straggler", "faults.transient_stragglers", "simulate.")
+
+
+def is_simulated(key: str) -> bool:
+    return any(key == p or (p.endswith(".") and key.startswith(p)) for p in SIMULATED)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimulationConfig(RunConfig):
+    """A run as `psrv run` takes it, and how it is simulated."""
+
+    simulate: SimulateSettings = section(SimulateSettings)
+
+    def validate(self) -> None:
+        super().validate()
+        for key, f, _ in leaves(type(self)):
+            value = self
+            for part in key.split("."):
+                value = getattr(value, part)
+            if not is_simulated(key) and value != default_of(f):
+                raise ConfigError(key, "is not simulated (docs/simulator.md says what is); remove it")
+        if not isinstance(self.worker.local_steps, int):
+            raise ConfigError("worker.local_steps", "dynamic local steps are not simulated; give a number")
+        if self.is_allreduce:
+            raise ConfigError("mode", f"the simulator runs the parameter server's modes (sync, async, ssp); "
+                              f"got {self.mode!r}")
+        if self.simulate.level == "learning" and self.worker.local_updates:
+            raise ConfigError("simulate.level", "learning with local steps (an inner optimizer per worker) is not "
+                              "simulated; use level 'timing' or local_steps 1")
+        faults = self.faults
+        if self.simulate.compute == "steps.csv" and (faults.compute_ms or faults.straggler
+                                                     or faults.transient_stragglers):
+            raise ConfigError("simulate.compute", "steps.csv's compute times already hold that run's emulated "
+                              "compute and stragglers; remove compute_ms, straggler and transient_stragglers")
+
+
+NOT_SIMULATED = tuple(key for key, _, _ in leaves(SimulationConfig) if not is_simulated(key))

@@ -1,0 +1,78 @@
+"""One simulated run: build the models from the config, run the event loop, summarise, write."""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from experiments.simulate.cluster import Cluster, Recorded
+from experiments.simulate.compute import ComputeModel
+from experiments.simulate.config import SimulationConfig
+from experiments.simulate.network import NetworkModel, job_plan
+
+log = logging.getLogger("psrv.simulate")
+
+
+def simulate(cfg: SimulationConfig, *, out: str | Path | None = None) -> dict:
+    """Simulate `cfg`; return its summary (summary.json's keys, `simulated` True) and, with `out`, write
+    DIR/summary.json, config.json, steps.csv (the sampled workers), evals.csv and DIR/plots."""
+    sim, n = cfg.simulate, cfg.cluster.workers
+    plan, job = job_plan(cfg.job.name, seed=cfg.seed, shards=cfg.cluster.servers)
+    network = NetworkModel.of(sim, plan)
+    model = ComputeModel(sim, cfg.faults, seed=cfg.seed)
+    started = time.perf_counter()
+    compute = [model.times(w, cfg.job.steps) for w in range(n)]
+    learner = None
+    if sim.level == "learning":
+        from experiments.simulate.learning import Learner
+        learner = Learner(cfg, job, plan)
+    cluster = Cluster(workers=n, shards=cfg.cluster.servers, mode=cfg.mode, staleness=cfg.staleness,
+                      backup_workers=cfg.backup_workers, steps=cfg.job.steps, local_steps=cfg.worker.local_steps,
+                      compute=compute, latency=network.latency, transfer=network.transfer,
+                      server_seconds=sim.server_ms / 1000.0, sample=sim.sample_workers,
+                      batch_size=cfg.job.batch_size, learner=learner)
+    rec = cluster.run()
+    if learner is not None:
+        learner.finish(max(rec.end, default=0.0))
+    elapsed = time.perf_counter() - started
+    summary = summarise(cfg, rec, learner=learner, plan_total=plan.total, network=network, elapsed=elapsed)
+    log.info("simulated %d pushes in %.2fs", rec.pushes, elapsed)
+    if out is not None:
+        from experiments.simulate.outputs import write_outputs
+        write_outputs(Path(out), cfg, summary, rec, evals=learner.evals if learner is not None else [])
+    return summary
+
+
+def summarise(cfg: SimulationConfig, rec: Recorded, *, learner, plan_total: int, network: NetworkModel,
+              elapsed: float) -> dict:
+    """summary.json of a simulated run: the keys a real run's has (README.md), where the simulation
+    measures them, and the simulator's own (level, wait_fraction, histograms, simulator_seconds)."""
+    wall = max(max(rec.end, default=0.0), 1e-12)
+    samples = cfg.cluster.workers * cfg.job.steps * cfg.job.batch_size
+    stale = sum(k * v for k, v in rec.staleness.items())
+    busy = rec.compute + rec.communication + rec.wait
+    final = learner.final if learner is not None else {}
+    return {
+        "simulated": True, "complete": True, "level": cfg.simulate.level,
+        "mode": cfg.mode, "staleness": cfg.staleness if cfg.mode == "ssp" else 0, "transport": "simulated",
+        "job": cfg.job.name, "num_servers": cfg.cluster.servers, "num_workers": cfg.cluster.workers,
+        "steps": cfg.job.steps, "batch_size": cfg.job.batch_size, "backup_workers": cfg.backup_workers,
+        "local_steps": cfg.worker.local_steps, "optimizer": cfg.optimizer.name, "lr": cfg.optimizer.lr,
+        "update_rule": cfg.optimizer.update_rule, "seed": cfg.seed,
+        "initial_loss": final.get("initial_loss"), "final_loss": final.get("final_loss"),
+        "eval_accuracy": final.get("eval_accuracy"), "eval_metrics": final.get("eval_metrics"),
+        "metric": final.get("metric"), "lower_is_better": final.get("lower_is_better"),
+        "wall_seconds": wall, "samples_per_second": samples / wall,
+        "pushes": rec.pushes, "updates_applied": rec.updates[0] if rec.updates else 0,
+        "updates_applied_per_shard": rec.updates,
+        "max_staleness": max(rec.staleness, default=0),
+        "mean_staleness": stale / rec.pushes if rec.pushes else 0.0,
+        "max_clock_gap": max(rec.clock_gap, default=0), "dropped": rec.dropped,
+        "wait_seconds": rec.wait, "wait_fraction": rec.wait / busy if busy > 0 else None,
+        "compute_seconds": rec.compute, "communication_seconds": rec.communication,
+        "staleness_histogram": {str(k): v for k, v in sorted(rec.staleness.items())},
+        "clock_gap_histogram": {str(k): v for k, v in sorted(rec.clock_gap.items())},
+        "parameters": plan_total, "message_bytes": list(network.shard_bytes),
+        "sampled_workers": min(cfg.simulate.sample_workers, cfg.cluster.workers),
+        "simulator_seconds": elapsed,
+    }
