@@ -12,6 +12,7 @@ CASES = [  # (mode, rule, transport, servers): each rule, each mode, both transp
     ("async", "dc-asgd", "rpc", 1),
     ("ssp", "dc-asgd-a", "zmq", 2),
     ("sync", "staleness-lr", "zmq", 1),
+    ("sync", "dc-asgd", "rpc", 2),
 ]
 
 
@@ -45,11 +46,14 @@ def test_rule_runs_and_records_its_lr_scale(mode, rule, transport, servers, tmp_
         assert s["mean_lr_scale"] == 1.0, s
 
 
-@pytest.mark.timeout(60)
-def test_dn_learns_under_async_local_sgd(tmp_path):
-    """Delayed Nesterov as the outer optimizer of 2 async workers taking 5 local steps per push."""
-    s = psrv_run(tmp_path, "--mode", "async", "--workers", "2", "--local-steps", "5", "--update-rule", "dn",
-                 "--optimizer", "sgd", "--momentum", "0.9", "--nesterov", "--lr", "0.7", "--steps", "60",
-                 timeout=50)
-    assert s["complete"] and s["update_rule"] == "dn" and s["mean_lr_scale"] == 0.5, s  # N = 2 workers
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("mode,transport,servers", [("async", "zmq", 1), ("ssp", "rpc", 2), ("sync", "zmq", 1)],
+                         ids=str)
+def test_dn_learns_under_local_sgd(mode, transport, servers, tmp_path):
+    """Delayed Nesterov as the outer optimizer of 2 workers taking 5 local steps per push, in each mode."""
+    s = psrv_run(tmp_path, "--mode", mode, "--transport", transport, "--servers", str(servers), "--workers", "2",
+                 "--local-steps", "5", "--update-rule", "dn", "--optimizer", "sgd", "--momentum", "0.9",
+                 "--nesterov", "--lr", "0.7", "--steps", "60", timeout=80)
+    period = 1 if mode == "sync" else 2  # N: the number of workers; sync steps once per clock on the mean
+    assert s["complete"] and s["update_rule"] == "dn" and s["mean_lr_scale"] == 1 / period, s
     assert s["eval_accuracy"] > 0.5, s  # from 0.08 at the start
