@@ -84,6 +84,7 @@ def build_summary(cfg: RunConfig, out: Path, *, interrupted: bool = False, scrip
         "max_clock_gap": max((s["max_clock_gap"] for s in servers), default=0) if measured else None,
         "dropped": sum(sum(s["dropped"].values()) for s in servers[:1]),
         **_lr_scale(servers, cfg.optimizer.update_rule if measured else None),
+        **_wire_bytes(workers, samples),
         "lost_workers": sorted({w for s in servers for w in s.get("lost_workers", [])}),
         "wait_seconds": sum(r["wait_seconds"] for r in rows),
         "parameters": rank0.get("parameters"),
@@ -111,6 +112,20 @@ def _local_steps(workers: list[dict], samples: int | None) -> dict:
 def _mean(values: list) -> float | None:
     """One worker's mean inner steps per push (local_steps 'auto:H' plans it per round)."""
     return round(sum(values) / len(values), 3) if values else None
+
+
+def _wire_bytes(workers: list[dict], samples: int | None) -> dict:
+    """The push codec and the bytes every worker measured on the wire (psrv.Worker.wire_bytes): pushed,
+    pulled, the compression ratio (float32 push bytes / pushed bytes) and pushed+pulled per sample;
+    None where a record has none (the all-reduce baselines)."""
+    have = [w for w in workers if "bytes_pushed" in w]
+    pushed = sum(w["bytes_pushed"] for w in have) if have else None
+    pulled = sum(w["bytes_pulled"] for w in have) if have else None
+    dense = sum(w.get("dense_push_bytes", 0) for w in have)
+    return {"compress": _common(workers, "compress"), "error_feedback": _common(workers, "error_feedback"),
+            "bytes_pushed": pushed, "bytes_pulled": pulled,
+            "compression_ratio": dense / pushed if pushed else None,
+            "bytes_per_sample": (pushed + pulled) / samples if have and samples else None}
 
 
 def _common(workers: list[dict], key: str):

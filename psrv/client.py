@@ -17,6 +17,8 @@ from typing import Sequence
 
 import torch
 
+from psrv.codecs import CASTS, make as make_codec
+from psrv.codecs.push import PushEncoder
 from psrv.heartbeat import Heartbeat
 from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError, decode, encode
 from psrv.partition import PartitionPlan
@@ -42,12 +44,17 @@ class Reply:
 class PSClient:
     """`timeout`: seconds without any sign of life from a shard before giving up; `retry_interval`:
     first wait before probing an unanswered request (doubling up to 8x). `wire_dtype`: the dtype
-    gradients travel as (bfloat16/float16 halve the push; the shards apply them in float32). `net`
-    replaces the transport (tests wrap it to drop or duplicate messages)."""
+    gradients travel as (bfloat16/float16 halve the push; the shards apply them in float32).
+    `compress` (psrv/codecs): a lossy push codec (topk:RATIO, randomk:RATIO, sign, int8), run per shard
+    range with error feedback unless `error_feedback` is False, tensors under `compress_min_numel`
+    elements travelling dense beside it; or float16/bfloat16, the same as that wire_dtype. `wire`
+    counts the bytes of every frame sent and received (WireBytes). `net` replaces the transport
+    (tests wrap it to drop or duplicate messages)."""
 
     def __init__(self, servers: Sequence[str], plan: PartitionPlan, *, worker: int, world_size: int,
                  transport: str = "zmq", timeout: float = 60.0, retry_interval: float = 1.0,
                  curve_keys: str = "", heartbeat: bool = True, wire_dtype: str = "float32",
+                 compress: str = "", error_feedback: bool = True, compress_min_numel: int = 0,
                  net: ClientTransport | None = None):
         if len(servers) != plan.num_shards:
             raise ValueError(f"{len(servers)} server addresses for a plan of {plan.num_shards} shards")
@@ -61,6 +68,16 @@ class PSClient:
         if wire_dtype not in DTYPES:
             raise ValueError(f"wire_dtype must be one of {', '.join(DTYPES)}; got {wire_dtype!r}")
         self.wire_dtype = DTYPES[wire_dtype]
+        codec = make_codec(compress, seed=worker)  # ValueError for an unknown name
+        if compress and codec is None:  # float16 / bfloat16: the cast wire_dtype makes
+            if wire_dtype not in ("float32", CASTS[compress]):
+                raise ValueError(f"compress={compress!r} and wire_dtype={wire_dtype!r} disagree; give one")
+            self.wire_dtype = DTYPES[CASTS[compress]]
+        elif codec is not None and wire_dtype != "float32":
+            raise ValueError(f"compress={compress!r} sends float32 values; wire_dtype={wire_dtype!r} is another codec")
+        self.encoder = None if codec is None else PushEncoder(codec, plan, error_feedback=error_feedback,
+                                                              min_numel=compress_min_numel)
+        self.wire = WireBytes()
         self._wire: torch.Tensor | None = None  # the gradient cast to wire_dtype, reused every push
         self._seq = 0
         self.session = secrets.randbits(63) or 1  # this process, as the shards tell it from another of this rank
@@ -189,8 +206,13 @@ class PSClient:
             "shard": shard, "world_size": self.world_size})
 
     def _pushes(self, mtype: MsgType, grad: torch.Tensor, clock: int, *, cast: bool = True) -> list[Message]:
-        """One message per shard with its slice of `grad` in the wire dtype. cast=False leaves the
-        slices of the wire buffer to be filled later, shard by shard (`_cast`)."""
+        """One message per shard with its slice of `grad` in the wire dtype, or compressed. cast=False
+        leaves the slices to be filled (cast or encoded) later, shard by shard (`_cast`)."""
+        if self.encoder is not None:
+            msgs = [self._msg(mtype, clock=clock, base_version=self.versions[s]) for s in range(len(self.ranges))]
+            for s, m in enumerate(msgs if cast else []):
+                self._cast(grad, s, m)
+            return msgs
         if grad.dtype != self.wire_dtype:  # one cast into a buffer kept across steps, no allocation
             if self._wire is None or self._wire.shape != grad.shape or self._wire.device != grad.device:
                 self._wire = torch.empty_like(grad, dtype=self.wire_dtype)
@@ -198,9 +220,13 @@ class PSClient:
         return [self._msg(mtype, clock=clock, base_version=self.versions[s], tensor=grad[lo:hi])
                 for s, (lo, hi) in enumerate(self.ranges)]
 
-    def _cast(self, grad: torch.Tensor, shard: int) -> None:
-        """Fill shard's slice of the wire buffer from `grad` (a no-op when grad is already wire dtype)."""
-        if grad.dtype != self.wire_dtype:
+    def _cast(self, grad: torch.Tensor, shard: int, msg: Message) -> None:
+        """Fill shard's message from `grad`: its slice of the wire buffer (a no-op when grad is
+        already wire dtype), or its compressed parts (the error-feedback residual moves on)."""
+        if self.encoder is not None:
+            codec, msg.parts = self.encoder.encode(grad, shard)
+            msg.fields = {**msg.fields, **codec}
+        elif grad.dtype != self.wire_dtype:
             lo, hi = self.ranges[shard]
             self._wire[lo:hi].copy_(grad[lo:hi])
 
@@ -236,6 +262,25 @@ class PSClient:
         """Send msgs[s] to shard s (all at once), then wait for every shard's reply."""
         self._seq += 1
         return RoundTrip(self, msgs, self._seq, self.timeout if timeout is None else timeout).run()
+
+
+@dataclass
+class WireBytes:
+    """Bytes of the frames this client handed to its transport and got back (headers included,
+    re-sends and probes too): `pushed` (PUSH and PUSH_PULL requests), `pulled` (WEIGHTS replies),
+    `sent` and `received` (everything), and `dense_pushed`, what the pushes' payloads would have been
+    as float32 (4 bytes per element pushed), against which `pushed` gives the compression ratio."""
+
+    pushed: int = 0
+    pulled: int = 0
+    sent: int = 0
+    received: int = 0
+    dense_pushed: int = 0
+
+    def to_dict(self) -> dict:
+        ratio = self.dense_pushed / self.pushed if self.pushed else None
+        return {"bytes_pushed": self.pushed, "bytes_pulled": self.pulled, "bytes_sent": self.sent,
+                "bytes_received": self.received, "dense_push_bytes": self.dense_pushed, "compression_ratio": ratio}
 
 
 def admin_request(address: str, kind: MsgType, *, curve_keys: str = "", name: str = "admin",

@@ -44,6 +44,7 @@ class RoundTrip:
         self.msgs = msgs
         self.frames: list[list | None] = [None] * len(msgs)  # encoded when sent: the tensor may still be filling
         self.kind = msgs[0].type.name
+        self.pushing = msgs[0].type in (MsgType.PUSH, MsgType.PUSH_PULL)
         n = len(msgs)
         self.replies: list[Message | None] = [None] * n
         self.probing = [False] * n     # a probe is out and unanswered
@@ -54,7 +55,18 @@ class RoundTrip:
         """Send shard s its request now (once)."""
         if self.frames[s] is None:
             self.frames[s] = encode(self.msgs[s])
-            self.net.send(s, self.frames[s])
+            if self.pushing:
+                lo, hi = self.c.ranges[s]
+                self.c.wire.dense_pushed += 4 * (hi - lo)
+            self._out(s, self.frames[s], push=self.pushing)
+
+    def _out(self, s: int, frames: list, *, push: bool = False) -> None:
+        """Send frames to shard s, counting their bytes (PSClient.wire)."""
+        n = sum(memoryview(f).nbytes for f in frames)
+        self.c.wire.sent += n
+        if push:
+            self.c.wire.pushed += n
+        self.net.send(s, frames)
 
     def run(self) -> list[Message]:
         for s in range(len(self.msgs)):
@@ -96,18 +108,25 @@ class RoundTrip:
                 self.net.reconnect(s)
                 self._resend(s)
             probe = self.c._msg(MsgType.HEARTBEAT, seq=self.seq, fields={"probe": self.seq})
-            self.net.send(s, encode(probe))
+            self._out(s, encode(probe))
             self.probing[s] = True
 
     def _resend(self, s: int) -> None:
-        self.net.send(s, encode(self.c._hello(s)) if self.greeting[s] else self.frames[s])
+        if self.greeting[s]:
+            self._out(s, encode(self.c._hello(s)))
+        else:
+            self._out(s, self.frames[s], push=self.pushing)
 
     def _take(self, s: int, frames: list) -> bool:
         """Handle one arrival; True if it was from this round trip (a sign of life)."""
+        n = sum(memoryview(f).nbytes for f in frames)
+        self.c.wire.received += n
         try:
             reply = decode(frames)
         except ProtocolError as exc:
             raise PSError(s, exc.code, f"undecodable reply: {exc.message}") from None
+        if reply.type is MsgType.WEIGHTS:  # a stale one too: it came over the wire
+            self.c.wire.pulled += n
         if reply.seq != self.seq or self.replies[s] is not None:
             log.debug("worker %d: dropped a stale reply (seq %d, waiting for %d)", self.c.worker, reply.seq, self.seq)
             return False
@@ -118,7 +137,7 @@ class RoundTrip:
             return True
         if reply.type is MsgType.WELCOME and self.greeting[s]:
             self.greeting[s] = False
-            self.net.send(s, self.frames[s])
+            self._out(s, self.frames[s], push=self.pushing)
             return True
         if reply.type is MsgType.ERROR:
             f = reply.fields
@@ -130,7 +149,7 @@ class RoundTrip:
                     log.info("worker %d: shard %d does not know us (%s); saying HELLO again",
                              self.c.worker, s, f.get("message"))
                     self.greeting[s] = True
-                    self.net.send(s, encode(self.c._hello(s)))
+                    self._out(s, encode(self.c._hello(s)))
                 return True
             raise PSError(s, f.get("code", ErrorCode.INTERNAL), f.get("message", ""), fields=f)
         self.replies[s] = reply
@@ -146,14 +165,14 @@ class PushPull:
 
     def ready(self, shard: int) -> None:
         if self.rt.frames[shard] is None:
-            self.client._cast(self.grad, shard)
+            self.client._cast(self.grad, shard, self.rt.msgs[shard])
             self.rt.send(shard)
             self.early += 1
 
     def finish(self) -> "Reply":
         for s in range(len(self.rt.msgs)):
             if self.rt.frames[s] is None:
-                self.client._cast(self.grad, s)
+                self.client._cast(self.grad, s, self.rt.msgs[s])
         return self.client._weights(self.rt.run(), self.out)
 
     def annotate(self, fields: dict) -> None:

@@ -88,7 +88,8 @@ class StepLog:
               local_steps: int | str | None = None, pseudo_grad_norms: list[float] | None = None,
               inner_steps_per_push: list[int] | None = None) -> None:
         """Write the record (and rank 0's final parameters, `params`, unless `interrupted`). With
-        `local_steps`, a push is a round of them: `pushes` counts `pseudo_grad_norms` (one per push)."""
+        `local_steps`, a push is a round of them: `pushes` counts `pseudo_grad_norms` (one per push).
+        `wire`: the bytes sent and received (psrv.Worker.wire_bytes())."""
         rows = self.rows
         sizes = {r["batch_size"] for r in rows}
         known = bool(rows) and None not in sizes  # samples only when every step said its batch size
@@ -98,7 +99,7 @@ class StepLog:
                   "train_seconds": self._last_wall - self.started if rows else 0.0, "early_sends": early_sends,
                   "wall_seconds": time.time() - self.started,
                   "max_staleness": max((r["staleness"] for r in rows), default=0),
-                  "max_rss_bytes": peak_rss_bytes()}
+                  "max_rss_bytes": peak_rss_bytes(), **(wire or {})}
         if local_steps is not None:
             norms = list(pseudo_grad_norms or [])
             record.update(pushes=len(norms), local_steps=local_steps, inner_steps=len(rows), pseudo_grad_norms=norms,

@@ -82,12 +82,18 @@ class Worker:
     as the gradient, for the servers' (outer) optimizer, and pulls; the other calls send nothing and
     return `pushed=False`. close() pushes the inner steps done since the last push, if any. No
     early sends then (the push is known only after the inner step); a clip applies to the pushed
-    vector. `pseudo_grad_norms` holds each push's norm."""
+    vector. `pseudo_grad_norms` holds each push's norm.
+
+    `compress` (psrv/codecs; '' : none) compresses each shard's push: topk:RATIO, randomk:RATIO, sign,
+    int8 with error feedback (off with `error_feedback=False`; the residuals are in state_dict()),
+    tensors under `compress_min_numel` elements sent dense; float16/bfloat16 as that wire_dtype.
+    `wire_bytes()` says what went over the wire."""
 
     def __init__(self, model: torch.nn.Module, servers: Sequence[str] | None = None, *,
                  rank: int | None = None, world_size: int | None = None, transport: str = "zmq",
                  timeout: float = 60.0, curve_keys: str = "", wire_dtype: str = "float32",
-                 overlap: bool = True, clip_grad_norm: float | None = 0.0, local_steps: int | str | None = None):
+                 overlap: bool = True, clip_grad_norm: float | None = 0.0, local_steps: int | str | None = None,
+                 compress: str = "", error_feedback: bool = True, compress_min_numel: int = 0):
         if local_steps is not None:
             try:
                 local_steps = parse_local_steps(local_steps)
@@ -103,8 +109,11 @@ class Worker:
         self.plan = PartitionPlan.from_module(model, len(servers))
         self._readiness: ShardReadiness | None = None  # made after HELLO, which says the mode
         self._client = PSClient(servers, self.plan, worker=self.rank, world_size=self.world_size,
-                                transport=transport, timeout=timeout, curve_keys=curve_keys, wire_dtype=wire_dtype)
+                                transport=transport, timeout=timeout, curve_keys=curve_keys, wire_dtype=wire_dtype,
+                                compress=compress, error_feedback=error_feedback,
+                                compress_min_numel=compress_min_numel)
         self._pushing: PushPull | None = None
+        self._compress = compress
         self._open = True
         self.steps = 0
         self.early_sends = 0  # shard pushes sent while backward was still running
@@ -140,6 +149,8 @@ class Worker:
         self._arm()
         self._log = StepLog.from_env(rank=self.rank, world_size=self.world_size, params=self._flat.params,
                                      plan_hash=self.plan.hash, wire_dtype=wire_dtype, overlap=overlap)
+        if self._log is not None:
+            self._log.record.update(self.compression())
 
     def step(self, *, loss: float | torch.Tensor | None = None, batch_size: int | None = None) -> StepInfo:
         """Push the gradient backward left in the model (the shards not sent during backward now),
@@ -203,8 +214,36 @@ class Worker:
             self._client.close()
         if self._log is not None:  # after LEAVE: the other workers need not wait for this write
             self._log.write(params=self._flat.params if self.rank == 0 else None, early_sends=self.early_sends,
+                            wire=self.wire_bytes(),
                             local_steps=self.local_steps, pseudo_grad_norms=self.pseudo_grad_norms,
                             inner_steps_per_push=self.inner_steps_per_push)
+
+    def state_dict(self) -> dict:
+        """What this worker carries between steps that the servers do not hold: its step count and the
+        error-feedback residuals of a compressed push ({"steps", "compress": None without a codec})."""
+        encoder = self._client.encoder
+        return {"steps": self.steps, "compress": None if encoder is None else encoder.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Carry on from `state` (a state_dict of a worker of this model and codec); ValueError where
+        it does not fit (another model's residuals, a codec on one side only), with nothing changed."""
+        encoder, saved = self._client.encoder, state.get("compress")
+        if (encoder is None) != (saved is None):
+            raise ValueError("the state was saved " + ("without" if saved is None else "with") +
+                             " a push codec, and this worker runs " + ("with" if saved is None else "without") + " one")
+        if encoder is not None:
+            encoder.load_state_dict(saved)
+        self.steps = int(state.get("steps", self.steps))
+
+    def compression(self) -> dict:
+        """{"compress": the codec's name as given, "error_feedback": whether residuals are kept (a lossy codec only)}."""
+        encoder = self._client.encoder
+        return {"compress": self._compress, "error_feedback": encoder is not None and encoder.error is not None}
+
+    def wire_bytes(self) -> dict:
+        """Bytes this worker's client sent and received (psrv/client.py WireBytes): bytes_pushed,
+        bytes_pulled, bytes_sent, bytes_received, dense_push_bytes and compression_ratio."""
+        return self._client.wire.to_dict()
 
     def __enter__(self) -> "Worker":
         return self
@@ -277,6 +316,7 @@ class Worker:
             self._client.close()
             if getattr(self, "_log", None) is not None:  # what it did, marked interrupted
                 self._log.write(early_sends=self.early_sends, interrupted=True, local_steps=self.local_steps,
+                                wire=self.wire_bytes(),
                                 pseudo_grad_norms=self.pseudo_grad_norms,
                                 inner_steps_per_push=self.inner_steps_per_push)
 

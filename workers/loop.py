@@ -63,7 +63,9 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
         ps = Worker(model, cfg.servers, rank=cfg.rank, world_size=cfg.world_size, transport=cfg.transport,
                     timeout=cfg.request_timeout, curve_keys=cfg.curve_keys, wire_dtype=cfg.wire_dtype,
                     overlap=cfg.overlap and not faults.active, clip_grad_norm=cfg.clip_grad_norm,
-                    local_steps=cfg.local_steps if cfg.local_updates else None)
+                    local_steps=cfg.local_steps if cfg.local_updates else None,
+                    compress=cfg.compress, error_feedback=cfg.error_feedback,
+                    compress_min_numel=cfg.compress_min_numel)
         record["plan_hash"] = ps.plan.hash
         with ps:
             if cfg.rank == 0:
@@ -112,6 +114,7 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
                   wall_seconds=time.time() - started,
                   max_staleness=max((r["staleness"] for r in rows), default=0),
                   max_rss_bytes=peak_rss_bytes(),
+                  **(ps.compression() if ps is not None else {}), **(ps.wire_bytes() if ps is not None else {}),
                   final_params=parameters_to_vector(model.parameters()).detach().cpu(),
                   final_state=model.state_dict())  # parameters and this worker's buffers
     if interrupt is not None:

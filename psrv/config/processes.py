@@ -121,6 +121,9 @@ class RunConfig(Trackers, Seeded, Consistency):
             if self.worker.wire_dtype != "float32":
                 raise ConfigError("worker.wire_dtype", f"is for the parameter server's pushes; mode "
                                                        f"{self.mode!r} all-reduces float32")
+            if self.worker.compress:
+                raise ConfigError("worker.compress", f"is for the parameter server's pushes; mode "
+                                                     f"{self.mode!r} all-reduces float32")
             if isinstance(self.worker.local_steps, str):
                 raise ConfigError("worker.local_steps", f"{self.worker.local_steps!r} plans each worker's "
                                   f"pushes by its speed through the servers; mode {self.mode!r} has none "

@@ -55,6 +55,12 @@ def _transient(text: str) -> None:
             raise ValueError(f"P must be a probability in [0, 1]; got {text!r}")
 
 
+def _compress(spec: str) -> None:
+    if spec:
+        from psrv.codecs import parse  # the codecs know their names (a leaf package: no circle)
+        parse(spec)
+
+
 def _job(name: str) -> None:
     """A shipped job's name, package.module:factory or path/to/file.py:factory; whether that module
     imports is for the launcher to find out (experiments/preflight.py), this only checks the form."""
@@ -251,6 +257,13 @@ class WorkerSettings(Section):
                             "shard's slice goes out as soon as backward finishes it)", flag="no-overlap")
     request_timeout: float = setting(60.0, "seconds without any reply before a worker gives up",
                                      minimum=0.1)
+    compress: str = setting("", "push codec (psrv/codecs, docs/compression.md): topk:RATIO, randomk:RATIO, sign, "
+                            "int8, or float16/bfloat16 (as --wire-dtype); '' : dense float32", check=_compress,
+                            metavar="CODEC")
+    error_feedback: bool = setting(True, "turn off the error feedback of a lossy --compress (default: each "
+                                   "worker adds what its last pushes left out to the next)", flag="no-error-feedback")
+    compress_min_numel: int = setting(1024, "with --compress, tensors of fewer elements (biases, norms) are "
+                                      "pushed dense", minimum=0, metavar="N")
     local_steps: int | str = setting(1, "local SGD / DiLoCo: inner steps per push; each push is the "
                                      "pseudo-gradient w_pulled - w_now and the servers' optimizer is the outer one "
                                      "(1: push every step). auto[:H]: dynamic local updates, the fastest worker "
@@ -275,6 +288,8 @@ class WorkerSettings(Section):
 
     def validate(self) -> None:
         super().validate()
+        if self.compress.partition(":")[0] in ("topk", "randomk", "sign", "int8") and self.wire_dtype != "float32":
+            raise ConfigError("wire_dtype", f"is another push codec; compress {self.compress!r} sends float32 values")
         if self.inner_optimizer is None and (self.local_steps_base > 1 or is_dynamic(self.local_steps)):
             object.__setattr__(self, "inner_optimizer", "adamw")
         if self.inner_optimizer is None:

@@ -16,7 +16,10 @@ from psrv.protocol.messages import PROTOCOL_VERSION, ErrorCode, Message, MsgType
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+PART_DTYPES = {**DTYPES, "int32": torch.int32, "int8": torch.int8, "uint8": torch.uint8}
+PART_DTYPE_NAMES = {v: k for k, v in PART_DTYPES.items()}
 MAX_HEADER_BYTES = 64 * 1024
+MAX_PARTS = 8
 
 
 def encode(msg: Message) -> list:
@@ -27,15 +30,21 @@ def encode(msg: Message) -> list:
         header["sid"] = msg.session
     if msg.fields:
         header["f"] = msg.fields
+    if msg.parts:
+        bufs = [_cpu(t) for t in msg.parts.values()]
+        header["p"] = [[name, PART_DTYPE_NAMES[t.dtype], t.numel() * t.element_size()]
+                       for name, t in zip(msg.parts, bufs)]
+        return [msgpack.packb(header), *(_buffer(t) for t in bufs)]
     if msg.tensor is None:
         return [msgpack.packb(header)]
-    t = msg.tensor
-    if t.device.type != "cpu":
-        t = t.cpu()
-    t = t.contiguous().view(-1)
+    t = _cpu(msg.tensor)
     header["dt"] = DTYPE_NAMES[t.dtype]
     header["n"] = t.numel() * t.element_size()
     return [msgpack.packb(header), _buffer(t)]
+
+
+def _cpu(t: torch.Tensor) -> torch.Tensor:
+    return (t.cpu() if t.device.type != "cpu" else t).contiguous().view(-1)
 
 
 def _buffer(t: torch.Tensor) -> memoryview:
@@ -46,8 +55,8 @@ def _buffer(t: torch.Tensor) -> memoryview:
 
 def decode(frames: list) -> Message:
     """Parse frames into a Message; any defect raises ProtocolError (never anything else)."""
-    if not frames or len(frames) > 2:
-        raise ProtocolError(ErrorCode.MALFORMED, f"expected 1 or 2 frames, got {len(frames)}")
+    if not frames or len(frames) > 1 + MAX_PARTS:
+        raise ProtocolError(ErrorCode.MALFORMED, f"expected 1 to {1 + MAX_PARTS} frames, got {len(frames)}")
     head = memoryview(frames[0])
     if head.nbytes > MAX_HEADER_BYTES:
         raise ProtocolError(ErrorCode.MALFORMED, f"header of {head.nbytes} bytes exceeds {MAX_HEADER_BYTES}")
@@ -71,18 +80,36 @@ def decode(frames: list) -> Message:
     if not isinstance(fields, dict):
         raise ProtocolError(ErrorCode.MALFORMED, "fields must be a map")
     msg = Message(mtype, ints["w"], ints["s"], ints["c"], ints["bv"], fields, session=ints["sid"])
-    if len(frames) == 2:
+    if "p" in h:
+        msg.parts = _parts(h, frames[1:])
+    elif len(frames) > 2:
+        raise ProtocolError(ErrorCode.MALFORMED, f"expected 1 or 2 frames, got {len(frames)}")
+    elif len(frames) == 2:
         msg.tensor = _tensor(h, frames[1])
     elif "dt" in h:
         raise ProtocolError(ErrorCode.BAD_TENSOR, "header announces a tensor but no tensor frame came")
     return msg
 
 
-def _tensor(h: dict, frame) -> torch.Tensor:
+def _parts(h: dict, frames: list) -> dict[str, torch.Tensor]:
+    """The named parts `p` = [[name, dtype, bytes], ...] announces, one frame each."""
+    spec = h["p"]
+    if "dt" in h or not isinstance(spec, list) or len(spec) != len(frames) or not spec:
+        raise ProtocolError(ErrorCode.BAD_TENSOR, f"header's parts {spec!r} do not match the {len(frames)} "
+                            "tensor frame(s) that came (and a message has parts or one tensor, not both)")
+    parts = {}
+    for entry, frame in zip(spec, frames):
+        if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)) or entry[0] in parts:
+            raise ProtocolError(ErrorCode.BAD_TENSOR, f"part {entry!r} is not a new [name, dtype, bytes]")
+        parts[entry[0]] = _tensor({"dt": entry[1], "n": entry[2]}, frame, PART_DTYPES)
+    return parts
+
+
+def _tensor(h: dict, frame, dtypes: dict = DTYPES) -> torch.Tensor:
     name = h.get("dt")
-    dtype = DTYPES.get(name) if isinstance(name, str) else None  # any msgpack value may come here
+    dtype = dtypes.get(name) if isinstance(name, str) else None  # any msgpack value may come here
     if dtype is None:
-        raise ProtocolError(ErrorCode.BAD_TENSOR, f"dtype {h.get('dt')!r} not one of {sorted(DTYPES)}")
+        raise ProtocolError(ErrorCode.BAD_TENSOR, f"dtype {h.get('dt')!r} not one of {sorted(dtypes)}")
     buf = memoryview(frame)
     if h.get("n") != buf.nbytes:
         raise ProtocolError(ErrorCode.BAD_TENSOR, f"header says {h.get('n')!r} bytes, frame has {buf.nbytes}")

@@ -50,7 +50,8 @@ class ProtocolError(Exception):
 
 @dataclass
 class Message:
-    """One protocol message: header fields plus at most one tensor payload.
+    """One protocol message: header fields plus at most one tensor payload, or named `parts` (a
+    compressed push's values, indices, scales: one raw frame each, listed in the header's `p`).
 
     `tensor` is a 1-D torch tensor when sending; on receive it is a tensor viewing
     the received frame (no copy). `session` is the sending worker process's random id (0: none
@@ -65,3 +66,4 @@ class Message:
     fields: dict[str, Any] = field(default_factory=dict)
     tensor: Any = None
     session: int = 0
+    parts: dict[str, Any] | None = None  # named 1-D tensors, one raw frame each (a compressed push)

@@ -230,8 +230,8 @@ class ShardService:
         """Accept one gradient: dedup, validate, then apply / accumulate / drop as the controller says."""
         started = time.perf_counter()
         shard = self._ready_shard(msg, need_init=True)
-        grad = validate.tensor(msg, shard.size)
-        finite = validate.is_finite(grad)
+        grad = validate.push(msg, shard.size)  # a dense tensor, or a checked compressed push
+        finite = validate.all_finite(grad)
         if not finite and self.cfg.nonfinite == "reject":  # never recorded, so a re-send is refused alike
             self.stats.drop("invalid")
             raise ProtocolError(ErrorCode.NONFINITE, "gradient has NaN or Inf; refused (see --nonfinite)")

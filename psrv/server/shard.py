@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from psrv.clip import clip_flat_
+from psrv.codecs import Decoded
 from psrv.config import OptimConfig
 from psrv.schedule import lr_at
 from psrv.server.optim import make_optimizer
@@ -37,9 +38,12 @@ class Shard:
         self.param.data.copy_(values)
         self.initialised = True
 
-    def apply(self, grad: torch.Tensor, ctx: PushContext = SYNC) -> float:
+    def apply(self, grad: torch.Tensor | Decoded, ctx: PushContext = SYNC) -> float:
         """One optimizer step with `grad` (asynchronous and SSP pushes), taken in float32, after the
-        update rule has seen it with its context; returns the lr scale the rule applied."""
+        update rule has seen it with its context; returns the lr scale the rule applied. A compressed
+        push is decoded once, into the reused float32 buffer."""
+        if isinstance(grad, Decoded):
+            return self._step(grad.densify(self._scratch()), ctx)
         if grad.dtype != torch.float32 or grad.device != self.device:  # converted into a reused buffer
             grad = self._scratch().copy_(grad)
         return self._step(grad, ctx)
@@ -54,12 +58,17 @@ class Shard:
             self._cast = torch.empty(self.size, dtype=torch.float32, device=self.device)
         return self._cast
 
-    def accumulate(self, grad: torch.Tensor) -> None:
-        """Add `grad` to the open clock's float32 sum (sync mode)."""
-        if grad.device != self.device:
-            grad = grad.to(self.device)
+    def accumulate(self, grad: torch.Tensor | Decoded) -> None:
+        """Add `grad` to the open clock's float32 sum (sync mode); a compressed push straight into it
+        (a sparse one by scatter-add)."""
         if self._accum is None:
             self._accum = torch.zeros(self.size, dtype=torch.float32, device=self.device)
+        if isinstance(grad, Decoded):
+            grad.add_into(self._accum, self._scratch())
+            self._accumulated += 1
+            return
+        if grad.device != self.device:
+            grad = grad.to(self.device)
         self._accum.add_(grad)  # a bf16/fp16 gradient is widened element by element, not copied
         self._accumulated += 1
 

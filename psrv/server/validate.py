@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from psrv.codecs import Decoded
+from psrv.codecs.push import decode_push
 from psrv.config import ServerConfig
 from psrv.protocol import ErrorCode, Message, ProtocolError
 from psrv.partition import shard_range
@@ -49,6 +51,25 @@ def tensor(msg: Message, size: int) -> torch.Tensor:
         raise ProtocolError(ErrorCode.BAD_TENSOR, f"expected {size} float32 values for this shard, "
                             f"got {t.numel()} {str(t.dtype).removeprefix('torch.')}")
     return t
+
+
+def push(msg: Message, size: int) -> torch.Tensor | Decoded:
+    """A push's gradient: its dense tensor (float32, or the wire dtype), or a compressed push (named
+    parts, the codec in fields `codec`) checked against this shard's size (psrv/codecs/push.py)."""
+    if msg.parts is None:
+        if "codec" in msg.fields:
+            raise ProtocolError(ErrorCode.BAD_TENSOR, "a compressed push (fields codec) needs its parts")
+        return tensor(msg, size)
+    if "codec" not in msg.fields:
+        raise ProtocolError(ErrorCode.BAD_TENSOR, "a push with parts must name its codec (fields codec)")
+    return decode_push(msg.fields["codec"], msg.parts, size)
+
+
+def all_finite(grad: torch.Tensor | Decoded) -> bool:
+    """is_finite of a dense gradient, or of every float part of a compressed one."""
+    if isinstance(grad, Decoded):
+        return all(is_finite(t) for t in grad.floats() if t.numel())
+    return is_finite(grad)
 
 
 def is_finite(t: torch.Tensor) -> bool:

@@ -30,25 +30,32 @@ _ENDPOINTS: dict[str, RpcServer] = {}
 
 
 # --- frames <-> RPC arguments -----------------------------------------------------------------
-def _pack(frames: Sequence[Any]) -> tuple[bytes, torch.Tensor | None]:
-    """(header bytes, raw buffer as a uint8 tensor sharing its memory) -- TensorPipe moves the tensor
-    unpickled, reading it after the call returns."""
+def _pack(frames: Sequence[Any]) -> tuple[bytes, torch.Tensor | list[torch.Tensor] | None]:
+    """(header bytes, raw buffer as a uint8 tensor sharing its memory; a list of them for a message of
+    several raw frames, a compressed push) -- TensorPipe moves the tensors unpickled, reading them
+    after the call returns."""
     header = bytes(frames[0])
     if len(frames) < 2:
         return header, None
-    buf = memoryview(frames[1]).cast("B")
-    return header, (torch.frombuffer(buf, dtype=torch.uint8) if buf.nbytes else torch.empty(0, dtype=torch.uint8))
+    payloads = [_raw(f) for f in frames[1:]]
+    return header, payloads[0] if len(payloads) == 1 else payloads
 
 
-def _unpack(header: bytes, payload: torch.Tensor | None) -> list:
-    """Frames again, as the codec expects them: [header, raw buffer]."""
+def _raw(frame: Any) -> torch.Tensor:
+    buf = memoryview(frame).cast("B")
+    return torch.frombuffer(buf, dtype=torch.uint8) if buf.nbytes else torch.empty(0, dtype=torch.uint8)
+
+
+def _unpack(header: bytes, payload: torch.Tensor | list[torch.Tensor] | None) -> list:
+    """Frames again, as the codec expects them: [header, raw buffer...]."""
     if payload is None:
         return [memoryview(header)]
-    return [memoryview(header), memoryview(payload.contiguous().numpy()).cast("B")]
+    payloads = payload if isinstance(payload, list) else [payload]
+    return [memoryview(header), *(memoryview(p.contiguous().numpy()).cast("B") for p in payloads)]
 
 
 @rpc.functions.async_execution
-def _serve_request(server: str, header: bytes, payload: torch.Tensor | None) -> torch.futures.Future:
+def _serve_request(server: str, header: bytes, payload: torch.Tensor | list[torch.Tensor] | None) -> torch.futures.Future:
     """Runs on the shard's RPC thread: hand the request to the service loop, reply when it answers."""
     endpoint = _ENDPOINTS.get(server)
     if endpoint is None:
@@ -103,9 +110,10 @@ class RpcServer(ServerTransport):
             raise
         self._joined = True
 
-    def _arrive(self, header: bytes, payload: torch.Tensor | None) -> torch.futures.Future:
+    def _arrive(self, header: bytes, payload: torch.Tensor | list[torch.Tensor] | None) -> torch.futures.Future:
         fut = torch.futures.Future()
-        size = len(header) + (payload.numel() if payload is not None else 0)
+        size = len(header) + sum(p.numel() for p in (payload if isinstance(payload, list) else [payload])
+                                 if p is not None)
         if 0 < self._max_bytes < size:
             fut.set_exception(ValueError(f"{self.name}: a message of {size} bytes exceeds {self._max_bytes}"))
             return fut

@@ -1,0 +1,49 @@
+"""What sign and int8 share: one float32 scale per chunk of CHUNK consecutive elements (the last
+chunk may be shorter), and a decoded push that is a dense vector made once, in the shard's scratch."""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+from psrv.codecs.base import Decoded, int_param
+
+CHUNK = 1024  # elements per scale: the scales add 4 bytes per 1024 elements (0.1% of float32)
+
+
+def chunks(n: int, chunk: int) -> int:
+    return math.ceil(n / chunk)
+
+
+def per_chunk(x: torch.Tensor, chunk: int, reduce: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """reduce(rows) over x cut into rows of `chunk` elements, the last padded with zeros: one value per chunk."""
+    n = x.numel()
+    padded = torch.nn.functional.pad(x, (0, chunks(n, chunk) * chunk - n)).view(-1, chunk)
+    return reduce(padded)
+
+
+def expand(scales: torch.Tensor, chunk: int, n: int) -> torch.Tensor:
+    """Each chunk's scale repeated over its elements: n values."""
+    return scales.repeat_interleave(chunk)[:n] if n else scales[:0]
+
+
+def chunk_param(params: dict) -> int:
+    return int_param(params, "chunk", 1, 1 << 30)
+
+
+class DenseDecoded(Decoded):
+    """A push whose decoding is a dense vector: `fill(out)` writes it."""
+
+    def __init__(self, fill: Callable[[torch.Tensor], None], floats: list[torch.Tensor]):
+        self._fill, self._floats = fill, floats
+
+    def add_into(self, accum: torch.Tensor, scratch: torch.Tensor) -> None:
+        accum.add_(self.densify(scratch))
+
+    def densify(self, out: torch.Tensor) -> torch.Tensor:
+        self._fill(out)
+        return out
+
+    def floats(self) -> list[torch.Tensor]:
+        return self._floats

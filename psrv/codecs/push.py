@@ -1,0 +1,159 @@
+"""A compressed push, both ends. The worker (`PushEncoder`) runs the codec per shard range: it adds
+its error-feedback residual to the shard's slice of the gradient, encodes it, decodes its own
+message exactly as the server will and keeps the difference as the next residual (Karimireddy et al.
+2019, EF-SGD: e <- g + e - C(g + e)). Tensors under `min_numel` elements (biases, norms) travel
+dense beside the codec's parts. The server (`decode_push`) checks the header and the parts against
+its shard size and returns a Decoded it adds straight into its accumulator.
+
+Header, in the push's fields: `codec` = {`name`, its parameters (`ratio`, `chunk`), `n`: the shard's
+element count, `dense`: [[start, stop], ...] shard-relative ranges sent exactly in part `dense`}."""
+from __future__ import annotations
+
+import torch
+
+from psrv.codecs import LOSSY
+from psrv.codecs.base import Codec, Decoded, bad
+from psrv.codecs.sparse import SparseDecoded
+from psrv.partition import PartitionPlan
+from psrv.protocol import ErrorCode, ProtocolError
+
+MAX_DENSE_RANGES = 2048  # keeps the header far under its 64 KiB
+
+
+def dense_ranges(plan: PartitionPlan, shard: int, min_numel: int) -> list[list[int]]:
+    """Shard-relative [start, stop) of the pieces of tensors smaller than `min_numel` elements."""
+    lo, _ = plan.ranges[shard]
+    numel = {p.name: p.numel for p in plan.params}
+    out, starts = [], _starts(plan)
+    for name, a, b in plan.pieces(shard):
+        if numel[name] < min_numel:
+            start = starts[name] + a - lo
+            if out and out[-1][1] == start:  # adjacent small tensors: one range
+                out[-1][1] = start + b - a
+            else:
+                out.append([start, start + b - a])
+    return out
+
+
+def _starts(plan: PartitionPlan) -> dict[str, int]:
+    starts, offset = {}, 0
+    for p in plan.params:
+        starts[p.name] = offset
+        offset += p.numel
+    return starts
+
+
+class PushEncoder:
+    """Encodes each shard's slice of a flat gradient with `codec`; `error` (None without error
+    feedback) is the flat residual kept between pushes (state_dict / load_state_dict save it)."""
+
+    def __init__(self, codec: Codec, plan: PartitionPlan, *, error_feedback: bool = True, min_numel: int = 0,
+                 device: torch.device | str = "cpu"):
+        self.codec, self.ranges = codec, plan.ranges
+        self.error = torch.zeros(plan.total, dtype=torch.float32, device=device) if error_feedback else None
+        self.dense = [dense_ranges(plan, s, min_numel) for s in range(plan.num_shards)]
+        self.among = [_complement(r, hi - lo, device) for r, (lo, hi) in zip(self.dense, self.ranges)]
+
+    def encode(self, grad: torch.Tensor, shard: int) -> tuple[dict, dict[str, torch.Tensor]]:
+        """(fields, parts) of shard's push of the flat `grad`; updates the residual."""
+        lo, hi = self.ranges[shard]
+        x = grad[lo:hi].float() if self.error is None else grad[lo:hi] + self.error[lo:hi]
+        parts = self.codec.encode(x, self.among[shard])
+        fields = {"name": self.codec.name, **self.codec.params(), "n": hi - lo}
+        if self.dense[shard]:
+            fields["dense"] = self.dense[shard]
+            parts["dense"] = torch.cat([x[a:b] for a, b in self.dense[shard]])
+        parts = {k: v.detach().cpu().contiguous() for k, v in parts.items()}
+        if self.error is not None:
+            sent = decode_push(fields, parts, hi - lo).densify(torch.empty(hi - lo, device="cpu"))
+            torch.sub(x, sent.to(x.device), out=self.error[lo:hi])
+        return {"codec": fields}, parts
+
+    def state_dict(self) -> dict:
+        return {"error": None if self.error is None else self.error.detach().cpu().clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        error = state.get("error")
+        if (error is None) != (self.error is None):
+            raise ValueError("error-feedback state saved with error feedback "
+                             f"{'off' if error is None else 'on'}, this worker has it the other way")
+        if error is not None:
+            if tuple(error.shape) != tuple(self.error.shape):
+                raise ValueError(f"error buffer of shape {tuple(error.shape)}, this model's is {tuple(self.error.shape)}")
+            self.error.copy_(error)
+
+
+def _complement(ranges: list[list[int]], n: int, device) -> torch.Tensor | None:
+    if not ranges:
+        return None
+    keep = torch.ones(n, dtype=torch.bool)
+    for a, b in ranges:
+        keep[a:b] = False
+    return keep.nonzero().view(-1).to(device)
+
+
+class WithDense(Decoded):
+    """A codec's Decoded with the dense ranges added beside it (sparse: its indices avoid them) or
+    written over it (sign, int8 cover the whole range)."""
+
+    def __init__(self, inner: Decoded, ranges: list[list[int]], values: torch.Tensor):
+        self.inner, self.ranges, self.values = inner, ranges, values
+
+    def add_into(self, accum: torch.Tensor, scratch: torch.Tensor) -> None:
+        if not isinstance(self.inner, SparseDecoded):
+            accum.add_(self.densify(scratch))
+            return
+        self.inner.add_into(accum, scratch)
+        at = 0
+        for a, b in self.ranges:
+            accum[a:b].add_(self.values[at:at + b - a].to(accum.device))
+            at += b - a
+
+    def densify(self, out: torch.Tensor) -> torch.Tensor:
+        self.inner.densify(out)
+        at = 0
+        for a, b in self.ranges:
+            out[a:b].copy_(self.values[at:at + b - a])  # a sparse codec left zeros there
+            at += b - a
+        return out
+
+    def floats(self) -> list[torch.Tensor]:
+        return [*self.inner.floats(), self.values]
+
+
+def decode_push(fields: dict, parts: dict[str, torch.Tensor], size: int) -> Decoded:
+    """The checked push of a shard of `size` elements: BAD_TENSOR for another size, parts that
+    disagree with the header or indices out of range; UNKNOWN codec -> MALFORMED."""
+    if not isinstance(fields, dict):
+        raise ProtocolError(ErrorCode.MALFORMED, "codec must be a map")
+    codec = LOSSY.get(fields.get("name")) if isinstance(fields.get("name"), str) else None
+    if codec is None:
+        raise ProtocolError(ErrorCode.MALFORMED, f"unknown codec {fields.get('name')!r}; this server "
+                            f"decodes {', '.join(sorted(LOSSY))}")
+    if fields.get("n") != size:
+        raise bad(f"compressed push for {fields.get('n')!r} elements; this shard has {size}")
+    decoded = codec.decode(parts, fields, size)
+    ranges = fields.get("dense", [])
+    if not ranges:
+        if "dense" in parts:
+            raise bad("part 'dense' without dense ranges in the header")
+        return decoded
+    values = parts.get("dense")
+    if values is None or values.dtype != torch.float32:
+        raise bad("dense ranges need a float32 part 'dense'")
+    return WithDense(decoded, _ranges(ranges, size, values.numel()), values)
+
+
+def _ranges(ranges, size: int, count: int) -> list[list[int]]:
+    """Sorted, disjoint [start, stop) within [0, size) covering `count` elements; BAD_TENSOR otherwise."""
+    if not isinstance(ranges, list) or len(ranges) > MAX_DENSE_RANGES:
+        raise bad(f"dense must be a list of at most {MAX_DENSE_RANGES} [start, stop] pairs")
+    end, total = 0, 0
+    for r in ranges:
+        if not (isinstance(r, list) and len(r) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in r)
+                and end <= r[0] < r[1] <= size):
+            raise bad(f"dense range {r!r} is not a sorted, disjoint [start, stop) within [0, {size})")
+        end, total = r[1], total + r[1] - r[0]
+    if total != count:
+        raise bad(f"dense ranges cover {total} elements; part 'dense' has {count}")
+    return ranges

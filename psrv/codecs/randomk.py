@@ -1,0 +1,27 @@
+"""randomk:RATIO: ceil(RATIO * n) elements chosen uniformly without replacement, sent unscaled as
+indices and values (Stich et al. 2018, "Sparsified SGD with memory": unbiased only with error
+feedback). The choice comes from a generator seeded per worker, so a run repeats."""
+from __future__ import annotations
+
+import torch
+
+from psrv.codecs.base import Codec
+from psrv.codecs.sparse import count, decode_sparse, parts_of
+
+
+class RandomK(Codec):
+    name = "randomk"
+
+    def __init__(self, ratio: float, seed: int = 0):
+        self.ratio = ratio
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def params(self) -> dict:
+        return {"ratio": self.ratio}
+
+    def encode(self, x: torch.Tensor, among: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        n = x.numel() if among is None else among.numel()
+        chosen = torch.randperm(n, generator=self.generator)[:count(self.ratio, n)].to(x.device)
+        return parts_of(x, chosen if among is None else among[chosen])
+
+    decode = staticmethod(lambda parts, params, n: decode_sparse(parts, n))

@@ -1,0 +1,47 @@
+"""What top-k and random-k send: int32 indices into the shard's range and the float32 values there.
+The server adds them into its accumulator with one scatter-add (index_add_)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from psrv.codecs.base import Decoded, bad, part
+
+
+def count(ratio: float, n: int) -> int:
+    """How many of n elements a RATIO keeps: ceil(ratio * n), at least 1 (of a non-empty vector)."""
+    return min(n, max(1 if n else 0, math.ceil(ratio * n)))
+
+
+def parts_of(x: torch.Tensor, chosen: torch.Tensor) -> dict[str, torch.Tensor]:
+    chosen, _ = torch.sort(chosen)  # ascending: a cache-friendly scatter on the server
+    return {"indices": chosen.to(torch.int32), "values": x[chosen]}
+
+
+class SparseDecoded(Decoded):
+    def __init__(self, indices: torch.Tensor, values: torch.Tensor):
+        self.indices, self.values = indices, values
+
+    def add_into(self, accum: torch.Tensor, scratch: torch.Tensor) -> None:
+        accum.index_add_(0, self.indices.to(device=accum.device, dtype=torch.int64), self.values.to(accum.device))
+
+    def densify(self, out: torch.Tensor) -> torch.Tensor:
+        out.zero_()
+        self.add_into(out, out)
+        return out
+
+    def floats(self) -> list[torch.Tensor]:
+        return [self.values]
+
+
+def decode_sparse(parts: dict[str, torch.Tensor], n: int) -> SparseDecoded:
+    """Indices (int32, each in [0, n)) and as many float32 values; BAD_TENSOR otherwise. Indices
+    are not checked for repeats: a repeated index adds its values twice, as a scatter-add does."""
+    indices = part(parts, "indices", torch.int32)
+    values = part(parts, "values", torch.float32, indices.numel())
+    if indices.numel() > n:
+        raise bad(f"{indices.numel()} indices for a shard of {n} elements")
+    if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= n):
+        raise bad(f"indices outside [0, {n}): {int(indices.min())}..{int(indices.max())}")
+    return SparseDecoded(indices, values)

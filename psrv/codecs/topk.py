@@ -1,0 +1,26 @@
+"""topk:RATIO: the ceil(RATIO * n) elements of largest magnitude (Aji and Heafield 2017; with error
+feedback, Stich et al. 2018 and Lin et al. 2018), sent as indices and values."""
+from __future__ import annotations
+
+import torch
+
+from psrv.codecs.base import Codec
+from psrv.codecs.sparse import count, decode_sparse, parts_of
+
+
+class TopK(Codec):
+    name = "topk"
+
+    def __init__(self, ratio: float):
+        self.ratio = ratio
+
+    def params(self) -> dict:
+        return {"ratio": self.ratio}
+
+    def encode(self, x: torch.Tensor, among: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        pool = x if among is None else x[among]
+        k = count(self.ratio, pool.numel())
+        chosen = torch.topk(pool.abs(), k, sorted=False).indices
+        return parts_of(x, chosen if among is None else among[chosen])
+
+    decode = staticmethod(lambda parts, params, n: decode_sparse(parts, n))
