@@ -11,8 +11,9 @@ from typing import Any
 
 from psrv.config.base import ConfigError, Section, section, setting
 from psrv.config.sections import Trackers
-from psrv.config.sections import (MODES, ClusterConfig, Consistency, FaultConfig, GradClip, JobConfig,
-                                  OptimConfig, Placement, Seeded, ServerSettings, ServeSettings, WorkerSettings)
+from psrv.config.sections import (MODES, AllReduceSettings, ClusterConfig, Consistency, FaultConfig, GradClip,
+                                  JobConfig, OptimConfig, Placement, Seeded, ServerSettings, ServeSettings,
+                                  WorkerSettings)
 
 
 def _one_shard_clip(clip: float, mode: str, shards: int, shards_key: str) -> None:
@@ -32,6 +33,21 @@ def _dn_period(optim: OptimConfig, mode: str, workers: int) -> int:
                               f"sgd-nesterov with N = 1 (got {optim.dn_period}); remove it")
         return 1
     return optim.dn_period or workers
+
+
+def _allreduce_settings(run: RunConfig) -> None:
+    """The all-reduce settings go with the modes that use them: a comm hook with DDP's (ddp, zero1,
+    without local steps), no barrier with any all-reduce mode; local steps with ddp only."""
+    hooked = run.mode in ("ddp", "zero1") and not run.worker.local_updates
+    if run.allreduce.ddp_comm_hook != "none" and not hooked:
+        raise ConfigError("allreduce.ddp_comm_hook", f"is a DDP hook: mode ddp or zero1 without local steps "
+                          f"(mode is {run.mode!r}{', with local steps' if run.worker.local_updates else ''})")
+    if not run.allreduce.wait_barrier and run.mode in MODES:
+        raise ConfigError("allreduce.wait_barrier", f"is for the all-reduce modes; {run.mode!r} measures its "
+                          "wait at the servers")
+    if run.worker.local_updates and run.mode in ("fsdp", "zero1"):
+        raise ConfigError("worker.local_steps", f"local steps over all-reduce run with mode ddp, not "
+                          f"{run.mode!r}")
 
 
 def _shallow(obj: Section, cls: type) -> dict[str, Any]:
@@ -105,9 +121,11 @@ class RunConfig(Trackers, Seeded, Consistency):
     server: ServerSettings = section(ServerSettings)
     worker: WorkerSettings = section(WorkerSettings)
     faults: FaultConfig = section(FaultConfig)
+    allreduce: AllReduceSettings = section(AllReduceSettings)
 
     def validate(self) -> None:
         super().validate()
+        _allreduce_settings(self)
         n = self.cluster.workers
         if self.backup_workers >= n:
             raise ConfigError("backup_workers", f"must be < cluster.workers ({n}); got {self.backup_workers}")

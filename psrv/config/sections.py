@@ -9,7 +9,8 @@ from psrv.config.base import ConfigError, Section, setting
 from psrv.local_period import AUTO_DEFAULT, base_steps, is_dynamic, parse_local_steps
 
 MODES = ("sync", "async", "ssp")
-ALLREDUCE_MODES = ("ddp",)
+ALLREDUCE_MODES = ("ddp", "fsdp", "zero1")  # workers/allreduce: DDP, fully_shard, ZeroRedundancyOptimizer
+DDP_COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")  # torch.distributed.algorithms.ddp_comm_hooks
 RUN_MODES = (*MODES, *ALLREDUCE_MODES)
 OPTIMIZERS = ("sgd", "adam", "adamw")
 LR_SCHEDULES = ("constant", "warmup_cosine", "step", "linear")  # psrv/schedule.py has their formulas
@@ -87,8 +88,8 @@ class Placement(Section):
 class Consistency(Section):
     """When a shard applies a push and answers a pull (the servers hold it)."""
 
-    mode: str = setting("ssp", "sync (BSP), async (ASP), ssp, or ddp (the all-reduce baseline, psrv run only)",
-                        choices=RUN_MODES)
+    mode: str = setting("ssp", "sync (BSP), async (ASP), ssp, or an all-reduce baseline (psrv run only): ddp, "
+                        "fsdp (fully_shard) or zero1 (ZeroRedundancyOptimizer over DDP)", choices=RUN_MODES)
     staleness: int = setting(2, "SSP bound s: no worker runs more than s clocks ahead of the slowest",
                              minimum=0)
     backup_workers: int = setting(0, "sync: apply a clock once N-b gradients are in", minimum=0)
@@ -97,6 +98,25 @@ class Consistency(Section):
         super().validate()
         if self.backup_workers and self.mode != "sync":
             raise ConfigError("backup_workers", f"applies to mode 'sync' only (mode is {self.mode!r})")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AllReduceSettings(Section):
+    """How the all-reduce baselines (mode ddp, fsdp, zero1) reduce gradients and time their steps."""
+
+    ddp_comm_hook: str = setting("none", "DDP's communication hook (mode ddp and zero1): none (the mean), fp16, "
+                                 "bf16 (half-precision all-reduce) or powersgd (low-rank, error feedback)",
+                                 choices=DDP_COMM_HOOKS)
+    powersgd_rank: int = setting(1, "the rank of PowerSGD's approximation (--ddp-comm-hook powersgd)", minimum=1)
+    wait_barrier: bool = setting(True, "no barrier before the gradient collective: wait_seconds stays 0 and the "
+                                 "wait for a slow rank counts as communication (default: the time in a barrier "
+                                 "is the wait)", flag="no-wait-barrier")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.powersgd_rank != 1 and self.ddp_comm_hook != "powersgd":
+            raise ConfigError("powersgd_rank", f"only used by ddp_comm_hook powersgd (it is "
+                              f"{self.ddp_comm_hook!r}); remove it")
 
 
 @dataclass(frozen=True, kw_only=True)

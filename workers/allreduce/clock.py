@@ -1,0 +1,62 @@
+"""One all-reduce rank's step timing: the emulated faults at the end of compute, then the wait for the
+other ranks, measured with a barrier on a gloo group of its own before the gradient collective.
+
+A step's row: compute_seconds = forward + backward until the gradients are ready + emulated compute;
+wait_seconds = time in that barrier (waiting for the slowest rank to finish its compute; one tiny
+collective per step, off with --no-wait-barrier); communication_seconds = the rest: the emulated net
+delay, the gradient collective after the barrier, and the optimizer step (the PS analogue is the server
+applying the update inside push_pull). It also counts what really happened: gradient collectives
+issued at a step's end (`reduced`) and optimizer steps that ran (`updates`)."""
+from __future__ import annotations
+
+import time
+
+import torch.distributed as dist
+
+from workers.faults import FaultInjector
+
+
+class StepClock:
+    def __init__(self, faults: FaultInjector, *, barrier_group=None):
+        self.faults = faults
+        self.barrier_group = barrier_group  # None: no barrier, wait_seconds stays 0
+        self.step = 0
+        self.t0 = 0.0
+        self.compute_end: float | None = None
+        self.waited = 0.0
+        self.reduced = 0
+        self.updates = 0
+
+    def start(self, step: int) -> None:
+        self.step, self.t0, self.compute_end, self.waited = step, time.perf_counter(), None, 0.0
+
+    def compute_done(self, *, sync: bool = True) -> None:
+        """Called once per step when this rank's gradients are ready, before they are reduced: the
+        emulated compute, then (`sync`: a collective follows) the net delay and the timed barrier."""
+        if self.compute_end is not None:
+            return
+        self.faults.compute(self.step, time.perf_counter() - self.t0)
+        self.compute_end = time.perf_counter()
+        if not sync:
+            return
+        self.faults.before_send()
+        if self.barrier_group is not None:
+            t = time.perf_counter()
+            dist.barrier(group=self.barrier_group)
+            self.waited = time.perf_counter() - t
+
+    def reduce_done(self, fut):
+        """A `.then` callback on a step's last gradient collective: count it, pass its value on."""
+        self.reduced += 1
+        return fut.value()
+
+    def stepped(self, optimizer, args, kwargs) -> None:
+        """An optimizer step post-hook: count the step that ran."""
+        self.updates += 1
+
+    def row(self, t_end: float) -> dict[str, float]:
+        """The step's compute, communication and wait seconds (t_end: the step's end, perf_counter)."""
+        compute_end = self.compute_end if self.compute_end is not None else t_end
+        return {"compute_seconds": compute_end - self.t0,
+                "communication_seconds": max(0.0, t_end - compute_end - self.waited),
+                "wait_seconds": self.waited}

@@ -1,0 +1,36 @@
+"""DDP: DistributedDataParallel with the named comm hook, and the servers' optimizer on every rank."""
+from __future__ import annotations
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from psrv.config import RunConfig
+from workers.allreduce.clock import StepClock
+from workers.allreduce.hooks import ClockedHook, clocked_hook, inner_hook
+from workers.allreduce.optim import make_optimizer, make_schedule
+
+
+def wrap_ddp(model: torch.nn.Module, cfg: RunConfig, group, clock: StepClock, device) -> DistributedDataParallel:
+    """`model` under DDP (its constructor broadcasts rank 0's weights), the comm hook registered."""
+    net = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None,
+                                  process_group=group)
+    hook = inner_hook(cfg.allreduce.ddp_comm_hook, group, powersgd_rank=cfg.allreduce.powersgd_rank)
+    net.register_comm_hook(ClockedHook(clock, hook), clocked_hook)
+    return net
+
+
+class DDP:
+    """The wrapped module (`net`), the optimizer and schedule; every rank holds the whole model."""
+
+    outer = None
+
+    def __init__(self, model: torch.nn.Module, cfg: RunConfig, group, clock: StepClock, device):
+        self.model = model
+        self.net = wrap_ddp(model, cfg, group, clock, device)
+        self.optimizer = make_optimizer(cfg.optimizer, self.net.parameters())
+        self.optimizer.register_step_post_hook(clock.stepped)
+        self.schedule = make_schedule(cfg.optimizer, self.optimizer)
+
+    def eval_model(self) -> torch.nn.Module:
+        """The model every rank holds (the same weights after each all-reduced step)."""
+        return self.model

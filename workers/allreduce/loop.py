@@ -1,0 +1,173 @@
+"""The all-reduce ranks' shared loop: the PS modes' job, data shards, seeds, optimizer, schedule, clip and
+evaluations under the wrapper the mode names (DDP, FSDP, ZeRO-1, or local steps over all-reduce).
+
+`torchrun --nproc-per-node 2 -m workers.ddp --mode fsdp --steps 20 --out run/worker-{rank}.json`, or
+`psrv run --mode fsdp`."""
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from psrv.config import RunConfig
+from workers.allreduce.clock import StepClock
+from workers.evals import record_eval, record_final
+from workers.faults import FaultInjector
+from workers.jobs import batch_size_of, load_job
+from workers.loop import TrainingInterrupted
+
+log = logging.getLogger("psrv.ddp")
+
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+def _device_and_backend(name: str, backend: str, local_rank: int, local_world: int) -> tuple[torch.device, str]:
+    if name == "cpu":
+        return torch.device("cpu"), "gloo" if backend == "auto" else backend
+    count = torch.cuda.device_count()
+    if count == 0:
+        raise ValueError(f"device {name!r} asked for, but torch sees no CUDA device")
+    device = torch.device(f"cuda:{local_rank % count}" if name == "cuda" else name)
+    if backend != "auto":
+        return device, backend
+    # nccl refuses two ranks on one GPU; gloo all-reduces CUDA tensors too.
+    return device, "nccl" if name == "cuda" and local_world <= count else "gloo"
+
+
+def _wrapper(cfg: RunConfig) -> type:
+    if cfg.worker.local_updates:
+        from workers.allreduce.local import LocalSteps
+        return LocalSteps
+    if cfg.mode == "fsdp":
+        from workers.allreduce.fsdp import FSDP
+        return FSDP
+    if cfg.mode == "zero1":
+        from workers.allreduce.zero import Zero1
+        return Zero1
+    from workers.allreduce.ddp import DDP
+    return DDP
+
+
+def train_allreduce(cfg: RunConfig, *, backend: str = "auto", timeout: float = 600.0, progress=None) -> dict:
+    """Train cfg.job.steps steps of cfg.mode (ddp, fsdp or zero1) as this rank; return its record (the
+    same keys as workers.loop.train). `backend`: auto (nccl on cuda, gloo on cpu), gloo or nccl;
+    `timeout`: seconds a collective may wait. Rendezvous is env:// as torchrun sets it (RANK, WORLD_SIZE,
+    LOCAL_RANK, MASTER_ADDR, MASTER_PORT). Step rows: workers/allreduce/clock.py; no staleness column
+    (every rank steps on the same reduced gradient). pushes counts the gradient collectives issued at
+    the steps' ends, updates_applied the optimizer steps that ran (a post-hook).
+
+    Evaluations are off the clock: at each one every rank stops (FSDP's ranks gather the weights), rank
+    0 evaluates, and all meet at a barrier before the next step; `eval_seconds` is that pause, which
+    neither a row nor train_seconds counts.
+
+    With local steps (cfg.worker.local_updates, mode ddp only) there is no wrapper: each rank steps its
+    inner optimizer on the plain module and every H steps (and once more for a last, partial round)
+    `OuterAllReduce` averages the pseudo-gradients and takes the outer step; a row is an inner step, and
+    pushes and updates_applied count the outer rounds."""
+    started = time.time()
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    if backend not in BACKENDS:
+        raise ValueError(f"--backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+    if cfg.mode not in ("ddp", "fsdp", "zero1"):
+        raise ValueError(f"mode {cfg.mode!r} is not an all-reduce baseline (ddp, fsdp, zero1)")
+    device, backend = _device_and_backend(cfg.cluster.device, backend, local_rank,
+                                          int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    timeout = datetime.timedelta(seconds=timeout)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if "MASTER_ADDR" in os.environ:
+        dist.init_process_group(backend, init_method="env://", timeout=timeout)
+    elif world == 1:  # a lone rank outside torchrun needs no rendezvous
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    else:
+        raise ValueError("WORLD_SIZE > 1 needs MASTER_ADDR and MASTER_PORT: start the ranks with torchrun "
+                         f"or `psrv run --mode {cfg.mode}`")
+    try:
+        # the wait barrier and the evaluation pauses: a CPU group of their own, apart from the gradients'
+        pauses = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
+        return _train(cfg, rank=rank, world=world, device=device, group=dist.group.WORLD, pauses=pauses,
+                      started=started, progress=progress, backend=backend)
+    finally:
+        dist.destroy_process_group()
+
+
+def _train(cfg: RunConfig, *, rank: int, world: int, device, group, pauses, started: float, progress,
+           backend: str) -> dict:
+    job = load_job(cfg.job.name, seed=cfg.seed)  # every rank builds the same init; rank 0's is broadcast
+    model = job.model.to(device)
+    barrier = dist.new_group(backend="gloo") if cfg.allreduce.wait_barrier and world > 1 else None
+    clock = StepClock(FaultInjector(cfg.faults, rank=rank, seed=cfg.seed), barrier_group=barrier)
+    run = _wrapper(cfg)(model, cfg, group, clock, device)
+    outer = run.outer
+    batches = job.batches_for(rank=rank, world_size=world, batch_size=cfg.job.batch_size, seed=cfg.seed,
+                              device=device)
+    record = {"rank": rank, "world_size": world, "job": job.name, "steps": cfg.job.steps, "mode": cfg.mode,
+              "batch_size": cfg.job.batch_size, "backend": backend, "ddp_comm_hook": cfg.allreduce.ddp_comm_hook,
+              "parameters": sum(p.numel() for p in model.parameters()), "evals": [], "step_log": [],
+              "eval_seconds": 0.0}
+
+    def evaluate(step: int, *, final: bool = False) -> None:  # every rank calls it; rank 0 evaluates
+        t = time.perf_counter()
+        net = run.eval_model()
+        if rank == 0:
+            (record_final if final else record_eval)(job, net, device, record, step=step)
+        dist.barrier(group=pauses)
+        record["eval_seconds"] += time.perf_counter() - t
+
+    log.info("rank %d of %d: %s %s on %s, %s", rank, world, cfg.mode, job.name, device, backend)
+    evaluate(0)
+    t_loop, before = time.time(), record["eval_seconds"]
+    interrupt: KeyboardInterrupt | None = None
+    try:
+        for step in range(cfg.job.steps):
+            clock.start(step)
+            batch = next(batches)
+            run.optimizer.zero_grad(set_to_none=False)
+            loss = job.loss_of(run.net, batch)
+            loss.backward()  # the wrapper's hook reduces the gradients inside (after the clock's compute end)
+            rounds = outer is not None and (step + 1) % cfg.worker.local_steps == 0
+            if outer is None and cfg.optimizer.clip_grad_norm:  # the reduced gradient: the global batch's
+                torch.nn.utils.clip_grad_norm_(run.net.parameters(), cfg.optimizer.clip_grad_norm)
+            run.optimizer.step()
+            if run.schedule is not None:
+                run.schedule.step()
+            if outer is not None:
+                clock.compute_done(sync=rounds)
+                if rounds:
+                    outer()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            row = {"wall_time": time.time(), "worker": rank, "step": step, "loss": loss.item(),
+                   **clock.row(time.perf_counter()), "batch_size": batch_size_of(batch)}
+            record["step_log"].append(row)
+            if progress is not None:
+                progress(step + 1)
+            if cfg.job.eval_every and (step + 1) % cfg.job.eval_every == 0 and step + 1 < cfg.job.steps:
+                evaluate(step + 1)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM where the entry point makes it one: keep the rows
+        interrupt = exc
+        log.warning("rank %d: interrupted at step %d", rank, len(record["step_log"]))
+    if outer is not None and interrupt is None and cfg.job.steps % cfg.worker.local_steps:
+        outer()  # the last, partial round, as psrv.Worker.close() pushes it
+    train_seconds = time.time() - t_loop - (record["eval_seconds"] - before)  # the evaluations' pauses off
+    if interrupt is not None:
+        record.update(interrupted=True, steps_done=len(record["step_log"]))
+    else:  # after the last step every rank holds the same weights (FSDP's ranks gather them)
+        evaluate(cfg.job.steps, final=True)
+    rows = record["step_log"]
+    if outer is not None:  # a push is an outer round's all-reduce
+        clock.reduced = clock.updates = len(outer.norms)
+        record.update(local_steps=cfg.worker.local_steps, inner_steps=len(rows), pseudo_grad_norms=outer.norms)
+    record.update(pushes=clock.reduced, updates_applied=clock.updates, samples=sum(r["batch_size"] for r in rows),
+                  train_seconds=train_seconds, wall_seconds=time.time() - started)
+    if interrupt is not None:  # the rows, not the partial weights
+        raise TrainingInterrupted(record, interrupt)
+    final = run.eval_model()
+    record.update(final_params=torch.cat([p.detach().reshape(-1) for p in final.parameters()]).cpu(),
+                  final_state=final.state_dict())  # parameters and this rank's buffers
+    return record

@@ -1,0 +1,91 @@
+"""One rank of an all-reduce baseline as a program (`python -m workers.ddp`, started by torchrun or by
+`psrv run --mode ddp|fsdp|zero1`): options, the record file, rank 0's params.pt and model.pt."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from psrv.config import ALLREDUCE_MODES, RunConfig
+from psrv.config.cli_args import add_config_arguments, config_from_args, given, read_config_file
+from workers.allreduce.loop import BACKENDS, train_allreduce
+from workers.loop import TrainingInterrupted
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m workers.ddp", description="One rank of an all-reduce baseline "
+                                "(--mode ddp, fsdp or zero1; ddp when not given): start it with torchrun (or let "
+                                "`psrv run` start it). Example: "
+                                "torchrun --nproc-per-node 2 -m workers.ddp --steps 100 --out run/worker-{rank}.json")
+    p.add_argument("--config", type=Path, metavar="FILE", help="the run's config (a run directory's "
+                   "config.json); the options given override it")
+    add_config_arguments(p, RunConfig)
+    p.add_argument("--backend", choices=BACKENDS, default="auto", help="auto: nccl on cuda, gloo on cpu")
+    p.add_argument("--timeout", type=float, default=600.0, help="collective timeout, seconds (default: %(default)s)")
+    p.add_argument("--out", help="write this rank's record (JSON) here; '{rank}' in the path is replaced by "
+                   "the rank, else ranks > 0 write NAME-rankR.json beside it")
+    p.add_argument("--params-out", type=Path, help="rank 0 saves the final flat parameter vector here")
+    p.add_argument("--state-out", type=Path, help="rank 0 saves the final model.state_dict() here (parameters "
+                   "and buffers)")
+    p.add_argument("--progress-file", help="keep the number of finished steps here ('{rank}' as for --out)")
+    p.add_argument("--log-level", default="INFO", help="logging level (default: %(default)s)")
+    return p
+
+
+def rank_path(template: str, rank: int) -> Path:
+    """--out for this rank: '{rank}' filled in, else NAME-rankR.SUFFIX for ranks > 0."""
+    if "{rank}" in template:
+        return Path(template.replace("{rank}", str(rank)))
+    path = Path(template)
+    return path if rank == 0 else path.with_name(f"{path.stem}-rank{rank}{path.suffix}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from psrv.process import exit_code, interrupt_on_signals
+    a = build_parser().parse_args(argv)
+    rank = int(os.environ.get("RANK", 0))
+    interrupt_on_signals()  # a rank is an entry point of its own: SIGTERM takes Ctrl-C's path, rows kept
+    logging.basicConfig(level=getattr(logging, str(a.log_level).upper(), logging.INFO),
+                        format=f"%(asctime)s ddp-worker {rank} %(levelname)s %(name)s: %(message)s")
+    try:
+        base = read_config_file(a.config) if a.config else {}
+        mode = given(a).get("mode", base.get("mode"))
+        if mode is not None and mode not in ALLREDUCE_MODES:
+            raise ValueError(f"--mode: a rank runs {', '.join(ALLREDUCE_MODES)}; {mode!r} has servers (psrv run)")
+        cfg = config_from_args(RunConfig, a, base=base, extra={} if mode else {"mode": "ddp"})
+        progress = None
+        if a.progress_file:
+            path = rank_path(a.progress_file, rank)
+            progress = lambda step: (step % 10 == 0 or step == cfg.job.steps) and path.write_text(str(step))  # noqa: E731
+        record = train_allreduce(cfg, backend=a.backend, timeout=a.timeout, progress=progress)
+    except TrainingInterrupted as exc:  # said in one line; keep the rows, not the partial weights
+        record = exc.record
+        _write_record(a.out, rank, record)
+        return exit_code(exc.interrupt)
+    except ValueError as exc:
+        print(f"workers.ddp: error: {exc}", file=sys.stderr)
+        return 2
+    params, state = record.pop("final_params"), record.pop("final_state")
+    if a.params_out and rank == 0:
+        a.params_out.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(params, a.params_out)
+    if a.state_out and rank == 0:
+        a.state_out.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({k: v.detach().cpu().clone() for k, v in state.items()}, a.state_out)
+    _write_record(a.out, rank, record)
+    return 0
+
+
+def _write_record(template: str | None, rank: int, record: dict) -> None:
+    if template:
+        path = rank_path(template, rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(record, indent=1))
+        tmp.replace(path)
+
