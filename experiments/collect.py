@@ -22,18 +22,21 @@ from psrv.config.base import config_hash
 
 from experiments.provenance import stored_config
 from experiments.spec import ExperimentSpec, TargetSpec, Variant
+from experiments.traffic import busiest
 
 log = logging.getLogger(__name__)
 
 METRICS = ("wall_seconds", "samples_per_second", "final_loss", "eval_accuracy", "final_target_metric",
            "time_to_target_seconds", "updates_applied", "mean_staleness", "max_staleness",
-           "wait_fraction")
+           "wait_fraction", "seconds_per_step", "busiest_bytes_in_per_step", "busiest_bytes_out_per_step",
+           "server_own_bytes_per_step")
 _FROM_SUMMARY = ("wall_seconds", "samples_per_second", "final_loss", "eval_accuracy",
                  "updates_applied", "mean_staleness", "max_staleness")
 RUN_COLUMNS = ("variant", "repeat", "mode", "staleness", "reached_target", *METRICS, "config_hash")
 SUMMARY_COLUMNS = ("variant", "mode", "staleness", "repeats", "target_reached",
                    *(name for metric in METRICS for name in (metric, f"{metric}_std")))
 _REP_RE = re.compile(r"rep-([0-9]+)")
+SKIPPED_FILE = "skipped.txt"  # DIR/<variant>/skipped.txt: why the runner did not run that variant here
 
 
 def run_dir(out_dir: str | Path, variant: str, repeat: int) -> Path:
@@ -184,6 +187,12 @@ def run_metrics(path: str | Path, target: TargetSpec, *, variant: str = "",
     lower = target.lower(summary.get("metric"), summary.get("lower_is_better")) if target.metric else None
     values["time_to_target_seconds"] = time_to_target(read_csv(path / "evals.csv"), target, lower=lower)
     values["wait_fraction"] = wait_fraction(read_csv(path / "steps.csv"))
+    steps, wall = number(summary.get("steps")), values["wall_seconds"]
+    values["seconds_per_step"] = wall / steps if wall is not None and steps else None
+    top = busiest(path)  # the busiest process's measured traffic (experiments/traffic.py)
+    values["busiest_bytes_in_per_step"] = top["in"] if top else None
+    values["busiest_bytes_out_per_step"] = top["out"] if top else None
+    values["server_own_bytes_per_step"] = top.get("own_count") if top else None  # in + out, with the start
     return RunMetrics(variant=variant, repeat=repeat, values=values)
 
 

@@ -10,6 +10,7 @@ from experiments.collect import Stat, VariantSummary, read_summary
 from experiments.plots import write_plots
 from experiments.report_configs import (command_lines, disagreement_section, disagreements,
                                         mixed_folder_lines, setup_lines, stored_runs)
+from experiments.report_traffic import skipped_lines, traffic_lines
 from experiments.spec import ExperimentSpec
 from experiments.winner import winner_lines
 from psrv.config import MODES
@@ -103,11 +104,13 @@ def write_report(out_dir: str | Path, spec: ExperimentSpec, *, spec_path: str | 
               *setup_lines(runs, spec, problems),
               f"- Target: {target}",
               "- Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
-              "", *disagreement_section(problems), "## Result", "", *winner_lines(summaries, target), "",
+              "", *disagreement_section(problems), *skipped_lines(out, spec),
+              "## Result", "", *winner_lines(summaries, target), "",
               "## DDP gap", "",
               *_ddp_gap(summaries), "", "## Summary", "",
               "Mean ± sample std over repeats (summary.csv has every value; "
-              "docs/experiments.md defines each column).", "", *_table(summaries, spec.target.metric), "", "## Plots", ""]
+              "docs/experiments.md defines each column).", "", *_table(summaries, spec.target.metric), "",
+              *traffic_lines(spec, summaries), "## Plots", ""]
     for caption, rel in plots:
         lines += [f"### {caption}", "", f"![{caption}]({rel})", ""]
     lines += command_lines(runs, spec)

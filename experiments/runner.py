@@ -10,13 +10,14 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from experiments.collect import collect, is_finished, run_dir, spec_repeats
+from experiments.collect import SKIPPED_FILE, collect, is_finished, run_dir, spec_repeats
 from experiments.launch import RunFailed, run_local
 from experiments.preflight import preflight
 from experiments.provenance import claim, default_out, keep_aside, kept_runs, why_changed
 from experiments.report import write_report
 from experiments.spec import load_spec
 from experiments.tracking import run_name, write_events
+from experiments.traffic import TrafficSampler
 from psrv.process import exit_code
 
 log = logging.getLogger("psrv.experiment")
@@ -51,17 +52,19 @@ def run_experiment(spec_path: str | Path, *, out: str | Path | None = None,
     spec = load_spec(spec_path)
     if tensorboard is not None:  # the command line's folder over the spec's, in what every run stores
         spec = spec.with_settings(tensorboard=str(tensorboard))
-    for variant in spec.variants:  # every run's device and job, before the first run starts
-        try:
-            preflight(variant.config)
-        except ValueError as exc:
-            raise ValueError(f"{spec_path}: variant {variant.name}: {exc}") from None
+    skipped = _absent_devices(spec, spec_path)
     chosen = out is not None
     out = Path(out) if chosen else default_out(spec_path)
     note = claim(out, spec_path, chosen=chosen)  # a folder holds one spec file's results, unless chosen
     if note:
         _say(note)
-    todo = _plan(spec, out)
+    for variant in spec.variants:  # the report names each skipped variant and why
+        (out / variant.name).mkdir(parents=True, exist_ok=True)
+        (out / variant.name / SKIPPED_FILE).unlink(missing_ok=True)
+        if variant.name in skipped:
+            (out / variant.name / SKIPPED_FILE).write_text(skipped[variant.name] + "\n")
+            _say(f"skipped variant {variant.name}: {skipped[variant.name]}")
+    todo = [t for t in _plan(spec, out) if t[0].name not in skipped]
     failed: list[str] = []
     started = time.monotonic()
     with tqdm(total=sum(t[-1] for t in todo), unit="step", dynamic_ncols=True, file=sys.stderr) as bar:
@@ -91,6 +94,27 @@ def run_experiment(spec_path: str | Path, *, out: str | Path | None = None,
              "to retry them (finished runs with an unchanged config are skipped)")
     print(f"report: {report}")  # the CLI's final message
     return 1 if failed else 0
+
+
+def _absent_devices(spec, spec_path) -> dict[str, str]:
+    """Check every run's device and job before the first run starts. A variant whose device is not on this
+    machine (cuda:0 without CUDA) is skipped: {name: why}. Any other mistake, or every variant on an absent
+    device, is a ValueError."""
+    skipped = {}
+    for variant in spec.variants:
+        try:
+            preflight(variant.config)
+        except ValueError as exc:
+            try:
+                preflight(variant.config.replace(cluster=variant.config.cluster.replace(device="cpu")))
+            except ValueError:
+                raise ValueError(f"{spec_path}: variant {variant.name}: {exc}") from None
+            if variant.config.cluster.device == "cpu":
+                raise ValueError(f"{spec_path}: variant {variant.name}: {exc}") from None
+            skipped[variant.name] = f"its device is not on this machine ({exc})"
+    if skipped and len(skipped) == len(spec.variants):
+        raise ValueError(f"{spec_path}: no variant can run here: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
+    return skipped
 
 
 def _plan(spec, out: Path) -> list[tuple]:
@@ -123,7 +147,9 @@ def _one_run(spec, variant, seed: int, path: Path, *, label: str, on_progress) -
     """One `psrv run` into `path`; a failure is reported and recorded in path/error.txt, never raised."""
     (path / "error.txt").unlink(missing_ok=True)
     try:
-        run_local(spec.run_config(variant, seed), out=path, progress=False, on_progress=on_progress)
+        cfg = spec.run_config(variant, seed)
+        with TrafficSampler(path):  # each process's TCP bytes, for the busiest one's traffic per step
+            run_local(cfg, out=path, progress=False, on_progress=on_progress)
     except (RunFailed, RuntimeError, ValueError) as exc:  # RuntimeError: a process left no record
         path.mkdir(parents=True, exist_ok=True)
         (path / "error.txt").write_text(f"{exc}\n")

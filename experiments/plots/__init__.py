@@ -10,6 +10,7 @@ from experiments.plots.figure import load
 from experiments.plots.progress import plot_metric
 from experiments.plots.staleness import plot_distributions, plot_over_time
 from experiments.plots.timeline import plot_timeline
+from experiments.plots.traffic import plot_traffic
 from experiments.spec import ExperimentSpec
 
 __all__ = ["write_plots"]
@@ -45,4 +46,6 @@ def write_plots(out_dir: str | Path, spec: ExperimentSpec,
         plots.append(("Staleness and clock gap (async and ssp variants)", "plots/staleness.png"))
     if plot_over_time(out / "plots/staleness_over_time.png", data):
         plots.append(("Staleness over time (async and ssp variants)", "plots/staleness_over_time.png"))
+    if plot_traffic(out / "plots/traffic.png", spec, summaries):
+        plots.append(("Traffic of the busiest process per step", "plots/traffic.png"))
     return plots
