@@ -15,7 +15,8 @@ log = logging.getLogger("psrv.simulate")
 
 def simulate(cfg: SimulationConfig, *, out: str | Path | None = None) -> dict:
     """Simulate `cfg`; return its summary (summary.json's keys, `simulated` True) and, with `out`, write
-    DIR/summary.json, config.json, steps.csv (the sampled workers), evals.csv and DIR/plots."""
+    DIR/summary.json, config.json, steps.csv (the sampled workers), evals.csv, DIR/plots and, at the
+    learning level, params.pt (the final flat weights)."""
     sim, n = cfg.simulate, cfg.cluster.workers
     plan, job = job_plan(cfg.job.name, seed=cfg.seed, shards=cfg.cluster.servers)
     network = NetworkModel.of(sim, plan)
@@ -40,6 +41,9 @@ def simulate(cfg: SimulationConfig, *, out: str | Path | None = None) -> dict:
     if out is not None:
         from experiments.simulate.outputs import write_outputs
         write_outputs(Path(out), cfg, summary, rec, evals=learner.evals if learner is not None else [])
+        if learner is not None:  # as rank 0's --params-out: the flat weights after every push
+            import torch
+            torch.save(learner.final_weights, Path(out) / "params.pt")
     return summary
 
 
@@ -67,7 +71,7 @@ def summarise(cfg: SimulationConfig, rec: Recorded, *, learner, plan_total: int,
         "updates_applied_per_shard": rec.updates,
         "max_staleness": max(rec.staleness, default=0),
         "mean_staleness": stale / rec.pushes if rec.pushes else 0.0,
-        "max_clock_gap": max(rec.clock_gap, default=0), "dropped": rec.dropped,
+        "max_clock_gap": max(rec.clock_gap, default=0), "dropped": rec.dropped, "lost_workers": [],
         "wait_seconds": rec.wait, "wait_fraction": rec.wait / busy if busy > 0 else None,
         "compute_seconds": rec.compute, "communication_seconds": rec.communication,
         "staleness_histogram": {str(k): v for k, v in sorted(rec.staleness.items())},

@@ -1,0 +1,92 @@
+"""psrv simulate: the controllers' invariants, read back from what the simulation recorded, and the
+learning level against single-process big-batch SGD (psrv's sync reference)."""
+import csv
+import json
+
+import pytest
+import torch
+
+from experiments.simulate.config import SimulationConfig
+from experiments.simulate.run import simulate
+from psrv.cli import main
+from psrv.config import ConfigError, from_dict
+from tests.integration.test_sync_reference import BATCH, LR, MOMENTUM, STEPS, WORKERS, big_batch_sgd
+
+
+def sim(tmp_path=None, **tree) -> dict:
+    data = {"job": {"steps": 60}, "faults": {"compute_ms": 20.0}, **tree}
+    return simulate(from_dict(SimulationConfig, data), out=tmp_path)
+
+
+def steps_rows(path) -> list[dict]:
+    with open(path / "steps.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_ssp_never_exceeds_its_bound_and_reaches_it(tmp_path):
+    stragglers = {"compute_ms": 20.0, "transient_stragglers": "0.2:4"}
+    ssp = sim(tmp_path, mode="ssp", staleness=2, cluster={"workers": 8, "servers": 2}, faults=stragglers)
+    gaps = {int(k) for k in ssp["clock_gap_histogram"]}
+    assert max(gaps) == ssp["max_clock_gap"] == 2      # held at the bound, never past it
+    asynchronous = sim(mode="async", cluster={"workers": 8, "servers": 2}, faults=stragglers)
+    assert asynchronous["max_clock_gap"] > 2           # the same stragglers unbounded
+    assert ssp["wait_fraction"] > asynchronous["wait_fraction"] == 0.0
+
+
+def test_sync_has_staleness_zero_and_one_update_per_clock(tmp_path):
+    s = sim(tmp_path, mode="sync", cluster={"workers": 4, "servers": 3},
+            faults={"compute_ms": 20.0, "transient_stragglers": "0.2:4"})
+    assert s["staleness_histogram"] == {"0": 4 * 60} and s["max_clock_gap"] == 0
+    assert s["updates_applied_per_shard"] == [60, 60, 60] and s["dropped"] == 0
+    assert s["wait_fraction"] > 0.1                    # everyone waits for each clock's straggler
+    assert {r["staleness"] for r in steps_rows(tmp_path)} == {"0"}
+
+
+def test_backup_workers_close_clocks_without_the_straggler():
+    stragglers = {"compute_ms": 20.0, "transient_stragglers": "0.2:4"}
+    plain = sim(mode="sync", cluster={"workers": 4, "servers": 1}, faults=stragglers)
+    backup = sim(mode="sync", backup_workers=1, cluster={"workers": 4, "servers": 1}, faults=stragglers)
+    # a late gradient is dropped and its worker goes on at the open clock, so clocks close faster
+    assert backup["dropped"] > 0 and backup["updates_applied"] > plain["updates_applied"] == 60
+    assert backup["max_staleness"] == 0 and backup["samples_per_second"] > plain["samples_per_second"]
+
+
+@pytest.mark.parametrize("workers", [4, 16])
+def test_async_staleness_is_about_n_minus_1_at_equal_speeds(workers):
+    s = sim(mode="async", cluster={"workers": workers, "servers": 2})
+    assert s["mean_staleness"] == pytest.approx(workers - 1, abs=0.2)
+    assert s["max_staleness"] == workers - 1
+
+
+def test_constant_compute_gives_its_throughput():
+    s = sim(mode="async", cluster={"workers": 4, "servers": 1}, simulate={"model_ms": 0.0, "latency_ms": 0.0})
+    one_step = 0.020 + 2 * s["message_bytes"][0] / 1.25e9   # compute, then a push and its reply at 10 Gbit/s
+    assert s["samples_per_second"] == pytest.approx(4 * 32 / one_step, rel=0.01)
+
+
+def test_sync_learning_equals_single_process_big_batch_sgd(tmp_path):
+    s = sim(tmp_path, mode="sync", cluster={"workers": WORKERS, "servers": 2},
+            job={"steps": STEPS, "batch_size": BATCH}, optimizer={"lr": LR, "momentum": MOMENTUM},
+            simulate={"level": "learning"})
+    torch.testing.assert_close(torch.load(tmp_path / "params.pt"), big_batch_sgd(), rtol=0, atol=1e-5)
+    assert s["final_loss"] < s["initial_loss"] and s["simulated"] is True
+
+
+def test_the_command_writes_a_run_folder_marked_simulated(tmp_path, capsys):
+    out = tmp_path / "sim"
+    assert main(["simulate", "--mode", "ssp", "--workers", "3", "--servers", "2", "--steps", "20",
+                 "--compute", "lognormal", "--sample-workers", "2", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["simulated"] is True and summary["pushes"] == 60
+    assert {r["worker"] for r in steps_rows(out)} == {"0", "1"}    # the sampled workers only
+    assert (out / "plots" / "staleness.png").stat().st_size > 0
+    assert "simulated" in capsys.readouterr().out
+
+
+def test_what_is_not_simulated_is_refused():
+    with pytest.raises(ConfigError, match="mode"):
+        from_dict(SimulationConfig, {"mode": "ddp"})
+    with pytest.raises(ConfigError, match="not simulated"):
+        from_dict(SimulationConfig, {"cluster": {"transport": "rpc"}})
+    with pytest.raises(ConfigError, match="compute_csv"):
+        from_dict(SimulationConfig, {"simulate": {"compute": "steps.csv"}})
