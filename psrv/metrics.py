@@ -82,6 +82,12 @@ _WORKER = {
     "staleness": _Spec(Histogram, "psrv_worker_staleness",
                        "Staleness of this worker's pushes as the servers reported it.",
                        (), STALENESS_BUCKETS),
+    "pushes": _Spec(Counter, "psrv_worker_pushes_total",
+                    "Pushes sent: one per step, or one per round of inner steps with --local-steps."),
+    "pseudo_grad_norm": _Spec(Gauge, "psrv_worker_pseudo_grad_norm",
+                              "Norm of the latest pushed pseudo-gradient w_pulled - w_now (--local-steps)."),
+    "local_steps": _Spec(Gauge, "psrv_worker_local_steps",
+                         "Inner steps of this worker's next round (--local-steps; auto plans them by speed)."),
 }
 
 METRIC_NAMES = tuple(s.name for s in (*_SERVER.values(), *_WORKER.values()))
@@ -152,6 +158,9 @@ class WorkerMetrics:
         self.samples = f["samples"].labels(**labels)
         self.loss = f["loss"].labels(**labels)
         self.staleness = f["staleness"].labels(**labels)
+        self.pushes = f["pushes"].labels(**labels)
+        self.pseudo_grad_norm = f["pseudo_grad_norm"].labels(**labels)
+        self.local_steps = f["local_steps"].labels(**labels)
 
     def observe_step(self, row: dict) -> None:
         """Record one step from the worker loop's step-log row (see workers/loop.py); a loss or batch
@@ -164,10 +173,17 @@ class WorkerMetrics:
             self.loss.set(row["loss"])
         if row.get("pushed", True):  # a local step (--local-steps) pushed nothing: no staleness
             self.staleness.observe(row["staleness"])
+            self.pushes.inc()
         self.compute_seconds.inc(compute)
         self.communication_seconds.inc(comm)
         self.wait_seconds.inc(wait)
         self.step_seconds.observe(compute + comm + wait)
+
+    def observe_round(self, pseudo_grad_norm: float, next_local_steps: int) -> None:
+        """A round of local steps was pushed (--local-steps): its pseudo-gradient's norm, and the
+        inner steps planned for the next round."""
+        self.pseudo_grad_norm.set(pseudo_grad_norm)
+        self.local_steps.set(next_local_steps)
 
 
 class MetricsEndpoint:

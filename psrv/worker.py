@@ -185,6 +185,11 @@ class Worker:
         return info
 
     @property
+    def next_local_steps(self) -> int | None:
+        """With local_steps: the inner steps of the round under way (under 'auto:H', planned by speed)."""
+        return self._period.h if self._period is not None else None
+
+    @property
     def inner_steps_per_push(self) -> list[int]:
         """With local_steps: the inner steps each push carried (under 'auto:H', each round's H_i)."""
         return list(self._period.history) if self._period is not None else []

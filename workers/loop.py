@@ -92,6 +92,8 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
                 record["step_log"].append(row)
                 if metrics is not None:
                     metrics.observe_step(row)
+                    if inner is not None and info.pushed:
+                        metrics.observe_round(ps.pseudo_grad_norms[-1], ps.next_local_steps)
                 if progress is not None:
                     progress(step + 1)
                 if cfg.rank == 0 and cfg.job.eval_every and (step + 1) % cfg.job.eval_every == 0 and step + 1 < cfg.job.steps:

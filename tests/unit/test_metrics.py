@@ -54,6 +54,21 @@ def test_metrics_are_served_with_their_labels():
     assert got[("psrv_worker_step_seconds_count", frozenset(me))] == 1
 
 
+def test_local_rounds_count_pushes_not_inner_steps():
+    registry = CollectorRegistry()
+    worker = WorkerMetrics(registry, worker=0, mode="async")
+    row = {"compute_seconds": 0.01, "communication_seconds": 0.0, "wait_seconds": 0.0, "batch_size": 8,
+           "loss": 1.0, "staleness": 0}
+    for step in range(6):  # H = 3: the 3rd and the 6th inner steps push
+        worker.observe_step({**row, "pushed": step % 3 == 2})
+    worker.observe_round(0.5, 2)
+    got = _samples(generate_latest(registry).decode())
+    me = frozenset({("worker", "0"), ("mode", "async")})
+    assert (got[("psrv_worker_steps_total", me)], got[("psrv_worker_pushes_total", me)]) == (6, 2)
+    assert (got[("psrv_worker_pseudo_grad_norm", me)], got[("psrv_worker_local_steps", me)]) == (0.5, 2)
+    assert got[("psrv_worker_samples_total", me)] == 48
+
+
 def test_metric_names_list_exactly_what_is_exported():
     registry = CollectorRegistry()
     ServerMetrics(registry, shard=0, mode="sync").worker_clock(0).set(1)
