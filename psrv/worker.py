@@ -93,7 +93,7 @@ class Worker:
                  rank: int | None = None, world_size: int | None = None, transport: str = "zmq",
                  timeout: float = 60.0, curve_keys: str = "", wire_dtype: str = "float32",
                  overlap: bool = True, clip_grad_norm: float | None = 0.0, local_steps: int | str | None = None,
-                 compress: str = "", error_feedback: bool = True, compress_min_numel: int = 0):
+                 compress: str = "", error_feedback: bool = True, compress_min_numel: int = 1024):
         if local_steps is not None:
             try:
                 local_steps = parse_local_steps(local_steps)

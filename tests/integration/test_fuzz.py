@@ -1,7 +1,8 @@
 """Fuzzing a live shard: >= 10,000 seeded messages over real ZeroMQ on 127.0.0.1.
 
 Random frames, mutated valid messages, truncated and oversized ones, wrong dtypes, shapes and
-protocol versions, NaN payloads. Each gets exactly one well-formed reply that is never an
+protocol versions, NaN payloads, and compressed pushes (psrv/codecs: top-k, sign, int8) whose codec,
+size, parts, indices or dense ranges are wrong. Each gets exactly one well-formed reply that is never an
 INTERNAL error (or, when over --max-message-bytes, is dropped unread), the shard keeps serving
 and its parameters never change. The shard's one worker pushed once with the largest seq msgpack
 can carry, so no fuzzed push is a *new* update: any change of the parameters would be a bug.
@@ -21,7 +22,10 @@ import msgpack
 import pytest
 import torch
 
+from psrv.codecs import make
+from psrv.codecs.push import PushEncoder
 from psrv.config import OptimConfig, ServerConfig
+from psrv.partition import ParamSpec, PartitionPlan
 from psrv.protocol import PROTOCOL_VERSION, ErrorCode, Message, MsgType, decode, encode
 from psrv.server.service import ShardService
 from psrv.transport import create_client, create_server
@@ -114,7 +118,57 @@ def templates(h: Harness) -> list[list[bytes]]:
             Message(MsgType.HEARTBEAT, worker=0, seq=8, fields={"probe": 8}),
             Message(MsgType.LEAVE, worker=0, seq=9), Message(MsgType.STATS, seq=10),
             Message(MsgType.CHECKPOINT, seq=11), Message(MsgType.SHUTDOWN, seq=12)]
-    return [[bytes(memoryview(f).cast("B")) for f in encode(m)] for m in msgs]
+    return [[bytes(memoryview(f).cast("B")) for f in encode(m)] for m in msgs + compressed()]
+
+
+def compressed() -> list[Message]:
+    """Valid compressed pushes of this shard: top-k with a dense range (a 100-element tensor under
+    compress_min_numel), sign and int8 (the seq is below the top one: accepted as re-sent, not applied)."""
+    plan = PartitionPlan((ParamSpec("w", (SIZE - 100,)), ParamSpec("b", (100,))), 1)
+    grad = torch.linspace(-2, 3, SIZE)
+    out = []
+    for spec, mtype in (("topk:0.05", MsgType.PUSH), ("sign", MsgType.PUSH_PULL), ("int8", MsgType.PUSH)):
+        fields, parts = PushEncoder(make(spec), plan, min_numel=101).encode(grad, 0)
+        out.append(Message(mtype, worker=0, seq=13, clock=3, base_version=1, fields=fields, parts=parts))
+    return out
+
+
+def bad_compressed(rng: random.Random, frames: list[bytes]) -> list[bytes]:
+    """A compressed push with one thing wrong: the codec's name or size, a parameter, a part's
+    dtype, length or presence, an index out of range, a dense range, a NaN value."""
+    h = msgpack.unpackb(frames[0])
+    body = list(frames[1:])
+    codec, spec = h["f"]["codec"], h["p"]
+    kind = rng.randrange(8)
+    if kind == 0:
+        codec["name"] = rng.choice(["lz4", "TOPK", "", 3, None])
+    elif kind == 1:
+        codec["n"] = rng.choice([SIZE - 1, SIZE + 1, 0, -1, 2**40, "1000", None])
+    elif kind == 2:
+        codec[rng.choice(["chunk", "ratio", "dense"])] = odd_value(rng)
+    elif kind == 3:  # a part's dtype
+        spec[rng.randrange(len(spec))][1] = rng.choice(["int32", "int8", "uint8", "float16", "float64", 7])
+    elif kind == 4:  # a part shortened, its length in the header agreeing or not
+        i = rng.randrange(len(body))
+        body[i] = body[i][:rng.randrange(len(body[i]) + 1)]
+        if rng.random() < 0.7:
+            spec[i][2] = len(body[i])
+    elif kind == 5:  # a part dropped
+        i = rng.randrange(len(body))
+        del body[i]
+        if rng.random() < 0.7:
+            del spec[i]
+    elif kind == 6 and spec[0][0] == "indices":  # an index out of range
+        idx = torch.frombuffer(bytearray(body[0]), dtype=torch.int32).clone()
+        idx[rng.randrange(len(idx))] = rng.choice([SIZE, SIZE + 7, -1, 2**31 - 1, -2**31])
+        body[0] = idx.numpy().tobytes()
+    else:  # a NaN among the floats
+        i = next((k for k, e in enumerate(spec) if e[1] == "float32"), 0)
+        vals = torch.frombuffer(bytearray(body[i]), dtype=torch.uint8).clone()
+        if len(vals) >= 4:
+            vals[:4] = torch.tensor([0, 0, 192, 127], dtype=torch.uint8)  # float32 NaN
+        body[i] = vals.numpy().tobytes()
+    return [msgpack.packb(h), *body]
 
 
 def odd_value(rng: random.Random):
@@ -191,6 +245,8 @@ def generate(rng: random.Random, tpl: list[list[bytes]]) -> tuple[str, list[byte
         return "random frames", [rng.randbytes(rng.choice([0, 1, 5, 40, 300, 70_000] if rng.random() < 0.1
                                                          else [0, 1, 5, 40, 300])) for _ in range(rng.randint(1, 3))]
     frames = list(rng.choice(tpl))
+    if r < 0.25 and len(frames) > 2:
+        return "bad compressed", bad_compressed(rng, frames)
     if r < 0.35:
         return "bad tensor", bad_tensor(rng, frames[0])
     if r < 0.45:
@@ -240,6 +296,10 @@ def test_corpus_case_is_answered_and_changes_nothing(case):
 def test_ten_thousand_fuzzed_messages(harness):
     rng = random.Random(20240611)
     tpl = templates(harness)
+    for frames in tpl[-3:]:  # the compressed templates are well-formed: accepted (as re-sent), not refused
+        reply = harness.check(frames)
+        push = reply.fields.get("push", reply.fields)
+        assert reply.type in (MsgType.OK, MsgType.WEIGHTS) and push.get("duplicate"), reply.fields
     kinds: dict[str, int] = {}
     started = time.monotonic()
     for i in range(MESSAGES):
