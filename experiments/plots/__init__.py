@@ -31,7 +31,6 @@ def write_plots(out_dir: str | Path, spec: ExperimentSpec,
               "plots/loss_curves.png"),
              (f"Held-out {shown} against samples seen, updates applied and wall time",
               f"plots/{shown}_curves.png"),
-             ("Per-worker step timeline", "plots/worker_timeline.png"),
              ("Throughput", "plots/throughput.png"),
              ("Where a worker step's time goes", "plots/time_breakdown.png")]
     paths = {rel: out / rel for _, rel in plots}
@@ -39,7 +38,8 @@ def write_plots(out_dir: str | Path, spec: ExperimentSpec,
                 target=spec.target.eval_loss, train_loss=True)
     plot_metric(paths[f"plots/{shown}_curves.png"], data, y=f"eval_{shown}", ylabel=shown, target=third,
                 train_loss=False)
-    plot_timeline(paths["plots/worker_timeline.png"], data)
+    if plot_timeline(out / "plots/worker_timeline.png", data):
+        plots.insert(2, ("Per-worker step timeline", "plots/worker_timeline.png"))
     plot_throughput(paths["plots/throughput.png"], summaries)
     plot_breakdown(paths["plots/time_breakdown.png"], data)
     if plot_distributions(out / "plots/staleness.png", data):

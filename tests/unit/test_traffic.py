@@ -1,0 +1,88 @@
+"""The placement measurements: a process's TCP bytes as the kernel counts them (ss), the busiest process's
+bytes per training step from a run's samples and step logs, and a variant whose device is absent skipped
+with a note rather than dropped."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+
+from experiments.report_traffic import skipped_lines
+from experiments.runner import _absent_devices
+from experiments.spec import spec_from_dict
+from experiments.traffic import busiest, per_step, socket_bytes
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="ss (iproute2) is not installed here")
+def test_socket_bytes_are_what_this_process_sent_and_received() -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    peer, _ = server.accept()
+    try:
+        before = socket_bytes()[os.getpid()]
+        client.sendall(b"x" * 100_000)
+        got = 0
+        while got < 100_000:
+            got += len(peer.recv(1 << 20))
+        peer.sendall(b"y" * 7_000)
+        back = 0
+        while back < 7_000:
+            back += len(client.recv(1 << 20))
+        after = socket_bytes()[os.getpid()]
+    finally:
+        for s in (client, peer, server):
+            s.close()
+    # both ends are this process's: it sent what it received, 100,000 bytes one way and 7,000 back
+    assert (after[0] - before[0], after[1] - before[1]) == (107_000, 107_000)
+
+
+def _run(path: Path, samples: list[tuple[float, dict]], *, workers: int = 2, steps: int = 10) -> Path:
+    """A run whose workers finish step k at time 100 + k, sampled at the given (time, bytes) points."""
+    path.mkdir(parents=True)
+    for w in range(workers):
+        rows = [{"wall_time": 100.0 + k + 0.1 * w} for k in range(1, steps + 1)]
+        (path / f"worker-{w}.json").write_text(json.dumps({"step_log": rows}))
+    (path / "traffic.json").write_text(json.dumps({"method": "test", "samples": [
+        {"time": t, "bytes": b} for t, b in samples]}))
+    (path / "summary.json").write_text(json.dumps({"steps": steps}))
+    return path
+
+
+def test_bytes_per_step_is_the_rate_between_the_first_sample_in_training_and_the_last(tmp_path: Path) -> None:
+    # the start (10 MB before step 1) is left out; then 3 KB out and 2 KB in per step for the server
+    run = _run(tmp_path / "r", [(100.5, {"server-0": (10_000_000, 10_000_000)}),   # before any step: ignored
+                                (103.5, {"server-0": (10_006_000, 10_004_000), "worker-0": (10, 10)}),
+                                (109.5, {"server-0": (10_024_000, 10_016_000), "worker-0": (20, 30)})])
+    (run / "server-0.json").write_text(json.dumps({"bytes_in": 40_000, "bytes_out": 60_000}))
+    rates = per_step(run)
+    assert rates["server-0"] == {"out": 3000.0, "in": 2000.0}  # 18,000 and 12,000 bytes over 6 steps
+    top = busiest(run)
+    assert (top["process"], top["in"], top["out"]) == ("server-0", 2000.0, 3000.0)
+    assert top["own_count"] == 10_000.0  # the server's own count: 100,000 bytes over 10 steps
+
+
+def test_an_allreduce_run_reports_its_busiest_rank_and_too_few_samples_none(tmp_path: Path) -> None:
+    run = _run(tmp_path / "r", [(102.5, {"worker-0": (0, 0), "worker-1": (0, 0)}),
+                                (104.5, {"worker-0": (200, 100), "worker-1": (300, 300)})])
+    top = busiest(run)
+    assert (top["process"], top["in"], top["out"]) == ("worker-1", 150.0, 150.0) and "own_count" not in top
+    one = _run(tmp_path / "one", [(104.5, {"worker-0": (200, 100)})])
+    assert busiest(one) is None  # one sample gives no rate: not measured, not made up
+
+
+def test_a_variant_on_an_absent_device_is_skipped_with_its_reason(tmp_path: Path) -> None:
+    raw = {"name": "p", "target": {"eval_loss": 1.0}, "cluster": {"servers": 1},
+           "variants": [{"name": "cpu", "mode": "sync"}, {"name": "gpu", "mode": "sync", "cluster": {"device": "cuda:99"}}]}
+    skipped = _absent_devices(spec_from_dict(raw), "p.toml")
+    assert list(skipped) == ["gpu"] and "cuda:99" in skipped["gpu"]
+    (tmp_path / "gpu").mkdir()
+    (tmp_path / "gpu" / "skipped.txt").write_text(skipped["gpu"])
+    [_, _, note, _] = skipped_lines(tmp_path, spec_from_dict(raw))
+    assert note.startswith("- `gpu` was skipped here: its device is not on this machine") and "cuda:99" in note
+    raw["variants"] = raw["variants"][1:]
+    with pytest.raises(ValueError, match="no variant can run here"):
+        _absent_devices(spec_from_dict(raw), "p.toml")
