@@ -131,9 +131,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_arguments(m, SimulationConfig, skip=NOT_SIMULATED)
     _log_level(m, "WARNING")
     m.add_argument("--out", type=Path, default=Path("runs/simulated"), help="output directory (default: %(default)s)")
+    m.add_argument("--spec", type=Path, metavar="FILE", help="simulate every variant of a simulation spec at each of "
+                   "its worker counts (e.g. experiments/specs/simulate_ssp_backup.toml; its keys are the run's, a "
+                   "[simulate] table among them) and write DIR/summary.csv, report.md and plots; the other options "
+                   "are refused with it")
     m.add_argument("--calibrate", action="store_true", help="first run the same setting for real (psrv run, in "
-                   "DIR/real), take the job's compute, the message time and the shard's handling time from it, "
-                   "simulate it (DIR/simulated) and print how far apart they are (DIR/calibration.json)")
+                   "DIR/real), take the job's compute and the message time from it, simulate it at the learning level "
+                   "(DIR/simulated) and print how far apart they are (DIR/calibration.json)")
 
     t = sub.add_parser("top", help="live per-shard view of running servers",
                        description="Poll the shards with STATS and show version, active workers, clocks, "
@@ -297,8 +301,17 @@ def _experiment(a: argparse.Namespace) -> int:
 
 
 def _simulate(a: argparse.Namespace) -> int:
+    if a.spec is not None:
+        if given(a) or a.config or a.calibrate:
+            raise ValueError("--spec: the spec holds the whole setting; give only --out with it")
+        from experiments.simulate.sweep import run_spec
+        rows = run_spec(a.spec, out=a.out)
+        print(f"simulated {len(rows)} runs; wrote {a.out}/summary.csv, report.md, plots")
+        return 0
     cfg = config_from_args(SimulationConfig, a, base=_base(a))
     _unused_staleness(a, cfg.mode)
+    import torch
+    torch.set_num_threads(1)  # one simulated worker's step at a time: tiny tensors, and no spinning threads
     if a.calibrate:
         from experiments.simulate.calibrate import calibrate, format_calibration
         print(format_calibration(calibrate(cfg, out=a.out)))

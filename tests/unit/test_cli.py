@@ -35,7 +35,7 @@ SURFACE = {
                       "--local-steps", "--log-level", "--lognormal-sigma", "--lr", "--lr-decay-steps",
                       "--lr-end-factor", "--lr-gamma", "--lr-schedule", "--lr-step-size", "--mode", "--model-ms",
                       "--momentum", "--nesterov", "--optimizer", "--out", "--sample-workers", "--seed", "--server-ms",
-                      "--servers", "--staleness", "--steps", "--straggler", "--transient-stragglers", "--update-rule",
+                      "--servers", "--spec", "--staleness", "--steps", "--straggler", "--transient-stragglers", "--update-rule",
                       "--warmup-steps", "--weight-decay", "--workers")),
 }
 

@@ -90,3 +90,20 @@ def test_what_is_not_simulated_is_refused():
         from_dict(SimulationConfig, {"cluster": {"transport": "rpc"}})
     with pytest.raises(ConfigError, match="compute_csv"):
         from_dict(SimulationConfig, {"simulate": {"compute": "steps.csv"}})
+
+
+def test_a_simulation_spec_runs_every_variant_at_every_n(tmp_path):
+    spec = tmp_path / "simulate_tiny.toml"
+    spec.write_text('name = "tiny"\nworkers = [4, 8]\n[job]\nsteps = 10\n[cluster]\nservers = 2\n'
+                    '[faults]\ncompute_ms = 20.0\n[simulate]\ncompute = "lognormal"\n'
+                    '[[variants]]\nname = "sync-b"\nmode = "sync"\nbackup_fraction = 0.25\n'
+                    '[[variants]]\nname = "ssp-1"\nmode = "ssp"\nstaleness = 1\n')
+    assert main(["simulate", "--spec", str(spec), "--out", str(tmp_path / "out")]) == 0
+    with open(tmp_path / "out" / "summary.csv", newline="") as f:
+        rows = {(r["variant"], r["workers"]): r for r in csv.DictReader(f)}
+    assert set(rows) == {("sync-b", "4"), ("sync-b", "8"), ("ssp-1", "4"), ("ssp-1", "8")}
+    assert [rows["sync-b", n]["backup_workers"] for n in ("4", "8")] == ["1", "2"]
+    assert max(int(rows["ssp-1", n]["max_clock_gap"]) for n in ("4", "8")) == 1
+    assert "(simulated)" in (tmp_path / "out" / "report.md").read_text()
+    summary = json.loads((tmp_path / "out" / "ssp-1" / "N-8" / "summary.json").read_text())
+    assert summary["simulated"] is True and summary["num_workers"] == 8

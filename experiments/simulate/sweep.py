@@ -1,0 +1,114 @@
+"""A simulation spec: one TOML file with a run's keys (the config tree's, [simulate] among them), the
+worker counts to sweep and the variants to compare; `psrv simulate --spec FILE` simulates every variant
+at every N into DIR/<variant>/N-<n>/ and writes DIR/summary.csv, DIR/report.md and DIR/plots.
+
+Beside the tree's keys a spec has `name`, `description`, `workers` (the Ns) and, in a variant,
+`backup_fraction` (backup workers as a fraction of N, rounded down: a count cannot follow N)."""
+from __future__ import annotations
+
+import csv
+import json
+import tomllib
+from pathlib import Path
+
+from experiments.simulate.config import SimulationConfig
+from experiments.simulate.run import simulate
+from psrv.config import from_dict, merge
+
+COLUMNS = ("variant", "workers", "mode", "staleness", "backup_workers", "samples_per_second", "wait_fraction",
+           "mean_staleness", "max_staleness", "max_clock_gap", "dropped", "wall_seconds", "simulator_seconds")
+_SPEC_KEYS = ("name", "description", "workers", "variants")
+
+
+def load(path: str | Path) -> tuple[dict, list[tuple[str, int, SimulationConfig]]]:
+    """The spec's header and every (variant, N, config) it asks for; ValueError naming what is wrong."""
+    raw = tomllib.loads(Path(path).read_text())
+    ns, variants = raw.get("workers"), raw.get("variants")
+    if not ns or not all(isinstance(n, int) and n > 0 for n in ns):
+        raise ValueError(f"{path}: `workers` must list the worker counts to simulate, e.g. [16, 64, 256, 1024]")
+    if not variants:
+        raise ValueError(f"{path}: give at least one [[variants]] table with a name")
+    base = {k: v for k, v in raw.items() if k not in _SPEC_KEYS}
+    runs = []
+    for variant in variants:
+        name = variant.get("name")
+        if not name:
+            raise ValueError(f"{path}: every [[variants]] table needs a name")
+        keys = {k: v for k, v in variant.items() if k not in ("name", "backup_fraction")}
+        for n in ns:
+            over = {"cluster": {"workers": n}}
+            if "backup_fraction" in variant:
+                over["backup_workers"] = int(variant["backup_fraction"] * n)
+            try:
+                runs.append((name, n, from_dict(SimulationConfig, merge(merge(base, keys), over))))
+            except ValueError as exc:
+                raise ValueError(f"{path}: variant {name} at N={n}: {exc}") from None
+    return {k: raw.get(k) for k in ("name", "description")} | {"workers": ns}, runs
+
+
+def run_spec(path: str | Path, *, out: str | Path) -> list[dict]:
+    """Simulate every run of the spec at `path` into `out`; return summary.csv's rows."""
+    header, runs = load(path)
+    out = Path(out)
+    rows = []
+    for name, n, cfg in runs:
+        summary = simulate(cfg, out=out / name / f"N-{n}")
+        rows.append({"variant": name, "workers": n, **{k: summary[k] for k in COLUMNS[2:]}})
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "summary.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    write_report(out, header, rows, spec_path=Path(path), example=runs[0][2])
+    return rows
+
+
+def write_report(out: Path, header: dict, rows: list[dict], *, spec_path: Path, example: SimulationConfig) -> None:
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    sim = example.simulate
+    lines = [f"# {header['name']} (simulated)", "", header.get("description") or "", "",
+             f"Every number here is simulated (`psrv simulate --spec {spec_path}`): psrv's controllers driven by "
+             f"modelled time, not a real run. Job {example.job.name}, {example.job.steps} steps per worker, "
+             f"{example.cluster.servers} shards; compute {sim.compute} (model {sim.model_ms} ms + "
+             f"{example.faults.compute_ms} ms" + (f", sigma {sim.sigma}" if sim.compute == "lognormal" else "")
+             + f"), latency {sim.latency_ms} ms, {sim.bandwidth_gbps} Gbit/s links.", ""]
+    for metric, label in (("samples_per_second", "samples/s"), ("wait_fraction", "wait fraction"),
+                          ("mean_staleness", "mean staleness"), ("max_clock_gap", "max clock gap")):
+        lines += [f"## {label}", "", "| variant | " + " | ".join(f"N={n}" for n in header["workers"]) + " |",
+                  "|---|" + "---:|" * len(header["workers"])]
+        for v in variants:
+            cells = {r["workers"]: r[metric] for r in rows if r["variant"] == v}
+            lines.append(f"| {v} | " + " | ".join(_fmt(cells.get(n)) for n in header["workers"]) + " |")
+        lines.append("")
+    lines += ["Plots: plots/samples_per_second.png, plots/wait_fraction.png, plots/mean_staleness.png.", ""]
+    (out / "report.md").write_text("\n".join(lines))
+    _plots(out / "plots", header, rows, variants)
+    (out / "spec.json").write_text(json.dumps(header, indent=1))
+
+
+def _fmt(v) -> str:
+    return "n/a" if v is None else f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def _plots(where: Path, header: dict, rows: list[dict], variants: list[str]) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    where.mkdir(parents=True, exist_ok=True)
+    for metric in ("samples_per_second", "wait_fraction", "mean_staleness"):
+        fig, ax = plt.subplots(figsize=(6.5, 4))
+        for v in variants:
+            pts = sorted((r["workers"], r[metric]) for r in rows if r["variant"] == v)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=v)
+        ax.set_xscale("log", base=2)
+        if metric == "samples_per_second":
+            ax.set_yscale("log")
+        elif metric == "mean_staleness":
+            ax.set_yscale("symlog")  # sync's 0 stays on the plot
+        ax.set_xlabel("workers N")
+        ax.set_ylabel(metric.replace("_", " "))
+        ax.set_title(f"{header['name']}: {metric.replace('_', ' ')} (simulated)", fontsize=9)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(where / f"{metric}.png", dpi=100)
+        plt.close(fig)
