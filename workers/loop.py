@@ -41,7 +41,11 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
 
     With local steps (cfg.local_updates) a step is an inner step of this worker's own optimizer, one
     step-log row each (`pushed`: whether it pushed); every cfg.local_steps-th pushes the pseudo-gradient,
-    and the record's `pushes` counts those pushes (the last, partial round's included)."""
+    and the record's `pushes` counts those pushes (the last, partial round's included).
+
+    Rank 0's evaluations between steps (--eval-every) are off its clock: no row holds them and
+    train_seconds leaves out their `eval_seconds`. In sync the other workers' next push still waits for
+    them at the servers (their wait_seconds), as nothing stops the other workers meanwhile."""
     started = time.time()
     device = torch.device(cfg.device)
     job = load_job(cfg.job.name, seed=cfg.seed)
@@ -51,7 +55,7 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
                               seed=cfg.seed, device=device)
     record = {"rank": cfg.rank, "world_size": cfg.world_size, "job": job.name, "steps": cfg.job.steps,
               "batch_size": cfg.job.batch_size, "parameters": sum(p.numel() for p in model.parameters()),
-              "evals": [], "step_log": []}
+              "evals": [], "step_log": [], "eval_seconds": 0.0}
     interrupt: KeyboardInterrupt | None = None
     t_loop = t_end = None  # the step loop's start and end (train_seconds)
     ps: Worker | None = None
@@ -97,7 +101,9 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
                 if progress is not None:
                     progress(step + 1)
                 if cfg.rank == 0 and cfg.job.eval_every and (step + 1) % cfg.job.eval_every == 0 and step + 1 < cfg.job.steps:
+                    t_eval = time.perf_counter()  # off the clock: train_seconds leaves it out
                     record_eval(job, model, device, record, step=step + 1)
+                    record["eval_seconds"] += time.perf_counter() - t_eval
             t_end = time.time()
             ps.close()  # rank 0: the weights after every worker's last push; then every worker leaves
         if cfg.rank == 0:
@@ -111,7 +117,7 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
         record.update(local_steps=cfg.local_steps, inner_steps=len(rows), pseudo_grad_norms=norms,
                       inner_steps_per_push=ps.inner_steps_per_push if ps is not None else [])
     record.update(pushes=len(norms) if inner is not None else len(rows), samples=sum(r["batch_size"] for r in rows),
-                  train_seconds=t_end - t_loop if t_loop else 0.0,
+                  train_seconds=t_end - t_loop - record["eval_seconds"] if t_loop else 0.0,
                   early_sends=ps.early_sends if ps is not None else 0,
                   wall_seconds=time.time() - started,
                   max_staleness=max((r["staleness"] for r in rows), default=0),

@@ -119,3 +119,10 @@ def test_settings_a_mode_cannot_use_are_refused(data, key):
     with pytest.raises(ConfigError) as err:
         from_dict(RunConfig, data)
     assert err.value.key == key and "\n" not in str(err.value)
+
+
+def test_the_reports_optimizer_line_names_the_comm_hook():
+    from experiments.report_configs import _optimizer
+    hooked = from_dict(RunConfig, {"mode": "zero1", "allreduce": {"ddp_comm_hook": "powersgd", "powersgd_rank": 2}})
+    assert "DDP comm hook powersgd rank 2" in _optimizer(hooked)
+    assert "comm hook" not in _optimizer(from_dict(RunConfig, {"mode": "ddp"}))

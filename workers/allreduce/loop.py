@@ -61,8 +61,8 @@ def train_allreduce(cfg: RunConfig, *, backend: str = "auto", timeout: float = 6
     the steps' ends, updates_applied the optimizer steps that ran (a post-hook).
 
     Evaluations are off the clock: at each one every rank stops (FSDP's ranks gather the weights), rank
-    0 evaluates, and all meet at a barrier before the next step; `eval_seconds` is that pause, which
-    neither a row nor train_seconds counts.
+    0 evaluates, and all meet at a barrier before the next step, so no row counts it; `eval_seconds` is
+    the pauses between the first step and the last (--eval-every), which train_seconds leaves out.
 
     With local steps (cfg.worker.local_updates, mode ddp only) there is no wrapper: each rank steps its
     inner optimizer on the plain module and every H steps (and once more for a last, partial round)
@@ -111,17 +111,17 @@ def _train(cfg: RunConfig, *, rank: int, world: int, device, group, pauses, star
               "parameters": sum(p.numel() for p in model.parameters()), "evals": [], "step_log": [],
               "eval_seconds": 0.0}
 
-    def evaluate(step: int, *, final: bool = False) -> None:  # every rank calls it; rank 0 evaluates
+    def evaluate(step: int, *, final: bool = False) -> float:  # every rank calls it; rank 0 evaluates
         t = time.perf_counter()
         net = run.eval_model()
         if rank == 0:
             (record_final if final else record_eval)(job, net, device, record, step=step)
         dist.barrier(group=pauses)
-        record["eval_seconds"] += time.perf_counter() - t
+        return time.perf_counter() - t
 
     log.info("rank %d of %d: %s %s on %s, %s", rank, world, cfg.mode, job.name, device, backend)
     evaluate(0)
-    t_loop, before = time.time(), record["eval_seconds"]
+    t_loop = time.time()
     interrupt: KeyboardInterrupt | None = None
     try:
         for step in range(cfg.job.steps):
@@ -148,13 +148,13 @@ def _train(cfg: RunConfig, *, rank: int, world: int, device, group, pauses, star
             if progress is not None:
                 progress(step + 1)
             if cfg.job.eval_every and (step + 1) % cfg.job.eval_every == 0 and step + 1 < cfg.job.steps:
-                evaluate(step + 1)
+                record["eval_seconds"] += evaluate(step + 1)
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM where the entry point makes it one: keep the rows
         interrupt = exc
         log.warning("rank %d: interrupted at step %d", rank, len(record["step_log"]))
     if outer is not None and interrupt is None and cfg.job.steps % cfg.worker.local_steps:
         outer()  # the last, partial round, as psrv.Worker.close() pushes it
-    train_seconds = time.time() - t_loop - (record["eval_seconds"] - before)  # the evaluations' pauses off
+    train_seconds = time.time() - t_loop - record["eval_seconds"]  # the evaluations' pauses off
     if interrupt is not None:
         record.update(interrupted=True, steps_done=len(record["step_log"]))
     else:  # after the last step every rank holds the same weights (FSDP's ranks gather them)
