@@ -1,10 +1,12 @@
 """Calibration: run a setting for real (`psrv run`), simulate the same setting with the job's compute
 and the message time measured in that run, and report how far apart they are.
 
-Fitted from the real run's steps.csv: the job's own compute per step (model_ms: the median over every
+Fitted from the real run's steps.csv: the job's own compute per step (model_ms: the mean over every
 step of compute_seconds / that step's straggler factor, which the fault injector's seeded draws give,
-less the emulated compute_ms) and one latency for a message (half the median communication_seconds,
-less the time its bytes take on the modelled links). The rest of the setting is the run's own."""
+less the emulated compute_ms, plus the mean time a worker spends between its steps) and one latency for
+a message (half the mean communication_seconds, less the time its bytes take on the modelled links).
+Means, not medians: on a loaded machine the slow tail of a step is part of the throughput. The rest
+of the setting is the run's own."""
 from __future__ import annotations
 
 import json
@@ -32,20 +34,25 @@ def real_config(cfg: SimulationConfig) -> RunConfig:
 
 def fit(cfg: SimulationConfig, steps: list[dict[str, str]]) -> dict[str, float]:
     """model_ms and latency_ms from a real run's steps.csv rows (see the module's docstring)."""
-    injectors = {}
-    undisturbed, comm = [], []
-    for row in steps:
+    injectors, undisturbed, comm, between, last = {}, [], [], [], {}
+    parts = ("compute_seconds", "communication_seconds", "wait_seconds")
+    for row in sorted(steps, key=lambda r: (int(r["worker"]), int(r["step"]))):
         rank, step = int(row["worker"]), int(row["step"])
         if rank not in injectors:
             injectors[rank] = FaultInjector(cfg.faults, rank=rank, seed=cfg.seed)
         undisturbed.append(float(row["compute_seconds"]) / injectors[rank].slowdown(step))
         comm.append(float(row["communication_seconds"]))
-    model_ms = max(0.0, 1000 * statistics.median(undisturbed) - cfg.faults.compute_ms)
+        end = float(row["wall_time"])
+        if rank in last:  # the time from the end of its last step to the start of this one
+            between.append(max(0.0, end - last[rank] - sum(float(row[k]) for k in parts)))
+        last[rank] = end
+    gap = statistics.fmean(between) if between else 0.0
+    model_ms = max(0.0, 1000 * (statistics.fmean(undisturbed) + gap) - cfg.faults.compute_ms)
     from experiments.simulate.network import NetworkModel, job_plan
     plan, _ = job_plan(cfg.job.name, seed=cfg.seed, shards=cfg.cluster.servers)
     network = NetworkModel.of(cfg.simulate, plan)
     on_links = 2 * sum(network.transfer)  # a push and its reply, each crossing both links' bandwidth once
-    latency_ms = max(0.0, 1000 * (statistics.median(comm) - on_links) / 2)
+    latency_ms = max(0.0, 1000 * (statistics.fmean(comm) - on_links) / 2)
     return {"model_ms": model_ms, "latency_ms": latency_ms}
 
 
@@ -71,14 +78,20 @@ def agreement(real: dict, simulated: dict) -> dict[str, dict]:
 
 
 def calibrate(cfg: SimulationConfig, *, out: str | Path, progress: bool = False) -> dict:
-    """Run `cfg` for real into DIR/real, simulate it (learning level, fitted) into DIR/simulated, write
-    and return DIR/calibration.json."""
+    """Run `cfg` for real into DIR/real, then `compare`; return DIR/calibration.json's content."""
     from experiments.launch import run_local
-    from experiments.simulate.run import simulate
     out = Path(out)
     load_before = os.getloadavg()
-    real = run_local(real_config(cfg), out=out / "real", progress=progress)
-    load_after = os.getloadavg()
+    run_local(real_config(cfg), out=out / "real", progress=progress)
+    return compare(cfg, out=out, load=(load_before, os.getloadavg()))
+
+
+def compare(cfg: SimulationConfig, *, out: str | Path, load: tuple | None = None) -> dict:
+    """Fit the simulation to the real run of `cfg` in DIR/real, simulate it (learning level) into
+    DIR/simulated, and write and return DIR/calibration.json."""
+    from experiments.simulate.run import simulate
+    out = Path(out)
+    real = json.loads((out / "real" / "summary.json").read_text())
     steps = read_csv(out / "real" / "steps.csv")
     fitted = fit(cfg, steps)
     sim_cfg = cfg.replace(simulate=replace(cfg.simulate, level="learning", compute="constant", **fitted))
@@ -88,7 +101,7 @@ def calibrate(cfg: SimulationConfig, *, out: str | Path, progress: bool = False)
                           "steps": cfg.job.steps, "compute_ms": cfg.faults.compute_ms,
                           "transient_stragglers": cfg.faults.transient_stragglers,
                           "straggler": cfg.faults.straggler},
-              "fitted": fitted, "load_average": {"before": load_before, "after": load_after},
+              "fitted": fitted, "load_average": {"before": load[0], "after": load[1]} if load else None,
               "agreement": agreement(_compared(real, wait_fraction(steps)),
                                      _compared(simulated, simulated["wait_fraction"]))}
     (out / "calibration.json").write_text(json.dumps(result, indent=1))
@@ -104,6 +117,7 @@ def format_calibration(result: dict) -> str:
         sim = "n/a" if row["simulated"] is None else f"{row['simulated']:.4g}"
         lines.append(f"{key:<20}{real:>12}{sim:>12}{fmt(row['relative']):>12}  {row['agrees']}")
     f = result["fitted"]
-    lines.append(f"fitted: model_ms {f['model_ms']:.3f}, latency_ms {f['latency_ms']:.3f}; load average "
-                 f"{result['load_average']['before'][0]:.2f} before, {result['load_average']['after'][0]:.2f} after")
+    load = result["load_average"]
+    lines.append(f"fitted: model_ms {f['model_ms']:.3f}, latency_ms {f['latency_ms']:.3f}" + (
+        f"; load average {load['before'][0]:.2f} before, {load['after'][0]:.2f} after" if load else ""))
     return "\n".join(lines)
