@@ -74,6 +74,19 @@ def _ddp_gap(summaries: list[VariantSummary]) -> list[str]:
     return lines
 
 
+def _ddp_gaps(summaries: list[VariantSummary], spec: ExperimentSpec) -> list[str]:
+    """The DDP gap; with ddp variants at several worker counts, one table per count, each variant
+    against the ddp variant with as many workers."""
+    workers = {v.name: v.config.cluster.workers for v in spec.variants}
+    counts = sorted({workers[s.variant] for s in summaries if s.mode == "ddp"})
+    if len(counts) < 2:
+        return _ddp_gap(summaries)
+    lines = []
+    for n in counts:
+        lines += [f"### {n} workers", "", *_ddp_gap([s for s in summaries if workers[s.variant] == n]), ""]
+    return lines
+
+
 def _direction(runs, spec: ExperimentSpec) -> bool | None:
     """The direction of the target's metric as the runs' own summaries declare it (None: no metric)."""
     if spec.target.metric is None:
@@ -107,7 +120,7 @@ def write_report(out_dir: str | Path, spec: ExperimentSpec, *, spec_path: str | 
               "", *disagreement_section(problems), *skipped_lines(out, spec),
               "## Result", "", *winner_lines(summaries, target), "",
               "## DDP gap", "",
-              *_ddp_gap(summaries), "", "## Summary", "",
+              *_ddp_gaps(summaries, spec), "", "## Summary", "",
               "Mean ± sample std over repeats (summary.csv has every value; "
               "docs/experiments.md defines each column).", "", *_table(summaries, spec.target.metric), "",
               *traffic_lines(spec, summaries), "## Plots", ""]

@@ -3,9 +3,9 @@
 While the run trains, a sampler reads the TCP sockets of each of its processes (servers, workers, all-reduce
 ranks) from the kernel, `ss -tinpH`: tcp_info bytes_sent and bytes_received summed over the sockets the
 process's pid holds. After the run, the workers' step logs say how many steps were done at each sample's
-time, and the rate between the first sample after training began and the last one is the traffic per step:
-the start (initial weights, rendezvous) is left out, and a parameter server and an all-reduce rank are
-measured the same way. A server also counts its own message bytes (server-K.json), a cross-check."""
+time, and the rate between the first and the last sample taken while every worker was training is the
+traffic per step: the start (initial weights, rendezvous) is left out, and a parameter server and an
+all-reduce rank are measured the same way. A server also counts its own message bytes (server-K.json), a cross-check."""
 from __future__ import annotations
 
 import json
@@ -20,7 +20,7 @@ from pathlib import Path
 TRAFFIC_FILE = "traffic.json"
 METHOD = ("`ss -tinpH` sampled every {interval:g} s while the run trains: tcp_info bytes_sent and "
           "bytes_received over the sockets of each process's pid, as a rate per training step between the "
-          "first sample after training began and the last one (steps from the workers' step logs)")
+          "first and the last sample taken while every worker was training (steps from the workers' step logs)")
 _USERS = re.compile(r"pid=(\d+)")
 _BYTES = re.compile(r"\bbytes_(sent|received):(\d+)")
 _OUT = re.compile(r".*/((?:server|worker)-[0-9{}a-z]+)\.json$")
@@ -105,28 +105,31 @@ class TrafficSampler:
                 continue  # a sample lost is a sample lost
 
 
-def _steps_at(run: Path):
-    """t -> training steps done by then (all workers' logged steps ÷ the number of workers)."""
-    times = []
-    workers = list(run.glob("worker-*.json"))
-    for path in workers:
-        times += [row["wall_time"] for row in json.loads(path.read_text())["step_log"]]
-    times.sort()
-    return lambda t: bisect_right(times, t) / max(1, len(workers))
+def _training(run: Path) -> tuple[float, float, object]:
+    """(start, end, steps_at) of the time every worker was training: from the last worker's first step
+    to the first worker's last one; steps_at(t) is the steps done by then (all workers' logged steps ÷
+    the number of workers)."""
+    logs = [[row["wall_time"] for row in json.loads(p.read_text())["step_log"]] for p in run.glob("worker-*.json")]
+    logs = [times for times in logs if times]
+    if not logs:
+        return 0.0, -1.0, lambda t: 0.0
+    times = sorted(t for log in logs for t in log)
+    return max(log[0] for log in logs), min(log[-1] for log in logs), lambda t: bisect_right(times, t) / len(logs)
 
 
 def per_step(run: Path) -> dict[str, dict[str, float]]:
-    """process -> {'in', 'out'} bytes per training step, from run/traffic.json; {} when not measured."""
+    """process -> {'in', 'out'} bytes per training step, from run/traffic.json; {} when not measured.
+    Only samples taken while every worker was training count: before, the start's traffic; after, a
+    closed socket's counters are gone from ss, so a sum over the open ones would fall."""
     try:
         samples = json.loads((run / TRAFFIC_FILE).read_text())["samples"]
     except (OSError, ValueError, KeyError):
         return {}
-    steps_at = _steps_at(run)
+    start, end, steps_at = _training(run)
+    samples = [s for s in samples if start <= s["time"] <= end]
     rates = {}
-    names = {name for s in samples for name in s["bytes"]}
-    for name in names:
+    for name in {name for s in samples for name in s["bytes"]}:
         points = [(steps_at(s["time"]), *s["bytes"][name]) for s in samples if name in s["bytes"]]
-        points = [p for p in points if p[0] >= 1]  # training began: the start's traffic is behind
         if len(points) >= 2 and points[-1][0] > points[0][0]:
             steps = points[-1][0] - points[0][0]
             rates[name] = {"out": (points[-1][1] - points[0][1]) / steps, "in": (points[-1][2] - points[0][2]) / steps}

@@ -52,11 +52,13 @@ def _run(path: Path, samples: list[tuple[float, dict]], *, workers: int = 2, ste
     return path
 
 
-def test_bytes_per_step_is_the_rate_between_the_first_sample_in_training_and_the_last(tmp_path: Path) -> None:
-    # the start (10 MB before step 1) is left out; then 3 KB out and 2 KB in per step for the server
+def test_bytes_per_step_is_the_rate_over_the_samples_taken_while_every_worker_trained(tmp_path: Path) -> None:
+    # the start (10 MB before every worker trained) and the end are left out; 3 KB out, 2 KB in per step
     run = _run(tmp_path / "r", [(100.5, {"server-0": (10_000_000, 10_000_000)}),   # before any step: ignored
                                 (103.5, {"server-0": (10_006_000, 10_004_000), "worker-0": (10, 10)}),
-                                (109.5, {"server-0": (10_024_000, 10_016_000), "worker-0": (20, 30)})])
+                                (109.5, {"server-0": (10_024_000, 10_016_000), "worker-0": (20, 30)}),
+                                # after worker 0's last step its socket closed: ss no longer counts it
+                                (110.5, {"server-0": (5_000_000, 5_000_000)})])
     (run / "server-0.json").write_text(json.dumps({"bytes_in": 40_000, "bytes_out": 60_000}))
     rates = per_step(run)
     assert rates["server-0"] == {"out": 3000.0, "in": 2000.0}  # 18,000 and 12,000 bytes over 6 steps
