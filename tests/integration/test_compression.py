@@ -80,3 +80,24 @@ def test_error_buffers_are_saved_and_restored_through_state_dict(tmp_path):
         with pytest.raises(ValueError, match="error feedback"):
             again.load_state_dict({"steps": 2, "compress": {"error": None}})
         again.close()
+
+
+
+def test_local_steps_push_a_compressed_pseudo_gradient():
+    """Local steps compose: every second step pushes the top-k of w_pulled - w_now, its residual kept."""
+    with Shards() as addresses:
+        model = _model()
+        ps = psrv.Worker(model, addresses, rank=0, world_size=1, timeout=20, local_steps=2,
+                         compress="topk:0.1", compress_min_numel=0)
+        x, y = torch.randn(64, 256), torch.randn(64, 1)
+        for _ in range(4):
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            with torch.no_grad():  # the inner SGD step, by hand (torch.optim's first import costs seconds)
+                for p in model.parameters():
+                    p -= 0.01 * p.grad
+            ps.step()
+        wire, error = ps.wire_bytes(), ps.state_dict()["compress"]["error"]
+        ps.close()
+    assert wire["dense_push_bytes"] == 2 * 4 * error.numel()  # two pushes, not four
+    assert 4.9 < wire["compression_ratio"] < 5  # 10% as values + indices, less the headers
+    assert error.abs().sum() > 0 and len(ps.pseudo_grad_norms) == 2

@@ -53,10 +53,13 @@ def free_port() -> int:
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("mode", ["sync", "async", "ssp"])
 def test_every_mode_runs_over_rpc(mode, tmp_path):
-    extra = ["--staleness", "1"] if mode == "ssp" else []
+    # ssp also carries compressed pushes: the codec's parts as a list of tensors (psrv/codecs)
+    extra = ["--staleness", "1", "--compress", "topk:0.1", "--compress-min-numel", "0"] if mode == "ssp" else []
     s = psrv_run(tmp_path, "--transport", "rpc", "--mode", mode, "--servers", "2", "--workers", "2",
                  "--steps", str(STEPS), *extra)
     assert s["transport"] == "rpc" and s["num_servers"] == 2 and s["num_workers"] == 2
+    if mode == "ssp":
+        assert s["compress"] == "topk:0.1" and 4.5 < s["compression_ratio"] < 5, s
     assert s["pushes"] == 2 * STEPS
     if mode == "sync":
         assert s["updates_applied"] == STEPS, s                    # one step per clock
