@@ -29,9 +29,10 @@ log = logging.getLogger(__name__)
 METRICS = ("wall_seconds", "samples_per_second", "final_loss", "eval_accuracy", "final_target_metric",
            "time_to_target_seconds", "updates_applied", "mean_staleness", "max_staleness",
            "wait_fraction", "seconds_per_step", "busiest_bytes_in_per_step", "busiest_bytes_out_per_step",
-           "server_own_bytes_per_step")
+           "server_own_bytes_per_step", "bytes_per_sample", "compression_ratio")
 _FROM_SUMMARY = ("wall_seconds", "samples_per_second", "final_loss", "eval_accuracy",
-                 "updates_applied", "mean_staleness", "max_staleness")
+                 "updates_applied", "mean_staleness", "max_staleness",
+                 "bytes_per_sample", "compression_ratio")  # the workers' measured wire bytes (docs/compression.md)
 RUN_COLUMNS = ("variant", "repeat", "mode", "staleness", "reached_target", *METRICS, "config_hash")
 SUMMARY_COLUMNS = ("variant", "mode", "staleness", "repeats", "target_reached",
                    *(name for metric in METRICS for name in (metric, f"{metric}_std")))
