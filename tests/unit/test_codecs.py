@@ -120,3 +120,20 @@ def test_the_names_and_the_refusals():
     for bad in ("topk", "topk:0", "topk:1.5", "randomk:x", "sign:2", "lz4"):
         with pytest.raises(ValueError):
             parse(bad)
+
+
+def test_the_casts_are_the_wire_dtype_and_a_lossy_codec_goes_alone():
+    from psrv.client import PSClient
+    from psrv.config import ConfigError, RunConfig, from_dict
+
+    plan = PartitionPlan((ParamSpec("w", (4,)),), 1)
+    client = PSClient(["tcp://127.0.0.1:1"], plan, worker=0, world_size=1, heartbeat=False, compress="bf16")
+    assert client.wire_dtype == torch.bfloat16 and client.encoder is None
+    client.close()
+    for kw in ({"compress": "float16", "wire_dtype": "bfloat16"}, {"compress": "sign", "wire_dtype": "float16"}):
+        with pytest.raises(ValueError, match="wire_dtype"):
+            PSClient(["tcp://127.0.0.1:1"], plan, worker=0, world_size=1, heartbeat=False, **kw)
+    with pytest.raises(ConfigError, match="wire_dtype"):
+        from_dict(RunConfig, {"worker": {"compress": "topk:0.1", "wire_dtype": "bfloat16"}})
+    with pytest.raises(ConfigError, match="compress"):
+        from_dict(RunConfig, {"mode": "ddp", "worker": {"compress": "sign"}})
