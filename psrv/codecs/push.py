@@ -57,6 +57,10 @@ class PushEncoder:
     def encode(self, grad: torch.Tensor, shard: int) -> tuple[dict, dict[str, torch.Tensor]]:
         """(fields, parts) of shard's push of the flat `grad`; updates the residual."""
         lo, hi = self.ranges[shard]
+        if self.error is not None and self.error.device != grad.device:  # the model's device (a GPU)
+            self.error = self.error.to(grad.device)
+        if self.among[shard] is not None and self.among[shard].device != grad.device:
+            self.among[shard] = self.among[shard].to(grad.device)
         x = grad[lo:hi].float() if self.error is None else grad[lo:hi] + self.error[lo:hi]
         parts = self.codec.encode(x, self.among[shard])
         fields = {"name": self.codec.name, **self.codec.params(), "n": hi - lo}
@@ -80,7 +84,7 @@ class PushEncoder:
         if error is not None:
             if tuple(error.shape) != tuple(self.error.shape):
                 raise ValueError(f"error buffer of shape {tuple(error.shape)}, this model's is {tuple(self.error.shape)}")
-            self.error.copy_(error)
+            self.error.copy_(error.to(self.error.device))
 
 
 def _complement(ranges: list[list[int]], n: int, device) -> torch.Tensor | None:
