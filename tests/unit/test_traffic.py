@@ -88,3 +88,13 @@ def test_a_variant_on_an_absent_device_is_skipped_with_its_reason(tmp_path: Path
     raw["variants"] = raw["variants"][1:]
     with pytest.raises(ValueError, match="no variant can run here"):
         _absent_devices(spec_from_dict(raw), "p.toml")
+
+
+def test_the_placement_spec_runs_the_three_architectures_at_2_4_and_8_workers() -> None:
+    from experiments.plots.traffic import architecture
+    from experiments.spec import load_spec
+    spec = load_spec(Path(__file__).resolve().parents[2] / "experiments" / "specs" / "placement.toml")
+    assert spec.repeats >= 3
+    found = {(architecture(v.config), v.config.cluster.workers) for v in spec.variants}
+    kinds = {"1 server on cpu (sync)", "4 servers on cpu (sync)", "1 server on cuda:0 (sync)", "ddp all-reduce (per rank)"}
+    assert found == {(kind, n) for kind in kinds for n in (2, 4, 8)}
