@@ -42,7 +42,7 @@ def _allreduce_settings(run: RunConfig) -> None:
     if run.allreduce.ddp_comm_hook != "none" and not hooked:
         raise ConfigError("allreduce.ddp_comm_hook", f"is a DDP hook: mode ddp or zero1 without local steps "
                           f"(mode is {run.mode!r}{', with local steps' if run.worker.local_updates else ''})")
-    if not run.allreduce.wait_barrier and run.mode in MODES:
+    if run.allreduce.wait_barrier and run.mode in MODES:
         raise ConfigError("allreduce.wait_barrier", f"is for the all-reduce modes; {run.mode!r} measures its "
                           "wait at the servers")
     if run.worker.local_updates and run.mode in ("fsdp", "zero1"):

@@ -108,9 +108,9 @@ class AllReduceSettings(Section):
                                  "bf16 (half-precision all-reduce) or powersgd (low-rank, error feedback)",
                                  choices=DDP_COMM_HOOKS)
     powersgd_rank: int = setting(1, "the rank of PowerSGD's approximation (--ddp-comm-hook powersgd)", minimum=1)
-    wait_barrier: bool = setting(True, "no barrier before the gradient collective: wait_seconds stays 0 and the "
-                                 "wait for a slow rank counts as communication (default: the time in a barrier "
-                                 "is the wait)", flag="no-wait-barrier")
+    wait_barrier: bool = setting(False, "time the wait for the slowest rank in a barrier before the gradient "
+                                 "collective (one more small collective per step; default: estimated after the "
+                                 "run as each step's time in the collective beyond the fastest rank's)")
 
     def validate(self) -> None:
         super().validate()

@@ -1,16 +1,23 @@
 """One all-reduce rank's step timing: the emulated faults at the end of compute, then the wait for the
-other ranks, measured with a barrier on a gloo group of its own before the gradient collective.
+other ranks, then the gradient collective.
 
 A step's row: compute_seconds = forward + backward until the gradients are ready + emulated compute;
-wait_seconds = time in that barrier (waiting for the slowest rank to finish its compute; one tiny
-collective per step, off with --no-wait-barrier); communication_seconds = the rest: the emulated net
-delay, the gradient collective after the barrier, and the optimizer step (the PS analogue is the server
-applying the update inside push_pull). It also counts what really happened: gradient collectives
-issued at a step's end (`reduced`) and optimizer steps that ran (`updates`)."""
+wait_seconds = the wait for the slowest rank to finish its compute; communication_seconds = the rest:
+the emulated net delay, the gradient collective and the optimizer step (the PS analogue is the server
+applying the update inside push_pull). gloo and nccl cannot tell waiting from transfer inside one
+collective, so the wait is found one of two ways:
+- by default, after the run (`split_wait`): a step's time from compute end to step end beyond the
+  fastest rank's at that step, which is what a rank spent waiting for the last one to arrive (no cost
+  per step; the ranks exchange their rows once, at the end);
+- with --wait-barrier, measured: the time in a barrier on a gloo group of its own just before the
+  gradient collective (one more small collective per step, which costs throughput: docs/benchmarks.md).
+It also counts what really happened: gradient collectives issued at a step's end (`reduced`) and
+optimizer steps that ran (`updates`)."""
 from __future__ import annotations
 
 import time
 
+import torch
 import torch.distributed as dist
 
 from workers.faults import FaultInjector
@@ -60,3 +67,14 @@ class StepClock:
         return {"compute_seconds": compute_end - self.t0,
                 "communication_seconds": max(0.0, t_end - compute_end - self.waited),
                 "wait_seconds": self.waited}
+
+
+def split_wait(rows: list[dict], group) -> None:
+    """Without the barrier: every rank (a collective) moves, at each step, its communication time beyond
+    the fastest rank's into wait_seconds. The rows must be the same steps on every rank."""
+    mine = torch.tensor([r["communication_seconds"] for r in rows], dtype=torch.float64)
+    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(everyone, mine, group=group)
+    fastest = torch.stack(everyone).min(dim=0).values
+    for row, least in zip(rows, fastest.tolist()):
+        row["wait_seconds"], row["communication_seconds"] = row["communication_seconds"] - least, least

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from psrv.config import RunConfig
-from workers.allreduce.clock import StepClock
+from workers.allreduce.clock import StepClock, split_wait
 from workers.evals import record_eval, record_final
 from workers.faults import FaultInjector
 from workers.jobs import batch_size_of, load_job
@@ -56,8 +56,8 @@ def train_allreduce(cfg: RunConfig, *, backend: str = "auto", timeout: float = 6
     """Train cfg.job.steps steps of cfg.mode (ddp, fsdp or zero1) as this rank; return its record (the
     same keys as workers.loop.train). `backend`: auto (nccl on cuda, gloo on cpu), gloo or nccl;
     `timeout`: seconds a collective may wait. Rendezvous is env:// as torchrun sets it (RANK, WORLD_SIZE,
-    LOCAL_RANK, MASTER_ADDR, MASTER_PORT). Step rows: workers/allreduce/clock.py; no staleness column
-    (every rank steps on the same reduced gradient). pushes counts the gradient collectives issued at
+    LOCAL_RANK, MASTER_ADDR, MASTER_PORT). Step rows and the wait: workers/allreduce/clock.py; no
+    staleness column (every rank steps on the same reduced gradient). pushes counts the gradient collectives issued at
     the steps' ends, updates_applied the optimizer steps that ran (a post-hook).
 
     Evaluations are off the clock: at each one every rank stops (FSDP's ranks gather the weights), rank
@@ -88,7 +88,7 @@ def train_allreduce(cfg: RunConfig, *, backend: str = "auto", timeout: float = 6
         raise ValueError("WORLD_SIZE > 1 needs MASTER_ADDR and MASTER_PORT: start the ranks with torchrun "
                          f"or `psrv run --mode {cfg.mode}`")
     try:
-        # the wait barrier and the evaluation pauses: a CPU group of their own, apart from the gradients'
+        # the evaluation pauses and the wait's exchange: a CPU group of their own, apart from the gradients'
         pauses = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
         return _train(cfg, rank=rank, world=world, device=device, group=dist.group.WORLD, pauses=pauses,
                       started=started, progress=progress, backend=backend)
@@ -159,6 +159,8 @@ def _train(cfg: RunConfig, *, rank: int, world: int, device, group, pauses, star
         record.update(interrupted=True, steps_done=len(record["step_log"]))
     else:  # after the last step every rank holds the same weights (FSDP's ranks gather them)
         evaluate(cfg.job.steps, final=True)
+        if barrier is None and world > 1:  # the wait, from every rank's rows (clock.py)
+            split_wait(record["step_log"], pauses)
     rows = record["step_log"]
     if outer is not None:  # a push is an outer round's all-reduce
         clock.reduced = clock.updates = len(outer.norms)
