@@ -1,12 +1,13 @@
 """Calibration: run a setting for real (`psrv run`), simulate the same setting with the job's compute
 and the message time measured in that run, and report how far apart they are.
 
-Fitted from the real run's steps.csv: the job's own compute per step (model_ms: the mean over every
-step of compute_seconds / that step's straggler factor, which the fault injector's seeded draws give,
-less the emulated compute_ms, plus the mean time a worker spends between its steps) and one latency for
-a message (half the mean communication_seconds, less the time its bytes take on the modelled links).
-Means, not medians: on a loaded machine the slow tail of a step is part of the throughput. The rest
-of the setting is the run's own."""
+Taken from the real run's steps.csv: each simulated step's compute is drawn from the real run's steps
+(compute_seconds over that step's straggler factor, which the fault injector's seeded draws give, plus
+the time the worker spent between steps: `--compute steps.csv`), and the same stragglers are put back;
+one latency for a message is fitted (half the mean communication_seconds, less the time its bytes take
+on the modelled links). The real steps' spread, not only their mean, matters: on a loaded machine the
+slow tail of a step is part of the throughput and of the waits. model_ms (the mean undisturbed compute
+less compute_ms) is reported. The rest of the setting is the run's own."""
 from __future__ import annotations
 
 import json
@@ -94,7 +95,8 @@ def compare(cfg: SimulationConfig, *, out: str | Path, load: tuple | None = None
     real = json.loads((out / "real" / "summary.json").read_text())
     steps = read_csv(out / "real" / "steps.csv")
     fitted = fit(cfg, steps)
-    sim_cfg = cfg.replace(simulate=replace(cfg.simulate, level="learning", compute="constant", **fitted))
+    sim_cfg = cfg.replace(simulate=replace(cfg.simulate, level="learning", compute="steps.csv",
+                                           compute_csv=str(out / "real" / "steps.csv"), **fitted))
     simulated = simulate(sim_cfg, out=out / "simulated")
     result = {"setting": {"mode": cfg.mode, "staleness": cfg.staleness if cfg.mode == "ssp" else None,
                           "workers": cfg.cluster.workers, "servers": cfg.cluster.servers,

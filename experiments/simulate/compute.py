@@ -1,34 +1,58 @@
 """Compute time of every simulated step: a distribution, disturbed by psrv's own fault injector.
 
 The undisturbed time is constant (model_ms + compute_ms), lognormal around it, or drawn from a real
-run's steps.csv; stragglers then slow a step exactly as workers/faults.py slows a real worker's, with the
+run's steps (its own stragglers taken out); stragglers then slow a step exactly as workers/faults.py slows a real worker's, with the
 same seeded draws per (seed, rank, step), so a simulated run meets the disturbance a real one met."""
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import numpy as np
 
+from psrv.config import FaultConfig, from_dict
 from psrv.config.sections import SimulateSettings
-from psrv.config import FaultConfig
 from workers.faults import FaultInjector
 
 
-def read_compute_seconds(path: str | Path) -> np.ndarray:
-    """The compute_seconds column of a real run's steps.csv; ValueError if it has none."""
-    with open(path, newline="") as f:
-        values = [float(row["compute_seconds"]) for row in csv.DictReader(f) if row.get("compute_seconds")]
-    if not values:
-        raise ValueError(f"{path}: no compute_seconds in it (a steps.csv written by psrv run?)")
-    return np.asarray(values)
+def undisturbed_seconds(steps_csv: str | Path) -> tuple[np.ndarray, float]:
+    """The busy time of every step of a real run (compute_seconds over that step's straggler factor,
+    plus the time its worker spent since its last step ended), and that run's compute_ms, from its
+    steps.csv and the config.json beside it; ValueError if either is missing."""
+    path = Path(steps_csv)
+    try:
+        stored = json.loads((path.parent / "config.json").read_text())  # its faults and seed are what matter
+        faults, seed = from_dict(FaultConfig, stored.get("faults", {})), int(stored.get("seed", 0))
+        with open(path, newline="") as f:
+            rows = sorted(csv.DictReader(f), key=lambda r: (int(r["worker"]), int(r["step"])))
+    except (OSError, KeyError, ValueError) as exc:
+        raise ValueError(f"--compute-csv {path}: a real run's steps.csv with its config.json beside it ({exc})") from None
+    injectors, last, out = {}, {}, []
+    for row in rows:
+        rank, end = int(row["worker"]), float(row["wall_time"])
+        if rank not in injectors:
+            injectors[rank] = FaultInjector(faults, rank=rank, seed=seed)
+        compute = float(row["compute_seconds"])
+        spent = compute + float(row["communication_seconds"]) + float(row["wait_seconds"])
+        between = max(0.0, end - last[rank] - spent) if rank in last else 0.0
+        out.append(compute / injectors[rank].slowdown(int(row["step"])) + between)
+        last[rank] = end
+    if not out:
+        raise ValueError(f"--compute-csv {path}: no steps in it")
+    return np.asarray(out), faults.compute_ms
 
 
 class ComputeModel:
     def __init__(self, sim: SimulateSettings, faults: FaultConfig, *, seed: int):
         self.sim, self.faults, self.seed = sim, faults, seed
         self.base = (sim.model_ms + faults.compute_ms) / 1000.0
-        self.measured = read_compute_seconds(sim.compute_csv) if sim.compute == "steps.csv" else None
+        self.measured = None
+        if sim.compute == "steps.csv":
+            self.measured, compute_ms = undisturbed_seconds(sim.compute_csv)
+            if compute_ms != faults.compute_ms:
+                raise ValueError(f"--compute-csv {sim.compute_csv}: that run emulated compute_ms {compute_ms}, this "
+                                 f"one {faults.compute_ms}; give the same (its steps already hold it)")
 
     def times(self, rank: int, steps: int) -> list[float]:
         """Seconds of compute of `rank`'s steps 0..steps-1."""

@@ -41,11 +41,6 @@ class SimulationConfig(RunConfig):
         if self.simulate.level == "learning" and self.worker.local_updates:
             raise ConfigError("simulate.level", "learning with local steps (an inner optimizer per worker) is not "
                               "simulated; use level 'timing' or local_steps 1")
-        faults = self.faults
-        if self.simulate.compute == "steps.csv" and (faults.compute_ms or faults.straggler
-                                                     or faults.transient_stragglers):
-            raise ConfigError("simulate.compute", "steps.csv's compute times already hold that run's emulated "
-                              "compute and stragglers; remove compute_ms, straggler and transient_stragglers")
 
 
 NOT_SIMULATED = tuple(key for key, _, _ in leaves(SimulationConfig) if not is_simulated(key))

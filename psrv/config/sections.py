@@ -338,12 +338,14 @@ class SimulateSettings(Section):
     level: str = setting("timing", "timing: throughput, waits, staleness and clock gaps only; learning: also "
                          "the job's real gradients, applied in the simulated order", choices=SIM_LEVELS)
     compute: str = setting("constant", "a step's compute time before stragglers: constant (model_ms + compute_ms), "
-                           "lognormal (that times exp(sigma*Z), Z standard normal) or steps.csv (drawn from "
-                           "--compute-csv's compute_seconds; stragglers already in it)", choices=COMPUTE_DISTS)
+                           "lognormal (that times exp(sigma*Z), Z standard normal) or steps.csv (a step of the real "
+                           "run --compute-csv names, its own stragglers taken out; that run's compute_ms must be "
+                           "this one's)", choices=COMPUTE_DISTS)
     model_ms: float = setting(1.0, "the job's own compute per step, ms, to which --compute-ms is added",
                               minimum=0.0)
     sigma: float = setting(0.5, "lognormal's sigma", minimum=0.0, flag="lognormal-sigma")
-    compute_csv: str = setting("", "a real run's steps.csv, for --compute steps.csv", metavar="FILE")
+    compute_csv: str = setting("", "a real run's steps.csv (its config.json beside it), for --compute steps.csv",
+                               metavar="FILE")
     latency_ms: float = setting(0.1, "one-way latency of every message, ms", minimum=0.0)
     bandwidth_gbps: float = setting(10.0, "bandwidth of every link, Gbit/s: a worker's own, and each server's, "
                                     "shared by all its workers' messages", minimum=0.0, above=True)
