@@ -41,15 +41,22 @@ class Cluster:
     Each process runs in a session of its own, so a terminal's Ctrl-C reaches only the launcher, which
     then stops them in order (`interrupt`: the workers first, so they can leave and write their records)."""
 
-    def __init__(self, out: Path, *, processes: int = 1):
+    def __init__(self, out: Path, *, processes: int = 1, hosts=None):
         self.out = out
         self.procs: dict[str, subprocess.Popen] = {}
         self.env = thread_env(processes)
         self.brief: dict[str, str] = {}  # processes whose failure is said in one line, as what they are
+        self.hosts = hosts  # experiments/netns.EmulatedHosts: each process on a host of its own
+        self.host_of: dict[str, int] = {}
 
-    def start(self, name: str, argv: list[str], env: dict | None = None, *, brief: str = "") -> subprocess.Popen:
+    def start(self, name: str, argv: list[str], env: dict | None = None, *, brief: str = "",
+              host: int | None = None) -> subprocess.Popen:
         """Start `name` (its output to DIR/<name>.log). `brief`: what it is (e.g. "rank 1 (train.py)"); its
-        failure is then one line naming it, its exit code, its last line of output and its log."""
+        failure is then one line naming it, its exit code, its last line of output and its log. `host`:
+        with emulated hosts, the one it runs on (its address: `address(host)`)."""
+        if self.hosts is not None and host is not None:
+            argv = self.hosts.wrap(host, argv)
+            self.host_of[name] = host
         log = open(self.out / f"{name}.log", "w")
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env={**os.environ, **self.env, **(env or {}), "PYTHONUNBUFFERED": "1"},
@@ -119,6 +126,11 @@ class Cluster:
             tick()
             time.sleep(0.2)
         self.check()
+
+
+    def address(self, host: int) -> str:
+        """The IP address process `host` listens on: its emulated host's, else 127.0.0.1."""
+        return self.hosts.address(host) if self.hosts is not None else "127.0.0.1"
 
 
 def free_port() -> int:

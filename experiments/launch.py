@@ -1,6 +1,7 @@
 """A local cluster of real processes on 127.0.0.1: servers and workers started together; `psrv run` calls this."""
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from psrv.config import RunConfig, to_dict
 from psrv.config.base import config_hash
 
 from experiments.cluster import Cluster, RunFailed, RunInterrupted, free_port
+from experiments.netns import EmulatedHosts, host_traffic
 from experiments.preflight import preflight
 from experiments.script import Script, check_records, start_script_workers
 from experiments.summary import build_summary, write_tables
@@ -41,12 +43,26 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
     RunInterrupted is raised."""
     if script is None:
         preflight(cfg)  # a device that is not here, a job that does not import: ValueError before any process
+    rate = cfg.network.bandwidth
+    if rate and (metrics or script is not None):
+        raise ValueError(f"network.bandwidth {rate}: " + ("--metrics serves each process's /metrics on its own "
+                         "emulated host, out of Prometheus's reach" if metrics else "a script's workers run on "
+                         "127.0.0.1") + "; run without one of them")
+    with contextlib.ExitStack() as stack:
+        processes = cfg.cluster.workers + (0 if cfg.is_allreduce else cfg.cluster.servers)
+        hosts = stack.enter_context(EmulatedHosts(processes, rate)) if rate else None
+        return _run(cfg, out=out, metrics=metrics, metrics_linger=metrics_linger, timeout=timeout,
+                    progress=progress, on_progress=on_progress, script=script, hosts=hosts)
+
+
+def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, timeout: float, progress: bool,
+         on_progress: Callable[[int], None] | None, script: Script | None, hosts: EmulatedHosts | None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*.json"):
         stale.unlink()
     write_config(out / "config.json", cfg)
     workers = cfg.cluster.workers
-    cluster = Cluster(out, processes=workers + (0 if cfg.is_allreduce else cfg.cluster.servers))
+    cluster = Cluster(out, processes=workers + (0 if cfg.is_allreduce else cfg.cluster.servers), hosts=hosts)
     extra = ["--metrics-port", "0", "--metrics-linger", repr(metrics_linger)] if metrics else []
     bar, interrupt = None, None
     try:
@@ -78,9 +94,10 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
         if bar is not None:
             bar.close()
         cluster.stop()
+        network = host_traffic(cluster, cfg.network.bandwidth)
     interrupted = interrupt is not None
     summary = {**build_summary(cfg, out, interrupted=interrupted, script=script.argv if script else None),
-               "config_hash": config_hash(cfg)}  # which config made these results
+               **network, "config_hash": config_hash(cfg)}  # which config made these results
     write_tables(out, interrupted=interrupted)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     if interrupt is not None:
@@ -108,18 +125,18 @@ def _start_servers(cluster: Cluster, cfg: RunConfig, out: Path, extra: list[str]
     moment ago, so its address is known now (a script's PSRV_SERVERS cannot wait for a ready file)."""
     names = []
     rpc_master = f"127.0.0.1:{free_port()}" if cfg.cluster.transport == "rpc" else ""  # shard 0 hosts it
-    bind = f"rpc://{rpc_master}" if rpc_master else "tcp://127.0.0.1:0"
     ports: set[int] = set()
     while known_ports and len(ports) < cfg.cluster.servers:
         ports.add(free_port())
-    binds = [f"tcp://127.0.0.1:{port}" for port in sorted(ports)] if known_ports else [bind] * cfg.cluster.servers
+    binds = [f"tcp://127.0.0.1:{port}" for port in sorted(ports)] if known_ports else \
+        [f"rpc://{rpc_master}" if rpc_master else f"tcp://{cluster.address(i)}:0" for i in range(cfg.cluster.servers)]
     for i in range(cfg.cluster.servers):
         ready = out / f"server-{i}.addr"
         ready.unlink(missing_ok=True)
         config = write_config(out / f"config-server-{i}.json", cfg.server_config(i, bind=binds[i]))
         argv = _psrv("serve", "--config", str(config), "--out", str(out / f"server-{i}.json"),
                      "--ready-file", str(ready), *extra)
-        cluster.start(f"server-{i}", argv)
+        cluster.start(f"server-{i}", argv, host=i)
         names.append((f"server-{i}", ready))
     if rpc_master:  # the RPC world forms only once the workers join it too: do not wait for the servers
         return [(n, f"rpc://{rpc_master}/server-{i}") for i, (n, _) in enumerate(names)]
@@ -140,7 +157,7 @@ def _start_workers(cluster: Cluster, cfg: RunConfig, out: Path, addresses: list[
                      "--progress-file", str(out / f"worker-{rank}.progress"), *extra, "--mode", cfg.mode)
         if rank == 0:
             argv += ["--params-out", str(out / "params.pt"), "--state-out", str(out / "model.pt")]
-        cluster.start(f"worker-{rank}", argv)
+        cluster.start(f"worker-{rank}", argv, host=cfg.cluster.servers + rank)
         names.append(f"worker-{rank}")
     return names
 

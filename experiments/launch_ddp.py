@@ -13,8 +13,10 @@ def start_ddp(cluster: Cluster, cfg: RunConfig, out: Path) -> list[str]:
     """Start cfg.cluster.workers ranks named worker-R, each given the run's DIR/config.json whole,
     writing DIR/worker-R.json (rank 0 also DIR/params.pt and DIR/model.pt)."""
     workers = cfg.cluster.workers
-    rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(workers),
+    rendezvous = {"MASTER_ADDR": cluster.address(0), "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(workers),
                   "LOCAL_WORLD_SIZE": str(workers), "GROUP_RANK": "0"}
+    if cluster.hosts is not None:  # each rank on an emulated host: gloo talks over its eth0
+        rendezvous["GLOO_SOCKET_IFNAME"] = "eth0"
     names = []
     for rank in range(workers):
         # the same argv for every rank, as under torchrun: workers/ddp.py fills in {rank}
@@ -22,6 +24,6 @@ def start_ddp(cluster: Cluster, cfg: RunConfig, out: Path) -> list[str]:
                 "--out", str(out / "worker-{rank}.json"), "--progress-file", str(out / "worker-{rank}.progress"),
                 "--params-out", str(out / "params.pt"), "--state-out", str(out / "model.pt")]
         env = {**rendezvous, "RANK": str(rank), "LOCAL_RANK": str(rank)}
-        cluster.start(f"worker-{rank}", argv, env)
+        cluster.start(f"worker-{rank}", argv, env, host=rank)
         names.append(f"worker-{rank}")
     return names

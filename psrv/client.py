@@ -63,6 +63,7 @@ class PSClient:
         self.world_size = world_size
         self.timeout = timeout
         self.retry_interval = retry_interval
+        self.recent_seconds = 0.0  # how long this client's round trips with a payload take lately (RoundTrip)
         self.ranges = plan.ranges
         self.versions = [0] * plan.num_shards
         if wire_dtype not in DTYPES:

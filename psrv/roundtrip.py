@@ -45,6 +45,7 @@ class RoundTrip:
         self.frames: list[list | None] = [None] * len(msgs)  # encoded when sent: the tensor may still be filling
         self.kind = msgs[0].type.name
         self.pushing = msgs[0].type in (MsgType.PUSH, MsgType.PUSH_PULL)
+        self.payload = self.pushing or msgs[0].type in (MsgType.PULL, MsgType.INIT)  # tensors go or come back
         n = len(msgs)
         self.replies: list[Message | None] = [None] * n
         self.probing = [False] * n     # a probe is out and unanswered
@@ -71,8 +72,12 @@ class RoundTrip:
     def run(self) -> list[Message]:
         for s in range(len(self.msgs)):
             self.send(s)
-        interval = self.c.retry_interval
-        now = time.monotonic()
+        # The first probe waits at least twice as long as this client's recent round trips took: on a slow
+        # link a large request or its answer may still be on the wire, and a probe's answer queues behind
+        # it, so a probe left unanswered for retry_interval alone would re-send a request that is not lost.
+        recent = 2 * self.c.recent_seconds
+        interval = max(self.c.retry_interval, recent)
+        now = started = time.monotonic()
         deadline, check_at = now + self.timeout, now + interval
         bound = now + self.limit if self.limit is not None else math.inf
         while None in self.replies:
@@ -83,12 +88,14 @@ class RoundTrip:
                 raise TimeoutError(self.why)
             if now >= check_at:
                 self._probe_missing()
-                interval = min(interval * 2, 8 * self.c.retry_interval)
+                interval = min(interval * 2, max(8 * self.c.retry_interval, recent))
                 check_at = now + interval
                 continue
             got = self.net.recv(min(deadline, check_at, bound) - now)
             if got is not None and self._take(*got):
                 deadline = time.monotonic() + self.timeout
+        if self.payload:  # a decaying maximum: it follows a slower link at once and a faster one gradually
+            self.c.recent_seconds = max(0.8 * self.c.recent_seconds, time.monotonic() - started)
         return self.replies
 
     def _silence(self) -> str:

@@ -12,8 +12,8 @@ from typing import Any
 from psrv.config.base import ConfigError, Section, section, setting
 from psrv.config.sections import Trackers
 from psrv.config.sections import (MODES, AllReduceSettings, ClusterConfig, Consistency, FaultConfig, GradClip,
-                                  JobConfig, OptimConfig, Placement, Seeded, ServerSettings, ServeSettings,
-                                  WorkerSettings)
+                                  JobConfig, NetworkSettings, OptimConfig, Placement, Seeded, ServerSettings,
+                                  ServeSettings, WorkerSettings)
 
 
 def _one_shard_clip(clip: float, mode: str, shards: int, shards_key: str) -> None:
@@ -122,6 +122,7 @@ class RunConfig(Trackers, Seeded, Consistency):
     worker: WorkerSettings = section(WorkerSettings)
     faults: FaultConfig = section(FaultConfig)
     allreduce: AllReduceSettings = section(AllReduceSettings)
+    network: NetworkSettings = section(NetworkSettings)
 
     def validate(self) -> None:
         super().validate()
@@ -147,6 +148,9 @@ class RunConfig(Trackers, Seeded, Consistency):
                                   f"pushes by its speed through the servers; mode {self.mode!r} has none "
                                   "(give an integer H)")
         _one_shard_clip(self.optimizer.clip_grad_norm, self.mode, self.cluster.servers, "cluster.servers")
+        if self.network.bandwidth and self.cluster.transport != "zmq":
+            raise ConfigError("network.bandwidth", "emulated hosts carry the zmq transport and the all-reduce "
+                                                   f"modes; transport {self.cluster.transport!r} stays on 127.0.0.1")
         if self.optimizer.update_rule == "dn":
             _dn_period(self.optimizer, self.mode, n)
 

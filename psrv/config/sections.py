@@ -327,6 +327,20 @@ class ClusterConfig(Placement):
     workers: int = setting(2, "workers", minimum=1)
 
 
+def _rate(value: str) -> None:
+    if value and not re.fullmatch(r"[1-9][0-9]*(kbit|mbit|gbit)", value):
+        raise ValueError(f"must look like 200mbit or 1gbit (kbit, mbit, gbit); got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class NetworkSettings(Section):
+    """The network a local run's processes talk over (experiments/netns.py)."""
+
+    bandwidth: str = setting("", "run each process on an emulated host of its own (a network namespace, "
+                             "deploy/netns/cluster.sh) with its egress capped at RATE, e.g. 200mbit; needs "
+                             "root; '' : all on 127.0.0.1, uncapped", check=_rate, metavar="RATE")
+
+
 SIM_LEVELS = ("timing", "learning")
 COMPUTE_DISTS = ("constant", "lognormal", "steps.csv")
 

@@ -133,3 +133,50 @@ def test_capped_worker_host_communicates_slower(cluster, hosts, tmp_path):
     (tmp_path / "netns_result.json").write_text(json.dumps(record, indent=1))
     print(json.dumps(record))
     assert comm[2] > 1.5 * max(comm[0], comm[1]), record
+
+
+@pytest.fixture
+def no_cluster():
+    """Root and iproute2, and no emulated hosts up: `psrv run --bandwidth` makes and removes its own."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: network namespaces, veths and tc need CAP_NET_ADMIN")
+    if not (shutil.which("ip") and shutil.which("tc")):
+        pytest.skip("needs iproute2 (ip, tc)")
+    if _existing_cluster():
+        pytest.skip("an emulated cluster (psrv-h*/psrvbr0) is already up; run deploy/netns/cluster.sh down")
+    yield
+    leftover = _existing_cluster()
+    if leftover:
+        _sh("down", check=False)
+    assert not leftover, "psrv run --bandwidth left namespaces or the bridge behind"
+
+
+@pytest.mark.timeout(240)
+def test_psrv_run_on_capped_emulated_hosts(no_cluster, tmp_path):
+    """Sync PS with a ~34 MB model on hosts capped at 200 Mbit/s: every push and its answer take over a
+    second, longer than the client's first probe (1 s), and yet no request is sent twice (a probe's
+    answer queued behind the weights once made the client re-send every push); each process's bytes
+    are measured at its own host's interface, at least what the client counted."""
+    from tests.helpers import psrv_run
+    s = psrv_run(tmp_path / "ps", "--job", "synthetic_mlp", "--mode", "sync", "--workers", "2", "--servers", "1",
+                 "--steps", "3", "--bandwidth", CAP, timeout=200)
+    server = json.loads((tmp_path / "ps" / "server-0.json").read_text())
+    assert s["complete"] and server["duplicates"] == 0 and server["updates_applied"] == 3, server
+    hosts = s["network"]["hosts"]
+    assert s["network"]["bandwidth"] == CAP and set(hosts) == {"server-0", "worker-0", "worker-1"}, s["network"]
+    assert [h["address"] for h in hosts.values()] == ["10.77.0.10", "10.77.0.11", "10.77.0.12"]
+    for rank in range(2):
+        w = json.loads((tmp_path / "ps" / f"worker-{rank}.json").read_text())
+        assert hosts[f"worker-{rank}"]["bytes_sent"] >= w["bytes_sent"] > 3 * 30e6, (hosts, w["bytes_sent"])
+    comm = statistics.mean(r["communication_seconds"] for r in json.loads(
+        (tmp_path / "ps" / "worker-1.json").read_text())["step_log"][1:])
+    assert comm > 1.0, comm  # ~34 MB each way at 25 MB/s: the cap is real
+
+
+@pytest.mark.timeout(120)
+def test_ddp_on_capped_emulated_hosts(no_cluster, tmp_path):
+    from tests.helpers import psrv_run
+    s = psrv_run(tmp_path, "--job", "digits_mlp", "--mode", "ddp", "--workers", "2", "--steps", "5",
+                 "--bandwidth", CAP, timeout=100)
+    assert s["complete"] and set(s["network"]["hosts"]) == {"worker-0", "worker-1"}, s
+    assert all(h["bytes_sent"] > 0 for h in s["network"]["hosts"].values()), s["network"]

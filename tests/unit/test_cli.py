@@ -20,7 +20,7 @@ SURFACE = {
                     "--transient-stragglers", "--transport", "--wire-dtype", "--world-size")),
     "keygen": (("dir",), ("--log-level", "--workers")),
     "admin": (("action",), ("--curve-keys", "--log-level", "--servers")),
-    "run": ((), ("--backup-workers", "--batch-size", "--clip-grad-norm", "--compress", "--compress-min-numel", "--compute-ms", "--config", "--dc-lambda", "--ddp-comm-hook", "--device", "--dn-period", "--eval-every", "--inner-lr",
+    "run": ((), ("--backup-workers", "--bandwidth", "--batch-size", "--clip-grad-norm", "--compress", "--compress-min-numel", "--compute-ms", "--config", "--dc-lambda", "--ddp-comm-hook", "--device", "--dn-period", "--eval-every", "--inner-lr",
                  "--inner-optimizer", "--job", "--local-steps", "--log-level", "--lr", "--lr-decay-steps", "--lr-end-factor", "--lr-gamma", "--lr-schedule", "--lr-step-size",
                  "--max-message-bytes", "--metrics", "--metrics-linger", "--mode", "--momentum", "--nesterov",
                  "--net-delay-ms", "--no-error-feedback", "--no-overlap", "--no-progress", "--nonfinite", "--optimizer", "--out", "--powersgd-rank",

@@ -29,7 +29,7 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     "powersgd_rank": {"mode": "ddp", "allreduce": {"ddp_comm_hook": "powersgd"}}}
 OTHER = {"worker.compress": "topk:0.01", "mode": "sync", "cluster.device": "cuda:1", "job.name": "synthetic_mlp", "faults.straggler": "1:2",
          "faults.transient_stragglers": "0.1:4", "optimizer.momentum": 0.5, "optimizer.betas": (0.8, 0.99),
-         "optimizer.dc_lambda": 0.5, "worker.inner_lr": 0.01, "tensorboard": "runs/tb"}
+         "optimizer.dc_lambda": 0.5, "worker.inner_lr": 0.01, "tensorboard": "runs/tb", "network.bandwidth": "200mbit"}
 
 
 def _nest(key: str, value: Any) -> dict[str, Any]:
