@@ -52,5 +52,5 @@ def plot_breakdown(path: Path, data: list[VariantData]) -> None:
     ax.set_ylabel("seconds")
     ax.tick_params(axis="x", labelrotation=30)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3)  # off the bars
     save(fig, path)

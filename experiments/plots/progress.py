@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.axes import Axes
+from matplotlib.ticker import EngFormatter
 
 from experiments.collect import number
 from experiments.plots.figure import Rows, VariantData, color, figure, save, style
@@ -88,6 +89,7 @@ def _finish(ax: Axes, xlabel: str, ylabel: str, target: float | None) -> None:
         ylabel += " (log)"
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
+    ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 20k, not 20000 run into its neighbour
     ax.grid(alpha=0.3)
 
 
