@@ -24,4 +24,4 @@ class RandomK(Codec):
         chosen = torch.randperm(n, generator=self.generator)[:count(self.ratio, n)].to(x.device)
         return parts_of(x, chosen if among is None else among[chosen])
 
-    decode = staticmethod(lambda parts, params, n: decode_sparse(parts, n))
+    decode = staticmethod(decode_sparse)

@@ -35,7 +35,7 @@ class SparseDecoded(Decoded):
         return [self.values]
 
 
-def decode_sparse(parts: dict[str, torch.Tensor], n: int) -> SparseDecoded:
+def decode_sparse(parts: dict[str, torch.Tensor], params: dict, n: int) -> SparseDecoded:
     """Indices (int32, each in [0, n)) and as many float32 values; BAD_TENSOR otherwise. Indices
     are not checked for repeats: a repeated index adds its values twice, as a scatter-add does."""
     indices = part(parts, "indices", torch.int32)

@@ -23,4 +23,4 @@ class TopK(Codec):
         chosen = torch.topk(pool.abs(), k, sorted=False).indices
         return parts_of(x, chosen if among is None else among[chosen])
 
-    decode = staticmethod(lambda parts, params, n: decode_sparse(parts, n))
+    decode = staticmethod(decode_sparse)
