@@ -46,6 +46,7 @@ class RoundTrip:
         self.kind = msgs[0].type.name
         self.pushing = msgs[0].type in (MsgType.PUSH, MsgType.PUSH_PULL)
         self.payload = self.pushing or msgs[0].type in (MsgType.PULL, MsgType.INIT)  # tensors go or come back
+        self.resent = False  # a request went again (lost, or a probe unanswered)
         n = len(msgs)
         self.replies: list[Message | None] = [None] * n
         self.probing = [False] * n     # a probe is out and unanswered
@@ -94,7 +95,8 @@ class RoundTrip:
             got = self.net.recv(min(deadline, check_at, bound) - now)
             if got is not None and self._take(*got):
                 deadline = time.monotonic() + self.timeout
-        if self.payload:  # a decaying maximum: it follows a slower link at once and a faster one gradually
+        if self.payload and not self.resent:  # a decaying maximum: it follows a slower link at once and a
+            # faster one gradually; a round trip that re-sent is left out, or each loss would lengthen the next wait
             self.c.recent_seconds = max(0.8 * self.c.recent_seconds, time.monotonic() - started)
         return self.replies
 
@@ -119,6 +121,7 @@ class RoundTrip:
             self.probing[s] = True
 
     def _resend(self, s: int) -> None:
+        self.resent = True
         if self.greeting[s]:
             self._out(s, encode(self.c._hello(s)))
         else:
@@ -144,7 +147,7 @@ class RoundTrip:
             return True
         if reply.type is MsgType.WELCOME and self.greeting[s]:
             self.greeting[s] = False
-            self._out(s, self.frames[s], push=self.pushing)
+            self._resend(s)
             return True
         if reply.type is MsgType.ERROR:
             f = reply.fields
