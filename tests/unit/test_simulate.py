@@ -107,3 +107,15 @@ def test_a_simulation_spec_runs_every_variant_at_every_n(tmp_path):
     assert "(simulated)" in (tmp_path / "out" / "report.md").read_text()
     summary = json.loads((tmp_path / "out" / "ssp-1" / "N-8" / "summary.json").read_text())
     assert summary["simulated"] is True and summary["num_workers"] == 8
+
+
+def test_the_shipped_simulation_spec_loads():
+    from pathlib import Path
+
+    from experiments.simulate.sweep import load
+    spec = Path(__file__).resolve().parents[2] / "experiments" / "specs" / "simulate_ssp_backup.toml"
+    header, runs = load(spec)
+    assert header["workers"] == [16, 64, 256, 1024] and len(runs) == 7 * 4
+    assert {cfg.simulate.compute for _, _, cfg in runs} == {"lognormal"}
+    assert {(name, cfg.backup_workers) for name, n, cfg in runs if n == 1024 and cfg.mode == "sync"} == \
+        {("sync", 0), ("sync-backup-5pct", 51), ("sync-backup-20pct", 204)}

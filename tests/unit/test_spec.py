@@ -11,7 +11,8 @@ from psrv.cli import build_parser
 from psrv.config import FaultConfig, JobConfig, RunConfig, from_dict
 from psrv.config.cli_args import config_from_args
 
-SPECS = sorted((Path(__file__).resolve().parents[2] / "experiments" / "specs").glob("*.toml"))
+SPECS = sorted(p for p in (Path(__file__).resolve().parents[2] / "experiments" / "specs").glob("*.toml")
+               if not p.name.startswith("simulate_"))  # psrv simulate's specs: tests/unit/test_simulate.py
 
 BASE = """\
 name = "t"
