@@ -20,6 +20,7 @@ import torch
 from psrv.codecs import CASTS, make as make_codec
 from psrv.codecs.push import PushEncoder
 from psrv.heartbeat import Heartbeat
+from psrv.onebit import LocalMomentum, from_welcomes
 from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError, decode, encode
 from psrv.partition import PartitionPlan
 from psrv.protocol.codec import DTYPES
@@ -78,6 +79,9 @@ class PSClient:
             raise ValueError(f"compress={compress!r} sends float32 values; wire_dtype={wire_dtype!r} is another codec")
         self.encoder = None if codec is None else PushEncoder(codec, plan, error_feedback=error_feedback,
                                                               min_numel=compress_min_numel)
+        self.compress = compress  # the codec pushes run with (onebit_adam's sign where none was given)
+        self._encoder_options = {"error_feedback": error_feedback, "min_numel": compress_min_numel}
+        self.onebit: LocalMomentum | None = None  # set by hello() when the shards run onebit_adam
         self.wire = WireBytes()
         self._wire: torch.Tensor | None = None  # the gradient cast to wire_dtype, reused every push
         self._seq = 0
@@ -98,6 +102,7 @@ class PSClient:
         when another live process works as this rank. A refused HELLO is tried again for one
         worker_timeout (+1 s): a crashed process of this rank goes silent within it, a live one does not."""
         welcomes = [m.fields for m in self._hellos()]
+        self._follow_onebit(welcomes)
         # A restarted worker continues after its previous life's seqs, so no push of it looks re-sent.
         self._seq = max([self._seq] + [int(w.get("last_seq", 0)) for w in welcomes])
         timeouts = [w["worker_timeout"] for w in welcomes if isinstance(w.get("worker_timeout"), (int, float))]
@@ -173,6 +178,21 @@ class PSClient:
         self.close()
 
     # --- mechanics ----------------------------------------------------------
+    def _follow_onebit(self, welcomes: list[dict]) -> None:
+        """Under onebit_adam (WELCOME's `onebit`) keep a local momentum, and push it after the freeze with
+        the codec given, or scaled sign (psrv/onebit.py)."""
+        if self.onebit is not None:
+            return
+        self.onebit = from_welcomes(welcomes, self.plan.total)
+        if self.onebit is None:
+            return
+        if self.wire_dtype != torch.float32:
+            raise ValueError("the shards run onebit_adam, which pushes float32 gradients then codec-compressed "
+                             "momenta; remove wire_dtype/float16/bfloat16 compress")
+        if self.encoder is None:
+            self.encoder = PushEncoder(make_codec("sign"), self.plan, **self._encoder_options)
+            self.compress = "sign"
+
     def _stop_heartbeat(self) -> None:
         if self._heartbeat is not None:
             self._heartbeat.stop()
@@ -209,8 +229,10 @@ class PSClient:
     def _pushes(self, mtype: MsgType, grad: torch.Tensor, clock: int, *, cast: bool = True) -> list[Message]:
         """One message per shard with its slice of `grad` in the wire dtype, or compressed. cast=False
         leaves the slices to be filled (cast or encoded) later, shard by shard (`_cast`)."""
-        if self.encoder is not None:
-            msgs = [self._msg(mtype, clock=clock, base_version=self.versions[s]) for s in range(len(self.ranges))]
+        if self.encoder is not None:  # onebit_adam's warm-up pushes the gradient dense
+            dense = self.onebit is not None and not self.onebit.is_momentum(clock)
+            msgs = [self._msg(mtype, clock=clock, base_version=self.versions[s], tensor=grad[lo:hi] if dense else None)
+                    for s, (lo, hi) in enumerate(self.ranges)]
             for s, m in enumerate(msgs if cast else []):
                 self._cast(grad, s, m)
             return msgs
@@ -223,7 +245,14 @@ class PSClient:
 
     def _cast(self, grad: torch.Tensor, shard: int, msg: Message) -> None:
         """Fill shard's message from `grad`: its slice of the wire buffer (a no-op when grad is
-        already wire dtype), or its compressed parts (the error-feedback residual moves on)."""
+        already wire dtype), or its compressed parts (the error-feedback residual moves on). Under
+        onebit_adam the local momentum takes the slice first, and after the freeze is what is encoded."""
+        if self.onebit is not None:
+            lo, hi = self.ranges[shard]
+            momentum = self.onebit.update(grad, lo, hi)
+            if not self.onebit.is_momentum(msg.clock):
+                return  # the dense gradient, already in msg
+            grad, msg.fields = momentum, {**msg.fields, "momentum": True}
         if self.encoder is not None:
             codec, msg.parts = self.encoder.encode(grad, shard)
             msg.fields = {**msg.fields, **codec}

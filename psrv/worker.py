@@ -87,7 +87,9 @@ class Worker:
     `compress` (psrv/codecs; '' : none) compresses each shard's push: topk:RATIO, randomk:RATIO, sign,
     int8 with error feedback (off with `error_feedback=False`; the residuals are in state_dict()),
     tensors under `compress_min_numel` elements sent dense; float16/bfloat16 as that wire_dtype.
-    `wire_bytes()` says what went over the wire."""
+    `wire_bytes()` says what went over the wire. Under onebit_adam (the shards' WELCOME says so) the
+    worker keeps its own momentum and pushes it, compressed by `compress` (default sign), after the
+    freeze step (psrv/onebit.py); state_dict() holds that momentum too."""
 
     def __init__(self, model: torch.nn.Module, servers: Sequence[str] | None = None, *,
                  rank: int | None = None, world_size: int | None = None, transport: str = "zmq",
@@ -113,7 +115,6 @@ class Worker:
                                 compress=compress, error_feedback=error_feedback,
                                 compress_min_numel=compress_min_numel)
         self._pushing: PushPull | None = None
-        self._compress = compress
         self._open = True
         self.steps = 0
         self.early_sends = 0  # shard pushes sent while backward was still running
@@ -226,8 +227,9 @@ class Worker:
     def state_dict(self) -> dict:
         """What this worker carries between steps that the servers do not hold: its step count and the
         error-feedback residuals of a compressed push ({"steps", "compress": None without a codec})."""
-        encoder = self._client.encoder
-        return {"steps": self.steps, "compress": None if encoder is None else encoder.state_dict()}
+        encoder, onebit = self._client.encoder, self._client.onebit
+        return {"steps": self.steps, "compress": None if encoder is None else encoder.state_dict(),
+                "onebit": None if onebit is None else onebit.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         """Carry on from `state` (a state_dict of a worker of this model and codec); ValueError where
@@ -236,6 +238,12 @@ class Worker:
         if (encoder is None) != (saved is None):
             raise ValueError("the state was saved " + ("without" if saved is None else "with") +
                              " a push codec, and this worker runs " + ("with" if saved is None else "without") + " one")
+        onebit, momentum = self._client.onebit, state.get("onebit")
+        if (onebit is None) != (momentum is None):
+            raise ValueError("the state was saved " + ("without" if momentum is None else "with") +
+                             " onebit_adam's local momentum, and the shards run " + ("it" if momentum is None else "another optimizer"))
+        if onebit is not None:
+            onebit.load_state_dict(momentum)
         if encoder is not None:
             encoder.load_state_dict(saved)
         self.steps = int(state.get("steps", self.steps))
@@ -243,7 +251,7 @@ class Worker:
     def compression(self) -> dict:
         """{"compress": the codec's name as given, "error_feedback": whether residuals are kept (a lossy codec only)}."""
         encoder = self._client.encoder
-        return {"compress": self._compress, "error_feedback": encoder is not None and encoder.error is not None}
+        return {"compress": self._client.compress, "error_feedback": encoder is not None and encoder.error is not None}
 
     def wire_bytes(self) -> dict:
         """Bytes this worker's client sent and received (psrv/client.py WireBytes): bytes_pushed,

@@ -38,6 +38,9 @@ class SimulationConfig(RunConfig):
         if self.is_allreduce:
             raise ConfigError("mode", f"the simulator runs the parameter server's modes (sync, async, ssp); "
                               f"got {self.mode!r}")
+        if self.simulate.level == "learning" and self.optimizer.name == "onebit_adam":
+            raise ConfigError("simulate.level", "learning with onebit_adam (workers' momenta, compressed) is not "
+                              "simulated; use level 'timing'")
         if self.simulate.level == "learning" and self.worker.local_updates:
             raise ConfigError("simulate.level", "learning with local steps (an inner optimizer per worker) is not "
                               "simulated; use level 'timing' or local_steps 1")

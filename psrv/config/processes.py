@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from psrv.codecs import CASTS
 from psrv.config.base import ConfigError, Section, section, setting
 from psrv.config.sections import Trackers
 from psrv.config.sections import (MODES, AllReduceSettings, ClusterConfig, Consistency, FaultConfig, GradClip,
@@ -33,6 +34,14 @@ def _dn_period(optim: OptimConfig, mode: str, workers: int) -> int:
                               f"sgd-nesterov with N = 1 (got {optim.dn_period}); remove it")
         return 1
     return optim.dn_period or workers
+
+
+def _onebit_adam(optim: OptimConfig, mode: str, backup_workers: int) -> None:
+    """onebit_adam is built for sync: each clock's mean of the workers' momenta is the momentum of the
+    mean gradient only when every worker pushes every clock (psrv/server/onebit_adam.py)."""
+    if optim.name == "onebit_adam" and (mode != "sync" or backup_workers):
+        raise ConfigError("optimizer.name", "onebit_adam runs in mode 'sync' without backup_workers "
+                          f"(mode is {mode!r}, backup_workers {backup_workers})")
 
 
 def _allreduce_settings(run: RunConfig) -> None:
@@ -80,6 +89,7 @@ class ServerConfig(ServeSettings, ServerSettings, Consistency, Placement):
         if self.curve_keys and self.transport != "zmq":
             raise ConfigError("curve_keys", "needs transport 'zmq' (torch RPC has no authentication)")
         _one_shard_clip(self.optimizer.clip_grad_norm, self.mode, self.num_shards, "num_shards")
+        _onebit_adam(self.optimizer, self.mode, self.backup_workers)
         if self.optimizer.update_rule == "dn":  # the shard is told its N
             n = _dn_period(self.optimizer, self.mode, self.workers)
             if n != self.optimizer.dn_period:
@@ -148,6 +158,11 @@ class RunConfig(Trackers, Seeded, Consistency):
                                   f"pushes by its speed through the servers; mode {self.mode!r} has none "
                                   "(give an integer H)")
         _one_shard_clip(self.optimizer.clip_grad_norm, self.mode, self.cluster.servers, "cluster.servers")
+        _onebit_adam(self.optimizer, self.mode, self.backup_workers)
+        if self.optimizer.name == "onebit_adam" and (self.worker.local_updates or self.worker.wire_dtype != "float32"
+                                                     or self.worker.compress in CASTS):
+            raise ConfigError("optimizer.name", "onebit_adam's workers push float32 gradients, then codec-compressed "
+                              "momenta: no local steps, wire_dtype or float16/bfloat16 compress")
         if self.network.bandwidth and self.cluster.transport != "zmq":
             raise ConfigError("network.bandwidth", "emulated hosts carry the zmq transport and the all-reduce "
                                                    f"modes; transport {self.cluster.transport!r} stays on 127.0.0.1")

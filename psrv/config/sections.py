@@ -12,7 +12,7 @@ MODES = ("sync", "async", "ssp")
 ALLREDUCE_MODES = ("ddp", "fsdp", "zero1")  # workers/allreduce: DDP, fully_shard, ZeroRedundancyOptimizer
 DDP_COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")  # torch.distributed.algorithms.ddp_comm_hooks
 RUN_MODES = (*MODES, *ALLREDUCE_MODES)
-OPTIMIZERS = ("sgd", "adam", "adamw")
+OPTIMIZERS = ("sgd", "adam", "adamw", "onebit_adam")  # onebit_adam: psrv/server/onebit_adam.py
 LR_SCHEDULES = ("constant", "warmup_cosine", "step", "linear")  # psrv/schedule.py has their formulas
 TRANSPORTS = ("zmq", "rpc")
 WIRE_DTYPES = ("float32", "bfloat16", "float16")  # what a worker may send its gradient as
@@ -163,6 +163,8 @@ class OptimConfig(GradClip):
     weight_decay: float = setting(0.0, "weight decay", minimum=0.0)
     betas: tuple[float, float] = setting((0.9, 0.999), "Adam's betas", flag="")
     eps: float = setting(1e-8, "Adam's eps", minimum=0.0, above=True, flag="")
+    freeze_step: int = setting(0, "onebit_adam: the warm-up steps of full-gradient Adam, after which the variance "
+                               "is frozen and workers push 1-bit momentum (required by it)", minimum=0, metavar="K")
     lr_schedule: str = setting("constant", "learning rate by update count (a server's: its shard's "
                                "updates; ddp's: its steps); formulas in psrv/schedule.py", choices=LR_SCHEDULES)
     warmup_steps: int = setting(0, "first updates of a linear warm-up: update k < N takes lr*(k+1)/(N+1)",
@@ -209,6 +211,14 @@ class OptimConfig(GradClip):
             raise ConfigError("update_rule", "dn is delayed Nesterov: needs optimizer 'sgd' with nesterov")
         if self.dn_period and self.update_rule != "dn":
             raise ConfigError("dn_period", f"only used by update_rule dn (it is {self.update_rule!r}); remove it")
+        if self.name == "onebit_adam":
+            if not self.freeze_step:
+                raise ConfigError("freeze_step", "onebit_adam needs it (>= 1): the Adam warm-up that sets the variance")
+            if self.update_rule != "plain" or self.clip_grad_norm:
+                raise ConfigError("update_rule" if self.update_rule != "plain" else "clip_grad_norm",
+                                  "onebit_adam's pushes after the freeze are momenta: no update rule or clip")
+        elif self.freeze_step:
+            raise ConfigError("freeze_step", f"only used by optimizer onebit_adam (it is {self.name!r}); remove it")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -2,7 +2,8 @@
 
 `FlatOptimizer` calls torch.optim's functional forms (`torch.optim.sgd.sgd`, `torch.optim.adam.adam`),
 the very functions torch.optim.SGD/Adam/AdamW.step call, so the server's step equals a worker-side
-torch.optim step by construction, and it allocates nothing per step. It keeps the state itself, in
+torch.optim step by construction, and it allocates nothing per step. onebit_adam is Adam (AdamW's
+weight decay) until its freeze step, then psrv/server/onebit_adam.py's frozen-variance step. It keeps the state itself, in
 torch.optim's state_dict layout. Why not the classes: their step and add_param_group import
 torch._dynamo on first use, 2.6 s of every server's start-up on this machine; these functions don't.
 
@@ -17,6 +18,7 @@ from torch.optim.adam import adam as adam_update
 from torch.optim.sgd import sgd as sgd_update
 
 from psrv.config import OptimConfig
+from psrv.server.onebit_adam import frozen_step, is_frozen
 
 FUSED_MIN_ELEMENTS = 1 << 20
 
@@ -44,8 +46,12 @@ class FlatOptimizer:
                               if self.fused else torch.tensor(0.0, dtype=torch.float32),
                               "exp_avg": torch.zeros_like(self.param), "exp_avg_sq": torch.zeros_like(self.param)}
             s = self.state
+            if c.name == "onebit_adam" and is_frozen(s, c.freeze_step):  # grad is the workers' mean momentum
+                frozen_step(s, self.param, grad, lr=self.lr, betas=c.betas, eps=c.eps, weight_decay=c.weight_decay,
+                            freeze_step=c.freeze_step)
+                return
             adam_update([self.param], [grad], [s["exp_avg"]], [s["exp_avg_sq"]], [], [s["step"]], **kernel,
-                                  decoupled_weight_decay=c.name == "adamw", amsgrad=False, beta1=c.betas[0],
+                                  decoupled_weight_decay=c.name != "adam", amsgrad=False, beta1=c.betas[0],
                                   beta2=c.betas[1], lr=self.lr, weight_decay=c.weight_decay, eps=c.eps, maximize=False)
 
     def state_dict(self) -> dict:
@@ -64,6 +70,6 @@ class FlatOptimizer:
 
 def make_optimizer(cfg: OptimConfig, param: torch.Tensor, *, fused: bool | None = None) -> FlatOptimizer:
     """The optimizer `cfg` names, over the single flat `param` (fused: None picks by size)."""
-    if cfg.name not in ("sgd", "adam", "adamw"):
+    if cfg.name not in ("sgd", "adam", "adamw", "onebit_adam"):
         raise ValueError(f"unknown optimizer {cfg.name!r}")
     return FlatOptimizer(cfg, param, fused=param.numel() >= FUSED_MIN_ELEMENTS if fused is None else fused)

@@ -159,7 +159,7 @@ class ShardService:
             "version": self.shard.version, "clock": self.controller.next_clock(msg.worker),
             "initialised": self.shard.initialised, "size": self.shard.size,
             "last_seq": self.dedup.last_seq(msg.worker), "worker_timeout": self.cfg.worker_timeout,
-            "clip_grad_norm": self.cfg.optimizer.clip_grad_norm}))
+            "clip_grad_norm": self.cfg.optimizer.clip_grad_norm, "onebit": validate.onebit_welcome(self.cfg.optimizer)}))
 
     def _on_init(self, peer, msg: Message) -> None:
         shard = self._ready_shard(msg, need_init=False)
@@ -231,6 +231,7 @@ class ShardService:
         started = time.perf_counter()
         shard = self._ready_shard(msg, need_init=True)
         grad = validate.push(msg, shard.size)  # a dense tensor, or a checked compressed push
+        validate.onebit_push(msg, self.cfg.optimizer)  # onebit_adam: a gradient before the freeze, a momentum after
         finite = validate.all_finite(grad)
         if not finite and self.cfg.nonfinite == "reject":  # never recorded, so a re-send is refused alike
             self.stats.drop("invalid")

@@ -8,7 +8,7 @@ import torch
 
 from psrv.codecs import Decoded
 from psrv.codecs.push import decode_push
-from psrv.config import ServerConfig
+from psrv.config import OptimConfig, ServerConfig
 from psrv.protocol import ErrorCode, Message, ProtocolError
 from psrv.partition import shard_range
 
@@ -63,6 +63,26 @@ def push(msg: Message, size: int) -> torch.Tensor | Decoded:
     if "codec" not in msg.fields:
         raise ProtocolError(ErrorCode.BAD_TENSOR, "a push with parts must name its codec (fields codec)")
     return decode_push(msg.fields["codec"], msg.parts, size)
+
+
+def onebit_welcome(optim: OptimConfig) -> dict | None:
+    """What WELCOME tells a worker of onebit_adam (None: another optimizer): its freeze step and beta1."""
+    return {"freeze_step": optim.freeze_step, "beta1": optim.betas[0]} if optim.name == "onebit_adam" else None
+
+
+def onebit_push(msg: Message, optim: OptimConfig) -> None:
+    """Under onebit_adam a push of clock c < freeze_step is a gradient and a later one a momentum (its
+    field `momentum`); NOT_ALLOWED where the worker disagrees (it did not follow WELCOME's `onebit`)."""
+    momentum = bool(msg.fields.get("momentum"))
+    if optim.name != "onebit_adam":
+        if momentum:
+            raise ProtocolError(ErrorCode.NOT_ALLOWED, f"a momentum push, but this server runs {optim.name}, "
+                                "not onebit_adam")
+        return
+    if momentum != (msg.clock >= optim.freeze_step):
+        want = "momentum" if msg.clock >= optim.freeze_step else "gradient"
+        raise ProtocolError(ErrorCode.NOT_ALLOWED, f"onebit_adam with freeze_step {optim.freeze_step}: clock "
+                            f"{msg.clock}'s push must be a {want}; the worker must follow WELCOME's onebit")
 
 
 def all_finite(grad: torch.Tensor | Decoded) -> bool:

@@ -7,7 +7,7 @@ from psrv.cli import build_parser
 
 SURFACE = {
     "serve": ((), ("--backup-workers", "--bind", "--checkpoint-dir", "--checkpoint-every", "--clip-grad-norm", "--config",
-                   "--curve-keys", "--dc-lambda", "--device", "--dn-period",
+                   "--curve-keys", "--dc-lambda", "--device", "--dn-period", "--freeze-step",
                    "--log-level", "--lr", "--lr-decay-steps", "--lr-end-factor", "--lr-gamma", "--lr-schedule",
                    "--lr-step-size", "--max-message-bytes", "--metrics-host", "--metrics-linger", "--metrics-port",
                    "--mode", "--momentum", "--nesterov", "--nonfinite", "--num-shards", "--optimizer", "--out",
@@ -20,7 +20,7 @@ SURFACE = {
                     "--transient-stragglers", "--transport", "--wire-dtype", "--world-size")),
     "keygen": (("dir",), ("--log-level", "--workers")),
     "admin": (("action",), ("--curve-keys", "--log-level", "--servers")),
-    "run": ((), ("--backup-workers", "--bandwidth", "--batch-size", "--clip-grad-norm", "--compress", "--compress-min-numel", "--compute-ms", "--config", "--dc-lambda", "--ddp-comm-hook", "--device", "--dn-period", "--eval-every", "--inner-lr",
+    "run": ((), ("--backup-workers", "--bandwidth", "--batch-size", "--clip-grad-norm", "--compress", "--compress-min-numel", "--compute-ms", "--config", "--dc-lambda", "--ddp-comm-hook", "--device", "--dn-period", "--eval-every", "--freeze-step", "--inner-lr",
                  "--inner-optimizer", "--job", "--local-steps", "--log-level", "--lr", "--lr-decay-steps", "--lr-end-factor", "--lr-gamma", "--lr-schedule", "--lr-step-size",
                  "--max-message-bytes", "--metrics", "--metrics-linger", "--mode", "--momentum", "--nesterov",
                  "--net-delay-ms", "--no-error-feedback", "--no-overlap", "--no-progress", "--nonfinite", "--optimizer", "--out", "--powersgd-rank",
@@ -31,7 +31,7 @@ SURFACE = {
     "top": ((), ("--interval", "--log-level", "--once", "--servers", "--timeout")),
     "simulate": ((), ("--backup-workers", "--bandwidth-gbps", "--batch-size", "--calibrate", "--clip-grad-norm",
                       "--compute", "--compute-csv", "--compute-ms", "--config", "--dc-lambda", "--dn-period",
-                      "--eval-every", "--inner-lr", "--inner-optimizer", "--job", "--latency-ms", "--level",
+                      "--eval-every", "--freeze-step", "--inner-lr", "--inner-optimizer", "--job", "--latency-ms", "--level",
                       "--local-steps", "--log-level", "--lognormal-sigma", "--lr", "--lr-decay-steps",
                       "--lr-end-factor", "--lr-gamma", "--lr-schedule", "--lr-step-size", "--mode", "--model-ms",
                       "--momentum", "--nesterov", "--optimizer", "--out", "--sample-workers", "--seed", "--server-ms",

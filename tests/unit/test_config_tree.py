@@ -26,6 +26,7 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     "dn_period": {"optimizer": {"update_rule": "dn", "nesterov": True}},
     "inner_lr": {"worker": {"local_steps": 5}},
     "ddp_comm_hook": {"mode": "ddp"}, "wait_barrier": {"mode": "ddp"},
+    "freeze_step": {"mode": "sync", "optimizer": {"name": "onebit_adam"}},
     "powersgd_rank": {"mode": "ddp", "allreduce": {"ddp_comm_hook": "powersgd"}}}
 OTHER = {"worker.compress": "topk:0.01", "mode": "sync", "cluster.device": "cuda:1", "job.name": "synthetic_mlp", "faults.straggler": "1:2",
          "faults.transient_stragglers": "0.1:4", "optimizer.momentum": 0.5, "optimizer.betas": (0.8, 0.99),

@@ -24,6 +24,7 @@ pytestmark = pytest.mark.timeout(60)
 SIZE = 8
 SGD = OptimConfig(name="sgd", lr=0.1, momentum=0.9)
 ADAM = OptimConfig(name="adam", lr=0.01)
+ONEBIT = OptimConfig(name="onebit_adam", lr=0.01, freeze_step=1)  # its step 2 on is past the freeze
 
 
 def g(value: float) -> torch.Tensor:
@@ -140,7 +141,7 @@ def test_a_restored_sync_shard_behind_the_others_counts_its_void_sum_as_late():
 
 
 # --- each part --------------------------------------------------------------------------
-@pytest.mark.parametrize("optim", [SGD, ADAM], ids=["sgd-momentum", "adam"])
+@pytest.mark.parametrize("optim", [SGD, ADAM, ONEBIT], ids=["sgd-momentum", "adam", "onebit_adam"])
 def test_a_shard_carries_on_from_its_state_dict(optim):
     a = Shard(SIZE, optim)
     a.init(torch.linspace(0, 1, SIZE))

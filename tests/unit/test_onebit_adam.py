@@ -1,0 +1,75 @@
+"""onebit_adam's parts alone: the server's step after the freeze against the formula, its settings'
+one-line errors, WELCOME's `onebit`, and a push that disagrees with the freeze refused with nothing
+applied (the whole system against a reference: tests/integration/test_onebit_adam.py)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from psrv.config import ConfigError, OptimConfig, RunConfig, ServerConfig, from_dict
+from psrv.protocol import ErrorCode, MsgType
+from psrv.server.shard import Shard
+from tests.unit.test_state_dict import SIZE, Svc, g
+
+ONEBIT = OptimConfig(name="onebit_adam", lr=0.01, weight_decay=0.1, freeze_step=2)
+
+
+def test_after_the_freeze_the_mean_momentum_steps_over_the_frozen_variance():
+    """Steps 1..K are torch's AdamW; then exp_avg is the pushed mean momentum, exp_avg_sq stays and
+    w <- w(1 - lr wd) - lr/(1 - b1^t) m / (sqrt(v_K)/sqrt(1 - b2^K) + eps)."""
+    shard, ref = Shard(SIZE, ONEBIT), torch.nn.Parameter(torch.linspace(0, 1, SIZE))
+    shard.init(ref.detach())
+    adamw = torch.optim.AdamW([ref], lr=ONEBIT.lr, weight_decay=ONEBIT.weight_decay)
+    for k in (1, 2):
+        shard.apply(g(k))
+        ref.grad = g(k)
+        adamw.step()
+    assert torch.equal(shard.weights, ref.detach())
+    v = adamw.state[ref]["exp_avg_sq"].clone()
+    w = ref.detach().clone()
+    for t, m in ((3, g(0.5)), (4, g(-0.25))):
+        shard.apply(m)
+        (b1, b2), lr = ONEBIT.betas, ONEBIT.lr
+        w = w * (1 - lr * ONEBIT.weight_decay) - lr / (1 - b1 ** t) * m / (v.sqrt() / math.sqrt(1 - b2 ** 2) + ONEBIT.eps)
+        torch.testing.assert_close(shard.weights, w, rtol=1e-6, atol=1e-7)
+    state = shard.optimizer.state_dict()["state"][0]
+    assert torch.equal(state["exp_avg_sq"], v) and torch.equal(state["exp_avg"], g(-0.25)) and int(state["step"]) == 4
+
+
+@pytest.mark.parametrize("data, key", [
+    ({"optimizer": {"name": "onebit_adam"}, "mode": "sync"}, "freeze_step"),
+    ({"optimizer": {"name": "adam", "freeze_step": 5}, "mode": "sync"}, "freeze_step"),
+    ({"optimizer": {"name": "onebit_adam", "freeze_step": 5}, "mode": "async"}, "optimizer.name"),
+    ({"optimizer": {"name": "onebit_adam", "freeze_step": 5}, "mode": "ddp"}, "optimizer.name"),
+    ({"optimizer": {"name": "onebit_adam", "freeze_step": 5}, "mode": "sync", "backup_workers": 1,
+      "cluster": {"workers": 2}}, "optimizer.name"),
+    ({"optimizer": {"name": "onebit_adam", "freeze_step": 5}, "mode": "sync", "worker": {"local_steps": 4}},
+     "optimizer.name"),
+    ({"optimizer": {"name": "onebit_adam", "freeze_step": 5, "update_rule": "staleness-lr"}, "mode": "sync"},
+     "update_rule")], ids=["no-freeze-step", "freeze-step-without-onebit", "async", "ddp", "backup-workers",
+                           "local-steps", "update-rule"])
+def test_settings_onebit_adam_cannot_run_with_are_one_line_errors(data, key):
+    with pytest.raises(ConfigError, match=key) as err:
+        from_dict(RunConfig, data)
+    assert "\n" not in str(err.value)
+
+
+def test_welcome_says_onebit_and_a_push_against_the_freeze_is_refused_untouched():
+    s = Svc(optim=ONEBIT)
+    assert s.hello(0).fields["onebit"] == {"freeze_step": 2, "beta1": 0.9}
+    assert Svc().hello(0).fields["onebit"] is None
+    s.hello(1)
+    s.req(MsgType.INIT, 0, seq=2, tensor=torch.linspace(0, 1, SIZE))
+    before = s.weights
+    for clock, fields in ((0, {"momentum": True}), (2, {})):  # a momentum in the warm-up, a gradient after
+        reply = s.req(MsgType.PUSH, 0, seq=3 + clock, clock=clock, tensor=g(1), **fields)
+        assert reply.type is MsgType.ERROR and reply.fields["code"] == ErrorCode.NOT_ALLOWED
+        assert "freeze_step 2" in reply.fields["message"]
+    assert torch.equal(s.weights, before) and s.svc.shard.version == 0
+    plain = Svc(optim=ServerConfig().optimizer)
+    plain.hello(0)
+    plain.req(MsgType.INIT, 0, seq=2, tensor=torch.linspace(0, 1, SIZE))
+    reply = plain.req(MsgType.PUSH, 0, seq=3, clock=0, tensor=g(1), momentum=True)
+    assert reply.fields["code"] == ErrorCode.NOT_ALLOWED and "not onebit_adam" in reply.fields["message"]
