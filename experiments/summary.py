@@ -69,6 +69,7 @@ def build_summary(cfg: RunConfig, out: Path, *, interrupted: bool = False, scrip
         "job": cfg.job.name, "num_servers": len(servers) if measured else 0, "num_workers": cfg.cluster.workers,
         "steps": cfg.job.steps, "batch_size": cfg.job.batch_size, "backup_workers": cfg.backup_workers,
         "optimizer": cfg.optimizer.name, "lr": cfg.optimizer.lr, "seed": cfg.seed, "device": cfg.cluster.device,
+        "freeze_step": cfg.optimizer.freeze_step if cfg.optimizer.name == "onebit_adam" else None,
         "wire_dtype": cfg.worker.wire_dtype, "overlap": cfg.worker.overlap,
         "initial_loss": rank0.get("initial_loss"), "final_loss": rank0.get("final_loss"),
         "eval_accuracy": rank0.get("eval_accuracy"), "eval_metrics": rank0.get("eval_metrics"),
