@@ -12,6 +12,7 @@ CASES = [
     OptimConfig("sgd", lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-3),
     OptimConfig("adam", lr=1e-3, momentum=0.0),
     OptimConfig("adamw", lr=1e-3, momentum=0.0, weight_decay=1e-2),
+    OptimConfig("onebit_adam", lr=1e-3, weight_decay=1e-2, freeze_step=5),  # its warm-up: AdamW
 ]
 
 
