@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from psrv.config import ConfigError, OptimConfig, RunConfig, ServerConfig, from_dict
+from psrv.onebit import from_welcomes
 from psrv.protocol import ErrorCode, MsgType
 from psrv.server.shard import Shard
 from tests.unit.test_state_dict import SIZE, Svc, g
@@ -73,3 +74,16 @@ def test_welcome_says_onebit_and_a_push_against_the_freeze_is_refused_untouched(
     plain.req(MsgType.INIT, 0, seq=2, tensor=torch.linspace(0, 1, SIZE))
     reply = plain.req(MsgType.PUSH, 0, seq=3, clock=0, tensor=g(1), momentum=True)
     assert reply.fields["code"] == ErrorCode.NOT_ALLOWED and "not onebit_adam" in reply.fields["message"]
+
+
+def test_a_worker_keeps_its_momentum_as_welcome_says_and_refuses_shards_that_disagree():
+    assert from_welcomes([{"onebit": None}, {"onebit": None}], 4) is None
+    local = from_welcomes([{"onebit": {"freeze_step": 3, "beta1": 0.5}}] * 2, 4)
+    local.update(torch.tensor([1.0, 2.0, 3.0, 4.0]), 0, 2)  # shard 0's range only
+    assert torch.equal(local.momentum, torch.tensor([0.5, 1.0, 0.0, 0.0]))
+    assert [local.is_momentum(c) for c in (2, 3)] == [False, True]
+    again = from_welcomes([{"onebit": {"freeze_step": 3, "beta1": 0.5}}], 4)
+    again.load_state_dict(local.state_dict())
+    assert torch.equal(again.momentum, local.momentum)
+    with pytest.raises(ValueError, match="disagree"):
+        from_welcomes([{"onebit": {"freeze_step": 3, "beta1": 0.5}}, {"onebit": None}], 4)
