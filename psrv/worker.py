@@ -233,7 +233,7 @@ class Worker:
 
     def load_state_dict(self, state: dict) -> None:
         """Carry on from `state` (a state_dict of a worker of this model and codec); ValueError where
-        it does not fit (another model's residuals, a codec on one side only), with nothing changed."""
+        it does not fit (another model's residuals, a codec or onebit_adam's momentum on one side only)."""
         encoder, saved = self._client.encoder, state.get("compress")
         if (encoder is None) != (saved is None):
             raise ValueError("the state was saved " + ("without" if saved is None else "with") +
