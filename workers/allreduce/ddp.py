@@ -11,9 +11,15 @@ from workers.allreduce.optim import make_optimizer, make_schedule
 
 
 def wrap_ddp(model: torch.nn.Module, cfg: RunConfig, group, clock: StepClock, device) -> DistributedDataParallel:
-    """`model` under DDP (its constructor broadcasts rank 0's weights), the comm hook registered."""
+    """`model` under DDP (its constructor broadcasts rank 0's weights), the comm hook registered.
+
+    PowerSGD gets one bucket: its hook issues each bucket's collectives from future callbacks, and with
+    several buckets (a 34 MB model in 25 MB buckets) gloo ranks issued them in different orders and the
+    run aborted ("collective mismatch") in 3 of 4 tries; with one bucket, 5 of 5 ran. It costs the
+    overlap of the all-reduce with backward."""
+    one_bucket = {"bucket_cap_mb": 1e6} if cfg.allreduce.ddp_comm_hook == "powersgd" else {}
     net = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None,
-                                  process_group=group)
+                                  process_group=group, **one_bucket)
     hook = inner_hook(cfg.allreduce.ddp_comm_hook, group, powersgd_rank=cfg.allreduce.powersgd_rank)
     net.register_comm_hook(ClockedHook(clock, hook), clocked_hook)
     return net
