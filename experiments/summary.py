@@ -57,6 +57,10 @@ def build_summary(cfg: RunConfig, out: Path, *, interrupted: bool = False, scrip
     end = max((r["wall_time"] for r in rows), default=origin)
     wall = max(end - origin, 1e-9)
     rank0 = next((w for w in workers if w["rank"] == 0), {})
+    # Rank 0's evaluations between steps are off the clock: in sync and the all-reduce modes every worker
+    # waits for them, so their time leaves the span samples/s is taken over; in async and ssp the others
+    # train on meanwhile and the span stands (only rank 0's own samples are fewer for it).
+    paused = float(rank0.get("eval_seconds") or 0.0) if cfg.mode == "sync" or cfg.is_allreduce else 0.0
     # DDP has no staleness and no clock gap to measure (every rank steps on the same all-reduced
     # gradient): they are None there, not a 0 that reads like a measurement.
     measured = not cfg.is_allreduce
@@ -74,7 +78,8 @@ def build_summary(cfg: RunConfig, out: Path, *, interrupted: bool = False, scrip
         "initial_loss": rank0.get("initial_loss"), "final_loss": rank0.get("final_loss"),
         "eval_accuracy": rank0.get("eval_accuracy"), "eval_metrics": rank0.get("eval_metrics"),
         "metric": rank0.get("metric"), "lower_is_better": rank0.get("lower_is_better"),
-        "wall_seconds": wall, "samples_per_second": None if samples is None else samples / wall,
+        "wall_seconds": wall, "eval_seconds": paused,
+        "samples_per_second": None if samples is None else samples / max(wall - paused, 1e-9),
         "pushes": sum(w["pushes"] for w in workers),
         **_local_steps(workers, samples),
         "early_sends": sum(w.get("early_sends", 0) for w in workers),

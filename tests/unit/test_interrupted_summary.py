@@ -42,6 +42,17 @@ def test_a_finished_run_is_complete(tmp_path):
     assert s["complete"] is True and "interrupted" not in s and "steps_done" not in s
 
 
+@pytest.mark.parametrize("mode,paused", [("sync", 2.0), ("ddp", 2.0), ("async", 0.0)])
+def test_rank_0s_evaluations_are_off_the_throughput_where_everyone_waits_for_them(mode, paused, tmp_path):
+    # two workers, 5 steps of 8 samples each: the first starts at 99.4 (0.6 s before its row at 100), the
+    # last ends at 104; rank 0 evaluated for 2 s in between
+    (tmp_path / "worker-0.json").write_text(json.dumps(_record(0, 5, eval_seconds=2.0)))
+    (tmp_path / "worker-1.json").write_text(json.dumps(_record(1, 5, eval_seconds=0.0)))
+    s = build_summary(RunConfig(mode=mode), tmp_path)
+    assert s["wall_seconds"] == pytest.approx(4.6) and s["eval_seconds"] == paused
+    assert s["samples_per_second"] == pytest.approx(80 / (4.6 - paused))
+
+
 def test_an_unreadable_record_is_skipped_only_when_interrupted(tmp_path):
     (tmp_path / "worker-0.json").write_text(json.dumps(_record(0, 2)))
     (tmp_path / "worker-1.json").write_text("{")
