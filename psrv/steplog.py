@@ -86,7 +86,7 @@ class StepLog:
 
     def write(self, *, params: torch.Tensor | None = None, early_sends: int = 0, interrupted: bool = False,
               local_steps: int | str | None = None, pseudo_grad_norms: list[float] | None = None,
-              inner_steps_per_push: list[int] | None = None) -> None:
+              inner_steps_per_push: list[int] | None = None, wire: dict | None = None) -> None:
         """Write the record (and rank 0's final parameters, `params`, unless `interrupted`). With
         `local_steps`, a push is a round of them: `pushes` counts `pseudo_grad_norms` (one per push).
         `wire`: the bytes sent and received (psrv.Worker.wire_bytes())."""

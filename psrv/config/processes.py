@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from psrv.codecs import CASTS
+from psrv.codec_names import CASTS
 from psrv.config.base import ConfigError, Section, section, setting
 from psrv.config.sections import Trackers
 from psrv.config.sections import (MODES, AllReduceSettings, ClusterConfig, Consistency, FaultConfig, GradClip,

@@ -58,7 +58,7 @@ def _transient(text: str) -> None:
 
 def _compress(spec: str) -> None:
     if spec:
-        from psrv.codecs import parse  # the codecs know their names (a leaf package: no circle)
+        from psrv.codec_names import parse  # the codecs' names, without torch
         parse(spec)
 
 

@@ -63,7 +63,7 @@ mode = "async"
     assert proc.returncode == 0, proc.stdout[-3000:]
     report = (tmp_path / "out" / "report.md").read_text()
     assert "Target: mse <= 1e+09" in report and "| final loss | mse | time to target s |" in report
-    assert (tmp_path / "out" / "plots" / "eval_mse_vs_time.png").stat().st_size > 1000
+    assert (tmp_path / "out" / "plots" / "mse_curves.png").stat().st_size > 1000
     with open(tmp_path / "out" / "summary.csv") as f:
         row = next(csv.DictReader(f))
     assert row["target_reached"] == "1" and float(row["final_target_metric"]) > 0

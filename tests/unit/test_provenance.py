@@ -16,7 +16,8 @@ from psrv.config import RunConfig, from_dict, to_dict
 from psrv.config.base import config_hash
 from tests.unit.test_report import VERSIONS, _fabricate
 
-SPECS = sorted((Path(__file__).resolve().parents[2] / "experiments" / "specs").glob("*.toml"))
+SPECS = sorted(p for p in (Path(__file__).resolve().parents[2] / "experiments" / "specs").glob("*.toml")
+               if not p.name.startswith("simulate_"))  # psrv simulate's specs: tests/unit/test_simulate.py
 
 
 def _spec(lr: float = 0.05, **job) -> ExperimentSpec:
