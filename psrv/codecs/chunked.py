@@ -7,7 +7,7 @@ from typing import Callable
 
 import torch
 
-from psrv.codecs.base import Decoded, int_param
+from psrv.codecs.base import Codec, Decoded, int_param
 
 CHUNK = 1024  # elements per scale: the scales add 4 bytes per 1024 elements (0.1% of float32)
 
@@ -30,6 +30,16 @@ def expand(scales: torch.Tensor, chunk: int, n: int) -> torch.Tensor:
 
 def chunk_param(params: dict) -> int:
     return int_param(params, "chunk", 1, 1 << 30)
+
+
+class ChunkedCodec(Codec):
+    """A codec with a float32 scale per `chunk` elements (sign, int8): the chunk is its one parameter."""
+
+    def __init__(self, chunk: int = CHUNK):
+        self.chunk = chunk
+
+    def params(self) -> dict:
+        return {"chunk": self.chunk}
 
 
 class DenseDecoded(Decoded):

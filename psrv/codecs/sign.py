@@ -8,18 +8,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from psrv.codecs.base import Codec, part
-from psrv.codecs.chunked import CHUNK, DenseDecoded, chunk_param, chunks, expand, per_chunk
+from psrv.codecs.base import part
+from psrv.codecs.chunked import ChunkedCodec, DenseDecoded, chunk_param, chunks, expand, per_chunk
 
 
-class Sign(Codec):
+class Sign(ChunkedCodec):
     name = "sign"
-
-    def __init__(self, chunk: int = CHUNK):
-        self.chunk = chunk
-
-    def params(self) -> dict:
-        return {"chunk": self.chunk}
 
     def encode(self, x: torch.Tensor, among: torch.Tensor | None) -> dict[str, torch.Tensor]:
         n = x.numel()

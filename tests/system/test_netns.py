@@ -41,15 +41,20 @@ def _existing_cluster() -> bool:
     return bridge or any(line.split()[0].startswith("psrv-h") for line in names.splitlines() if line.strip())
 
 
-@pytest.fixture
-def cluster():
-    """Three emulated hosts, h2 capped; `down` at teardown, whatever happened."""
+def _skip_unless_netns() -> None:
+    """Skip without root or iproute2, or while emulated hosts are already up."""
     if os.geteuid() != 0:
         pytest.skip("needs root: network namespaces, veths and tc need CAP_NET_ADMIN")
     if not (shutil.which("ip") and shutil.which("tc")):
         pytest.skip("needs iproute2 (ip, tc)")
     if _existing_cluster():
         pytest.skip("an emulated cluster (psrv-h*/psrvbr0) is already up; run deploy/netns/cluster.sh down")
+
+
+@pytest.fixture
+def cluster():
+    """Three emulated hosts, h2 capped; `down` at teardown, whatever happened."""
+    _skip_unless_netns()
     up = _sh("up", "3", check=False)
     try:
         if up.returncode != 0:
@@ -138,12 +143,7 @@ def test_capped_worker_host_communicates_slower(cluster, hosts, tmp_path):
 @pytest.fixture
 def no_cluster():
     """Root and iproute2, and no emulated hosts up: `psrv run --bandwidth` makes and removes its own."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root: network namespaces, veths and tc need CAP_NET_ADMIN")
-    if not (shutil.which("ip") and shutil.which("tc")):
-        pytest.skip("needs iproute2 (ip, tc)")
-    if _existing_cluster():
-        pytest.skip("an emulated cluster (psrv-h*/psrvbr0) is already up; run deploy/netns/cluster.sh down")
+    _skip_unless_netns()
     yield
     leftover = _existing_cluster()
     if leftover:
