@@ -165,12 +165,20 @@ except TrainingInterrupted as exc:
 """
 
 
+def _ctrl_c_as_in_a_terminal() -> None:
+    """SIGINT at its default in the user's process, as in a terminal. A process inherits an ignored
+    SIGINT, and Python then installs no KeyboardInterrupt for it: pytest started in the background
+    (`make test &`, where the shell ignores SIGINT) made the user's process deaf to Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.timeout(120)
 def test_ctrl_c_in_a_library_users_train_leaves_and_hands_back_the_rows(procs, tmp_path):
     server, address = procs.server("server", "--workers", "1", "--mode", "sync", "--worker-timeout", TIMEOUT,
                                    "--log-level", "WARNING")
     user = subprocess.Popen([sys.executable, "-c", LIBRARY_USER, address], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_ctrl_c_as_in_a_terminal)
     try:
         assert user.stdout.readline() == "20 steps\n"     # its own print, from the progress callback
         user.send_signal(signal.SIGINT)
