@@ -2,11 +2,13 @@
 report shows what was run; an unchanged spec reuses them, and a spec changed back puts the kept run
 back; a copied spec never writes into another spec
 file's folder. Real CLI, real processes on 127.0.0.1, run from a temporary folder (the default output,
-runs/<spec file stem>, is relative to it)."""
+runs/<spec file stem>, is relative to it). Both tests start from the same first run of tiny.toml, made
+once and copied (it records its spec's path relative to its folder, so the copy is a folder of its own)."""
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -58,6 +60,21 @@ def experiment(cwd: Path, *args: str, timeout: float) -> subprocess.CompletedPro
     return subprocess.CompletedProcess(p.args, p.returncode, out, "")
 
 
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """`psrv experiment tiny.toml` (lr 0.05) run once, in a folder of its own: (that folder, what it said)."""
+    root = tmp_path_factory.mktemp("first_run")
+    (root / "tiny.toml").write_text(SPEC.format(lr=0.05))
+    return root, experiment(root, "tiny.toml", timeout=120)
+
+
+def start_from(first_run, tmp_path: Path) -> subprocess.CompletedProcess:
+    """The first run's folder (spec and runs/) copied into tmp_path; what that first run said."""
+    root, first = first_run
+    shutil.copytree(root, tmp_path, dirs_exist_ok=True)
+    return first
+
+
 def stored(run: Path) -> tuple[RunConfig, str]:
     """A run's stored config and the hash its summary.json recorded."""
     cfg = from_dict(RunConfig, json.loads((run / "config.json").read_text()))
@@ -65,11 +82,10 @@ def stored(run: Path) -> tuple[RunConfig, str]:
 
 
 @pytest.mark.timeout(300)
-def test_a_changed_spec_reruns_and_the_report_shows_what_ran(tmp_path):
+def test_a_changed_spec_reruns_and_the_report_shows_what_ran(first_run, tmp_path):
+    first = start_from(first_run, tmp_path)  # tiny.toml with lr 0.05, run once
     spec = tmp_path / "tiny.toml"
-    spec.write_text(SPEC.format(lr=0.05))
     run = tmp_path / "runs" / "tiny" / "sync" / "rep-0"
-    first = experiment(tmp_path, "tiny.toml", timeout=120)
     assert first.returncode == 0, first.stdout[-4000:]
     assert "report: runs/tiny/report.md" in first.stdout  # the default folder: runs/<spec file stem>
     old_cfg, old_hash = stored(run)
@@ -114,10 +130,9 @@ def test_a_changed_spec_reruns_and_the_report_shows_what_ran(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_a_copied_spec_never_writes_into_the_originals_folder(tmp_path):
+def test_a_copied_spec_never_writes_into_the_originals_folder(first_run, tmp_path):
+    first = start_from(first_run, tmp_path)  # tiny.toml with lr 0.05, run once
     original = (tmp_path / "tiny.toml").resolve()
-    original.write_text(SPEC.format(lr=0.05))
-    first = experiment(tmp_path, "tiny.toml", timeout=120)
     assert first.returncode == 0, first.stdout[-4000:]
     runs = tmp_path / "runs"
     mine = {p: p.stat().st_mtime_ns for p in (runs / "tiny").rglob("*")}
