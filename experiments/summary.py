@@ -92,6 +92,7 @@ def build_summary(cfg: RunConfig, out: Path, *, interrupted: bool = False, scrip
         **_lr_scale(servers, cfg.optimizer.update_rule if measured else None),
         **_wire_bytes(workers, samples),
         "lost_workers": sorted({w for s in servers for w in s.get("lost_workers", [])}),
+        "payload_bytes": _payload_bytes(servers),
         "wait_seconds": sum(r["wait_seconds"] for r in rows),
         "parameters": rank0.get("parameters"),
     }
@@ -138,6 +139,16 @@ def _common(workers: list[dict], key: str):
     """The records' one value of `key`; None when they differ or say none."""
     values = {w.get(key) for w in workers}
     return values.pop() if len(values) == 1 else None
+
+
+def _payload_bytes(servers: list[dict]) -> dict[str, int]:
+    """The tensor bytes the shards received and sent, by the path they took: inline in zmq messages, or a
+    payload plane (shm, bulk: psrv/transport/plane.py)."""
+    total: dict[str, int] = {}
+    for s in servers:
+        for path, n in s.get("payload_bytes", {}).items():
+            total[path] = total.get(path, 0) + n
+    return total
 
 
 def _lr_scale(servers: list[dict], rule: str | None) -> dict:

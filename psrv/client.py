@@ -13,7 +13,7 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -49,14 +49,15 @@ class PSClient:
     `compress` (psrv/codecs): a lossy push codec (topk:RATIO, randomk:RATIO, sign, int8), run per shard
     range with error feedback unless `error_feedback` is False, tensors under `compress_min_numel`
     elements travelling dense beside it; or float16/bfloat16, the same as that wire_dtype. `wire`
-    counts the bytes of every frame sent and received (WireBytes). `net` replaces the transport
-    (tests wrap it to drop or duplicate messages)."""
+    counts the bytes of every frame sent and received (WireBytes). `shared_memory` and `bulk` offer
+    those payload planes (zmq; psrv/transport/plane.py). `net` replaces the transport (tests wrap it
+    to drop or duplicate messages)."""
 
     def __init__(self, servers: Sequence[str], plan: PartitionPlan, *, worker: int, world_size: int,
                  transport: str = "zmq", timeout: float = 60.0, retry_interval: float = 1.0,
                  curve_keys: str = "", heartbeat: bool = True, wire_dtype: str = "float32",
                  compress: str = "", error_feedback: bool = True, compress_min_numel: int = 0,
-                 net: ClientTransport | None = None):
+                 shared_memory: bool = False, bulk: bool = False, net: ClientTransport | None = None):
         if len(servers) != plan.num_shards:
             raise ValueError(f"{len(servers)} server addresses for a plan of {plan.num_shards} shards")
         self.plan = plan
@@ -91,7 +92,7 @@ class PSClient:
         self._servers = list(servers)
         self._options = {"curve_keys": curve_keys, "curve_name": f"worker-{worker}"} if curve_keys else {}
         self._net = net or create_client(transport, self._servers, worker=worker, world_size=world_size,
-                                         **self._options)
+                                         shared_memory=shared_memory, bulk=bulk, **self._options)
         # zmq sockets are not thread-safe: the heartbeat thread opens its own (rpc has one world per process)
         self._heartbeat_on = heartbeat and transport == "zmq"
         self._heartbeat: Heartbeat | None = None
@@ -121,7 +122,7 @@ class PSClient:
         """Weights for `clock` copied into `out`; blocks while the shard's controller holds them back."""
         fields = {"final": True} if final else {}
         msgs = [self._msg(MsgType.PULL, clock=clock, fields=fields) for _ in self.ranges]
-        return self._weights(self._round_trip(msgs), out)
+        return self._weights(self._run_into(out, lambda: self._round_trip(msgs)), out)
 
     def first_pull(self, welcomes: list[dict], *, out: torch.Tensor) -> Reply:
         """The first weights after hello(). Where a shard has none yet (WELCOME's `initialised`) and
@@ -136,7 +137,8 @@ class PSClient:
                "(is rank 0 running? --request-timeout sets the bound)")
         self._seq += 1
         msgs = [self._msg(MsgType.PULL, clock=clock) for _ in self.ranges]
-        return self._weights(RoundTrip(self, msgs, self._seq, self.timeout, limit=self.timeout, why=why).run(), out)
+        rt = RoundTrip(self, msgs, self._seq, self.timeout, limit=self.timeout, why=why)
+        return self._weights(self._run_into(out, rt.run), out)
 
     def push(self, grad: torch.Tensor, *, clock: int) -> Reply:
         """Push the flat gradient of `clock`, computed on the versions last pulled."""
@@ -260,9 +262,24 @@ class PSClient:
             lo, hi = self.ranges[shard]
             self._wire[lo:hi].copy_(grad[lo:hi])
 
+    def _run_into(self, out: torch.Tensor, run: Callable[[], list[Message]]) -> list[Message]:
+        """run() (a round trip answered with weights), the transport told it may write each shard's weights
+        straight into its slice of `out` (receive_into: a shared-memory or bulk payload then costs one copy,
+        not two); the hints are withdrawn after, so no later message writes there."""
+        direct = out.device.type == "cpu" and out.dtype == torch.float32 and out.is_contiguous()
+        flat = out.detach()
+        for s, (lo, hi) in enumerate(self.ranges if direct else ()):
+            self._net.receive_into(s, memoryview(flat[lo:hi].numpy()).cast("B"))
+        try:
+            return run()
+        finally:
+            for s in range(len(self.ranges) if direct else 0):
+                self._net.receive_into(s, None)
+
     def _weights(self, replies: list[Message], out: torch.Tensor) -> Reply:
         for (lo, hi), r in zip(self.ranges, replies):
-            out[lo:hi].copy_(r.tensor, non_blocking=out.is_cuda)
+            if r.tensor.data_ptr() != out[lo:hi].data_ptr() or r.tensor.numel() != hi - lo:  # else written in place
+                out[lo:hi].copy_(r.tensor, non_blocking=out.is_cuda)
         return self._summarise(replies, [r.fields.get("push", {}) for r in replies])
 
     def _summarise(self, replies: list[Message], pushes: list[dict]) -> Reply:

@@ -183,7 +183,7 @@ class PushPull:
         for s in range(len(self.rt.msgs)):
             if self.rt.frames[s] is None:
                 self.client._cast(self.grad, s, self.rt.msgs[s])
-        return self.client._weights(self.rt.run(), self.out)
+        return self.client._weights(self.client._run_into(self.out, self.rt.run), self.out)
 
     def annotate(self, fields: dict) -> None:
         """Add header `fields` to every shard's message not sent yet."""

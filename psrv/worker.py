@@ -89,13 +89,18 @@ class Worker:
     tensors under `compress_min_numel` elements sent dense; float16/bfloat16 as that wire_dtype.
     `wire_bytes()` says what went over the wire. Under onebit_adam (the shards' WELCOME says so) the
     worker keeps its own momentum and pushes it, compressed by `compress` (default sign), after the
-    freeze step (psrv/onebit.py); state_dict() holds that momentum too."""
+    freeze step (psrv/onebit.py); state_dict() holds that momentum too.
+
+    `shared_memory` ('auto' or 'off') moves tensors through shared memory to shards on this host; `bulk`
+    ('auto' or 'off') over a plain TCP connection to the others, where no `curve_keys` are given
+    (psrv/transport/plane.py). zmq only."""
 
     def __init__(self, model: torch.nn.Module, servers: Sequence[str] | None = None, *,
                  rank: int | None = None, world_size: int | None = None, transport: str = "zmq",
                  timeout: float = 60.0, curve_keys: str = "", wire_dtype: str = "float32",
                  overlap: bool = True, clip_grad_norm: float | None = 0.0, local_steps: int | str | None = None,
-                 compress: str = "", error_feedback: bool = True, compress_min_numel: int = 1024):
+                 compress: str = "", error_feedback: bool = True, compress_min_numel: int = 1024,
+                 shared_memory: str = "auto", bulk: str = "off"):
         if local_steps is not None:
             try:
                 local_steps = parse_local_steps(local_steps)
@@ -113,7 +118,7 @@ class Worker:
         self._client = PSClient(servers, self.plan, worker=self.rank, world_size=self.world_size,
                                 transport=transport, timeout=timeout, curve_keys=curve_keys, wire_dtype=wire_dtype,
                                 compress=compress, error_feedback=error_feedback,
-                                compress_min_numel=compress_min_numel)
+                                compress_min_numel=compress_min_numel, **planes(shared_memory, bulk, curve_keys))
         self._pushing: PushPull | None = None
         self._open = True
         self.steps = 0
@@ -362,3 +367,11 @@ def _env_servers() -> list[str]:
     if not servers:
         raise ValueError("psrv.Worker: PSRV_SERVERS names no shard address (tcp://host:port,...)")
     return servers
+
+
+def planes(shared_memory: str, bulk: str, curve_keys: str) -> dict:
+    """PSClient's plane flags from the settings' 'auto'/'off' (bulk never under CURVE: it is not encrypted)."""
+    for name, value in (("shared_memory", shared_memory), ("bulk", bulk)):
+        if value not in ("auto", "off"):
+            raise ValueError(f"{name} must be 'auto' or 'off'; got {value!r}")
+    return {"shared_memory": shared_memory == "auto", "bulk": bulk == "auto" and not curve_keys}

@@ -15,6 +15,7 @@ RUN_MODES = (*MODES, *ALLREDUCE_MODES)
 OPTIMIZERS = ("sgd", "adam", "adamw", "onebit_adam")  # onebit_adam: psrv/server/onebit_adam.py
 LR_SCHEDULES = ("constant", "warmup_cosine", "step", "linear")  # psrv/schedule.py has their formulas
 TRANSPORTS = ("zmq", "rpc")
+PLANE_CHOICES = ("auto", "off")  # payload planes beside zmq: psrv/transport/plane.py
 WIRE_DTYPES = ("float32", "bfloat16", "float16")  # what a worker may send its gradient as
 INNER_OPTIMIZERS = ("sgd", "adamw")  # a worker's own, for local steps (torch.optim.SGD, AdamW)
 INNER_LR = {"sgd": 0.05, "adamw": 0.001}  # inner_lr's default with each
@@ -82,6 +83,13 @@ class Placement(Section):
 
     device: str = setting("cpu", "cpu, cuda or cuda:K", check=_device)
     transport: str = setting("zmq", "how workers reach the servers", choices=TRANSPORTS)
+    shared_memory: str = setting("auto", "zmq: a worker and a shard on the same host (and network namespace) "
+                                 "move tensors through shared memory, the connection carrying only headers "
+                                 "(auto), or everything through the connection (off)", choices=PLANE_CHOICES)
+    bulk: str = setting("off", "zmq: tensors between hosts go over a plain TCP connection per worker and shard, "
+                        "read with recv_into (auto: where no --curve-keys are given, as it is neither encrypted "
+                        "nor authenticated beyond a token: trusted networks only, docs/security.md; it listens on "
+                        "a free port of the --bind host), or through zmq (off)", choices=PLANE_CHOICES)
 
 
 @dataclass(frozen=True, kw_only=True)

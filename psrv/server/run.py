@@ -56,6 +56,8 @@ class Server:
                 self._metrics_off.callback(endpoint.close)
             transport = create_server(cfg.transport, cfg.bind, shard=cfg.shard, num_shards=cfg.num_shards,
                                       workers=cfg.workers, max_message_bytes=cfg.max_message_bytes,
+                                      shared_memory=cfg.shared_memory == "auto",
+                                      bulk=cfg.bulk == "auto" and not cfg.curve_keys,
                                       **({"curve_keys": cfg.curve_keys} if cfg.curve_keys else {}))
             self._transport_off.callback(transport.close)
             self._service = ShardService(cfg, transport, metrics=metrics)

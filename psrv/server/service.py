@@ -141,6 +141,7 @@ class ShardService:
         plan_hash, size = validate.hello(self.cfg, msg)
         if self.plan_hash is None:
             self.shard = Shard(size, self.cfg.optimizer, device=self.cfg.device)
+            self.shard.param.data = self.transport.share(self.shard.param.data)  # shared memory: sent by place
             self.plan_hash = plan_hash
         elif plan_hash != self.plan_hash:
             resumed = " (resumed from a checkpoint)" if self.resumed_from is not None else ""
@@ -354,6 +355,7 @@ class ShardService:
         fresh = Liveness(timeout=self.liveness.timeout, join_timeout=self.liveness.join_timeout, now=self.now)
         parts = snapshot.build(state, self.cfg, liveness=fresh, source=source)
         self.plan_hash, self.shard, self.controller, self.dedup, self.liveness = parts
+        self.shard.param.data = self.transport.share(self.shard.param.data)
         self.resumed_from = self.shard.version
         active = self.controller.active
         self.stats.membership(active, {w: self.controller.clocks.get(w, 0) for w in active})
@@ -375,4 +377,5 @@ class ShardService:
                 "clocks": {str(w): c for w, c in self.controller.clocks.items()},
                 "resumed_from": self.resumed_from, "lost_clocks": self.controller.skipped,
                 "checkpoints": self.checkpoints.count, "checkpoint_version": self.checkpoints.version,
+                "payload_bytes": dict(getattr(self.transport, "payload_bytes", {})),  # by data path
                 **self.stats.to_dict()}

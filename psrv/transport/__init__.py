@@ -19,24 +19,49 @@ def _check(name: str) -> None:
 
 
 def create_server(name: str, bind: str, *, shard: int = 0, num_shards: int = 1, workers: int = 1,
-                  **options: Any) -> ServerTransport:
+                  shared_memory: bool = False, bulk: bool = False, **options: Any) -> ServerTransport:
     """A bound server transport; `bind` like tcp://127.0.0.1:0 (0 = a free port), or rpc://HOST:PORT
-    (the rendezvous). The shard's place in the job (shard, num_shards, workers) names it in an RPC world."""
+    (the rendezvous). The shard's place in the job (shard, num_shards, workers) names it in an RPC world.
+    zmq only: `shared_memory` and `bulk` accept those payload planes (psrv/transport/plane.py) when
+    a worker offers them."""
     _check(name)
     if name == "zmq":
         from psrv.transport.zmq import ZmqServer
-        return ZmqServer(bind, **options)
+        return ZmqServer(bind, planes=_server_planes(shared_memory, bulk, bind, options), **options)
     from psrv.transport.torch_rpc import RpcServer
     return RpcServer(bind, shard=shard, num_shards=num_shards, workers=workers, **options)
 
 
 def create_client(name: str, addresses: Sequence[str], *, worker: int = 0, world_size: int = 1,
-                  **options: Any) -> ClientTransport:
+                  shared_memory: bool = False, bulk: bool = False, **options: Any) -> ClientTransport:
     """A client transport connected to every shard address, in shard order; `worker` of `world_size`
-    names it in an RPC world (zmq needs no names)."""
+    names it in an RPC world (zmq needs no names). zmq only: `shared_memory` and `bulk` offer those
+    payload planes to every shard, which picks one or none."""
     _check(name)
     if name == "zmq":
         from psrv.transport.zmq import ZmqClient
-        return ZmqClient(addresses, **options)
+        return ZmqClient(addresses, planes=_client_planes(shared_memory, bulk, addresses), **options)
     from psrv.transport.torch_rpc import RpcClient
     return RpcClient(addresses, worker=worker, world_size=world_size, **options)
+
+
+def _server_planes(shared_memory: bool, bulk: bool, bind: str, options: dict) -> list:
+    planes = []
+    if shared_memory:  # preferred: co-located peers only, and it copies least
+        from psrv.transport.shm import ShmServerPlane
+        planes.append(ShmServerPlane())
+    if bulk:
+        from psrv.transport.bulk import BulkServerPlane
+        planes.append(BulkServerPlane(bind, max_bytes=options.get("max_message_bytes", -1)))  # on the bind's host
+    return planes
+
+
+def _client_planes(shared_memory: bool, bulk: bool, addresses: Sequence[str]) -> list:
+    planes = []
+    if shared_memory:
+        from psrv.transport.shm import ShmClientPlane
+        planes.append(ShmClientPlane())
+    if bulk:
+        from psrv.transport.bulk import BulkClientPlane
+        planes.append(BulkClientPlane(addresses))  # connects to each shard's zmq host
+    return planes

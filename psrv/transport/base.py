@@ -22,8 +22,15 @@ class ServerTransport(abc.ABC):
         """Reply to `peer`. Tensor buffers are sent without copying."""
 
     def wait_sent(self, timeout: float = 30.0) -> bool:
-        """Block until every buffer handed to send() may be modified again; False on timeout."""
+        """Block until every buffer handed to send() may be modified again; False on timeout. The
+        service calls it right before it writes such a buffer (the weights), and has written them by
+        its next call into this transport."""
         return True
+
+    def share(self, tensor):
+        """`tensor`'s values where this transport can send them without a copy (the shard's weights;
+        shared memory: psrv/transport/shm.py); by default `tensor` itself."""
+        return tensor
 
     @abc.abstractmethod
     def close(self) -> None: ...
@@ -38,6 +45,11 @@ class ClientTransport(abc.ABC):
     @abc.abstractmethod
     def recv(self, timeout: float) -> tuple[int, list] | None:
         """Next (shard, frames) from any shard, or None after `timeout` seconds."""
+
+    def receive_into(self, shard: int, buffer: memoryview | None) -> None:
+        """The next tensor payload from `shard` may be written straight into `buffer` (contiguous, the
+        payload's size); the frame returned is then `buffer` itself. None withdraws it. A hint: a
+        transport may ignore it."""
 
     @abc.abstractmethod
     def reconnect(self, shard: int) -> None:

@@ -102,7 +102,7 @@ def test_a_spec_has_the_command_lines_defaults() -> None:
 
 
 BAD = [  # (replace this, with that, every piece the message must contain)
-    ("workers = 2", "wokers = 2", ["unknown key 'cluster.wokers'", "device, transport, servers, workers"]),
+    ("workers = 2", "wokers = 2", ["unknown key 'cluster.wokers'", "device, transport, shared_memory, bulk, servers, workers"]),
     ('mode = "async"', 'mode = "bsp"', ["variants[2].mode", "sync, async, ssp, ddp", "'bsp'"]),
     ('mode = "sync"', 'mode = "sync"\nstaleness = 1', ["variants[0].staleness", "only used when mode = 'ssp'"]),
     ("steps = 10", "steps = -5", ["job.steps", ">= 1", "-5"]),
