@@ -157,6 +157,11 @@ class PSClient:
         rt = RoundTrip(self, self._pushes(MsgType.PUSH_PULL, grad, clock, cast=False), self._seq, self.timeout)
         return PushPull(self, rt, grad, out)
 
+    def share(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor`'s values where the transport sends them without a copy (shared memory: a shard on
+        this host reads a push from it in place); `tensor` itself where it cannot. Push from it."""
+        return self._net.share(tensor)
+
     def stats(self) -> list[dict]:
         return [m.fields for m in self._round_trip([self._msg(MsgType.STATS) for _ in self.ranges])]
 

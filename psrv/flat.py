@@ -29,18 +29,29 @@ class FlatModel:
                 raise ValueError(f"parameter {name!r} is on {p.device}, the first one on {device}: "
                                  "put the whole model on one device")
         total = sum(p.numel() for _, p in named)
+        self._params = [p for _, p in named]
         self.params = torch.empty(total, dtype=torch.float32, device=device)
-        self.grads = torch.zeros(total, dtype=torch.float32, device=device)
         offset = 0
-        for _, p in named:
+        for i, p in enumerate(self._params):
             n = p.numel()
             self.params[offset:offset + n].copy_(p.data.view(-1))
             p.data = self.params[offset:offset + n].view_as(p)
-            view = self.grads[offset:offset + n].view_as(p)
-            p.grad = view  # backward accumulates in place
             if p.requires_grad:
-                p.register_post_accumulate_grad_hook(lambda q, view=view: self._keep(q, view))
+                p.register_post_accumulate_grad_hook(lambda q, i=i: self._keep(q, self._views[i]))
             offset += n
+        self._views: list[torch.Tensor] = []
+        self.place_grads(torch.zeros(total, dtype=torch.float32, device=device))
+
+    def place_grads(self, buffer: torch.Tensor) -> None:
+        """Make `buffer` (zeros, the flat size; e.g. in memory a transport sends from without a copy) the
+        flat gradient that every parameter's .grad views."""
+        self.grads = buffer
+        self._views, offset = [], 0
+        for p in self._params:
+            view = buffer[offset:offset + p.numel()].view_as(p)
+            p.grad = view  # backward accumulates in place
+            self._views.append(view)
+            offset += p.numel()
 
     def zero_grad(self) -> None:
         self.grads.zero_()

@@ -119,6 +119,7 @@ class Worker:
                                 transport=transport, timeout=timeout, curve_keys=curve_keys, wire_dtype=wire_dtype,
                                 compress=compress, error_feedback=error_feedback,
                                 compress_min_numel=compress_min_numel, **planes(shared_memory, bulk, curve_keys))
+        self._flat.place_grads(self._client.share(self._flat.grads))  # shared memory: pushes read in place
         self._pushing: PushPull | None = None
         self._open = True
         self.steps = 0

@@ -46,6 +46,10 @@ class ClientTransport(abc.ABC):
     def recv(self, timeout: float) -> tuple[int, list] | None:
         """Next (shard, frames) from any shard, or None after `timeout` seconds."""
 
+    def share(self, tensor):
+        """`tensor`'s values where this transport can send them without a copy; by default `tensor`."""
+        return tensor
+
     def receive_into(self, shard: int, buffer: memoryview | None) -> None:
         """The next tensor payload from `shard` may be written straight into `buffer` (contiguous, the
         payload's size); the frame returned is then `buffer` itself. None withdraws it. A hint: a

@@ -54,6 +54,10 @@ class ClientPlane(abc.ABC):
         returned view is then `into`), else in a buffer of the plane's. None: it could not be read whole
         (overwritten while read, a broken connection); the message is then dropped as if lost."""
 
+    def share(self, tensor):
+        """`tensor`'s values where this plane can send them by place (see ClientTransport.share)."""
+        return tensor
+
     @abc.abstractmethod
     def reset(self, shard: int) -> None:
         """Forget the plane to `shard` (a reconnect, a RESET from the server)."""

@@ -71,11 +71,12 @@ class _Slot:
 
 
 class _Region(_Slot):
-    """The shard's weights, living in a memfd: sent by place, under a sequence lock (odd: being written)."""
+    """A tensor living in a memfd, sent by place: the shard's weights, under a sequence lock (odd: being
+    written), or a worker's flat gradient."""
 
-    def __init__(self, tensor: torch.Tensor):
+    def __init__(self, tensor: torch.Tensor, name: str = "weights"):
         nbytes = tensor.numel() * tensor.element_size()
-        super().__init__("weights", nbytes)
+        super().__init__(name, nbytes)
         self.tensor = torch.frombuffer(memoryview(self.map)[HEADER:HEADER + nbytes], dtype=tensor.dtype)
         self.tensor = self.tensor.view(tensor.shape).copy_(tensor)
         self._base = self.tensor.data_ptr() - HEADER
@@ -158,9 +159,12 @@ class _Peers:
         if held is not None:
             _close(held[1])
 
-    def close(self) -> None:
-        for key in list(self._maps):
+    def drop_all(self, which) -> None:
+        for key in [k for k in self._maps if which(k)]:
             self.drop(key)
+
+    def close(self) -> None:
+        self.drop_all(lambda key: True)
 
 
 class ShmClientPlane(ClientPlane):
@@ -170,6 +174,14 @@ class ShmClientPlane(ClientPlane):
         self._push: dict[int, _Slot] = {}
         self._pulls = _Peers()
         self._counters: dict[int, list] = {}  # shard -> [readers map, my index, answers read]
+        self._grads: _Region | None = None
+
+    def share(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor`'s values in a memfd of ours: a push from it is read by the shard in place, no copy."""
+        if tensor.device.type != "cpu" or not tensor.is_contiguous():
+            return tensor
+        self._grads = _Region(tensor, "grads")
+        return self._grads.tensor
 
     def offer(self, shard: int) -> dict:
         return {"boot": boot_id(), "pid": os.getpid()}
@@ -182,6 +194,9 @@ class ShmClientPlane(ClientPlane):
                 self._counters[shard] = [m, answer["index"], 0]
 
     def put(self, shard: int, payload: memoryview) -> bytes:
+        where = None if self._grads is None else self._grads.offset_of(payload)
+        if where is not None:
+            return msgpack.packb(self._grads.describe(where, payload.nbytes))
         slot = self._push.get(shard)
         if slot is None or slot.size - HEADER < payload.nbytes:
             if slot is not None:
@@ -274,8 +289,11 @@ class ShmServerPlane(ServerPlane):
         d = _descriptor(descriptor)
         if d is None or self._clients.get(peer) != d["pid"]:
             return None
-        m = self._pushes.view(peer, d)
-        return None if m is None else memoryview(m)[HEADER:HEADER + d["n"]]
+        m = self._pushes.view((peer, d["fd"]), d)
+        off, n = d.get("off", HEADER), d["n"]
+        if m is None or not isinstance(off, int) or not HEADER <= off <= d["size"] - n:
+            return None
+        return memoryview(m)[off:off + n]
 
     def put(self, peer: Hashable, payload: memoryview) -> bytes | None:
         if peer not in self._clients:
@@ -305,7 +323,7 @@ class ShmServerPlane(ServerPlane):
     def forget(self, peer: Hashable) -> None:
         self._clients.pop(peer, None)
         self._readers.leave(peer)
-        self._pushes.drop(peer)
+        self._pushes.drop_all(lambda key: key[0] == peer)
         slot = self._pull.pop(peer, None)
         if slot is not None:
             slot.close()

@@ -211,6 +211,11 @@ class ZmqClient(ClientTransport):
         except zmq.Again:
             pass
 
+    def share(self, tensor):
+        for plane in self._planes.values():
+            tensor = plane.share(tensor)
+        return tensor
+
     def receive_into(self, shard: int, buffer: memoryview | None) -> None:
         self._into[shard] = buffer
 
