@@ -43,11 +43,11 @@ ODD = [None, True, False, 0.5, float("nan"), float("inf"), "", "x" * 40, b"\x00\
 class Harness:
     """A shard served by hand in this thread: send frames, handle them, read the reply."""
 
-    def __init__(self, *, fresh: bool = False):
+    def __init__(self, *, fresh: bool = False, **planes):
         logging.getLogger("psrv").setLevel(logging.CRITICAL)  # 10k refusals would flood the log
         cfg = ServerConfig(workers=1, mode="async", worker_timeout=1e6, max_message_bytes=MAX_BYTES,
                            optimizer=OptimConfig(name="sgd", lr=0.1, momentum=0.9))
-        self.server = create_server("zmq", "tcp://127.0.0.1:0", max_message_bytes=MAX_BYTES)
+        self.server = create_server("zmq", "tcp://127.0.0.1:0", max_message_bytes=MAX_BYTES, **planes)
         self.svc = ShardService(cfg, self.server, join_timeout=1e6)
         self.client = create_client("zmq", [self.server.address])
         self.sent = 0

@@ -1,4 +1,6 @@
 """Sync mode with SGD is single-process SGD on the global batch: same samples, same parameters."""
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -7,12 +9,14 @@ from workers.data import batch_indices
 from workers.jobs import load_job
 
 WORKERS, BATCH, STEPS, LR, MOMENTUM = 3, 16, 20, 0.1, 0.9
+WIDE = str(Path(__file__).parent / "jobs" / "wide_digits.py") + ":make"  # big enough for a payload plane
 
 
-def big_batch_sgd(*, workers: int = WORKERS, clip: float = 0.0, norms: list[float] | None = None) -> torch.Tensor:
+def big_batch_sgd(*, workers: int = WORKERS, clip: float = 0.0, norms: list[float] | None = None,
+                  job_name: str = "digits_mlp") -> torch.Tensor:
     """Single-process SGD on the global batch of `workers` workers; with `clip`, each step's gradient
     is clipped by torch's clip_grad_norm_ first (its norms before clipping appended to `norms`)."""
-    job = load_job("digits_mlp", seed=0)
+    job = load_job(job_name, seed=0)
     model = job.model
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     x, y = job.train
@@ -42,6 +46,20 @@ def test_sync_equals_single_process_big_batch_sgd(transport, shards, tmp_path):
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
     if shards > 1:  # shards pushed while backward still ran (the default overlap), and still exact
         assert summary["early_sends"] > 0, summary
+
+
+@pytest.mark.timeout(180)
+def test_sync_over_the_bulk_plane_equals_single_process_big_batch_sgd(tmp_path):
+    """Tensors on the bulk plane's TCP connections (psrv/transport/bulk.py), shared memory off."""
+    summary = psrv_run(tmp_path, "--mode", "sync", "--job", WIDE, "--bulk", "auto", "--shared-memory", "off",
+                       "--servers", "1", "--workers", "2", "--steps", str(STEPS), "--batch-size", str(BATCH),
+                       "--optimizer", "sgd", "--lr", str(LR), "--momentum", str(MOMENTUM))
+    got, want = torch.load(tmp_path / "params.pt"), big_batch_sgd(workers=2, job_name=WIDE)
+    initial = torch.cat([p.detach().reshape(-1) for p in load_job(WIDE, seed=0).model.parameters()])
+    paths = summary["payload_bytes"]  # every push and pull went over the bulk plane's connections
+    assert paths["bulk"] >= 2 * 2 * STEPS * 4 * initial.numel() and paths["inline"] <= paths["bulk"] / 20, paths
+    assert (want - initial).abs().max() > 1e-2
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
 
 
 @pytest.mark.timeout(240)
