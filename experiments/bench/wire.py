@@ -1,11 +1,17 @@
-"""wire: one PUSH_PULL round trip of the whole model against a raw pyzmq echo of the same bytes.
+"""wire: one PUSH_PULL round trip of the whole model against a raw echo of the same bytes.
 
-python -m experiments.bench.wire --sizes-mb 1 16 64 --shards 1 2 --endpoints tcp ipc
-Each psrv figure is the median over repeats, divided by the raw echo's median from the same run.
+python -m experiments.bench.wire --sizes-mb 1 16 64 --shards 1 2 --endpoints tcp ipc --planes zmq bulk
+psrv over zmq alone (plane "zmq") is measured against a raw pyzmq echo (baseline "zmq_echo",
+experiments/bench/raw_zmq.py), psrv with the bulk plane (plane "bulk", tcp only: psrv/transport/bulk.py)
+against a raw TCP socket echo read with recv_into (baseline "socket_echo", experiments/bench/raw_socket.py).
+Shared memory is off in every row. Both run side by side and their round trips alternate, so a machine
+whose load changes during the run slows both alike; each figure is the median over repeats, and the
+ratio is the baseline's median over psrv's.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -14,6 +20,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable, Iterator
 
 import torch
 
@@ -22,6 +29,8 @@ from psrv.partition import ParamSpec, PartitionPlan
 
 from psrv.process import tune_malloc
 from experiments.cluster import thread_env
+
+BASELINE = {"zmq": "zmq_echo", "bulk": "socket_echo"}
 
 
 def _spawn(argv: list[str], ready: Path, timeout: float = 60.0, processes: int = 2) -> tuple[subprocess.Popen, str]:
@@ -40,46 +49,67 @@ def _endpoint(kind: str, tmp: Path, name: str) -> str:
     return f"ipc://{tmp}/{name}.sock" if kind == "ipc" else "tcp://127.0.0.1:0"
 
 
-def raw_echo(size: int, kind: str, repeats: int, tmp: Path) -> list[float]:
-    from experiments.bench.raw_zmq import EchoClient
-    ready = tmp / "echo.addr"
+def _fresh(tmp: Path, name: str) -> Path:
+    ready = tmp / name
     ready.unlink(missing_ok=True)
-    proc, address = _spawn([sys.executable, "-m", "experiments.bench.raw_zmq", _endpoint(kind, tmp, "echo"),
-                            str(ready)], ready)
-    try:
+    return ready
+
+
+@contextlib.contextmanager
+def echo(baseline: str, size: int, kind: str, tmp: Path) -> Iterator[Callable[[], float]]:
+    """A raw echo server of `baseline` and a round trip of `size` bytes to it (seconds)."""
+    if baseline == "socket_echo":
+        from experiments.bench.raw_socket import EchoClient
+        ready = _fresh(tmp, "socket.addr")
+        proc, address = _spawn([sys.executable, "-m", "experiments.bench.raw_socket", "127.0.0.1", str(ready)], ready)
+        payload, out = torch.ones(size // 4).numpy(), torch.empty(size // 4).numpy()
         client = EchoClient(address)
+        trip = lambda: client.round_trip(payload, out)  # noqa: E731
+    else:
+        from experiments.bench.raw_zmq import EchoClient
+        ready = _fresh(tmp, "echo.addr")
+        proc, address = _spawn([sys.executable, "-m", "experiments.bench.raw_zmq", _endpoint(kind, tmp, "echo"),
+                                str(ready)], ready)
         payload = torch.ones(size // 4).numpy()
-        client.round_trip(payload)  # warm-up
-        times = [client.round_trip(payload) for _ in range(repeats)]
+        client = EchoClient(address)
+        trip = lambda: client.round_trip(payload)  # noqa: E731
+    try:
+        yield trip
         client.stop()
     finally:
-        proc.wait(10)
-    return times
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
-def psrv_push_pull(size: int, shards: int, kind: str, repeats: int, tmp: Path) -> list[float]:
+@contextlib.contextmanager
+def psrv_shards(size: int, shards: int, kind: str, plane: str, tmp: Path) -> Iterator[Callable[[], float]]:
+    """`shards` psrv serve processes (async, SGD) and a PUSH_PULL of `size` bytes to them (seconds)."""
     plan = PartitionPlan((ParamSpec("w", (size // 4,)),), shards)
     procs, addresses = [], []
-    for i in range(shards):
-        ready = tmp / f"server-{i}.addr"
-        ready.unlink(missing_ok=True)
-        p, a = _spawn([sys.executable, "-m", "psrv.cli", "serve", "--bind", _endpoint(kind, tmp, f"s{i}"),
-                       "--shard", str(i), "--num-shards", str(shards), "--workers", "1", "--mode", "async",
-                       "--optimizer", "sgd", "--lr", "1e-9", "--momentum", "0.9", "--log-level", "WARNING",
-                       "--ready-file", str(ready)], ready, processes=shards + 1)
-        procs.append(p)
-        addresses.append(a)
     try:
-        with PSClient(addresses, plan, worker=0, world_size=1, timeout=120) as client:
+        for i in range(shards):
+            ready = _fresh(tmp, f"server-{i}.addr")
+            p, a = _spawn([sys.executable, "-m", "psrv.cli", "serve", "--bind", _endpoint(kind, tmp, f"s{i}"),
+                           "--shard", str(i), "--num-shards", str(shards), "--workers", "1", "--mode", "async",
+                           "--optimizer", "sgd", "--lr", "1e-9", "--momentum", "0.9", "--log-level", "WARNING",
+                           "--shared-memory", "off", "--bulk", "auto" if plane == "bulk" else "off",
+                           "--ready-file", str(ready)], ready, processes=shards + 1)
+            procs.append(p)
+            addresses.append(a)
+        with PSClient(addresses, plan, worker=0, world_size=1, timeout=120, bulk=plane == "bulk") as client:
             client.hello()
             weights, grad = torch.zeros(plan.total), torch.full((plan.total,), 1e-3)
             client.init(weights)
             client.pull(clock=0, out=weights)
-            times = []
-            for step in range(repeats + 1):
+            clock = iter(range(10**9))
+
+            def trip() -> float:
                 t0 = time.perf_counter()
-                client.push_pull(grad, clock=step, out=weights)
-                times.append(time.perf_counter() - t0)
+                client.push_pull(grad, clock=next(clock), out=weights)
+                return time.perf_counter() - t0
+            yield trip
             client.leave()
     finally:
         for p in procs:
@@ -87,25 +117,37 @@ def psrv_push_pull(size: int, shards: int, kind: str, repeats: int, tmp: Path) -
                 p.wait(20)
             except subprocess.TimeoutExpired:
                 p.kill()
-    return times[1:]  # the first round trip pays for first-touch page faults on both sides
 
 
-def run(sizes_mb: list[int], shards: list[int], endpoints: list[str], repeats: int) -> list[dict]:
-    tune_malloc()  # this process is both clients: the same allocator for the echo and for psrv
+def measure(raw_trip: Callable[[], float], size: int, shards: int, kind: str, plane: str, repeats: int,
+            tmp: Path) -> dict:
+    """psrv's round trips and its baseline's (`raw_trip`), alternating; the first of each pays for
+    first-touch page faults on both sides and is left out."""
+    with psrv_shards(size, shards, kind, plane, tmp) as psrv_trip:
+        raw_trip(), psrv_trip()
+        raw, psrv = [], []
+        for _ in range(repeats):
+            raw.append(raw_trip())
+            psrv.append(psrv_trip())
+    med, raw_med = statistics.median(psrv), statistics.median(raw)
+    return {"bench": "wire", "endpoint": kind, "size_mb": size // 2**20, "shards": shards,
+            "plane": plane, "baseline": BASELINE[plane], "psrv_seconds": med, "raw_seconds": raw_med,
+            "ratio": raw_med / med, "psrv_spread": [min(psrv), max(psrv)], "raw_spread": [min(raw), max(raw)],
+            "repeats": repeats, "psrv_gb_per_s": 2 * size / med / 1e9}
+
+
+def run(sizes_mb: list[int], shards: list[int], endpoints: list[str], repeats: int,
+        planes: tuple[str, ...] = ("zmq",)) -> list[dict]:
+    tune_malloc()  # this process is every client: the same allocator for the echoes and for psrv
     results = []
     with tempfile.TemporaryDirectory(prefix="psrv-wire-") as d:
-        tmp = Path(d)
         for kind in endpoints:
             for mb in sizes_mb:
-                size = mb * 2**20
-                raw = statistics.median(raw_echo(size, kind, repeats, tmp))
-                for s in shards:
-                    times = psrv_push_pull(size, s, kind, repeats, tmp)
-                    med = statistics.median(times)
-                    results.append({"bench": "wire", "endpoint": kind, "size_mb": mb, "shards": s,
-                                    "psrv_seconds": med, "raw_seconds": raw, "ratio": raw / med,
-                                    "psrv_spread": [min(times), max(times)], "repeats": repeats,
-                                    "psrv_gb_per_s": 2 * size / med / 1e9})
+                for plane in planes:
+                    if plane == "bulk" and kind != "tcp":
+                        continue  # the bulk plane is for remote hosts: tcp only
+                    with echo(BASELINE[plane], mb * 2**20, kind, Path(d)) as raw_trip:
+                        results += [measure(raw_trip, mb * 2**20, s, kind, plane, repeats, Path(d)) for s in shards]
     return results
 
 
@@ -114,13 +156,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sizes-mb", type=int, nargs="+", default=[1, 16, 64])
     p.add_argument("--shards", type=int, nargs="+", default=[1, 2])
     p.add_argument("--endpoints", nargs="+", choices=["tcp", "ipc"], default=["tcp"])
+    p.add_argument("--planes", nargs="+", choices=["zmq", "bulk"], default=["zmq", "bulk"],
+                   help="psrv over zmq alone, and with the bulk plane (tcp only)")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--out", type=Path)
     a = p.parse_args(argv)
-    results = run(a.sizes_mb, a.shards, a.endpoints, a.repeats)
+    results = run(a.sizes_mb, a.shards, a.endpoints, a.repeats, tuple(a.planes))
     for r in results:
-        print(f"{r['endpoint']:>3} {r['size_mb']:>4} MB x{r['shards']} shards: psrv {r['psrv_seconds']*1e3:7.1f} ms"
-              f"  raw echo {r['raw_seconds']*1e3:7.1f} ms  ratio {r['ratio']:.2f}x raw")
+        print(f"{r['endpoint']:>3} {r['size_mb']:>4} MB x{r['shards']} shards over {r['plane']:>4}: psrv "
+              f"{r['psrv_seconds']*1e3:7.1f} ms  {r['baseline']:>11} {r['raw_seconds']*1e3:7.1f} ms  "
+              f"ratio {r['ratio']:.2f}x")
     if a.out:
         a.out.write_text(json.dumps(results, indent=1))
 
