@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from psrv.chunking import chunk_count, chunk_range
 from psrv.codecs import CASTS, make as make_codec
 from psrv.codecs.push import PushEncoder
 from psrv.heartbeat import Heartbeat
@@ -57,7 +58,8 @@ class PSClient:
                  transport: str = "zmq", timeout: float = 60.0, retry_interval: float = 1.0,
                  curve_keys: str = "", heartbeat: bool = True, wire_dtype: str = "float32",
                  compress: str = "", error_feedback: bool = True, compress_min_numel: int = 0,
-                 shared_memory: bool = False, bulk: bool = False, net: ClientTransport | None = None):
+                 shared_memory: bool = False, bulk: bool = False, net: ClientTransport | None = None,
+                 push_chunk_mb: float = 8.0):
         if len(servers) != plan.num_shards:
             raise ValueError(f"{len(servers)} server addresses for a plan of {plan.num_shards} shards")
         self.plan = plan
@@ -84,6 +86,10 @@ class PSClient:
         self._encoder_options = {"error_feedback": error_feedback, "min_numel": compress_min_numel}
         self.onebit: LocalMomentum | None = None  # set by hello() when the shards run onebit_adam
         self.wire = WireBytes()
+        if not push_chunk_mb >= 0:
+            raise ValueError(f"push_chunk_mb must be >= 0 (0: pushes go whole); got {push_chunk_mb!r}")
+        self.push_chunk_bytes = int(push_chunk_mb * 2**20)
+        self.chunked = False  # set by hello(): every shard takes chunks (WELCOME's `chunks`)
         self._wire: torch.Tensor | None = None  # the gradient cast to wire_dtype, reused every push
         self._seq = 0
         self.session = secrets.randbits(63) or 1  # this process, as the shards tell it from another of this rank
@@ -104,6 +110,7 @@ class PSClient:
         worker_timeout (+1 s): a crashed process of this rank goes silent within it, a live one does not."""
         welcomes = [m.fields for m in self._hellos()]
         self._follow_onebit(welcomes)
+        self.chunked = self.push_chunk_bytes > 0 and all(w.get("chunks") for w in welcomes)
         # A restarted worker continues after its previous life's seqs, so no push of it looks re-sent.
         self._seq = max([self._seq] + [int(w.get("last_seq", 0)) for w in welcomes])
         timeouts = [w["worker_timeout"] for w in welcomes if isinstance(w.get("worker_timeout"), (int, float))]
@@ -280,6 +287,19 @@ class PSClient:
         finally:
             for s in range(len(self.ranges) if direct else 0):
                 self._net.receive_into(s, None)
+
+    def _chunks(self, msg: Message) -> list[Message]:
+        """A dense push or INIT as the messages it goes in: itself, or where the shards take chunks and its
+        tensor is over push_chunk_bytes, its chunks (psrv/server/chunked.py), each a view of the tensor."""
+        t = msg.tensor
+        if not self.chunked or t is None or msg.parts is not None:
+            return [msg]
+        n = chunk_count(t.numel(), max(1, self.push_chunk_bytes // t.element_size()))
+        if n == 1:
+            return [msg]
+        return [Message(msg.type, worker=msg.worker, session=msg.session, seq=msg.seq, clock=msg.clock,
+                        base_version=msg.base_version, fields={**msg.fields, "chunk": [i, n]},
+                        tensor=t[slice(*chunk_range(t.numel(), n, i))]) for i in range(n)]
 
     def _weights(self, replies: list[Message], out: torch.Tensor) -> Reply:
         for (lo, hi), r in zip(self.ranges, replies):

@@ -42,9 +42,12 @@ class RoundTrip:
         for m in msgs:
             m.seq = seq
         self.msgs = msgs
-        self.frames: list[list | None] = [None] * len(msgs)  # encoded when sent: the tensor may still be filling
+        # encoded when sent (the tensor may still be filling): one frame list per message, several for a
+        # push sent in chunks (psrv/server/chunked.py)
+        self.frames: list[list[list] | None] = [None] * len(msgs)
         self.kind = msgs[0].type.name
         self.pushing = msgs[0].type in (MsgType.PUSH, MsgType.PUSH_PULL)
+        self.chunky = self.pushing or msgs[0].type is MsgType.INIT  # may go in chunks (PSClient._chunks)
         self.payload = self.pushing or msgs[0].type in (MsgType.PULL, MsgType.INIT)  # tensors go or come back
         self.resent = False  # a request went again (lost, or a probe unanswered)
         n = len(msgs)
@@ -56,19 +59,20 @@ class RoundTrip:
     def send(self, s: int) -> None:
         """Send shard s its request now (once)."""
         if self.frames[s] is None:
-            self.frames[s] = encode(self.msgs[s])
+            self.frames[s] = [encode(m) for m in self.c._chunks(self.msgs[s])] if self.chunky else [encode(self.msgs[s])]
             if self.pushing:
                 lo, hi = self.c.ranges[s]
                 self.c.wire.dense_pushed += 4 * (hi - lo)
             self._out(s, self.frames[s], push=self.pushing)
 
-    def _out(self, s: int, frames: list, *, push: bool = False) -> None:
-        """Send frames to shard s, counting their bytes (PSClient.wire)."""
-        n = sum(memoryview(f).nbytes for f in frames)
-        self.c.wire.sent += n
-        if push:
-            self.c.wire.pushed += n
-        self.net.send(s, frames)
+    def _out(self, s: int, messages: list[list], *, push: bool = False) -> None:
+        """Send messages (each a list of frames) to shard s, counting their bytes (PSClient.wire)."""
+        for frames in messages:
+            n = sum(memoryview(f).nbytes for f in frames)
+            self.c.wire.sent += n
+            if push:
+                self.c.wire.pushed += n
+            self.net.send(s, frames)
 
     def run(self) -> list[Message]:
         for s in range(len(self.msgs)):
@@ -117,13 +121,13 @@ class RoundTrip:
                 self.net.reconnect(s)
                 self._resend(s)
             probe = self.c._msg(MsgType.HEARTBEAT, seq=self.seq, fields={"probe": self.seq})
-            self._out(s, encode(probe))
+            self._out(s, [encode(probe)])
             self.probing[s] = True
 
     def _resend(self, s: int) -> None:
         self.resent = True
         if self.greeting[s]:
-            self._out(s, encode(self.c._hello(s)))
+            self._out(s, [encode(self.c._hello(s))])
         else:
             self._out(s, self.frames[s], push=self.pushing)
 
@@ -159,7 +163,7 @@ class RoundTrip:
                     log.info("worker %d: shard %d does not know us (%s); saying HELLO again",
                              self.c.worker, s, f.get("message"))
                     self.greeting[s] = True
-                    self._out(s, encode(self.c._hello(s)))
+                    self._out(s, [encode(self.c._hello(s))])
                 return True
             raise PSError(s, f.get("code", ErrorCode.INTERNAL), f.get("message", ""), fields=f)
         self.replies[s] = reply

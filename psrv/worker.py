@@ -93,14 +93,15 @@ class Worker:
 
     `shared_memory` ('auto' or 'off') moves tensors through shared memory to shards on this host; `bulk`
     ('auto' or 'off') over a plain TCP connection to the others, where no `curve_keys` are given
-    (psrv/transport/plane.py). zmq only."""
+    (psrv/transport/plane.py). zmq only. `push_chunk_mb` (0: off): a push bigger than that goes in
+    chunks that async and ssp shards apply as they arrive (psrv/server/chunked.py)."""
 
     def __init__(self, model: torch.nn.Module, servers: Sequence[str] | None = None, *,
                  rank: int | None = None, world_size: int | None = None, transport: str = "zmq",
                  timeout: float = 60.0, curve_keys: str = "", wire_dtype: str = "float32",
                  overlap: bool = True, clip_grad_norm: float | None = 0.0, local_steps: int | str | None = None,
                  compress: str = "", error_feedback: bool = True, compress_min_numel: int = 1024,
-                 shared_memory: str = "auto", bulk: str = "off"):
+                 shared_memory: str = "auto", bulk: str = "off", push_chunk_mb: float = 8.0):
         if local_steps is not None:
             try:
                 local_steps = parse_local_steps(local_steps)
@@ -118,7 +119,8 @@ class Worker:
         self._client = PSClient(servers, self.plan, worker=self.rank, world_size=self.world_size,
                                 transport=transport, timeout=timeout, curve_keys=curve_keys, wire_dtype=wire_dtype,
                                 compress=compress, error_feedback=error_feedback,
-                                compress_min_numel=compress_min_numel, **planes(shared_memory, bulk, curve_keys))
+                                compress_min_numel=compress_min_numel, push_chunk_mb=push_chunk_mb,
+                                **planes(shared_memory, bulk, curve_keys))
         self._flat.place_grads(self._client.share(self._flat.grads))  # shared memory: pushes read in place
         self._pushing: PushPull | None = None
         self._open = True

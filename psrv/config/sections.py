@@ -303,6 +303,10 @@ class WorkerSettings(Section):
                                    "worker adds what its last pushes left out to the next)", flag="no-error-feedback")
     compress_min_numel: int = setting(1024, "with --compress, tensors of fewer elements (biases, norms) are "
                                       "pushed dense", minimum=0, metavar="N")
+    push_chunk_mb: float = setting(8.0, "a dense push bigger than this many MB goes in chunks that an async or ssp "
+                                   "shard applies as they arrive, so it holds one chunk, not the push, in memory "
+                                   "(0: pushes go whole; sync and some update rules take them whole anyway; "
+                                   "docs/architecture.md)", minimum=0.0, metavar="MB")
     local_steps: int | str = setting(1, "local SGD / DiLoCo: inner steps per push; each push is the "
                                      "pseudo-gradient w_pulled - w_now and the servers' optimizer is the outer one "
                                      "(1: push every step). auto[:H]: dynamic local updates, the fastest worker "

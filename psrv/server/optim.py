@@ -41,10 +41,8 @@ class FlatOptimizer:
                 if c.momentum != 0:
                     self.state["momentum_buffer"] = buffers[0]
                 return
-            if not self.state:  # what Adam._init_group makes at the first step
-                self.state = {"step": torch.zeros((), dtype=torch.float32, device=self.param.device)
-                              if self.fused else torch.tensor(0.0, dtype=torch.float32),
-                              "exp_avg": torch.zeros_like(self.param), "exp_avg_sq": torch.zeros_like(self.param)}
+            if not self.state:
+                self._init_adam()
             s = self.state
             if c.name == "onebit_adam" and is_frozen(s, c.freeze_step):  # grad is the workers' mean momentum
                 frozen_step(s, self.param, grad, lr=self.lr, betas=c.betas, eps=c.eps, weight_decay=c.weight_decay,
@@ -53,6 +51,43 @@ class FlatOptimizer:
             adam_update([self.param], [grad], [s["exp_avg"]], [s["exp_avg_sq"]], [], [s["step"]], **kernel,
                                   decoupled_weight_decay=c.name != "adam", amsgrad=False, beta1=c.betas[0],
                                   beta2=c.betas[1], lr=self.lr, weight_decay=c.weight_decay, eps=c.eps, maximize=False)
+
+    def step_slice(self, grad: torch.Tensor, lo: int, hi: int) -> None:
+        """The step of one push on the elements [lo, hi) only (a chunked push, psrv/server/chunked.py):
+        torch.optim's same functions on views of the parameter and its state, element by element the
+        math `step` does. The step count is the push's: every slice of a push sees the same count,
+        and `end_slices()` advances it once the push is whole. sgd and adam/adamw only."""
+        c = self.cfg
+        kernel = {"fused": self.fused, "foreach": False}
+        param = self.param[lo:hi]
+        with torch.no_grad():
+            if c.name == "sgd":
+                if c.momentum != 0 and "momentum_buffer" not in self.state:  # zero: its first step is then
+                    self.state["momentum_buffer"] = torch.zeros_like(self.param)  # the gradient, as torch's clone
+                buffers = [self.state["momentum_buffer"][lo:hi] if c.momentum != 0 else None]
+                sgd_update([param], [grad], buffers, **kernel, weight_decay=c.weight_decay, momentum=c.momentum,
+                           lr=self.lr, dampening=0.0, nesterov=c.nesterov, maximize=False)
+                return
+            if c.name not in ("adam", "adamw"):
+                raise ValueError(f"{c.name} takes pushes whole")
+            if not self.state:
+                self._init_adam()
+            s = self.state
+            step = s["step"].clone()  # torch.optim advances it in place; the push's own count does
+            adam_update([param], [grad], [s["exp_avg"][lo:hi]], [s["exp_avg_sq"][lo:hi]], [], [step], **kernel,
+                        decoupled_weight_decay=c.name != "adam", amsgrad=False, beta1=c.betas[0],
+                        beta2=c.betas[1], lr=self.lr, weight_decay=c.weight_decay, eps=c.eps, maximize=False)
+
+    def end_slices(self) -> None:
+        """A chunked push is whole: its step count, taken by every slice, is now the optimizer's."""
+        if "step" in self.state:
+            self.state["step"] += 1
+
+    def _init_adam(self) -> None:
+        """What Adam._init_group makes at the first step."""
+        self.state = {"step": torch.zeros((), dtype=torch.float32, device=self.param.device)
+                      if self.fused else torch.tensor(0.0, dtype=torch.float32),
+                      "exp_avg": torch.zeros_like(self.param), "exp_avg_sq": torch.zeros_like(self.param)}
 
     def state_dict(self) -> dict:
         """torch.optim's layout: {"state": {0: {...}}, "param_groups": [{..., "params": [0]}]}."""

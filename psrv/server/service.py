@@ -15,6 +15,7 @@ from psrv.checkpoint import Checkpointer
 from psrv.config import ServerConfig
 from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError, decode, encode
 from psrv.server import snapshot, validate
+from psrv.server.chunked import ChunkedPushes, takes_chunks
 from psrv.server.consistency import Decision, make_controller
 from psrv.server.dedup import Dedup
 from psrv.server.identity import Sessions
@@ -49,6 +50,7 @@ class ShardService:
         self.plan_hash: str | None = None
         self.pending = PendingPulls()
         self.dedup = Dedup()
+        self.chunks = ChunkedPushes(self)  # pushes arriving chunk by chunk (psrv/server/chunked.py)
         self.liveness = Liveness(timeout=cfg.worker_timeout, join_timeout=join_timeout, now=now)
         self.sessions = Sessions(shard=cfg.shard, timeout=cfg.worker_timeout)
         self.late = LateStreaks(shard=cfg.shard)
@@ -140,8 +142,9 @@ class ShardService:
     def _on_hello(self, peer, msg: Message) -> None:
         plan_hash, size = validate.hello(self.cfg, msg)
         if self.plan_hash is None:
-            self.shard = Shard(size, self.cfg.optimizer, device=self.cfg.device)
-            self.shard.param.data = self.transport.share(self.shard.param.data)  # shared memory: sent by place
+            # shared memory: sent by place. Shared from an untouched buffer, which costs no resident memory
+            weights = self.transport.share(torch.empty(size, dtype=torch.float32, device=self.cfg.device))
+            self.shard = Shard(size, self.cfg.optimizer, device=self.cfg.device, weights=weights)
             self.plan_hash = plan_hash
         elif plan_hash != self.plan_hash:
             resumed = " (resumed from a checkpoint)" if self.resumed_from is not None else ""
@@ -149,6 +152,7 @@ class ShardService:
                                 f"differs from this server's {self.plan_hash}{resumed}: another model or shard count")
         self._claim(msg)
         self.pending.drop(msg.worker)  # a restarted worker's old pulls
+        self.chunks.forget(msg.worker)  # and its half-sent push
         if msg.worker in self.liveness.left or msg.worker not in self.controller.active:
             if msg.worker in self.liveness.lost:
                 log.info("shard %d: worker %d rejoined", self.cfg.shard, msg.worker)
@@ -160,9 +164,16 @@ class ShardService:
             "version": self.shard.version, "clock": self.controller.next_clock(msg.worker),
             "initialised": self.shard.initialised, "size": self.shard.size,
             "last_seq": self.dedup.last_seq(msg.worker), "worker_timeout": self.cfg.worker_timeout,
-            "clip_grad_norm": self.cfg.optimizer.clip_grad_norm, "onebit": validate.onebit_welcome(self.cfg.optimizer)}))
+            "clip_grad_norm": self.cfg.optimizer.clip_grad_norm, "onebit": validate.onebit_welcome(self.cfg.optimizer),
+            "chunks": takes_chunks(self.cfg)}))
 
     def _on_init(self, peer, msg: Message) -> None:
+        if "chunk" in msg.fields:  # psrv/server/chunked.py
+            fields = self.chunks.take_init(msg)
+            if fields is not None:
+                self._reply(peer, Message(MsgType.OK, seq=msg.seq, fields=fields))
+                self._release()
+            return
         shard = self._ready_shard(msg, need_init=False)
         values = validate.tensor(msg, shard.size)
         already = shard.initialised
@@ -175,7 +186,10 @@ class ShardService:
 
     def _on_push(self, peer, msg: Message) -> None:
         self.speeds.report(msg.worker, msg.fields)
-        info = {**self._push(msg), **self.speeds.fastest(self.controller.active)}
+        pushed = self._push_or_chunk(msg)
+        if pushed is None:  # a chunk, not the push's last: the push is answered once, at its end
+            return
+        info = {**pushed, **self.speeds.fastest(self.controller.active)}
         self._reply(peer, Message(MsgType.OK, seq=msg.seq, fields=info))
         self._release()
 
@@ -191,7 +205,10 @@ class ShardService:
 
     def _on_push_pull(self, peer, msg: Message) -> None:
         self.speeds.report(msg.worker, msg.fields)
-        info = {**self._push(msg), **self.speeds.fastest(self.controller.active)}
+        pushed = self._push_or_chunk(msg)
+        if pushed is None:  # a chunk, not the push's last: its pull is registered with the last
+            return
+        info = {**pushed, **self.speeds.fastest(self.controller.active)}
         self._on_pull(peer, msg, push=info, clock=msg.clock + 1)
 
     def _on_heartbeat(self, peer, msg: Message) -> None:
@@ -227,6 +244,10 @@ class ShardService:
             "path": path, "version": self.shard.version if self.shard else 0}))
 
     # --- mechanics ------------------------------------------------------------
+    def _push_or_chunk(self, msg: Message) -> dict | None:
+        """A whole push's answer; a chunk's (psrv/server/chunked.py) once its push is whole, else None."""
+        return self.chunks.take(msg) if "chunk" in msg.fields else self._push(msg)
+
     def _push(self, msg: Message) -> dict:
         """Accept one gradient: dedup, validate, then apply / accumulate / drop as the controller says."""
         started = time.perf_counter()
@@ -282,6 +303,7 @@ class ShardService:
             self.stats.applied(self.shard.version)
 
     def _remove(self, worker: int) -> None:
+        self.chunks.forget(worker)
         self.controller.leave(worker)
         self.speeds.forget(worker)
         self.stats.membership(self.controller.active, {})
@@ -292,7 +314,7 @@ class ShardService:
 
     def _release(self) -> None:
         """Answer every pending pull the controller now allows."""
-        if self.shard is not None and self.shard.initialised:
+        if self.shard is not None and self.shard.initialised and not self.chunks.applying:  # none half applied
             self.pending.release(self._ready, self._answer)
 
     def _ready(self, p: Pending) -> bool:

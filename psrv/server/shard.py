@@ -16,11 +16,13 @@ from psrv.server.rules.base import SYNC
 
 
 class Shard:
-    def __init__(self, size: int, optim: OptimConfig, *, device: str = "cpu"):
+    def __init__(self, size: int, optim: OptimConfig, *, device: str = "cpu", weights: torch.Tensor | None = None):
+        """`weights`: the float32 tensor of `size` to keep the weights in (zeroed here), e.g. in shared memory."""
         self.size = size
         self.device = torch.device(device)
-        self.param = torch.nn.Parameter(torch.zeros(size, dtype=torch.float32, device=self.device),
-                                        requires_grad=False)
+        if weights is None:
+            weights = torch.empty(size, dtype=torch.float32, device=self.device)
+        self.param = torch.nn.Parameter(weights.zero_(), requires_grad=False)
         self.optim = optim
         self.optimizer = make_optimizer(optim, self.param)
         self.rule = make_rule(optim, size, self.device)  # optim.update_rule (psrv/server/rules)
@@ -47,6 +49,23 @@ class Shard:
         if grad.dtype != torch.float32 or grad.device != self.device:  # converted into a reused buffer
             grad = self._scratch().copy_(grad)
         return self._step(grad, ctx)
+
+    def apply_slice(self, grad: torch.Tensor, lo: int, hi: int, ctx: PushContext) -> float:
+        """One chunk of a push (elements [lo, hi) of this shard): the update rule's prepare and the
+        optimizer's step on those elements only, at the lr of this update; `end_slices()` once the push
+        is whole counts it (version, optimizer step). Rules and optimizers that take chunks only
+        (psrv/server/chunked.py takes_chunks: their math is element by element, from the push's context)."""
+        if grad.dtype != torch.float32 or grad.device != self.device:
+            grad = self._scratch()[lo:hi].copy_(grad)
+        grad, scale = self.rule.prepare(grad, ctx, self.param.data[lo:hi], lambda: self._scratch()[lo:hi])
+        self.optimizer.lr = lr_at(self.optim, self.version)
+        self.optimizer.step_slice(grad, lo, hi)
+        return scale
+
+    def end_slices(self) -> None:
+        """The chunks of a push are in (or it was given up with some applied): one update."""
+        self.optimizer.end_slices()
+        self.version += 1
 
     def pulled(self, worker: int) -> None:
         """`worker`'s pull was answered with the weights as they are now (for rules that keep them)."""

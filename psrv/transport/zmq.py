@@ -16,6 +16,9 @@ from psrv.transport.base import ClientTransport, ServerTransport
 from psrv.transport.plane import MIN_BYTES, OFFER, PAYLOAD, RESET, ClientPlane, ServerPlane, is_mark
 
 
+RECEIVE_QUEUE = 4  # messages per peer a shard's socket receives ahead of its loop
+
+
 def _resolve_bind(bind: str) -> str:
     # zmq spells "any free port" as '*'; psrv accepts the usual :0 as well.
     return bind[:-2] + ":*" if bind.endswith(":0") else bind
@@ -41,6 +44,9 @@ class ZmqServer(ServerTransport):
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 0)  # replies to vanished peers are dropped
+        # A few messages queued per peer, then zmq stops reading its connection until the shard takes one:
+        # a push in chunks (psrv/server/chunked.py) then holds a few chunks here, not all of them
+        self._sock.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE)
         if max_message_bytes > 0:  # a bigger message drops the sender's connection unread
             self._sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
         self.authenticated = bool(curve_keys)
