@@ -162,3 +162,32 @@ def test_a_worker_that_cannot_connect_goes_on_through_zmq(shard):
         assert server_plane.bytes_in == 0 and transport.payload_bytes["inline"] > 0
         client.leave()
     torch.testing.assert_close(weights, torch.full((SIZE,), 1.0 - LR * 2.0))
+
+
+@pytest.mark.timeout(60)
+def test_exactly_once_over_the_bulk_plane_through_a_lossy_network(shard):
+    """Requests dropped and duplicated, replies dropped (tests/integration/test_faults.py's
+    FaultyTransport around the bulk-plane client): every push is applied exactly once, and the
+    weights are sequential SGD's."""
+    from tests.integration.test_faults import FaultyTransport
+    transport, server_plane, service = shard
+    plane = BulkClientPlane([transport.address], timeout=2.0)
+    net = FaultyTransport(ZmqClient([transport.address], planes=[plane]), seed=18, drop=0.2, dup=0.2, drop_reply=0.2)
+    plan = PartitionPlan((ParamSpec("w", (SIZE,)),), 1)
+    gen = torch.Generator().manual_seed(1)
+    init, grads = torch.randn(SIZE, generator=gen), [torch.randn(SIZE, generator=gen) for _ in range(12)]
+    with PSClient([transport.address], plan, worker=0, world_size=1, timeout=30, retry_interval=0.05,
+                  heartbeat=False, net=net) as client:
+        client.hello()
+        client.init(init)
+        weights = torch.empty(SIZE)
+        client.pull(clock=0, out=weights)
+        sgd_steps(client, weights, grads, 0)
+        client.pull(clock=len(grads), out=weights, final=True)
+        client.leave()
+    assert min(net.injected.values()) > 0, net.injected
+    assert service.shard.version == len(grads) and plane.bytes_out >= len(grads) * SIZE * 4
+    want = init.clone()
+    for grad in grads:
+        want.add_(grad, alpha=-LR)
+    torch.testing.assert_close(weights, want, rtol=0, atol=1e-5)
