@@ -50,13 +50,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.timeout(180)
-@pytest.mark.parametrize("mode", ["sync", "async", "ssp"])
-def test_every_mode_runs_over_rpc(mode, tmp_path):
+def _args(mode: str) -> list[str]:
     # ssp also carries compressed pushes: the codec's parts as a list of tensors (psrv/codecs)
     extra = ["--staleness", "1", "--compress", "topk:0.1", "--compress-min-numel", "0"] if mode == "ssp" else []
-    s = psrv_run(tmp_path, "--transport", "rpc", "--mode", mode, "--servers", "2", "--workers", "2",
-                 "--steps", str(STEPS), *extra)
+    return ["--mode", mode, "--servers", "2", "--workers", "2", "--steps", str(STEPS), *extra]
+
+
+@pytest.fixture(scope="module")
+def sync_over_rpc(tmp_path_factory):
+    """The sync run over rpc, made once: (its folder, its summary). test_every_mode_runs_over_rpc[sync]
+    checks its counts and learning, the zmq comparison its parameters."""
+    out = tmp_path_factory.mktemp("sync_over_rpc")
+    return out, psrv_run(out, "--transport", "rpc", *_args("sync"))
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("mode", ["sync", "async", "ssp"])
+def test_every_mode_runs_over_rpc(mode, tmp_path, request):
+    if mode == "sync":
+        tmp_path, s = request.getfixturevalue("sync_over_rpc")
+    else:
+        s = psrv_run(tmp_path, "--transport", "rpc", *_args(mode))
     assert s["transport"] == "rpc" and s["num_servers"] == 2 and s["num_workers"] == 2
     if mode == "ssp":
         assert s["compress"] == "topk:0.1" and 4.5 < s["compression_ratio"] < 5, s
@@ -73,12 +87,10 @@ def test_every_mode_runs_over_rpc(mode, tmp_path):
 
 
 @pytest.mark.timeout(180)
-def test_sync_over_rpc_gives_the_same_parameters_as_over_zmq(tmp_path):
-    args = ["--mode", "sync", "--servers", "2", "--workers", "2", "--steps", "20", "--optimizer", "sgd",
-            "--momentum", "0"]
-    psrv_run(tmp_path / "zmq", "--transport", "zmq", *args)
-    psrv_run(tmp_path / "rpc", "--transport", "rpc", *args)
-    over_zmq, over_rpc = torch.load(tmp_path / "zmq" / "params.pt"), torch.load(tmp_path / "rpc" / "params.pt")
+def test_sync_over_rpc_gives_the_same_parameters_as_over_zmq(sync_over_rpc, tmp_path):
+    rpc_out, _ = sync_over_rpc  # sgd with its default momentum, 2 shards, 2 workers, STEPS steps
+    psrv_run(tmp_path / "zmq", "--transport", "zmq", *_args("sync"))
+    over_zmq, over_rpc = torch.load(tmp_path / "zmq" / "params.pt"), torch.load(rpc_out / "params.pt")
     from workers.jobs import load_job
     initial = torch.cat([p.detach().reshape(-1) for p in load_job("digits_mlp", seed=0).model.parameters()])
     assert (over_zmq - initial).abs().max() > 1e-2                 # training really moved the weights
