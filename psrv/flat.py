@@ -13,9 +13,10 @@ import torch
 class FlatModel:
     """`params` and `grads`: fp32 buffers in `model.parameters()` order (the partition plan's order).
     Raises ValueError, naming the parameter, for a model with no parameters, a parameter that is not
-    float32, or parameters on more than one device."""
+    float32, or parameters on more than one device. `grads=False` places no flat gradient yet: the
+    caller places one (place_grads) before backward."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, *, grads: bool = True):
         self.model = model
         named = list(model.named_parameters())
         if not named:
@@ -40,7 +41,8 @@ class FlatModel:
                 p.register_post_accumulate_grad_hook(lambda q, i=i: self._keep(q, self._views[i]))
             offset += n
         self._views: list[torch.Tensor] = []
-        self.place_grads(torch.zeros(total, dtype=torch.float32, device=device))
+        if grads:
+            self.place_grads(torch.zeros(total, dtype=torch.float32, device=device))
 
     def place_grads(self, buffer: torch.Tensor) -> None:
         """Make `buffer` (zeros, the flat size; e.g. in memory a transport sends from without a copy) the

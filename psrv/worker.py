@@ -113,7 +113,7 @@ class Worker:
         self.rank = int(rank if rank is not None else _env("RANK"))
         self.world_size = int(world_size if world_size is not None else _env("WORLD_SIZE"))
         self.model = model
-        self._flat = FlatModel(model)
+        self._flat = FlatModel(model, grads=False)  # the flat gradient is placed below
         self.plan = PartitionPlan.from_module(model, len(servers))
         self._readiness: ShardReadiness | None = None  # made after HELLO, which says the mode
         self._client = PSClient(servers, self.plan, worker=self.rank, world_size=self.world_size,
@@ -121,7 +121,10 @@ class Worker:
                                 compress=compress, error_feedback=error_feedback,
                                 compress_min_numel=compress_min_numel, push_chunk_mb=push_chunk_mb,
                                 **planes(shared_memory, bulk, curve_keys))
-        self._flat.place_grads(self._client.share(self._flat.grads))  # shared memory: pushes read in place
+        # Shared memory: pushes read in place. Shared from an untouched buffer, which costs no resident memory
+        # (sharing a zeroed one left a freed model-sized buffer resident in the heap; docs/benchmarks.md)
+        params = self._flat.params
+        self._flat.place_grads(self._client.share(torch.empty_like(params)).zero_())
         self._pushing: PushPull | None = None
         self._open = True
         self.steps = 0
