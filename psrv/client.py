@@ -88,7 +88,8 @@ class PSClient:
         self.wire = WireBytes()
         if not push_chunk_mb >= 0:
             raise ValueError(f"push_chunk_mb must be >= 0 (0: pushes go whole); got {push_chunk_mb!r}")
-        self.push_chunk_bytes = int(push_chunk_mb * 2**20)
+        # zmq only: torch RPC answers every message (a future per call), and a chunk but the last gets none
+        self.push_chunk_bytes = int(push_chunk_mb * 2**20) if transport == "zmq" else 0
         self.chunked = False  # set by hello(): every shard takes chunks (WELCOME's `chunks`)
         self._wire: torch.Tensor | None = None  # the gradient cast to wire_dtype, reused every push
         self._seq = 0
