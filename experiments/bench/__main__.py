@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from experiments.bench import apply, end_to_end, memory, metrics_overhead, scaling, wire, worker_options
+from experiments.bench import apply, colocated, end_to_end, memory, metrics_overhead, scaling, wire, worker_options
 
 
 def machine() -> dict:
@@ -34,6 +34,7 @@ def suite(smoke: bool) -> list[tuple[str, Callable[[], list[dict]]]]:
     """(name, thunk) per benchmark, in running order."""
     if smoke:  # every bench at its smallest: one shard, one load generator, one worker, async against DDP
         return [("wire", lambda: wire.run([1], [1], ["tcp"], 3, planes=("zmq", "bulk"))),
+                ("colocated", lambda: colocated.run([1], 3, pushes=("shared",))),
                 ("apply", lambda: apply.run(4, 3)),
                 ("scaling", lambda: scaling.run([1, 4], 1.0, procs=1)),
                 ("memory", lambda: memory.run(16, "synthetic_mlp", 2)),
@@ -43,6 +44,7 @@ def suite(smoke: bool) -> list[tuple[str, Callable[[], list[dict]]]]:
                                                               variants=("baseline", "overlap+bfloat16"))),
                 ("metrics_overhead", lambda: metrics_overhead.run(10, 1, workers=1))]
     return [("wire", lambda: wire.run([1, 16, 64, 256], [1, 2], ["tcp", "ipc"], 7, planes=("zmq", "bulk"))),
+            ("colocated", lambda: colocated.run([16, 64], 9)),
             ("apply", lambda: apply.run(64, 9)),
             ("end_to_end", lambda: end_to_end.run(["synthetic_mlp", "digits_mlp"], 2)),
             ("worker_options", lambda: worker_options.run("synthetic_mlp", 2, 40)),
@@ -60,6 +62,8 @@ def goal(r: dict) -> tuple[str, float] | None:
         return (">=", 0.8) if r["size_mb"] >= 16 else None
     if b == "apply":
         return (">=", 0.5)
+    if b == "colocated":  # as psrv.Worker pushes: from its flat gradient in shared memory
+        return (">=", 0.5) if r["size_mb"] >= 64 and r["push"] == "shared" else None
     if b == "scaling":
         return (">=", 0.8) if r["workers"] == 32 else None
     if b == "memory":
@@ -85,6 +89,9 @@ def describe(r: dict) -> str:
     if b == "wire":  # (rows from before the bulk plane carry neither plane nor baseline: zmq against its echo)
         return (f"wire {r['endpoint']} {r['size_mb']} MB x{r['shards']} over {r.get('plane', 'zmq')}: "
                 f"{r['psrv_seconds']*1e3:.1f} ms vs {r.get('baseline', 'zmq_echo')} {r['raw_seconds']*1e3:.1f} ms")
+    if b == "colocated":
+        return (f"colocated {r['size_mb']} MB push from {r['push']} over {r['plane']}: {r['psrv_gb_per_s']:.2f} GB/s "
+                f"vs memcpy {r['memcpy_gb_per_s']:.2f} GB/s")
     if b == "apply":
         return f"apply {r['optimizer']} {r['size_mb']} MB: {r['bytes_per_second']/1e9:.2f} GB/s vs memcpy {r['memcpy_bytes_per_second']/1e9:.2f}"
     if b == "end_to_end":

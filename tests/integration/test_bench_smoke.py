@@ -8,7 +8,7 @@ import pytest
 
 from tests.helpers import run_in_session
 
-KINDS = {"wire", "apply", "end_to_end", "scaling", "memory", "metrics_overhead", "worker_options"}
+KINDS = {"wire", "colocated", "apply", "end_to_end", "scaling", "memory", "metrics_overhead", "worker_options"}
 
 
 @pytest.mark.timeout(200)
@@ -40,6 +40,9 @@ def recomputed(r: dict, results: list[dict]) -> float:
     b = r["bench"]
     if b == "wire":
         return r["raw_seconds"] / r["psrv_seconds"]
+    if b == "colocated":  # bandwidth: a round trip moves the bytes twice, memcpy once
+        assert r["plane"] == "ShmClientPlane", r  # the co-located row ran over shared memory, not inline
+        return 2 * r["memcpy_seconds"] / r["psrv_seconds"]
     if b == "apply":
         return r["bytes_per_second"] / r["memcpy_bytes_per_second"]
     if b == "end_to_end":
