@@ -228,3 +228,49 @@ def test_an_offer_from_another_network_namespace_is_declined():
         plane.close()
         other.kill()
         other.wait(5)
+
+
+@pytest.mark.timeout(60)
+def test_exactly_once_over_shared_memory_through_a_lossy_network():
+    """Requests dropped and duplicated, replies dropped (test_faults.py's FaultyTransport around the
+    shared-memory client) while a real shard in a thread reads the pushes from shared memory and answers
+    with its weights in place: every push is applied once, the weights are sequential SGD's, and only
+    the messages that offered the plane again after a reconnect went inline."""
+    from psrv.config import OptimConfig, ServerConfig
+    from psrv.server.service import ShardService
+    from tests.integration.test_faults import FaultyTransport
+    size, lr = 1 << 16, 0.5  # floats: 256 KB, over the plane's smallest payload
+    cfg = ServerConfig(workers=1, mode="async", optimizer=OptimConfig(name="sgd", lr=lr, momentum=0.0))
+    server = ZmqServer("tcp://127.0.0.1:0", planes=[ShmServerPlane()])
+    service = ShardService(cfg, server)
+    thread = threading.Thread(target=service.serve, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    inner, reconnects = ZmqClient([server.address], planes=[ShmClientPlane()]), []
+    reconnect = inner.reconnect
+    inner.reconnect = lambda shard: (reconnects.append(shard), reconnect(shard))  # counted, then done
+    net = FaultyTransport(inner, seed=18, drop=0.2, dup=0.2, drop_reply=0.2)
+    gen = torch.Generator().manual_seed(1)
+    init, grads = torch.randn(size, generator=gen), [torch.randn(size, generator=gen) for _ in range(12)]
+    try:
+        with PSClient([server.address], PartitionPlan((ParamSpec("w", (size,)),), 1), worker=0, world_size=1,
+                      timeout=30, retry_interval=0.05, heartbeat=False, net=net) as client:
+            client.hello()
+            client.init(init)
+            weights = torch.empty(size)
+            for clock, grad in enumerate(grads):
+                client.push_pull(grad, clock=clock, out=weights)
+            client.pull(clock=len(grads), out=weights, final=True)
+            client.leave()
+    finally:
+        service.stopped = True
+        thread.join(10)
+        server.close()
+    assert min(net.injected.values()) > 0, net.injected
+    assert service.shard.version == len(grads)
+    # A reconnect drops the plane; the message that offers it again goes inline, every other by place
+    assert server.payload_bytes["inline"] <= len(reconnects) * size * 4, (server.payload_bytes, reconnects)
+    assert server.payload_bytes["shm"] >= (2 * len(grads) - len(reconnects)) * size * 4, server.payload_bytes
+    want = init.clone()
+    for grad in grads:
+        want.add_(grad, alpha=-lr)
+    torch.testing.assert_close(weights, want, rtol=0, atol=1e-5)
