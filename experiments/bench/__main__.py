@@ -95,7 +95,10 @@ def describe(r: dict) -> str:
     if b == "apply":
         return f"apply {r['optimizer']} {r['size_mb']} MB: {r['bytes_per_second']/1e9:.2f} GB/s vs memcpy {r['memcpy_bytes_per_second']/1e9:.2f}"
     if b == "end_to_end":
-        return f"e2e {r['job']} {r['variant']}: {r['samples_per_second']:.0f} samples/s vs DDP {r['ddp_samples_per_second']:.0f}"
+        total = sum(r.get("payload_bytes", {}).values())
+        paths = ", ".join(f"{k} {v / total:.0%}" for k, v in r["payload_bytes"].items() if v) if total else ""
+        return (f"e2e {r['job']} {r['variant']}: {r['samples_per_second']:.0f} samples/s vs DDP "
+                f"{r['ddp_samples_per_second']:.0f}" + (f" (tensor bytes: {paths})" if paths else ""))
     if b == "scaling":
         return f"scaling {r['workers']} workers: {r['updates_per_second']:.0f} updates/s"
     if b == "worker_options":

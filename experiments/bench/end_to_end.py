@@ -1,7 +1,9 @@
 """end_to_end: samples/s of one job under sync PS, async PS, ssp(2) and DDP (gloo), same run.
 
 python -m experiments.bench.end_to_end --jobs synthetic_mlp digits_mlp --repeats 2
-2 workers and 1 server on 127.0.0.1; samples/s counts the training window (first step to last).
+2 workers and 1 server on 127.0.0.1; samples/s counts the training window (first step to last). Each
+PS row says by which path its tensor bytes went, summed over its runs (`payload_bytes`, as summary.json:
+inline, shm, bulk); as psrv run starts them, co-located processes share memory.
 Each PS figure is reported as a ratio to DDP's median from the same invocation; modes alternate
 within a repeat so that drifts in machine load fall on every mode alike.
 """
@@ -29,6 +31,7 @@ def run(jobs: list[str], repeats: int, steps: dict[str, int] | None = None,
     with tempfile.TemporaryDirectory(prefix="psrv-e2e-") as d:
         for job in jobs:
             rates: dict[str, list[float]] = {}
+            paths: dict[str, dict[str, int]] = {}
             for rep in range(repeats):
                 for mode, s in variants:
                     name = mode if mode != "ssp" else f"ssp-{s}"
@@ -37,12 +40,16 @@ def run(jobs: list[str], repeats: int, steps: dict[str, int] | None = None,
                                                 "optimizer": {"lr": 0.01, "momentum": 0.9}})
                     summary = run_local(cfg, out=Path(d) / f"{job}-{name}-{rep}", progress=False)
                     rates.setdefault(name, []).append(summary["samples_per_second"])
+                    for path, n in summary.get("payload_bytes", {}).items():  # PS runs only
+                        paths.setdefault(name, {}).setdefault(path, 0)
+                        paths[name][path] += n
             ddp = statistics.median(rates["ddp"])
             for name, values in rates.items():
                 med = statistics.median(values)
                 results.append({"bench": "end_to_end", "job": job, "variant": name, "samples_per_second": med,
                                 "spread": [min(values), max(values)], "ddp_samples_per_second": ddp,
-                                "ratio": med / ddp, "repeats": repeats, "steps": steps[job], "workers": workers})
+                                "ratio": med / ddp, "repeats": repeats, "steps": steps[job], "workers": workers,
+                                **({"payload_bytes": paths[name]} if name in paths else {})})
     return results
 
 
