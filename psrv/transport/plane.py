@@ -96,7 +96,7 @@ class ServerPlane(abc.ABC):
 
     def writing(self) -> None:
         """The service is about to write buffers it sent earlier (the shard's weights): a plane that
-        still moves them out, or lets a peer read them in place, waits here."""
+        still moves them out, or lets a peer read them in place, waits here or copies them first."""
 
     def written(self) -> None:
         """... and has written them (called at the transport's next send or recv)."""

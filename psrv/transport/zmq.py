@@ -147,7 +147,7 @@ class ZmqServer(ServerTransport):
             self._trackers.append(tracker)
 
     def wait_sent(self, timeout: float = 30.0) -> bool:
-        for plane in self._planes:  # a plane still moving the buffers out waits, or drops that peer
+        for plane in self._planes:  # shared memory waits for its readers; bulk copies what it has yet to send
             plane.writing()
         deadline = time.monotonic() + timeout
         while self._trackers:
