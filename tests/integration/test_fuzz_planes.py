@@ -1,4 +1,5 @@
-"""Fuzzing a live shard's payload-plane messages (psrv/transport/plane.py) with the bulk plane on.
+"""Fuzzing a live shard's payload-plane messages (psrv/transport/plane.py) with the bulk plane on, and
+the shared-memory plane's descriptors.
 
 OFFER, PAYLOAD and RESET frames, well-formed and not, marks where no mark belongs, descriptors of
 every length and value, and garbage on the bulk plane's TCP port: each message gets exactly one reply
@@ -8,6 +9,7 @@ Harness: its one worker pushed with the top seq, so no push is new).
 """
 from __future__ import annotations
 
+import os
 import random
 import socket
 import struct
@@ -19,6 +21,7 @@ import zmq
 from psrv.protocol import ErrorCode, Message, MsgType, decode, encode
 from psrv.transport.bulk_link import READY, TOKEN_BYTES
 from psrv.transport.plane import OFFER, PAYLOAD, RESET
+from psrv.transport.shm import ShmClientPlane, boot_id
 from tests.integration.test_fuzz import INTS, ODD, SIZE, Harness, templates
 
 MESSAGES = 5000
@@ -27,8 +30,8 @@ MESSAGES = 5000
 class PlaneFuzz:
     """The Harness's shard, reached from a raw DEALER that sees the plane's own replies."""
 
-    def __init__(self):
-        self.h = Harness(bulk=True)
+    def __init__(self, **planes):
+        self.h = Harness(**(planes or {"bulk": True}))
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(self.h.server.address)
@@ -147,3 +150,38 @@ def still_serving(fuzz: PlaneFuzz) -> None:
     assert stats.type is MsgType.STATS and stats.fields["version"] == 1
     pulled = decode(fuzz.exchange(encode(Message(MsgType.PULL, worker=0, seq=2**64 - 1))))
     assert pulled.type is MsgType.WEIGHTS
+
+
+@pytest.mark.timeout(90)
+def test_lying_shared_memory_descriptors():
+    """Once the shard took this process's shared-memory offer, PAYLOADs whose descriptors name other
+    processes, fds that are not psrv memfds (stdin, a socket, nothing), wrong sizes and offsets past the
+    end: each answered RESET, or where it names a real payload, answered as that push (a re-sent seq,
+    never applied); then a true one carries the push."""
+    fuzz = PlaneFuzz(shared_memory=True)
+    mine = ShmClientPlane()
+    try:
+        reply = fuzz.exchange([OFFER, msgpack.packb({"shm": {"boot": boot_id(), "pid": os.getpid()}})])
+        assert reply[0] == OFFER and msgpack.unpackb(reply[1])["plane"] == "shm", reply
+        true = msgpack.unpackb(mine.put(0, memoryview(fuzz.push[1])))  # the push in a psrv memfd of ours
+        rng, answered = random.Random(7), 0
+        for i in range(3000):
+            d = dict(true)  # the true descriptor with none, one or two of its fields lying
+            for k in rng.sample([*true, "off"], rng.choice([0, 1, 1, 2])):
+                if k in d and rng.random() < 0.2:
+                    del d[k]
+                else:
+                    d[k] = rng.choice([d.get(k, 0) + rng.choice([-1, 1, 4096]), rng.randrange(64), *INTS, *ODD])
+            body = msgpack.packb(d) if rng.random() < 0.9 else rng.randbytes(rng.randrange(30))
+            try:
+                reply = fuzz.exchange([PAYLOAD, fuzz.push[0], body])
+            except AssertionError as exc:
+                raise AssertionError(f"descriptor {i}: {exc}; {d!r}") from None
+            answered += reply[0] != RESET
+        assert 0 < answered < 3000, answered  # the true ones, and lies that change nothing the shard reads
+        msg = decode(fuzz.exchange([PAYLOAD, fuzz.push[0], msgpack.packb(true)]))
+        assert msg.type is MsgType.OK and msg.fields.get("duplicate"), msg.fields
+        still_serving(fuzz)
+    finally:
+        mine.close()
+        fuzz.close()
