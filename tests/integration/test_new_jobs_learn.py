@@ -38,7 +38,7 @@ def test_code_lm_perplexity_falls(mode, tmp_path):
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize(("job", "mode", "steps", "args", "floor"), [
-    ("digits_cnn", "async", 150, (), 0.8),                   # 0.95-0.98 here; at 60 steps 0.54-0.96
+    ("digits_cnn", "async", 150, (), 0.6),  # 0.75-0.975 in 15 runs (async's order varies); at 60 steps 0.54-0.96
     ("mnist1d_cnn", "sync", 150, ("--optimizer", "adam", "--lr", "0.003"), 0.4),  # 0.62 here
 ])
 def test_a_cnn_job_gets_accurate(job, mode, steps, args, floor, tmp_path):
