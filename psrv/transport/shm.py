@@ -46,6 +46,15 @@ def _netns(pid: int | str) -> int:
     return os.stat(f"/proc/{pid}/ns/net").st_ino
 
 
+def _started(pid: int) -> str | None:
+    """When process `pid` started (its /proc stat's starttime), None if it is gone: with the pid, it
+    names one process, not whichever reuses the pid later."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
 class _Slot:
     """A memfd of ours, mapped; grown (as a new memfd) when a payload does not fit."""
 
@@ -268,6 +277,7 @@ class ShmServerPlane(ServerPlane):
         self._boot = boot_id()
         self._netns = _netns("self")
         self._clients: dict[Hashable, int] = {}  # peer -> its pid
+        self._started: dict[Hashable, str | None] = {}  # peer -> when its process started
         self._pushes = _Peers()
         self._pull: dict[Hashable, _Slot] = {}
         self._weights: _Region | None = None
@@ -289,7 +299,8 @@ class ShmServerPlane(ServerPlane):
                 return None
         except OSError:
             return None
-        self._clients[peer] = pid
+        self._sweep()
+        self._clients[peer], self._started[peer] = pid, _started(pid)
         return {"pid": os.getpid(), **self._readers.join(peer)}
 
     def take(self, peer: Hashable, descriptor: bytes) -> memoryview | None:
@@ -327,8 +338,15 @@ class ShmServerPlane(ServerPlane):
         if self._weights is not None:
             self._weights.end_write()
 
+    def _sweep(self) -> None:
+        """Forget the peers whose process is gone (a worker that restarted, or vanished): the mappings of
+        its memfds would keep its memory alive. Done at each offer, as a restarted worker makes one."""
+        for peer in [p for p, started in self._started.items() if _started(self._clients[p]) != started]:
+            self.forget(peer)
+
     def forget(self, peer: Hashable) -> None:
         self._clients.pop(peer, None)
+        self._started.pop(peer, None)
         self._readers.leave(peer)
         self._pushes.drop_all(lambda key: key[0] == peer)
         slot = self._pull.pop(peer, None)

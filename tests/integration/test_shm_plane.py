@@ -274,3 +274,23 @@ def test_exactly_once_over_shared_memory_through_a_lossy_network():
     for grad in grads:
         want.add_(grad, alpha=-lr)
     torch.testing.assert_close(weights, want, rtol=0, atol=1e-5)
+
+
+def test_an_offer_forgets_the_peers_whose_process_is_gone():
+    """A restarted worker offers again from a new process: the shard drops what it kept for the old one
+    (its mappings would keep that process's memory alive), and keeps the live ones'."""
+    gone = subprocess.Popen(["sleep", "30"])
+    plane = ShmServerPlane()
+    try:
+        assert plane.answer(b"gone", {"boot": boot_id(), "pid": gone.pid}, peer_address="127.0.0.1") is not None
+        assert plane.answer(b"live", {"boot": boot_id(), "pid": os.getpid()}, peer_address="127.0.0.1") is not None
+        assert plane.answer(b"again", {"boot": boot_id(), "pid": os.getpid()}, peer_address="127.0.0.1") is not None
+        assert set(plane._clients) == {b"gone", b"live", b"again"}  # every process still there
+        gone.kill()
+        gone.wait(5)
+        assert plane.answer(b"new", {"boot": boot_id(), "pid": os.getpid()}, peer_address="127.0.0.1") is not None
+        assert set(plane._clients) == {b"live", b"again", b"new"}
+    finally:
+        plane.close()
+        gone.kill()
+        gone.wait(5)
