@@ -41,8 +41,8 @@ def run(jobs: list[str], repeats: int, steps: dict[str, int] | None = None,
                     summary = run_local(cfg, out=Path(d) / f"{job}-{name}-{rep}", progress=False)
                     rates.setdefault(name, []).append(summary["samples_per_second"])
                     for path, n in summary.get("payload_bytes", {}).items():  # PS runs only
-                        paths.setdefault(name, {}).setdefault(path, 0)
-                        paths[name][path] += n
+                        sums = paths.setdefault(name, {})
+                        sums[path] = sums.get(path, 0) + n
             ddp = statistics.median(rates["ddp"])
             for name, values in rates.items():
                 med = statistics.median(values)

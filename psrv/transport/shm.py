@@ -276,8 +276,7 @@ class ShmServerPlane(ServerPlane):
     def __init__(self, *, reader_timeout: float = 1.0):
         self._boot = boot_id()
         self._netns = _netns("self")
-        self._clients: dict[Hashable, int] = {}  # peer -> its pid
-        self._started: dict[Hashable, str | None] = {}  # peer -> when its process started
+        self._clients: dict[Hashable, tuple[int, str | None]] = {}  # peer -> its pid, when that started
         self._pushes = _Peers()
         self._pull: dict[Hashable, _Slot] = {}
         self._weights: _Region | None = None
@@ -300,12 +299,12 @@ class ShmServerPlane(ServerPlane):
         except OSError:
             return None
         self._sweep()
-        self._clients[peer], self._started[peer] = pid, _started(pid)
+        self._clients[peer] = pid, _started(pid)
         return {"pid": os.getpid(), **self._readers.join(peer)}
 
     def take(self, peer: Hashable, descriptor: bytes) -> memoryview | None:
         d = _descriptor(descriptor)
-        if d is None or self._clients.get(peer) != d["pid"]:
+        if d is None or self._clients.get(peer, (None,))[0] != d["pid"]:
             return None
         m = self._pushes.view((peer, d["fd"]), d)
         off, n = d.get("off", HEADER), d["n"]
@@ -341,12 +340,11 @@ class ShmServerPlane(ServerPlane):
     def _sweep(self) -> None:
         """Forget the peers whose process is gone (a worker that restarted, or vanished): the mappings of
         its memfds would keep its memory alive. Done at each offer, as a restarted worker makes one."""
-        for peer in [p for p, started in self._started.items() if _started(self._clients[p]) != started]:
+        for peer in [p for p, (pid, started) in self._clients.items() if _started(pid) != started]:
             self.forget(peer)
 
     def forget(self, peer: Hashable) -> None:
         self._clients.pop(peer, None)
-        self._started.pop(peer, None)
         self._readers.leave(peer)
         self._pushes.drop_all(lambda key: key[0] == peer)
         slot = self._pull.pop(peer, None)
