@@ -20,6 +20,7 @@ PART_DTYPES = {**DTYPES, "int32": torch.int32, "int8": torch.int8, "uint8": torc
 PART_DTYPE_NAMES = {v: k for k, v in PART_DTYPES.items()}
 MAX_HEADER_BYTES = 64 * 1024
 MAX_PARTS = 8
+MAX_CLOCK = 2**62  # clocks and versions: far beyond any run, far from the header's 64-bit limit
 
 
 def encode(msg: Message) -> list:
@@ -76,6 +77,8 @@ def decode(frames: list) -> Message:
     ints = {k: h.get(k, 0) for k in ("w", "s", "c", "bv", "sid")}
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in ints.values()):
         raise ProtocolError(ErrorCode.MALFORMED, "worker, seq, clock, base version and session must be integers")
+    if not (0 <= ints["c"] <= MAX_CLOCK and 0 <= ints["bv"] <= MAX_CLOCK):  # a reply says clock + 1: it must fit
+        raise ProtocolError(ErrorCode.MALFORMED, f"clock and base version must be in [0, {MAX_CLOCK}]")
     fields = h.get("f", {})
     if not isinstance(fields, dict):
         raise ProtocolError(ErrorCode.MALFORMED, "fields must be a map")

@@ -8,13 +8,24 @@ math on views); the push counts as one update once all n are in, and is answered
 last chunk (i = n-1) finds every chunk applied. A re-sent push re-sends every chunk: those already
 applied are skipped, so each is applied exactly once; a lost chunk leaves the push unanswered, and
 the client's probe then re-sends it. Pulls are held while a push is half applied, so no pull reads
-one. INIT goes in chunks alike (copied into the weights). The receive memory is one chunk, not one shard.
+one, and so are the other workers' pushes (psrv/server/queued.py): pushes are applied one at a time, in
+the order of their first message, each at its own step count and lr, bit for bit the whole pushes in
+that order. INIT goes in chunks alike (copied into the weights). The receive memory is one chunk, not
+one shard.
+
+A push is applied whole or not at all: psrv's client never chunks a non-finite gradient (it sends it
+whole, for the shard's --nonfinite policy). A peer that does anyway is refused from that chunk on; what
+its earlier chunks applied cannot be undone without a copy of the shard, which chunks exist to avoid,
+so the push is refused (ERROR, under either policy), counted once in dropped "invalid", and its step
+counted in `partially_applied`; the shard logs it. A worker that leaves half-way is counted the same way
+(dropped "partial").
 
 Where a push needs all of itself (sync's accumulation, DC-ASGD's and delayed Nesterov's rules,
 onebit_adam) the shard says so in WELCOME (`chunks: false`) and the client sends pushes whole.
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -24,9 +35,11 @@ from psrv.chunking import chunk_range
 from psrv.config import ServerConfig
 from psrv.protocol import ErrorCode, Message, ProtocolError
 from psrv.server import validate
+from psrv.server.dedup import refused_again
 from psrv.server.consistency import Decision
 from psrv.server.rules import PushContext
 
+log = logging.getLogger("psrv.server")
 CHUNK_MODES = ("async", "ssp")
 CHUNK_RULES = ("plain", "staleness-lr")  # element by element, from the push's context alone
 CHUNK_OPTIMIZERS = ("sgd", "adam", "adamw")
@@ -84,6 +97,10 @@ class ChunkedPushes:
         """A push is half applied: pulls wait."""
         return any(p.applied for p in self.open.values())
 
+    def blocks(self, worker: int) -> bool:
+        """Must a push of `worker` wait now (another worker's push is open)?"""
+        return bool(self.open) and worker not in self.open
+
     def take(self, msg: Message) -> dict | None:
         """Handle one chunk; the push's answer when it is whole and this is its last chunk, else None."""
         s = self.s
@@ -96,7 +113,7 @@ class ChunkedPushes:
         if replayed is not None:  # the whole push was answered before: its last chunk answers again
             if i == n - 1:
                 s.stats.duplicate()
-                return replayed
+                return refused_again(replayed)
             return None
         push = self.open.get(msg.worker)
         if push is None or push.seq != msg.seq:
@@ -142,12 +159,17 @@ class ChunkedPushes:
         return {"already": False}
 
     def forget(self, worker: int) -> None:
-        """`worker` left, restarted or gave the push up: its chunks applied so far stay one update."""
+        """`worker` left, restarted or gave the push up: the push is dropped ("partial"), counted once;
+        its chunks applied so far stay, as one step of the shard (`partially_applied`)."""
         push = self.open.pop(worker, None)
-        if push is not None and push.applied:
+        if push is None:
+            return
+        stats = self.s.stats
+        stats.pushed(time.perf_counter() - push.started, None)
+        stats.drop("partial")
+        if push.applied:
             self.s.shard.end_slices()
-            self.s.stats.applied(self.s.shard.version, lr_scale=push.scale)
-            self.s.stats.drop("partial")
+            stats.partial()
 
     def _begin(self, msg: Message, n: int) -> OpenPush:
         s, shard = self.s, self.s.shard
@@ -167,9 +189,7 @@ class ChunkedPushes:
         if push.decision is not Decision.APPLY or push.refused:
             return
         if not validate.all_finite(grad):
-            if self.s.cfg.nonfinite == "reject":
-                push.refused = (f"chunk {i} has NaN or Inf; refused with the chunks after it "
-                                f"({push.applied} before it were applied)")
+            push.refused = f"chunk {i} has NaN or Inf; refused with the chunks after it"
             return
         self.s.transport.wait_sent()  # replies still reading the weights must leave before we write them
         push.scale = self.s.shard.apply_slice(grad, lo, hi, push.ctx)
@@ -177,16 +197,29 @@ class ChunkedPushes:
 
     def _end(self, msg: Message, push: OpenPush) -> dict:
         s, shard = self.s, self.s.shard
+        if push.refused:
+            return self._refused(msg, push)
         if push.applied:
             shard.end_slices()
             s.stats.applied(shard.version, lr_scale=push.scale)
-        if push.refused:  # recorded, so a re-sent push is answered from the table, never applied again
-            s.stats.drop("invalid")
-            s._accepted(msg, {**push.info, "version": shard.version, "dropped": "nonfinite"})
-            raise ProtocolError(ErrorCode.NONFINITE, push.refused + " (see --nonfinite)")
-        if push.decision is Decision.APPLY and push.applied < push.chunks:  # --nonfinite skip
-            s.stats.drop("invalid")
-            push.info = {**push.info, "dropped": "nonfinite"} if not push.applied else push.info
         s.stats.pushed(time.perf_counter() - push.started, None if "dropped" in push.info else push.info["staleness"])
         s.stats.membership(s.controller.active, {msg.worker: s.controller.clocks[msg.worker]})
         return s._accepted(msg, {**push.info, "version": shard.version})
+
+    def _refused(self, msg: Message, push: OpenPush) -> dict:
+        """A push with a non-finite chunk, counted once (dropped "invalid"). With nothing applied it
+        follows --nonfinite; with chunks applied it is refused whatever the policy (see the docstring)."""
+        s, shard = self.s, self.s.shard
+        s.stats.pushed(time.perf_counter() - push.started, None)
+        s.stats.drop("invalid")
+        if push.applied:
+            shard.end_slices()
+            s.stats.partial()
+            log.warning("shard %d: worker %d sent a chunked push with NaN or Inf after %d of its %d chunks were "
+                        "applied; refused, and those chunks stay applied (psrv's client sends such a push whole)",
+                        s.cfg.shard, msg.worker, push.applied, push.chunks)
+        elif s.cfg.nonfinite == "skip":
+            return s._accepted(msg, {**push.info, "version": shard.version, "dropped": "nonfinite", "staleness": 0})
+        refusal = push.refused + (f" ({push.applied} before it were applied)" if push.applied else "") + " (see --nonfinite)"
+        s._accepted(msg, {**push.info, "version": shard.version, "refused": refusal})
+        raise ProtocolError(ErrorCode.NONFINITE, refusal)

@@ -1,9 +1,12 @@
 """Exactly-once pushes: the last push seq each worker had accepted and the answer it got.
 
 Clients re-send an unanswered request with the SAME seq; a PUSH whose (worker, seq) was
-already accepted is answered from this table and never applied twice.
+already accepted is answered from this table and never applied twice. A push refused as non-finite
+is recorded too (its info holds `refused`), so a re-send gets the same ERROR and is not counted again.
 """
 from __future__ import annotations
+
+from psrv.protocol import ErrorCode, ProtocolError
 
 
 class Dedup:
@@ -38,3 +41,10 @@ class Dedup:
     def load_state_dict(self, state: dict) -> None:
         self._last = {int(w): (int(v["seq"]), dict(v["info"])) for w, v in state["last"].items()}
         self._seen = {int(w): int(s) for w, s in state["seen"].items()}
+
+
+def refused_again(info: dict) -> dict:
+    """A replayed answer: the info itself, or the same NONFINITE refusal raised again."""
+    if "refused" in info:
+        raise ProtocolError(ErrorCode.NONFINITE, info["refused"])
+    return info

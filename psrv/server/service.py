@@ -17,11 +17,12 @@ from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError, decode, en
 from psrv.server import snapshot, validate
 from psrv.server.chunked import ChunkedPushes, takes_chunks
 from psrv.server.consistency import Decision, make_controller
-from psrv.server.dedup import Dedup
+from psrv.server.dedup import Dedup, refused_again
 from psrv.server.identity import Sessions
 from psrv.server.late import LateStreaks
 from psrv.server.liveness import Liveness
 from psrv.server.pending import Pending, PendingPulls
+from psrv.server.queued import HeldPushes
 from psrv.server.rules import PushContext
 from psrv.server.shard import Shard
 from psrv.server.speeds import WorkerSpeeds
@@ -33,6 +34,7 @@ log = logging.getLogger("psrv.server")
 ADMIN = (MsgType.SHUTDOWN, MsgType.CHECKPOINT)
 ANONYMOUS = (MsgType.STATS, *ADMIN)             # no worker id needed
 NEEDS_ACTIVE = (MsgType.INIT, MsgType.PUSH, MsgType.PULL, MsgType.PUSH_PULL)
+PUSHES = (MsgType.PUSH, MsgType.PUSH_PULL)
 
 
 class ShardService:
@@ -51,6 +53,8 @@ class ShardService:
         self.pending = PendingPulls()
         self.dedup = Dedup()
         self.chunks = ChunkedPushes(self)  # pushes arriving chunk by chunk (psrv/server/chunked.py)
+        self.held = HeldPushes()  # other workers' pushes while a chunked one is half applied
+        self._draining = False
         self.liveness = Liveness(timeout=cfg.worker_timeout, join_timeout=join_timeout, now=now)
         self.sessions = Sessions(shard=cfg.shard, timeout=cfg.worker_timeout)
         self.late = LateStreaks(shard=cfg.shard)
@@ -98,32 +102,59 @@ class ShardService:
 
     def handle(self, peer: Hashable, frames: list) -> None:
         """Handle one request; every request gets exactly one reply, now or deferred."""
-        seq = 0
         try:
             self.stats.received(sum(memoryview(f).nbytes for f in frames))
             msg = decode(frames)
-            seq = msg.seq
+        except Exception as exc:
+            self._refuse(peer, 0, exc)
+            return
+        self._serve(peer, msg, check=True)
+        self._drain()
+
+    def _serve(self, peer: Hashable, msg: Message, *, check: bool) -> None:
+        """Check (on arrival) and handle one decoded request; a refusal becomes its ERROR reply. A push
+        that must wait for another worker's half-applied chunked push is held (psrv/server/queued.py)."""
+        try:
             handler = self._handlers.get(msg.type)
             if handler is None:
                 raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"{msg.type.name} is not a request")
             if msg.type in ADMIN and not getattr(self.transport, "authenticated", False):
                 raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{msg.type.name} needs an authenticated peer: "
                                     "start the servers with --curve-keys (see docs/security.md)")
-            if msg.type not in ANONYMOUS:
+            if check and msg.type not in ANONYMOUS:
                 self._check_worker(msg)
+            if msg.type in PUSHES and self.chunks.blocks(msg.worker):
+                self.held.hold(peer, msg)
+                return
             handler(peer, msg)
-        except ProtocolError as exc:
-            self.stats.errors += 1
+        except Exception as exc:
+            self._refuse(peer, msg.seq, exc)
+
+    def _drain(self) -> None:
+        """Handle the held pushes that no half-applied push blocks any more, in arrival order."""
+        while len(self.held) and not self._draining:
+            item = self.held.next(self.chunks.blocks)
+            if item is None:
+                return
+            self._draining = True
+            try:
+                self._serve(*item, check=False)
+            finally:
+                self._draining = False
+
+    def _refuse(self, peer: Hashable, seq: int, exc: Exception) -> None:
+        """The ERROR reply to a request that failed: a peer's mistake (ProtocolError) or a bug of ours,
+        which must not stop the loop either; the peer learns of it."""
+        self.stats.errors += 1
+        if isinstance(exc, ProtocolError):
             log.warning("shard %d: refused a request: %s", self.cfg.shard, exc)
             fields = {**exc.fields, "code": int(exc.code), "message": exc.message}
             if isinstance(exc, HelloAgain):
                 fields["hello"] = True
-            self._reply(peer, Message(MsgType.ERROR, seq=seq, fields=fields))
-        except Exception as exc:  # a bug must not stop the loop; the peer learns of it
-            self.stats.errors += 1
-            log.exception("shard %d: internal error", self.cfg.shard)
-            self._reply(peer, Message(MsgType.ERROR, seq=seq, fields={
-                "code": int(ErrorCode.INTERNAL), "message": f"{type(exc).__name__}: {exc}"}))
+        else:
+            log.error("shard %d: internal error", self.cfg.shard, exc_info=exc)
+            fields = {"code": int(ErrorCode.INTERNAL), "message": f"{type(exc).__name__}: {exc}"}
+        self._reply(peer, Message(MsgType.ERROR, seq=seq, fields=fields))
 
     def check_liveness(self) -> None:
         """Workers silent for worker_timeout leave the active set; barriers stop waiting for them."""
@@ -137,6 +168,7 @@ class ShardService:
             self.stats.lost_workers.append(w)
             self.liveness.lost.add(w)
             self._remove(w)
+        self._drain()
 
     # --- handlers -------------------------------------------------------------
     def _on_hello(self, peer, msg: Message) -> None:
@@ -153,6 +185,7 @@ class ShardService:
         self._claim(msg)
         self.pending.drop(msg.worker)  # a restarted worker's old pulls
         self.chunks.forget(msg.worker)  # and its half-sent push
+        self.held.drop(msg.worker)  # and the pushes it sent while another push was half applied
         if msg.worker in self.liveness.left or msg.worker not in self.controller.active:
             if msg.worker in self.liveness.lost:
                 log.info("shard %d: worker %d rejoined", self.cfg.shard, msg.worker)
@@ -219,7 +252,8 @@ class ShardService:
         if probe is None:
             self.liveness.seen(msg.worker, heartbeat=True)
         else:
-            fields.update(probe=probe, holding=self.pending.holding(msg.worker, probe))
+            fields.update(probe=probe, holding=self.pending.holding(msg.worker, probe)
+                          or self.held.holding(msg.worker, probe))
         self._reply(peer, Message(MsgType.OK, seq=msg.seq, fields=fields))
 
     def _on_leave(self, peer, msg: Message) -> None:
@@ -249,23 +283,23 @@ class ShardService:
         return self.chunks.take(msg) if "chunk" in msg.fields else self._push(msg)
 
     def _push(self, msg: Message) -> dict:
-        """Accept one gradient: dedup, validate, then apply / accumulate / drop as the controller says."""
+        """Accept one gradient: validate, dedup, then apply / accumulate / drop as the controller says.
+        A non-finite one is never applied: refused (--nonfinite reject) or dropped (skip), counted once."""
         started = time.perf_counter()
         shard = self._ready_shard(msg, need_init=True)
         grad = validate.push(msg, shard.size)  # a dense tensor, or a checked compressed push
         validate.onebit_push(msg, self.cfg.optimizer)  # onebit_adam: a gradient before the freeze, a momentum after
-        finite = validate.all_finite(grad)
-        if not finite and self.cfg.nonfinite == "reject":  # never recorded, so a re-send is refused alike
-            self.stats.drop("invalid")
-            raise ProtocolError(ErrorCode.NONFINITE, "gradient has NaN or Inf; refused (see --nonfinite)")
         replayed = self.dedup.replay(msg.worker, msg.seq, shard.version)
         if replayed is not None:
             self.stats.duplicate()
-            return replayed
-        if not finite:  # --nonfinite skip: acknowledged, never applied
-            self.stats.drop("invalid")
+            return refused_again(replayed)
+        finite = validate.all_finite(grad)
+        if not finite and self.cfg.nonfinite == "reject":  # recorded: a re-send is refused alike, not counted again
             self.stats.pushed(time.perf_counter() - started, None)
-            return self._accepted(msg, {"version": shard.version, "dropped": "nonfinite", "staleness": 0})
+            self.stats.drop("invalid")
+            refusal = "gradient has NaN or Inf; refused (see --nonfinite)"
+            self._accepted(msg, {"version": shard.version, "refused": refusal})
+            raise ProtocolError(ErrorCode.NONFINITE, refusal)
         if self.controller.catch_up(msg.clock):
             log.warning("shard %d: worker %d pushed clock %d, ahead of this restored shard; skipping to it",
                         self.cfg.shard, msg.worker, msg.clock)
@@ -279,6 +313,13 @@ class ShardService:
                                       open_clock=self.controller.next_clock(msg.worker))
             return self._accepted(msg, {"version": shard.version, "dropped": "late", "staleness": 0, **stale})
         self.late.applied(msg.worker)
+        if not finite:  # --nonfinite skip: the worker's clock moves on (sync: its clock applies without it)
+            self.controller.void(msg.worker)
+            self.stats.drop("invalid")
+            self.stats.pushed(time.perf_counter() - started, None)
+            info = self._accepted(msg, {"version": shard.version, "dropped": "nonfinite", "staleness": 0})
+            self._commit_if_ready()
+            return info
         staleness = max(0, shard.version - msg.base_version)
         self.transport.wait_sent()  # replies still reading the weights must leave before we write them
         if decision is Decision.APPLY:  # the update rule sees the push's context (psrv/server/rules)
@@ -296,14 +337,22 @@ class ShardService:
         return info
 
     def _commit_if_ready(self) -> None:
-        if self.shard is not None and self.controller.commit_ready():
+        """Sync: apply the open clock once the controller says it is complete; a clock whose every push
+        was dropped as non-finite moves on without a step (nothing to average)."""
+        if self.shard is None or not self.controller.commit_ready():
+            return
+        if self.shard.accumulated:
             self.transport.wait_sent()
-            self.shard.apply_accumulated()  # the rule sees the mean at staleness 0 (lr scale 1)
-            self.controller.committed()
-            self.stats.applied(self.shard.version)
+            n = self.shard.apply_accumulated()  # the rule sees the mean at staleness 0 (lr scale 1)
+            self.stats.applied(self.shard.version, pushes=n)
+        else:
+            log.warning("shard %d: clock %d had no finite gradient; moving on without a step",
+                        self.cfg.shard, self.controller.next_clock(-1))
+        self.controller.committed()
 
     def _remove(self, worker: int) -> None:
         self.chunks.forget(worker)
+        self.held.drop(worker)
         self.controller.leave(worker)
         self.speeds.forget(worker)
         self.stats.membership(self.controller.active, {})

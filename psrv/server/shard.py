@@ -36,6 +36,11 @@ class Shard:
     def weights(self) -> torch.Tensor:
         return self.param.data
 
+    @property
+    def accumulated(self) -> int:
+        """Gradients in the open clock's sum (sync)."""
+        return self._accumulated
+
     def init(self, values: torch.Tensor) -> None:
         self.param.data.copy_(values)
         self.initialised = True

@@ -15,6 +15,8 @@ class ShardStats:
     pushes: int = 0
     pulls: int = 0
     updates_applied: int = 0
+    pushes_applied: int = 0     # pushes whose gradient went into an update (sync: into its clock's mean)
+    partially_applied: int = 0  # chunked pushes given up half applied (dropped, yet they moved the weights)
     dropped: collections.Counter = field(default_factory=collections.Counter)
     duplicates: int = 0
     errors: int = 0
@@ -38,7 +40,8 @@ class ShardStats:
             self.metrics.bytes_sent.inc(nbytes)
 
     def pushed(self, seconds: float, staleness: int | None) -> None:
-        """A gradient was accepted (applied, buffered, or dropped as late); `seconds` to handle it."""
+        """A push was received and settled (applied, buffered, or dropped: counted once, re-sends
+        not); `seconds` to handle it."""
         self.pushes += 1
         if staleness is not None:
             self.staleness[staleness] += 1
@@ -48,9 +51,11 @@ class ShardStats:
             if staleness is not None:
                 self.metrics.push_staleness.observe(staleness)
 
-    def applied(self, version: int, *, lr_scale: float = 1.0) -> None:
-        """An optimizer step was taken; `lr_scale`: the factor the update rule scaled its gradient by."""
+    def applied(self, version: int, *, lr_scale: float = 1.0, pushes: int = 1) -> None:
+        """An optimizer step was taken with `pushes` gradients (sync: the clock's; else one); `lr_scale`:
+        the factor the update rule scaled its gradient by."""
         self.updates_applied += 1
+        self.pushes_applied += pushes
         self.lr_scale[round(lr_scale, 6)] += 1
         if self.metrics:
             self.metrics.updates_applied.inc()
@@ -58,12 +63,16 @@ class ShardStats:
             self.metrics.shard_version.set(version)
 
     def drop(self, reason: str, count: int = 1) -> None:
-        """`count` gradients received and never applied: "late" (their clock was finished without
-        them) or "invalid" (NaN/Inf)."""
+        """`count` gradients received and never applied whole: "late" (their clock was finished without
+        them), "invalid" (NaN/Inf) or "partial" (a chunked push its worker gave up half-way)."""
         if count:
             self.dropped[reason] += count
             if self.metrics:
                 self.metrics.dropped(reason).inc(count)
+
+    def partial(self) -> None:
+        """A dropped chunked push had chunks applied: the shard's version counts that step."""
+        self.partially_applied += 1
 
     def duplicate(self) -> None:
         """A re-sent push, answered from the dedup table and not applied again."""
@@ -111,6 +120,7 @@ class ShardStats:
     def to_dict(self) -> dict:
         return {
             "pushes": self.pushes, "pulls": self.pulls, "updates_applied": self.updates_applied,
+            "pushes_applied": self.pushes_applied, "partially_applied": self.partially_applied,
             "dropped": dict(self.dropped), "duplicates": self.duplicates, "errors": self.errors,
             "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
             "staleness_histogram": {str(k): v for k, v in sorted(self.staleness.items())},

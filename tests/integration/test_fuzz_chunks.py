@@ -92,3 +92,45 @@ def test_malformed_chunks_are_refused_and_change_nothing():
         assert h.check(encode(Message(MsgType.STATS, seq=99))).type is MsgType.STATS  # still serving
     finally:
         h.close()
+
+
+@pytest.mark.timeout(120)
+def test_fuzzed_chunks_of_new_pushes_are_each_settled_once():
+    """The same fuzz, each message a new push (a fresh seq, so dedup answers none of them from its table):
+    every push the shard opened is settled once, `pushes == pushes_applied + dropped`, its version counts
+    the steps it took (`updates_applied + partially_applied`), and its weights stay finite."""
+    h = Harness(fresh=True)
+    try:
+        hello = Message(MsgType.HELLO, worker=0, seq=1, fields=h.hello)
+        assert h.exchange(encode(hello)).type is MsgType.WELCOME
+        init = Message(MsgType.INIT, worker=0, seq=2, tensor=torch.linspace(-1, 1, SIZE))
+        assert h.exchange(encode(init)).type is MsgType.OK
+        rng = random.Random(27)
+        for k in range(MESSAGES):
+            frames = bad_chunk(rng)
+            head = msgpack.unpackb(frames[0])
+            if isinstance(head, dict) and isinstance(head.get("s"), int):
+                head["s"] = 10 + k  # a new push, never a re-send
+                frames = [msgpack.packb(head), *frames[1:]]
+            h.client.send(0, frames)
+            item = h.server.recv(5.0)
+            assert item is not None, "the shard never received a message"
+            h.svc.handle(*item)
+            while (got := h.client.recv(0.0)) is not None:
+                reply = decode(got[1])
+                assert reply.type is not MsgType.ERROR or reply.fields["code"] != ErrorCode.INTERNAL, reply.fields
+        liar = chunk_frames(2, 1, seq=10 + MESSAGES)  # a whole push whose last chunk has a NaN
+        body = torch.frombuffer(bytearray(liar[1]), dtype=torch.float32).clone()
+        body[0] = float("nan")
+        for frames in (chunk_frames(2, 0, seq=10 + MESSAGES), [liar[0], body.numpy().tobytes()]):
+            h.client.send(0, frames)
+            h.svc.handle(*h.server.recv(5.0))
+        reply = decode(h.client.recv(5.0)[1])
+        assert reply.type is MsgType.ERROR and reply.fields["code"] == ErrorCode.NONFINITE, reply.fields
+        s = h.svc.summary()
+        assert s["pushes"] == s["pushes_applied"] + sum(s["dropped"].values()), s
+        assert s["version"] == s["updates_applied"] + s["partially_applied"], s
+        assert s["dropped"]["invalid"] == 1 and s["dropped"]["partial"] > 0 and s["partially_applied"] > 1, s
+        assert bool(torch.isfinite(h.svc.shard.weights).all()), "a non-finite chunk reached the weights"
+    finally:
+        h.close()

@@ -73,6 +73,10 @@ class Controller:
     def _decide(self, worker: int, clock: int) -> Decision:
         raise NotImplementedError
 
+    def void(self, worker: int) -> None:
+        """`worker`'s push just recorded carries no gradient (dropped as non-finite): sync leaves it out
+        of the clock's quorum; the other modes have none."""
+
     def commit_ready(self) -> bool:
         """True when buffered gradients should be applied now (sync only)."""
         return False

@@ -13,6 +13,7 @@ class SyncController(Controller):
         self.backup_workers = backup_workers
         self.open_clock = 0           # the clock being collected; == updates applied unless resumed
         self.arrived: set[int] = set()
+        self.voided: set[int] = set()  # arrived with no gradient (non-finite, skipped): not in the quorum
         self.resumed = False          # restored from a checkpoint: workers may be ahead of us
         self.skipped = 0              # clocks lost to a restore (their updates are gone)
 
@@ -29,13 +30,19 @@ class SyncController(Controller):
         # A worker that pushed this clock and then left (or finished) keeps its gradient in the sum,
         # but only the workers still pushing count toward the quorum: its leaving must not close the
         # clock before the others' gradients of it are in.
+        # A voided push (non-finite, skipped) is no gradient: it never fills a backup quorum, but its
+        # worker is done with the clock, so it never holds the clock either.
         if not self.arrived:
             return False
-        return len(self.arrived & self.pushing()) >= self.needed() or self.pushing() <= self.arrived
+        return len((self.arrived - self.voided) & self.pushing()) >= self.needed() or self.pushing() <= self.arrived
+
+    def void(self, worker: int) -> None:
+        self.voided.add(worker)
 
     def committed(self) -> None:
         self.open_clock += 1
         self.arrived = set()
+        self.voided = set()
 
     def pull_ready(self, worker: int, clock: int) -> bool:
         return clock <= self.open_clock
@@ -48,17 +55,18 @@ class SyncController(Controller):
         # committed clocks this one lost. Jump to it so the barrier meets the workers again.
         if not self.resumed or clock <= self.open_clock:
             return 0
-        skipped, self.open_clock, self.arrived = clock - self.open_clock, clock, set()
+        skipped, self.open_clock, self.arrived, self.voided = clock - self.open_clock, clock, set(), set()
         self.skipped += skipped
         return skipped
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "open_clock": self.open_clock, "arrived": sorted(self.arrived),
-                "skipped": self.skipped}
+                "voided": sorted(self.voided), "skipped": self.skipped}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.open_clock = int(state["open_clock"])
         self.arrived = {int(w) for w in state["arrived"]}
+        self.voided = {int(w) for w in state.get("voided", [])}
         self.skipped = int(state.get("skipped", 0))
         self.resumed = True
