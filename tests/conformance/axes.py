@@ -1,0 +1,113 @@
+"""The axes of the conformance matrix: every setting a user can give psrv, the levels it is tried at,
+and how a case (one level per axis) becomes psrv's own config tree (a RunConfig, which also says
+which combinations psrv refuses: those are not cases).
+
+Two kinds of axis. A *path* axis only moves bytes (transport, payload plane, chunked pushes, early
+sends): a case must equal, bit for bit, the same case with every path axis at its plain level. The
+others change the numbers on purpose, and each case is checked against the reference's math
+(tests/conformance/reference.py)."""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from psrv.config import ConfigError, RunConfig, from_dict
+
+JOB = "tests/conformance/job.py:tiny"
+STEPS, BATCH, SEED = 4, 16, 3
+CHUNK_MB = 0.07  # chunks of 18k floats: over 64 KB, so a plane carries them, and several per shard
+
+AXES: dict[str, tuple] = {
+    # path axes: the first level is the plain path
+    "transport": ("zmq", "rpc"),
+    "plane": ("inline", "shm", "bulk"),
+    "chunks": ("off", "on"),
+    "overlap": ("on", "off"),
+    # numeric axes
+    "shards": (1, 3),
+    "wire": ("float32", "bfloat16", "float16"),
+    "codec": ("none", "topk", "randomk", "sign", "int8"),
+    "ef": ("on", "off"),
+    "mode": ("sync", "async", "ssp"),
+    "optimizer": ("sgd", "nesterov", "adam", "adamw", "onebit_adam"),
+    "rule": ("plain", "staleness-lr", "dc-asgd", "dc-asgd-a", "dn"),
+    "local": (1, 2),
+    "nonfinite": ("none", "skip", "reject"),
+    "backup": (0, 1),
+    "clip": (0.0, 1.0),
+    "schedule": ("constant", "warmup_cosine"),
+    "weight_decay": (0.0, 0.01),
+}
+PATH_AXES = ("transport", "plane", "chunks", "overlap")
+DATA_PATH = ("plane", "chunks", "wire", "codec")  # every triple of these is covered
+DEFAULT = {axis: levels[0] for axis, levels in AXES.items()}
+CODEC_SPEC = {"none": "", "topk": "topk:0.1", "randomk": "randomk:0.1", "sign": "sign", "int8": "int8"}
+LR = {"sgd": 0.05, "nesterov": 0.05, "adam": 0.003, "adamw": 0.003, "onebit_adam": 0.003}
+
+
+def case_id(case: dict) -> str:
+    return "-".join(f"{v}" for k, v in case.items() if v != DEFAULT[k]) or "plain"
+
+
+def workers_of(case: dict) -> int:
+    """Two workers; one where a run's order cannot be fixed (torch RPC under async or ssp: psrv run's
+    workers free-run there, and two of them interleave as they may)."""
+    return 1 if case["transport"] == "rpc" and case["mode"] != "sync" else 2
+
+
+def run_config(case: dict) -> RunConfig:
+    """The case as psrv's config tree; ConfigError where psrv refuses the combination."""
+    c = case
+    codec = CODEC_SPEC[c["codec"]]
+    optimizer = {"name": "sgd" if c["optimizer"] == "nesterov" else c["optimizer"], "lr": LR[c["optimizer"]],
+                 "weight_decay": c["weight_decay"], "update_rule": c["rule"], "clip_grad_norm": c["clip"]}
+    if c["optimizer"] == "nesterov":
+        optimizer["nesterov"] = True
+    if c["optimizer"] == "onebit_adam":
+        optimizer["freeze_step"] = 2
+    if c["schedule"] != "constant":
+        optimizer.update(lr_schedule=c["schedule"], warmup_steps=1, lr_decay_steps=STEPS)
+    worker = {"wire_dtype": c["wire"], "compress": codec, "error_feedback": c["ef"] == "on",
+              "push_chunk_mb": CHUNK_MB if c["chunks"] == "on" else 0.0, "overlap": c["overlap"] == "on",
+              "local_steps": c["local"], "request_timeout": 30.0}
+    if c["local"] > 1:
+        worker.update(inner_optimizer="sgd", inner_lr=0.05)
+    tree = {"mode": c["mode"], "staleness": 1, "backup_workers": c["backup"], "seed": SEED,
+            "cluster": {"servers": c["shards"], "workers": workers_of(c), "transport": c["transport"],
+                        "shared_memory": "auto" if c["plane"] == "shm" else "off",
+                        "bulk": "auto" if c["plane"] == "bulk" else "off"},
+            "job": {"name": JOB + ("_nan" if c["nonfinite"] != "none" else ""), "steps": STEPS, "batch_size": BATCH},
+            "optimizer": optimizer, "worker": worker,
+            "server": {"nonfinite": "reject" if c["nonfinite"] == "none" else c["nonfinite"], "worker_timeout": 30.0}}
+    return from_dict(RunConfig, tree)
+
+
+def refusal(case: dict) -> str | None:
+    """Why this combination is not a case (psrv refuses it, or it is meaningless), or None."""
+    c = case
+    if c["codec"] == "none" and c["ef"] != "on":
+        return "error feedback needs a lossy codec"
+    if c["transport"] == "rpc" and (c["plane"] != "inline" or c["chunks"] != "off"):
+        return "planes and chunks are zmq's"
+    if c["transport"] == "rpc" and c["nonfinite"] == "reject":
+        return "under psrv run a refused worker ends its run"
+    if c["rule"] == "dn" and c["optimizer"] != "nesterov":
+        return "dn is delayed Nesterov"
+    return _refused_by_psrv(tuple(sorted(c.items())))
+
+
+@lru_cache(maxsize=None)
+def _refused_by_psrv(items: tuple) -> str | None:
+    try:
+        run_config(dict(items))
+    except (ConfigError, ValueError) as exc:
+        return str(exc)
+    return None
+
+
+def plain_path(case: dict) -> dict:
+    """The same case with every path axis at its plain level: zmq, inline, whole pushes, early sends."""
+    return {**case, **{axis: AXES[axis][0] for axis in PATH_AXES}}
+
+
+__all__ = ["AXES", "DATA_PATH", "DEFAULT", "PATH_AXES", "case_id", "plain_path", "refusal", "run_config",
+           "workers_of"]

@@ -1,0 +1,131 @@
+"""One case of the matrix run for real, in this process: every shard a psrv.Server served from a thread
+on 127.0.0.1, every worker a thread driving psrv.Worker through the loop psrv's own workers run
+(workers/loop.py: batch, loss, backward, the inner step with local steps, ps.step()).
+
+The order is fixed, so a run repeats bit for bit: in sync (without backup workers) the two workers
+run free, as the mean of two gradients does not depend on their order; everywhere else they take
+turns, one whole step each (push, apply, pull), worker 0 first."""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import torch
+from torch.nn.utils import parameters_to_vector
+
+from psrv.client import PSError
+from psrv.config import RunConfig
+from psrv.server.run import Server
+from psrv.worker import StepInfo, Worker
+from tests.conformance import job as tiny
+
+TIMEOUT = 60.0
+
+
+@dataclass
+class Outcome:
+    """What a run left: rank 0's final weights, each shard's summary, each worker's steps and errors."""
+
+    params: torch.Tensor
+    shards: list[dict]
+    steps: dict[int, list[StepInfo]] = field(default_factory=dict)
+    errors: dict[int, PSError] = field(default_factory=dict)
+
+
+class Turns:
+    """The workers' turns: one whole step each, in rank order; a worker that stops gives up its turns."""
+
+    def __init__(self, ranks: list[int], *, free: bool):
+        self.order, self.at, self.free = list(ranks), 0, free
+        self.cond = threading.Condition()
+
+    def wait(self, rank: int) -> None:
+        with self.cond:
+            if not self.cond.wait_for(lambda: self.free or self.order[self.at % len(self.order)] == rank, TIMEOUT):
+                raise TimeoutError(f"worker {rank} never got its turn")
+
+    def done(self, rank: int) -> None:
+        with self.cond:
+            if not self.free:
+                self.at = (self.order.index(rank) + 1) % len(self.order)
+            self.cond.notify_all()
+
+    def stop(self, rank: int) -> None:
+        with self.cond:
+            if rank in self.order:
+                i = self.order.index(rank)
+                self.order.remove(rank)
+                if self.order and i < self.at % (len(self.order) + 1):
+                    self.at -= 1
+                self.at %= max(1, len(self.order))
+            self.cond.notify_all()
+
+
+def run(cfg: RunConfig, *, nan: bool) -> Outcome:
+    servers = [Server(cfg.server_config(s, bind="tcp://127.0.0.1:0")).start() for s in range(cfg.cluster.servers)]
+    addresses = [s.address for s in servers]
+    n = cfg.cluster.workers
+    turns = Turns(list(range(n)), free=cfg.mode == "sync" and not cfg.backup_workers)
+    ready = threading.Barrier(n, timeout=TIMEOUT)
+    out = Outcome(params=torch.empty(0), shards=[])
+    failures: list[BaseException] = []
+
+    jobs = [(tiny.tiny_nan if nan else tiny.tiny)(cfg.seed) for _ in range(n)]  # here: torch's seed is global
+
+    def work(rank: int) -> None:
+        try:
+            params = _worker(cfg, rank, jobs[rank], addresses, turns=turns, ready=ready, out=out)
+            if rank == 0:
+                out.params = params
+        except BaseException as exc:  # handed to the test
+            failures.append(exc)
+            ready.abort()
+            turns.stop(rank)
+
+    threads = [threading.Thread(target=work, args=(r,), name=f"worker-{r}", daemon=True) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT)
+    try:
+        out.shards = [s.join(TIMEOUT) for s in servers]
+    finally:
+        for s in servers:
+            s.stop()
+    if failures:
+        raise failures[0]
+    if any(t.is_alive() for t in threads):
+        raise TimeoutError("a worker was still running")
+    return out
+
+
+def _worker(cfg: RunConfig, rank: int, job, addresses: list[str], *, turns: Turns,
+            ready: threading.Barrier, out: Outcome) -> torch.Tensor:
+    w = cfg.worker_config(rank, servers=tuple(addresses))
+    model = job.model
+    batches = job.batches_for(rank=rank, world_size=w.world_size, batch_size=w.job.batch_size, seed=cfg.seed)
+    inner = torch.optim.SGD(model.parameters(), lr=w.inner_lr) if w.local_updates else None
+    ps = Worker(model, w.servers, rank=rank, world_size=w.world_size, transport=w.transport,
+                timeout=w.request_timeout, wire_dtype=w.wire_dtype, overlap=w.overlap,
+                clip_grad_norm=w.clip_grad_norm, local_steps=w.local_steps if w.local_updates else None,
+                compress=w.compress, error_feedback=w.error_feedback, compress_min_numel=w.compress_min_numel,
+                shared_memory=w.shared_memory, bulk=w.bulk, push_chunk_mb=w.push_chunk_mb)
+    steps = out.steps.setdefault(rank, [])
+    ready.wait()
+    try:
+        for _ in range(w.job.steps):
+            turns.wait(rank)
+            loss = job.loss_of(model, next(batches))
+            loss.backward()
+            if inner is not None:
+                inner.step()
+            try:
+                steps.append(ps.step())
+            except PSError as exc:  # refused (--nonfinite reject): psrv.Worker has left its shards
+                out.errors[rank] = exc
+                return parameters_to_vector(model.parameters()).detach().clone()
+            turns.done(rank)
+        ps.close()
+    finally:
+        turns.stop(rank)
+    return parameters_to_vector(model.parameters()).detach().clone()

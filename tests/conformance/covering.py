@@ -1,0 +1,97 @@
+"""Which cases the matrix runs: every valid combination of the data-path axes (plane x chunks x wire
+dtype x codec, so every triple of them), plus a pairwise covering array over all the axes: every
+level of every axis meets every level of every other axis in at least one case, wherever psrv
+accepts that pair at all (a pair no valid case can hold is listed, with the reason, as refused).
+
+The covering array is built greedily (AETG's way: each new case is grown from an uncovered pair,
+each further axis taking the level that covers most new pairs) from a fixed seed, so the cases are
+the same on every run."""
+from __future__ import annotations
+
+import itertools
+import random
+from functools import lru_cache
+
+from tests.conformance.axes import AXES, DATA_PATH, DEFAULT, refusal
+
+Pair = tuple[tuple[str, object], tuple[str, object]]
+
+
+def pairs_of(case: dict) -> set[Pair]:
+    items = sorted(case.items())
+    return {(a, b) for a, b in itertools.combinations(items, 2)}
+
+
+def all_pairs() -> set[Pair]:
+    out = set()
+    for (a, la), (b, lb) in itertools.combinations(sorted(AXES.items()), 2):
+        out |= {((a, x), (b, y)) for x in la for y in lb}
+    return out
+
+
+def _valid(case: dict) -> bool:
+    return refusal(case) is None
+
+
+def _complete(fixed: dict, rng: random.Random, tries: int = 300) -> dict | None:
+    """A valid case holding `fixed`: the defaults first, then random levels for the other axes."""
+    case = {**DEFAULT, **fixed}
+    if _valid(case):
+        return case
+    free = [a for a in AXES if a not in fixed]
+    for _ in range(tries):
+        case = {**DEFAULT, **fixed, **{a: rng.choice(AXES[a]) for a in free if rng.random() < 0.5}}
+        if _valid(case):
+            return case
+    return None
+
+
+def data_path_cases() -> list[dict]:
+    """Every valid combination of the data-path axes, the others at their defaults."""
+    out = []
+    for levels in itertools.product(*(AXES[a] for a in DATA_PATH)):
+        for ef in (("on", "off") if levels[DATA_PATH.index("codec")] != "none" else ("on",)):
+            case = {**DEFAULT, **dict(zip(DATA_PATH, levels)), "ef": ef}
+            if _valid(case):
+                out.append(case)
+    return out
+
+
+def _grow(uncovered: set[Pair], rng: random.Random) -> dict | None:
+    (a, x), (b, y) = rng.choice(sorted(uncovered, key=repr))
+    case = {a: x, b: y}
+    for axis in rng.sample([k for k in AXES if k not in case], k=len(AXES) - 2):
+        best, gain = [], -1
+        for level in AXES[axis]:
+            trial = {**case, axis: level}
+            g = sum(1 for (p, q) in uncovered if dict([p, q]).items() <= trial.items())
+            if g > gain:
+                best, gain = [level], g
+            elif g == gain:
+                best.append(level)
+        case[axis] = rng.choice(best)
+    return case if _valid(case) else _complete({a: x, b: y}, rng)
+
+
+@lru_cache(maxsize=1)
+def plan(seed: int = 27, candidates: int = 24) -> tuple[list[dict], list[dict], dict[Pair, str]]:
+    """(the data-path cases, the pairwise cases, the pairs no valid case holds -> why)."""
+    rng = random.Random(seed)
+    triples = data_path_cases()
+    uncovered = all_pairs()
+    for case in triples:
+        uncovered -= pairs_of(case)
+    refused: dict[Pair, str] = {}
+    for pair in sorted(uncovered, key=repr):
+        if _complete(dict(pair), rng) is None:
+            refused[pair] = refusal({**DEFAULT, **dict(pair)}) or "no valid completion found"
+    uncovered -= set(refused)
+    cases: list[dict] = []
+    while uncovered:
+        grown = [c for c in (_grow(uncovered, rng) for _ in range(candidates)) if c is not None]
+        best = max(grown, key=lambda c: len(pairs_of(c) & uncovered), default=None)
+        if best is None or not pairs_of(best) & uncovered:
+            raise AssertionError(f"cannot cover {len(uncovered)} pairs, e.g. {sorted(uncovered, key=repr)[:3]}")
+        cases.append(best)
+        uncovered -= pairs_of(best)
+    return triples, cases, refused

@@ -1,0 +1,69 @@
+"""The push codecs as their papers define them, written here from the definitions and never by calling
+psrv's codec code: what a shard receives for a worker's slice x of the gradient, with the elements of
+small tensors (under compress_min_numel) sent exactly beside the codec, and error feedback.
+
+- top-k (Aji and Heafield 2017): the k = ceil(ratio n) largest |x_i| among the covered elements, exact.
+- random-k (Stich et al. 2018): k covered elements drawn uniformly without replacement, exact.
+- scaled sign (Karimireddy et al. 2019, EF-SignSGD), per block of 1024 elements: mean |x_i| over the
+  block's covered elements, times sign(x_i) (+1 for x_i >= 0).
+- int8 (absmax, per block of 1024): s = max |x_i| over the block's covered elements / 127, q = round(x/s)
+  clamped to [-127, 127], received as q s; an all-zero block has s = 1.
+- error feedback (EF-SGD, Karimireddy et al. 2019): x = g + e; send C(x); e <- x - C(x) once the push
+  was applied (a dropped push leaves e as it was).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+BLOCK = 1024
+
+
+def covered(slice_lo: int, slice_hi: int, sizes: list[int], min_numel: int) -> torch.Tensor:
+    """Mask over [slice_lo, slice_hi) of the flat vector: True where the element's tensor has at least
+    min_numel elements (the codec covers it), False where it travels exact."""
+    mask = torch.ones(slice_hi - slice_lo, dtype=torch.bool)
+    start = 0
+    for n in sizes:
+        a, b = max(start, slice_lo), min(start + n, slice_hi)
+        if a < b and n < min_numel:
+            mask[a - slice_lo:b - slice_lo] = False
+        start += n
+    return mask
+
+
+def _blocks(x: torch.Tensor) -> list[slice]:
+    return [slice(i, min(i + BLOCK, x.numel())) for i in range(0, x.numel(), BLOCK)]
+
+
+def received(name: str, x: torch.Tensor, cover: torch.Tensor, *, ratio: float, draw: torch.Generator | None) -> torch.Tensor:
+    """What the shard decodes for the slice x (float32): the codec on the covered elements, x exactly on
+    the others."""
+    out = x.clone()
+    among = cover.nonzero().view(-1)
+    if name in ("topk", "randomk"):
+        n = among.numel()
+        k = min(n, max(1 if n else 0, math.ceil(ratio * n)))
+        if name == "topk":
+            chosen = among[torch.topk(x[among].abs(), k, sorted=False).indices]
+        else:
+            chosen = among[torch.randperm(n, generator=draw)[:k]]
+        out[among] = 0.0
+        out[chosen] = x[chosen]
+        return out
+    for b in _blocks(x):
+        xb, cb = x[b], cover[b]
+        if not cb.any():
+            continue
+        mags = xb[cb].abs()
+        if name == "sign":
+            value = torch.where(xb >= 0, 1.0, -1.0) * mags.mean()
+        elif name == "int8":
+            s = mags.max() / 127
+            s = torch.where(s == 0, torch.ones_like(s), s)
+            value = torch.round(xb / s).clamp(-127, 127) * s
+        else:
+            raise ValueError(name)
+        out[b] = torch.where(cb, value, xb)
+    return out

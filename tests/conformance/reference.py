@@ -1,0 +1,221 @@
+"""The reference run of a case: the whole cluster simulated in one process, in the order
+tests/conformance/cluster.py fixes, with the math of ref_codecs.py and ref_optim.py: what rank 0's
+final weights must be, what every shard must have counted, and the staleness of every step.
+
+What it models of the protocol: a worker pushes its slice of the flat gradient (or of the pseudo-
+gradient w_pulled - w_now every H-th step with local steps) to every shard; a non-finite slice is
+never compressed (it goes whole and raw) and is refused (--nonfinite reject: the worker stops) or
+dropped (skip); sync averages each clock's finite pushes and steps once, dropping a backup worker's late
+push; async and ssp step on every push; a push's staleness is the update count when applied minus the
+one its worker last pulled."""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from tests.conformance import job as tiny
+from tests.conformance.axes import CODEC_SPEC
+from tests.conformance.ref_codecs import covered, received
+from tests.conformance.ref_optim import ServerMath, clipped
+
+CAST = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class Expected:
+    params: torch.Tensor
+    counts: dict            # each shard's: pushes, pushes_applied, updates_applied, dropped
+    staleness: Counter      # applied pushes by staleness (each shard's histogram)
+    step_staleness: dict[int, list[int]] = field(default_factory=dict)
+    refused: set[int] = field(default_factory=set)  # workers that got ERROR NONFINITE
+
+
+class _Worker:
+    def __init__(self, rank: int, cfg, w0: torch.Tensor, nan: bool):
+        self.rank = rank
+        job = (tiny.tiny_nan if nan else tiny.tiny)(cfg.seed)
+        self.job, self.model = job, job.model
+        self.batches = job.batches_for(rank=rank, world_size=cfg.cluster.workers, batch_size=cfg.job.batch_size,
+                                       seed=cfg.seed)
+        self.load(w0)
+        self.base = 0                      # the update count of the weights it holds
+        self.error: dict[int, torch.Tensor] = {}
+        self.momentum = torch.zeros_like(w0)  # onebit_adam's local momentum
+        self.draws: dict[int, torch.Generator] = {}
+        self.alive = True
+
+    def load(self, w: torch.Tensor) -> None:
+        vector_to_parameters(w.clone(), self.model.parameters())
+        self.pulled = w.clone()
+
+    def flat(self) -> torch.Tensor:
+        return parameters_to_vector(self.model.parameters()).detach().clone()
+
+    def gradient(self) -> torch.Tensor:
+        self.model.zero_grad()
+        self.job.loss_of(self.model, next(self.batches)).backward()
+        return parameters_to_vector(p.grad for p in self.model.parameters()).detach().clone()
+
+
+class Reference:
+    def __init__(self, cfg, *, nan: bool):
+        self.cfg, self.o, w = cfg, cfg.optimizer, cfg.worker
+        self.mode, self.n, self.steps = cfg.mode, cfg.cluster.workers, cfg.job.steps
+        torch.manual_seed(cfg.seed)
+        w0 = parameters_to_vector((tiny.tiny(cfg.seed)).model.parameters()).detach().clone()
+        self.workers = [_Worker(r, cfg, w0, nan) for r in range(self.n)]
+        self.server = ServerMath(self.o, w0, workers=self.n, mode=cfg.mode)
+        for wk in self.workers:
+            self.server.pulled(wk.rank)
+        self.sizes = [p.numel() for p in self.workers[0].model.parameters()]
+        total, s = w0.numel(), cfg.cluster.servers
+        base, extra = divmod(total, s)
+        starts = [i * base + min(i, extra) for i in range(s + 1)]
+        self.ranges = list(zip(starts, starts[1:]))
+        self.codec = w.compress if w.compress in CODEC_SPEC.values() and w.compress else ""
+        self.h = w.local_steps if w.local_updates else 1
+        self.counts = {"pushes": 0, "pushes_applied": 0, "updates_applied": 0, "dropped": Counter()}
+        self.hist: Counter = Counter()
+        self.step_staleness: dict[int, list[int]] = {r: [] for r in range(self.n)}
+        self.refused: set[int] = set()
+        self.inner_lr = w.inner_lr
+        self.onebit = self.o.name == "onebit_adam"
+
+    # --- a worker's half ------------------------------------------------------------------
+    def _compute(self, wk: _Worker, step: int) -> torch.Tensor | None:
+        """The worker's step: its gradient (and inner step); the vector it pushes, or None (a local step)."""
+        g = wk.gradient()
+        if self.h == 1:
+            return g
+        with torch.no_grad():
+            for p in wk.model.parameters():
+                p.add_(p.grad, alpha=-self.inner_lr)
+        if (step + 1) % self.h:
+            return None
+        return wk.pulled - wk.flat()
+
+    def _encode(self, wk: _Worker, v: torch.Tensor, clock: int) -> tuple[torch.Tensor, bool, dict]:
+        """(what the shards receive, finite, the residuals to keep if applied)."""
+        if self.cfg.mode != "sync" and self.o.clip_grad_norm:
+            v = clipped(v, self.o.clip_grad_norm)
+        momentum_push = False
+        if self.onebit:
+            if torch.isfinite(v).all():
+                wk.momentum = wk.momentum + (1 - self.o.betas[0]) * (v - wk.momentum)
+            if clock >= self.o.freeze_step:
+                v, momentum_push = wk.momentum.clone(), True
+        if not bool(torch.isfinite(v).all()):
+            return v, False, {}
+        name = self.codec.partition(":")[0] or ("sign" if momentum_push else "")
+        if not name:
+            return v.to(CAST[self.cfg.worker.wire_dtype]).float(), True, {}
+        ratio = float(self.codec.partition(":")[2] or 0)
+        out, keep = v.clone(), {}
+        for s, (lo, hi) in enumerate(self.ranges):
+            x = v[lo:hi] + wk.error[s] if self.cfg.worker.error_feedback and s in wk.error else v[lo:hi].clone()
+            draw = wk.draws.setdefault(s, torch.Generator().manual_seed(_draw_seed(wk.rank, s)))
+            sent = received(name, x, covered(lo, hi, self.sizes, self.cfg.worker.compress_min_numel),
+                            ratio=ratio, draw=draw)
+            out[lo:hi] = sent
+            if self.cfg.worker.error_feedback:
+                keep[s] = x - sent
+        return out, True, keep
+
+    # --- the server's half -----------------------------------------------------------------
+    def _settle(self, wk: _Worker, finite: bool) -> str:
+        """Count one push of `wk` (to every shard): 'refused', 'dropped' or 'ok'."""
+        self.counts["pushes"] += 1
+        if finite:
+            return "ok"
+        self.counts["dropped"]["invalid"] += 1
+        if self.cfg.server.nonfinite == "reject":
+            self.refused.add(wk.rank)
+            wk.alive = False
+            return "refused"
+        return "dropped"
+
+    def _apply(self, g: torch.Tensor, *, worker: int | None, staleness: int, pushes: int, momentum_push: bool):
+        if self.mode == "sync" and self.o.clip_grad_norm:
+            g = clipped(g, self.o.clip_grad_norm)
+        self.server.step(g, worker=worker, staleness=staleness, momentum_push=momentum_push)
+        self.counts["updates_applied"] += 1
+        self.counts["pushes_applied"] += pushes
+        self.hist[staleness] += pushes
+
+    def run(self) -> Expected:
+        sync_free = self.mode == "sync" and not self.cfg.backup_workers
+        clock = {wk.rank: 0 for wk in self.workers}
+        for step in range(self.steps):
+            live = [wk for wk in self.workers if wk.alive]
+            if sync_free:
+                self._sync_clock(live, step, clock)
+            else:
+                for wk in live:
+                    self._turn(wk, step, clock)
+        return Expected(self.server.w, {**self.counts, "dropped": dict(self.counts["dropped"])}, self.hist,
+                        self.step_staleness, self.refused)
+
+    def _sync_clock(self, live: list[_Worker], step: int, clock: dict) -> None:
+        pushes = []
+        for wk in live:
+            v = self._compute(wk, step)
+            if v is None:
+                self.step_staleness[wk.rank].append(0)
+                continue
+            sent, finite, keep = self._encode(wk, v, clock[wk.rank])
+            fate = self._settle(wk, finite)
+            if fate == "refused":
+                continue
+            self.step_staleness[wk.rank].append(0)
+            pushes.append((wk, sent, finite, keep))
+        if not pushes:
+            return
+        good = [(wk, sent, keep) for wk, sent, finite, keep in pushes if finite]
+        if good:
+            mean = sum(sent for _, sent, _ in good) / len(good)
+            self._apply(mean, worker=None, staleness=0, pushes=len(good),
+                        momentum_push=self.onebit and clock[pushes[0][0].rank] >= self.o.freeze_step)
+            for wk, _, keep in good:
+                wk.error.update(keep)
+        for wk, *_ in pushes:
+            clock[wk.rank] += 1
+            wk.load(self.server.w)
+            wk.base = self.server.k
+
+    def _turn(self, wk: _Worker, step: int, clock: dict) -> None:
+        """One whole step of one worker, alone: push, apply (or drop), pull."""
+        v = self._compute(wk, step)
+        if v is None:
+            self.step_staleness[wk.rank].append(0)
+            return
+        sent, finite, keep = self._encode(wk, v, clock[wk.rank])
+        staleness = 0
+        if self.mode == "sync" and wk.rank != 0 and (finite or self.cfg.server.nonfinite == "skip"):
+            self.counts["pushes"] += 1  # a backup worker's push: late (its clock applied on worker 0's)
+            self.counts["dropped"]["late"] += 1
+            fate = "late"
+        else:
+            fate = self._settle(wk, finite)
+        if fate == "refused":
+            return
+        if self.mode == "sync":
+            if fate == "ok":
+                self._apply(sent, worker=None, staleness=0, pushes=1, momentum_push=False)
+                wk.error.update(keep)
+        elif fate == "ok":
+            staleness = self.server.k - wk.base
+            self._apply(sent, worker=wk.rank, staleness=staleness, pushes=1, momentum_push=False)
+            wk.error.update(keep)
+        self.step_staleness[wk.rank].append(staleness)
+        clock[wk.rank] += 1
+        wk.load(self.server.w)
+        wk.base = self.server.k
+        self.server.pulled(wk.rank)
+
+
+def _draw_seed(rank: int, shard: int) -> int:
+    """random-k's generator: one per worker and shard (psrv/codecs/randomk.py)."""
+    return rank * 1_000_003 + shard
