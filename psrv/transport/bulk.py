@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Hashable, Sequence
 
-from psrv.transport.bulk_link import BROKEN, READY, TOKEN_BYTES, Link, read_exactly, tune
+from psrv.transport.bulk_link import BROKEN, MIN_RATE, READY, TOKEN_BYTES, Link, deadline_for, read_exactly, tune
 from psrv.transport.plane import ClientPlane, ServerPlane
 
 log = logging.getLogger(__name__)
@@ -42,12 +42,15 @@ def tcp_host(address: str) -> str | None:
 
 class BulkServerPlane(ServerPlane):
     """A shard's bulk plane: `bind` is the shard's zmq bind address (its host is the one listened on);
-    a descriptor naming more than `max_bytes` (> 0) is refused before anything is allocated."""
+    a descriptor naming more than `max_bytes` (> 0) is refused before anything is allocated. A payload
+    must come in within `timeout` plus its size at `min_rate` bytes/s (bulk_link.py), or is answered RESET."""
 
     name = "bulk"
 
-    def __init__(self, bind: str = "tcp://127.0.0.1:0", *, timeout: float = TIMEOUT, max_bytes: int = -1):
+    def __init__(self, bind: str = "tcp://127.0.0.1:0", *, timeout: float = TIMEOUT, max_bytes: int = -1,
+                 min_rate: float = MIN_RATE):
         self._timeout = timeout
+        self._min_rate = min_rate
         self._max_bytes = max_bytes
         self._tokens: dict[bytes, Hashable] = {}
         self._links: dict[Hashable, Link] = {}
@@ -82,17 +85,18 @@ class BulkServerPlane(ServerPlane):
     def _admit(self, conn: socket.socket) -> None:
         """Tie a new connection to the peer whose token it sends first, and say so (READY): the worker
         waits for that before its first put, so take() never has to wait for a connection."""
-        conn.settimeout(min(self._timeout, 2.0))  # one silent connector holds the others up this long
+        wait = min(self._timeout, 2.0)  # one silent or trickling connector holds the others up this long
+        conn.settimeout(wait)
         address = conn.getpeername()[0]
         token = bytearray(TOKEN_BYTES)
-        read_exactly(conn, memoryview(token))
+        read_exactly(conn, memoryview(token), deadline=deadline_for(0, wait))
         with self._lock:  # held while READY goes out (one byte, to an empty buffer): no put comes first
             peer = self._tokens.pop(bytes(token), None)
             if peer is None or self._closed:
                 conn.close()
                 return
             conn.sendall(READY)
-            self._links[peer] = Link(conn, self._timeout)
+            self._links[peer] = Link(conn, self._timeout, min_rate=self._min_rate)
         log.info("bulk connection from %s on port %d", address, self.port)
 
     def answer(self, peer: Hashable, offer: dict, *, peer_address: str) -> dict | None:
@@ -167,13 +171,15 @@ class BulkServerPlane(ServerPlane):
 
 
 class BulkClientPlane(ClientPlane):
-    """A worker's bulk plane: `addresses` are the shards' zmq addresses, in shard order."""
+    """A worker's bulk plane: `addresses` are the shards' zmq addresses, in shard order; `timeout` and
+    `min_rate` as the shard's."""
 
     name = "bulk"
 
-    def __init__(self, addresses: Sequence[str], *, timeout: float = TIMEOUT):
+    def __init__(self, addresses: Sequence[str], *, timeout: float = TIMEOUT, min_rate: float = MIN_RATE):
         self._hosts = [tcp_host(a) for a in addresses]
         self._timeout = timeout
+        self._min_rate = min_rate
         self._links: dict[int, Link] = {}
         self._failed: dict[int, float] = {}  # shard -> when connecting failed
         self.bytes_in = self.bytes_out = 0  # payload bytes moved on bulk connections
@@ -203,7 +209,7 @@ class BulkClientPlane(ClientPlane):
                 sock.close()
             return
         self._failed.pop(shard, None)
-        self._links[shard] = Link(sock, self._timeout)
+        self._links[shard] = Link(sock, self._timeout, min_rate=self._min_rate)
 
     def put(self, shard: int, payload: memoryview) -> bytes:
         link = self._links.get(shard)

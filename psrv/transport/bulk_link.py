@@ -6,7 +6,9 @@ otherwise wait for a sender that waits for it. The reader (the transport's own t
 the bytes a descriptor names, in the order descriptors arrive. A payload stays the caller's memory
 until sent; detach() copies what is left of it when the caller must write it (the shard's weights,
 before an update). Every socket call has a timeout: a peer that makes no progress for `timeout`
-seconds breaks the link, and the plane then falls back.
+seconds breaks the link, and the plane then falls back. A read has a deadline as well, `timeout` plus
+the time its size takes at MIN_RATE: a peer that trickles (a byte now and then, each within the
+timeout) would otherwise hold the reader, the shard's one thread, for as long as it likes.
 """
 from __future__ import annotations
 
@@ -15,12 +17,14 @@ import select
 import socket
 import struct
 import threading
+import time
 
 DESCRIPTOR = struct.Struct("!QQ")  # (sequence number, byte count)
 BROKEN = DESCRIPTOR.pack(2**64 - 1, 0)  # what a put on a broken link sends: the reader resets the plane
 TOKEN_BYTES = 16
 READY = b"\x01"  # the shard's one-byte answer to a token it knows
 CHUNK = 8 << 20  # the most one send() call copies, so detach() waits for at most this much
+MIN_RATE = 1 << 20  # bytes per second: a payload read slower than this (after `timeout`) breaks the link
 
 
 def tune(sock: socket.socket, timeout: float) -> None:
@@ -39,22 +43,40 @@ def ready(sock: socket.socket, event: int, timeout: float) -> bool:
     return bool(poller.poll(timeout * 1000))
 
 
-def read_exactly(sock: socket.socket, view: memoryview) -> None:
-    """Fill `view` from `sock`; ConnectionError if the peer closes first, TimeoutError if it stalls."""
+def read_exactly(sock: socket.socket, view: memoryview, *, deadline: float | None = None) -> None:
+    """Fill `view` from `sock`; ConnectionError if the peer closes first, TimeoutError if it stalls (for
+    the socket's timeout) or the bytes are not all in by `deadline` (time.monotonic())."""
     view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+    timeout = sock.gettimeout()
     got = 0
-    while got < view.nbytes:
-        n = sock.recv_into(view[got:])
-        if n == 0:
-            raise ConnectionError("the bulk connection was closed by the peer")
-        got += n
+    try:
+        while got < view.nbytes:
+            if deadline is not None:  # the socket waits at most until the deadline
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("the bulk peer sent too slowly: the payload was not in by its deadline")
+                if timeout is None or left < timeout:
+                    sock.settimeout(left)
+            n = sock.recv_into(view[got:])
+            if n == 0:
+                raise ConnectionError("the bulk connection was closed by the peer")
+            got += n
+    finally:
+        if deadline is not None:
+            sock.settimeout(timeout)
+
+
+def deadline_for(nbytes: int, timeout: float, min_rate: float = MIN_RATE) -> float:
+    """When a read of `nbytes` must be done by: `timeout`, plus the time they take at `min_rate`."""
+    return time.monotonic() + timeout + nbytes / min_rate
 
 
 class Link:
-    def __init__(self, sock: socket.socket, timeout: float):
+    def __init__(self, sock: socket.socket, timeout: float, *, min_rate: float = MIN_RATE):
         tune(sock, timeout)
         self._sock = sock
         self._timeout = timeout
+        self._min_rate = min_rate
         self._sent_seq = 0  # payloads handed to send()
         self._read_seq = 0  # payloads read
         self._pending: collections.deque[list] = collections.deque()  # [view, bytes sent, a copy of ours]
@@ -121,8 +143,9 @@ class Link:
             self.close()
             return -1
         try:
-            read_exactly(self._sock, into[:nbytes] if into.nbytes != nbytes else into)
-        except OSError:
+            read_exactly(self._sock, into[:nbytes] if into.nbytes != nbytes else into,
+                         deadline=deadline_for(nbytes, self._timeout, self._min_rate))
+        except (OSError, ValueError):  # (ValueError: a socket closed meanwhile)
             self.close()
             return -1
         self._read_seq += 1

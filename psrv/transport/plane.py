@@ -101,5 +101,8 @@ class ServerPlane(abc.ABC):
     def written(self) -> None:
         """... and has written them (called at the transport's next send or recv)."""
 
+    def released(self) -> None:
+        """The payloads taken so far are read no more (called at the transport's next recv)."""
+
     def close(self) -> None:
         pass

@@ -77,6 +77,8 @@ class ZmqServer(ServerTransport):
         """A plane's OFFER is answered here and gives None (as a timeout would); a PAYLOAD message comes
         back as [header, payload], its payload fetched by the peer's plane."""
         self._written()
+        for plane in self._planes:
+            plane.released()
         if not self._poller.poll(int(timeout * 1000)):
             return None
         frames = self._sock.recv_multipart(copy=False)

@@ -8,11 +8,14 @@ and applied once, and the plane set up again.
 from __future__ import annotations
 
 import socket
+import struct
 import threading
 import time
 
+import msgpack
 import pytest
 import torch
+import zmq
 
 from psrv.client import PSClient
 from psrv.config import OptimConfig, ServerConfig
@@ -20,7 +23,7 @@ from psrv.partition import ParamSpec, PartitionPlan
 from psrv.server.service import ShardService
 from psrv.transport.bulk import BulkClientPlane, BulkServerPlane, tcp_host
 from psrv.transport.bulk_link import READY, Link
-from psrv.transport.plane import MIN_BYTES
+from psrv.transport.plane import MIN_BYTES, OFFER, PAYLOAD, RESET
 from psrv.transport.zmq import ZmqClient, ZmqServer
 
 SIZE = 4 * MIN_BYTES // 4  # floats: four times the smallest payload a plane carries
@@ -191,3 +194,42 @@ def test_exactly_once_over_the_bulk_plane_through_a_lossy_network(shard):
     for grad in grads:
         want.add_(grad, alpha=-LR)
     torch.testing.assert_close(weights, want, rtol=0, atol=1e-5)
+
+
+@pytest.mark.timeout(30)
+def test_a_peer_that_trickles_a_payload_is_dropped_at_its_deadline_and_the_message_answered_reset():
+    """One byte every 0.1 s keeps every socket call within its 0.5 s timeout, so only a deadline for the
+    whole payload frees the shard's one thread: the link is dropped and the message answered RESET (the
+    worker then re-sends inline)."""
+    server = ZmqServer("tcp://127.0.0.1:0", planes=[BulkServerPlane("tcp://127.0.0.1:0", timeout=0.5)])
+    dealer = zmq.Context.instance().socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.connect(server.address)
+    stop, conn = threading.Event(), None
+
+    def trickle():
+        while not stop.wait(0.1):
+            try:
+                conn.send(b"\0")
+            except OSError:
+                return
+        conn.close()  # (after 5 s at most: a shard still reading then ends, with the link closed)
+    try:
+        dealer.send_multipart([OFFER, msgpack.packb({"bulk": {}})])
+        assert server.recv(2.0) is None and dealer.poll(2000)
+        answer = msgpack.unpackb(dealer.recv_multipart()[1])["bulk"]
+        conn = socket.create_connection(("127.0.0.1", answer["port"]), timeout=5)
+        conn.sendall(answer["token"])
+        assert conn.recv(1) == READY
+        threading.Thread(target=trickle, daemon=True).start()
+        threading.Timer(5.0, stop.set).start()
+        dealer.send_multipart([PAYLOAD, b"header", struct.pack("!QQ", 0, MIN_BYTES)])
+        started = time.monotonic()
+        assert server.recv(10.0) is None  # the payload never came whole
+        held = time.monotonic() - started
+        assert held < 3.0, f"the shard's thread was held {held:.1f} s by a peer sending a byte every 0.1 s"
+        assert dealer.poll(2000) and dealer.recv_multipart() == [RESET]
+    finally:
+        stop.set()
+        dealer.close()
+        server.close()

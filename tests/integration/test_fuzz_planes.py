@@ -9,7 +9,6 @@ Harness: its one worker pushed with the top seq, so no push is new).
 """
 from __future__ import annotations
 
-import os
 import random
 import socket
 import struct
@@ -21,7 +20,7 @@ import zmq
 from psrv.protocol import ErrorCode, Message, MsgType, decode, encode
 from psrv.transport.bulk_link import READY, TOKEN_BYTES
 from psrv.transport.plane import OFFER, PAYLOAD, RESET
-from psrv.transport.shm import ShmClientPlane, boot_id
+from psrv.transport.shm import ShmClientPlane
 from tests.integration.test_fuzz import INTS, ODD, SIZE, Harness, templates
 
 MESSAGES = 5000
@@ -161,7 +160,7 @@ def test_lying_shared_memory_descriptors():
     fuzz = PlaneFuzz(shared_memory=True)
     mine = ShmClientPlane()
     try:
-        reply = fuzz.exchange([OFFER, msgpack.packb({"shm": {"boot": boot_id(), "pid": os.getpid()}})])
+        reply = fuzz.exchange([OFFER, msgpack.packb({"shm": mine.offer(0)})])
         assert reply[0] == OFFER and msgpack.unpackb(reply[1])["plane"] == "shm", reply
         true = msgpack.unpackb(mine.put(0, memoryview(fuzz.push[1])))  # the push in a psrv memfd of ours
         rng, answered = random.Random(7), 0

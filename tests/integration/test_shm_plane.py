@@ -13,7 +13,7 @@ import torch
 
 from psrv.client import PSClient
 from psrv.partition import ParamSpec, PartitionPlan
-from psrv.transport.shm import ShmClientPlane, ShmServerPlane, boot_id
+from psrv.transport.shm import ShmClientPlane, ShmServerPlane
 from psrv.transport.zmq import ZmqClient, ZmqServer
 from tests.helpers import ROOT, Procs, psrv_run
 from tests.integration.test_sync_reference import BATCH, LR, MOMENTUM, STEPS, WIDE, WORKERS, big_batch_sgd
@@ -196,18 +196,20 @@ def test_a_worker_that_reads_after_the_shard_gave_up_waiting_drops_the_answer_ra
 
 
 def test_offers_from_another_boot_or_a_remote_address_are_declined():
-    plane = ShmServerPlane()
-    mine = {"boot": boot_id(), "pid": os.getpid()}
+    plane, me = ShmServerPlane(), ShmClientPlane()
+    mine = me.offer(0)
     try:
         assert plane.answer(b"a", mine, peer_address="127.0.0.1") is not None
         assert plane.answer(b"b", {**mine, "boot": "another-machine"}, peer_address="127.0.0.1") is None
         assert plane.answer(b"c", mine, peer_address="10.0.0.2") is None
         assert plane.answer(b"d", {**mine, "pid": "1; rm"}, peer_address="127.0.0.1") is None
         # a descriptor naming a memfd this peer does not own, or not a psrv one, is refused
-        fake = msgpack.packb({"pid": os.getpid(), "fd": 0, "size": 128, "n": 64})
+        fake = msgpack.packb({"pid": os.getpid(), "fd": 0, "size": 128, "ino": os.fstat(0).st_ino, "n": 64,
+                              "seq": 0})
         assert plane.take(b"a", fake) is None
     finally:
         plane.close()
+        me.close()
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
@@ -215,17 +217,18 @@ def test_offers_from_another_boot_or_a_remote_address_are_declined():
 def test_an_offer_from_another_network_namespace_is_declined():
     """An emulated host (psrv run --bandwidth) is a network namespace of its own on this machine."""
     other = subprocess.Popen(["unshare", "--net", "sleep", "30"])
-    plane = ShmServerPlane()
+    plane, me = ShmServerPlane(), ShmClientPlane()
     try:
         deadline = time.monotonic() + 5
         while os.stat(f"/proc/{other.pid}/ns/net").st_ino == os.stat("/proc/self/ns/net").st_ino:
             assert time.monotonic() < deadline, "unshare did not enter a namespace"
             time.sleep(0.01)
-        offer = {"boot": boot_id(), "pid": other.pid}
+        offer = {**me.offer(0), "pid": other.pid}
         assert plane.answer(b"x", offer, peer_address="127.0.0.1") is None
-        assert plane.answer(b"y", {**offer, "pid": os.getpid()}, peer_address="127.0.0.1") is not None
+        assert plane.answer(b"y", me.offer(0), peer_address="127.0.0.1") is not None
     finally:
         plane.close()
+        me.close()
         other.kill()
         other.wait(5)
 
@@ -276,21 +279,32 @@ def test_exactly_once_over_shared_memory_through_a_lossy_network():
     torch.testing.assert_close(weights, want, rtol=0, atol=1e-5)
 
 
-def test_an_offer_forgets_the_peers_whose_process_is_gone():
+def test_an_offer_forgets_the_peers_whose_process_is_gone_and_a_reconnected_workers_old_self():
     """A restarted worker offers again from a new process: the shard drops what it kept for the old one
-    (its mappings would keep that process's memory alive), and keeps the live ones'."""
-    gone = subprocess.Popen(["sleep", "30"])
+    (its mappings would keep that process's memory alive), and keeps the live ones'. A live worker whose
+    connection came back (a new zmq identity) offers again from the same process: its offer replaces
+    what the shard kept for its old identity (a model-sized pull slot); another worker in the same
+    process keeps its own."""
+    from tests.integration.test_shm_liveness import other_worker
+    gone, gone_offer = other_worker()
+    me, beside_me = ShmClientPlane(), ShmClientPlane()
     plane = ShmServerPlane()
     try:
-        assert plane.answer(b"gone", {"boot": boot_id(), "pid": gone.pid}, peer_address="127.0.0.1") is not None
-        assert plane.answer(b"live", {"boot": boot_id(), "pid": os.getpid()}, peer_address="127.0.0.1") is not None
-        assert plane.answer(b"again", {"boot": boot_id(), "pid": os.getpid()}, peer_address="127.0.0.1") is not None
-        assert set(plane._clients) == {b"gone", b"live", b"again"}  # every process still there
+        assert plane.answer(b"gone", gone_offer, peer_address="127.0.0.1") is not None
+        assert plane.answer(b"live", me.offer(0), peer_address="127.0.0.1") is not None
+        assert plane.answer(b"beside", beside_me.offer(0), peer_address="127.0.0.1") is not None
+        plane.put(b"live", memoryview(bytes(1 << 16)))  # an answer copied into its pull slot
+        assert b"live" in plane._pull
+        assert plane.answer(b"again", me.offer(0), peer_address="127.0.0.1") is not None  # reconnected
+        assert set(plane._clients) == {b"gone", b"beside", b"again"}, "the old identity is still kept"
+        assert b"live" not in plane._pull, "the old identity's pull slot is still kept"
         gone.kill()
         gone.wait(5)
-        assert plane.answer(b"new", {"boot": boot_id(), "pid": os.getpid()}, peer_address="127.0.0.1") is not None
-        assert set(plane._clients) == {b"live", b"again", b"new"}
+        assert plane.answer(b"new", me.offer(0), peer_address="127.0.0.1") is not None
+        assert set(plane._clients) == {b"beside", b"new"}
     finally:
         plane.close()
+        me.close()
+        beside_me.close()
         gone.kill()
         gone.wait(5)
