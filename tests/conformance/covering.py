@@ -3,14 +3,17 @@ dtype x codec, so every triple of them), plus a pairwise covering array over all
 level of every axis meets every level of every other axis in at least one case, wherever psrv
 accepts that pair at all (a pair no valid case can hold is listed, with the reason, as refused).
 
-The covering array is built greedily (AETG's way: each new case is grown from an uncovered pair,
-each further axis taking the level that covers most new pairs) from a fixed seed, so the cases are
-the same on every run."""
+The data-path cases run in async mode, where chunks are applied as they arrive (sync takes pushes
+whole); the pairs bring every other mode. The covering array is built greedily (AETG's way: each new
+case is grown from an uncovered pair, each further axis taking the level that covers most new pairs)
+from a fixed seed, and stored in plan.json (`python -m tests.conformance.covering` writes it again
+after the axes change; tests/conformance/test_plan.py says when it must)."""
 from __future__ import annotations
 
 import itertools
+import json
 import random
-from functools import lru_cache
+from pathlib import Path
 
 from tests.conformance.axes import AXES, DATA_PATH, DEFAULT, refusal
 
@@ -51,7 +54,7 @@ def data_path_cases() -> list[dict]:
     out = []
     for levels in itertools.product(*(AXES[a] for a in DATA_PATH)):
         for ef in (("on", "off") if levels[DATA_PATH.index("codec")] != "none" else ("on",)):
-            case = {**DEFAULT, **dict(zip(DATA_PATH, levels)), "ef": ef}
+            case = {**DEFAULT, "mode": "async", **dict(zip(DATA_PATH, levels)), "ef": ef}
             if _valid(case):
                 out.append(case)
     return out
@@ -73,8 +76,7 @@ def _grow(uncovered: set[Pair], rng: random.Random) -> dict | None:
     return case if _valid(case) else _complete({a: x, b: y}, rng)
 
 
-@lru_cache(maxsize=1)
-def plan(seed: int = 27, candidates: int = 24) -> tuple[list[dict], list[dict], dict[Pair, str]]:
+def build(seed: int = 27, candidates: int = 24) -> tuple[list[dict], list[dict], dict[Pair, str]]:
     """(the data-path cases, the pairwise cases, the pairs no valid case holds -> why)."""
     rng = random.Random(seed)
     triples = data_path_cases()
@@ -95,3 +97,25 @@ def plan(seed: int = 27, candidates: int = 24) -> tuple[list[dict], list[dict], 
         cases.append(best)
         uncovered -= pairs_of(best)
     return triples, cases, refused
+
+
+PLAN = Path(__file__).with_name("plan.json")
+
+
+def load() -> tuple[list[dict], list[dict], dict[Pair, str]]:
+    """The stored plan: (data-path cases, pairwise cases, refused pairs -> why)."""
+    data = json.loads(PLAN.read_text())
+    refused = {tuple(tuple(x) for x in pair): why for pair, why in data["refused"]}
+    return data["triples"], data["pairs"], refused
+
+
+def main() -> None:
+    triples, pairs, refused = build()
+    PLAN.write_text(json.dumps({"triples": triples, "pairs": pairs,
+                                "refused": [[list(map(list, pair)), why] for pair, why in sorted(refused.items(), key=repr)]},
+                               indent=0) + "\n")
+    print(f"{len(triples)} data-path cases, {len(pairs)} pairwise cases, {len(refused)} pairs refused -> {PLAN}")
+
+
+if __name__ == "__main__":
+    main()

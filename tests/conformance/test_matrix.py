@@ -17,10 +17,10 @@ import torch
 
 from tests.conformance.axes import case_id, plain_path, run_config
 from tests.conformance.cluster import Outcome, run
-from tests.conformance.covering import plan
+from tests.conformance.covering import load
 from tests.conformance.reference import Reference
 
-TRIPLES, PAIRS, _ = plan()
+TRIPLES, PAIRS, _ = load()
 ATOL, RTOL = 1e-5, 1e-4
 _runs: dict[str, Outcome] = {}
 
