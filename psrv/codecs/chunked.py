@@ -1,5 +1,7 @@
-"""What sign and int8 share: one float32 scale per chunk of CHUNK consecutive elements (the last
-chunk may be shorter), and a decoded push that is a dense vector made once, in the shard's scratch."""
+"""What sign and int8 share: one float32 scale per chunk of CHUNK consecutive elements of the shard's
+range (the last chunk may be shorter), computed over the chunk's elements the codec covers (`among`:
+the elements of small tensors travel dense and are written over theirs), and a decoded push that is
+a dense vector made once, in the shard's scratch."""
 from __future__ import annotations
 
 import math
@@ -21,6 +23,21 @@ def per_chunk(x: torch.Tensor, chunk: int, reduce: Callable[[torch.Tensor], torc
     n = x.numel()
     padded = torch.nn.functional.pad(x, (0, chunks(n, chunk) * chunk - n)).view(-1, chunk)
     return reduce(padded)
+
+
+def covered(x: torch.Tensor, among: torch.Tensor | None, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x with every element outside `among` set to 0, how many elements of each chunk `among` covers,
+    as float32). among None: all of x, every chunk full but a shorter last one. A NaN or Inf outside
+    `among` is dropped here: it travels in the dense part, which the shard checks as well."""
+    n = x.numel()
+    if among is None:
+        counts = torch.full((chunks(n, chunk),), float(chunk), device=x.device)
+        if n % chunk:
+            counts[-1] = n % chunk
+        return x, counts
+    keep = torch.zeros(n, dtype=torch.bool, device=x.device)
+    keep[among] = True
+    return torch.where(keep, x, 0.0), per_chunk(keep.to(torch.float32), chunk, lambda rows: rows.sum(dim=1))
 
 
 def expand(scales: torch.Tensor, chunk: int, n: int) -> torch.Tensor:

@@ -1,12 +1,15 @@
-"""int8: each chunk of CHUNK elements (psrv/codecs/chunked.py) as int8 q = round(x / s), s = max|x| /
-127 of the chunk (s = 1 for an all-zero chunk), decoded as q * s: symmetric linear quantisation with
-round-to-nearest, the absmax scheme of Dettmers et al. 2022 (LLM.int8) applied per chunk."""
+"""int8: each chunk of CHUNK elements (psrv/codecs/chunked.py) as int8 q = round(x / s) clamped to
++-127, decoded as q * s: symmetric linear quantisation with round-to-nearest, the absmax scheme of
+Dettmers et al. 2022 (LLM.int8) applied per chunk. The scale s is max|x_i| / 127 over the chunk's
+elements the codec covers (`among`; the others travel dense and get q = 0, written over by the
+shard), and 1 where that max is 0. A NaN or Inf among the covered elements makes its chunk's s NaN or
+Inf, never a finite number, so the shard refuses the push as non-finite (its --nonfinite policy)."""
 from __future__ import annotations
 
 import torch
 
 from psrv.codecs.base import part
-from psrv.codecs.chunked import ChunkedCodec, DenseDecoded, chunk_param, chunks, expand, per_chunk
+from psrv.codecs.chunked import ChunkedCodec, DenseDecoded, chunk_param, chunks, covered, expand, per_chunk
 
 
 class Int8(ChunkedCodec):
@@ -14,8 +17,9 @@ class Int8(ChunkedCodec):
 
     def encode(self, x: torch.Tensor, among: torch.Tensor | None) -> dict[str, torch.Tensor]:
         n = x.numel()
-        scales = per_chunk(x.abs(), self.chunk, lambda rows: rows.amax(dim=1)) / 127
-        scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+        x, _ = covered(x, among, self.chunk)
+        scales = per_chunk(x.abs(), self.chunk, lambda rows: rows.amax(dim=1)) / 127  # amax keeps a NaN
+        scales = torch.where(scales == 0, 1.0, scales)  # an all-zero chunk; NaN and Inf stay as they are
         q = torch.round(x / expand(scales, self.chunk, n)).clamp_(-127, 127).to(torch.int8)
         return {"q": q, "scales": scales}
 

@@ -4,13 +4,25 @@ Large-Scale Training with Adam's Convergence Speed", ICML; DeepSpeed's OnebitAda
 Steps 1..K (K = freeze_step) are torch's Adam on the clock's mean gradient (AdamW's decoupled weight
 decay, as DeepSpeed's `update += weight_decay * p`). From step K+1 the variance v is frozen and each
 push is a worker's momentum, compressed with error feedback (psrv/onebit.py); the shard's mean of the
-decoded momenta becomes m, and
+decoded momenta, masked to 0 where v_K = 0, becomes m, and
 
+    m = mean_i C(m_i + e_i) * [v_K > 0]
     w <- w (1 - lr wd) - lr/(1 - b1^t) * m / (sqrt(v_K)/sqrt(1 - b2^K) + eps)
 
 the Adam step with m's bias correction carried on and v's frozen with v at step K (DeepSpeed's
 OnebitAdam has no bias correction at all; with K in the thousands, as DeepSpeed advises, both are 1).
-The state keeps torch.optim's layout (step, exp_avg, exp_avg_sq), so it checkpoints like Adam's.
+
+The mask: v_K = 0 exactly where every warm-up gradient was exactly 0 (the weights of an input that is
+always 0, a dead unit's). Their true momentum is 0 too, but a scaled sign cannot send 0: it sends the
+chunk's mean magnitude s, and over sqrt(v_K) + eps = 1e-8 that is a step of lr * s * 1e8 (digits_mlp
+has 823 such weights at K = 100; steps of 743 followed and the run diverged: docs/compression.md).
+DeepSpeed's OnebitAdam multiplies the averaged momentum by a user-given `exp_avg_mask` for exactly
+these parameters ("1-bit compression cannot represent exact zero", deepspeed/runtime/fp16/onebit/adam.py;
+its tutorial's "Momentum masks for parameters with constant zero gradients"); here the mask is read
+from v_K itself, so no user has to build one. A weight whose gradient first turns non-zero after the
+freeze therefore stays put (Adam with v frozen at 0 would step it by m/eps). The state keeps
+torch.optim's layout (step, exp_avg, exp_avg_sq), so it checkpoints like Adam's; the mask is derived
+from exp_avg_sq, never stored.
 """
 from __future__ import annotations
 
@@ -21,13 +33,14 @@ import torch
 
 def frozen_step(state: dict, param: torch.Tensor, momentum: torch.Tensor, *, lr: float, betas: tuple[float, float],
                 eps: float, weight_decay: float, freeze_step: int) -> None:
-    """One step after the freeze: `momentum` (the workers' mean) becomes exp_avg; exp_avg_sq stays."""
+    """One step after the freeze: `momentum` (the workers' mean), 0 where exp_avg_sq is 0, becomes
+    exp_avg; exp_avg_sq stays."""
     beta1, beta2 = betas
     state["step"] += 1
     t = float(state["step"])
     if weight_decay:
         param.mul_(1 - lr * weight_decay)
-    state["exp_avg"].copy_(momentum)
+    state["exp_avg"].copy_(momentum).masked_fill_(state["exp_avg_sq"] == 0, 0.0)
     denom = (state["exp_avg_sq"].sqrt() / math.sqrt(1 - beta2 ** freeze_step)).add_(eps)
     param.addcdiv_(state["exp_avg"], denom, value=-lr / (1 - beta1 ** t))
 

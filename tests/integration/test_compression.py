@@ -7,8 +7,13 @@ import pytest
 import torch
 
 import psrv
+from psrv.client import PSClient
+from psrv.codecs import make
 from psrv.config import ServerConfig
+from psrv.partition import PartitionPlan
+from psrv.protocol import ErrorCode, Message, MsgType, decode, encode
 from psrv.server.run import Server
+from psrv.transport import create_client
 
 pytestmark = pytest.mark.timeout(120)
 SHARDS = 2
@@ -22,9 +27,13 @@ def _model() -> torch.nn.Module:
 class Shards:
     """SHARDS async shards on ephemeral ports, each served from its own thread."""
 
+    def __init__(self, *, num_shards: int = SHARDS, nonfinite: str = "reject"):
+        self.num_shards, self.nonfinite = num_shards, nonfinite
+
     def __enter__(self):
-        self.servers = [Server(ServerConfig(shard=s, num_shards=SHARDS, workers=1, mode="async",
-                                            bind="tcp://127.0.0.1:0", worker_timeout=30.0)) for s in range(SHARDS)]
+        self.servers = [Server(ServerConfig(shard=s, num_shards=self.num_shards, workers=1, mode="async",
+                                            nonfinite=self.nonfinite, bind="tcp://127.0.0.1:0", worker_timeout=30.0))
+                        for s in range(self.num_shards)]
         for s in self.servers:
             s.start()
         return [s.address for s in self.servers]
@@ -101,3 +110,47 @@ def test_local_steps_push_a_compressed_pseudo_gradient():
     assert wire["dense_push_bytes"] == 2 * 4 * error.numel()  # two pushes, not four
     assert 4.9 < wire["compression_ratio"] < 5  # 10% as values + indices, less the headers
     assert error.abs().sum() > 0 and len(ps.pseudo_grad_norms) == 2
+
+
+@pytest.mark.parametrize("policy", ["reject", "skip"])
+def test_an_int8_push_with_one_nan_reaches_the_shard_as_non_finite(policy):
+    """The codec's own parts (no worker-side check in the way) of a gradient with one NaN, sent to a real
+    shard: refused (NONFINITE) under --nonfinite reject, acknowledged as dropped under skip; either way
+    the weights stay as they were, and the same push without the NaN is then applied."""
+    plan = PartitionPlan.from_module(_model(), 1)
+    grad = torch.randn(plan.total, generator=torch.Generator().manual_seed(3))
+    grad[777] = float("nan")
+    codec = make("int8")
+    shards = Shards(num_shards=1, nonfinite=policy)
+    with shards as addresses:
+        client = PSClient(addresses, plan, worker=0, world_size=1, timeout=20, heartbeat=False)
+        raw = create_client("zmq", addresses)
+        try:
+            client.hello()
+            client.init(torch.zeros(plan.total))
+
+            def push(seq: int, g: torch.Tensor) -> Message:
+                fields = {"codec": {"name": codec.name, **codec.params(), "n": plan.total}}
+                raw.send(0, encode(Message(MsgType.PUSH, worker=0, session=client.session, seq=seq, fields=fields,
+                                           parts=codec.encode(g, None))))
+                got = raw.recv(timeout=10)
+                assert got is not None, "no reply"
+                return decode(got[1])
+
+            def weights() -> torch.Tensor:
+                out = torch.empty(plan.total)
+                client.pull(clock=0, out=out)
+                return out
+
+            reply = push(10**6, grad)
+            if policy == "reject":
+                assert reply.type is MsgType.ERROR and reply.fields["code"] == ErrorCode.NONFINITE, reply.fields
+            else:
+                assert reply.type is MsgType.OK and reply.fields.get("dropped") == "nonfinite", reply.fields
+            assert not weights().any(), "the NaN push touched the weights"
+            grad[777] = 0.0
+            assert push(10**6 + 1, grad).type is MsgType.OK
+            assert weights().any()  # a finite push is applied: the check above could fail
+        finally:
+            raw.close()
+            client.close()

@@ -1,6 +1,7 @@
 """1-bit Adam (--optimizer onebit_adam --freeze-step K) on real shards (zmq, 2 shards served from threads,
 2 workers in threads), against single-process references of the same math: N workers' gradients,
 their local momenta, scaled sign per chunk of 1024 with error feedback, the mean, the frozen variance.
+Three inputs are always zero (as digits' blank pixels), so their weights' v is 0 at the freeze.
 Degenerate cases: K past the last step is torch.optim.Adam on the mean gradient; an identity codec
 (topk:1.0) after the freeze is Adam with its variance frozen."""
 from __future__ import annotations
@@ -25,9 +26,19 @@ def _model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(64, 40), torch.nn.Tanh(), torch.nn.Linear(40, 1))
 
 
+ZERO_INPUTS = 3  # inputs 0..2 are always 0: the first layer's weights from them never get a gradient
+
+
 def _data(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(100 + rank)
-    return torch.randn(32, 64, generator=g), torch.randn(32, 1, generator=g)
+    x = torch.randn(32, 64, generator=g)
+    x[:, :ZERO_INPUTS] = 0
+    return x, torch.randn(32, 1, generator=g)
+
+
+def _never_moved() -> torch.Tensor:
+    """The flat positions of the weights from the always-zero inputs (40 rows of the first layer)."""
+    return torch.arange(40 * 64).view(40, 64)[:, :ZERO_INPUTS].reshape(-1)
 
 
 def _flat_grad(model: torch.nn.Module, rank: int) -> torch.Tensor:
@@ -46,14 +57,15 @@ def _set(model: torch.nn.Module, flat: torch.Tensor) -> None:
 
 
 def _sign(x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-    """Scaled sign of each shard range's chunks of 1024 (mean |x| times +-1, +1 for x >= 0), the
-    elements of small tensors (`dense`) sent exactly."""
-    out = torch.empty_like(x)
+    """Scaled sign (||x||_1 / d) sign(x) of EF-SignSGD over each shard range's chunks of 1024 (+1 for
+    x >= 0), ||x||_1 and d over the chunk's compressed elements only; the elements of small tensors
+    (`dense`) sent exactly."""
+    out = x.clone()
     for lo, hi in PartitionPlan.from_module(_model(), SHARDS).ranges:
         for a in range(lo, hi, CHUNK):
-            b = min(a + CHUNK, hi)
-            out[a:b] = x[a:b].abs().mean() * torch.where(x[a:b] >= 0, 1.0, -1.0)
-    return torch.where(dense, x, out)
+            own = torch.arange(a, min(a + CHUNK, hi))[~dense[a:min(a + CHUNK, hi)]]
+            out[own] = x[own].abs().mean() * torch.where(x[own] >= 0, 1.0, -1.0)
+    return out
 
 
 def _identity(x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
@@ -63,7 +75,8 @@ def _identity(x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
 def reference(freeze_step: int, codec) -> torch.Tensor:
     """The weights after STEPS steps of 1-bit Adam as psrv/onebit.py and psrv/server/onebit_adam.py
     describe it, in one process: torch.optim.Adam on the mean gradient up to the freeze, each worker's
-    own momentum throughout, then the mean of codec(m_i + e_i) as the momentum over the frozen variance."""
+    own momentum throughout, then the mean of codec(m_i + e_i) as the momentum over the frozen variance,
+    masked to 0 where v is 0 (DeepSpeed's exp_avg_mask for gradients that are always exactly 0)."""
     model = _model()
     dense = torch.cat([torch.full((p.numel(),), p.numel() < MIN_NUMEL) for p in model.parameters()])
     adam = torch.optim.Adam(model.parameters(), lr=LR, betas=BETAS, eps=EPS)
@@ -82,8 +95,8 @@ def reference(freeze_step: int, codec) -> torch.Tensor:
             x = m + e
             sent.append(codec(x, dense))
             e.copy_(x - sent[-1])
-        momentum = sum(sent) / WORKERS
         v = torch.cat([adam.state[p]["exp_avg_sq"].reshape(-1) for p in model.parameters()])
+        momentum = torch.where(v > 0, sum(sent) / WORKERS, 0.0)
         denom = v.sqrt() / math.sqrt(1 - BETAS[1] ** freeze_step) + EPS
         _set(model, _flat(model) - LR / (1 - BETAS[0] ** t) * momentum / denom)
     return _flat(model)
@@ -154,6 +167,8 @@ def test_onebit_adam_on_real_shards_equals_the_single_process_reference(compress
         want = reference(freeze, _sign)
         assert (want - frozen_adam(freeze)).abs().max() > 1e-4  # sign's error shows: the test can tell
     assert (want - start).abs().max() > 1e-2  # the reference moved
+    never = _never_moved()
+    torch.testing.assert_close(got[never], start[never], rtol=0, atol=0)  # v is 0 there: the mask held them
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
     assert [said["compress"] for _, said in states] == [compress or "sign"] * WORKERS  # what ran is what it says
     assert all(state["onebit"]["momentum"].abs().sum() > 0 for state, _ in states)

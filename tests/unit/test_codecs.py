@@ -2,12 +2,13 @@
 against a plain reference written here, on known tensors; topk:1.0 is dense bit for bit."""
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
 import torch
 
-from psrv.codecs import make, parse
+from psrv.codecs import LOSSY, make, parse
 from psrv.codecs.push import PushEncoder, decode_push
 from psrv.partition import ParamSpec, PartitionPlan
 
@@ -24,21 +25,26 @@ def ref_topk(x: torch.Tensor, ratio: float) -> torch.Tensor:
     return out
 
 
-def ref_sign(x: torch.Tensor, chunk: int) -> torch.Tensor:
-    out = torch.empty_like(x)
+def ref_sign(x: torch.Tensor, chunk: int, dense: set[int] = frozenset()) -> torch.Tensor:
+    """EF-SignSGD's (||x||_1 / d) sign(x) per chunk, ||x||_1 and d over the chunk's elements that are not
+    `dense` (those travel exactly and are written over: the reference leaves them as they are)."""
+    out = x.clone()
     for a in range(0, len(x), chunk):
-        c = x[a:a + chunk]
-        scale = sum(abs(float(v)) for v in c) / len(c)
-        out[a:a + chunk] = torch.tensor([scale if float(v) >= 0 else -scale for v in c])
+        own = [i for i in range(a, min(a + chunk, len(x))) if i not in dense]
+        scale = sum(abs(float(x[i])) for i in own) / len(own) if own else 0.0
+        for i in own:
+            out[i] = scale if float(x[i]) >= 0 else -scale
     return out
 
 
-def ref_int8(x: torch.Tensor, chunk: int) -> torch.Tensor:
-    out = torch.empty_like(x)
+def ref_int8(x: torch.Tensor, chunk: int, dense: set[int] = frozenset()) -> torch.Tensor:
+    """Absmax quantisation per chunk, the max over the chunk's elements that are not `dense`."""
+    out = x.clone()
     for a in range(0, len(x), chunk):
-        c = x[a:a + chunk]
-        s = max(abs(float(v)) for v in c) / 127 or 1.0
-        out[a:a + chunk] = torch.tensor([max(-127, min(127, round(float(v) / s))) * s for v in c])
+        own = [i for i in range(a, min(a + chunk, len(x))) if i not in dense]
+        s = max((abs(float(x[i])) for i in own), default=0.0) / 127 or 1.0
+        for i in own:
+            out[i] = max(-127, min(127, round(float(x[i]) / s))) * s
     return out
 
 
@@ -113,6 +119,65 @@ def test_small_tensors_travel_dense_beside_the_codec():
     assert torch.equal(enc.error[2000:2010], torch.zeros(10))
     ref = torch.cat([ref_topk(g[:1250], 0.01), ref_topk(torch.cat([g[1250:2000], g[2010:]]), 0.01)])
     assert torch.equal(torch.cat([got[:2000], got[2010:]]), ref)
+
+
+@pytest.mark.parametrize("spec", ["sign", "int8"])
+def test_a_chunk_scale_leaves_out_the_elements_that_travel_dense(spec):
+    """Ten biases of 1.0 travel dense in the chunk of 1014 weights of +-1e-3: the weights' scale is
+    theirs alone, so sign sends them as +-1e-3 (not 10x that) and int8 as 1e-3 (not 0)."""
+    plan = PartitionPlan((ParamSpec("w", (1014,)), ParamSpec("b", (10,))), 1)
+    g = torch.where(torch.randn(1024, generator=GEN) >= 0, 1e-3, -1e-3)
+    g[1014:] = 1.0
+    fields, parts = PushEncoder(make(spec), plan, error_feedback=False, min_numel=100).encode(g, 0)
+    got = decode_push(fields["codec"], parts, 1024).densify(torch.empty(1024))
+    assert torch.equal(got[1014:], g[1014:])
+    torch.testing.assert_close(got[:1014], g[:1014], rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("spec,ref", [("sign", ref_sign), ("int8", ref_int8)], ids=["sign", "int8"])
+def test_sign_and_int8_scale_each_chunk_over_the_elements_they_cover(spec, ref):
+    """Chunks of 16, tensors under 8 elements dense: a dense one inside a chunk, three filling the chunk
+    [32, 48) and running into the next, one in the last (partial) chunk; every scale is over the rest."""
+    sizes = {"a": 10, "b": 4, "c": 18, "d": 5, "e": 7, "f": 6, "g": 40, "h": 5}
+    plan = PartitionPlan(tuple(ParamSpec(k, (n,)) for k, n in sizes.items()), 1)
+    starts = dict(zip(sizes, itertools.accumulate([0, *sizes.values()])))
+    dense = {i for k, n in sizes.items() if n < 8 for i in range(starts[k], starts[k] + n)}
+    assert set(range(32, 48)) <= dense and plan.total == 95
+    enc = PushEncoder(LOSSY[spec](chunk=16), plan, error_feedback=False, min_numel=8)
+    x = torch.randn(95, generator=GEN) * torch.linspace(0.01, 10, 95)  # the dense ones the largest of their chunk
+    fields, parts = enc.encode(x, 0)
+    got = decode_push(fields["codec"], parts, 95).densify(torch.empty(95))
+    torch.testing.assert_close(got, ref(x, 16, dense), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("spec", ["sign", "int8"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")], ids=["nan", "inf", "-inf"])
+def test_a_nan_or_inf_gives_its_chunk_a_non_finite_scale(spec, bad):
+    """Never finite parts for a non-finite input: the shard reads the scales to refuse it."""
+    x = X.clone()
+    x[1500] = bad  # the second chunk
+    codec = make(spec)
+    parts = codec.encode(x, None)
+    scales = parts["scales"]
+    assert torch.isfinite(scales[[0, 2]]).all() and not torch.isfinite(scales[1]), scales
+    decoded = decode_push({"name": codec.name, **codec.params(), "n": len(x)}, parts, len(x))
+    assert not all(torch.isfinite(t).all() for t in decoded.floats())
+
+
+@pytest.mark.parametrize("spec", ["sign", "int8"])
+@pytest.mark.parametrize("at", [500, 1019], ids=["compressed", "dense"])
+def test_a_push_with_a_nan_anywhere_is_non_finite(spec, at):
+    """Through the worker's encoder: a NaN in the compressed elements shows in a scale, one in a small
+    tensor (sent dense) in the dense part; the shard's check sees both."""
+    from psrv.server.validate import all_finite
+
+    plan = PartitionPlan((ParamSpec("w", (1014,)), ParamSpec("b", (10,))), 1)
+    g = torch.randn(1024, generator=GEN)
+    fields, parts = PushEncoder(make(spec), plan, error_feedback=False, min_numel=100).encode(g, 0)
+    assert all_finite(decode_push(fields["codec"], parts, 1024))
+    g[at] = float("nan")
+    fields, parts = PushEncoder(make(spec), plan, error_feedback=False, min_numel=100).encode(g, 0)
+    assert not all_finite(decode_push(fields["codec"], parts, 1024))
 
 
 def test_the_names_and_the_refusals():

@@ -39,6 +39,32 @@ def test_after_the_freeze_the_mean_momentum_steps_over_the_frozen_variance():
     assert torch.equal(state["exp_avg_sq"], v) and torch.equal(state["exp_avg"], g(-0.25)) and int(state["step"]) == 4
 
 
+def test_after_the_freeze_a_coordinate_whose_gradient_was_always_zero_stays_put():
+    """v_K = 0 where every warm-up gradient was exactly 0 (a constant-zero input's weights): the momentum
+    there is masked to 0 (DeepSpeed's exp_avg_mask, taken from v), so only the weight decay moves it,
+    however large the pushed (sign-compressed) momentum says it is; elsewhere the formula above."""
+    shard, ref = Shard(SIZE, ONEBIT), torch.nn.Parameter(torch.linspace(0, 1, SIZE))
+    shard.init(ref.detach())
+    adamw = torch.optim.AdamW([ref], lr=ONEBIT.lr, weight_decay=ONEBIT.weight_decay)
+    zero = torch.tensor([True, False, False, False, False, True, False, False])
+    for k in (1, 2):
+        grad = torch.where(zero, 0.0, g(k))
+        shard.apply(grad)
+        ref.grad = grad
+        adamw.step()
+    v = adamw.state[ref]["exp_avg_sq"].clone()
+    assert torch.equal(v == 0, zero)
+    w = ref.detach().clone()
+    for t, m in ((3, g(0.5)), (4, g(-0.25))):  # non-zero everywhere, as a scaled sign is
+        shard.apply(m)
+        (b1, b2), lr = ONEBIT.betas, ONEBIT.lr
+        masked = torch.where(zero, 0.0, m)
+        denom = v.sqrt() / math.sqrt(1 - b2 ** 2) + ONEBIT.eps
+        w = w * (1 - lr * ONEBIT.weight_decay) - lr / (1 - b1 ** t) * masked / denom
+        torch.testing.assert_close(shard.weights, w, rtol=1e-6, atol=1e-7)
+    assert torch.equal(shard.optimizer.state_dict()["state"][0]["exp_avg"], torch.where(zero, 0.0, g(-0.25)))
+
+
 @pytest.mark.parametrize("data, key", [
     ({"optimizer": {"name": "onebit_adam"}, "mode": "sync"}, "freeze_step"),
     ({"optimizer": {"name": "adam", "freeze_step": 5}, "mode": "sync"}, "freeze_step"),
