@@ -176,11 +176,16 @@ class PSClient:
     def leave(self, *, timeout: float = 5.0) -> None:
         """Say goodbye, waiting at most `timeout` seconds; a shard that already finished may not answer,
         which is fine."""
-        self._stop_heartbeat()
+        beating, self._heartbeat = self._heartbeat, None
+        if beating is not None:
+            beating.signal()  # it ends while LEAVE travels
         try:
             self._round_trip([self._msg(MsgType.LEAVE) for _ in self.ranges], timeout=min(self.timeout, timeout))
         except TimeoutError as exc:
             log.warning("worker %d: LEAVE not acknowledged (%s)", self.worker, exc)
+        finally:
+            if beating is not None:
+                beating.stop()
 
     def close(self) -> None:
         self._stop_heartbeat()

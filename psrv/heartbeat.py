@@ -12,6 +12,7 @@ from psrv.protocol import Message, MsgType, ProtocolError, decode, encode
 from psrv.transport import create_client
 
 log = logging.getLogger("psrv.client")
+RECV_WAIT = 0.05  # seconds between looks at the stop flag: how long stop() may wait
 
 
 class Heartbeat(threading.Thread):
@@ -24,6 +25,10 @@ class Heartbeat(threading.Thread):
         self.session = session  # the PSClient's: a beat keeps alive only the process that holds the rank
         self.options = options or {}
         self._stop_event = threading.Event()
+
+    def signal(self) -> None:
+        """Ask the thread to stop, without waiting for it (it ends within RECV_WAIT)."""
+        self._stop_event.set()
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop_event.set()
@@ -45,7 +50,7 @@ class Heartbeat(threading.Thread):
                     answered[s] = False
                 until = time.monotonic() + self.interval
                 while not self._stop_event.is_set() and (left := until - time.monotonic()) > 0:
-                    got = net.recv(min(left, 0.2))
+                    got = net.recv(min(left, RECV_WAIT))
                     if got is None:
                         continue
                     try:

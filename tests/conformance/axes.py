@@ -54,8 +54,9 @@ def workers_of(case: dict) -> int:
     return 1 if case["transport"] == "rpc" and case["mode"] != "sync" else 2
 
 
-def run_config(case: dict) -> RunConfig:
-    """The case as psrv's config tree; ConfigError where psrv refuses the combination."""
+def run_config(case: dict, *, workers: int | None = None) -> RunConfig:
+    """The case as psrv's config tree (`workers`: another count than the case's own); ConfigError where
+    psrv refuses the combination."""
     c = case
     codec = CODEC_SPEC[c["codec"]]
     optimizer = {"name": "sgd" if c["optimizer"] == "nesterov" else c["optimizer"], "lr": LR[c["optimizer"]],
@@ -72,7 +73,7 @@ def run_config(case: dict) -> RunConfig:
     if c["local"] > 1:
         worker.update(inner_optimizer="sgd", inner_lr=0.05)
     tree = {"mode": c["mode"], "staleness": 1, "backup_workers": c["backup"], "seed": SEED,
-            "cluster": {"servers": c["shards"], "workers": workers_of(c), "transport": c["transport"],
+            "cluster": {"servers": c["shards"], "workers": workers or workers_of(c), "transport": c["transport"],
                         "shared_memory": "auto" if c["plane"] == "shm" else "off",
                         "bulk": "auto" if c["plane"] == "bulk" else "off"},
             "job": {"name": JOB + ("_nan" if c["nonfinite"] != "none" else ""), "steps": STEPS, "batch_size": BATCH},

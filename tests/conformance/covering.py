@@ -60,20 +60,35 @@ def data_path_cases() -> list[dict]:
     return out
 
 
-def _grow(uncovered: set[Pair], rng: random.Random) -> dict | None:
+def _grow(uncovered: set[Pair], rng: random.Random, fixed: dict) -> dict | None:
     (a, x), (b, y) = rng.choice(sorted(uncovered, key=repr))
-    case = {a: x, b: y}
-    for axis in rng.sample([k for k in AXES if k not in case], k=len(AXES) - 2):
-        best, gain = [], -1
+    case = {**fixed, a: x, b: y}
+    for axis in rng.sample([k for k in AXES if k not in case], k=len(AXES) - len(case)):
+        best, gain = [DEFAULT[axis]], -1
         for level in AXES[axis]:
             trial = {**case, axis: level}
+            if not _valid({**DEFAULT, **trial}):  # the axes not chosen yet at their defaults
+                continue
             g = sum(1 for (p, q) in uncovered if dict([p, q]).items() <= trial.items())
             if g > gain:
                 best, gain = [level], g
             elif g == gain:
                 best.append(level)
         case[axis] = rng.choice(best)
-    return case if _valid(case) else _complete({a: x, b: y}, rng)
+    return case if _valid(case) else _complete({**fixed, a: x, b: y}, rng)
+
+
+def _cover(uncovered: set[Pair], rng: random.Random, candidates: int, fixed: dict) -> list[dict]:
+    """Greedy cases (each the best of `candidates` grown ones) until `uncovered` is empty."""
+    cases = []
+    while uncovered:
+        grown = [c for c in (_grow(uncovered, rng, fixed) for _ in range(candidates)) if c is not None]
+        best = max(grown, key=lambda c: len(pairs_of(c) & uncovered), default=None)
+        if best is None or not pairs_of(best) & uncovered:
+            raise AssertionError(f"cannot cover {len(uncovered)} pairs, e.g. {sorted(uncovered, key=repr)[:3]}")
+        cases.append(best)
+        uncovered -= pairs_of(best)
+    return cases
 
 
 def build(seed: int = 27, candidates: int = 24) -> tuple[list[dict], list[dict], dict[Pair, str]]:
@@ -88,14 +103,12 @@ def build(seed: int = 27, candidates: int = 24) -> tuple[list[dict], list[dict],
         if _complete(dict(pair), rng) is None:
             refused[pair] = refusal({**DEFAULT, **dict(pair)}) or "no valid completion found"
     uncovered -= set(refused)
-    cases: list[dict] = []
-    while uncovered:
-        grown = [c for c in (_grow(uncovered, rng) for _ in range(candidates)) if c is not None]
-        best = max(grown, key=lambda c: len(pairs_of(c) & uncovered), default=None)
-        if best is None or not pairs_of(best) & uncovered:
-            raise AssertionError(f"cannot cover {len(uncovered)} pairs, e.g. {sorted(uncovered, key=repr)[:3]}")
-        cases.append(best)
-        uncovered -= pairs_of(best)
+    # torch RPC's cases run as processes (seconds each): first the fewest that cover its pairs
+    rpc = {pair for pair in uncovered if ("transport", "rpc") in pair}
+    cases = _cover(rpc, rng, candidates * 4, {"transport": "rpc"})
+    uncovered -= {pair for case in cases for pair in pairs_of(case)}
+    uncovered -= {pair for pair in uncovered if ("transport", "rpc") in pair}
+    cases += _cover(uncovered, rng, candidates, {"transport": "zmq"})
     return triples, cases, refused
 
 

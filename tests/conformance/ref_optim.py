@@ -7,7 +7,8 @@ psrv's optimizer, rule or schedule code): one flat parameter vector and its opti
   v <- b2 v + (1 - b2) g^2, w <- w - lr/(1 - b1^t) m / (sqrt(v)/sqrt(1 - b2^t) + eps); Adam adds wd w to
   g first, AdamW multiplies w by (1 - lr wd) first.
 - 1-bit Adam (Tang et al. 2021), on a parameter server: AdamW on the clock's mean gradient for the first
-  K steps; after, the clock's mean of the workers' momenta is m, v stays v_K, and
+  K steps; after, the clock's mean of the workers' momenta is m, save where v_K = 0 (a coordinate whose
+  gradient was always 0, whose momentum is 0: DeepSpeed's exp_avg_mask), v stays v_K, and
   w <- w (1 - lr wd) - lr/(1 - b1^t) m / (sqrt(v_K)/sqrt(1 - b2^K) + eps).
 - staleness-lr (Zhang et al. 2016): g / max(1, tau). DC-ASGD (Zheng et al. 2017):
   g + lam g g (w - w_bak), lam constant, or lam0 / (sqrt(MS) + 1e-7) with MS <- 0.95 MS + 0.05 g^2.
@@ -15,6 +16,11 @@ psrv's optimizer, rule or schedule code): one flat parameter vector and its opti
   else m <- mu m + sum / N, w -= lr (d / N + mu m), sum <- 0; N = 1 is SGD-Nesterov.
 - lr schedule by update count k: warm-up (k + 1)/(W + 1) for k < W, then cosine from lr to 0 over D.
 - clip by global norm (torch's clip_grad_norm_): g * min(1, c / (|g| + 1e-6)).
+
+Each update is written with the elementary operations, in the order, of torch's documented single-tensor
+implementation (torch.optim.sgd/adam `_single_tensor_*`: lerp, addcmul, addcdiv, add with alpha), so
+the reference's weights round as the system's do: a codec's rounding (int8's round, sign's sign,
+top-k's choice) then sees the same values on both sides, and a flip there is a real difference.
 """
 from __future__ import annotations
 
@@ -25,16 +31,19 @@ import torch
 
 def lr_at(o, k: int) -> float:
     if k < o.warmup_steps:
-        return o.lr * (k + 1) / (o.warmup_steps + 1)
+        return o.lr * ((k + 1) / (o.warmup_steps + 1))
     if o.lr_schedule == "constant":
         return o.lr
     assert o.lr_schedule == "warmup_cosine", o.lr_schedule
     t, d, f = k - o.warmup_steps, o.lr_decay_steps, o.lr_end_factor
-    return o.lr * (f if t >= d else f + (1 - f) * (1 + math.cos(math.pi * t / d)) / 2)
+    return o.lr * (f if t >= d else f + (1.0 - f) * (1.0 + math.cos(math.pi * t / d)) / 2)
 
 
 def clipped(g: torch.Tensor, c: float) -> torch.Tensor:
-    return g * min(1.0, c / (float(g.norm()) + 1e-6)) if c else g
+    if not c:
+        return g
+    norm = torch.linalg.vector_norm(g, 2.0)
+    return g * torch.clamp(c / (norm + 1e-6), max=1.0)
 
 
 class ServerMath:
@@ -48,9 +57,7 @@ class ServerMath:
         self.ms = torch.zeros_like(w)                        # dc-asgd-a's mean square
         self.period = 1 if mode == "sync" else (o.dn_period or workers)
         self.dn_m, self.dn_sum, self.dn_t = torch.zeros_like(w), torch.zeros_like(w), 0
-        self.rule = "plain" if mode == "sync" else o.update_rule
-        if o.update_rule == "dn":  # sync: dn with N = 1 is SGD-Nesterov, which the rule itself computes
-            self.rule = "dn"
+        self.rule = o.update_rule if mode != "sync" or o.update_rule == "dn" else "plain"
 
     def pulled(self, worker: int) -> None:
         if self.rule in ("dc-asgd", "dc-asgd-a"):
@@ -58,15 +65,15 @@ class ServerMath:
 
     def step(self, g: torch.Tensor, *, worker: int | None, staleness: int, momentum_push: bool = False) -> None:
         o, lr = self.o, lr_at(self.o, self.k)
-        if self.rule == "staleness-lr":
-            g = g / max(1, staleness)
+        if self.rule == "staleness-lr" and staleness > 1:
+            g = torch.div(g, staleness)
         elif self.rule in ("dc-asgd", "dc-asgd-a") and worker is not None and worker in self.bak:
             if self.rule == "dc-asgd-a":
-                self.ms = 0.95 * self.ms + 0.05 * g * g
-                lam = o.dc_lambda / (self.ms.sqrt() + 1e-7)
+                self.ms.mul_(0.95).addcmul_(g, g, value=1 - 0.95)
+                lam = torch.sqrt(self.ms).add_(1e-7).reciprocal_().mul_(o.dc_lambda)
             else:
                 lam = o.dc_lambda
-            g = g + lam * g * g * (self.w - self.bak[worker])
+            g = torch.add(g, torch.sub(self.w, self.bak[worker]).mul_(g).mul_(g).mul_(lam))
         self.k += 1
         if self.rule == "dn":
             self._dn(g, lr)
@@ -79,40 +86,47 @@ class ServerMath:
 
     def _sgd(self, g, lr):
         o = self.o
-        d = g + o.weight_decay * self.w if o.weight_decay else g
+        d = g.add(self.w, alpha=o.weight_decay) if o.weight_decay else g
         if o.momentum:
-            self.buf = d.clone() if self.buf is None else o.momentum * self.buf + d
-            d = d + o.momentum * self.buf if o.nesterov else self.buf
-        self.w = self.w - lr * d
+            if self.buf is None:
+                self.buf = d.clone()
+            else:
+                self.buf.mul_(o.momentum).add_(d)
+            d = d.add(self.buf, alpha=o.momentum) if o.nesterov else self.buf
+        self.w.add_(d, alpha=-lr)
 
     def _adam(self, g, lr, *, decoupled: bool):
         o, (b1, b2) = self.o, self.o.betas
-        if o.weight_decay and not decoupled:
-            g = g + o.weight_decay * self.w
         if o.weight_decay and decoupled:
-            self.w = self.w * (1 - lr * o.weight_decay)
-        t = self.k
-        self.m = b1 * self.m + (1 - b1) * g
-        self.v = b2 * self.v + (1 - b2) * g * g
-        denom = self.v.sqrt() / math.sqrt(1 - b2 ** t) + o.eps
-        self.w = self.w - lr / (1 - b1 ** t) * self.m / denom
+            self.w.mul_(1 - lr * o.weight_decay)
+        elif o.weight_decay:
+            g = g.add(self.w, alpha=o.weight_decay)
+        t = float(self.k)
+        self.m.lerp_(g, 1 - b1)
+        self.v.mul_(b2).addcmul_(g, g, value=1 - b2)
+        denom = (self.v.sqrt() / (1 - b2 ** t) ** 0.5).add_(o.eps)
+        self.w.addcdiv_(self.m, denom, value=-(lr / (1 - b1 ** t)))
 
     def _frozen(self, momentum, lr):
         o, (b1, b2), big_k = self.o, self.o.betas, self.o.freeze_step
         if o.weight_decay:
-            self.w = self.w * (1 - lr * o.weight_decay)
-        self.m = momentum.clone()
-        denom = self.v.sqrt() / math.sqrt(1 - b2 ** big_k) + o.eps
-        self.w = self.w - lr / (1 - b1 ** self.k) * self.m / denom
+            self.w.mul_(1 - lr * o.weight_decay)
+        self.m = torch.where(self.v == 0, torch.zeros_like(momentum), momentum)
+        denom = (self.v.sqrt() / math.sqrt(1 - b2 ** big_k)).add_(o.eps)
+        self.w.addcdiv_(self.m, denom, value=-lr / (1 - b1 ** float(self.k)))
 
     def _dn(self, g, lr):
         o, n, mu = self.o, self.period, self.o.momentum
-        d = g + o.weight_decay * self.w if o.weight_decay else g
+        d = g.add(self.w, alpha=o.weight_decay) if o.weight_decay else g
         self.dn_t += 1
-        self.dn_sum = self.dn_sum + d
-        if self.dn_t % n:
-            self.w = self.w - lr * d / n
+        if n == 1:  # SGD-Nesterov
+            self.dn_m.mul_(mu).add_(d)
+            self.w.add_(d.add(self.dn_m, alpha=mu), alpha=-lr)
             return
-        self.dn_m = mu * self.dn_m + self.dn_sum / n
-        self.w = self.w - lr * (d / n + mu * self.dn_m)
-        self.dn_sum = torch.zeros_like(self.w)
+        self.dn_sum.add_(d)
+        if self.dn_t % n:
+            self.w.add_(d, alpha=-lr / n)
+            return
+        self.dn_m.mul_(mu).add_(self.dn_sum, alpha=1.0 / n)
+        self.w.add_(torch.div(d, n).add_(self.dn_m, alpha=mu), alpha=-lr)
+        self.dn_sum.zero_()

@@ -101,15 +101,14 @@ class Reference:
         """(what the shards receive, finite, the residuals to keep if applied)."""
         if self.cfg.mode != "sync" and self.o.clip_grad_norm:
             v = clipped(v, self.o.clip_grad_norm)
-        momentum_push = False
-        if self.onebit:
-            if torch.isfinite(v).all():
-                wk.momentum = wk.momentum + (1 - self.o.betas[0]) * (v - wk.momentum)
-            if clock >= self.o.freeze_step:
-                v, momentum_push = wk.momentum.clone(), True
-        if not bool(torch.isfinite(v).all()):
+        if not bool(torch.isfinite(v).all()):  # sent raw; no residual or momentum takes it in
             return v, False, {}
-        name = self.codec.partition(":")[0] or ("sign" if momentum_push else "")
+        name = self.codec.partition(":")[0]
+        if self.onebit:  # a dense gradient before the freeze, then the momentum, compressed (sign by default)
+            wk.momentum.lerp_(v, 1 - self.o.betas[0])
+            if clock < self.o.freeze_step:
+                return v.clone(), True, {}
+            v, name = wk.momentum.clone(), name or "sign"
         if not name:
             return v.to(CAST[self.cfg.worker.wire_dtype]).float(), True, {}
         ratio = float(self.codec.partition(":")[2] or 0)

@@ -12,29 +12,44 @@ each run for real (tests/conformance/cluster.py) and held against:
 """
 from __future__ import annotations
 
+import json
+from types import SimpleNamespace
+
 import pytest
 import torch
 
-from tests.conformance.axes import case_id, plain_path, run_config
+from psrv.config import to_dict
+from tests.conformance.axes import case_id, plain_path, run_config, workers_of
 from tests.conformance.cluster import Outcome, run
 from tests.conformance.covering import load
 from tests.conformance.reference import Reference
+from tests.helpers import psrv_run
 
 TRIPLES, PAIRS, _ = load()
 ATOL, RTOL = 1e-5, 1e-4
 _runs: dict[str, Outcome] = {}
 
 
-def outcome(case: dict) -> Outcome:
-    key = case_id(case)
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One torch thread, as psrv run gives each of its processes on this 2-core machine (and as the RPC
+    cases are told): a matmul's sums, and so the weights to the last bit, depend on the thread count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def outcome(case: dict, workers: int) -> Outcome:
+    key = f"{case_id(case)}/{workers}"
     if key not in _runs:
-        _runs[key] = run(run_config(case), nan=case["nonfinite"] != "none")
+        _runs[key] = run(run_config(case, workers=workers), nan=case["nonfinite"] != "none")
     return _runs[key]
 
 
-def check(case: dict) -> None:
+def check(case: dict, got: Outcome | None = None) -> None:
     cfg = run_config(case)
-    got = outcome(case)
+    got = got or outcome(case, workers_of(case))
     want = Reference(cfg, nan=case["nonfinite"] != "none").run()
     assert set(got.errors) == want.refused, f"refused workers {sorted(got.errors)}, expected {sorted(want.refused)}"
     for shard, s in enumerate(got.shards):
@@ -50,7 +65,7 @@ def check(case: dict) -> None:
     assert torch.allclose(got.params, want.params, atol=ATOL, rtol=RTOL), f"{gap:.3g} from the reference"
     plain = plain_path(case)
     if plain != case:
-        base = outcome(plain)
+        base = outcome(plain, workers_of(case))
         diff = (got.params - base.params).abs().max().item()
         assert torch.equal(got.params, base.params), f"{diff:.3g} from the plain path's weights"
 
@@ -63,3 +78,21 @@ def test_data_path(case):
 @pytest.mark.parametrize("case", [c for c in PAIRS if c["transport"] == "zmq"], ids=case_id)
 def test_pairs(case):
     check(case)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", [c for c in PAIRS if c["transport"] == "rpc"], ids=case_id)
+def test_rpc_pairs(case, tmp_path, monkeypatch):
+    """torch RPC needs a process per member of its world: these run as `psrv run --transport rpc`, the
+    shipped worker loop in its own processes, against the in-process run of the same case over zmq."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(to_dict(run_config(case))))
+    out = tmp_path / "run"
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    psrv_run(out, "--config", str(config), timeout=100)
+    shards = [json.loads((out / f"server-{s}.json").read_text()) for s in range(case["shards"])]
+    steps = {}
+    for r in range(workers_of(case)):
+        rows = json.loads((out / f"worker-{r}.json").read_text())["step_log"]
+        steps[r] = [SimpleNamespace(staleness=row["staleness"]) for row in rows]
+    check(case, Outcome(params=torch.load(out / "params.pt"), shards=shards, steps=steps))
