@@ -6,10 +6,12 @@ import json
 import pytest
 import torch
 
+import experiments.simulate.cluster as cluster_module
 from experiments.simulate.config import SimulationConfig
 from experiments.simulate.run import simulate
 from psrv.cli import main
 from psrv.config import ConfigError, from_dict
+from psrv.server.consistency import Decision
 from tests.integration.test_sync_reference import BATCH, LR, MOMENTUM, STEPS, WORKERS, big_batch_sgd
 
 
@@ -119,3 +121,36 @@ def test_the_shipped_simulation_spec_loads():
     assert {cfg.simulate.compute for _, _, cfg in runs} == {"lognormal"}
     assert {(name, cfg.backup_workers) for name, n, cfg in runs if n == 1024 and cfg.mode == "sync"} == \
         {("sync", 0), ("sync-backup-5pct", 51), ("sync-backup-20pct", 204)}
+
+
+class _CountingController:
+    """A controller as the simulator made it, counting its own DROP decisions (the recount)."""
+
+    def __init__(self, inner, drops: list[int]):
+        self._inner, self._drops, self._shard = inner, drops, len(drops)
+        drops.append(0)
+
+    def push(self, worker, clock):
+        decision = self._inner.push(worker, clock)
+        if decision is Decision.DROP:
+            self._drops[self._shard] += 1
+        return decision
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def test_dropped_is_one_shards_count_whatever_the_number_of_shards(monkeypatch):
+    """A real run's summary counts shard 0's dropped gradients (every shard drops the same late push);
+    the same simulated run at 1, 2 and 4 shards says the same count, the one its controllers decided."""
+    made, reported, recounted = cluster_module.make_controller, {}, {}
+    for servers in (1, 2, 4):
+        drops: list[int] = []
+        monkeypatch.setattr(cluster_module, "make_controller",
+                            lambda *a, drops=drops, **k: _CountingController(made(*a, **k), drops))
+        s = sim(mode="sync", backup_workers=1, cluster={"workers": 4, "servers": servers},
+                faults={"compute_ms": 20.0, "transient_stragglers": "0.2:4"})
+        assert len(drops) == servers and len(set(drops)) == 1, drops   # every shard drops the same pushes
+        reported[servers], recounted[servers] = (s["dropped"], s.get("dropped_per_shard")), (drops[0], drops)
+    assert recounted[1][0] > 0 and reported == recounted, (reported, recounted)
+    assert len({dropped for dropped, _ in reported.values()}) == 1, reported
