@@ -222,8 +222,7 @@ class Cluster:
             row = {"wall_time": end, "worker": w, "step": step, "staleness": staleness or 0,
                    "compute_seconds": compute, "communication_seconds": comm, "wait_seconds": wait,
                    "batch_size": self.batch_size, "loss": ""}
-            if self.h > 1:
-                row["pushed"] = staleness is not None
+            row["pushed"] = staleness is not None  # with local steps, the steps before a push push nothing
             if self.learner is not None:
                 row["loss"] = self.learner.loss_of(w, step)
             self.rec.rows.append(row)
