@@ -200,5 +200,8 @@ def format_summary(s: dict) -> str:
     others = [(f"eval_{name}", value) for name, value in (s.get("eval_metrics") or {}).items()
               if name not in ("loss", "accuracy")]  # the job's other metrics: perplexity, mse, ...
     rows[at:at] = others
+    if s.get("diverged") is not None:  # a learning-level simulation: whether its training diverged, and why
+        at = next(i for i, (k, _) in enumerate(rows) if k in ("eval_accuracy", "wall_seconds"))
+        rows.insert(at + 1, ("diverged", f"yes: {s['diverged_why']}" if s["diverged"] else "no"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {fmt(v)}" for k, v in rows)

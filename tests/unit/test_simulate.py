@@ -154,3 +154,39 @@ def test_dropped_is_one_shards_count_whatever_the_number_of_shards(monkeypatch):
         reported[servers], recounted[servers] = (s["dropped"], s.get("dropped_per_shard")), (drops[0], drops)
     assert recounted[1][0] > 0 and reported == recounted, (reported, recounted)
     assert len({dropped for dropped, _ in reported.values()}) == 1, reported
+
+
+@pytest.mark.parametrize("lr", [5.0, 1e30])
+def test_a_diverged_learning_simulation_says_so(lr, tmp_path, caplog):
+    """lr 5 sends the held-out loss from 2.3 to about 100 and the accuracy to chance; lr 1e30 overflows
+    to a non-finite loss. Both are said in one warning line and in summary.json."""
+    out = tmp_path / "sim"
+    assert main(["simulate", "--level", "learning", "--mode", "async", "--workers", "4", "--servers", "2",
+                 "--steps", "30", "--lr", str(lr), "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary.get("diverged") is True, {k: summary.get(k) for k in ("initial_loss", "final_loss",
+                                                                           "eval_accuracy", "diverged")}
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "diverged" in r.getMessage()]
+    assert len(said) == 1 and summary["diverged_why"] in said[0], said
+    why = "non-finite" if lr > 1e6 else "above the initial"
+    assert why in summary["diverged_why"], summary["diverged_why"]
+
+
+def test_a_learning_simulation_that_learns_has_not_diverged(tmp_path):
+    s = sim(tmp_path, mode="sync", cluster={"workers": 2, "servers": 1}, job={"steps": 60},
+            simulate={"level": "learning"})
+    assert s["eval_accuracy"] > 0.5 and s.get("diverged") is False and s.get("diverged_why") is None, s
+    assert sim(mode="sync").get("diverged") is None               # the timing level trains nothing
+
+
+def test_a_simulation_spec_names_its_diverged_runs(tmp_path):
+    spec = tmp_path / "simulate_lr.toml"
+    spec.write_text('name = "lr"\nworkers = [4]\n[job]\nsteps = 30\n[simulate]\nlevel = "learning"\n'
+                    '[[variants]]\nname = "sane"\nmode = "sync"\n'
+                    '[[variants]]\nname = "huge-lr"\nmode = "async"\noptimizer = { lr = 5.0 }\n')
+    assert main(["simulate", "--spec", str(spec), "--out", str(tmp_path / "out")]) == 0
+    with open(tmp_path / "out" / "summary.csv", newline="") as f:
+        rows = {r["variant"]: r for r in csv.DictReader(f)}
+    assert (rows["sane"]["diverged"], rows["huge-lr"]["diverged"]) == ("False", "True"), rows
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert f"- **huge-lr at N=4 diverged**: {rows['huge-lr']['diverged_why']}" in report and "sane at" not in report
