@@ -53,8 +53,8 @@ def plot_distributions(path: Path, data: list[VariantData]) -> bool:
         _bars(top, staleness_values(v), i, "staleness (versions)")
         top.set_title(v.name, fontsize="medium")
         _bars(bottom, clock_gaps(v), i, "clock gap (pushes ahead of the slowest)")
-    fig.suptitle("Staleness of each push (top) and clock gap at each push (bottom), all repeats; "
-                 "sync and all-reduce have none to show", fontsize="medium")
+    fig.suptitle("Staleness of each push (top) and clock gap at each push (bottom), all repeats;\n"
+                 "sync and all-reduce have none to show", fontsize="medium")  # two lines: fits two panels
     save(fig, path)
     return True
 
