@@ -2,10 +2,13 @@
 (experiments/launch.py for the parameter server, experiments/launch_ddp.py for the all-reduce baseline)."""
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -34,15 +37,36 @@ def thread_env(processes: int) -> dict[str, str]:
     return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // processes))}
 
 
+def _die_with_launcher() -> Callable[[], None] | None:
+    """A preexec_fn asking Linux to send the child SIGTERM when the process that started it dies (kill -9
+    included: a run's servers and workers must not go on writing into a folder whose run is gone). None
+    where there is no prctl."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    prctl, launcher = libc.prctl, os.getpid()
+    pr_set_pdeathsig = 1
+
+    def preexec() -> None:
+        prctl(pr_set_pdeathsig, int(signal.SIGTERM))
+        if os.getppid() != launcher:  # it died before the request was made
+            os.kill(os.getpid(), signal.SIGTERM)
+    return preexec
+
+
 class Cluster:
     """The processes of one run, each logging to DIR/<name>.log; stop() kills whatever is left, by PID.
     `processes`: how many will share the machine (each gets its share of the cores as torch threads).
 
     Each process runs in a session of its own, so a terminal's Ctrl-C reaches only the launcher, which
-    then stops them in order (`interrupt`: the workers first, so they can leave and write their records)."""
+    then stops them in order (`interrupt`: the workers first, so they can leave and write their records).
+    Each gets SIGTERM if the launcher dies (kill -9), and inherits `keep_fds` (the run folder's lock,
+    experiments/rundir.py: the folder stays owned while any of them lives)."""
 
-    def __init__(self, out: Path, *, processes: int = 1, hosts=None):
+    def __init__(self, out: Path, *, processes: int = 1, hosts=None, keep_fds: tuple[int, ...] = ()):
         self.out = out
+        self.keep_fds = keep_fds
+        self.preexec = _die_with_launcher()
         self.procs: dict[str, subprocess.Popen] = {}
         self.env = thread_env(processes)
         self.brief: dict[str, str] = {}  # processes whose failure is said in one line, as what they are
@@ -60,7 +84,7 @@ class Cluster:
         log = open(self.out / f"{name}.log", "w")
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env={**os.environ, **self.env, **(env or {}), "PYTHONUNBUFFERED": "1"},
-                                start_new_session=True)
+                                start_new_session=True, pass_fds=self.keep_fds, preexec_fn=self.preexec)
         log.close()
         self.procs[name] = proc
         if brief:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Callable
@@ -13,8 +14,11 @@ from psrv.config.base import config_hash
 from experiments.cluster import Cluster, RunFailed, RunInterrupted, free_port
 from experiments.netns import EmulatedHosts, host_traffic
 from experiments.preflight import preflight
+from experiments.rundir import OwnedFolder
 from experiments.script import Script, check_records, start_script_workers
 from experiments.summary import build_summary, write_tables
+
+log = logging.getLogger("psrv.run")
 
 
 def _psrv(*args: str) -> list[str]:
@@ -31,11 +35,17 @@ def write_config(path: Path, cfg) -> Path:
 
 def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linger: float = 0.0,
               timeout: float = 1800.0, progress: bool = True,
-              on_progress: Callable[[int], None] | None = None, script: Script | None = None) -> dict:
+              on_progress: Callable[[int], None] | None = None, script: Script | None = None,
+              say: Callable[[str], None] = log.info, owner: OwnedFolder | None = None) -> dict:
     """Run `cfg` on a local cluster; write DIR/config.json (the resolved config), summary.json, steps.csv,
     evals.csv, and return the summary. `metrics`: every process serves /metrics (DIR/targets.json).
     `script`: the workers are that script (a user's loop on psrv.Worker, experiments/script.py), not the
     shipped loop over cfg.job.
+
+    DIR is this run's alone while it runs (experiments/rundir.py): a folder another run owns is refused
+    (FolderInUse, a ValueError), and what an earlier run left there is removed first, `say` telling the
+    user in one line (a folder with files no run wrote is refused). `owner`: the folder's lock, when the
+    caller took it already (the experiment runner, which writes beside the run).
 
     on_progress(steps done by all workers so far) is called while it runs (for an outer progress bar).
     Ctrl-C (KeyboardInterrupt) while it runs: the workers get SIGINT and up to 3 s to leave and write
@@ -48,21 +58,32 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
         raise ValueError(f"network.bandwidth {rate}: " + ("--metrics serves each process's /metrics on its own "
                          "emulated host, out of Prometheus's reach" if metrics else "a script's workers run on "
                          "127.0.0.1") + "; run without one of them")
-    with contextlib.ExitStack() as stack:
+    owned = contextlib.nullcontext(owner) if owner is not None else OwnedFolder(out, what="psrv run")
+    with owned as folder, contextlib.ExitStack() as stack:
+        removed = folder.clear()
+        if removed:
+            say(f"{out}: removed the {len(removed)} files the run before left there ({_listed(removed)}); "
+                "this run writes its own")
         processes = cfg.cluster.workers + (0 if cfg.is_allreduce else cfg.cluster.servers)
         hosts = stack.enter_context(EmulatedHosts(processes, rate)) if rate else None
         return _run(cfg, out=out, metrics=metrics, metrics_linger=metrics_linger, timeout=timeout,
-                    progress=progress, on_progress=on_progress, script=script, hosts=hosts)
+                    progress=progress, on_progress=on_progress, script=script, hosts=hosts, lock=folder.fd)
+
+
+def _listed(names: list[str], limit: int = 6) -> str:
+    """'config.json, model.pt, ...': the notable ones first (what a user would look for), then the rest."""
+    notable = [n for n in names if n.endswith((".pt", ".json", ".csv")) and not n.startswith("config-")]
+    ordered = notable + [n for n in names if n not in notable]
+    return ", ".join(ordered[:limit]) + (f" and {len(ordered) - limit} more" if len(ordered) > limit else "")
 
 
 def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, timeout: float, progress: bool,
-         on_progress: Callable[[int], None] | None, script: Script | None, hosts: EmulatedHosts | None) -> dict:
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in out.glob("*.json"):
-        stale.unlink()
+         on_progress: Callable[[int], None] | None, script: Script | None, hosts: EmulatedHosts | None,
+         lock: int | None) -> dict:
     write_config(out / "config.json", cfg)
     workers = cfg.cluster.workers
-    cluster = Cluster(out, processes=workers + (0 if cfg.is_allreduce else cfg.cluster.servers), hosts=hosts)
+    cluster = Cluster(out, processes=workers + (0 if cfg.is_allreduce else cfg.cluster.servers), hosts=hosts,
+                      keep_fds=() if lock is None else (lock,))
     extra = ["--metrics-port", "0", "--metrics-linger", repr(metrics_linger)] if metrics else []
     bar, interrupt = None, None
     try:

@@ -6,7 +6,7 @@ import json
 import logging
 from pathlib import Path
 
-from experiments.collect import Stat, VariantSummary, read_summary
+from experiments.collect import Stat, VariantSummary, number, read_csv, read_summary
 from experiments.plots import write_plots
 from experiments.report_configs import (command_lines, disagreement_section, disagreements,
                                         mixed_folder_lines, setup_lines, stored_runs)
@@ -53,7 +53,37 @@ def _ttt(s: VariantSummary) -> float | None:
     return s.stats["time_to_target_seconds"].mean
 
 
-def _ddp_gap(summaries: list[VariantSummary]) -> list[str]:
+PerRepeat = dict[str, dict[int, dict[str, float | None]]]  # variant -> repeat -> metric -> value (runs.csv)
+
+
+def per_repeat(out: Path) -> PerRepeat:
+    """Every finished run's metrics, by variant and repeat, as DIR/runs.csv has them."""
+    runs: PerRepeat = {}
+    for row in read_csv(out / "runs.csv"):
+        values = {key: number(value) for key, value in row.items()}
+        runs.setdefault(row["variant"], {})[int(values["repeat"] or 0)] = values
+    return runs
+
+
+def _ratio(s: VariantSummary, ddp: VariantSummary, runs: PerRepeat, metric: str, mean: float | None,
+           base: float | None) -> str:
+    """'0.50 (0.41–0.62)': the ratio of the means, then the range of the per-repeat ratios (repeat k of
+    `s` against DDP's repeat k: the same seed, run in the same round); ', inconclusive' when that range
+    holds 1 (some repeats on each side of DDP)."""
+    if s is ddp:
+        return "1 (baseline)" if base else "—"
+    if mean is None or not base:
+        return "—"
+    mine, theirs = runs.get(s.variant, {}), runs.get(ddp.variant, {})
+    ratios = sorted(mine[k][metric] / theirs[k][metric] for k in sorted(set(mine) & set(theirs))
+                    if mine[k].get(metric) is not None and theirs[k].get(metric))
+    if len(ratios) < 2:
+        return f"{mean / base:.2f} ({len(ratios)} paired repeat{'' if len(ratios) == 1 else 's'}: no spread)"
+    lo, hi = ratios[0], ratios[-1]
+    return f"{mean / base:.2f} ({lo:.2f}–{hi:.2f}{', inconclusive' if lo <= 1.0 <= hi else ''})"
+
+
+def _ddp_gap(summaries: list[VariantSummary], runs: PerRepeat) -> list[str]:
     ddp = next((s for s in summaries if s.mode == "ddp"), None)
     if ddp is None:
         return ["There is no `ddp` variant in this spec, so there is no DDP gap to report."]
@@ -61,29 +91,33 @@ def _ddp_gap(summaries: list[VariantSummary]) -> list[str]:
         return [f"The DDP baseline `{ddp.variant}` has no finished runs, so there is no DDP gap."]
     base_t, base_sps = _ttt(ddp), ddp.stats["samples_per_second"].mean
     lines = [f"Each variant against the DDP baseline `{ddp.variant}`: time to target ÷ DDP's "
-             "(above 1: slower to the target) and throughput ÷ DDP's (below 1: fewer samples/s).",
+             "(above 1: slower to the target) and throughput ÷ DDP's (below 1: fewer samples/s). Each ratio "
+             "is the ratio of the means over repeats; in brackets, the smallest and largest per-repeat ratio "
+             "(repeat k against DDP's repeat k: the same seed, run in the same round of the experiment, so "
+             "under the same load). A range that holds 1 is **inconclusive**: some repeats were on each side "
+             "of DDP, so the spread does not say which is faster.",
              "", "| variant | time to target s | ÷ ddp | samples/s | ÷ ddp |", "|---|---|---|---|---|"]
     for s in summaries:
         t, sps = _ttt(s), s.stats["samples_per_second"].mean
-        t_ratio = f"{t / base_t:.2f}" if t is not None and base_t else "—"
-        s_ratio = f"{sps / base_sps:.2f}" if sps is not None and base_sps else "—"
-        lines.append(f"| `{s.variant}` | {'—' if t is None else f'{t:.3g}'} | {t_ratio} | "
-                     f"{'—' if sps is None else f'{sps:.4g}'} | {s_ratio} |")
+        lines.append(f"| `{s.variant}` | {_fmt(s.stats['time_to_target_seconds'], 3)} | "
+                     f"{_ratio(s, ddp, runs, 'time_to_target_seconds', t, base_t)} | "
+                     f"{_fmt(s.stats['samples_per_second'])} | "
+                     f"{_ratio(s, ddp, runs, 'samples_per_second', sps, base_sps)} |")
     if base_t is None:
         lines += ["", f"`{ddp.variant}` did not reach the target in every repeat, so no time ratio."]
     return lines
 
 
-def _ddp_gaps(summaries: list[VariantSummary], spec: ExperimentSpec) -> list[str]:
+def _ddp_gaps(summaries: list[VariantSummary], spec: ExperimentSpec, runs: PerRepeat) -> list[str]:
     """The DDP gap; with ddp variants at several worker counts, one table per count, each variant
     against the ddp variant with as many workers."""
     workers = {v.name: v.config.cluster.workers for v in spec.variants}
     counts = sorted({workers[s.variant] for s in summaries if s.mode == "ddp"})
     if len(counts) < 2:
-        return _ddp_gap(summaries)
+        return _ddp_gap(summaries, runs)
     lines = []
     for n in counts:
-        lines += [f"### {n} workers", "", *_ddp_gap([s for s in summaries if workers[s.variant] == n]), ""]
+        lines += [f"### {n} workers", "", *_ddp_gap([s for s in summaries if workers[s.variant] == n], runs), ""]
     return lines
 
 
@@ -120,7 +154,7 @@ def write_report(out_dir: str | Path, spec: ExperimentSpec, *, spec_path: str | 
               "", *disagreement_section(problems), *skipped_lines(out, spec),
               "## Result", "", *winner_lines(summaries, target), "",
               "## DDP gap", "",
-              *_ddp_gaps(summaries, spec), "", "## Summary", "",
+              *_ddp_gaps(summaries, spec, per_repeat(out)), "", "## Summary", "",
               "Mean ± sample std over repeats (summary.csv has every value; "
               "docs/experiments.md defines each column).", "", *_table(summaries, spec.target.metric), "",
               *traffic_lines(spec, summaries), "## Plots", ""]

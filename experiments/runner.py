@@ -15,6 +15,7 @@ from experiments.launch import RunFailed, run_local
 from experiments.preflight import preflight
 from experiments.provenance import claim, default_out, keep_aside, kept_runs, why_changed
 from experiments.report import write_report
+from experiments.rundir import EXPERIMENT_LOCK, RUN_LOCK, OwnedFolder, holder, refusal
 from experiments.spec import load_spec
 from experiments.tracking import run_name, write_events
 from experiments.traffic import TrafficSampler
@@ -55,7 +56,15 @@ def run_experiment(spec_path: str | Path, *, out: str | Path | None = None,
     skipped = _absent_devices(spec, spec_path)
     chosen = out is not None
     out = Path(out) if chosen else default_out(spec_path)
-    note = claim(out, spec_path, chosen=chosen)  # a folder holds one spec file's results, unless chosen
+    if (out / RUN_LOCK).exists() or (out / "config.json").exists():
+        raise ValueError(f"{out} is a `psrv run`'s folder, not an experiment's; pass --out with another folder")
+    with OwnedFolder(out, what="psrv experiment", lock=EXPERIMENT_LOCK, announce=False) as owned:
+        note = claim(out, spec_path, chosen=chosen)  # a folder holds one spec file's results, unless chosen
+        owned.announce()  # one experiment at a time in DIR: a second is refused, naming this one
+        return _run_experiment(spec, spec_path, out=out, note=note, skipped=skipped)
+
+
+def _run_experiment(spec, spec_path, *, out: Path, note: str | None, skipped: dict[str, str]) -> int:
     if note:
         _say(note)
     for variant in spec.variants:  # the report names each skipped variant and why
@@ -125,6 +134,9 @@ def _plan(spec, out: Path) -> list[tuple]:
     for variant, seed, repeat in spec.runs():
         path, cfg = run_dir(out, variant.name, repeat), spec.run_config(variant, seed)
         label = f"{variant.name} rep-{repeat}"
+        who = holder(path)
+        if who is not None:  # a run in progress there (a `psrv run --out` of its own): neither reused nor redone
+            raise refusal(path, who)
         finished = is_finished(path)
         why = why_changed(path, cfg) if finished else None
         if finished and why is None:
@@ -144,17 +156,19 @@ def _plan(spec, out: Path) -> list[tuple]:
 
 
 def _one_run(spec, variant, seed: int, path: Path, *, label: str, on_progress) -> bool:
-    """One `psrv run` into `path`; a failure is reported and recorded in path/error.txt, never raised."""
-    (path / "error.txt").unlink(missing_ok=True)
-    try:
-        cfg = spec.run_config(variant, seed)
-        with TrafficSampler(path):  # each process's TCP bytes, for the busiest one's traffic per step
-            run_local(cfg, out=path, progress=False, on_progress=on_progress)
-    except (RunFailed, RuntimeError, ValueError) as exc:  # RuntimeError: a process left no record
-        path.mkdir(parents=True, exist_ok=True)
-        (path / "error.txt").write_text(f"{exc}\n")
-        _say(f"FAILED {label}: {exc}\n(recorded in {path / 'error.txt'}; going on with the next run)")
-        return False
+    """One `psrv run` into `path`; a failure is reported and recorded in path/error.txt, never raised. The
+    folder is the run's (experiments/rundir.py) from before the traffic sampler starts until error.txt is
+    written: a folder another run took since the plan was made stops the experiment (FolderInUse)."""
+    cfg = spec.run_config(variant, seed)
+    with OwnedFolder(path, what="psrv experiment") as folder:
+        (path / "error.txt").unlink(missing_ok=True)
+        try:
+            with TrafficSampler(path):  # each process's TCP bytes, for the busiest one's traffic per step
+                run_local(cfg, out=path, progress=False, on_progress=on_progress, say=_say, owner=folder)
+        except (RunFailed, RuntimeError, ValueError) as exc:  # RuntimeError: a process left no record
+            (path / "error.txt").write_text(f"{exc}\n")
+            _say(f"FAILED {label}: {exc}\n(recorded in {path / 'error.txt'}; going on with the next run)")
+            return False
     _say(f"finished {label} in {path}")
     return True
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from psrv.config import RunConfig
 
 STEP_COLUMNS = ("wall_time", "worker", "step", "loss", "staleness", "compute_seconds",
-                "communication_seconds", "wait_seconds", "batch_size")
+                "communication_seconds", "wait_seconds", "batch_size", "pushed")
 EVAL_COLUMNS = ("wall_time", "step", "eval_loss", "eval_accuracy")
 
 
@@ -163,7 +163,9 @@ def _lr_scale(servers: list[dict], rule: str | None) -> dict:
 def write_tables(out: Path, *, interrupted: bool = False) -> None:
     """DIR/steps.csv (one row per worker step) and DIR/evals.csv, wall times relative to the start.
 
-    A value a record does not have (DDP's staleness) is an empty cell. `interrupted`: from the records
+    A value a record does not have (DDP's staleness and `pushed`) is an empty cell. `pushed` is True or
+    False on every parameter-server row: with local steps only every H-th step pushes, and a row's
+    staleness counts only where it pushed. `interrupted`: from the records
     there are (see build_summary)."""
     workers = _records(out, "worker", partial=interrupted)
     origin = _origin(workers)
@@ -198,5 +200,8 @@ def format_summary(s: dict) -> str:
     others = [(f"eval_{name}", value) for name, value in (s.get("eval_metrics") or {}).items()
               if name not in ("loss", "accuracy")]  # the job's other metrics: perplexity, mse, ...
     rows[at:at] = others
+    if s.get("diverged") is not None:  # a learning-level simulation: whether its training diverged, and why
+        at = next(i for i, (k, _) in enumerate(rows) if k in ("eval_accuracy", "wall_seconds"))
+        rows.insert(at + 1, ("diverged", f"yes: {s['diverged_why']}" if s["diverged"] else "no"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {fmt(v)}" for k, v in rows)

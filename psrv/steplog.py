@@ -7,7 +7,8 @@
                          PSRV_RECORD as .metrics); PSRV_MODE labels them, PSRV_METRICS_LINGER keeps
                          them up that many seconds after close()
 
-A row holds what step() measured: compute_seconds is the time since the previous step() returned (the
+A row holds what step() measured (`pushed`: whether the step pushed; with local steps only every H-th
+does, and staleness is a push's): compute_seconds is the time since the previous step() returned (the
 first: since the constructor's first pull), communication and wait the time inside step(). The loss
 and batch size are the ones the loop passed to step(), None where it passed none: the log never
 makes one up. A worker that stops on an error or Ctrl-C writes what it did, `interrupted` True.
@@ -74,9 +75,7 @@ class StepLog:
                "loss": None if loss is None else float(loss),
                "staleness": info.staleness, "compute_seconds": max(0.0, started - self._last),
                "communication_seconds": max(0.0, inside - info.waited), "wait_seconds": min(info.waited, inside),
-               "batch_size": batch_size}
-        if not info.pushed:  # a local step (psrv.Worker local_steps) that sent nothing
-            row["pushed"] = False
+               "batch_size": batch_size, "pushed": info.pushed}  # False: a local step that sent nothing
         self.rows.append(row)
         if self.metrics is not None:
             self.metrics.observe_step(row)

@@ -91,9 +91,8 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
                 row = {"wall_time": time.time(), "worker": cfg.rank, "step": step, "loss": loss.item(),
                        "staleness": info.staleness, "compute_seconds": t1 - t0,
                        "communication_seconds": max(0.0, t2 - t1 - info.waited),
-                       "wait_seconds": min(info.waited, t2 - t1), "batch_size": batch_size_of(batch)}
-                if inner is not None:
-                    row["pushed"] = info.pushed
+                       "wait_seconds": min(info.waited, t2 - t1), "batch_size": batch_size_of(batch),
+                       "pushed": info.pushed}  # on every row: with local steps, every H-th pushes
                 record["step_log"].append(row)
                 if metrics is not None:
                     metrics.observe_step(row)

@@ -38,6 +38,12 @@ def style(i: int) -> str:
     return ("-", "--", "-.", ":")[i % 4]  # lines that coincide (sync and ddp) stay visible
 
 
+def pushed(row: dict[str, str]) -> bool:
+    """Whether a steps.csv row pushed: with local steps only every H-th step does (`pushed` False on the
+    others); a row without the column (all-reduce, or a run from before it) is a step that pushed."""
+    return row.get("pushed") != "False"
+
+
 def has_staleness(mode: str) -> bool:
     """async and ssp measure a spread of staleness; sync's is always 0 and all-reduce has none."""
     return mode in MODES and mode != "sync"

@@ -14,7 +14,7 @@ from matplotlib.axes import Axes
 from matplotlib.ticker import EngFormatter
 
 from experiments.collect import number
-from experiments.plots.figure import Rows, VariantData, color, figure, save, style
+from experiments.plots.figure import Rows, VariantData, color, figure, pushed, save, style
 
 AXES = (("samples", "samples seen (all workers)"), ("updates", "updates applied (servers' count)"),
         ("wall_time", "wall time (s)"))
@@ -26,12 +26,13 @@ class Progress:
     def __init__(self, steps: Rows, updates: float):
         self.times = [number(r.get("wall_time")) or 0.0 for r in steps]
         self.cum_samples = np.cumsum([number(r.get("batch_size")) or 0.0 for r in steps]).tolist()
-        self.updates_per_push = updates / len(steps) if steps else 0.0
+        self.cum_pushes = np.cumsum([pushed(r) for r in steps]).tolist()  # local steps: every H-th pushes
+        self.updates_per_push = updates / self.cum_pushes[-1] if steps and self.cum_pushes[-1] else 0.0
 
     def at(self, t: float) -> dict[str, float]:
         n = bisect_right(self.times, t)
-        return {"samples": self.cum_samples[n - 1] if n else 0.0, "updates": n * self.updates_per_push,
-                "wall_time": t}
+        return {"samples": self.cum_samples[n - 1] if n else 0.0,
+                "updates": (self.cum_pushes[n - 1] if n else 0) * self.updates_per_push, "wall_time": t}
 
 
 def _eval_points(v: VariantData, y: str) -> dict[int, list[dict[str, float]]]:

@@ -2,8 +2,9 @@
 over every repeat, and staleness over wall time. sync (always 0) and all-reduce (none) get no panel.
 
 Staleness is each push's, as the worker's step log records it (the servers' version when applied minus
-the version it read). The clock gap at a step is that worker's clock minus the slowest worker's at the
-moment it finished the step, from the step log's wall times."""
+the version it read); with local steps only the rows that pushed count (steps.csv's `pushed`), as
+summary.json's mean_staleness counts them. The clock gap at a push is that worker's clock (its pushes so
+far) minus the slowest worker's at the moment it pushed, from the step log's wall times."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,22 +12,23 @@ from pathlib import Path
 import numpy as np
 
 from experiments.collect import number
-from experiments.plots.figure import VariantData, color, figure, has_staleness, save
+from experiments.plots.figure import VariantData, color, figure, has_staleness, pushed, save
 
 
 def staleness_values(v: VariantData) -> list[float]:
-    return [s for s in (number(r.get("staleness")) for r in v.steps) if s is not None]
+    """Every push's staleness, over all repeats (a local step that pushed nothing has none)."""
+    return [s for s in (number(r.get("staleness")) for r in v.steps if pushed(r)) if s is not None]
 
 
 def clock_gaps(v: VariantData) -> list[int]:
-    """Every step's clock gap, over all repeats."""
+    """Every push's clock gap, over all repeats."""
     gaps = []
     for rep in v.repeats():
-        rows = v.steps_of(rep)
+        rows = [r for r in v.steps_of(rep) if pushed(r)]
         clocks = {int(number(r.get("worker")) or 0): 0 for r in rows}
         for row in rows:
             w = int(number(row.get("worker")) or 0)
-            clocks[w] = int(number(row.get("step")) or 0) + 1
+            clocks[w] += 1
             gaps.append(clocks[w] - min(clocks.values()))
     return gaps
 
@@ -36,7 +38,7 @@ def _bars(ax, values: list[float], i: int, xlabel: str) -> None:
     ax.hist(values, bins=[b - 0.5 for b in range(top + 2)], color=color(i), rwidth=0.85)
     ax.set_xticks(range(0, top + 1, max(1, -(-(top + 1) // 8))))
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("worker steps")
+    ax.set_ylabel("pushes")
 
 
 def plot_distributions(path: Path, data: list[VariantData]) -> bool:
@@ -50,9 +52,9 @@ def plot_distributions(path: Path, data: list[VariantData]) -> bool:
         top, bottom = axes[col], axes[len(shown) + col]
         _bars(top, staleness_values(v), i, "staleness (versions)")
         top.set_title(v.name, fontsize="medium")
-        _bars(bottom, clock_gaps(v), i, "clock gap (steps ahead of the slowest)")
-    fig.suptitle("Staleness of each push (top) and clock gap at each step (bottom), all repeats; "
-                 "sync and all-reduce have none to show", fontsize="medium")
+        _bars(bottom, clock_gaps(v), i, "clock gap (pushes ahead of the slowest)")
+    fig.suptitle("Staleness of each push (top) and clock gap at each push (bottom), all repeats;\n"
+                 "sync and all-reduce have none to show", fontsize="medium")  # two lines: fits two panels
     save(fig, path)
     return True
 
@@ -63,7 +65,7 @@ def plot_over_time(path: Path, data: list[VariantData], *, bins: int = 30) -> bo
     for i, v in enumerate(data):
         if not has_staleness(v.mode):
             continue
-        points = [(number(r.get("wall_time")), number(r.get("staleness"))) for r in v.steps]
+        points = [(number(r.get("wall_time")), number(r.get("staleness"))) for r in v.steps if pushed(r)]
         points = [(t, s) for t, s in points if t is not None and s is not None]
         if not points:
             continue

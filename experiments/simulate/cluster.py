@@ -31,7 +31,7 @@ class Recorded:
     communication: float = 0.0
     wait: float = 0.0
     pushes: int = 0
-    dropped: int = 0
+    dropped: list[int] = field(default_factory=list)      # per shard: the late pushes its controller dropped
     updates: list[int] = field(default_factory=list)      # per shard
     end: list[float] = field(default_factory=list)        # per worker: its last step's end
     rows: list[dict] = field(default_factory=list)        # the sampled workers' steps
@@ -65,7 +65,7 @@ class Cluster:
         self.shards = [(tx, ctrl, waiting) for tx, ctrl, waiting in zip(transfer, self.controllers, self.waiting)]
         self.heap: list[tuple[float, int]] = []
         self.leaving: list[tuple[int, float]] = []             # workers done, their LEAVE not yet handled
-        self.rec = Recorded()
+        self.rec = Recorded(dropped=[0] * shards)
 
     # --- the loop -------------------------------------------------------------
     def run(self) -> Recorded:
@@ -118,7 +118,7 @@ class Cluster:
             busy[s] = th
             decision = ctrl.push(w, clock)
             if decision is DROP:
-                self.rec.dropped += 1
+                self.rec.dropped[s] += 1
             else:
                 stale = version[s] - base[s]
                 if stale > self.step_stale[w]:
@@ -222,8 +222,7 @@ class Cluster:
             row = {"wall_time": end, "worker": w, "step": step, "staleness": staleness or 0,
                    "compute_seconds": compute, "communication_seconds": comm, "wait_seconds": wait,
                    "batch_size": self.batch_size, "loss": ""}
-            if self.h > 1:
-                row["pushed"] = staleness is not None
+            row["pushed"] = staleness is not None  # with local steps, the steps before a push push nothing
             if self.learner is not None:
                 row["loss"] = self.learner.loss_of(w, step)
             self.rec.rows.append(row)

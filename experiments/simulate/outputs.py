@@ -18,9 +18,8 @@ def write_outputs(out: Path, cfg: SimulationConfig, summary: dict, rec: Recorded
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    columns = STEP_COLUMNS + (("pushed",) if cfg.worker.local_steps > 1 else ())
     with open(out / "steps.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, columns, extrasaction="ignore")
+        writer = csv.DictWriter(f, STEP_COLUMNS, extrasaction="ignore")
         writer.writeheader()
         for row in sorted(rec.rows, key=lambda r: r["wall_time"]):
             writer.writerow({**row, "wall_time": round(row["wall_time"], 6)})

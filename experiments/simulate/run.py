@@ -38,6 +38,9 @@ def simulate(cfg: SimulationConfig, *, out: str | Path | None = None) -> dict:
     elapsed = time.perf_counter() - started
     summary = summarise(cfg, rec, learner=learner, plan_total=plan.total, network=network, elapsed=elapsed)
     log.info("simulated %d pushes in %.2fs", rec.pushes, elapsed)
+    if summary["diverged"]:
+        log.warning("the simulated training diverged (%s, N=%d): %s; summary.json says diverged: true",
+                    cfg.mode, n, summary["diverged_why"])
     if out is not None:
         from experiments.simulate.outputs import write_outputs
         write_outputs(Path(out), cfg, summary, rec, evals=learner.evals if learner is not None else [])
@@ -66,12 +69,15 @@ def summarise(cfg: SimulationConfig, rec: Recorded, *, learner, plan_total: int,
         "initial_loss": final.get("initial_loss"), "final_loss": final.get("final_loss"),
         "eval_accuracy": final.get("eval_accuracy"), "eval_metrics": final.get("eval_metrics"),
         "metric": final.get("metric"), "lower_is_better": final.get("lower_is_better"),
+        "diverged": final.get("diverged"), "diverged_why": final.get("diverged_why"),  # None: nothing trained
         "wall_seconds": wall, "samples_per_second": samples / wall,
         "pushes": rec.pushes, "updates_applied": rec.updates[0] if rec.updates else 0,
         "updates_applied_per_shard": rec.updates,
         "max_staleness": max(rec.staleness, default=0),
         "mean_staleness": stale / rec.pushes if rec.pushes else 0.0,
-        "max_clock_gap": max(rec.clock_gap, default=0), "dropped": rec.dropped, "lost_workers": [],
+        "max_clock_gap": max(rec.clock_gap, default=0),
+        "dropped": rec.dropped[0] if rec.dropped else 0,  # shard 0's, as a real run's summary (one push, S slices)
+        "dropped_per_shard": list(rec.dropped), "lost_workers": [],
         "wait_seconds": rec.wait, "wait_fraction": rec.wait / busy if busy > 0 else None,
         "compute_seconds": rec.compute, "communication_seconds": rec.communication,
         "staleness_histogram": {str(k): v for k, v in sorted(rec.staleness.items())},

@@ -16,7 +16,8 @@ from experiments.simulate.run import simulate
 from psrv.config import from_dict, merge
 
 COLUMNS = ("variant", "workers", "mode", "staleness", "backup_workers", "samples_per_second", "wait_fraction",
-           "mean_staleness", "max_staleness", "max_clock_gap", "dropped", "wall_seconds", "simulator_seconds")
+           "mean_staleness", "max_staleness", "max_clock_gap", "dropped", "wall_seconds", "simulator_seconds",
+           "diverged", "diverged_why")  # diverged: learning level only (docs/simulator.md)
 _SPEC_KEYS = ("name", "description", "workers", "variants")
 
 
@@ -80,6 +81,10 @@ def write_report(out: Path, header: dict, rows: list[dict], *, spec_path: Path, 
             cells = {r["workers"]: r[metric] for r in rows if r["variant"] == v}
             lines.append(f"| {v} | " + " | ".join(_fmt(cells.get(n)) for n in header["workers"]) + " |")
         lines.append("")
+    diverged = [r for r in rows if r["diverged"]]
+    if diverged:  # the learning level: a run whose training diverged says so, and why
+        lines += ["## Diverged", "", *(f"- **{r['variant']} at N={r['workers']} diverged**: {r['diverged_why']}"
+                                       for r in diverged), ""]
     lines += ["Plots: plots/samples_per_second.png, plots/wait_fraction.png, plots/mean_staleness.png.", ""]
     (out / "report.md").write_text("\n".join(lines))
     _plots(out / "plots", header, rows, variants)

@@ -113,3 +113,25 @@ def test_local_steps_settings_resolve_and_refuse_in_one_line():
         from_dict(RunConfig, {"worker": {"local_steps": 0}})
     with pytest.raises(ValueError, match=r"^local_steps must be >= 1"):
         psrv.Worker(torch.nn.Linear(2, 1), ["tcp://127.0.0.1:9"], rank=0, world_size=1, local_steps=0)
+
+
+@pytest.mark.timeout(180)
+def test_the_staleness_plot_counts_pushes_only(tmp_path):
+    """With local steps a row is an inner step; only every H-th pushed. steps.csv says which on every row
+    (`pushed`), and the staleness plot draws the pushes' staleness: its mean is summary.json's."""
+    from experiments.collect import merge_variant, read_csv
+    from experiments.plots.figure import VariantData
+    from experiments.plots.staleness import staleness_values
+    run = tmp_path / "async" / "rep-0"
+    summary = psrv_run(run, "--mode", "async", "--workers", "2", "--servers", "1", "--steps", "40",
+                       "--local-steps", "4", "--compute-ms", "5")
+    rows = read_csv(run / "steps.csv")
+    assert [r.get("pushed") for r in rows].count("True") == summary["pushes"] == 20, rows[:5]
+    assert {r["pushed"] for r in rows} == {"True", "False"} and len(rows) == summary["inner_steps"] == 80
+    merge_variant(tmp_path, "async", [(0, run)])
+    data = VariantData(name="async", mode="async", steps=read_csv(tmp_path / "async" / "steps.csv"),
+                       evals=[], updates={0: summary["updates_applied"]})
+    plotted = staleness_values(data)
+    assert summary["mean_staleness"] > 0, summary                   # async with 2 workers: some is stale
+    assert (len(plotted), sum(plotted) / len(plotted)) == pytest.approx((20, summary["mean_staleness"])), \
+        (len(plotted), sum(plotted) / len(plotted), summary["mean_staleness"])

@@ -23,3 +23,11 @@ def test_a_classifier_shows_its_accuracy_once():
 
 def test_a_run_with_no_evaluation_says_so():
     assert _lines({"mode": "sync", "eval_accuracy": None, "eval_metrics": None})["eval_accuracy"] == "n/a"
+
+
+def test_a_diverged_simulation_says_why_and_a_real_run_has_no_such_line():
+    lines = _lines({"mode": "async", "final_loss": 108.0, "eval_accuracy": 0.1, "diverged": True,
+                    "diverged_why": "the final held-out loss 108 is above the initial 2.309"})
+    assert lines["diverged"] == "yes: the final held-out loss 108 is above the initial 2.309"
+    assert _lines({"mode": "sync", "eval_accuracy": 0.9, "diverged": False})["diverged"] == "no"
+    assert "diverged" not in _lines({"mode": "sync", "eval_accuracy": 0.9})

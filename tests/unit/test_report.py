@@ -202,10 +202,34 @@ def test_report_ddp_gap(tmp_path: Path, monkeypatch) -> None:
     [ddp_row] = [line for line in text.splitlines() if line.startswith("| `ddp` | ddp |")]
     assert sync_row.split(" | ")[10:12] == ["0 ± 0", "0 ± 0"]  # mean, max staleness: measured
     assert ddp_row.split(" | ")[10:12] == ["n/a", "n/a"]      # DDP has none to measure
-    # ddp did not reach the target in every repeat: no time ratio; throughput 120 / 240
-    assert "| `sync` | 3 | — | 120 | 0.50 |" in text
-    assert "| `ddp` | — | — | 240 | 1.00 |" in text
+    # ddp did not reach the target in every repeat: no time ratio; throughput 120 / 240, per repeat
+    # 100 / 240 and 140 / 240
+    assert "| `sync` | 3 ± 1.4 | — | 120 ± 28 | 0.50 (0.42–0.58) |" in text
+    assert "| `ddp` | — | — | 240 ± 0 | 1 (baseline) |" in text
     assert "did not reach the target in every repeat, so no time ratio" in text
+
+
+def test_the_ddp_gap_gives_each_ratio_its_spread_over_repeats(tmp_path: Path) -> None:
+    """Repeat k of a variant against DDP's repeat k (the same seed, run in the same round): the ratio of
+    the means, then the range of the per-repeat ratios; a range on both sides of 1 is inconclusive."""
+    reach = {"sync": (2.5, 4.0), "async": (1.0, 6.0), "ddp": (2.0, 2.0)}       # time to 0.9 accuracy
+    throughput = {"sync": (100.0, 140.0), "async": (150.0, 400.0), "ddp": (200.0, 280.0)}
+    for name in reach:
+        for rep in (0, 1):
+            _run(tmp_path, name, rep, summary=_summary(10.0, throughput[name][rep], 0.3, 0.95, 3, None, None),
+                 evals=[(reach[name][rep], 1, 0.3, 0.95)], step_times=(0.1, 0.0, 0.0), staleness=None)
+    spec = _spec("sync", "async", "ddp")
+    for variant, seed, repeat in spec.runs():
+        write_config(run_dir(tmp_path, variant.name, repeat) / "config.json", spec.run_config(variant, seed))
+    collect(tmp_path, spec)
+    text = write_report(tmp_path, spec, spec_path="x.toml", versions=VERSIONS).read_text()
+    rows = {line.split(" | ")[0]: line for line in text.splitlines() if line.startswith("| `")}
+    # time: sync 2.5/2 and 4/2 -> 1.25 and 2.00, ratio of means 3.25/2; async 0.50 and 3.00
+    # samples/s: sync 100/200 and 140/280 -> 0.50 twice; async 0.75 and 1.43, ratio of means 275/240
+    assert "| `sync` | 3.25 ± 1.1 | 1.62 (1.25–2.00) | 120 ± 28 | 0.50 (0.50–0.50) |" in text, rows
+    assert "| `async` | 3.5 ± 3.5 | 1.75 (0.50–3.00, inconclusive) | 275 ± 177 | 1.15 (0.75–1.43, " \
+           "inconclusive) |" in text, rows
+    assert "| `ddp` | 2 ± 0 | 1 (baseline) | 240 ± 57 | 1 (baseline) |" in text, rows
 
 
 def test_report_when_no_variant_reaches_the_target(tmp_path: Path) -> None:

@@ -6,10 +6,12 @@ import json
 import pytest
 import torch
 
+import experiments.simulate.cluster as cluster_module
 from experiments.simulate.config import SimulationConfig
 from experiments.simulate.run import simulate
 from psrv.cli import main
 from psrv.config import ConfigError, from_dict
+from psrv.server.consistency import Decision
 from tests.integration.test_sync_reference import BATCH, LR, MOMENTUM, STEPS, WORKERS, big_batch_sgd
 
 
@@ -119,3 +121,72 @@ def test_the_shipped_simulation_spec_loads():
     assert {cfg.simulate.compute for _, _, cfg in runs} == {"lognormal"}
     assert {(name, cfg.backup_workers) for name, n, cfg in runs if n == 1024 and cfg.mode == "sync"} == \
         {("sync", 0), ("sync-backup-5pct", 51), ("sync-backup-20pct", 204)}
+
+
+class _CountingController:
+    """A controller as the simulator made it, counting its own DROP decisions (the recount)."""
+
+    def __init__(self, inner, drops: list[int]):
+        self._inner, self._drops, self._shard = inner, drops, len(drops)
+        drops.append(0)
+
+    def push(self, worker, clock):
+        decision = self._inner.push(worker, clock)
+        if decision is Decision.DROP:
+            self._drops[self._shard] += 1
+        return decision
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def test_dropped_is_one_shards_count_whatever_the_number_of_shards(monkeypatch):
+    """A real run's summary counts shard 0's dropped gradients (every shard drops the same late push);
+    the same simulated run at 1, 2 and 4 shards says the same count, the one its controllers decided."""
+    made, reported, recounted = cluster_module.make_controller, {}, {}
+    for servers in (1, 2, 4):
+        drops: list[int] = []
+        monkeypatch.setattr(cluster_module, "make_controller",
+                            lambda *a, drops=drops, **k: _CountingController(made(*a, **k), drops))
+        s = sim(mode="sync", backup_workers=1, cluster={"workers": 4, "servers": servers},
+                faults={"compute_ms": 20.0, "transient_stragglers": "0.2:4"})
+        assert len(drops) == servers and len(set(drops)) == 1, drops   # every shard drops the same pushes
+        reported[servers], recounted[servers] = (s["dropped"], s.get("dropped_per_shard")), (drops[0], drops)
+    assert recounted[1][0] > 0 and reported == recounted, (reported, recounted)
+    assert len({dropped for dropped, _ in reported.values()}) == 1, reported
+
+
+@pytest.mark.parametrize("lr", [5.0, 1e30])
+def test_a_diverged_learning_simulation_says_so(lr, tmp_path, caplog):
+    """lr 5 sends the held-out loss from 2.3 to about 100 and the accuracy to chance; lr 1e30 overflows
+    to a non-finite loss. Both are said in one warning line and in summary.json."""
+    out = tmp_path / "sim"
+    assert main(["simulate", "--level", "learning", "--mode", "async", "--workers", "4", "--servers", "2",
+                 "--steps", "30", "--lr", str(lr), "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary.get("diverged") is True, {k: summary.get(k) for k in ("initial_loss", "final_loss",
+                                                                           "eval_accuracy", "diverged")}
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "diverged" in r.getMessage()]
+    assert len(said) == 1 and summary["diverged_why"] in said[0], said
+    why = "non-finite" if lr > 1e6 else "above the initial"
+    assert why in summary["diverged_why"], summary["diverged_why"]
+
+
+def test_a_learning_simulation_that_learns_has_not_diverged(tmp_path):
+    s = sim(tmp_path, mode="sync", cluster={"workers": 2, "servers": 1}, job={"steps": 60},
+            simulate={"level": "learning"})
+    assert s["eval_accuracy"] > 0.5 and s.get("diverged") is False and s.get("diverged_why") is None, s
+    assert sim(mode="sync").get("diverged") is None               # the timing level trains nothing
+
+
+def test_a_simulation_spec_names_its_diverged_runs(tmp_path):
+    spec = tmp_path / "simulate_lr.toml"
+    spec.write_text('name = "lr"\nworkers = [4]\n[job]\nsteps = 30\n[simulate]\nlevel = "learning"\n'
+                    '[[variants]]\nname = "sane"\nmode = "sync"\n'
+                    '[[variants]]\nname = "huge-lr"\nmode = "async"\noptimizer = { lr = 5.0 }\n')
+    assert main(["simulate", "--spec", str(spec), "--out", str(tmp_path / "out")]) == 0
+    with open(tmp_path / "out" / "summary.csv", newline="") as f:
+        rows = {r["variant"]: r for r in csv.DictReader(f)}
+    assert (rows["sane"]["diverged"], rows["huge-lr"]["diverged"]) == ("False", "True"), rows
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert f"- **huge-lr at N=4 diverged**: {rows['huge-lr']['diverged_why']}" in report and "sane at" not in report

@@ -98,3 +98,32 @@ def test_the_placement_spec_runs_the_three_architectures_at_2_4_and_8_workers() 
     found = {(architecture(v.config), v.config.cluster.workers) for v in spec.variants}
     kinds = {"1 server on cpu (sync)", "4 servers on cpu (sync)", "1 server on cuda:0 (sync)", "ddp all-reduce (per rank)"}
     assert found == {(kind, n) for kind in kinds for n in (2, 4, 8)}
+
+
+def test_the_traffic_plot_draws_one_line_per_variant_and_joins_only_a_worker_count_sweep(tmp_path, monkeypatch):
+    """Variants that differ only in the number of workers (placement.toml's cpu-1server-2w, -4w, -8w) are
+    one setting's points and make one line; a variant that differs in anything else (here a codec) is a
+    line of its own, though it shares the architecture '1 server on cpu (sync)'."""
+    from matplotlib.axes import Axes
+
+    from experiments.collect import Stat, VariantSummary
+    from experiments.plots.traffic import plot_traffic
+    spec = spec_from_dict({"name": "t", "target": {"eval_loss": 1.0}, "cluster": {"servers": 1}, "variants": [
+        {"name": "dense-2w", "mode": "sync", "cluster": {"workers": 2}},
+        {"name": "dense-4w", "mode": "sync", "cluster": {"workers": 4}},
+        {"name": "topk-2w", "mode": "sync", "cluster": {"workers": 2}, "worker": {"compress": "topk:0.01"}},
+        {"name": "topk-4w", "mode": "sync", "cluster": {"workers": 4}, "worker": {"compress": "topk:0.01"}},
+        {"name": "ddp-2w", "mode": "ddp", "cluster": {"workers": 2}}]})
+    kib = {"dense-2w": 75, "dense-4w": 150, "topk-2w": 40, "topk-4w": 80, "ddp-2w": 38}
+    summaries = [VariantSummary(variant=name, mode="sync", staleness=None, repeats=1, target_reached=1,
+                                stats={"busiest_bytes_in_per_step": Stat(1024.0 * k, None),
+                                       "busiest_bytes_out_per_step": Stat(1024.0 * k, None),
+                                       "seconds_per_step": Stat(0.01, None)}) for name, k in kib.items()]
+    drawn = []  # (label, x, y) of each line on the first panel (bytes in)
+    real = Axes.errorbar
+    monkeypatch.setattr(Axes, "errorbar", lambda ax, x, y, *a, **k: drawn.append((k.get("label"), list(x), list(y)))
+                        or real(ax, x, y, *a, **k))
+    assert plot_traffic(tmp_path / "traffic.png", spec, summaries)
+    lines = {label: (x, y) for label, x, y in drawn[:len(drawn) // 3]}
+    assert sorted(lines.values()) == sorted([([2], [38.0]), ([2, 4], [75.0, 150.0]), ([2, 4], [40.0, 80.0])]), lines
+    assert any("dense" in label for label in lines) and any("topk" in label for label in lines), lines
