@@ -19,7 +19,7 @@ import torch
 
 from psrv.chunking import chunk_count, chunk_range
 from psrv.codecs import CASTS, make as make_codec
-from psrv.codecs.push import PushEncoder
+from psrv.codecs.push import PushEncoder, finite
 from psrv.heartbeat import Heartbeat
 from psrv.onebit import LocalMomentum, from_welcomes
 from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError, decode, encode
@@ -245,6 +245,7 @@ class PSClient:
         """One message per shard with its slice of `grad` in the wire dtype, or compressed. cast=False
         leaves the slices to be filled (cast or encoded) later, shard by shard (`_cast`)."""
         if self.encoder is not None:  # onebit_adam's warm-up pushes the gradient dense
+            self.encoder.pending.clear()  # a push round that failed (an ERROR) settles nothing now
             dense = self.onebit is not None and not self.onebit.is_momentum(clock)
             msgs = [self._msg(mtype, clock=clock, base_version=self.versions[s], tensor=grad[lo:hi] if dense else None)
                     for s, (lo, hi) in enumerate(self.ranges)]
@@ -260,10 +261,14 @@ class PSClient:
 
     def _cast(self, grad: torch.Tensor, shard: int, msg: Message) -> None:
         """Fill shard's message from `grad`: its slice of the wire buffer (a no-op when grad is
-        already wire dtype), or its compressed parts (the error-feedback residual moves on). Under
-        onebit_adam the local momentum takes the slice first, and after the freeze is what is encoded."""
+        already wire dtype), or its compressed parts (the residual they leave waits for the shard's
+        answer, `_settle`). Under onebit_adam the local momentum takes the slice first, and after the
+        freeze is what is encoded. A slice with NaN or Inf goes raw (`_raw`) and moves no worker state."""
+        lo, hi = self.ranges[shard]
+        if (self.encoder is not None or self.onebit is not None) and not finite(grad[lo:hi]):
+            self._raw(grad, shard, msg)
+            return
         if self.onebit is not None:
-            lo, hi = self.ranges[shard]
             momentum = self.onebit.update(grad, lo, hi)
             if not self.onebit.is_momentum(msg.clock):
                 return  # the dense gradient, already in msg
@@ -272,8 +277,30 @@ class PSClient:
             codec, msg.parts = self.encoder.encode(grad, shard)
             msg.fields = {**msg.fields, **codec}
         elif grad.dtype != self.wire_dtype:
-            lo, hi = self.ranges[shard]
             self._wire[lo:hi].copy_(grad[lo:hi])
+
+    def _raw(self, grad: torch.Tensor, shard: int, msg: Message) -> None:
+        """A non-finite slice, as it is: float32, uncompressed, whole (never in chunks), with the push's
+        other fields (onebit_adam's `momentum` where the clock wants it), so the shard's --nonfinite
+        policy decides (ERROR NONFINITE, or dropped "nonfinite"). No residual or momentum takes it: one
+        NaN would otherwise stay in them and spoil every later push."""
+        lo, hi = self.ranges[shard]
+        log.warning("worker %d: NaN or Inf in the gradient for shard %d at clock %d; pushed uncompressed, its "
+                    "error feedback and momentum left as they were", self.worker, shard, msg.clock)
+        msg.tensor, msg.parts = grad[lo:hi].float(), None
+        if self.onebit is not None and self.onebit.is_momentum(msg.clock):
+            msg.fields = {**msg.fields, "momentum": True}
+        if self.encoder is not None:
+            self.encoder.pending.discard(shard)
+
+    def _settle(self, pushes: list[dict]) -> None:
+        """Each shard's answer to our push (its push info; a pull's answer has none) settles the residual
+        that push left: kept where the push was applied, forgotten where it was dropped."""
+        if self.encoder is None:
+            return
+        for s, p in enumerate(pushes):
+            if "version" in p:
+                self.encoder.settle(s, applied="dropped" not in p)
 
     def _run_into(self, out: torch.Tensor, run: Callable[[], list[Message]]) -> list[Message]:
         """run() (a round trip answered with weights), the transport told it may write each shard's weights
@@ -296,7 +323,7 @@ class PSClient:
         if not self.chunked or t is None or msg.parts is not None:
             return [msg]
         n = chunk_count(t.numel(), max(1, self.push_chunk_bytes // t.element_size()))
-        if n == 1:
+        if n == 1 or not finite(t):  # a non-finite push goes whole: the shard refuses or drops all of it
             return [msg]
         return [Message(msg.type, worker=msg.worker, session=msg.session, seq=msg.seq, clock=msg.clock,
                         base_version=msg.base_version, fields={**msg.fields, "chunk": [i, n]},
@@ -314,6 +341,7 @@ class PSClient:
             if "version" in f:
                 self.versions[s] = f["version"]
         self._warn_late(pushes)
+        self._settle(pushes)
         return Reply(versions=list(self.versions),
                      clock=max((f.get("clock", 0) for f in fields), default=0),
                      staleness=max((p.get("staleness", 0) for p in pushes), default=0),
