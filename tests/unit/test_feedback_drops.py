@@ -5,7 +5,8 @@ thread (tests/inproc.py), so the order pushes arrive in is the test's:
   momentum) as it was: it costs exactly that one push, and every later push is applied and finite;
 - a push a shard drops (late in sync with backup workers) leaves the residual owed from earlier
   pushes: the run equals EF-SGD (Karimireddy et al. 2019) written out here, e <- g + e - C(g + e)
-  on the pushes applied only, shard by shard."""
+  on the pushes applied only, shard by shard; with SGD momentum, momentum correction's velocity
+  (Lin et al. 2018) likewise moves on with the applied pushes only."""
 from __future__ import annotations
 
 import math
@@ -50,11 +51,13 @@ def _dropped(reply) -> list[str | None]:
     return [f.get("push", f).get("dropped") for f in reply.fields]
 
 
-@pytest.mark.parametrize("codec", ["topk:0.01", "sign", "int8"])
-def test_one_nonfinite_gradient_costs_exactly_one_push(codec):
+@pytest.mark.parametrize("codec,momentum", [("topk:0.01", 0.0), ("sign", 0.0), ("int8", 0.0), ("topk:0.01", 0.9)],
+                         ids=["topk", "sign", "int8", "topk-momentum-correction"])
+def test_one_nonfinite_gradient_costs_exactly_one_push(codec, momentum):
     """async, --nonfinite skip: a NaN in shard 0's slice at step 3 is dropped there, once; shard 1
-    applies that push; every other push is applied; the residual stays finite."""
-    cluster = InProcess(_cfgs(1, "async", OptimConfig("sgd", lr=LR, momentum=0.0), nonfinite="skip"))
+    applies that push; every other push is applied; the residual (and with SGD momentum, momentum
+    correction's velocity) stays finite."""
+    cluster = InProcess(_cfgs(1, "async", OptimConfig("sgd", lr=LR, momentum=momentum), nonfinite="skip"))
     (client,), (w,) = _start(cluster, 1, compress=codec, compress_min_numel=0)
     drops = []
     for step in range(10):
@@ -65,6 +68,8 @@ def test_one_nonfinite_gradient_costs_exactly_one_push(codec):
         drops += [(step, s, d) for s, d in enumerate(_dropped(reply)) if d]
     assert drops == [(3, 0, "nonfinite")]
     assert torch.isfinite(client.encoder.error).all() and torch.isfinite(w).all()
+    assert (client.velocity is not None) == bool(momentum)
+    assert client.velocity is None or torch.isfinite(client.velocity.velocity).all()
     shard0, shard1 = cluster.summaries()
     assert shard0["dropped"] == {"invalid": 1} and shard0["updates_applied"] == 9, shard0
     assert shard1["dropped"] == {} and shard1["updates_applied"] == 10, shard1
@@ -136,12 +141,14 @@ def _topk(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def ef_sgd_reference(*, keep_on_drop: bool = True) -> torch.Tensor:
+def ef_sgd_reference(*, keep_on_drop: bool = True, momentum: float = 0.0) -> torch.Tensor:
     """EF-SGD over the shard ranges, a clock's applied pushes averaged: per worker and shard range
     p = C(g + e), e <- g + e - p when the push is applied; when it is late, e stays (keep_on_drop) or,
-    as before the fix, moves on anyway."""
+    as before the fix, moves on anyway. With momentum, DGC's momentum correction: g is replaced by the
+    velocity u' = m u + g, and u <- u' zeroed where top-k sent, when the push is applied."""
     w = torch.zeros(SMALL.total)
     errors = [torch.zeros(SMALL.total) for _ in range(WORKERS)]
+    velocity = [torch.zeros(SMALL.total) for _ in range(WORKERS)]
     for step, orders in enumerate(ORDERS):
         grads = [_small_grad(w, r, step) for r in range(WORKERS)]
         new = w.clone()
@@ -149,10 +156,12 @@ def ef_sgd_reference(*, keep_on_drop: bool = True) -> torch.Tensor:
             applied = order[:WORKERS - 1]
             sent = []
             for r in range(WORKERS):
-                x = grads[r][lo:hi] + errors[r][lo:hi]
+                u = momentum * velocity[r][lo:hi] + grads[r][lo:hi]
+                x = u + errors[r][lo:hi]
                 p = _topk(x)
                 if r in applied or not keep_on_drop:
                     errors[r][lo:hi] = x - p
+                    velocity[r][lo:hi] = torch.where(p != 0, torch.zeros_like(u), u)
                 if r in applied:
                     sent.append(p)
             new[lo:hi] = w[lo:hi] - LR * sum(sent) / len(sent)
@@ -160,10 +169,12 @@ def ef_sgd_reference(*, keep_on_drop: bool = True) -> torch.Tensor:
     return w
 
 
-def test_a_late_push_keeps_the_residual_owed_from_earlier_pushes():
+@pytest.mark.parametrize("momentum", [0.0, 0.9], ids=["sgd", "momentum-correction"])
+def test_a_late_push_keeps_the_residual_owed_from_earlier_pushes(momentum):
     """sync, 3 workers, 1 backup worker, 2 shards, top-k 25% with error feedback, each shard hearing
-    the workers in its own order (ORDERS): the weights equal the EF-SGD reference to 1e-6."""
-    cfgs = _cfgs(WORKERS, "sync", OptimConfig("sgd", lr=LR, momentum=0.0), backup_workers=1)
+    the workers in its own order (ORDERS): the weights equal the EF-SGD reference to 1e-6 (with SGD
+    momentum 0.9: momentum correction's)."""
+    cfgs = _cfgs(WORKERS, "sync", OptimConfig("sgd", lr=LR, momentum=momentum), backup_workers=1)
     cluster = InProcess(cfgs)
     clients = [cluster.client(r, SMALL, compress=f"topk:{RATIO}", compress_min_numel=0) for r in range(WORKERS)]
     welcomes = [c.hello() for c in clients]
@@ -182,7 +193,7 @@ def test_a_late_push_keeps_the_residual_owed_from_earlier_pushes():
             late += [(step, s, r) for s, d in enumerate(_dropped(p.finish())) if d == "late"]
     assert sorted(late) == sorted((step, s, order[-1]) for step, orders in enumerate(ORDERS)
                                   for s, order in enumerate(orders))
-    want = ef_sgd_reference()
-    assert (want - ef_sgd_reference(keep_on_drop=False)).abs().max() > 1e-3  # the test can tell the two apart
+    want = ef_sgd_reference(momentum=momentum)
+    assert (want - ef_sgd_reference(keep_on_drop=False, momentum=momentum)).abs().max() > 1e-3  # they differ
     for w in weights:
         torch.testing.assert_close(w, want, rtol=0, atol=1e-6)
