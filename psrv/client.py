@@ -264,9 +264,9 @@ class PSClient:
         """One message per shard with its slice of `grad` in the wire dtype, or compressed. cast=False
         leaves the slices to be filled (cast or encoded) later, shard by shard (`_cast`)."""
         if self.encoder is not None:  # onebit_adam's warm-up pushes the gradient dense
-            self.encoder.pending.clear()  # a push round that failed (an ERROR) settles nothing now
+            self.encoder.forget()  # a push round that failed (an ERROR) settles nothing now
             if self.velocity is not None:
-                self.velocity.pending.clear()
+                self.velocity.forget()
             dense = self.onebit is not None and not self.onebit.is_momentum(clock)
             msgs = [self._msg(mtype, clock=clock, base_version=self.versions[s], tensor=grad[lo:hi] if dense else None)
                     for s, (lo, hi) in enumerate(self.ranges)]
@@ -317,9 +317,9 @@ class PSClient:
             msg.fields = {**msg.fields, "momentum": True}
         if self.velocity is not None:
             msg.fields = {**msg.fields, "velocity": True}
-            self.velocity.pending.discard(shard)
+            self.velocity.forget(shard)
         if self.encoder is not None:
-            self.encoder.pending.discard(shard)
+            self.encoder.forget(shard)
 
     def _settle(self, pushes: list[dict]) -> None:
         """Each shard's answer to our push (its push info; a pull's answer has none) settles the residual

@@ -29,7 +29,7 @@ class MomentumCorrection:
         self.velocity = torch.zeros(total, dtype=torch.float32)
         self._next = torch.zeros_like(self.velocity)  # each shard's pending velocity
         self._direction = torch.zeros_like(self.velocity) if nesterov else None
-        self.pending: set[int] = set()
+        self._pending: set[int] = set()
 
     def direction(self, grad: torch.Tensor, weights: torch.Tensor | None, shard: int) -> torch.Tensor:
         """The flat buffer whose shard range is this push's direction: u' = m u + g (g + wd w), then u'
@@ -46,7 +46,7 @@ class MomentumCorrection:
                                  "computed at (PSClient.push(..., at=weights))")
             g = g.add(weights[lo:hi], alpha=self.weight_decay)
         nxt = torch.mul(self.velocity[lo:hi], self.momentum, out=self._next[lo:hi]).add_(g)
-        self.pending.add(shard)
+        self._pending.add(shard)
         if self._direction is None:
             return self._next
         torch.add(g, nxt, alpha=self.momentum, out=self._direction[lo:hi])
@@ -59,11 +59,19 @@ class MomentumCorrection:
             lo, hi = self.ranges[shard]
             self._next[lo:hi].index_fill_(0, chosen.to(device=self._next.device, dtype=torch.int64), 0.0)
 
+    def forget(self, shard: int | None = None) -> None:
+        """No answer will settle shard's pending velocity (all shards' with None): a push that went raw,
+        or a push round that ended in an error."""
+        if shard is None:
+            self._pending.clear()
+        else:
+            self._pending.discard(shard)
+
     def settle(self, shard: int, *, applied: bool) -> None:
         """Shard answered the push: applied, the pending velocity is the velocity; dropped, it stays."""
-        if shard not in self.pending:
+        if shard not in self._pending:
             return
-        self.pending.discard(shard)
+        self._pending.discard(shard)
         if applied:
             lo, hi = self.ranges[shard]
             self.velocity[lo:hi].copy_(self._next[lo:hi])
@@ -76,7 +84,7 @@ class MomentumCorrection:
         if tuple(velocity.shape) != tuple(self.velocity.shape):
             raise ValueError(f"velocity of shape {tuple(velocity.shape)}, this model's is {tuple(self.velocity.shape)}")
         self.velocity.copy_(velocity.to(self.velocity.device))
-        self.pending.clear()
+        self._pending.clear()
 
 
 def from_welcomes(welcomes: list[dict], ranges: list[tuple[int, int]], *, mode: str) -> MomentumCorrection | None:

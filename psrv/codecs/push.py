@@ -60,7 +60,7 @@ class PushEncoder:
         self.codec, self.ranges = codec, plan.ranges
         self.error = torch.zeros(plan.total, dtype=torch.float32, device=device) if error_feedback else None
         self._next = torch.zeros_like(self.error) if error_feedback else None  # each shard's pending residual
-        self.pending: set[int] = set()  # shards whose last encoded push is not settled yet
+        self._pending: set[int] = set()  # shards whose last encoded push is not settled yet
         self.chosen: list[torch.Tensor | None] = [None] * plan.num_shards
         self.dense = [dense_ranges(plan, s, min_numel) for s in range(plan.num_shards)]
         self.among = [_complement(r, hi - lo, device) for r, (lo, hi) in zip(self.dense, self.ranges)]
@@ -83,15 +83,23 @@ class PushEncoder:
         if self.error is not None:
             sent = decode_push(fields, parts, hi - lo).densify(torch.empty(hi - lo, device="cpu"))
             torch.sub(x, sent.to(x.device), out=self._next[lo:hi])
-        self.pending.add(shard)
+        self._pending.add(shard)
         return {"codec": fields}, parts
+
+    def forget(self, shard: int | None = None) -> None:
+        """No answer will settle shard's pending residual (all shards' with None): a push that went raw,
+        or a push round that ended in an error."""
+        if shard is None:
+            self._pending.clear()
+        else:
+            self._pending.discard(shard)
 
     def settle(self, shard: int, *, applied: bool) -> bool:
         """Shard answered its last encoded push: applied, its residual becomes the residual; dropped,
         the residual stays. False when shard had no push pending (a raw one, or already settled)."""
-        if shard not in self.pending:
+        if shard not in self._pending:
             return False
-        self.pending.discard(shard)
+        self._pending.discard(shard)
         if applied and self.error is not None:
             lo, hi = self.ranges[shard]
             self.error[lo:hi].copy_(self._next[lo:hi])
@@ -109,7 +117,7 @@ class PushEncoder:
             if tuple(error.shape) != tuple(self.error.shape):
                 raise ValueError(f"error buffer of shape {tuple(error.shape)}, this model's is {tuple(self.error.shape)}")
             self.error.copy_(error.to(self.error.device))
-        self.pending.clear()  # a push encoded before the load leaves nothing
+        self._pending.clear()  # a push encoded before the load leaves nothing
 
 
 def finite(t: torch.Tensor) -> bool:
