@@ -62,8 +62,8 @@ class PSClient:
                  transport: str = "zmq", timeout: float = 60.0, retry_interval: float = 1.0,
                  curve_keys: str = "", heartbeat: bool = True, wire_dtype: str = "float32",
                  compress: str = "", error_feedback: bool = True, compress_min_numel: int = 0,
-                 momentum_correction: bool = True, shared_memory: bool = False, bulk: bool = False, net: ClientTransport | None = None,
-                 push_chunk_mb: float = 8.0):
+                 momentum_correction: bool = True, shared_memory: bool = False, bulk: bool = False,
+                 net: ClientTransport | None = None, push_chunk_mb: float = 8.0):
         if len(servers) != plan.num_shards:
             raise ValueError(f"{len(servers)} server addresses for a plan of {plan.num_shards} shards")
         self.plan = plan
@@ -169,7 +169,8 @@ class PSClient:
         replies = self._round_trip(self._pushes(MsgType.PUSH, grad, clock))
         return self._summarise(replies, [r.fields for r in replies])
 
-    def push_pull(self, grad: torch.Tensor, *, clock: int, out: torch.Tensor, at: torch.Tensor | None = None) -> Reply:
+    def push_pull(self, grad: torch.Tensor, *, clock: int, out: torch.Tensor,
+                  at: torch.Tensor | None = None) -> Reply:
         """Push `clock`'s gradient and pull the weights for clock+1 in one round trip."""
         return self.begin_push_pull(grad, clock=clock, out=out, at=at).finish()
 

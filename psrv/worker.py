@@ -104,7 +104,8 @@ class Worker:
                  timeout: float = 60.0, curve_keys: str = "", wire_dtype: str = "float32",
                  overlap: bool = True, clip_grad_norm: float | None = 0.0, local_steps: int | str | None = None,
                  compress: str = "", error_feedback: bool = True, compress_min_numel: int = 1024,
-                 momentum_correction: bool = True, shared_memory: str = "auto", bulk: str = "off", push_chunk_mb: float = 8.0):
+                 momentum_correction: bool = True, shared_memory: str = "auto", bulk: str = "off",
+                 push_chunk_mb: float = 8.0):
         if local_steps is not None:
             try:
                 local_steps = parse_local_steps(local_steps)
