@@ -19,8 +19,9 @@ import torch
 
 from psrv.chunking import chunk_count, chunk_range
 from psrv.codecs import CASTS, make as make_codec
-from psrv.codecs.push import PushEncoder
+from psrv.codecs.push import PushEncoder, finite
 from psrv.heartbeat import Heartbeat
+from psrv.momentum_correction import MomentumCorrection, from_welcomes as velocity_from
 from psrv.onebit import LocalMomentum, from_welcomes
 from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError, decode, encode
 from psrv.partition import PartitionPlan
@@ -49,7 +50,10 @@ class PSClient:
     gradients travel as (bfloat16/float16 halve the push; the shards apply them in float32).
     `compress` (psrv/codecs): a lossy push codec (topk:RATIO, randomk:RATIO, sign, int8), run per shard
     range with error feedback unless `error_feedback` is False, tensors under `compress_min_numel`
-    elements travelling dense beside it; or float16/bfloat16, the same as that wire_dtype. `wire`
+    elements travelling dense beside it; or float16/bfloat16, the same as that wire_dtype. With a lossy
+    codec, error feedback and shards that run SGD with momentum, `momentum_correction` (WELCOME's
+    `optimizer`) keeps the velocity here and pushes it for the shards' plain SGD
+    (psrv/momentum_correction.py). `wire`
     counts the bytes of every frame sent and received (WireBytes). `shared_memory` and `bulk` offer
     those payload planes (zmq; psrv/transport/plane.py). `net` replaces the transport (tests wrap it
     to drop or duplicate messages)."""
@@ -58,8 +62,8 @@ class PSClient:
                  transport: str = "zmq", timeout: float = 60.0, retry_interval: float = 1.0,
                  curve_keys: str = "", heartbeat: bool = True, wire_dtype: str = "float32",
                  compress: str = "", error_feedback: bool = True, compress_min_numel: int = 0,
-                 shared_memory: bool = False, bulk: bool = False, net: ClientTransport | None = None,
-                 push_chunk_mb: float = 8.0):
+                 momentum_correction: bool = True, shared_memory: bool = False, bulk: bool = False,
+                 net: ClientTransport | None = None, push_chunk_mb: float = 8.0):
         if len(servers) != plan.num_shards:
             raise ValueError(f"{len(servers)} server addresses for a plan of {plan.num_shards} shards")
         self.plan = plan
@@ -85,6 +89,9 @@ class PSClient:
         self.compress = compress  # the codec pushes run with (onebit_adam's sign where none was given)
         self._encoder_options = {"error_feedback": error_feedback, "min_numel": compress_min_numel}
         self.onebit: LocalMomentum | None = None  # set by hello() when the shards run onebit_adam
+        self.momentum_correction = momentum_correction
+        self.velocity: MomentumCorrection | None = None  # set by hello(): a lossy codec meets SGD momentum
+        self._at: torch.Tensor | None = None  # the weights this push's gradient was computed at (weight decay)
         self.wire = WireBytes()
         if not push_chunk_mb >= 0:
             raise ValueError(f"push_chunk_mb must be >= 0 (0: pushes go whole); got {push_chunk_mb!r}")
@@ -110,7 +117,14 @@ class PSClient:
         when another live process works as this rank. A refused HELLO is tried again for one
         worker_timeout (+1 s): a crashed process of this rank goes silent within it, a live one does not."""
         welcomes = [m.fields for m in self._hellos()]
-        self._follow_onebit(welcomes)
+        try:
+            self._follow_onebit(welcomes)
+            if self.momentum_correction and self.velocity is None and self.encoder is not None \
+                    and self.encoder.error is not None:  # it corrects what error feedback's residual does
+                self.velocity = velocity_from(welcomes, self.ranges, mode=welcomes[0].get("mode", ""))
+        except ValueError:  # settings that do not fit the shards': leave, so no barrier waits for us
+            self.leave(timeout=2.0)
+            raise
         self.chunked = self.push_chunk_bytes > 0 and all(w.get("chunks") for w in welcomes)
         # A restarted worker continues after its previous life's seqs, so no push of it looks re-sent.
         self._seq = max([self._seq] + [int(w.get("last_seq", 0)) for w in welcomes])
@@ -148,19 +162,25 @@ class PSClient:
         rt = RoundTrip(self, msgs, self._seq, self.timeout, limit=self.timeout, why=why)
         return self._weights(self._run_into(out, rt.run), out)
 
-    def push(self, grad: torch.Tensor, *, clock: int) -> Reply:
-        """Push the flat gradient of `clock`, computed on the versions last pulled."""
+    def push(self, grad: torch.Tensor, *, clock: int, at: torch.Tensor | None = None) -> Reply:
+        """Push the flat gradient of `clock`, computed on the versions last pulled (`at`: those weights,
+        which momentum correction's weight decay needs)."""
+        self._at = at
         replies = self._round_trip(self._pushes(MsgType.PUSH, grad, clock))
         return self._summarise(replies, [r.fields for r in replies])
 
-    def push_pull(self, grad: torch.Tensor, *, clock: int, out: torch.Tensor) -> Reply:
+    def push_pull(self, grad: torch.Tensor, *, clock: int, out: torch.Tensor,
+                  at: torch.Tensor | None = None) -> Reply:
         """Push `clock`'s gradient and pull the weights for clock+1 in one round trip."""
-        return self.begin_push_pull(grad, clock=clock, out=out).finish()
+        return self.begin_push_pull(grad, clock=clock, out=out, at=at).finish()
 
-    def begin_push_pull(self, grad: torch.Tensor, *, clock: int, out: torch.Tensor) -> PushPull:
+    def begin_push_pull(self, grad: torch.Tensor, *, clock: int, out: torch.Tensor,
+                        at: torch.Tensor | None = None) -> PushPull:
         """push_pull in two halves, to overlap communication with backward: `ready(s)` sends shard s's
         slice as soon as it is final (while backward computes the rest), `finish()` sends whatever is
-        left and waits. Nothing else may use this client in between."""
+        left and waits. Nothing else may use this client in between. `at`: the weights the gradient was
+        computed at (default `out`, which holds them until the pull)."""
+        self._at = out if at is None else at
         self._seq += 1
         rt = RoundTrip(self, self._pushes(MsgType.PUSH_PULL, grad, clock, cast=False), self._seq, self.timeout)
         return PushPull(self, rt, grad, out)
@@ -250,6 +270,9 @@ class PSClient:
         """One message per shard with its slice of `grad` in the wire dtype, or compressed. cast=False
         leaves the slices to be filled (cast or encoded) later, shard by shard (`_cast`)."""
         if self.encoder is not None:  # onebit_adam's warm-up pushes the gradient dense
+            self.encoder.forget()  # a push round that failed (an ERROR) settles nothing now
+            if self.velocity is not None:
+                self.velocity.forget()
             dense = self.onebit is not None and not self.onebit.is_momentum(clock)
             msgs = [self._msg(mtype, clock=clock, base_version=self.versions[s], tensor=grad[lo:hi] if dense else None)
                     for s, (lo, hi) in enumerate(self.ranges)]
@@ -265,20 +288,55 @@ class PSClient:
 
     def _cast(self, grad: torch.Tensor, shard: int, msg: Message) -> None:
         """Fill shard's message from `grad`: its slice of the wire buffer (a no-op when grad is
-        already wire dtype), or its compressed parts (the error-feedback residual moves on). Under
-        onebit_adam the local momentum takes the slice first, and after the freeze is what is encoded."""
+        already wire dtype), or its compressed parts (the residual they leave waits for the shard's
+        answer, `_settle`). Under onebit_adam the local momentum takes the slice first, and after the
+        freeze is what is encoded. A slice with NaN or Inf goes raw (`_raw`) and moves no worker state."""
+        lo, hi = self.ranges[shard]
+        if (self.encoder is not None or self.onebit is not None) and not finite(grad[lo:hi]):
+            self._raw(grad, shard, msg)
+            return
         if self.onebit is not None:
-            lo, hi = self.ranges[shard]
             momentum = self.onebit.update(grad, lo, hi)
             if not self.onebit.is_momentum(msg.clock):
                 return  # the dense gradient, already in msg
             grad, msg.fields = momentum, {**msg.fields, "momentum": True}
+        if self.velocity is not None:
+            grad, msg.fields = self.velocity.direction(grad, self._at, shard), {**msg.fields, "velocity": True}
         if self.encoder is not None:
             codec, msg.parts = self.encoder.encode(grad, shard)
             msg.fields = {**msg.fields, **codec}
+            if self.velocity is not None:
+                self.velocity.mask(shard, self.encoder.chosen[shard])
         elif grad.dtype != self.wire_dtype:
-            lo, hi = self.ranges[shard]
             self._wire[lo:hi].copy_(grad[lo:hi])
+
+    def _raw(self, grad: torch.Tensor, shard: int, msg: Message) -> None:
+        """A non-finite slice, as it is: float32, uncompressed, whole (never in chunks), with the push's
+        other fields (onebit_adam's `momentum` where the clock wants it), so the shard's --nonfinite
+        policy decides (ERROR NONFINITE, or dropped "nonfinite"). No residual or momentum takes it: one
+        NaN would otherwise stay in them and spoil every later push."""
+        lo, hi = self.ranges[shard]
+        log.warning("worker %d: NaN or Inf in the gradient for shard %d at clock %d; pushed uncompressed, its "
+                    "error feedback and momentum left as they were", self.worker, shard, msg.clock)
+        msg.tensor, msg.parts = grad[lo:hi].float(), None
+        if self.onebit is not None and self.onebit.is_momentum(msg.clock):
+            msg.fields = {**msg.fields, "momentum": True}
+        if self.velocity is not None:
+            msg.fields = {**msg.fields, "velocity": True}
+            self.velocity.forget(shard)
+        if self.encoder is not None:
+            self.encoder.forget(shard)
+
+    def _settle(self, pushes: list[dict]) -> None:
+        """Each shard's answer to our push (its push info; a pull's answer has none) settles the residual
+        that push left: kept where the push was applied, forgotten where it was dropped."""
+        if self.encoder is None:
+            return
+        for s, p in enumerate(pushes):
+            if "version" in p:
+                self.encoder.settle(s, applied="dropped" not in p)
+                if self.velocity is not None:
+                    self.velocity.settle(s, applied="dropped" not in p)
 
     def _run_into(self, out: torch.Tensor, run: Callable[[], list[Message]]) -> list[Message]:
         """run() (a round trip answered with weights), the transport told it may write each shard's weights
@@ -301,7 +359,7 @@ class PSClient:
         if not self.chunked or t is None or msg.parts is not None:
             return [msg]
         n = chunk_count(t.numel(), max(1, self.push_chunk_bytes // t.element_size()))
-        if n == 1:
+        if n == 1 or not finite(t):  # a non-finite push goes whole: the shard refuses or drops all of it
             return [msg]
         return [Message(msg.type, worker=msg.worker, session=msg.session, seq=msg.seq, clock=msg.clock,
                         base_version=msg.base_version, fields={**msg.fields, "chunk": [i, n]},
@@ -319,6 +377,7 @@ class PSClient:
             if "version" in f:
                 self.versions[s] = f["version"]
         self._warn_late(pushes)
+        self._settle(pushes)
         return Reply(versions=list(self.versions),
                      clock=max((f.get("clock", 0) for f in fields), default=0),
                      staleness=max((p.get("staleness", 0) for p in pushes), default=0),

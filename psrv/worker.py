@@ -87,7 +87,10 @@ class Worker:
     `compress` (psrv/codecs; '' : none) compresses each shard's push: topk:RATIO, randomk:RATIO, sign,
     int8 with error feedback (off with `error_feedback=False`; the residuals are in state_dict()),
     tensors under `compress_min_numel` elements sent dense; float16/bfloat16 as that wire_dtype.
-    `wire_bytes()` says what went over the wire. Under onebit_adam (the shards' WELCOME says so) the
+    `wire_bytes()` says what went over the wire. With a lossy codec, its error feedback and servers that
+    run SGD with momentum, `momentum_correction` (on unless False) keeps the velocity here, pushes it compressed and
+    the servers step it without momentum of their own (Lin et al. 2018, DGC; psrv/momentum_correction.py;
+    its velocity is in state_dict()). Under onebit_adam (the shards' WELCOME says so) the
     worker keeps its own momentum and pushes it, compressed by `compress` (default sign), after the
     freeze step (psrv/onebit.py); state_dict() holds that momentum too.
 
@@ -101,7 +104,8 @@ class Worker:
                  timeout: float = 60.0, curve_keys: str = "", wire_dtype: str = "float32",
                  overlap: bool = True, clip_grad_norm: float | None = 0.0, local_steps: int | str | None = None,
                  compress: str = "", error_feedback: bool = True, compress_min_numel: int = 1024,
-                 shared_memory: str = "auto", bulk: str = "off", push_chunk_mb: float = 8.0):
+                 momentum_correction: bool = True, shared_memory: str = "auto", bulk: str = "off",
+                 push_chunk_mb: float = 8.0):
         if local_steps is not None:
             try:
                 local_steps = parse_local_steps(local_steps)
@@ -119,7 +123,8 @@ class Worker:
         self._client = PSClient(servers, self.plan, worker=self.rank, world_size=self.world_size,
                                 transport=transport, timeout=timeout, curve_keys=curve_keys, wire_dtype=wire_dtype,
                                 compress=compress, error_feedback=error_feedback,
-                                compress_min_numel=compress_min_numel, push_chunk_mb=push_chunk_mb,
+                                compress_min_numel=compress_min_numel, momentum_correction=momentum_correction,
+                                push_chunk_mb=push_chunk_mb,
                                 **planes(shared_memory, bulk, curve_keys))
         # Shared memory: pushes read in place. Shared from an untouched buffer, which costs no resident memory
         # (sharing a zeroed one left a freed model-sized buffer resident in the heap; docs/benchmarks.md)
@@ -236,11 +241,13 @@ class Worker:
                             inner_steps_per_push=self.inner_steps_per_push)
 
     def state_dict(self) -> dict:
-        """What this worker carries between steps that the servers do not hold: its step count and the
-        error-feedback residuals of a compressed push ({"steps", "compress": None without a codec})."""
-        encoder, onebit = self._client.encoder, self._client.onebit
+        """What this worker carries between steps that the servers do not hold: its step count, the
+        error-feedback residuals of a compressed push, onebit_adam's momentum and momentum correction's
+        velocity ({"steps", "compress", "onebit", "velocity"}: None where not used)."""
+        encoder, onebit, velocity = self._client.encoder, self._client.onebit, self._client.velocity
         return {"steps": self.steps, "compress": None if encoder is None else encoder.state_dict(),
-                "onebit": None if onebit is None else onebit.state_dict()}
+                "onebit": None if onebit is None else onebit.state_dict(),
+                "velocity": None if velocity is None else velocity.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         """Carry on from `state` (a state_dict of a worker of this model and codec); ValueError where
@@ -253,6 +260,13 @@ class Worker:
         if (onebit is None) != (momentum is None):
             raise ValueError("the state was saved " + ("without" if momentum is None else "with") +
                              " onebit_adam's local momentum, and the shards run " + ("it" if momentum is None else "another optimizer"))
+        velocity, saved_velocity = self._client.velocity, state.get("velocity")
+        if (velocity is None) != (saved_velocity is None):
+            raise ValueError("the state was saved " + ("without" if saved_velocity is None else "with") +
+                             " momentum correction's velocity, and this worker runs " +
+                             ("with" if saved_velocity is None else "without") + " it")
+        if velocity is not None:
+            velocity.load_state_dict(saved_velocity)
         if onebit is not None:
             onebit.load_state_dict(momentum)
         if encoder is not None:
@@ -260,9 +274,11 @@ class Worker:
         self.steps = int(state.get("steps", self.steps))
 
     def compression(self) -> dict:
-        """{"compress": the codec's name as given, "error_feedback": whether residuals are kept (a lossy codec only)}."""
+        """{"compress": the codec's name as given, "error_feedback": whether residuals are kept (a lossy codec only),
+        "momentum_correction": whether this worker keeps the velocity (psrv/momentum_correction.py)}."""
         encoder = self._client.encoder
-        return {"compress": self._client.compress, "error_feedback": encoder is not None and encoder.error is not None}
+        return {"compress": self._client.compress, "error_feedback": encoder is not None and encoder.error is not None,
+                "momentum_correction": self._client.velocity is not None}
 
     def wire_bytes(self) -> dict:
         """Bytes this worker's client sent and received (psrv/client.py WireBytes): bytes_pushed,
@@ -285,7 +301,8 @@ class Worker:
 
     def _begin(self) -> PushPull:
         if self._pushing is None:
-            self._pushing = self._client.begin_push_pull(self._flat.grads, clock=self._clock, out=self._flat.params)
+            self._pushing = self._client.begin_push_pull(self._flat.grads, clock=self._clock, out=self._flat.params,
+                                                         at=self._pulled)  # local steps: the weights pulled
         return self._pushing
 
     def _ready(self, shard: int) -> None:

@@ -1,13 +1,16 @@
 """A compressed push, both ends. The worker (`PushEncoder`) runs the codec per shard range: it adds
 its error-feedback residual to the shard's slice of the gradient, encodes it, decodes its own
-message exactly as the server will and keeps the difference as the next residual (Karimireddy et al.
-2019, EF-SGD: e <- g + e - C(g + e)). Tensors under `min_numel` elements (biases, norms) travel
+message exactly as the server will, and keeps the difference as the next residual (Karimireddy et al.
+2019, EF-SGD: e <- g + e - C(g + e)) once the shard has applied the push (`settle`): a push the shard
+dropped (late, non-finite) leaves the residual as it was. Tensors under `min_numel` elements (biases, norms) travel
 dense beside the codec's parts. The server (`decode_push`) checks the header and the parts against
 its shard size and returns a Decoded it adds straight into its accumulator.
 
 Header, in the push's fields: `codec` = {`name`, its parameters (`ratio`, `chunk`), `n`: the shard's
 element count, `dense`: [[start, stop], ...] shard-relative ranges sent exactly in part `dense`}."""
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -45,20 +48,28 @@ def _starts(plan: PartitionPlan) -> dict[str, int]:
 
 class PushEncoder:
     """Encodes each shard's slice of a flat gradient with `codec`; `error` (None without error
-    feedback) is the flat residual kept between pushes (state_dict / load_state_dict save it)."""
+    feedback) is the flat residual kept between pushes (state_dict / load_state_dict save it).
+
+    The residual a push leaves is pending until its shard answers: `settle(shard, applied=True)`
+    makes it the residual, `applied=False` (dropped late, or non-finite) keeps the one before, so
+    the residual owed from earlier pushes is never lost with a dropped one. `chosen[shard]`: the
+    shard-relative indices a sparse codec sent in the last push (None for sign and int8)."""
 
     def __init__(self, codec: Codec, plan: PartitionPlan, *, error_feedback: bool = True, min_numel: int = 0,
                  device: torch.device | str = "cpu"):
         self.codec, self.ranges = codec, plan.ranges
         self.error = torch.zeros(plan.total, dtype=torch.float32, device=device) if error_feedback else None
+        self._next = torch.zeros_like(self.error) if error_feedback else None  # each shard's pending residual
+        self._pending: set[int] = set()  # shards whose last encoded push is not settled yet
+        self.chosen: list[torch.Tensor | None] = [None] * plan.num_shards
         self.dense = [dense_ranges(plan, s, min_numel) for s in range(plan.num_shards)]
         self.among = [_complement(r, hi - lo, device) for r, (lo, hi) in zip(self.dense, self.ranges)]
 
     def encode(self, grad: torch.Tensor, shard: int) -> tuple[dict, dict[str, torch.Tensor]]:
-        """(fields, parts) of shard's push of the flat `grad`; updates the residual."""
+        """(fields, parts) of shard's push of the flat `grad`; the residual it leaves waits for `settle`."""
         lo, hi = self.ranges[shard]
         if self.error is not None and self.error.device != grad.device:  # the model's device (a GPU)
-            self.error = self.error.to(grad.device)
+            self.error, self._next = self.error.to(grad.device), self._next.to(grad.device)
         if self.among[shard] is not None and self.among[shard].device != grad.device:
             self.among[shard] = self.among[shard].to(grad.device)
         x = grad[lo:hi].float() if self.error is None else grad[lo:hi] + self.error[lo:hi]
@@ -68,10 +79,31 @@ class PushEncoder:
             fields["dense"] = self.dense[shard]
             parts["dense"] = torch.cat([x[a:b] for a, b in self.dense[shard]])
         parts = {k: v.detach().cpu().contiguous() for k, v in parts.items()}
+        self.chosen[shard] = parts.get("indices")
         if self.error is not None:
             sent = decode_push(fields, parts, hi - lo).densify(torch.empty(hi - lo, device="cpu"))
-            torch.sub(x, sent.to(x.device), out=self.error[lo:hi])
+            torch.sub(x, sent.to(x.device), out=self._next[lo:hi])
+        self._pending.add(shard)
         return {"codec": fields}, parts
+
+    def forget(self, shard: int | None = None) -> None:
+        """No answer will settle shard's pending residual (all shards' with None): a push that went raw,
+        or a push round that ended in an error."""
+        if shard is None:
+            self._pending.clear()
+        else:
+            self._pending.discard(shard)
+
+    def settle(self, shard: int, *, applied: bool) -> bool:
+        """Shard answered its last encoded push: applied, its residual becomes the residual; dropped,
+        the residual stays. False when shard had no push pending (a raw one, or already settled)."""
+        if shard not in self._pending:
+            return False
+        self._pending.discard(shard)
+        if applied and self.error is not None:
+            lo, hi = self.ranges[shard]
+            self.error[lo:hi].copy_(self._next[lo:hi])
+        return True
 
     def state_dict(self) -> dict:
         return {"error": None if self.error is None else self.error.detach().cpu().clone()}
@@ -85,6 +117,15 @@ class PushEncoder:
             if tuple(error.shape) != tuple(self.error.shape):
                 raise ValueError(f"error buffer of shape {tuple(error.shape)}, this model's is {tuple(self.error.shape)}")
             self.error.copy_(error.to(self.error.device))
+        self._pending.clear()  # a push encoded before the load leaves nothing
+
+
+def finite(t: torch.Tensor) -> bool:
+    """No NaN or Inf in `t`: one sum (NaN or Inf anywhere makes it non-finite), and the element-wise
+    check only where the sum is not finite (finite values may sum past float32's range)."""
+    if math.isfinite(t.sum(dtype=torch.float32).item()):
+        return True
+    return bool(torch.isfinite(t).all())
 
 
 def _complement(ranges: list[list[int]], n: int, device) -> torch.Tensor | None:

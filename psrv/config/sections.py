@@ -301,6 +301,11 @@ class WorkerSettings(Section):
                             metavar="CODEC")
     error_feedback: bool = setting(True, "turn off the error feedback of a lossy --compress (default: each "
                                    "worker adds what its last pushes left out to the next)", flag="no-error-feedback")
+    momentum_correction: bool = setting(True, "turn off momentum correction (default: with a lossy --compress, "
+                                        "its error feedback and SGD momentum on the servers, each worker keeps the "
+                                        "velocity, pushes it compressed with error feedback and the servers step it "
+                                        "without momentum of their own: Lin et al. 2018, DGC; docs/compression.md)",
+                                        flag="no-momentum-correction")
     compress_min_numel: int = setting(1024, "with --compress, tensors of fewer elements (biases, norms) are "
                                       "pushed dense", minimum=0, metavar="N")
     push_chunk_mb: float = setting(8.0, "a dense push bigger than this many MB goes in chunks that an async or ssp "

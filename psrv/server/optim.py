@@ -52,6 +52,16 @@ class FlatOptimizer:
                                   decoupled_weight_decay=c.name != "adam", amsgrad=False, beta1=c.betas[0],
                                   beta2=c.betas[1], lr=self.lr, weight_decay=c.weight_decay, eps=c.eps, maximize=False)
 
+    def plain_step(self, grad: torch.Tensor) -> None:
+        """w <- w - lr * grad: SGD without momentum or weight decay, for a push that is a worker's velocity
+        (momentum correction, psrv/server/velocity.py: the momentum and weight decay are in it already)."""
+        if self.cfg.name != "sgd":
+            raise ValueError(f"a velocity is stepped by sgd only; this shard runs {self.cfg.name}")
+        kernel = {"fused": self.fused, "foreach": False}
+        with torch.no_grad():
+            sgd_update([self.param], [grad], [None], **kernel, weight_decay=0.0, momentum=0.0, lr=self.lr,
+                       dampening=0.0, nesterov=False, maximize=False)
+
     def step_slice(self, grad: torch.Tensor, lo: int, hi: int) -> None:
         """The step of one push on the elements [lo, hi) only (a chunked push, psrv/server/chunked.py):
         torch.optim's same functions on views of the parameter and its state, element by element the

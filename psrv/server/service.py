@@ -198,6 +198,7 @@ class ShardService:
             "initialised": self.shard.initialised, "size": self.shard.size,
             "last_seq": self.dedup.last_seq(msg.worker), "worker_timeout": self.cfg.worker_timeout,
             "clip_grad_norm": self.cfg.optimizer.clip_grad_norm, "onebit": validate.onebit_welcome(self.cfg.optimizer),
+            "optimizer": validate.optimizer_welcome(self.cfg.optimizer),
             "chunks": takes_chunks(self.cfg)}))
 
     def _on_init(self, peer, msg: Message) -> None:

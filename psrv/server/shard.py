@@ -1,6 +1,7 @@
 """One shard: a contiguous slice of the flat parameter vector, its optimizer state and version.
 
-The shard decides *how* an update is applied; the consistency controller decides *when*.
+The shard decides *how* an update is applied; the consistency controller decides *when*. A velocity
+push (momentum correction, psrv/server/velocity.py) is stepped with plain SGD.
 """
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import torch
 from psrv.clip import clip_flat_
 from psrv.codecs import Decoded
 from psrv.config import OptimConfig
+from psrv.protocol import ErrorCode, ProtocolError
 from psrv.schedule import lr_at
 from psrv.server.optim import make_optimizer
 from psrv.server.rules import PushContext, make_rule
 from psrv.server.rules.base import SYNC
+from psrv.server.velocity import Velocity, mixing
 
 
 class Shard:
@@ -28,6 +31,7 @@ class Shard:
         self.rule = make_rule(optim, size, self.device)  # optim.update_rule (psrv/server/rules)
         self._accum: torch.Tensor | None = None  # the open clock's sum (sync mode), made at its first use
         self._accumulated = 0
+        self._velocity = False  # the open clock's pushes are velocities (momentum correction)
         self._cast: torch.Tensor | None = None  # a float32 copy of a bf16/fp16 (or off-device) gradient
         self.version = 0          # optimizer steps applied
         self.initialised = False
@@ -50,7 +54,7 @@ class Shard:
         update rule has seen it with its context; returns the lr scale the rule applied. A compressed
         push is decoded once, into the reused float32 buffer."""
         if isinstance(grad, Decoded):
-            return self._step(grad.densify(self._scratch()), ctx)
+            return self._step(grad.densify(self._scratch()), ctx, velocity=isinstance(grad, Velocity))
         if grad.dtype != torch.float32 or grad.device != self.device:  # converted into a reused buffer
             grad = self._scratch().copy_(grad)
         return self._step(grad, ctx)
@@ -84,7 +88,15 @@ class Shard:
 
     def accumulate(self, grad: torch.Tensor | Decoded) -> None:
         """Add `grad` to the open clock's float32 sum (sync mode); a compressed push straight into it
-        (a sparse one by scatter-add)."""
+        (a sparse one by scatter-add). NOT_ALLOWED, nothing added, for a velocity among gradients or
+        the other way round, and for a velocity where this shard clips the mean (it needs gradients)."""
+        velocity = isinstance(grad, Velocity)
+        if self._accumulated and velocity != self._velocity:
+            raise mixing(velocity)
+        if velocity and self.optim.clip_grad_norm:
+            raise ProtocolError(ErrorCode.NOT_ALLOWED, "a velocity push (momentum correction), but this server "
+                                "clips each clock's mean gradient; run the workers with --no-momentum-correction")
+        self._velocity = velocity
         if self._accum is None:
             self._accum = torch.zeros(self.size, dtype=torch.float32, device=self.device)
         if isinstance(grad, Decoded):
@@ -105,17 +117,20 @@ class Shard:
         self._accum.div_(n)
         if self.optim.clip_grad_norm:
             clip_flat_(self._accum, self.optim.clip_grad_norm)
-        self._step(self._accum, SYNC)
+        self._step(self._accum, SYNC, velocity=self._velocity)
         self._accum.zero_()
         self._accumulated = 0
         return n
 
-    def _step(self, grad: torch.Tensor, ctx: PushContext) -> float:
+    def _step(self, grad: torch.Tensor, ctx: PushContext, *, velocity: bool = False) -> float:
         """One optimizer step at the schedule's lr for this update (the version is the update count),
-        with the gradient as the update rule prepares it; returns the rule's lr scale."""
+        with the gradient as the update rule prepares it (a velocity: plain SGD); returns the rule's lr scale."""
         grad, scale = self.rule.prepare(grad, ctx, self.param.data, self._scratch)
         self.optimizer.lr = lr_at(self.optim, self.version)
-        self.rule.step(grad, self.optimizer)  # the optimizer's step, or the rule's own (dn)
+        if velocity:
+            self.optimizer.plain_step(grad)
+        else:
+            self.rule.step(grad, self.optimizer)  # the optimizer's step, or the rule's own (dn)
         self.version += 1
         return scale
 
@@ -136,6 +151,7 @@ class Shard:
                  "rule": self.rule.state_dict()}
         if self._accum is not None:
             state["accum"] = self._accum
+            state["accum_velocity"] = self._velocity
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -158,4 +174,5 @@ class Shard:
         if "accum" in state:
             self._accum = state["accum"].to(self.device, torch.float32).clone()
             self._accumulated = int(state["accumulated"])
+            self._velocity = bool(state.get("accum_velocity", False))
         self.initialised = bool(state.get("initialised", True))

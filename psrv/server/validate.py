@@ -11,6 +11,7 @@ from psrv.codecs.push import decode_push
 from psrv.config import OptimConfig, ServerConfig
 from psrv.protocol import ErrorCode, Message, ProtocolError
 from psrv.partition import shard_range
+from psrv.server import velocity
 
 WIRE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -55,14 +56,22 @@ def tensor(msg: Message, size: int) -> torch.Tensor:
 
 def push(msg: Message, size: int) -> torch.Tensor | Decoded:
     """A push's gradient: its dense tensor (float32, or the wire dtype), or a compressed push (named
-    parts, the codec in fields `codec`) checked against this shard's size (psrv/codecs/push.py)."""
+    parts, the codec in fields `codec`) checked against this shard's size (psrv/codecs/push.py); marked
+    a velocity (psrv/server/velocity.py) where its fields say `velocity`."""
     if msg.parts is None:
         if "codec" in msg.fields:
             raise ProtocolError(ErrorCode.BAD_TENSOR, "a compressed push (fields codec) needs its parts")
-        return tensor(msg, size)
-    if "codec" not in msg.fields:
+        grad = tensor(msg, size)
+    elif "codec" not in msg.fields:
         raise ProtocolError(ErrorCode.BAD_TENSOR, "a push with parts must name its codec (fields codec)")
-    return decode_push(msg.fields["codec"], msg.parts, size)
+    else:
+        grad = decode_push(msg.fields["codec"], msg.parts, size)
+    return velocity.Velocity(grad) if msg.fields.get("velocity") else grad
+
+
+def optimizer_welcome(optim: OptimConfig) -> dict:
+    """What WELCOME tells a worker of the shards' optimizer, for momentum correction (psrv/server/velocity.py)."""
+    return velocity.welcome(optim)
 
 
 def onebit_welcome(optim: OptimConfig) -> dict | None:
@@ -72,7 +81,9 @@ def onebit_welcome(optim: OptimConfig) -> dict | None:
 
 def onebit_push(msg: Message, optim: OptimConfig) -> None:
     """Under onebit_adam a push of clock c < freeze_step is a gradient and a later one a momentum (its
-    field `momentum`); NOT_ALLOWED where the worker disagrees (it did not follow WELCOME's `onebit`)."""
+    field `momentum`); NOT_ALLOWED where the worker disagrees (it did not follow WELCOME's `onebit`). A
+    velocity push (momentum correction) is checked against the optimizer too (psrv/server/velocity.py)."""
+    velocity.check(msg, optim)
     momentum = bool(msg.fields.get("momentum"))
     if optim.name != "onebit_adam":
         if momentum:

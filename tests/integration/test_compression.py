@@ -80,14 +80,18 @@ def test_error_buffers_are_saved_and_restored_through_state_dict(tmp_path):
         state = ps.state_dict()
         torch.save(state, tmp_path / "worker.pt")
         ps.close()
-    error = state["compress"]["error"]
+    error, velocity = state["compress"]["error"], state["velocity"]["velocity"]  # the shards' SGD has momentum 0.9
     assert error.abs().sum() > 0  # top-k left most of two gradients behind
+    assert velocity.abs().sum() > 0  # momentum correction's velocity
     with Shards() as addresses:  # a restarted worker, on restarted shards
         again = psrv.Worker(_model(), addresses, rank=0, world_size=1, timeout=20, compress="topk:0.01")
         again.load_state_dict(torch.load(tmp_path / "worker.pt"))
         assert torch.equal(again._client.encoder.error, error) and again.steps == 2
+        assert torch.equal(again._client.velocity.velocity, velocity)
         with pytest.raises(ValueError, match="error feedback"):
-            again.load_state_dict({"steps": 2, "compress": {"error": None}})
+            again.load_state_dict({**state, "compress": {"error": None}})
+        with pytest.raises(ValueError, match="velocity"):
+            again.load_state_dict({**state, "velocity": None})
         again.close()
 
 

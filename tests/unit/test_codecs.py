@@ -90,6 +90,7 @@ def test_error_feedback_sends_what_earlier_pushes_left_out(spec, ref):
     for step in range(3):
         g = torch.randn(2500, generator=GEN)
         fields, parts = enc.encode(g, 0)
+        assert enc.settle(0, applied=True)  # the shard applied it: its residual is the residual now
         sent = decode_push(fields["codec"], parts, 2500).densify(torch.empty(2500))
         expected = ref(g + e)
         assert torch.allclose(sent, expected, rtol=1e-5, atol=1e-6), step
@@ -116,6 +117,7 @@ def test_small_tensors_travel_dense_beside_the_codec():
     got = torch.cat([decode_push(f["codec"], p, hi - lo).densify(torch.empty(hi - lo))
                      for f, p, (lo, hi) in [(*enc.encode(g, s), plan.ranges[s]) for s in range(2)]])
     assert torch.equal(got[2000:2010], g[2000:2010])
+    assert enc.settle(0, applied=True) and enc.settle(1, applied=True)
     assert torch.equal(enc.error[2000:2010], torch.zeros(10))
     ref = torch.cat([ref_topk(g[:1250], 0.01), ref_topk(torch.cat([g[1250:2000], g[2010:]]), 0.01)])
     assert torch.equal(torch.cat([got[:2000], got[2010:]]), ref)
