@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-FITTING_RULES = ("plain", "staleness-lr")  # rules that only scale the step; the others need the raw gradient
+from psrv.config.sections import VELOCITY_RULES as FITTING_RULES  # the others need the raw gradient
 
 
 class MomentumCorrection:

@@ -43,6 +43,11 @@ class Codec(abc.ABC):
     def params(self) -> dict:
         return {}
 
+    def for_shard(self, shard: int) -> "Codec":
+        """The codec for one shard's range: itself, or (a codec that draws at random) one with a stream of
+        its own, so its draws do not depend on the order the shards are encoded in (overlap's order)."""
+        return self
+
     @abc.abstractmethod
     def encode(self, x: torch.Tensor, among: torch.Tensor | None) -> dict[str, torch.Tensor]: ...
 

@@ -58,6 +58,7 @@ class PushEncoder:
     def __init__(self, codec: Codec, plan: PartitionPlan, *, error_feedback: bool = True, min_numel: int = 0,
                  device: torch.device | str = "cpu"):
         self.codec, self.ranges = codec, plan.ranges
+        self.codecs = [codec.for_shard(s) for s in range(plan.num_shards)]
         self.error = torch.zeros(plan.total, dtype=torch.float32, device=device) if error_feedback else None
         self._next = torch.zeros_like(self.error) if error_feedback else None  # each shard's pending residual
         self._pending: set[int] = set()  # shards whose last encoded push is not settled yet
@@ -73,7 +74,7 @@ class PushEncoder:
         if self.among[shard] is not None and self.among[shard].device != grad.device:
             self.among[shard] = self.among[shard].to(grad.device)
         x = grad[lo:hi].float() if self.error is None else grad[lo:hi] + self.error[lo:hi]
-        parts = self.codec.encode(x, self.among[shard])
+        parts = self.codecs[shard].encode(x, self.among[shard])
         fields = {"name": self.codec.name, **self.codec.params(), "n": hi - lo}
         if self.dense[shard]:
             fields["dense"] = self.dense[shard]

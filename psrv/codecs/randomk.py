@@ -1,6 +1,7 @@
 """randomk:RATIO: ceil(RATIO * n) elements chosen uniformly without replacement, sent unscaled as
 indices and values (Stich et al. 2018, "Sparsified SGD with memory": unbiased only with error
-feedback). The choice comes from a generator seeded per worker, so a run repeats."""
+feedback). The choice comes from a generator seeded per worker and shard (seed * 1000003 + shard), so
+a run repeats, whatever the order its shards' slices are encoded in."""
 from __future__ import annotations
 
 import torch
@@ -13,8 +14,11 @@ class RandomK(Codec):
     name = "randomk"
 
     def __init__(self, ratio: float, seed: int = 0):
-        self.ratio = ratio
+        self.ratio, self.seed = ratio, seed
         self.generator = torch.Generator().manual_seed(seed)
+
+    def for_shard(self, shard: int) -> "RandomK":
+        return RandomK(self.ratio, seed=self.seed * 1_000_003 + shard)
 
     def params(self) -> dict:
         return {"ratio": self.ratio}

@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from psrv.codec_names import CASTS
+from psrv.codec_names import CASTS, LOSSY_NAMES
 from psrv.config.base import ConfigError, Section, section, setting
 from psrv.config.sections import Trackers
 from psrv.config.sections import (MODES, AllReduceSettings, ClusterConfig, Consistency, FaultConfig, GradClip,
                                   JobConfig, NetworkSettings, OptimConfig, Placement, Seeded, ServerSettings,
-                                  ServeSettings, WorkerSettings)
+                                  ServeSettings, VELOCITY_RULES, WorkerSettings)
 
 
 def _one_shard_clip(clip: float, mode: str, shards: int, shards_key: str) -> None:
@@ -42,6 +42,25 @@ def _onebit_adam(optim: OptimConfig, mode: str, backup_workers: int) -> None:
     if optim.name == "onebit_adam" and (mode != "sync" or backup_workers):
         raise ConfigError("optimizer.name", "onebit_adam runs in mode 'sync' without backup_workers "
                           f"(mode is {mode!r}, backup_workers {backup_workers})")
+
+
+def _momentum_correction(run: RunConfig) -> None:
+    """Momentum correction (on by default where a lossy codec with error feedback meets the servers' SGD
+    momentum: psrv/momentum_correction.py) pushes velocities, which an update rule that needs the raw
+    gradient, or sync's server-side clip of the mean gradient, cannot take: refused here, before any
+    process starts, as a worker would refuse it at HELLO."""
+    w, o = run.worker, run.optimizer
+    if not (w.momentum_correction and w.error_feedback and w.compress.partition(":")[0] in LOSSY_NAMES
+            and o.name == "sgd" and o.momentum and run.mode in MODES):
+        return
+    if o.update_rule not in VELOCITY_RULES:
+        why = f"update rule {o.update_rule!r} needs the raw gradient"
+    elif run.mode == "sync" and o.clip_grad_norm:
+        why = "in sync the servers clip each clock's mean gradient"
+    else:
+        return
+    raise ConfigError("worker.momentum_correction", f"is needed here: momentum correction (the default with a "
+                      f"lossy compress, its error feedback and SGD momentum) pushes velocities, and {why}")
 
 
 def _allreduce_settings(run: RunConfig) -> None:
@@ -163,6 +182,7 @@ class RunConfig(Trackers, Seeded, Consistency):
                                                      or self.worker.compress in CASTS):
             raise ConfigError("optimizer.name", "onebit_adam's workers push float32 gradients, then codec-compressed "
                               "momenta: no local steps, wire_dtype or float16/bfloat16 compress")
+        _momentum_correction(self)
         if self.network.bandwidth and self.cluster.transport != "zmq":
             raise ConfigError("network.bandwidth", "emulated hosts carry the zmq transport and the all-reduce "
                                                    f"modes; transport {self.cluster.transport!r} stays on 127.0.0.1")

@@ -21,6 +21,7 @@ INNER_OPTIMIZERS = ("sgd", "adamw")  # a worker's own, for local steps (torch.op
 INNER_LR = {"sgd": 0.05, "adamw": 0.001}  # inner_lr's default with each
 SGD_MOMENTUM = 0.9  # momentum's default with sgd; adam and adamw take none
 UPDATE_RULES = ("plain", "staleness-lr", "dc-asgd", "dc-asgd-a", "dn")  # psrv/server/rules registers them
+VELOCITY_RULES = ("plain", "staleness-lr")  # they only scale the step: momentum correction's velocity fits them
 DC_LAMBDA = {"dc-asgd": 0.04, "dc-asgd-a": 2.0}  # dc_lambda's default with each (Zheng et al. 2017)
 SHIPPED_JOBS = ("digits_mlp", "mnist1d_mlp", "synthetic_mlp", "digits_cnn", "mnist1d_cnn",
                 "code_lm")  # workers/jobs builds them

@@ -10,6 +10,10 @@ small tensors (under compress_min_numel) sent exactly beside the codec, and erro
   clamped to [-127, 127], received as q s; an all-zero block has s = 1.
 - error feedback (EF-SGD, Karimireddy et al. 2019): x = g + e; send C(x); e <- x - C(x) once the push
   was applied (a dropped push leaves e as it was).
+- momentum correction (Lin et al. 2018, Deep Gradient Compression, Algorithm 1 with momentum factor
+  masking), where the servers run SGD with momentum m: u <- m u + (g + wd w); x = u (Nesterov: g + wd w
+  + m u) + e; send C(x); zero u where a sparse codec sent; the servers step w <- w - lr C(x), no momentum
+  of their own (reference.py does the worker's half, ref_optim.py the servers').
 """
 from __future__ import annotations
 
@@ -37,9 +41,10 @@ def _blocks(x: torch.Tensor) -> list[slice]:
     return [slice(i, min(i + BLOCK, x.numel())) for i in range(0, x.numel(), BLOCK)]
 
 
-def received(name: str, x: torch.Tensor, cover: torch.Tensor, *, ratio: float, draw: torch.Generator | None) -> torch.Tensor:
-    """What the shard decodes for the slice x (float32): the codec on the covered elements, x exactly on
-    the others."""
+def received(name: str, x: torch.Tensor, cover: torch.Tensor, *, ratio: float,
+             draw: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(what the shard decodes for the slice x (float32): the codec on the covered elements, x exactly on
+    the others; the positions a sparse codec chose, None for a dense one)."""
     out = x.clone()
     among = cover.nonzero().view(-1)
     if name in ("topk", "randomk"):
@@ -51,7 +56,7 @@ def received(name: str, x: torch.Tensor, cover: torch.Tensor, *, ratio: float, d
             chosen = among[torch.randperm(n, generator=draw)[:k]]
         out[among] = 0.0
         out[chosen] = x[chosen]
-        return out
+        return out, chosen
     for b in _blocks(x):
         xb, cb = x[b], cover[b]
         if not cb.any():
@@ -66,4 +71,4 @@ def received(name: str, x: torch.Tensor, cover: torch.Tensor, *, ratio: float, d
         else:
             raise ValueError(name)
         out[b] = torch.where(cb, value, xb)
-    return out
+    return out, None

@@ -63,7 +63,8 @@ class ServerMath:
         if self.rule in ("dc-asgd", "dc-asgd-a"):
             self.bak[worker] = self.w.clone()
 
-    def step(self, g: torch.Tensor, *, worker: int | None, staleness: int, momentum_push: bool = False) -> None:
+    def step(self, g: torch.Tensor, *, worker: int | None, staleness: int, momentum_push: bool = False,
+             velocity: bool = False) -> None:
         o, lr = self.o, lr_at(self.o, self.k)
         if self.rule == "staleness-lr" and staleness > 1:
             g = torch.div(g, staleness)
@@ -75,7 +76,9 @@ class ServerMath:
                 lam = o.dc_lambda
             g = torch.add(g, torch.sub(self.w, self.bak[worker]).mul_(g).mul_(g).mul_(lam))
         self.k += 1
-        if self.rule == "dn":
+        if velocity:  # a worker's velocity (momentum correction): plain SGD, no momentum or decay here
+            self.w.add_(g, alpha=-lr)
+        elif self.rule == "dn":
             self._dn(g, lr)
         elif o.name == "sgd":
             self._sgd(g, lr)

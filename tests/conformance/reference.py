@@ -44,8 +44,18 @@ class _Worker:
         self.base = 0                      # the update count of the weights it holds
         self.error: dict[int, torch.Tensor] = {}
         self.momentum = torch.zeros_like(w0)  # onebit_adam's local momentum
+        self.velocity = torch.zeros_like(w0)  # momentum correction's
         self.draws: dict[int, torch.Generator] = {}
         self.alive = True
+
+    def settle(self, keep: dict, ranges) -> None:
+        """A push was applied: the residual and velocity it left are kept."""
+        for s, (error, velocity) in keep.items():
+            if error is not None:
+                self.error[s] = error
+            if velocity is not None:
+                lo, hi = ranges[s]
+                self.velocity[lo:hi] = velocity
 
     def load(self, w: torch.Tensor) -> None:
         vector_to_parameters(w.clone(), self.model.parameters())
@@ -83,6 +93,8 @@ class Reference:
         self.refused: set[int] = set()
         self.inner_lr = w.inner_lr
         self.onebit = self.o.name == "onebit_adam"
+        self.velocity = bool(w.momentum_correction and w.error_feedback and self.codec and self.o.name == "sgd"
+                             and self.o.momentum)
 
     # --- a worker's half ------------------------------------------------------------------
     def _compute(self, wk: _Worker, step: int) -> torch.Tensor | None:
@@ -114,13 +126,20 @@ class Reference:
         ratio = float(self.codec.partition(":")[2] or 0)
         out, keep = v.clone(), {}
         for s, (lo, hi) in enumerate(self.ranges):
-            x = v[lo:hi] + wk.error[s] if self.cfg.worker.error_feedback and s in wk.error else v[lo:hi].clone()
+            d, velocity = v[lo:hi], None
+            if self.velocity:  # DGC: u <- m u + (g + wd w); push u (Nesterov: g' + m u), masked where sent
+                # w: the weights pulled, the servers' (with local steps too, as the servers' own decay would be)
+                g = d.add(wk.pulled[lo:hi], alpha=self.o.weight_decay) if self.o.weight_decay else d
+                velocity = torch.mul(wk.velocity[lo:hi], self.o.momentum).add_(g)
+                d = torch.add(g, velocity, alpha=self.o.momentum) if self.o.nesterov else velocity
+            x = d + wk.error[s] if self.cfg.worker.error_feedback and s in wk.error else d.clone()
             draw = wk.draws.setdefault(s, torch.Generator().manual_seed(_draw_seed(wk.rank, s)))
-            sent = received(name, x, covered(lo, hi, self.sizes, self.cfg.worker.compress_min_numel),
-                            ratio=ratio, draw=draw)
+            sent, chosen = received(name, x, covered(lo, hi, self.sizes, self.cfg.worker.compress_min_numel),
+                                    ratio=ratio, draw=draw)
             out[lo:hi] = sent
-            if self.cfg.worker.error_feedback:
-                keep[s] = x - sent
+            if velocity is not None and chosen is not None:  # momentum factor masking
+                velocity = velocity.index_fill(0, chosen, 0.0)
+            keep[s] = (x - sent if self.cfg.worker.error_feedback else None, velocity)
         return out, True, keep
 
     # --- the server's half -----------------------------------------------------------------
@@ -139,7 +158,7 @@ class Reference:
     def _apply(self, g: torch.Tensor, *, worker: int | None, staleness: int, pushes: int, momentum_push: bool):
         if self.mode == "sync" and self.o.clip_grad_norm:
             g = clipped(g, self.o.clip_grad_norm)
-        self.server.step(g, worker=worker, staleness=staleness, momentum_push=momentum_push)
+        self.server.step(g, worker=worker, staleness=staleness, momentum_push=momentum_push, velocity=self.velocity)
         self.counts["updates_applied"] += 1
         self.counts["pushes_applied"] += pushes
         self.hist[staleness] += pushes
@@ -178,7 +197,7 @@ class Reference:
             self._apply(mean, worker=None, staleness=0, pushes=len(good),
                         momentum_push=self.onebit and clock[pushes[0][0].rank] >= self.o.freeze_step)
             for wk, _, keep in good:
-                wk.error.update(keep)
+                wk.settle(keep, self.ranges)
         for wk, *_ in pushes:
             clock[wk.rank] += 1
             wk.load(self.server.w)
@@ -203,11 +222,11 @@ class Reference:
         if self.mode == "sync":
             if fate == "ok":
                 self._apply(sent, worker=None, staleness=0, pushes=1, momentum_push=False)
-                wk.error.update(keep)
+                wk.settle(keep, self.ranges)
         elif fate == "ok":
             staleness = self.server.k - wk.base
             self._apply(sent, worker=wk.rank, staleness=staleness, pushes=1, momentum_push=False)
-            wk.error.update(keep)
+            wk.settle(keep, self.ranges)
         self.step_staleness[wk.rank].append(staleness)
         clock[wk.rank] += 1
         wk.load(self.server.w)
