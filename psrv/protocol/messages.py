@@ -5,7 +5,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-PROTOCOL_VERSION = 1  # the optional session id (`sid`) and RANK_IN_USE left it compatible: see docs/protocol.md
+PROTOCOL_VERSION = 2  # 2: a push's `velocity` and the shared-memory plane's new descriptors; docs/protocol.md
 
 
 class MsgType(enum.IntEnum):

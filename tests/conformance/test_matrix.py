@@ -3,7 +3,8 @@ the data-path settings and a pairwise covering array over every setting (tests/c
 each run for real (tests/conformance/cluster.py) and held against:
 
 - the plain path: a case whose transport, plane, chunking or early sends differ from the plain ones
-  must give rank 0 the very weights (bit for bit) of the same case on the plain path;
+  must give rank 0 the very weights (bit for bit) of the same case on the plain path, and a case on
+  three shards whose math is element by element those of one shard;
 - the reference (tests/conformance/reference.py): the whole run's math, written from the papers in the
   test, to 1e-5;
 - the counts: every shard's pushes, pushes applied, updates and drops by reason, and its staleness
@@ -68,6 +69,16 @@ def check(case: dict, got: Outcome | None = None) -> None:
         base = outcome(plain, workers_of(case))
         diff = (got.params - base.params).abs().max().item()
         assert torch.equal(got.params, base.params), f"{diff:.3g} from the plain path's weights"
+    if case["shards"] > 1 and element_wise(case):
+        one = outcome({**plain, "shards": 1}, workers_of(case))
+        diff = (got.params - one.params).abs().max().item()
+        assert torch.equal(got.params, one.params), f"{diff:.3g} from the weights of one shard"
+
+
+def element_wise(case: dict) -> bool:
+    """Is every number of this case computed element by element (so the shard count cannot change it)?
+    Not with a codec (per shard range), nor onebit_adam's momenta (sign by default)."""
+    return case["codec"] == "none" and case["optimizer"] != "onebit_adam"
 
 
 @pytest.mark.parametrize("case", TRIPLES, ids=case_id)

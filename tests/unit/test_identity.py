@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from psrv.config import OptimConfig, ServerConfig
-from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError, decode, encode
+from psrv.protocol import PROTOCOL_VERSION, ErrorCode, Message, MsgType, ProtocolError, decode, encode
 from psrv.server.late import LateStreaks
 from psrv.server.service import ShardService
 from tests.helpers import RecordingNet
@@ -58,7 +58,7 @@ def test_the_session_id_travels_in_the_header_and_is_checked():
     assert decode(encode(Message(MsgType.PUSH, worker=1, session=2**63 - 1))).session == 2**63 - 1
     assert decode(encode(Message(MsgType.PUSH, worker=1))).session == 0  # none given: no `sid` key
     with pytest.raises(ProtocolError, match="session must be integers"):
-        decode([msgpack.packb({"t": int(MsgType.PUSH), "v": 1, "sid": "x"})])
+        decode([msgpack.packb({"t": int(MsgType.PUSH), "v": PROTOCOL_VERSION, "sid": "x"})])
 
 
 def test_a_second_live_process_is_refused_and_touches_nothing():
