@@ -68,8 +68,8 @@ def decode(frames: list) -> Message:
     if not isinstance(h, dict):
         raise ProtocolError(ErrorCode.MALFORMED, "header is not a map")
     if h.get("v") != PROTOCOL_VERSION:
-        raise ProtocolError(ErrorCode.BAD_VERSION,
-                            f"protocol version {h.get('v')!r}, this server speaks {PROTOCOL_VERSION}")
+        raise ProtocolError(ErrorCode.BAD_VERSION, f"protocol version {h.get('v')!r}, this side speaks "
+                            f"{PROTOCOL_VERSION}: run one psrv version on every host")
     try:
         mtype = MsgType(h.get("t"))
     except ValueError:
