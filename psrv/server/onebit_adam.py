@@ -32,16 +32,19 @@ import torch
 
 
 def frozen_step(state: dict, param: torch.Tensor, momentum: torch.Tensor, *, lr: float, betas: tuple[float, float],
-                eps: float, weight_decay: float, freeze_step: int) -> None:
+                eps: float, weight_decay: float) -> None:
     """One step after the freeze: `momentum` (the workers' mean), 0 where exp_avg_sq is 0, becomes
-    exp_avg; exp_avg_sq stays."""
+    exp_avg; exp_avg_sq stays, bias-corrected by the Adam steps it took (`warmup_steps`, kept in the
+    state at the first frozen step: freeze_step, or fewer where a sync clock of the warm-up had no
+    finite gradient and so no step)."""
     beta1, beta2 = betas
+    warmup = max(1.0, float(state.setdefault("warmup_steps", state["step"].clone())))
     state["step"] += 1
     t = float(state["step"])
     if weight_decay:
         param.mul_(1 - lr * weight_decay)
     state["exp_avg"].copy_(momentum).masked_fill_(state["exp_avg_sq"] == 0, 0.0)
-    denom = (state["exp_avg_sq"].sqrt() / math.sqrt(1 - beta2 ** freeze_step)).add_(eps)
+    denom = (state["exp_avg_sq"].sqrt() / math.sqrt(1 - beta2 ** warmup)).add_(eps)
     param.addcdiv_(state["exp_avg"], denom, value=-lr / (1 - beta1 ** t))
 
 

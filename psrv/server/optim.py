@@ -29,8 +29,10 @@ class FlatOptimizer:
         self.lr = cfg.lr  # the next step's; the shard sets it from the schedule (psrv/schedule.py)
         self.state: dict[str, torch.Tensor] = {}
 
-    def step(self, grad: torch.Tensor) -> None:
-        """One step of cfg's rule with `grad` (float32, on the parameter's device), at `self.lr`."""
+    def step(self, grad: torch.Tensor, *, frozen: bool | None = None) -> None:
+        """One step of cfg's rule with `grad` (float32, on the parameter's device), at `self.lr`.
+        onebit_adam: `frozen` says whether grad is the workers' momentum (their clock is past the freeze;
+        None: as many Adam steps as the freeze step are in the state)."""
         c = self.cfg
         kernel = {"fused": True, "foreach": False} if self.fused else {"fused": False, "foreach": False}
         with torch.no_grad():
@@ -44,9 +46,8 @@ class FlatOptimizer:
             if not self.state:
                 self._init_adam()
             s = self.state
-            if c.name == "onebit_adam" and is_frozen(s, c.freeze_step):  # grad is the workers' mean momentum
-                frozen_step(s, self.param, grad, lr=self.lr, betas=c.betas, eps=c.eps, weight_decay=c.weight_decay,
-                            freeze_step=c.freeze_step)
+            if c.name == "onebit_adam" and (is_frozen(s, c.freeze_step) if frozen is None else frozen):  # grad: the momentum
+                frozen_step(s, self.param, grad, lr=self.lr, betas=c.betas, eps=c.eps, weight_decay=c.weight_decay)
                 return
             adam_update([self.param], [grad], [s["exp_avg"]], [s["exp_avg_sq"]], [], [s["step"]], **kernel,
                                   decoupled_weight_decay=c.name != "adam", amsgrad=False, beta1=c.betas[0],

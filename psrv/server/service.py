@@ -327,7 +327,7 @@ class ShardService:
             scale = shard.apply(grad, PushContext(msg.worker, msg.clock, msg.base_version, staleness))
             self.stats.applied(shard.version, lr_scale=scale)
         else:
-            shard.accumulate(grad)
+            shard.accumulate(grad, momentum=bool(msg.fields.get("momentum")))
             self._commit_if_ready()
         self.stats.pushed(time.perf_counter() - started, staleness)
         self.stats.membership(self.controller.active, {msg.worker: self.controller.clocks[msg.worker]})

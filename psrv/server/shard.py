@@ -32,6 +32,7 @@ class Shard:
         self._accum: torch.Tensor | None = None  # the open clock's sum (sync mode), made at its first use
         self._accumulated = 0
         self._velocity = False  # the open clock's pushes are velocities (momentum correction)
+        self._momentum = False  # the open clock's pushes are onebit_adam's momenta (after the freeze)
         self._cast: torch.Tensor | None = None  # a float32 copy of a bf16/fp16 (or off-device) gradient
         self.version = 0          # optimizer steps applied
         self.initialised = False
@@ -86,7 +87,7 @@ class Shard:
             self._cast = torch.empty(self.size, dtype=torch.float32, device=self.device)
         return self._cast
 
-    def accumulate(self, grad: torch.Tensor | Decoded) -> None:
+    def accumulate(self, grad: torch.Tensor | Decoded, *, momentum: bool = False) -> None:
         """Add `grad` to the open clock's float32 sum (sync mode); a compressed push straight into it
         (a sparse one by scatter-add). NOT_ALLOWED, nothing added, for a velocity among gradients or
         the other way round, and for a velocity where this shard clips the mean (it needs gradients)."""
@@ -96,7 +97,7 @@ class Shard:
         if velocity and self.optim.clip_grad_norm:
             raise ProtocolError(ErrorCode.NOT_ALLOWED, "a velocity push (momentum correction), but this server "
                                 "clips each clock's mean gradient; run the workers with --no-momentum-correction")
-        self._velocity = velocity
+        self._velocity, self._momentum = velocity, momentum
         if self._accum is None:
             self._accum = torch.zeros(self.size, dtype=torch.float32, device=self.device)
         if isinstance(grad, Decoded):
@@ -117,18 +118,23 @@ class Shard:
         self._accum.div_(n)
         if self.optim.clip_grad_norm:
             clip_flat_(self._accum, self.optim.clip_grad_norm)
-        self._step(self._accum, SYNC, velocity=self._velocity)
+        self._step(self._accum, SYNC, velocity=self._velocity, momentum=self._momentum)
         self._accum.zero_()
         self._accumulated = 0
         return n
 
-    def _step(self, grad: torch.Tensor, ctx: PushContext, *, velocity: bool = False) -> float:
+    def _step(self, grad: torch.Tensor, ctx: PushContext, *, velocity: bool = False,
+              momentum: bool | None = None) -> float:
         """One optimizer step at the schedule's lr for this update (the version is the update count),
-        with the gradient as the update rule prepares it (a velocity: plain SGD); returns the rule's lr scale."""
+        with the gradient as the update rule prepares it (a velocity: plain SGD; onebit_adam: its frozen
+        step where `momentum` says the pushes were momenta, as their clock says, or, None, as its own step
+        count says); returns the rule's lr scale."""
         grad, scale = self.rule.prepare(grad, ctx, self.param.data, self._scratch)
         self.optimizer.lr = lr_at(self.optim, self.version)
         if velocity:
             self.optimizer.plain_step(grad)
+        elif self.optim.name == "onebit_adam":
+            self.optimizer.step(grad, frozen=momentum)
         else:
             self.rule.step(grad, self.optimizer)  # the optimizer's step, or the rule's own (dn)
         self.version += 1
@@ -152,6 +158,7 @@ class Shard:
         if self._accum is not None:
             state["accum"] = self._accum
             state["accum_velocity"] = self._velocity
+            state["accum_momentum"] = self._momentum
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -175,4 +182,5 @@ class Shard:
             self._accum = state["accum"].to(self.device, torch.float32).clone()
             self._accumulated = int(state["accumulated"])
             self._velocity = bool(state.get("accum_velocity", False))
+            self._momentum = bool(state.get("accum_momentum", False))
         self.initialised = bool(state.get("initialised", True))

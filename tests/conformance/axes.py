@@ -14,7 +14,7 @@ from psrv.config import ConfigError, RunConfig, from_dict
 
 JOB = "tests/conformance/job.py:tiny"
 STEPS, BATCH, SEED = 4, 16, 3
-CHUNK_MB = 0.07  # chunks of 18k floats: over 64 KB, so a plane carries them, and several per shard
+CHUNK_MB = 0.1  # chunks of 20k to 26k float32 (40k bfloat16) elements: over 64 KiB, so a plane carries them
 
 AXES: dict[str, tuple] = {
     # path axes: the first level is the plain path

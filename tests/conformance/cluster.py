@@ -4,7 +4,7 @@ on 127.0.0.1, every worker a thread driving psrv.Worker through the loop psrv's 
 
 The order is fixed, so a run repeats bit for bit: in sync (without backup workers) the two workers
 run free, as the mean of two gradients does not depend on their order; everywhere else they take
-turns, one whole step each (push, apply, pull), worker 0 first."""
+turns, one whole step each (push, apply, pull), who goes first rotating from step to step (`order`)."""
 from __future__ import annotations
 
 import threading
@@ -32,32 +32,40 @@ class Outcome:
     errors: dict[int, PSError] = field(default_factory=dict)
 
 
-class Turns:
-    """The workers' turns: one whole step each, in rank order; a worker that stops gives up its turns."""
+def order(step: int, ranks: list[int]) -> list[int]:
+    """Who takes a step's turns, first to last: the ranks rotated by the step (0, 1; then 1, 0; ...), so
+    with backup workers each is late in turn, and under async each pushes on fresh and on stale weights."""
+    k = step % len(ranks)
+    return ranks[k:] + ranks[:k]
 
-    def __init__(self, ranks: list[int], *, free: bool):
-        self.order, self.at, self.free = list(ranks), 0, free
+
+class Turns:
+    """The workers' turns, one whole step each, in `order`; a worker that stops gives up its turns."""
+
+    def __init__(self, ranks: list[int], steps: int, *, free: bool):
+        self.queue = [r for step in range(steps) for r in order(step, ranks)]
+        self.free, self.stopped = free, set()
         self.cond = threading.Condition()
+
+    def _head(self) -> int | None:
+        while self.queue and self.queue[0] in self.stopped:
+            self.queue.pop(0)
+        return self.queue[0] if self.queue else None
 
     def wait(self, rank: int) -> None:
         with self.cond:
-            if not self.cond.wait_for(lambda: self.free or self.order[self.at % len(self.order)] == rank, TIMEOUT):
+            if not self.cond.wait_for(lambda: self.free or self._head() == rank, TIMEOUT):
                 raise TimeoutError(f"worker {rank} never got its turn")
 
     def done(self, rank: int) -> None:
         with self.cond:
-            if not self.free:
-                self.at = (self.order.index(rank) + 1) % len(self.order)
+            if not self.free and self._head() == rank:
+                self.queue.pop(0)
             self.cond.notify_all()
 
     def stop(self, rank: int) -> None:
         with self.cond:
-            if rank in self.order:
-                i = self.order.index(rank)
-                self.order.remove(rank)
-                if self.order and i < self.at % (len(self.order) + 1):
-                    self.at -= 1
-                self.at %= max(1, len(self.order))
+            self.stopped.add(rank)
             self.cond.notify_all()
 
 
@@ -65,7 +73,7 @@ def run(cfg: RunConfig, *, nan: bool) -> Outcome:
     servers = [Server(cfg.server_config(s, bind="tcp://127.0.0.1:0")).start() for s in range(cfg.cluster.servers)]
     addresses = [s.address for s in servers]
     n = cfg.cluster.workers
-    turns = Turns(list(range(n)), free=cfg.mode == "sync" and not cfg.backup_workers)
+    turns = Turns(list(range(n)), cfg.job.steps, free=cfg.mode == "sync" and not cfg.backup_workers)
     ready = threading.Barrier(n, timeout=TIMEOUT)
     out = Outcome(params=torch.empty(0), shards=[])
     failures: list[BaseException] = []

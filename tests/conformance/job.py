@@ -1,6 +1,8 @@
 """The conformance matrix's job: a small MLP on a fixed random teacher, big enough that every shard of
-three carries a tensor frame over 64 KB (so the payload planes carry it) and that --compress-min-numel
-1024 leaves its biases dense beside the codec.
+three, and every chunk of a push (axes.CHUNK_MB), carries a tensor frame over 64 KiB (so the payload
+planes carry it), with --compress-min-numel 1024 leaving its biases dense beside the codec, and one
+input always 0 (as digits' blank pixels), so the weights it feeds never get a gradient (onebit_adam's
+v stays 0 there).
 
 `tiny` trains cleanly; `tiny_nan` gives worker 1 a NaN loss (so NaN everywhere in its gradient) at
 its step NAN_STEP: the same injection in-process and under `psrv run`, where the job runs in the
@@ -11,13 +13,14 @@ import torch
 
 from workers.jobs import Job
 
-FEATURES, HIDDEN, CLASSES, SAMPLES = 64, 768, 10, 512
+FEATURES, HIDDEN, CLASSES, SAMPLES = 64, 1600, 10, 512
 NAN_RANK, NAN_STEP = 1, 2
 
 
 def _data(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(1000 + seed)
     x = torch.randn(SAMPLES, FEATURES, generator=gen)
+    x[:, 0] = 0.0
     teacher = torch.randn(FEATURES, CLASSES, generator=gen)
     return x, (x @ teacher).argmax(1)
 

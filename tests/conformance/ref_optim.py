@@ -57,6 +57,7 @@ class ServerMath:
         self.ms = torch.zeros_like(w)                        # dc-asgd-a's mean square
         self.period = 1 if mode == "sync" else (o.dn_period or workers)
         self.dn_m, self.dn_sum, self.dn_t = torch.zeros_like(w), torch.zeros_like(w), 0
+        self.warm: int | None = None  # 1-bit Adam: the Adam steps before the first frozen one
         self.rule = o.update_rule if mode != "sync" or o.update_rule == "dn" else "plain"
 
     def pulled(self, worker: int) -> None:
@@ -111,7 +112,10 @@ class ServerMath:
         self.w.addcdiv_(self.m, denom, value=-(lr / (1 - b1 ** t)))
 
     def _frozen(self, momentum, lr):
-        o, (b1, b2), big_k = self.o, self.o.betas, self.o.freeze_step
+        o, (b1, b2) = self.o, self.o.betas
+        if self.warm is None:  # the Adam steps v took: K, or fewer where a warm-up clock had no step
+            self.warm = self.k - 1
+        big_k = max(1, self.warm)
         if o.weight_decay:
             self.w.mul_(1 - lr * o.weight_decay)
         self.m = torch.where(self.v == 0, torch.zeros_like(momentum), momentum)

@@ -18,6 +18,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from tests.conformance import job as tiny
 from tests.conformance.axes import CODEC_SPEC
+from tests.conformance.cluster import order
 from tests.conformance.ref_codecs import covered, received
 from tests.conformance.ref_optim import ServerMath, clipped
 
@@ -171,8 +172,10 @@ class Reference:
             if sync_free:
                 self._sync_clock(live, step, clock)
             else:
-                for wk in live:
-                    self._turn(wk, step, clock)
+                first = {w.rank: w for w in live}
+                for rank in order(step, [w.rank for w in self.workers]):
+                    if rank in first and first[rank].alive:
+                        self._turn(first[rank], step, clock, first=rank == order(step, [w.rank for w in live])[0])
         return Expected(self.server.w, {**self.counts, "dropped": dict(self.counts["dropped"])}, self.hist,
                         self.step_staleness, self.refused)
 
@@ -203,15 +206,16 @@ class Reference:
             wk.load(self.server.w)
             wk.base = self.server.k
 
-    def _turn(self, wk: _Worker, step: int, clock: dict) -> None:
-        """One whole step of one worker, alone: push, apply (or drop), pull."""
+    def _turn(self, wk: _Worker, step: int, clock: dict, *, first: bool) -> None:
+        """One whole step of one worker, alone: push, apply (or drop), pull. `first`: the step's first
+        turn (with backup workers, the push that commits the clock; the others' are late)."""
         v = self._compute(wk, step)
         if v is None:
             self.step_staleness[wk.rank].append(0)
             return
         sent, finite, keep = self._encode(wk, v, clock[wk.rank])
         staleness = 0
-        if self.mode == "sync" and wk.rank != 0 and (finite or self.cfg.server.nonfinite == "skip"):
+        if self.mode == "sync" and not first and (finite or self.cfg.server.nonfinite == "skip"):
             self.counts["pushes"] += 1  # a backup worker's push: late (its clock applied on worker 0's)
             self.counts["dropped"]["late"] += 1
             fate = "late"

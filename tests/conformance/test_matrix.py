@@ -59,6 +59,9 @@ def check(case: dict, got: Outcome | None = None) -> None:
         assert s["pushes"] == s["pushes_applied"] + sum(s["dropped"].values()), s
         hist = {int(k): v for k, v in s["staleness_histogram"].items()}
         assert hist == dict(want.staleness), f"shard {shard}: staleness {hist}, expected {dict(want.staleness)}"
+    if case["plane"] != "inline":  # the plane must really have carried the tensors, or the case tests nothing
+        carried = [s.get("payload_bytes", {}).get(case["plane"], 0) for s in got.shards]
+        assert all(carried), f"the {case['plane']} plane carried {carried} bytes per shard"
     seen = {r: [i.staleness for i in infos] for r, infos in got.steps.items()}
     assert seen == {r: v for r, v in want.step_staleness.items()}, f"step staleness {seen} != {want.step_staleness}"
     assert bool(torch.isfinite(got.params).all()), "rank 0's weights are not finite"

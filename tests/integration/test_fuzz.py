@@ -44,6 +44,7 @@ class Harness:
     """A shard served by hand in this thread: send frames, handle them, read the reply."""
 
     def __init__(self, *, fresh: bool = False, **planes):
+        self._level = logging.getLogger("psrv").level  # put back by close(): later tests read psrv's warnings
         logging.getLogger("psrv").setLevel(logging.CRITICAL)  # 10k refusals would flood the log
         cfg = ServerConfig(workers=1, mode="async", worker_timeout=1e6, max_message_bytes=MAX_BYTES,
                            optimizer=OptimConfig(name="sgd", lr=0.1, momentum=0.9))
@@ -105,6 +106,7 @@ class Harness:
     def close(self):
         self.client.close()
         self.server.close()
+        logging.getLogger("psrv").setLevel(self._level)
 
 
 # --- the generator ---------------------------------------------------------------------

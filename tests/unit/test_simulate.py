@@ -2,6 +2,7 @@
 learning level against single-process big-batch SGD (psrv's sync reference)."""
 import csv
 import json
+import logging
 
 import pytest
 import torch
@@ -161,6 +162,7 @@ def test_a_diverged_learning_simulation_says_so(lr, tmp_path, caplog):
     """lr 5 sends the held-out loss from 2.3 to about 100 and the accuracy to chance; lr 1e30 overflows
     to a non-finite loss. Both are said in one warning line and in summary.json."""
     out = tmp_path / "sim"
+    caplog.set_level(logging.WARNING, logger="psrv")
     assert main(["simulate", "--level", "learning", "--mode", "async", "--workers", "4", "--servers", "2",
                  "--steps", "30", "--lr", str(lr), "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
