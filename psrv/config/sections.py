@@ -307,6 +307,14 @@ class WorkerSettings(Section):
                                         "velocity, pushes it compressed with error feedback and the servers step it "
                                         "without momentum of their own: Lin et al. 2018, DGC; docs/compression.md)",
                                         flag="no-momentum-correction")
+    compress_warmup: int = setting(50, "the warm-up training of Deep Gradient Compression (Lin et al. 2018, ICLR): "
+                                   "over the first N pushes top-k's and random-k's ratio rises to RATIO in four stages "
+                                   "of N/4 pushes, stage s sending RATIO^((s+1)/5) (as DGC's code computes its warm-up "
+                                   "epochs' ratios: 75%, 93.75%, 98.4%, 99.6% sparsity before 99.9%); 0: RATIO from the "
+                                   "first push; docs/compression.md", minimum=0, metavar="N")
+    momentum_masking: bool = setting(False, "with momentum correction and top-k or random-k, zero the velocity where "
+                                     "a push sent (DGC's momentum factor masking, Lin et al. 2018; off by default: "
+                                     "with the warm-up it left digits_mlp further from dense, docs/compression.md)")
     compress_min_numel: int = setting(1024, "with --compress, tensors of fewer elements (biases, norms) are "
                                       "pushed dense", minimum=0, metavar="N")
     push_chunk_mb: float = setting(8.0, "a dense push bigger than this many MB goes in chunks that an async or ssp "

@@ -4,6 +4,9 @@ small tensors (under compress_min_numel) sent exactly beside the codec, and erro
 
 - top-k (Aji and Heafield 2017): the k = ceil(ratio n) largest |x_i| among the covered elements, exact.
 - random-k (Stich et al. 2018): k covered elements drawn uniformly without replacement, exact.
+- their warm-up (Lin et al. 2018, Deep Gradient Compression's warm-up training, as its code computes the
+  warm-up epochs' ratios): over the first W pushes, the push of clock c sends ratio^((s+1)/5) in stage
+  s = floor(4c/W) of four (reference.py gives `received` that ratio).
 - scaled sign (Karimireddy et al. 2019, EF-SignSGD), per block of 1024 elements: mean |x_i| over the
   block's covered elements, times sign(x_i) (+1 for x_i >= 0).
 - int8 (absmax, per block of 1024): s = max |x_i| over the block's covered elements / 127, q = round(x/s)
@@ -12,7 +15,7 @@ small tensors (under compress_min_numel) sent exactly beside the codec, and erro
   was applied (a dropped push leaves e as it was).
 - momentum correction (Lin et al. 2018, Deep Gradient Compression, Algorithm 1 with momentum factor
   masking), where the servers run SGD with momentum m: u <- m u + (g + wd w); x = u (Nesterov: g + wd w
-  + m u) + e; send C(x); zero u where a sparse codec sent; the servers step w <- w - lr C(x), no momentum
+  + m u) + e; send C(x); with masking, zero u where a sparse codec sent; the servers step w <- w - lr C(x), no momentum
   of their own (reference.py does the worker's half, ref_optim.py the servers').
 """
 from __future__ import annotations

@@ -124,6 +124,9 @@ class Reference:
         if not name:
             return v.to(CAST[self.cfg.worker.wire_dtype]).float(), True, {}
         ratio = float(self.codec.partition(":")[2] or 0)
+        warmup = self.cfg.worker.compress_warmup
+        if ratio and clock < warmup:  # DGC's warm-up training: stage s of four sends RATIO^((s+1)/5)
+            ratio = ratio ** ((4 * clock // warmup + 1) / 5)
         out, keep = v.clone(), {}
         for s, (lo, hi) in enumerate(self.ranges):
             d, velocity = v[lo:hi], None
@@ -137,7 +140,7 @@ class Reference:
             sent, chosen = received(name, x, covered(lo, hi, self.sizes, self.cfg.worker.compress_min_numel),
                                     ratio=ratio, draw=draw)
             out[lo:hi] = sent
-            if velocity is not None and chosen is not None:  # momentum factor masking
+            if velocity is not None and chosen is not None and self.cfg.worker.momentum_masking:  # DGC's masking
                 velocity = velocity.index_fill(0, chosen, 0.0)
             keep[s] = (x - sent if self.cfg.worker.error_feedback else None, velocity)
         return out, True, keep
