@@ -54,7 +54,8 @@ class PSClient:
     codec, error feedback and shards that run SGD with momentum, `momentum_correction` (WELCOME's
     `optimizer`) keeps the velocity here and pushes it for the shards' plain SGD
     (psrv/momentum_correction.py), zeroing it where top-k or random-k sent with `momentum_masking`.
-    `compress_warmup`: the pushes of DGC's warm-up, over which their ratio rises to its own. `wire`
+    `compress_warmup`: the pushes of DGC's warm-up, over which their ratio rises to its own. `sign_scale`:
+    sign's per-chunk scale, l1 (mean |x|) or l2 (root mean square; psrv/codecs/sign.py). `wire`
     counts the bytes of every frame sent and received (WireBytes). `shared_memory` and `bulk` offer
     those payload planes (zmq; psrv/transport/plane.py). `net` replaces the transport (tests wrap it
     to drop or duplicate messages)."""
@@ -64,7 +65,7 @@ class PSClient:
                  curve_keys: str = "", heartbeat: bool = True, wire_dtype: str = "float32",
                  compress: str = "", error_feedback: bool = True, compress_min_numel: int = 0,
                  momentum_correction: bool = True, momentum_masking: bool = False, compress_warmup: int = 0,
-                 shared_memory: bool = False, bulk: bool = False,
+                 sign_scale: str = "l1", shared_memory: bool = False, bulk: bool = False,
                  net: ClientTransport | None = None, push_chunk_mb: float = 8.0):
         if len(servers) != plan.num_shards:
             raise ValueError(f"{len(servers)} server addresses for a plan of {plan.num_shards} shards")
@@ -79,7 +80,8 @@ class PSClient:
         if wire_dtype not in DTYPES:
             raise ValueError(f"wire_dtype must be one of {', '.join(DTYPES)}; got {wire_dtype!r}")
         self.wire_dtype = DTYPES[wire_dtype]
-        codec = make_codec(compress, seed=worker)  # ValueError for an unknown name
+        self.sign_scale = sign_scale
+        codec = make_codec(compress, seed=worker, sign_scale=sign_scale)  # ValueError for an unknown name
         if compress and codec is None:  # float16 / bfloat16: the cast wire_dtype makes
             if wire_dtype not in ("float32", CASTS[compress]):
                 raise ValueError(f"compress={compress!r} and wire_dtype={wire_dtype!r} disagree; give one")
@@ -235,7 +237,8 @@ class PSClient:
             raise ValueError("the shards run onebit_adam, which pushes float32 gradients then codec-compressed "
                              "momenta; remove wire_dtype/float16/bfloat16 compress")
         if self.encoder is None:
-            self.encoder = PushEncoder(make_codec("sign"), self.plan, **self._encoder_options)
+            self.encoder = PushEncoder(make_codec("sign", sign_scale=self.sign_scale), self.plan,
+                                       **self._encoder_options)
             self.compress = "sign"
 
     def _stop_heartbeat(self) -> None:

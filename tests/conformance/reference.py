@@ -138,7 +138,7 @@ class Reference:
             x = d + wk.error[s] if self.cfg.worker.error_feedback and s in wk.error else d.clone()
             draw = wk.draws.setdefault(s, torch.Generator().manual_seed(_draw_seed(wk.rank, s)))
             sent, chosen = received(name, x, covered(lo, hi, self.sizes, self.cfg.worker.compress_min_numel),
-                                    ratio=ratio, draw=draw)
+                                    ratio=ratio, draw=draw, sign_scale=self.cfg.worker.sign_scale)
             out[lo:hi] = sent
             if velocity is not None and chosen is not None and self.cfg.worker.momentum_masking:  # DGC's masking
                 velocity = velocity.index_fill(0, chosen, 0.0)

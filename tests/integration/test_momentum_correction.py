@@ -5,8 +5,8 @@ SGD momentum; Nesterov: the direction g + m u; weight decay added to g), accumul
 residual, sends the codec's part of it and keeps the rest; with momentum factor masking top-k also
 zeroes the velocity where it sent; the shards average and take plain SGD. Warm-up training (Sec. 3.3):
 over the first W pushes top-k's ratio is RATIO^((s+1)/5) in stage s = floor(4 clock / W) of four, as
-DGC's code computes its warm-up epochs' ratios. With --no-momentum-correction the shards' momentum
-takes the mean of the compressed gradients, as before."""
+DGC's code computes its warm-up epochs' ratios. Scaled sign with either scale (--sign-scale). With
+--no-momentum-correction the shards' momentum takes the mean of the compressed gradients, as before."""
 from __future__ import annotations
 
 import math
@@ -72,14 +72,18 @@ def topk(ratio: float, warmup: int = 0):
     return codec
 
 
-def sign(x: torch.Tensor, dense: torch.Tensor, clock: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scaled sign per chunk of 1024 of each shard range (mean |x| times +-1, +1 for x >= 0); no masking."""
-    out = torch.empty_like(x)
-    for lo, hi in _ranges():
-        for a in range(lo, hi, CHUNK):
-            b = min(a + CHUNK, hi)
-            out[a:b] = x[a:b].abs().mean() * torch.where(x[a:b] >= 0, 1.0, -1.0)
-    return torch.where(dense, x, out), torch.zeros_like(dense)
+def sign(scale: str):
+    """Scaled sign per chunk of 1024 of each shard range, +1 for x >= 0, times the chunk's root mean square
+    (l2: 1-bit Adam's, Tang et al. 2021) or mean |x| (l1: EF-SignSGD's, Karimireddy et al. 2019); no masking."""
+    def codec(x: torch.Tensor, dense: torch.Tensor, clock: int) -> tuple[torch.Tensor, torch.Tensor]:
+        out = torch.empty_like(x)
+        for lo, hi in _ranges():
+            for a in range(lo, hi, CHUNK):
+                b = min(a + CHUNK, hi)
+                s = x[a:b].square().mean().sqrt() if scale == "l2" else x[a:b].abs().mean()
+                out[a:b] = s * torch.where(x[a:b] >= 0, 1.0, -1.0)
+        return torch.where(dense, x, out), torch.zeros_like(dense)
+    return codec
 
 
 def dgc_reference(codec, min_numel: int, *, masking: bool, nesterov: bool = False,
@@ -165,7 +169,8 @@ def run_psrv(compress: str, min_numel: int, *, nesterov: bool = False, weight_de
 # case: compress, the reference's codec, compress_min_numel, the servers' optimizer, the worker's DGC settings
 CASES = {"topk-masking": ("topk:0.1", topk(0.1), 1024, {}, {"compress_warmup": 0, "momentum_masking": True}),
          "topk-warmup": ("topk:0.1", topk(0.1, warmup=4), 1024, {}, {"compress_warmup": 4}),
-         "sign": ("sign", sign, 0, {}, {}),  # every tensor compressed: sign's scales cover no dense element
+         "sign": ("sign", sign("l2"), 0, {}, {}),  # every tensor compressed: sign's scales cover no dense element
+         "sign-l1": ("sign", sign("l1"), 0, {}, {"sign_scale": "l1"}),
          "topk-nesterov-wd-warmup-masking": ("topk:0.1", topk(0.1, warmup=6), 1024,
                                              {"nesterov": True, "weight_decay": 1e-2},
                                              {"compress_warmup": 6, "momentum_masking": True})}
@@ -179,6 +184,9 @@ def test_momentum_correction_equals_deep_gradient_compression(case):
     assert (want - _flat(_model())).abs().max() > 1e-2  # the reference moved
     if not optim:  # the test can tell momentum correction from the servers' momentum
         assert (want - server_momentum_reference(codec, min_numel)).abs().max() > 1e-3
+    if compress == "sign":  # and the two scales give other weights
+        other = sign("l1" if dgc.get("sign_scale", "l2") == "l2" else "l2")
+        assert (want - dgc_reference(other, min_numel, masking=False, **optim)).abs().max() > 1e-4
     if compress.startswith("topk"):  # and the masking and the warm-up each change the weights
         masked = dgc_reference(codec, min_numel, masking=not dgc.get("momentum_masking", False), **optim)
         assert (want - masked).abs().max() > 1e-4
