@@ -55,7 +55,8 @@ class PSClient:
     `optimizer`) keeps the velocity here and pushes it for the shards' plain SGD
     (psrv/momentum_correction.py), zeroing it where top-k or random-k sent with `momentum_masking`.
     `compress_warmup`: the pushes of DGC's warm-up, over which their ratio rises to its own. `sign_scale`:
-    sign's per-chunk scale, l1 (mean |x|) or l2 (root mean square; psrv/codecs/sign.py). `wire`
+    sign's per-chunk scale, l1 (mean |x|), l2 (root mean square; psrv/codecs/sign.py) or auto (l2, but l1
+    under onebit_adam, which hello() finds out). `wire`
     counts the bytes of every frame sent and received (WireBytes). `shared_memory` and `bulk` offer
     those payload planes (zmq; psrv/transport/plane.py). `net` replaces the transport (tests wrap it
     to drop or duplicate messages)."""
@@ -80,8 +81,10 @@ class PSClient:
         if wire_dtype not in DTYPES:
             raise ValueError(f"wire_dtype must be one of {', '.join(DTYPES)}; got {wire_dtype!r}")
         self.wire_dtype = DTYPES[wire_dtype]
+        if sign_scale not in SIGN_SCALES:
+            raise ValueError(f"sign_scale must be one of {', '.join(SIGN_SCALES)}; got {sign_scale!r}")
         self.sign_scale = sign_scale
-        codec = make_codec(compress, seed=worker, sign_scale=sign_scale)  # ValueError for an unknown name
+        codec = make_codec(compress, seed=worker, sign_scale=_scale(sign_scale, onebit=False))  # ValueError: unknown
         if compress and codec is None:  # float16 / bfloat16: the cast wire_dtype makes
             if wire_dtype not in ("float32", CASTS[compress]):
                 raise ValueError(f"compress={compress!r} and wire_dtype={wire_dtype!r} disagree; give one")
@@ -236,8 +239,8 @@ class PSClient:
         if self.wire_dtype != torch.float32:
             raise ValueError("the shards run onebit_adam, which pushes float32 gradients then codec-compressed "
                              "momenta; remove wire_dtype/float16/bfloat16 compress")
-        if self.encoder is None:
-            self.encoder = PushEncoder(make_codec("sign", sign_scale=self.sign_scale), self.plan,
+        if self.encoder is None or (self.sign_scale == "auto" and self.compress == "sign"):  # auto: l1 here
+            self.encoder = PushEncoder(make_codec("sign", sign_scale=_scale(self.sign_scale, onebit=True)), self.plan,
                                        **self._encoder_options)
             self.compress = "sign"
 
@@ -446,3 +449,13 @@ def admin_request(address: str, kind: MsgType, *, curve_keys: str = "", name: st
     if reply.type is MsgType.ERROR:
         raise PSError(0, reply.fields.get("code", ErrorCode.INTERNAL), reply.fields.get("message", ""))
     return reply.fields
+
+
+SIGN_SCALES = ("auto", "l2", "l1")
+
+
+def _scale(sign_scale: str, *, onebit: bool) -> str:
+    """sign's scale for `sign_scale`: auto is l2, but l1 for onebit_adam's momenta (docs/compression.md)."""
+    if sign_scale != "auto":
+        return sign_scale
+    return "l1" if onebit else "l2"

@@ -315,12 +315,13 @@ class WorkerSettings(Section):
     momentum_masking: bool = setting(False, "with momentum correction and top-k or random-k, zero the velocity where "
                                      "a push sent (DGC's momentum factor masking, Lin et al. 2018; off by default: "
                                      "with the warm-up it left digits_mlp further from dense, docs/compression.md)")
-    sign_scale: str = setting("l2", "the scale of each chunk of --compress sign (also onebit_adam's default codec): "
-                              "l2, its root mean square (1-bit Adam's, Tang et al. 2021, as DeepSpeed computes "
-                              "it), or l1, its mean |x| (EF-SignSGD's, Karimireddy et al. 2019). l2 by default: with "
-                              "l1 the few large elements of a chunk kept most of their value waiting in the residual "
-                              "for tens of pushes, and a digits_mlp run came apart late (docs/compression.md)",
-                              choices=("l2", "l1"))
+    sign_scale: str = setting("auto", "the scale of each chunk of --compress sign: l2, its root mean square (1-bit "
+                              "Adam's, Tang et al. 2021, as DeepSpeed computes it), or l1, its mean |x| "
+                              "(EF-SignSGD's, Karimireddy et al. 2019). auto: l2, but l1 for onebit_adam's momenta "
+                              "(its step divides by the frozen variance, and l2's larger steps on weights of small "
+                              "variance diverged a digits_mlp run). l2 because with l1 a chunk's few large elements "
+                              "kept most of their value waiting in the residual for tens of pushes and a digits_mlp "
+                              "run came apart late (docs/compression.md)", choices=("auto", "l2", "l1"))
     compress_min_numel: int = setting(1024, "with --compress, tensors of fewer elements (biases, norms) are "
                                       "pushed dense", minimum=0, metavar="N")
     push_chunk_mb: float = setting(8.0, "a dense push bigger than this many MB goes in chunks that an async or ssp "

@@ -30,7 +30,7 @@ AXES: dict[str, tuple] = {
     "correction": ("on", "off"),
     "warmup": (0, 2),
     "masking": ("off", "on"),
-    "sign_scale": ("l2", "l1"),
+    "sign_scale": ("auto", "l2", "l1"),
     "mode": ("sync", "async", "ssp"),
     "optimizer": ("sgd", "nesterov", "adam", "adamw", "onebit_adam"),
     "rule": ("plain", "staleness-lr", "dc-asgd", "dc-asgd-a", "dn"),
@@ -102,8 +102,11 @@ def refusal(case: dict) -> str | None:
     if c["rule"] == "dn" and c["optimizer"] != "nesterov":
         return "dn is delayed Nesterov"
     sparse = c["codec"] in ("topk", "randomk")
-    if c["sign_scale"] != "l2" and not (c["codec"] == "sign" or c["codec"] == "none" and c["optimizer"] == "onebit_adam"):
+    onebit = c["optimizer"] == "onebit_adam"
+    if c["sign_scale"] != "auto" and not (c["codec"] == "sign" or c["codec"] == "none" and onebit):
         return "the scale is sign's (also onebit_adam's codec where none is given)"
+    if c["sign_scale"] == "l2" and not onebit:
+        return "auto is l2 there"
     if c["warmup"] and not sparse:
         return "the warm-up is top-k's and random-k's ratio"
     if c["masking"] == "on" and not (sparse and c["correction"] == "on" and c["ef"] == "on"

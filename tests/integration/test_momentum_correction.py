@@ -185,7 +185,7 @@ def test_momentum_correction_equals_deep_gradient_compression(case):
     if not optim:  # the test can tell momentum correction from the servers' momentum
         assert (want - server_momentum_reference(codec, min_numel)).abs().max() > 1e-3
     if compress == "sign":  # and the two scales give other weights
-        other = sign("l1" if dgc.get("sign_scale", "l2") == "l2" else "l2")
+        other = sign("l1" if dgc.get("sign_scale", "auto") == "auto" else "l2")  # auto: l2 here
         assert (want - dgc_reference(other, min_numel, masking=False, **optim)).abs().max() > 1e-4
     if compress.startswith("topk"):  # and the masking and the warm-up each change the weights
         masked = dgc_reference(codec, min_numel, masking=not dgc.get("momentum_masking", False), **optim)

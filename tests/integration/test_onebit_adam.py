@@ -57,14 +57,14 @@ def _set(model: torch.nn.Module, flat: torch.Tensor) -> None:
 
 
 def _sign(x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-    """Scaled sign (||x||_2 / sqrt(d)) sign(x), 1-bit Adam's scale (psrv's default, --sign-scale l2), over
-    each shard range's chunks of 1024 (+1 for x >= 0), ||x||_2 and d over the chunk's compressed elements
-    only; the elements of small tensors (`dense`) sent exactly."""
+    """Scaled sign (||x||_1 / d) sign(x) of EF-SignSGD (--sign-scale auto's under onebit_adam) over each
+    shard range's chunks of 1024 (+1 for x >= 0), ||x||_1 and d over the chunk's compressed elements only;
+    the elements of small tensors (`dense`) sent exactly."""
     out = x.clone()
     for lo, hi in PartitionPlan.from_module(_model(), SHARDS).ranges:
         for a in range(lo, hi, CHUNK):
             own = torch.arange(a, min(a + CHUNK, hi))[~dense[a:min(a + CHUNK, hi)]]
-            out[own] = x[own].square().mean().sqrt() * torch.where(x[own] >= 0, 1.0, -1.0)
+            out[own] = x[own].abs().mean() * torch.where(x[own] >= 0, 1.0, -1.0)
     return out
 
 
