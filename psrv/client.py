@@ -53,7 +53,10 @@ class PSClient:
     elements travelling dense beside it; or float16/bfloat16, the same as that wire_dtype. With a lossy
     codec, error feedback and shards that run SGD with momentum, `momentum_correction` (WELCOME's
     `optimizer`) keeps the velocity here and pushes it for the shards' plain SGD
-    (psrv/momentum_correction.py). `wire`
+    (psrv/momentum_correction.py), zeroing it where top-k or random-k sent with `momentum_masking`.
+    `compress_warmup`: the pushes of DGC's warm-up, over which their ratio rises to its own. `sign_scale`:
+    sign's per-chunk scale, l1 (mean |x|), l2 (root mean square; psrv/codecs/sign.py) or auto (l2, but l1
+    under onebit_adam, which hello() finds out). `wire`
     counts the bytes of every frame sent and received (WireBytes). `shared_memory` and `bulk` offer
     those payload planes (zmq; psrv/transport/plane.py). `net` replaces the transport (tests wrap it
     to drop or duplicate messages)."""
@@ -62,7 +65,8 @@ class PSClient:
                  transport: str = "zmq", timeout: float = 60.0, retry_interval: float = 1.0,
                  curve_keys: str = "", heartbeat: bool = True, wire_dtype: str = "float32",
                  compress: str = "", error_feedback: bool = True, compress_min_numel: int = 0,
-                 momentum_correction: bool = True, shared_memory: bool = False, bulk: bool = False,
+                 momentum_correction: bool = True, momentum_masking: bool = False, compress_warmup: int = 0,
+                 sign_scale: str = "l1", shared_memory: bool = False, bulk: bool = False,
                  net: ClientTransport | None = None, push_chunk_mb: float = 8.0):
         if len(servers) != plan.num_shards:
             raise ValueError(f"{len(servers)} server addresses for a plan of {plan.num_shards} shards")
@@ -77,19 +81,24 @@ class PSClient:
         if wire_dtype not in DTYPES:
             raise ValueError(f"wire_dtype must be one of {', '.join(DTYPES)}; got {wire_dtype!r}")
         self.wire_dtype = DTYPES[wire_dtype]
-        codec = make_codec(compress, seed=worker)  # ValueError for an unknown name
+        if sign_scale not in SIGN_SCALES:
+            raise ValueError(f"sign_scale must be one of {', '.join(SIGN_SCALES)}; got {sign_scale!r}")
+        self.sign_scale = sign_scale
+        codec = make_codec(compress, seed=worker, sign_scale=_scale(sign_scale, onebit=False))  # ValueError: unknown
         if compress and codec is None:  # float16 / bfloat16: the cast wire_dtype makes
             if wire_dtype not in ("float32", CASTS[compress]):
                 raise ValueError(f"compress={compress!r} and wire_dtype={wire_dtype!r} disagree; give one")
             self.wire_dtype = DTYPES[CASTS[compress]]
         elif codec is not None and wire_dtype != "float32":
             raise ValueError(f"compress={compress!r} sends float32 values; wire_dtype={wire_dtype!r} is another codec")
-        self.encoder = None if codec is None else PushEncoder(codec, plan, error_feedback=error_feedback,
-                                                              min_numel=compress_min_numel)
+        if not isinstance(compress_warmup, int) or compress_warmup < 0:
+            raise ValueError(f"compress_warmup must be an integer >= 0 (0: off); got {compress_warmup!r}")
+        self._encoder_options = {"error_feedback": error_feedback, "min_numel": compress_min_numel,
+                                 "warmup": compress_warmup}
+        self.encoder = None if codec is None else PushEncoder(codec, plan, **self._encoder_options)
         self.compress = compress  # the codec pushes run with (onebit_adam's sign where none was given)
-        self._encoder_options = {"error_feedback": error_feedback, "min_numel": compress_min_numel}
         self.onebit: LocalMomentum | None = None  # set by hello() when the shards run onebit_adam
-        self.momentum_correction = momentum_correction
+        self.momentum_correction, self.momentum_masking = momentum_correction, momentum_masking
         self.velocity: MomentumCorrection | None = None  # set by hello(): a lossy codec meets SGD momentum
         self._at: torch.Tensor | None = None  # the weights this push's gradient was computed at (weight decay)
         self.wire = WireBytes()
@@ -121,7 +130,8 @@ class PSClient:
             self._follow_onebit(welcomes)
             if self.momentum_correction and self.velocity is None and self.encoder is not None \
                     and self.encoder.error is not None:  # it corrects what error feedback's residual does
-                self.velocity = velocity_from(welcomes, self.ranges, mode=welcomes[0].get("mode", ""))
+                self.velocity = velocity_from(welcomes, self.ranges, mode=welcomes[0].get("mode", ""),
+                                              masking=self.momentum_masking)
         except ValueError:  # settings that do not fit the shards': leave, so no barrier waits for us
             self.leave(timeout=2.0)
             raise
@@ -229,8 +239,9 @@ class PSClient:
         if self.wire_dtype != torch.float32:
             raise ValueError("the shards run onebit_adam, which pushes float32 gradients then codec-compressed "
                              "momenta; remove wire_dtype/float16/bfloat16 compress")
-        if self.encoder is None:
-            self.encoder = PushEncoder(make_codec("sign"), self.plan, **self._encoder_options)
+        if self.encoder is None or (self.sign_scale == "auto" and self.compress == "sign"):  # auto: l1 here
+            self.encoder = PushEncoder(make_codec("sign", sign_scale=_scale(self.sign_scale, onebit=True)), self.plan,
+                                       **self._encoder_options)
             self.compress = "sign"
 
     def _stop_heartbeat(self) -> None:
@@ -303,7 +314,7 @@ class PSClient:
         if self.velocity is not None:
             grad, msg.fields = self.velocity.direction(grad, self._at, shard), {**msg.fields, "velocity": True}
         if self.encoder is not None:
-            codec, msg.parts = self.encoder.encode(grad, shard)
+            codec, msg.parts = self.encoder.encode(grad, shard, msg.clock)
             msg.fields = {**msg.fields, **codec}
             if self.velocity is not None:
                 self.velocity.mask(shard, self.encoder.chosen[shard])
@@ -438,3 +449,13 @@ def admin_request(address: str, kind: MsgType, *, curve_keys: str = "", name: st
     if reply.type is MsgType.ERROR:
         raise PSError(0, reply.fields.get("code", ErrorCode.INTERNAL), reply.fields.get("message", ""))
     return reply.fields
+
+
+SIGN_SCALES = ("auto", "l2", "l1")
+
+
+def _scale(sign_scale: str, *, onebit: bool) -> str:
+    """sign's scale for `sign_scale`: auto is l2, but l1 for onebit_adam's momenta (docs/compression.md)."""
+    if sign_scale != "auto":
+        return sign_scale
+    return "l1" if onebit else "l2"

@@ -5,9 +5,10 @@ Where a lossy push codec meets the servers' SGD momentum, error feedback's resid
 the servers' momentum buffer, which amplifies and delays it. Instead the worker keeps the velocity of
 its own gradients, torch SGD's buffer u <- m u + g (weight decay added to g first, as torch does; the
 step direction d = u, or g + m u with Nesterov), error feedback compresses d + e, and the shards step
-w <- w - lr * mean(pushes) without momentum of their own. A sparse codec (top-k, random-k) also zeroes
-the velocity where it sent (momentum factor masking), so what was sent does not push again through the
-velocity while the residual is still catching up. In sync the mean of the velocities is the velocity
+w <- w - lr * mean(pushes) without momentum of their own. With `masking` (DGC's momentum factor masking,
+off by default: docs/compression.md has why) a sparse codec (top-k, random-k) also zeroes the velocity
+where it sent, so what was sent does not push again through the velocity while the residual is still
+catching up. In sync the mean of the velocities is the velocity
 of the mean gradient (momentum is linear), so with an identity codec this is the servers' SGD exactly.
 
 The new velocity, like the residual, is kept once the shard applied the push (`settle`): a dropped
@@ -23,9 +24,11 @@ from psrv.config.sections import VELOCITY_RULES as FITTING_RULES  # the others n
 class MomentumCorrection:
     """This worker's velocity over the flat gradient, one shard range at a time."""
 
-    def __init__(self, ranges: list[tuple[int, int]], *, momentum: float, nesterov: bool, weight_decay: float):
+    def __init__(self, ranges: list[tuple[int, int]], *, momentum: float, nesterov: bool, weight_decay: float,
+                 masking: bool = False):
         total = ranges[-1][1] if ranges else 0
         self.ranges, self.momentum, self.nesterov, self.weight_decay = ranges, momentum, nesterov, weight_decay
+        self.masking = masking
         self.velocity = torch.zeros(total, dtype=torch.float32)
         self._next = torch.zeros_like(self.velocity)  # each shard's pending velocity
         self._direction = torch.zeros_like(self.velocity) if nesterov else None
@@ -53,9 +56,9 @@ class MomentumCorrection:
         return self._direction
 
     def mask(self, shard: int, chosen: torch.Tensor | None) -> None:
-        """Momentum factor masking: zero the pending velocity where a sparse codec sent (`chosen`,
-        shard-relative indices); None (sign, int8: every element goes) masks nothing."""
-        if chosen is not None and chosen.numel():
+        """Momentum factor masking (with `masking`): zero the pending velocity where a sparse codec sent
+        (`chosen`, shard-relative indices); None (sign, int8: every element goes) masks nothing."""
+        if self.masking and chosen is not None and chosen.numel():
             lo, hi = self.ranges[shard]
             self._next[lo:hi].index_fill_(0, chosen.to(device=self._next.device, dtype=torch.int64), 0.0)
 
@@ -87,7 +90,8 @@ class MomentumCorrection:
         self._pending.clear()
 
 
-def from_welcomes(welcomes: list[dict], ranges: list[tuple[int, int]], *, mode: str) -> MomentumCorrection | None:
+def from_welcomes(welcomes: list[dict], ranges: list[tuple[int, int]], *, mode: str,
+                  masking: bool = False) -> MomentumCorrection | None:
     """The MomentumCorrection the shards' optimizer asks for (WELCOME's `optimizer`): one where they run
     SGD with momentum, None where they take no momentum; ValueError where they disagree, or where their
     settings need the raw gradient (an update rule other than plain or staleness-lr, sync's clip)."""
@@ -108,4 +112,4 @@ def from_welcomes(welcomes: list[dict], ranges: list[tuple[int, int]], *, mode: 
                          f"velocities, and {why}: run the workers with --no-momentum-correction "
                          "(psrv.Worker(momentum_correction=False))")
     return MomentumCorrection(ranges, momentum=float(optim["momentum"]), nesterov=bool(optim.get("nesterov")),
-                              weight_decay=float(optim.get("weight_decay", 0.0)))
+                              weight_decay=float(optim.get("weight_decay", 0.0)), masking=masking)

@@ -90,7 +90,11 @@ class Worker:
     `wire_bytes()` says what went over the wire. With a lossy codec, its error feedback and servers that
     run SGD with momentum, `momentum_correction` (on unless False) keeps the velocity here, pushes it compressed and
     the servers step it without momentum of their own (Lin et al. 2018, DGC; psrv/momentum_correction.py;
-    its velocity is in state_dict()). Under onebit_adam (the shards' WELCOME says so) the
+    its velocity is in state_dict()), zeroing it where top-k or random-k sent with `momentum_masking`.
+    `compress_warmup` (default 50; 0: off): DGC's warm-up training, top-k's and random-k's ratio rising to
+    RATIO in four stages over the first that many pushes (docs/compression.md). `sign_scale` ("auto", the
+    default: l2, but l1 under onebit_adam; "l2"; "l1"): the scale of sign's chunks, root mean square or
+    mean |x| (psrv/codecs/sign.py). Under onebit_adam (the shards' WELCOME says so) the
     worker keeps its own momentum and pushes it, compressed by `compress` (default sign), after the
     freeze step (psrv/onebit.py); state_dict() holds that momentum too.
 
@@ -104,8 +108,8 @@ class Worker:
                  timeout: float = 60.0, curve_keys: str = "", wire_dtype: str = "float32",
                  overlap: bool = True, clip_grad_norm: float | None = 0.0, local_steps: int | str | None = None,
                  compress: str = "", error_feedback: bool = True, compress_min_numel: int = 1024,
-                 momentum_correction: bool = True, shared_memory: str = "auto", bulk: str = "off",
-                 push_chunk_mb: float = 8.0):
+                 momentum_correction: bool = True, momentum_masking: bool = False, compress_warmup: int = 50,
+                 sign_scale: str = "auto", shared_memory: str = "auto", bulk: str = "off", push_chunk_mb: float = 8.0):
         if local_steps is not None:
             try:
                 local_steps = parse_local_steps(local_steps)
@@ -124,6 +128,8 @@ class Worker:
                                 transport=transport, timeout=timeout, curve_keys=curve_keys, wire_dtype=wire_dtype,
                                 compress=compress, error_feedback=error_feedback,
                                 compress_min_numel=compress_min_numel, momentum_correction=momentum_correction,
+                                momentum_masking=momentum_masking, compress_warmup=compress_warmup,
+                                sign_scale=sign_scale,
                                 push_chunk_mb=push_chunk_mb,
                                 **planes(shared_memory, bulk, curve_keys))
         # Shared memory: pushes read in place. Shared from an untouched buffer, which costs no resident memory

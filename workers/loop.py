@@ -69,7 +69,8 @@ def train(cfg: WorkerConfig, *, metrics=None, progress=None) -> dict:
                     overlap=cfg.overlap and not faults.active, clip_grad_norm=cfg.clip_grad_norm,
                     local_steps=cfg.local_steps if cfg.local_updates else None,
                     compress=cfg.compress, error_feedback=cfg.error_feedback,
-                    momentum_correction=cfg.momentum_correction,
+                    momentum_correction=cfg.momentum_correction, momentum_masking=cfg.momentum_masking,
+                    compress_warmup=cfg.compress_warmup, sign_scale=cfg.sign_scale,
                     compress_min_numel=cfg.compress_min_numel, shared_memory=cfg.shared_memory, bulk=cfg.bulk,
                     push_chunk_mb=cfg.push_chunk_mb)
         record["plan_hash"] = ps.plan.hash

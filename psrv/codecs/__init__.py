@@ -13,8 +13,9 @@ from psrv.codecs.topk import TopK
 LOSSY = {"topk": TopK, "randomk": RandomK, "sign": Sign, "int8": Int8}  # decoders by header name
 
 
-def make(spec: str, *, seed: int = 0) -> Codec | None:
-    """The lossy codec `spec` names; None for '' and for the casts (the client casts those)."""
+def make(spec: str, *, seed: int = 0, sign_scale: str = "l1") -> Codec | None:
+    """The lossy codec `spec` names (sign with `sign_scale`, psrv/codecs/sign.py); None for '' and for
+    the casts (the client casts those)."""
     if not spec:
         return None
     name, ratio = parse(spec)
@@ -22,6 +23,8 @@ def make(spec: str, *, seed: int = 0) -> Codec | None:
         return TopK(ratio)
     if name == "randomk":
         return RandomK(ratio, seed=seed)
+    if name == "sign":
+        return Sign(scale=sign_scale)
     return LOSSY[name]() if name in LOSSY else None
 
 

@@ -16,7 +16,7 @@ import torch
 
 from psrv.codecs import LOSSY
 from psrv.codecs.base import Codec, Decoded, bad
-from psrv.codecs.sparse import SparseDecoded
+from psrv.codecs.sparse import SparseDecoded, warmup_ratio
 from psrv.partition import PartitionPlan
 from psrv.protocol import ErrorCode, ProtocolError
 
@@ -53,11 +53,12 @@ class PushEncoder:
     The residual a push leaves is pending until its shard answers: `settle(shard, applied=True)`
     makes it the residual, `applied=False` (dropped late, or non-finite) keeps the one before, so
     the residual owed from earlier pushes is never lost with a dropped one. `chosen[shard]`: the
-    shard-relative indices a sparse codec sent in the last push (None for sign and int8)."""
+    shard-relative indices a sparse codec sent in the last push (None for sign and int8). `warmup`: the
+    pushes of DGC's warm-up training, over which a sparse codec's ratio rises to its own (`warmup_ratio`)."""
 
     def __init__(self, codec: Codec, plan: PartitionPlan, *, error_feedback: bool = True, min_numel: int = 0,
-                 device: torch.device | str = "cpu"):
-        self.codec, self.ranges = codec, plan.ranges
+                 warmup: int = 0, device: torch.device | str = "cpu"):
+        self.codec, self.ranges, self.warmup = codec, plan.ranges, warmup
         self.codecs = [codec.for_shard(s) for s in range(plan.num_shards)]
         self.error = torch.zeros(plan.total, dtype=torch.float32, device=device) if error_feedback else None
         self._next = torch.zeros_like(self.error) if error_feedback else None  # each shard's pending residual
@@ -66,16 +67,21 @@ class PushEncoder:
         self.dense = [dense_ranges(plan, s, min_numel) for s in range(plan.num_shards)]
         self.among = [_complement(r, hi - lo, device) for r, (lo, hi) in zip(self.dense, self.ranges)]
 
-    def encode(self, grad: torch.Tensor, shard: int) -> tuple[dict, dict[str, torch.Tensor]]:
-        """(fields, parts) of shard's push of the flat `grad`; the residual it leaves waits for `settle`."""
+    def encode(self, grad: torch.Tensor, shard: int, clock: int = 0) -> tuple[dict, dict[str, torch.Tensor]]:
+        """(fields, parts) of shard's push of the flat `grad` at `clock` (the warm-up's); the residual it
+        leaves waits for `settle`."""
         lo, hi = self.ranges[shard]
         if self.error is not None and self.error.device != grad.device:  # the model's device (a GPU)
             self.error, self._next = self.error.to(grad.device), self._next.to(grad.device)
         if self.among[shard] is not None and self.among[shard].device != grad.device:
             self.among[shard] = self.among[shard].to(grad.device)
         x = grad[lo:hi].float() if self.error is None else grad[lo:hi] + self.error[lo:hi]
-        parts = self.codecs[shard].encode(x, self.among[shard])
         fields = {"name": self.codec.name, **self.codec.params(), "n": hi - lo}
+        if "ratio" in fields and self.warmup:  # top-k, random-k: the header says the ratio this push sent
+            fields["ratio"] = warmup_ratio(fields["ratio"], clock, self.warmup)
+            parts = self.codecs[shard].encode(x, self.among[shard], ratio=fields["ratio"])
+        else:
+            parts = self.codecs[shard].encode(x, self.among[shard])
         if self.dense[shard]:
             fields["dense"] = self.dense[shard]
             parts["dense"] = torch.cat([x[a:b] for a, b in self.dense[shard]])

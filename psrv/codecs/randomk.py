@@ -23,9 +23,11 @@ class RandomK(Codec):
     def params(self) -> dict:
         return {"ratio": self.ratio}
 
-    def encode(self, x: torch.Tensor, among: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    def encode(self, x: torch.Tensor, among: torch.Tensor | None, ratio: float | None = None) -> dict[str, torch.Tensor]:
+        """`ratio`: this push's, where it is not RATIO (the warm-up's)."""
         n = x.numel() if among is None else among.numel()
-        chosen = torch.randperm(n, generator=self.generator)[:count(self.ratio, n)].to(x.device)
+        k = count(self.ratio if ratio is None else ratio, n)
+        chosen = torch.randperm(n, generator=self.generator)[:k].to(x.device)
         return parts_of(x, chosen if among is None else among[chosen])
 
     decode = staticmethod(decode_sparse)

@@ -1,27 +1,45 @@
 """sign: scaled sign, 1 bit per element. Each chunk of CHUNK elements (psrv/codecs/chunked.py) is
 sent as its signs, packed 8 to a byte (numpy.packbits, little bit order; a set bit is x >= 0), and
-one scale s, so the chunk decodes to s * sign(x). This is the scaled sign C(x) = (||x||_1 / d) sign(x)
-of EF-SignSGD (Karimireddy et al. 2019, "Error Feedback Fixes SignSGD and other Gradient Compression
-Schemes", Algorithm 1), taken per chunk rather than per tensor: s = sum|x_i| / d over the d elements
-of the chunk that the codec covers (`among`; the others travel dense, are sent as +s and written over
-by the shard), s = 0 for a chunk it does not cover at all. A NaN or Inf among them makes s NaN or Inf."""
+one scale s, so the chunk decodes to s * sign(x). The scale is taken over the d elements of the chunk
+that the codec covers (`among`; the others travel dense, are sent as +s and written over by the
+shard), s = 0 for a chunk it does not cover at all, by one of two rules (`scale`):
+
+- "l1": s = sum|x_i| / d, the scaled sign C(x) = (||x||_1 / d) sign(x) of EF-SignSGD (Karimireddy et al.
+  2019, "Error Feedback Fixes SignSGD and other Gradient Compression Schemes", Algorithm 1);
+- "l2": s = sqrt(sum x_i^2 / d) = ||x||_2 / sqrt(d), 1-bit Adam's (Tang et al. 2021, as DeepSpeed's
+  compressed_allreduce computes it). It is at least the l1 scale, by the most where a few elements
+  dominate the chunk: those get more of their value through per push, so less of it waits in the
+  error-feedback residual (docs/compression.md, "Momentum correction").
+
+Taken per chunk rather than per tensor. A NaN or Inf among the covered elements makes s NaN or Inf.
+The decoder needs neither rule: the scales travel."""
 from __future__ import annotations
 
 import numpy as np
 import torch
 
 from psrv.codecs.base import part
-from psrv.codecs.chunked import ChunkedCodec, DenseDecoded, chunk_param, chunks, covered, expand, per_chunk
+from psrv.codecs.chunked import CHUNK, ChunkedCodec, DenseDecoded, chunk_param, chunks, covered, expand, per_chunk
+
+
+SCALES = ("l2", "l1")
 
 
 class Sign(ChunkedCodec):
     name = "sign"
 
+    def __init__(self, chunk: int = CHUNK, scale: str = "l1"):
+        if scale not in SCALES:
+            raise ValueError(f"sign's scale must be one of {', '.join(SCALES)}; got {scale!r}")
+        super().__init__(chunk)
+        self.scale = scale
+
     def encode(self, x: torch.Tensor, among: torch.Tensor | None) -> dict[str, torch.Tensor]:
         x, counts = covered(x, among, self.chunk)
-        sums = per_chunk(x.abs(), self.chunk, lambda rows: rows.sum(dim=1))
+        mags = x.abs() if self.scale == "l1" else x.square()
+        means = per_chunk(mags, self.chunk, lambda rows: rows.sum(dim=1)) / counts.clamp(min=1)
         bits = np.packbits((x >= 0).cpu().numpy(), bitorder="little")
-        return {"bits": torch.from_numpy(bits), "scales": sums / counts.clamp(min=1)}
+        return {"bits": torch.from_numpy(bits), "scales": means if self.scale == "l1" else means.sqrt()}
 
     @staticmethod
     def decode(parts: dict[str, torch.Tensor], params: dict, n: int) -> DenseDecoded:

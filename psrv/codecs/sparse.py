@@ -1,5 +1,6 @@
 """What top-k and random-k send: int32 indices into the shard's range and the float32 values there.
-The server adds them into its accumulator with one scatter-add (index_add_)."""
+The server adds them into its accumulator with one scatter-add (index_add_). Their ratio over the first
+pushes: `warmup_ratio` (DGC's warm-up training)."""
 from __future__ import annotations
 
 import math
@@ -12,6 +13,16 @@ from psrv.codecs.base import Decoded, bad, part
 def count(ratio: float, n: int) -> int:
     """How many of n elements a RATIO keeps: ceil(ratio * n), at least 1 (of a non-empty vector)."""
     return min(n, max(1 if n else 0, math.ceil(ratio * n)))
+
+
+def warmup_ratio(ratio: float, clock: int, pushes: int) -> float:
+    """The ratio a sparse codec sends at push `clock` under Deep Gradient Compression's warm-up training
+    (Lin et al. 2018): over the first `pushes` pushes four stages of pushes/4, stage s sending
+    RATIO^((s+1)/5), as DGC's code takes its warm-up epochs' ratios (coefficient RATIO^(1/(W+1)), W = 4);
+    for RATIO 0.001 that is the paper's 75%, 93.75%, 98.4%, 99.6% sparsity. RATIO itself from then on."""
+    if clock >= pushes:
+        return ratio
+    return ratio ** ((4 * clock // pushes + 1) / 5)
 
 
 def parts_of(x: torch.Tensor, chosen: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -17,9 +17,10 @@ class TopK(Codec):
     def params(self) -> dict:
         return {"ratio": self.ratio}
 
-    def encode(self, x: torch.Tensor, among: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    def encode(self, x: torch.Tensor, among: torch.Tensor | None, ratio: float | None = None) -> dict[str, torch.Tensor]:
+        """`ratio`: this push's, where it is not RATIO (the warm-up's)."""
         pool = x if among is None else x[among]
-        k = count(self.ratio, pool.numel())
+        k = count(self.ratio if ratio is None else ratio, pool.numel())
         chosen = torch.topk(pool.abs(), k, sorted=False).indices
         return parts_of(x, chosen if among is None else among[chosen])
 

@@ -307,6 +307,21 @@ class WorkerSettings(Section):
                                         "velocity, pushes it compressed with error feedback and the servers step it "
                                         "without momentum of their own: Lin et al. 2018, DGC; docs/compression.md)",
                                         flag="no-momentum-correction")
+    compress_warmup: int = setting(50, "the warm-up training of Deep Gradient Compression (Lin et al. 2018, ICLR): "
+                                   "over the first N pushes top-k's and random-k's ratio rises to RATIO in four stages "
+                                   "of N/4 pushes, stage s sending RATIO^((s+1)/5) (as DGC's code computes its warm-up "
+                                   "epochs' ratios: 75%, 93.75%, 98.4%, 99.6% sparsity before 99.9%); 0: RATIO from the "
+                                   "first push; docs/compression.md", minimum=0, metavar="N")
+    momentum_masking: bool = setting(False, "with momentum correction and top-k or random-k, zero the velocity where "
+                                     "a push sent (DGC's momentum factor masking, Lin et al. 2018; off by default: "
+                                     "with the warm-up it left digits_mlp further from dense, docs/compression.md)")
+    sign_scale: str = setting("auto", "the scale of each chunk of --compress sign: l2, its root mean square (1-bit "
+                              "Adam's, Tang et al. 2021, as DeepSpeed computes it), or l1, its mean |x| "
+                              "(EF-SignSGD's, Karimireddy et al. 2019). auto: l2, but l1 for onebit_adam's momenta "
+                              "(its step divides by the frozen variance, and l2's larger steps on weights of small "
+                              "variance diverged a digits_mlp run). l2 because with l1 a chunk's few large elements "
+                              "kept most of their value waiting in the residual for tens of pushes and a digits_mlp "
+                              "run came apart late (docs/compression.md)", choices=("auto", "l2", "l1"))
     compress_min_numel: int = setting(1024, "with --compress, tensors of fewer elements (biases, norms) are "
                                       "pushed dense", minimum=0, metavar="N")
     push_chunk_mb: float = setting(8.0, "a dense push bigger than this many MB goes in chunks that an async or ssp "

@@ -28,6 +28,9 @@ AXES: dict[str, tuple] = {
     "codec": ("none", "topk", "randomk", "sign", "int8"),
     "ef": ("on", "off"),
     "correction": ("on", "off"),
+    "warmup": (0, 2),
+    "masking": ("off", "on"),
+    "sign_scale": ("auto", "l2", "l1"),
     "mode": ("sync", "async", "ssp"),
     "optimizer": ("sgd", "nesterov", "adam", "adamw", "onebit_adam"),
     "rule": ("plain", "staleness-lr", "dc-asgd", "dc-asgd-a", "dn"),
@@ -69,7 +72,8 @@ def run_config(case: dict, *, workers: int | None = None) -> RunConfig:
     if c["schedule"] != "constant":
         optimizer.update(lr_schedule=c["schedule"], warmup_steps=1, lr_decay_steps=STEPS)
     worker = {"wire_dtype": c["wire"], "compress": codec, "error_feedback": c["ef"] == "on",
-              "momentum_correction": c["correction"] == "on",
+              "momentum_correction": c["correction"] == "on", "compress_warmup": c["warmup"],
+              "momentum_masking": c["masking"] == "on", "sign_scale": c["sign_scale"],
               "push_chunk_mb": CHUNK_MB if c["chunks"] == "on" else 0.0, "overlap": c["overlap"] == "on",
               "local_steps": c["local"], "request_timeout": 30.0}
     if c["local"] > 1:
@@ -97,6 +101,17 @@ def refusal(case: dict) -> str | None:
         return "psrv run's workers free-run: which push a backup worker's clock leaves out is not fixed"
     if c["rule"] == "dn" and c["optimizer"] != "nesterov":
         return "dn is delayed Nesterov"
+    sparse = c["codec"] in ("topk", "randomk")
+    onebit = c["optimizer"] == "onebit_adam"
+    if c["sign_scale"] != "auto" and not (c["codec"] == "sign" or c["codec"] == "none" and onebit):
+        return "the scale is sign's (also onebit_adam's codec where none is given)"
+    if c["sign_scale"] == "l2" and not onebit:
+        return "auto is l2 there"
+    if c["warmup"] and not sparse:
+        return "the warm-up is top-k's and random-k's ratio"
+    if c["masking"] == "on" and not (sparse and c["correction"] == "on" and c["ef"] == "on"
+                                     and c["optimizer"] in ("sgd", "nesterov")):
+        return "momentum factor masking needs momentum correction (error feedback, SGD momentum) over top-k or random-k"
     return _refused_by_psrv(tuple(sorted(c.items())))
 
 

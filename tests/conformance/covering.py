@@ -39,7 +39,7 @@ def _valid(case: dict) -> bool:
     return refusal(case) is None
 
 
-def _complete(fixed: dict, rng: random.Random, tries: int = 300) -> dict | None:
+def _complete(fixed: dict, rng: random.Random, tries: int = 3000) -> dict | None:
     """A valid case holding `fixed`: the defaults first, then random levels for the other axes."""
     case = {**DEFAULT, **fixed}
     if _valid(case):

@@ -4,15 +4,19 @@ small tensors (under compress_min_numel) sent exactly beside the codec, and erro
 
 - top-k (Aji and Heafield 2017): the k = ceil(ratio n) largest |x_i| among the covered elements, exact.
 - random-k (Stich et al. 2018): k covered elements drawn uniformly without replacement, exact.
-- scaled sign (Karimireddy et al. 2019, EF-SignSGD), per block of 1024 elements: mean |x_i| over the
-  block's covered elements, times sign(x_i) (+1 for x_i >= 0).
+- their warm-up (Lin et al. 2018, Deep Gradient Compression's warm-up training, as its code computes the
+  warm-up epochs' ratios): over the first W pushes, the push of clock c sends ratio^((s+1)/5) in stage
+  s = floor(4c/W) of four (reference.py gives `received` that ratio).
+- scaled sign, per block of 1024 elements: sign(x_i) (+1 for x_i >= 0) times, over the block's covered
+  elements, sqrt(mean x_i^2) (l2: 1-bit Adam's, Tang et al. 2021) or mean |x_i| (l1: EF-SignSGD's,
+  Karimireddy et al. 2019).
 - int8 (absmax, per block of 1024): s = max |x_i| over the block's covered elements / 127, q = round(x/s)
   clamped to [-127, 127], received as q s; an all-zero block has s = 1.
 - error feedback (EF-SGD, Karimireddy et al. 2019): x = g + e; send C(x); e <- x - C(x) once the push
   was applied (a dropped push leaves e as it was).
 - momentum correction (Lin et al. 2018, Deep Gradient Compression, Algorithm 1 with momentum factor
   masking), where the servers run SGD with momentum m: u <- m u + (g + wd w); x = u (Nesterov: g + wd w
-  + m u) + e; send C(x); zero u where a sparse codec sent; the servers step w <- w - lr C(x), no momentum
+  + m u) + e; send C(x); with masking, zero u where a sparse codec sent; the servers step w <- w - lr C(x), no momentum
   of their own (reference.py does the worker's half, ref_optim.py the servers').
 """
 from __future__ import annotations
@@ -41,8 +45,8 @@ def _blocks(x: torch.Tensor) -> list[slice]:
     return [slice(i, min(i + BLOCK, x.numel())) for i in range(0, x.numel(), BLOCK)]
 
 
-def received(name: str, x: torch.Tensor, cover: torch.Tensor, *, ratio: float,
-             draw: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def received(name: str, x: torch.Tensor, cover: torch.Tensor, *, ratio: float, draw: torch.Generator | None,
+             sign_scale: str = "l1") -> tuple[torch.Tensor, torch.Tensor | None]:
     """(what the shard decodes for the slice x (float32): the codec on the covered elements, x exactly on
     the others; the positions a sparse codec chose, None for a dense one)."""
     out = x.clone()
@@ -63,7 +67,8 @@ def received(name: str, x: torch.Tensor, cover: torch.Tensor, *, ratio: float,
             continue
         mags = xb[cb].abs()
         if name == "sign":
-            value = torch.where(xb >= 0, 1.0, -1.0) * mags.mean()
+            scale = mags.square().mean().sqrt() if sign_scale == "l2" else mags.mean()
+            value = torch.where(xb >= 0, 1.0, -1.0) * scale
         elif name == "int8":
             s = mags.max() / 127
             s = torch.where(s == 0, torch.ones_like(s), s)

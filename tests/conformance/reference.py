@@ -125,6 +125,9 @@ class Reference:
         if not name:
             return v.to(CAST[self.cfg.worker.wire_dtype]).float(), True, {}
         ratio = float(self.codec.partition(":")[2] or 0)
+        warmup = self.cfg.worker.compress_warmup
+        if ratio and clock < warmup:  # DGC's warm-up training: stage s of four sends RATIO^((s+1)/5)
+            ratio = ratio ** ((4 * clock // warmup + 1) / 5)
         out, keep = v.clone(), {}
         for s, (lo, hi) in enumerate(self.ranges):
             d, velocity = v[lo:hi], None
@@ -136,12 +139,17 @@ class Reference:
             x = d + wk.error[s] if self.cfg.worker.error_feedback and s in wk.error else d.clone()
             draw = wk.draws.setdefault(s, torch.Generator().manual_seed(_draw_seed(wk.rank, s)))
             sent, chosen = received(name, x, covered(lo, hi, self.sizes, self.cfg.worker.compress_min_numel),
-                                    ratio=ratio, draw=draw)
+                                    ratio=ratio, draw=draw, sign_scale=self._sign_scale())
             out[lo:hi] = sent
-            if velocity is not None and chosen is not None:  # momentum factor masking
+            if velocity is not None and chosen is not None and self.cfg.worker.momentum_masking:  # DGC's masking
                 velocity = velocity.index_fill(0, chosen, 0.0)
             keep[s] = (x - sent if self.cfg.worker.error_feedback else None, velocity)
         return out, True, keep
+
+    def _sign_scale(self) -> str:
+        """sign's scale: the setting's, auto being l2, but l1 (EF-SignSGD's) for onebit_adam's momenta."""
+        scale = self.cfg.worker.sign_scale
+        return scale if scale != "auto" else "l1" if self.onebit else "l2"
 
     # --- the server's half -----------------------------------------------------------------
     def _settle(self, wk: _Worker, finite: bool) -> str:

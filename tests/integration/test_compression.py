@@ -60,10 +60,11 @@ def _train(addresses, steps: int, **kw) -> psrv.Worker:
 def test_the_bytes_measured_on_the_wire(spec, low, high):
     """Every tensor compressed (compress_min_numel 0): topk:0.01 sends 1% of the elements as 4-byte
     values and 4-byte indices, 2% of the float32 bytes; sign 1 bit per element (1/32) and a float32
-    scale per 1024 elements (1/1024); the headers add about 0.1% (two of about 110 bytes a step)."""
+    scale per 1024 elements (1/1024); the headers add about 0.1% (two of about 110 bytes a step). Without
+    the warm-up (compress_warmup 0): top-k sends its ratio from the first push."""
     shards = Shards()
     with shards as addresses:
-        ps = _train(addresses, steps=3, compress=spec, compress_min_numel=0)
+        ps = _train(addresses, steps=3, compress=spec, compress_min_numel=0, compress_warmup=0)
         ps.close()
         wire = ps.wire_bytes()
     assert wire["dense_push_bytes"] == 3 * 4 * sum(p.numel() for p in _model().parameters())
@@ -72,6 +73,17 @@ def test_the_bytes_measured_on_the_wire(spec, low, high):
     # (its own sockets, not counted: tens of bytes each)
     assert 0 <= sum(s["bytes_in"] for s in shards.summaries) - wire["bytes_sent"] < 1000
     assert 0 <= sum(s["bytes_out"] for s in shards.summaries) - wire["bytes_received"] < 1000
+
+
+def test_the_warm_up_sends_the_larger_ratios_of_its_stages_first():
+    """compress_warmup 4 (DGC's warm-up, a stage a push): pushes 0, 1, 2 of topk:0.01 send 0.01^(1/5),
+    0.01^(2/5), 0.01^(3/5) of the elements, 8 bytes each against float32's 4, plus the headers."""
+    with Shards() as addresses:
+        ps = _train(addresses, steps=3, compress="topk:0.01", compress_min_numel=0, compress_warmup=4)
+        ps.close()
+        wire = ps.wire_bytes()
+    want = 2 * sum(0.01 ** (s / 5) for s in (1, 2, 3)) / 3
+    assert want <= wire["bytes_pushed"] / wire["dense_push_bytes"] <= want + 0.0015, (want, wire)
 
 
 def test_error_buffers_are_saved_and_restored_through_state_dict(tmp_path):
@@ -101,7 +113,7 @@ def test_local_steps_push_a_compressed_pseudo_gradient():
     with Shards() as addresses:
         model = _model()
         ps = psrv.Worker(model, addresses, rank=0, world_size=1, timeout=20, local_steps=2,
-                         compress="topk:0.1", compress_min_numel=0)
+                         compress="topk:0.1", compress_min_numel=0, compress_warmup=0)
         x, y = torch.randn(64, 256), torch.randn(64, 1)
         for _ in range(4):
             torch.nn.functional.mse_loss(model(x), y).backward()

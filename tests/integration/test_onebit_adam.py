@@ -57,9 +57,9 @@ def _set(model: torch.nn.Module, flat: torch.Tensor) -> None:
 
 
 def _sign(x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-    """Scaled sign (||x||_1 / d) sign(x) of EF-SignSGD over each shard range's chunks of 1024 (+1 for
-    x >= 0), ||x||_1 and d over the chunk's compressed elements only; the elements of small tensors
-    (`dense`) sent exactly."""
+    """Scaled sign (||x||_1 / d) sign(x) of EF-SignSGD (--sign-scale auto's under onebit_adam) over each
+    shard range's chunks of 1024 (+1 for x >= 0), ||x||_1 and d over the chunk's compressed elements only;
+    the elements of small tensors (`dense`) sent exactly."""
     out = x.clone()
     for lo, hi in PartitionPlan.from_module(_model(), SHARDS).ranges:
         for a in range(lo, hi, CHUNK):

@@ -52,7 +52,8 @@ def free_port() -> int:
 
 def _args(mode: str) -> list[str]:
     # ssp also carries compressed pushes: the codec's parts as a list of tensors (psrv/codecs)
-    extra = ["--staleness", "1", "--compress", "topk:0.1", "--compress-min-numel", "0"] if mode == "ssp" else []
+    extra = ["--staleness", "1", "--compress", "topk:0.1", "--compress-min-numel", "0",
+             "--compress-warmup", "0"] if mode == "ssp" else []
     return ["--mode", mode, "--servers", "2", "--workers", "2", "--steps", str(STEPS), *extra]
 
 

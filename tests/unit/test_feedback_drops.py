@@ -169,10 +169,11 @@ def ef_sgd_reference(*, keep_on_drop: bool = True, momentum: float = 0.0) -> tor
 def test_a_late_push_keeps_the_residual_owed_from_earlier_pushes(momentum):
     """sync, 3 workers, 1 backup worker, 2 shards, top-k 25% with error feedback, each shard hearing
     the workers in its own order (ORDERS): the weights equal the EF-SGD reference to 1e-6 (with SGD
-    momentum 0.9: momentum correction's)."""
+    momentum 0.9: momentum correction's, with momentum factor masking)."""
     cfgs = _cfgs(WORKERS, "sync", OptimConfig("sgd", lr=LR, momentum=momentum), backup_workers=1)
     cluster = InProcess(cfgs)
-    clients = [cluster.client(r, SMALL, compress=f"topk:{RATIO}", compress_min_numel=0) for r in range(WORKERS)]
+    clients = [cluster.client(r, SMALL, compress=f"topk:{RATIO}", compress_min_numel=0, momentum_masking=True)
+               for r in range(WORKERS)]
     welcomes = [c.hello() for c in clients]
     weights = [torch.zeros(SMALL.total) for _ in clients]
     clients[0].init(torch.zeros(SMALL.total))
