@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 import torch
 from torch.nn.utils import parameters_to_vector
 
-from psrv.client import PSError
+from psrv.client import PSError, admin_request
 from psrv.config import RunConfig
+from psrv.protocol import MsgType
 from psrv.server.run import Server
 from psrv.worker import StepInfo, Worker
 from tests.conformance import job as tiny
@@ -40,33 +41,61 @@ def order(step: int, ranks: list[int]) -> list[int]:
 
 
 class Turns:
-    """The workers' turns, one whole step each, in `order`; a worker that stops gives up its turns."""
+    """The workers' turns, one whole step each, in `order`; a worker that stops gives up its turns.
+    `wait` returns the turn's ticket; `done(ticket)` passes it on (once: a second call does nothing)."""
 
     def __init__(self, ranks: list[int], steps: int, *, free: bool):
-        self.queue = [r for step in range(steps) for r in order(step, ranks)]
-        self.free, self.stopped = free, set()
+        self.schedule = [r for step in range(steps) for r in order(step, ranks)]
+        self.at, self.free, self.stopped = 0, free, set()
         self.cond = threading.Condition()
 
     def _head(self) -> int | None:
-        while self.queue and self.queue[0] in self.stopped:
-            self.queue.pop(0)
-        return self.queue[0] if self.queue else None
+        while self.at < len(self.schedule) and self.schedule[self.at] in self.stopped:
+            self.at += 1
+        return self.schedule[self.at] if self.at < len(self.schedule) else None
 
-    def wait(self, rank: int) -> None:
+    def wait(self, rank: int) -> int:
         with self.cond:
             if not self.cond.wait_for(lambda: self.free or self._head() == rank, TIMEOUT):
                 raise TimeoutError(f"worker {rank} never got its turn")
+            return self.at
 
-    def done(self, rank: int) -> None:
+    def done(self, ticket: int) -> None:
         with self.cond:
-            if not self.free and self._head() == rank:
-                self.queue.pop(0)
+            if not self.free and self.at == ticket:
+                self.at += 1
             self.cond.notify_all()
 
     def stop(self, rank: int) -> None:
         with self.cond:
             self.stopped.add(rank)
             self.cond.notify_all()
+
+
+class Handled:
+    """Passes a turn on once every shard has handled the push it made, without waiting for the step to
+    end: under sync with backup workers a push that does not close its clock (a skipped NaN) waits at
+    the shards for the next worker's. Watches each shard's STATS `pushes` count."""
+
+    def __init__(self, addresses: list[str], turns: Turns, ticket: int):
+        self.addresses, self.turns, self.ticket = addresses, turns, ticket
+        self.before = self._pushes()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+
+    def _pushes(self) -> list[int]:
+        return [admin_request(a, MsgType.STATS, timeout=TIMEOUT)["pushes"] for a in self.addresses]
+
+    def _watch(self) -> None:
+        while not self.stop.wait(0.005):
+            if all(now > was for now, was in zip(self._pushes(), self.before)):
+                self.turns.done(self.ticket)
+                return
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(TIMEOUT)
 
 
 def run(cfg: RunConfig, *, nan: bool) -> Outcome:
@@ -121,20 +150,26 @@ def _worker(cfg: RunConfig, rank: int, job, addresses: list[str], *, turns: Turn
                 compress_warmup=w.compress_warmup, sign_scale=w.sign_scale,
                 shared_memory=w.shared_memory, bulk=w.bulk, push_chunk_mb=w.push_chunk_mb)
     steps = out.steps.setdefault(rank, [])
+    hand_off = cfg.mode == "sync" and cfg.backup_workers  # a push may wait for the next worker's
     ready.wait()
     try:
-        for _ in range(w.job.steps):
-            turns.wait(rank)
+        for step in range(w.job.steps):
+            ticket = turns.wait(rank)
             loss = job.loss_of(model, next(batches))
             loss.backward()
             if inner is not None:
                 inner.step()
+            pushes = not w.local_updates or (step + 1) % w.local_steps == 0
+            handled = Handled(addresses, turns, ticket) if hand_off and pushes else None
             try:
                 steps.append(ps.step())
             except PSError as exc:  # refused (--nonfinite reject): psrv.Worker has left its shards
                 out.errors[rank] = exc
                 return parameters_to_vector(model.parameters()).detach().clone()
-            turns.done(rank)
+            finally:
+                if handled is not None:
+                    handled.close()
+            turns.done(ticket)
         ps.close()
     finally:
         turns.stop(rank)

@@ -180,10 +180,11 @@ class Reference:
             if sync_free:
                 self._sync_clock(live, step, clock)
             else:
-                first = {w.rank: w for w in live}
+                by_rank = {w.rank: w for w in live}
+                self.closed, self.waiting = False, []
                 for rank in order(step, [w.rank for w in self.workers]):
-                    if rank in first and first[rank].alive:
-                        self._turn(first[rank], step, clock, first=rank == order(step, [w.rank for w in live])[0])
+                    if rank in by_rank and by_rank[rank].alive:
+                        self._turn(by_rank[rank], step, clock)
         return Expected(self.server.w, {**self.counts, "dropped": dict(self.counts["dropped"])}, self.hist,
                         self.step_staleness, self.refused)
 
@@ -214,17 +215,18 @@ class Reference:
             wk.load(self.server.w)
             wk.base = self.server.k
 
-    def _turn(self, wk: _Worker, step: int, clock: dict, *, first: bool) -> None:
-        """One whole step of one worker, alone: push, apply (or drop), pull. `first`: the step's first
-        turn (with backup workers, the push that commits the clock; the others' are late)."""
+    def _turn(self, wk: _Worker, step: int, clock: dict) -> None:
+        """One whole step of one worker, alone: push, apply (or drop), pull. Under sync (with backup
+        workers: N - 1 of 2 close a clock) the first finite push closes its clock and the later ones are
+        late; a skipped NaN push closes nothing, and its worker's pull waits for the push that does."""
         v = self._compute(wk, step)
         if v is None:
             self.step_staleness[wk.rank].append(0)
             return
         sent, finite, keep = self._encode(wk, v, clock[wk.rank])
-        staleness = 0
-        if self.mode == "sync" and not first and (finite or self.cfg.server.nonfinite == "skip"):
-            self.counts["pushes"] += 1  # a backup worker's push: late (its clock applied on worker 0's)
+        staleness, waits = 0, False
+        if self.mode == "sync" and self.closed and (finite or self.cfg.server.nonfinite == "skip"):
+            self.counts["pushes"] += 1  # its clock was closed by an earlier push: late
             self.counts["dropped"]["late"] += 1
             fate = "late"
         else:
@@ -235,15 +237,23 @@ class Reference:
             if fate == "ok":
                 self._apply(sent, worker=None, staleness=0, pushes=1, momentum_push=False)
                 wk.settle(keep, self.ranges)
+                self.closed = True
+            waits = fate == "dropped"  # a skipped NaN: its pull waits for the clock
         elif fate == "ok":
             staleness = self.server.k - wk.base
             self._apply(sent, worker=wk.rank, staleness=staleness, pushes=1, momentum_push=False)
             wk.settle(keep, self.ranges)
         self.step_staleness[wk.rank].append(staleness)
         clock[wk.rank] += 1
-        wk.load(self.server.w)
-        wk.base = self.server.k
-        self.server.pulled(wk.rank)
+        if waits:
+            self.waiting.append(wk)
+            return
+        for pulling in [*([] if self.mode != "sync" or not self.closed else self.waiting), wk]:
+            pulling.load(self.server.w)
+            pulling.base = self.server.k
+            self.server.pulled(pulling.rank)
+        if self.closed:
+            self.waiting = []
 
 
 def _draw_seed(rank: int, shard: int) -> int:
