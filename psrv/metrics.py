@@ -15,7 +15,7 @@ STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)  # unit: shard ver
 LR_SCALE_BUCKETS = (1 / 64, 1 / 32, 1 / 16, 1 / 12, 1 / 8, 1 / 6, 1 / 4, 1 / 3, 1 / 2, 1.0)  # 1/staleness
 LATENCY_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1,
                    0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-DROP_REASONS = ("late", "duplicate", "invalid")  # each emitted by psrv/server/stats.py
+DROP_REASONS = ("late", "duplicate", "invalid", "partial")  # each emitted by psrv/server/stats.py
 
 
 class _Spec(NamedTuple):
@@ -30,15 +30,16 @@ _SERVER_LABELS = ("shard", "mode")
 _WORKER_LABELS = ("worker", "mode")
 _SERVER = {
     "pushes": _Spec(Counter, "psrv_pushes_total",
-                    "Pushed gradients accepted: applied, buffered for the barrier, or dropped as late or "
-                    "non-finite. Refused requests and re-sent duplicates are not counted."),
+                    "Pushes received, each once: applied, buffered for the barrier, or dropped as late, "
+                    "non-finite (refused or skipped) or given up half-way. Re-sent duplicates are not counted."),
     "pulls": _Spec(Counter, "psrv_pulls_total",
                    "Pulls answered with weights (PULL and the pull half of PUSH_PULL), counted when answered."),
     "updates_applied": _Spec(Counter, "psrv_updates_applied_total",
                              "Optimizer steps applied to the shard."),
     "updates_dropped": _Spec(Counter, "psrv_updates_dropped_total",
                              "Gradients received and never applied, by reason: late (their clock was "
-                             "finished without them), duplicate (a re-sent push), invalid (NaN/Inf).",
+                             "finished without them), duplicate (a re-sent push), invalid (NaN/Inf), partial "
+                             "(a chunked push its worker left half-way).",
                              ("reason",)),
     "bytes_received": _Spec(Counter, "psrv_bytes_received_total", "Bytes of every request received."),
     "bytes_sent": _Spec(Counter, "psrv_bytes_sent_total", "Bytes of every reply sent."),

@@ -31,6 +31,7 @@ class Outcome:
     shards: list[dict]
     steps: dict[int, list[StepInfo]] = field(default_factory=dict)
     errors: dict[int, PSError] = field(default_factory=dict)
+    early_sends: dict[int, int] = field(default_factory=dict)  # shard pushes sent during backward
 
 
 def order(step: int, ranks: list[int]) -> list[int]:
@@ -171,6 +172,7 @@ def _worker(cfg: RunConfig, rank: int, job, addresses: list[str], *, turns: Turn
                     handled.close()
             turns.done(ticket)
         ps.close()
+        out.early_sends[rank] = ps.early_sends
     finally:
         turns.stop(rank)
     return parameters_to_vector(model.parameters()).detach().clone()

@@ -25,6 +25,7 @@ top-k's choice) then sees the same values on both sides, and a flip there is a r
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import torch
 
@@ -58,6 +59,7 @@ class ServerMath:
         self.period = 1 if mode == "sync" else (o.dn_period or workers)
         self.dn_m, self.dn_sum, self.dn_t = torch.zeros_like(w), torch.zeros_like(w), 0
         self.warm: int | None = None  # 1-bit Adam: the Adam steps before the first frozen one
+        self.lr_scales: Counter = Counter()  # each update's lr scale by the rule (staleness-lr: 1/tau; dn: 1/N)
         self.rule = o.update_rule if mode != "sync" or o.update_rule == "dn" else "plain"
 
     def pulled(self, worker: int) -> None:
@@ -67,6 +69,8 @@ class ServerMath:
     def step(self, g: torch.Tensor, *, worker: int | None, staleness: int, momentum_push: bool = False,
              velocity: bool = False) -> None:
         o, lr = self.o, lr_at(self.o, self.k)
+        scale = 1.0 / max(1, staleness) if self.rule == "staleness-lr" else 1.0 / self.period if self.rule == "dn" else 1.0
+        self.lr_scales[f"{round(scale, 6):g}"] += 1
         if self.rule == "staleness-lr" and staleness > 1:
             g = torch.div(g, staleness)
         elif self.rule in ("dc-asgd", "dc-asgd-a") and worker is not None and worker in self.bak:

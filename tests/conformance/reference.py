@@ -32,6 +32,7 @@ class Expected:
     staleness: Counter      # applied pushes by staleness (each shard's histogram)
     step_staleness: dict[int, list[int]] = field(default_factory=dict)
     refused: set[int] = field(default_factory=set)  # workers that got ERROR NONFINITE
+    lr_scales: dict = field(default_factory=dict)   # updates by the lr scale their rule gave
 
 
 class _Worker:
@@ -186,7 +187,7 @@ class Reference:
                     if rank in by_rank and by_rank[rank].alive:
                         self._turn(by_rank[rank], step, clock)
         return Expected(self.server.w, {**self.counts, "dropped": dict(self.counts["dropped"])}, self.hist,
-                        self.step_staleness, self.refused)
+                        self.step_staleness, self.refused, dict(self.server.lr_scales))
 
     def _sync_clock(self, live: list[_Worker], step: int, clock: dict) -> None:
         pushes = []

@@ -7,8 +7,9 @@ each run for real (tests/conformance/cluster.py) and held against:
   three shards whose math is element by element those of one shard;
 - the reference (tests/conformance/reference.py): the whole run's math, written from the papers in the
   test, to 1e-5;
-- the counts: every shard's pushes, pushes applied, updates and drops by reason, and its staleness
-  histogram, equal to the reference's recount of the same run, the summary's own sums consistent
+- the counts: every shard's pushes, pushes applied, updates and drops by reason, its staleness
+  histogram and the lr scale its update rule gave each update, equal to the reference's recount of the
+  same run, the summary's own sums consistent
   (pushes = applied + dropped), and every step's staleness as the worker saw it.
 """
 from __future__ import annotations
@@ -57,8 +58,13 @@ def check(case: dict, got: Outcome | None = None) -> None:
         mine = {k: s[k] for k in ("pushes", "pushes_applied", "updates_applied")} | {"dropped": s["dropped"]}
         assert mine == want.counts, f"shard {shard} counted {mine}; the run was {want.counts}"
         assert s["pushes"] == s["pushes_applied"] + sum(s["dropped"].values()), s
+        assert s["lr_scale_histogram"] == want.lr_scales, f"shard {shard}: lr scales {s['lr_scale_histogram']}"
         hist = {int(k): v for k, v in s["staleness_histogram"].items()}
         assert hist == dict(want.staleness), f"shard {shard}: staleness {hist}, expected {dict(want.staleness)}"
+    early = case["overlap"] == "on" and case["shards"] > 1 and case["local"] == 1 and (
+        case["mode"] == "sync" or not case["clip"])  # psrv.Worker sends early then (async's clip needs all)
+    if got.early_sends and early:  # (an RPC case's record has none: psrv run's loop)
+        assert sum(got.early_sends.values()) > 0, "overlap on, yet no shard was sent during backward"
     if case["plane"] != "inline":  # the plane must really have carried the tensors, or the case tests nothing
         carried = [s.get("payload_bytes", {}).get(case["plane"], 0) for s in got.shards]
         assert all(carried), f"the {case['plane']} plane carried {carried} bytes per shard"

@@ -129,3 +129,14 @@ def test_observe_step_records_a_worker_loop_row():
     assert got[("psrv_worker_wait_seconds_total", me)] == pytest.approx(0.06)
     assert got[("psrv_worker_step_seconds_sum", me)] == pytest.approx(0.12)
     assert got[("psrv_worker_staleness_bucket", me | {("le", "0.0")})] == 2
+
+
+def test_every_drop_reason_a_shard_counts_is_exported():
+    """ShardStats counts drops as late, invalid and partial (a chunked push left half-way, psrv/server/
+    chunked.py); each must have its series, or a shard serving /metrics stops at its first such drop."""
+    from psrv.server.stats import ShardStats
+    metrics = ServerMetrics(CollectorRegistry(), shard=0, mode="async")
+    stats = ShardStats(metrics=metrics)
+    for reason in ("late", "invalid", "partial"):
+        stats.drop(reason)
+        assert metrics.dropped(reason)._value.get() == 1, reason
