@@ -99,6 +99,8 @@ class RoundTrip:
             got = self.net.recv(min(deadline, check_at, bound) - now)
             if got is not None and self._take(*got):
                 deadline = time.monotonic() + self.timeout
+        if self.chunky:  # every push or INIT payload of it answered: their transient memory may go
+            self.net.idle()
         if self.payload and not self.resent:  # a decaying maximum: it follows a slower link at once and a
             # faster one gradually; a round trip that re-sent is left out, or each loss would lengthen the next wait
             self.c.recent_seconds = max(0.8 * self.c.recent_seconds, time.monotonic() - started)

@@ -55,6 +55,9 @@ class ClientTransport(abc.ABC):
         payload's size); the frame returned is then `buffer` itself. None withdraws it. A hint: a
         transport may ignore it."""
 
+    def idle(self) -> None:
+        """Every request sent so far is answered: memory held for payloads in flight may go."""
+
     @abc.abstractmethod
     def reconnect(self, shard: int) -> None:
         """Drop the connection to `shard` and its queued messages, and connect afresh."""

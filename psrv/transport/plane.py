@@ -45,8 +45,9 @@ class ClientPlane(abc.ABC):
         """The server chose this plane for `shard`, with `answer` (its own part of the answer)."""
 
     @abc.abstractmethod
-    def put(self, shard: int, payload: memoryview) -> bytes:
-        """Move an outgoing payload; the descriptor that goes in its place in the zmq message."""
+    def put(self, shard: int, payload: memoryview) -> bytes | None:
+        """Move an outgoing payload; the descriptor that goes in its place in the zmq message, or None:
+        it goes inline (the plane has no room for it now)."""
 
     @abc.abstractmethod
     def take(self, shard: int, descriptor: bytes, into: memoryview | None) -> memoryview | None:
@@ -57,6 +58,9 @@ class ClientPlane(abc.ABC):
     def share(self, tensor):
         """`tensor`'s values where this plane can send them by place (see ClientTransport.share)."""
         return tensor
+
+    def idle(self) -> None:
+        """Every payload put so far was answered for (ClientTransport.idle)."""
 
     @abc.abstractmethod
     def reset(self, shard: int) -> None:

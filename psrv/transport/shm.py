@@ -63,6 +63,10 @@ class ShmClientPlane(ClientPlane):
         self._grads = Region(tensor, "grads")
         return self._grads.tensor
 
+    def idle(self) -> None:
+        for slots in self._push.values():
+            slots.trim()
+
     def offer(self, shard: int) -> dict:
         return self._identity.offer()
 
@@ -82,7 +86,8 @@ class ShmClientPlane(ClientPlane):
         slots = self._push.get(shard)
         if slots is None:
             slots = self._push[shard] = PushSlots(shard)
-        return msgpack.packb(slots.write(payload))
+        written = slots.write(payload)
+        return None if written is None else msgpack.packb(written)
 
     def take(self, shard: int, descriptor: bytes, into: memoryview | None) -> memoryview | None:
         d = read_descriptor(descriptor)

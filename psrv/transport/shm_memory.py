@@ -96,16 +96,22 @@ class Region(Slot):
 
 class PushSlots:
     """A worker's push slots for one shard: a payload goes into a slot whose last payload the shard
-    released, or a new one; so the chunks of a push sent back to back each have their own."""
+    released, or a new one; so the chunks of a push sent back to back each have their own, up to
+    MAX_SLOTS: past them a payload goes inline (None), so a burst of chunks (INIT's) costs the worker
+    two chunks of memory, not the push."""
+
+    MAX_SLOTS = 2
 
     def __init__(self, shard: int):
         self._name = f"push-{shard}"
         self._slots: list[Slot] = []
 
-    def write(self, payload: memoryview) -> dict:
+    def write(self, payload: memoryview) -> dict | None:
         n = payload.nbytes
         free = [s for s in self._slots if s.free()]
         slot = next((s for s in free if s.size - HEADER >= n), None)
+        if slot is None and not free and len(self._slots) >= self.MAX_SLOTS:
+            return None
         if slot is None:
             if free:  # too small: a bigger one in its place
                 self._slots.remove(free[0])
@@ -113,6 +119,14 @@ class PushSlots:
             slot = Slot(self._name, n)
             self._slots.append(slot)
         return slot.write(payload)
+
+    def trim(self) -> None:
+        """Close every slot the shard released but the largest: a burst of chunks (INIT's, a cast push's)
+        needed one each, and they would otherwise stay resident for good."""
+        free = sorted((s for s in self._slots if s.free()), key=lambda s: s.size)
+        for slot in free[:-1]:
+            self._slots.remove(slot)
+            slot.close()
 
     def reclaim(self) -> None:
         """The shard accepted a new offer: what it had not read of the earlier payloads it never will

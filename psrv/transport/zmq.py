@@ -209,9 +209,8 @@ class ZmqClient(ClientTransport):
             offer = {name: p.offer(shard) for name, p in self._planes.items()}
             self._send(shard, [OFFER, msgpack.packb(offer)])
         plane = self._plane[shard]
-        if plane is not None and _big(frames):
-            frames = [PAYLOAD, frames[0], plane.put(shard, memoryview(frames[1]))]
-        self._send(shard, frames)
+        descriptor = plane.put(shard, memoryview(frames[1])) if plane is not None and _big(frames) else None
+        self._send(shard, frames if descriptor is None else [PAYLOAD, frames[0], descriptor])
 
     def _send(self, shard: int, frames: Sequence[Any]) -> None:
         try:
@@ -226,6 +225,10 @@ class ZmqClient(ClientTransport):
 
     def receive_into(self, shard: int, buffer: memoryview | None) -> None:
         self._into[shard] = buffer
+
+    def idle(self) -> None:
+        for plane in self._planes.values():
+            plane.idle()
 
     def recv(self, timeout: float) -> tuple[int, list] | None:
         deadline = time.monotonic() + timeout

@@ -61,8 +61,10 @@ def test_init_and_pushes_in_chunks_over_shared_memory_equal_the_inline_run_bit_f
     shm, shm_bytes = _run(True, wire_dtype)
     assert set(inline_bytes) == {"inline"} or inline_bytes.get("shm", 0) == 0, inline_bytes
     pushed = SIZE * (4 + 3 * torch.tensor([], dtype=getattr(torch, wire_dtype)).element_size())
-    assert shm_bytes["shm"] >= pushed, shm_bytes  # INIT and every push's chunks went by shared memory,
-    assert shm_bytes["inline"] == 0, shm_bytes  # and none was refused (stale) and re-sent inline
+    # INIT's and the pushes' chunks went by shared memory, two in flight at most per shard (PushSlots:
+    # the others inline), and none was refused (stale) and re-sent: no byte moved twice
+    assert shm_bytes["shm"] >= pushed / 2 and shm_bytes["shm"] + shm_bytes["inline"] == inline_bytes["inline"], (
+        shm_bytes, inline_bytes)
     init, grads = _values()
     wrong = [] if torch.equal(shm[0], init) else [f"INIT off by {(shm[0] - init).abs().max().item():g}"]
     for c, grad in enumerate(grads):  # each push's effect on its own, whatever came before it
