@@ -58,6 +58,11 @@ class ClientTransport(abc.ABC):
     def idle(self) -> None:
         """Every request sent so far is answered: memory held for payloads in flight may go."""
 
+    def in_place(self, shard: int) -> bool:
+        """Whether `shard` reads this worker's payloads in place (shared memory): no receive buffer to
+        bound, so a push gains nothing from going in chunks."""
+        return False
+
     @abc.abstractmethod
     def reconnect(self, shard: int) -> None:
         """Drop the connection to `shard` and its queued messages, and connect afresh."""

@@ -59,6 +59,8 @@ class ClientPlane(abc.ABC):
         """`tensor`'s values where this plane can send them by place (see ClientTransport.share)."""
         return tensor
 
+    in_place = False  # the shard reads a payload where it lies (ClientTransport.in_place)
+
     def idle(self) -> None:
         """Every payload put so far was answered for (ClientTransport.idle)."""
 

@@ -48,6 +48,7 @@ __all__ = ["ShmClientPlane", "ShmServerPlane", "boot_id"]
 
 class ShmClientPlane(ClientPlane):
     name = "shm"
+    in_place = True
 
     def __init__(self):
         self._identity = Identity()

@@ -230,6 +230,10 @@ class ZmqClient(ClientTransport):
         for plane in self._planes.values():
             plane.idle()
 
+    def in_place(self, shard: int) -> bool:
+        plane = self._plane[shard]
+        return plane is not None and plane.in_place
+
     def recv(self, timeout: float) -> tuple[int, list] | None:
         deadline = time.monotonic() + timeout
         while True:

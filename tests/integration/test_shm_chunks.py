@@ -1,7 +1,8 @@
-"""Chunked pushes and INIT over the shared-memory plane (psrv/transport/shm.py) are bit for bit the
-same as over the plain connection: a payload outside the worker's shared gradient is copied into a
-push slot, and the chunks of one message (psrv/chunking.py) each keep their own slot until the shard
-has read them, so no chunk overwrites another one the shard has yet to read."""
+"""INIT and pushes with chunking asked for (push_chunk_mb) are bit for bit the same over the shared-memory
+plane (psrv/transport/shm.py) as over the plain connection. Over the connection they go in chunks; to a
+shard that reads them in place they go whole (there is no receive buffer to bound), each payload
+outside the worker's shared gradient copied into a push slot that is written again only once the shard
+has read it (a re-send's copy takes another: at most two per shard, then inline)."""
 from __future__ import annotations
 
 import threading
