@@ -21,7 +21,7 @@ run: setup
 
 test: setup
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 bench: setup
 	$(BIN)/python -m experiments.bench

@@ -21,6 +21,9 @@ from psrv.config import ConfigError, RunConfig, from_dict
 
 RUN_LOCK = ".psrv-run.lock"
 EXPERIMENT_LOCK = ".psrv-experiment.lock"
+# What docs/deploy.md has a user put beside a run (Prometheus reads targets.json from its own folder, and
+# keeps its database there): never a run's, never cleared, and no reason to refuse the folder.
+COMPANIONS = ("prometheus.yml", "rules.yml", "tsdb")
 
 
 class FolderInUse(ValueError):
@@ -108,10 +111,10 @@ class OwnedFolder:
             self.fd = None
 
     def clear(self) -> list[str]:
-        """Remove everything an earlier run left in the folder (the lock file stays); the names removed.
-        A folder that holds files but was never a run's (no lock file, no run's config.json) is refused:
-        it may be anything of the user's."""
-        entries = sorted(p for p in self.folder.iterdir() if p.name != self.lock)
+        """Remove everything an earlier run left in the folder (the lock file and the COMPANIONS stay);
+        the names removed. A folder that holds other files but was never a run's (no lock file, no run's
+        config.json) is refused: it may be anything of the user's."""
+        entries = sorted(p for p in self.folder.iterdir() if p.name != self.lock and p.name not in COMPANIONS)
         if entries and not self._was_a_run(entries):
             shown = ", ".join(p.name for p in entries[:3]) + (", ..." if len(entries) > 3 else "")
             raise ValueError(f"{self.folder} holds files that no psrv run wrote ({shown}); pass --out with a new "

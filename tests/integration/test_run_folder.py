@@ -162,3 +162,21 @@ def test_a_second_experiment_into_a_folder_in_use_is_refused_in_one_line(tmp_pat
         f"psrv experiment: error: {out} is in use by another experiment (psrv experiment, pid {holder.pid}, "
         "started 2026-01-01 00:00:00); wait for it to end, or pass another --out"), proc.stdout
     assert [p.name for p in out.iterdir()] == [EXPERIMENT_LOCK]      # nothing else was written
+
+
+def test_the_prometheus_files_beside_a_run_are_neither_refused_nor_cleared(tmp_path):
+    """docs/deploy.md has Prometheus's config (and its database) sit in the run folder, where targets.json
+    is: a run into such a folder, and into it again, leaves them be."""
+    from experiments.rundir import OwnedFolder
+    run = tmp_path / "watch"
+    run.mkdir()
+    for name in ("prometheus.yml", "rules.yml"):
+        (run / name).write_text("kept\n")
+    (run / "tsdb").mkdir()
+    (run / "tsdb" / "chunk").write_text("kept\n")
+    for attempt in range(2):
+        with OwnedFolder(run, what="psrv run") as owned:
+            removed = owned.clear()
+            (run / "summary.json").write_text("{}")
+        assert removed == ([] if attempt == 0 else ["summary.json"]), removed
+    assert (run / "prometheus.yml").read_text() == "kept\n" and (run / "tsdb" / "chunk").exists()
