@@ -108,7 +108,7 @@ def describe(r: dict) -> str:
         return f"metrics {r['job']} {r['mode']}: {r['steps_per_second_on']:.1f} steps/s on vs {r['steps_per_second_off']:.1f} off"
     if r["role"] == "worker":
         return (f"memory worker {r['job']}: {r['peak_rss_bytes']/2**20:.0f} MiB vs plain torch "
-                f"{r['baseline_bytes']/2**20:.0f} MiB, in model sizes")
+                f"{r['baseline_bytes']/2**20:.0f} MiB, in model sizes" + (f", median of {r['repeats']}" if "repeats" in r else ""))
     return f"memory server {r['size_mb']} MB adam: {r['peak_rss_bytes']/2**20:.0f} MiB vs {r['baseline_bytes']/2**20:.0f} MiB"
 
 

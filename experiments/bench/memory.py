@@ -7,12 +7,15 @@ imports torch, measured in the same run. Goal: <= 1.2x.
 Worker: a real `psrv worker` training the job for a few steps, against a process that trains the same
 job with plain torch (same batches, its own .grad tensors, evaluation at start and end) and no
 parameter server. The figure is the difference in model-sized buffers. Goal: <= 2 (one flat gradient
-and one flat parameter buffer at most beyond the model).
+and one flat parameter buffer at most beyond the model). Each side is the median of 3 runs: one peak RSS
+moves by 16-50 MiB from run to run (the allocator's arenas), more than one model size of synthetic_mlp
+(32 MiB), and single runs gave 1.5 to 3.3 model sizes for the same code.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -107,16 +110,25 @@ def server_rss(size_mb: int, tmp: Path) -> int:
     return json.loads(out.read_text())["max_rss_bytes"]
 
 
-def run(size_mb: int, worker_job: str = "synthetic_mlp", worker_steps: int = 5) -> list[dict]:
-    # Four separate processes, each measuring its own peak: they may run side by side.
+def plain_rss(job: str, steps: int) -> int:
+    return int(subprocess.run([sys.executable, "-c", PLAIN.format(job=job, steps=steps)],
+                              capture_output=True, text=True, check=True).stdout)
+
+
+def run(size_mb: int, worker_job: str = "synthetic_mlp", worker_steps: int = 5, repeats: int = 3) -> list[dict]:
+    # Separate processes, each measuring its own peak: they may run side by side.
     with tempfile.TemporaryDirectory(prefix="psrv-mem-") as d, ThreadPoolExecutor(4) as pool:
         bare = pool.submit(bare_torch_rss)
         peak = pool.submit(server_rss, size_mb, Path(d))
-        worker = pool.submit(worker_rss, worker_job, worker_steps, Path(d))
-        plain = pool.submit(lambda: int(subprocess.run(
-            [sys.executable, "-c", PLAIN.format(job=worker_job, steps=worker_steps)],
-            capture_output=True, text=True, check=True).stdout))
-        bare, peak, worker, plain = bare.result(), peak.result(), worker.result(), plain.result()
+        workers, plains = [], []
+        for r in range(repeats):
+            (Path(d) / str(r)).mkdir()
+            worker = pool.submit(worker_rss, worker_job, worker_steps, Path(d) / str(r))
+            plain = pool.submit(plain_rss, worker_job, worker_steps)
+            workers.append(worker.result())
+            plains.append(plain.result())
+        bare, peak = bare.result(), peak.result()
+    worker, plain = statistics.median(workers), statistics.median(plains)
     model = size_mb * 2**20
     baseline = 3 * model + bare
     from workers.jobs import load_job
@@ -124,7 +136,8 @@ def run(size_mb: int, worker_job: str = "synthetic_mlp", worker_steps: int = 5) 
     return [{"bench": "memory", "role": "server", "size_mb": size_mb, "optimizer": "adam", "peak_rss_bytes": peak,
              "bare_torch_bytes": bare, "baseline_bytes": baseline, "ratio": peak / baseline},
             {"bench": "memory", "role": "worker", "job": worker_job, "model_bytes": model_bytes,
-             "peak_rss_bytes": worker, "baseline_bytes": plain, "ratio": (worker - plain) / model_bytes}]
+             "peak_rss_bytes": worker, "baseline_bytes": plain, "ratio": (worker - plain) / model_bytes,
+             "repeats": repeats, "peak_rss_each": workers, "baseline_each": plains}]
 
 
 def main(argv: list[str] | None = None) -> None:

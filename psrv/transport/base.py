@@ -58,9 +58,9 @@ class ClientTransport(abc.ABC):
     def idle(self) -> None:
         """Every request sent so far is answered: memory held for payloads in flight may go."""
 
-    def in_place(self, shard: int) -> bool:
-        """Whether `shard` reads this worker's payloads in place (shared memory): no receive buffer to
-        bound, so a push gains nothing from going in chunks."""
+    def in_place(self, shard: int, tensor) -> bool:
+        """Whether `shard` reads `tensor` where it lies (the worker's shared gradient over shared memory):
+        no copy and no receive buffer to bound, so a push of it gains nothing from going in chunks."""
         return False
 
     @abc.abstractmethod

@@ -59,7 +59,9 @@ class ClientPlane(abc.ABC):
         """`tensor`'s values where this plane can send them by place (see ClientTransport.share)."""
         return tensor
 
-    in_place = False  # the shard reads a payload where it lies (ClientTransport.in_place)
+    def in_place(self, tensor) -> bool:
+        """Whether the shard reads `tensor` where it lies, with no copy (ClientTransport.in_place)."""
+        return False
 
     def idle(self) -> None:
         """Every payload put so far was answered for (ClientTransport.idle)."""

@@ -48,7 +48,6 @@ __all__ = ["ShmClientPlane", "ShmServerPlane", "boot_id"]
 
 class ShmClientPlane(ClientPlane):
     name = "shm"
-    in_place = True
 
     def __init__(self):
         self._identity = Identity()
@@ -63,6 +62,10 @@ class ShmClientPlane(ClientPlane):
             return tensor
         self._grads = Region(tensor, "grads")
         return self._grads.tensor
+
+    def in_place(self, tensor: torch.Tensor) -> bool:
+        """Only the shared gradient: any other payload is copied into a push slot, which chunks keep small."""
+        return self._grads is not None and self._grads.holds(tensor)
 
     def idle(self) -> None:
         for slots in self._push.values():
