@@ -363,15 +363,11 @@ class PSClient:
             for s in range(len(self.ranges) if direct else 0):
                 self._net.receive_into(s, None)
 
-    def _chunks(self, msg: Message, shard: int) -> list[Message]:
+    def _chunks(self, msg: Message) -> list[Message]:
         """A dense push or INIT as the messages it goes in: itself, or where the shards take chunks and its
-        tensor is over push_chunk_bytes, its chunks (psrv/server/chunked.py), each a view of the tensor.
-        Not to a shard that reads it in place (the shared gradient over shared memory): there is no copy or
-        receive buffer to bound, and a whole push is checked by the shard before any of it is applied, with
-        no pass over it here. Any other payload to such a shard (INIT, a bfloat16 push) is copied into a
-        push slot, so it goes in chunks: the slot stays a chunk's size, not the model's."""
+        tensor is over push_chunk_bytes, its chunks (psrv/server/chunked.py), each a view of the tensor."""
         t = msg.tensor
-        if not self.chunked or t is None or msg.parts is not None or self._net.in_place(shard, t):
+        if not self.chunked or t is None or msg.parts is not None:
             return [msg]
         n = chunk_count(t.numel(), max(1, self.push_chunk_bytes // t.element_size()))
         if n == 1 or not finite(t):  # a non-finite push goes whole: the shard refuses or drops all of it

@@ -59,7 +59,7 @@ class RoundTrip:
     def send(self, s: int) -> None:
         """Send shard s its request now (once)."""
         if self.frames[s] is None:
-            self.frames[s] = [encode(m) for m in self.c._chunks(self.msgs[s], s)] if self.chunky else [encode(self.msgs[s])]
+            self.frames[s] = [encode(m) for m in self.c._chunks(self.msgs[s])] if self.chunky else [encode(self.msgs[s])]
             if self.pushing:
                 lo, hi = self.c.ranges[s]
                 self.c.wire.dense_pushed += 4 * (hi - lo)

@@ -58,11 +58,6 @@ class ClientTransport(abc.ABC):
     def idle(self) -> None:
         """Every request sent so far is answered: memory held for payloads in flight may go."""
 
-    def in_place(self, shard: int, tensor) -> bool:
-        """Whether `shard` reads `tensor` where it lies (the worker's shared gradient over shared memory):
-        no copy and no receive buffer to bound, so a push of it gains nothing from going in chunks."""
-        return False
-
     @abc.abstractmethod
     def reconnect(self, shard: int) -> None:
         """Drop the connection to `shard` and its queued messages, and connect afresh."""

@@ -59,10 +59,6 @@ class ClientPlane(abc.ABC):
         """`tensor`'s values where this plane can send them by place (see ClientTransport.share)."""
         return tensor
 
-    def in_place(self, tensor) -> bool:
-        """Whether the shard reads `tensor` where it lies, with no copy (ClientTransport.in_place)."""
-        return False
-
     def idle(self) -> None:
         """Every payload put so far was answered for (ClientTransport.idle)."""
 

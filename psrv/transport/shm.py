@@ -63,10 +63,6 @@ class ShmClientPlane(ClientPlane):
         self._grads = Region(tensor, "grads")
         return self._grads.tensor
 
-    def in_place(self, tensor: torch.Tensor) -> bool:
-        """Only the shared gradient: any other payload is copied into a push slot, which chunks keep small."""
-        return self._grads is not None and self._grads.holds(tensor)
-
     def idle(self) -> None:
         for slots in self._push.values():
             slots.trim()

@@ -76,16 +76,8 @@ class Region(Slot):
 
     def offset_of(self, payload: memoryview) -> int | None:
         address = np.frombuffer(payload, dtype=np.uint8).ctypes.data if payload.nbytes else 0
-        return self._within(address, payload.nbytes)
-
-    def holds(self, tensor: torch.Tensor) -> bool:
-        """Whether `tensor`'s bytes lie inside this region (a payload of them goes by place)."""
-        n = tensor.numel() * tensor.element_size()
-        return tensor.device.type == "cpu" and tensor.is_contiguous() and self._within(tensor.data_ptr(), n) is not None
-
-    def _within(self, address: int, nbytes: int) -> int | None:
         offset = address - self._base
-        return offset if HEADER <= offset and offset + nbytes <= self.size else None
+        return offset if HEADER <= offset and offset + payload.nbytes <= self.size else None
 
     def describe(self, offset: int, n: int, **more) -> dict:
         SEQ.pack_into(self.map, 0, self.seq)

@@ -230,10 +230,6 @@ class ZmqClient(ClientTransport):
         for plane in self._planes.values():
             plane.idle()
 
-    def in_place(self, shard: int, tensor) -> bool:
-        plane = self._plane[shard]
-        return plane is not None and plane.in_place(tensor)
-
     def recv(self, timeout: float) -> tuple[int, list] | None:
         deadline = time.monotonic() + timeout
         while True:

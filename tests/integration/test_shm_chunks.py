@@ -1,8 +1,7 @@
-"""INIT and pushes with chunking asked for (push_chunk_mb) are bit for bit the same over the shared-memory
-plane (psrv/transport/shm.py) as over the plain connection. Over the connection they go in chunks; to a
-shard that reads them in place they go whole (there is no receive buffer to bound), each payload
-outside the worker's shared gradient copied into a push slot that is written again only once the shard
-has read it (a re-send's copy takes another: at most two per shard, then inline)."""
+"""Chunked pushes and INIT over the shared-memory plane (psrv/transport/shm.py) are bit for bit the
+same as over the plain connection: a payload outside the worker's shared gradient is copied into a
+push slot, and the chunks of one message (psrv/chunking.py) each keep their own slot until the shard
+has read them, so no chunk overwrites another one the shard has yet to read."""
 from __future__ import annotations
 
 import threading
@@ -117,32 +116,3 @@ def test_chunks_over_shared_memory_through_a_lossy_network_are_applied_once_and_
     for grad in grads:
         want -= LR * grad
     assert torch.equal(weights, want), f"max abs difference {(weights - want).abs().max().item():g}"
-
-
-@pytest.mark.timeout(60)
-def test_only_the_shared_gradient_goes_whole_to_a_shard_that_reads_it_in_place():
-    """A push of the worker's shared gradient is read by the shard where it lies: it goes whole. Every
-    other payload to that shard (INIT's weights, a plain tensor) is copied into a push slot, so it goes in
-    chunks, which keep the slot a chunk's size: whole, it cost the worker a model-sized slot at INIT (the
-    worker memory bench went from 1.5 to 2.3-3.3 model sizes)."""
-    from psrv.protocol import Message, MsgType
-    cfg = ServerConfig(workers=1, mode="async", bind="tcp://127.0.0.1:0", worker_timeout=30.0,
-                       optimizer=OptimConfig(name="sgd", lr=LR, momentum=0.0))
-    server = Server(cfg).start()
-    try:
-        with PSClient([server.address], PartitionPlan((ParamSpec("w", (SIZE,)),), 1), worker=0, world_size=1,
-                      timeout=30, heartbeat=False, shared_memory=True, push_chunk_mb=CHUNK_MB) as client:
-            shared = client.share(torch.zeros(SIZE))
-            client.hello()
-            client.init(torch.zeros(SIZE))  # the shard offers shared memory back: the plane is in use now
-            push = lambda t: Message(MsgType.PUSH_PULL, worker=0, tensor=t)  # noqa: E731
-            counts = {what: len(client._chunks(push(t), 0)) for what, t in
-                      [("shared gradient", shared), ("plain tensor", torch.ones(SIZE)),
-                       ("bfloat16 copy", shared.bfloat16())]}
-            client.leave()
-    finally:
-        server.stop()
-    server.join(10)
-    per_float32 = int(CHUNK_MB * 2**20) // 4
-    assert counts == {"shared gradient": 1, "plain tensor": SIZE // per_float32,
-                      "bfloat16 copy": SIZE // (2 * per_float32)}, counts
