@@ -20,14 +20,14 @@ run: setup
 	$(BIN)/psrv run --out runs/default
 
 test: setup
-	$(BIN)/lint-imports
+	$(BIN)/python -m tests.lint_layout
 	$(BIN)/python -m pytest -q --durations=15
 
 bench: setup
-	$(BIN)/python -m experiments.bench
+	$(BIN)/python -m psrv.experiments.bench
 
 bench-smoke: setup
-	$(BIN)/python -m experiments.bench --smoke
+	$(BIN)/python -m psrv.experiments.bench --smoke
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

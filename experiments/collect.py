@@ -20,9 +20,9 @@ from typing import Any
 
 from psrv.config.base import config_hash
 
-from experiments.provenance import stored_config
-from experiments.spec import ExperimentSpec, TargetSpec, Variant
-from experiments.traffic import busiest
+from psrv.experiments.provenance import stored_config
+from psrv.experiments.spec import ExperimentSpec, TargetSpec, Variant
+from psrv.experiments.traffic import busiest
 
 log = logging.getLogger(__name__)
 

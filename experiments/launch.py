@@ -11,18 +11,20 @@ from typing import Callable
 from psrv.config import RunConfig, to_dict
 from psrv.config.base import config_hash
 
-from experiments.cluster import Cluster, RunFailed, RunInterrupted, free_port
-from experiments.netns import EmulatedHosts, host_traffic
-from experiments.preflight import preflight
-from experiments.rundir import OwnedFolder
-from experiments.script import Script, check_records, start_script_workers
-from experiments.summary import build_summary, write_tables
+from psrv.experiments.cluster import Cluster, RunFailed, RunInterrupted, free_port
+from psrv.experiments.netns import EmulatedHosts, host_traffic
+from psrv.experiments.preflight import preflight
+from psrv.experiments.rundir import OwnedFolder
+from psrv.experiments.script import Script, check_records, start_script_workers
+from psrv.experiments.summary import build_summary, write_tables
 
 log = logging.getLogger("psrv.run")
 
 
 def _psrv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "psrv.cli", *args]
+    """A psrv process's argv. -P: the current folder is not on its sys.path, so a user's own package named
+    like one of psrv's cannot shadow it (a user's job module is still imported from there: psrv.workers.jobs)."""
+    return [sys.executable, "-P", "-m", "psrv.cli", *args]
 
 
 def write_config(path: Path, cfg) -> Path:
@@ -88,7 +90,7 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
     bar, interrupt = None, None
     try:
         if cfg.is_allreduce:
-            from experiments.launch_ddp import start_ddp
+            from psrv.experiments.launch_ddp import start_ddp
             names = start_ddp(cluster, cfg, out)
             servers = []
         else:

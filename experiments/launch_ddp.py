@@ -6,7 +6,7 @@ from pathlib import Path
 
 from psrv.config import RunConfig
 
-from experiments.cluster import Cluster, free_port
+from psrv.experiments.cluster import Cluster, free_port
 
 
 def start_ddp(cluster: Cluster, cfg: RunConfig, out: Path) -> list[str]:
@@ -20,7 +20,7 @@ def start_ddp(cluster: Cluster, cfg: RunConfig, out: Path) -> list[str]:
     names = []
     for rank in range(workers):
         # the same argv for every rank, as under torchrun: workers/ddp.py fills in {rank}
-        argv = [sys.executable, "-m", "workers.ddp", "--config", str(out / "config.json"),
+        argv = [sys.executable, "-P", "-m", "psrv.workers.ddp", "--config", str(out / "config.json"),
                 "--out", str(out / "worker-{rank}.json"), "--progress-file", str(out / "worker-{rank}.progress"),
                 "--params-out", str(out / "params.pt"), "--state-out", str(out / "model.pt")]
         env = {**rendezvous, "RANK": str(rank), "LOCAL_RANK": str(rank)}

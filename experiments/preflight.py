@@ -13,5 +13,5 @@ def preflight(cfg: RunConfig) -> None:
     its name), so a cpu run with one imports no torch."""
     check_device(cfg.cluster.device)
     if ":" in cfg.job.name:
-        from workers.jobs import job_factory
+        from psrv.workers.jobs import job_factory
         job_factory(cfg.job.name)

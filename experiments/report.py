@@ -6,13 +6,13 @@ import json
 import logging
 from pathlib import Path
 
-from experiments.collect import Stat, VariantSummary, number, read_csv, read_summary
-from experiments.plots import write_plots
-from experiments.report_configs import (command_lines, disagreement_section, disagreements,
+from psrv.experiments.collect import Stat, VariantSummary, number, read_csv, read_summary
+from psrv.experiments.plots import write_plots
+from psrv.experiments.report_configs import (command_lines, disagreement_section, disagreements,
                                         mixed_folder_lines, setup_lines, stored_runs)
-from experiments.report_traffic import skipped_lines, traffic_lines
-from experiments.spec import ExperimentSpec
-from experiments.winner import winner_lines
+from psrv.experiments.report_traffic import skipped_lines, traffic_lines
+from psrv.experiments.spec import ExperimentSpec
+from psrv.experiments.winner import winner_lines
 from psrv.config import MODES
 
 log = logging.getLogger(__name__)

@@ -13,9 +13,9 @@ from pathlib import Path
 from psrv.config import RunConfig
 from psrv.config.cli_args import to_argv
 
-from experiments.collect import spec_repeats
-from experiments.provenance import OUTPUT_KEYS, describe, differences, recorded_specs, stored_config
-from experiments.spec import ExperimentSpec
+from psrv.experiments.collect import spec_repeats
+from psrv.experiments.provenance import OUTPUT_KEYS, describe, differences, recorded_specs, stored_config
+from psrv.experiments.spec import ExperimentSpec
 
 
 @dataclass(frozen=True)

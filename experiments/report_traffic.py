@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.collect import SKIPPED_FILE, Stat, VariantSummary
-from experiments.plots.traffic import architecture
-from experiments.spec import ExperimentSpec
-from experiments.traffic import METHOD
+from psrv.experiments.collect import SKIPPED_FILE, Stat, VariantSummary
+from psrv.experiments.plots.traffic import architecture
+from psrv.experiments.spec import ExperimentSpec
+from psrv.experiments.traffic import METHOD
 
 
 def skipped_lines(out: Path, spec: ExperimentSpec) -> list[str]:

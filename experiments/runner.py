@@ -10,15 +10,15 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from experiments.collect import SKIPPED_FILE, collect, is_finished, run_dir, spec_repeats
-from experiments.launch import RunFailed, run_local
-from experiments.preflight import preflight
-from experiments.provenance import claim, default_out, keep_aside, kept_runs, why_changed
-from experiments.report import write_report
-from experiments.rundir import EXPERIMENT_LOCK, RUN_LOCK, OwnedFolder, holder, refusal
-from experiments.spec import load_spec
-from experiments.tracking import run_name, write_events
-from experiments.traffic import TrafficSampler
+from psrv.experiments.collect import SKIPPED_FILE, collect, is_finished, run_dir, spec_repeats
+from psrv.experiments.launch import RunFailed, run_local
+from psrv.experiments.preflight import preflight
+from psrv.experiments.provenance import claim, default_out, keep_aside, kept_runs, why_changed
+from psrv.experiments.report import write_report
+from psrv.experiments.rundir import EXPERIMENT_LOCK, RUN_LOCK, OwnedFolder, holder, refusal
+from psrv.experiments.spec import load_spec
+from psrv.experiments.tracking import run_name, write_events
+from psrv.experiments.traffic import TrafficSampler
 from psrv.process import exit_code
 
 log = logging.getLogger("psrv.experiment")

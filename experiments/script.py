@@ -17,7 +17,7 @@ from psrv.config.base import default_of, leaves
 from psrv.config.cli_args import flag_of
 from psrv.device import check_device
 
-from experiments.cluster import Cluster, RunFailed
+from psrv.experiments.cluster import Cluster, RunFailed
 
 # Read by the shipped loop alone: a script decides these itself, so a value given here would do nothing.
 _SHIPPED_ONLY = ("job.name", "job.batch_size", "job.eval_every", "seed", "faults.", "worker.")

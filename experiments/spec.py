@@ -57,7 +57,7 @@ class TargetSpec(Section):
             return self.lower_is_better
         if job_lower_is_better is not None and job_metric == self.metric:
             return job_lower_is_better
-        from workers.jobs.job import lower_is_better_by_name
+        from psrv.workers.jobs.job import lower_is_better_by_name
         return lower_is_better_by_name(self.metric or "")
 
     def reached(self, row: Mapping[str, float | None], *, lower: bool | None = None) -> bool:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from psrv.config import RunConfig
 
-from experiments.collect import number, read_csv
+from psrv.experiments.collect import number, read_csv
 
 STEP_SCALARS = ("loss", "staleness", "compute_seconds", "communication_seconds", "wait_seconds", "batch_size")
 
@@ -81,5 +81,5 @@ def run_name(variant: str, seed: int) -> str:
 
 def write_run_events(cfg: RunConfig, run: str | Path) -> Path:
     """`psrv run --tensorboard DIR`: the run's events in DIR/<mode name>-seed-<seed>."""
-    from experiments.spec import default_name
+    from psrv.experiments.spec import default_name
     return write_events(run, Path(cfg.tensorboard) / f"{default_name(cfg)}-seed-{cfg.seed}")

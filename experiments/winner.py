@@ -7,7 +7,7 @@ never names a winner. A variant that reached the target in every repeat beats on
 """
 from __future__ import annotations
 
-from experiments.collect import Stat, VariantSummary
+from psrv.experiments.collect import Stat, VariantSummary
 
 
 def clear_lead(best: Stat, other: Stat) -> bool:

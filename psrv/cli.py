@@ -11,7 +11,7 @@ from pathlib import Path
 
 from psrv.config import RunConfig, ServerConfig, WorkerConfig
 from psrv.config.cli_args import PREFIX, add_config_arguments, config_from_args, given, read_config_file
-from experiments.simulate.config import NOT_SIMULATED, SimulationConfig
+from psrv.experiments.simulate.config import NOT_SIMULATED, SimulationConfig
 
 EPILOG = "Docs: README.md (quick start), docs/architecture.md, docs/experiments.md."
 
@@ -216,13 +216,13 @@ def _train_worker(a: argparse.Namespace) -> int:
     listed = tuple(s.strip() for s in servers.split(",") if s.strip())
     cfg = config_from_args(WorkerConfig, a, base=base, extra={"servers": listed})
     from psrv.device import check_device
-    from workers.jobs import job_factory
+    from psrv.workers.jobs import job_factory
     check_device(cfg.device)
     job_factory(cfg.job.name)  # imports a user's job module (from the current folder) before any server is met
     cfg = cfg.replace(servers=server_addresses(servers, wait=120.0))  # then wait for @FILE addresses
     tune_malloc()
     import torch
-    from workers.loop import TrainingInterrupted, train
+    from psrv.workers.loop import TrainingInterrupted, train
     progress = None
     if a.progress_file:
         progress = lambda step: step % 10 == 0 and a.progress_file.write_text(str(step))  # noqa: E731
@@ -255,13 +255,13 @@ def _train_worker(a: argparse.Namespace) -> int:
 
 
 def _run(a: argparse.Namespace) -> int:
-    from experiments.launch import RunFailed, RunInterrupted, run_local
-    from experiments.summary import format_summary
+    from psrv.experiments.launch import RunFailed, RunInterrupted, run_local
+    from psrv.experiments.summary import format_summary
     cfg = config_from_args(RunConfig, a, base=_base(a))
     _unused_staleness(a, cfg.mode)
     script = None
     if a.script is not None:
-        from experiments.script import script_from_args
+        from psrv.experiments.script import script_from_args
         script = script_from_args(a.script, cfg, typed=_dotted(given(a)))
     from psrv.process import exit_code, interrupt_on_signals, tune_malloc
     tune_malloc()  # this process only launches; the processes it starts tune themselves
@@ -283,7 +283,7 @@ def _run(a: argparse.Namespace) -> int:
     print(format_summary(summary))
     print(f"\nwrote {a.out}/summary.json, steps.csv, evals.csv, config.json")
     if cfg.tensorboard:
-        from experiments.tracking import write_run_events
+        from psrv.experiments.tracking import write_run_events
         print(f"wrote TensorBoard events to {write_run_events(cfg, a.out)}")
     return 0
 
@@ -295,7 +295,7 @@ def _dotted(tree: dict, prefix: str = "") -> set[str]:
 
 
 def _experiment(a: argparse.Namespace) -> int:
-    from experiments.runner import run_experiment
+    from psrv.experiments.runner import run_experiment
     from psrv.process import interrupt_on_signals
     interrupt_on_signals()  # SIGTERM as Ctrl-C: the run in progress stops in order and keeps what ran
     return run_experiment(a.spec, out=a.out, tensorboard=a.tensorboard)
@@ -305,7 +305,7 @@ def _simulate(a: argparse.Namespace) -> int:
     if a.spec is not None:
         if given(a) or a.config or a.calibrate:
             raise ValueError("--spec: the spec holds the whole setting; give only --out with it")
-        from experiments.simulate.sweep import run_spec
+        from psrv.experiments.simulate.sweep import run_spec
         rows = run_spec(a.spec, out=a.out)
         print(f"simulated {len(rows)} runs; wrote {a.out}/summary.csv, report.md, plots")
         return 0
@@ -314,12 +314,12 @@ def _simulate(a: argparse.Namespace) -> int:
     import torch
     torch.set_num_threads(1)  # one simulated worker's step at a time: tiny tensors, and no spinning threads
     if a.calibrate:
-        from experiments.simulate.calibrate import calibrate, format_calibration
+        from psrv.experiments.simulate.calibrate import calibrate, format_calibration
         print(format_calibration(calibrate(cfg, out=a.out)))
         print(f"\nwrote {a.out}/calibration.json, {a.out}/real, {a.out}/simulated")
         return 0
-    from experiments.simulate.run import simulate
-    from experiments.summary import format_summary
+    from psrv.experiments.simulate.run import simulate
+    from psrv.experiments.summary import format_summary
     summary = simulate(cfg, out=a.out)
     print(format_summary(summary))
     print(f"wait_fraction  {summary['wait_fraction']:.4g}\nsimulated in   {summary['simulator_seconds']:.3g}s")

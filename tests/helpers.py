@@ -63,10 +63,10 @@ class Procs:
                 p.wait()
 
 
-def run_in_session(argv: list[str], *, timeout: float) -> subprocess.CompletedProcess:
+def run_in_session(argv: list[str], *, timeout: float, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """Run argv in its own process group. On timeout it gets SIGTERM first, so a `psrv run` stops the
     processes it started (each in a session of its own) by PID, then the whole group is killed."""
-    p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    p = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
     try:
         out, _ = p.communicate(timeout=timeout)

@@ -1,5 +1,5 @@
 """A rank of the all-reduce baselines (workers/allreduce): DDP, FSDP or ZeRO-1 as --mode says (ddp when
-not given). `torchrun --nproc-per-node 2 -m workers.ddp --mode fsdp --steps 20 --out run/worker-{rank}.json`,
+not given). `torchrun --nproc-per-node 2 -m psrv.workers.ddp --mode fsdp --steps 20 --out run/worker-{rank}.json`,
 or `psrv run --mode fsdp`."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import logging
 import os
 import sys
 
-from workers.allreduce.loop import train_allreduce
-from workers.allreduce.main import build_parser, main, rank_path
+from psrv.workers.allreduce.loop import train_allreduce
+from psrv.workers.allreduce.main import build_parser, main, rank_path
 
 train_ddp = train_allreduce  # the name its callers knew
 __all__ = ["build_parser", "main", "rank_path", "train_allreduce", "train_ddp"]

@@ -16,10 +16,10 @@ from torch.nn.utils import parameters_to_vector
 from psrv.config import WorkerConfig
 from psrv.rss import peak_rss_bytes
 from psrv.worker import Worker
-from workers.faults import FaultInjector
-from workers.evals import record_eval, record_final
-from workers.jobs import batch_size_of, load_job
-from workers.local_steps import inner_steps, make_inner_optimizer
+from psrv.workers.faults import FaultInjector
+from psrv.workers.evals import record_eval, record_final
+from psrv.workers.jobs import batch_size_of, load_job
+from psrv.workers.local_steps import inner_steps, make_inner_optimizer
 
 log = logging.getLogger("psrv.worker")
 

@@ -1,9 +1,9 @@
 """`make bench`: every benchmark, each figure a ratio against a baseline measured in the same run.
 
-python -m experiments.bench            # the full suite (about 10 minutes on 2 cores; make bench)
-python -m experiments.bench --smoke    # tiny sizes, under a minute: proves the bench still runs
-python -m experiments.bench --only wire apply         # a subset
-python -m experiments.bench --markdown bench/results.json   # the table for docs/benchmarks.md
+python -m psrv.experiments.bench            # the full suite (about 10 minutes on 2 cores; make bench)
+python -m psrv.experiments.bench --smoke    # tiny sizes, under a minute: proves the bench still runs
+python -m psrv.experiments.bench --only wire apply         # a subset
+python -m psrv.experiments.bench --markdown bench/results.json   # the table for docs/benchmarks.md
 Writes bench/results.json and prints a table; each figure says whether it meets its goal.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from experiments.bench import apply, colocated, end_to_end, memory, metrics_overhead, scaling, wire, worker_options
+from psrv.experiments.bench import apply, colocated, end_to_end, memory, metrics_overhead, scaling, wire, worker_options
 
 
 def machine() -> dict:

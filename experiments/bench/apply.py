@@ -1,6 +1,6 @@
 """apply: the server's optimizer step on one shard, as bytes touched per second, against memcpy.
 
-python -m experiments.bench.apply --size-mb 64 --repeats 9
+python -m psrv.experiments.bench.apply --size-mb 64 --repeats 9
 memcpy is torch's copy_ of a tensor of the same size (2 x size bytes touched: read + write). An SGD
 step with momentum touches 5 x size (read param, grad, buffer; write param, buffer), an Adam step
 7 x size (read param, grad, m, v; write param, m, v).

@@ -1,6 +1,6 @@
 """colocated: a PUSH_PULL round trip through the shared-memory plane against memcpy of the same bytes.
 
-python -m experiments.bench.colocated --sizes-mb 16 64 --repeats 9
+python -m psrv.experiments.bench.colocated --sizes-mb 16 64 --repeats 9
 A worker and one shard on this host, as `psrv run` starts them: the shard reads the push in place and
 the worker copies the weights out of the shard's memory, straight into its own (psrv/transport/shm.py).
 The round trip includes the shard's SGD step (lr 1e-9, no momentum: one multiply-add over the model;
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from experiments.bench.wire import _spawn
+from psrv.experiments.bench.wire import _spawn
 from psrv.client import PSClient
 from psrv.partition import ParamSpec, PartitionPlan
 from psrv.process import tune_malloc

@@ -1,6 +1,6 @@
 """end_to_end: samples/s of one job under sync PS, async PS, ssp(2) and DDP (gloo), same run.
 
-python -m experiments.bench.end_to_end --jobs synthetic_mlp digits_mlp --repeats 2
+python -m psrv.experiments.bench.end_to_end --jobs synthetic_mlp digits_mlp --repeats 2
 2 workers and 1 server on 127.0.0.1; samples/s counts the training window (first step to last). Each
 PS row says by which path its tensor bytes went, summed over its runs (`payload_bytes`, as summary.json:
 inline, shm, bulk); as psrv run starts them, co-located processes share memory.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from psrv.config import RunConfig, from_dict
 
-from experiments.launch import run_local
+from psrv.experiments.launch import run_local
 
 VARIANTS = (("sync", 0), ("async", 0), ("ssp", 2), ("ddp", 0))
 STEPS = {"synthetic_mlp": 40, "digits_mlp": 300, "mnist1d_mlp": 300}

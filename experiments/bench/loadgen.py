@@ -1,6 +1,6 @@
 """A load generator process: THREADS workers, each with its own PSClient, push_pull for SECONDS.
 
-python -m experiments.bench.loadgen ADDRESS FIRST_RANK THREADS WORLD SIZE SECONDS
+python -m psrv.experiments.bench.loadgen ADDRESS FIRST_RANK THREADS WORLD SIZE SECONDS
 Prints one JSON line: {"round_trips": ..., "seconds": ...}. Used by experiments.bench.scaling.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """memory: peak RSS of a server and of a worker, each against what its job needs at the least.
 
-python -m experiments.bench.memory --size-mb 256 --worker-job synthetic_mlp
+python -m psrv.experiments.bench.memory --size-mb 256 --worker-job synthetic_mlp
 Server: a 256 MB model with Adam. It reports its own peak RSS (getrusage) in its --out JSON; the
 baseline is 3 x the model (parameters + Adam's two moments) plus the peak RSS of a process that only
 imports torch, measured in the same run. Goal: <= 1.2x.
@@ -30,7 +30,7 @@ from psrv.client import PSClient
 from psrv.partition import ParamSpec, PartitionPlan
 
 BARE = "import torch; from psrv.rss import peak_rss_bytes; print(peak_rss_bytes())"
-PLAIN = "from experiments.bench.memory import plain_training as p; print(p({job!r}, {steps}))"
+PLAIN = "from psrv.experiments.bench.memory import plain_training as p; print(p({job!r}, {steps}))"
 
 
 def bare_torch_rss() -> int:
@@ -40,8 +40,8 @@ def bare_torch_rss() -> int:
 def plain_training(job_name: str, steps: int) -> int:
     """Train `job_name` in this process with plain torch and no server; return the peak RSS."""
     from psrv.rss import peak_rss_bytes
-    from workers.data import batch_indices
-    from workers.jobs import evaluate, load_job
+    from psrv.workers.data import batch_indices
+    from psrv.workers.jobs import evaluate, load_job
     job = load_job(job_name, seed=0)
     x, y = job.train
     batches = batch_indices(len(x), rank=0, world_size=1, batch_size=32, seed=0)
@@ -131,7 +131,7 @@ def run(size_mb: int, worker_job: str = "synthetic_mlp", worker_steps: int = 5, 
     worker, plain = statistics.median(workers), statistics.median(plains)
     model = size_mb * 2**20
     baseline = 3 * model + bare
-    from workers.jobs import load_job
+    from psrv.workers.jobs import load_job
     model_bytes = sum(p.numel() * p.element_size() for p in load_job(worker_job, seed=0).model.parameters())
     return [{"bench": "memory", "role": "server", "size_mb": size_mb, "optimizer": "adam", "peak_rss_bytes": peak,
              "bare_torch_bytes": bare, "baseline_bytes": baseline, "ratio": peak / baseline},

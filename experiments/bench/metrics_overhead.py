@@ -1,6 +1,6 @@
 """metrics_overhead: training steps/s of `psrv run` without and with --metrics, runs alternated.
 
-python -m experiments.bench.metrics_overhead --steps 400 --repeats 3 --out runs/bench/metrics_overhead.json
+python -m psrv.experiments.bench.metrics_overhead --steps 400 --repeats 3 --out runs/bench/metrics_overhead.json
 With --metrics on, a scraper GETs every /metrics endpoint each --scrape-interval seconds, as Prometheus
 would. steps/s counts every worker's steps over the training window (first step start to last step end,
 so process start-up and imports are left out); overhead = median off / median on - 1, the fraction
@@ -19,7 +19,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from experiments.launch import run_local
+from psrv.experiments.launch import run_local
 from psrv.config import RunConfig, from_dict
 
 
@@ -123,7 +123,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def run(steps: int, repeats: int, workers: int = 2) -> list[dict]:
-    """For `python -m experiments.bench`: ratio = median steps/s with metrics on / off (goal >= 0.98)."""
+    """For `python -m psrv.experiments.bench`: ratio = median steps/s with metrics on / off (goal >= 0.98)."""
     argv = ["--steps", str(steps), "--repeats", str(repeats), "--workers", str(workers), "--out", "-"]
     r = measure(parser().parse_args(argv), argv)
     on, off = r["median_steps_per_second"]["on"], r["median_steps_per_second"]["off"]
@@ -169,7 +169,7 @@ def measure(a: argparse.Namespace, argv: list[str] | None) -> dict:
     per_step = costs["worker_seconds_per_step"] + a.servers * costs["server_seconds_per_push"]
     costs["seconds_per_step"] = per_step
     costs["fraction_of_step_time"] = per_step * off / a.workers   # a worker's step lasts workers/off s
-    result = {"command": " ".join([os.path.basename(sys.executable), "-m", "experiments.bench.metrics_overhead",
+    result = {"command": " ".join([os.path.basename(sys.executable), "-m", "psrv.experiments.bench.metrics_overhead",
                                    *(argv if argv is not None else sys.argv[1:])]),
               "job": a.job, "mode": a.mode, "workers": a.workers, "servers": a.servers, "steps": a.steps,
               "repeats": a.repeats, "scrape_interval": a.scrape_interval, "cpus": os.cpu_count(),

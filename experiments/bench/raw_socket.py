@@ -3,7 +3,7 @@
 The bulk plane (psrv/transport/bulk.py) is measured against this, so it uses the socket module only
 and nothing of psrv: a message is an 8-byte length and the bytes; the server reads them into one
 buffer it keeps (grown when needed) and sends them back, the client reads the echo into its own.
-Run as a process: python -m experiments.bench.raw_socket HOST READY_FILE
+Run as a process: python -m psrv.experiments.bench.raw_socket HOST READY_FILE
 """
 from __future__ import annotations
 

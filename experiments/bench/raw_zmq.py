@@ -4,7 +4,7 @@ This is the yardstick psrv's wire is measured against, so it uses pyzmq directly
 It gets the same malloc settings psrv's processes use (psrv.process.tune_malloc):
 with glibc's defaults every received big message faults in fresh pages, and an untuned echo of
 64 MB was slower than psrv's whole PUSH_PULL, which measures the allocator rather than the wire.
-Run as a process: python -m experiments.bench.raw_zmq ENDPOINT READY_FILE
+Run as a process: python -m psrv.experiments.bench.raw_zmq ENDPOINT READY_FILE
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """rpc_vs_zmq: one PUSH_PULL round trip of the whole model over zmq and over torch RPC, same run.
 
-python -m experiments.bench.rpc_vs_zmq --sizes-mb 1 16 64 --repeats 7 --out runs/bench/rpc_vs_zmq.json
+python -m psrv.experiments.bench.rpc_vs_zmq --sizes-mb 1 16 64 --repeats 7 --out runs/bench/rpc_vs_zmq.json
 For each size and transport: one `psrv serve` shard (async, SGD, momentum 0: every push is applied
 and the weights come straight back) in a subprocess, and one PSClient in another (RPC allows one
 world per process), which times --repeats round trips after --warmup untimed ones. Transports
@@ -76,7 +76,7 @@ def measure(transport: str, mb: float, *, warmup: int, repeats: int, tmp: Path) 
                 time.sleep(0.05)
             address = ready.read_text().strip()
         out = tmp / f"{transport}-{mb}.json"
-        me = [sys.executable, "-m", "experiments.bench.rpc_vs_zmq", "--client", transport, address, "--sizes-mb",
+        me = [sys.executable, "-m", "psrv.experiments.bench.rpc_vs_zmq", "--client", transport, address, "--sizes-mb",
               str(mb), "--warmup", str(warmup), "--repeats", str(repeats), "--out", str(out)]
         procs.append(subprocess.Popen(me, stderr=subprocess.DEVNULL))
         if procs[1].wait(600) != 0 or procs[0].wait(120) != 0:

@@ -1,6 +1,6 @@
 """scaling: aggregate updates/s of one async shard as concurrent workers grow (1, 4, 16, 32, 64).
 
-python -m experiments.bench.scaling --workers 1 4 16 32 64 --seconds 3 --repeats 3
+python -m psrv.experiments.bench.scaling --workers 1 4 16 32 64 --seconds 3 --repeats 3
 Workers are threads, each with its own PSClient, spread over a few load-generator processes so the
 clients' GIL is not the bottleneck. The figure is the shard's updates_applied over the measured
 window; each count is reported as a ratio to the best count of the same run. The server's CPU
@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from experiments.cluster import thread_env
+from psrv.experiments.cluster import thread_env
 
 
 def one(workers: int, seconds: float, size: int, procs: int, tmp: Path) -> dict:
@@ -39,7 +39,7 @@ def one(workers: int, seconds: float, size: int, procs: int, tmp: Path) -> dict:
         split = [workers // n + (1 if i < workers % n else 0) for i in range(n)]
         firsts = [sum(split[:i]) for i in range(n)]
         cpu0 = _cpu_seconds(server.pid)
-        gens = [subprocess.Popen([sys.executable, "-m", "experiments.bench.loadgen", address, str(f), str(k),
+        gens = [subprocess.Popen([sys.executable, "-m", "psrv.experiments.bench.loadgen", address, str(f), str(k),
                                   str(workers), str(size), str(seconds)], stdout=subprocess.PIPE, text=True)
                 for f, k in zip(firsts, split)]
         reports = [json.loads(g.communicate(timeout=seconds + 120)[0]) for g in gens]

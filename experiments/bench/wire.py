@@ -1,6 +1,6 @@
 """wire: one PUSH_PULL round trip of the whole model against a raw echo of the same bytes.
 
-python -m experiments.bench.wire --sizes-mb 1 16 64 --shards 1 2 --endpoints tcp ipc --planes zmq bulk
+python -m psrv.experiments.bench.wire --sizes-mb 1 16 64 --shards 1 2 --endpoints tcp ipc --planes zmq bulk
 psrv over zmq alone (plane "zmq") is measured against a raw pyzmq echo (baseline "zmq_echo",
 experiments/bench/raw_zmq.py), psrv with the bulk plane (plane "bulk", tcp only: psrv/transport/bulk.py)
 against a raw TCP socket echo read with recv_into (baseline "socket_echo", experiments/bench/raw_socket.py).
@@ -28,7 +28,7 @@ from psrv.client import PSClient
 from psrv.partition import ParamSpec, PartitionPlan
 
 from psrv.process import tune_malloc
-from experiments.cluster import thread_env
+from psrv.experiments.cluster import thread_env
 
 BASELINE = {"zmq": "zmq_echo", "bulk": "socket_echo"}
 
@@ -59,16 +59,16 @@ def _fresh(tmp: Path, name: str) -> Path:
 def echo(baseline: str, size: int, kind: str, tmp: Path) -> Iterator[Callable[[], float]]:
     """A raw echo server of `baseline` and a round trip of `size` bytes to it (seconds)."""
     if baseline == "socket_echo":
-        from experiments.bench.raw_socket import EchoClient
+        from psrv.experiments.bench.raw_socket import EchoClient
         ready = _fresh(tmp, "socket.addr")
-        proc, address = _spawn([sys.executable, "-m", "experiments.bench.raw_socket", "127.0.0.1", str(ready)], ready)
+        proc, address = _spawn([sys.executable, "-m", "psrv.experiments.bench.raw_socket", "127.0.0.1", str(ready)], ready)
         payload, out = torch.ones(size // 4).numpy(), torch.empty(size // 4).numpy()
         client = EchoClient(address)
         trip = lambda: client.round_trip(payload, out)  # noqa: E731
     else:
-        from experiments.bench.raw_zmq import EchoClient
+        from psrv.experiments.bench.raw_zmq import EchoClient
         ready = _fresh(tmp, "echo.addr")
-        proc, address = _spawn([sys.executable, "-m", "experiments.bench.raw_zmq", _endpoint(kind, tmp, "echo"),
+        proc, address = _spawn([sys.executable, "-m", "psrv.experiments.bench.raw_zmq", _endpoint(kind, tmp, "echo"),
                                 str(ready)], ready)
         payload = torch.ones(size // 4).numpy()
         client = EchoClient(address)

@@ -1,6 +1,6 @@
 """worker_options: what each worker-side optimisation buys, end to end, against the same run without it.
 
-python -m experiments.bench.worker_options --job synthetic_mlp --repeats 2
+python -m psrv.experiments.bench.worker_options --job synthetic_mlp --repeats 2
 The job runs async with 2 servers and 2 workers on 127.0.0.1, in four variants alternated within each
 repeat: neither option, --overlap (each shard's slice pushed as soon as backward finishes it),
 --wire-dtype bfloat16 (half the push bytes), and both. Each figure is the median samples/s as a ratio
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from psrv.config import RunConfig, from_dict
 
-from experiments.launch import run_local
+from psrv.experiments.launch import run_local
 
 VARIANTS = {"baseline": (False, "float32"), "overlap": (True, "float32"),
             "bfloat16": (False, "bfloat16"), "overlap+bfloat16": (True, "bfloat16")}

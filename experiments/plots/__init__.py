@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.collect import VariantSummary
-from experiments.plots.breakdown import plot_breakdown, plot_throughput
-from experiments.plots.figure import load
-from experiments.plots.progress import plot_metric
-from experiments.plots.staleness import plot_distributions, plot_over_time
-from experiments.plots.timeline import plot_timeline
-from experiments.plots.traffic import plot_traffic
-from experiments.spec import ExperimentSpec
+from psrv.experiments.collect import VariantSummary
+from psrv.experiments.plots.breakdown import plot_breakdown, plot_throughput
+from psrv.experiments.plots.figure import load
+from psrv.experiments.plots.progress import plot_metric
+from psrv.experiments.plots.staleness import plot_distributions, plot_over_time
+from psrv.experiments.plots.timeline import plot_timeline
+from psrv.experiments.plots.traffic import plot_traffic
+from psrv.experiments.spec import ExperimentSpec
 
 __all__ = ["write_plots"]
 

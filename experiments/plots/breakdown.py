@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.collect import VariantSummary, number
-from experiments.plots.figure import VariantData, color, figure, has_staleness, save
+from psrv.experiments.collect import VariantSummary, number
+from psrv.experiments.plots.figure import VariantData, color, figure, has_staleness, save
 
 PHASES = (("compute_seconds", "compute"), ("communication_seconds", "communication"),
           ("wait_seconds", "waiting (barrier, SSP bound, slowest rank)"))

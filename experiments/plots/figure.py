@@ -10,11 +10,11 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from experiments.collect import number, read_csv
-from experiments.spec import ExperimentSpec
+from psrv.experiments.collect import number, read_csv
+from psrv.experiments.spec import ExperimentSpec
 from psrv.config import MODES
 
-log = logging.getLogger("experiments.report")
+log = logging.getLogger("psrv.experiments.report")
 
 Rows = list[dict[str, str]]
 

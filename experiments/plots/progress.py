@@ -13,8 +13,8 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.ticker import EngFormatter
 
-from experiments.collect import number
-from experiments.plots.figure import Rows, VariantData, color, figure, pushed, save, style
+from psrv.experiments.collect import number
+from psrv.experiments.plots.figure import Rows, VariantData, color, figure, pushed, save, style
 
 AXES = (("samples", "samples seen (all workers)"), ("updates", "updates applied (servers' count)"),
         ("wall_time", "wall time (s)"))

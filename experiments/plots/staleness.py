@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.collect import number
-from experiments.plots.figure import VariantData, color, figure, has_staleness, pushed, save
+from psrv.experiments.collect import number
+from psrv.experiments.plots.figure import VariantData, color, figure, has_staleness, pushed, save
 
 
 def staleness_values(v: VariantData) -> list[float]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from experiments.collect import number
-from experiments.plots.figure import VariantData, figure, save
+from psrv.experiments.collect import number
+from psrv.experiments.plots.figure import VariantData, figure, save
 
 
 def plot_timeline(path: Path, data: list[VariantData]) -> bool:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.collect import VariantSummary
-from experiments.plots.figure import color, figure, save
-from experiments.provenance import OUTPUT_KEYS, flat
-from experiments.spec import ExperimentSpec
+from psrv.experiments.collect import VariantSummary
+from psrv.experiments.plots.figure import color, figure, save
+from psrv.experiments.provenance import OUTPUT_KEYS, flat
+from psrv.experiments.spec import ExperimentSpec
 
 
 def architecture(cfg) -> str:

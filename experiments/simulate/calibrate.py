@@ -16,10 +16,10 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
-from experiments.collect import read_csv, wait_fraction
-from experiments.simulate.config import SimulationConfig
+from psrv.experiments.collect import read_csv, wait_fraction
+from psrv.experiments.simulate.config import SimulationConfig
 from psrv.config import RunConfig, from_dict, to_dict
-from workers.faults import FaultInjector
+from psrv.workers.faults import FaultInjector
 
 COMPARED = ("samples_per_second", "wait_fraction", "mean_staleness", "final_metric")
 WITHIN = 0.15        # the agreement the docs ask for, relative to the real value
@@ -49,7 +49,7 @@ def fit(cfg: SimulationConfig, steps: list[dict[str, str]]) -> dict[str, float]:
         last[rank] = end
     gap = statistics.fmean(between) if between else 0.0
     model_ms = max(0.0, 1000 * (statistics.fmean(undisturbed) + gap) - cfg.faults.compute_ms)
-    from experiments.simulate.network import NetworkModel, job_plan
+    from psrv.experiments.simulate.network import NetworkModel, job_plan
     plan, _ = job_plan(cfg.job.name, seed=cfg.seed, shards=cfg.cluster.servers)
     network = NetworkModel.of(cfg.simulate, plan)
     on_links = 2 * sum(network.transfer)  # a push and its reply, each crossing both links' bandwidth once
@@ -80,7 +80,7 @@ def agreement(real: dict, simulated: dict) -> dict[str, dict]:
 
 def calibrate(cfg: SimulationConfig, *, out: str | Path, progress: bool = False) -> dict:
     """Run `cfg` for real into DIR/real, then `compare`; return DIR/calibration.json's content."""
-    from experiments.launch import run_local
+    from psrv.experiments.launch import run_local
     out = Path(out)
     load_before = os.getloadavg()
     run_local(real_config(cfg), out=out / "real", progress=progress)
@@ -90,7 +90,7 @@ def calibrate(cfg: SimulationConfig, *, out: str | Path, progress: bool = False)
 def compare(cfg: SimulationConfig, *, out: str | Path, load: tuple | None = None) -> dict:
     """Fit the simulation to the real run of `cfg` in DIR/real, simulate it (learning level) into
     DIR/simulated, and write and return DIR/calibration.json."""
-    from experiments.simulate.run import simulate
+    from psrv.experiments.simulate.run import simulate
     out = Path(out)
     real = json.loads((out / "real" / "summary.json").read_text())
     steps = read_csv(out / "real" / "steps.csv")

@@ -13,7 +13,7 @@ import numpy as np
 
 from psrv.config import FaultConfig, from_dict
 from psrv.config.sections import SimulateSettings
-from workers.faults import FaultInjector
+from psrv.workers.faults import FaultInjector
 
 
 def undisturbed_seconds(steps_csv: str | Path) -> tuple[np.ndarray, float]:

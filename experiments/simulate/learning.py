@@ -15,7 +15,7 @@ import math
 import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from experiments.simulate.config import SimulationConfig
+from psrv.experiments.simulate.config import SimulationConfig
 from psrv.clip import clip_flat_
 from psrv.server.rules import PushContext
 from psrv.server.shard import Shard

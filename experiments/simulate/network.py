@@ -32,6 +32,6 @@ class NetworkModel:
 
 def job_plan(job_name: str, *, seed: int, shards: int) -> tuple[PartitionPlan, object]:
     """The job's partition plan over `shards`, and the job (its model, data and evaluation)."""
-    from workers.jobs import load_job
+    from psrv.workers.jobs import load_job
     job = load_job(job_name, seed=seed)
     return PartitionPlan.from_module(job.model, shards), job

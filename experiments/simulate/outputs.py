@@ -6,9 +6,9 @@ import csv
 import json
 from pathlib import Path
 
-from experiments.simulate.cluster import Recorded
-from experiments.simulate.config import SimulationConfig
-from experiments.summary import EVAL_COLUMNS, STEP_COLUMNS
+from psrv.experiments.simulate.cluster import Recorded
+from psrv.experiments.simulate.config import SimulationConfig
+from psrv.experiments.summary import EVAL_COLUMNS, STEP_COLUMNS
 from psrv.config import to_dict
 
 LABEL = "(simulated)"

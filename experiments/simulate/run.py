@@ -5,10 +5,10 @@ import logging
 import time
 from pathlib import Path
 
-from experiments.simulate.cluster import Cluster, Recorded
-from experiments.simulate.compute import ComputeModel
-from experiments.simulate.config import SimulationConfig
-from experiments.simulate.network import NetworkModel, job_plan
+from psrv.experiments.simulate.cluster import Cluster, Recorded
+from psrv.experiments.simulate.compute import ComputeModel
+from psrv.experiments.simulate.config import SimulationConfig
+from psrv.experiments.simulate.network import NetworkModel, job_plan
 
 log = logging.getLogger("psrv.simulate")
 
@@ -25,7 +25,7 @@ def simulate(cfg: SimulationConfig, *, out: str | Path | None = None) -> dict:
     compute = [model.times(w, cfg.job.steps) for w in range(n)]
     learner = None
     if sim.level == "learning":
-        from experiments.simulate.learning import Learner
+        from psrv.experiments.simulate.learning import Learner
         learner = Learner(cfg, job, plan)
     cluster = Cluster(workers=n, shards=cfg.cluster.servers, mode=cfg.mode, staleness=cfg.staleness,
                       backup_workers=cfg.backup_workers, steps=cfg.job.steps, local_steps=cfg.worker.local_steps,
@@ -42,7 +42,7 @@ def simulate(cfg: SimulationConfig, *, out: str | Path | None = None) -> dict:
         log.warning("the simulated training diverged (%s, N=%d): %s; summary.json says diverged: true",
                     cfg.mode, n, summary["diverged_why"])
     if out is not None:
-        from experiments.simulate.outputs import write_outputs
+        from psrv.experiments.simulate.outputs import write_outputs
         write_outputs(Path(out), cfg, summary, rec, evals=learner.evals if learner is not None else [])
         if learner is not None:  # as rank 0's --params-out: the flat weights after every push
             import torch

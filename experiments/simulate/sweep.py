@@ -11,8 +11,8 @@ import json
 import tomllib
 from pathlib import Path
 
-from experiments.simulate.config import SimulationConfig
-from experiments.simulate.run import simulate
+from psrv.experiments.simulate.config import SimulationConfig
+from psrv.experiments.simulate.run import simulate
 from psrv.config import from_dict, merge
 
 COLUMNS = ("variant", "workers", "mode", "staleness", "backup_workers", "samples_per_second", "wait_fraction",

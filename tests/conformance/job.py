@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from workers.jobs import Job
+from psrv.workers.jobs import Job
 
 FEATURES, HIDDEN, CLASSES, SAMPLES = 64, 1600, 10, 512
 NAN_RANK, NAN_STEP = 1, 2

@@ -12,9 +12,9 @@ import statistics
 import pytest
 import torch
 
-from experiments.launch import run_local
+from psrv.experiments.launch import run_local
 from psrv.config import ConfigError, RunConfig, from_dict
-from workers.jobs import load_job
+from psrv.workers.jobs import load_job
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -133,7 +133,7 @@ def test_settings_a_mode_cannot_use_are_refused(data, key):
 
 
 def test_the_reports_optimizer_line_names_the_comm_hook():
-    from experiments.report_configs import _optimizer
+    from psrv.experiments.report_configs import _optimizer
     hooked = from_dict(RunConfig, {"mode": "zero1", "allreduce": {"ddp_comm_hook": "powersgd", "powersgd_rank": 2}})
     assert "DDP comm hook powersgd rank 2" in _optimizer(hooked)
     assert "comm hook" not in _optimizer(from_dict(RunConfig, {"mode": "ddp"}))

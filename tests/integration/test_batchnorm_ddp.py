@@ -11,7 +11,7 @@ from tests.helpers import psrv_run
 JOB = '''"""A small BatchNorm classifier on seeded data."""
 import torch
 
-from workers.jobs import Job
+from psrv.workers.jobs import Job
 
 
 def make(seed):

@@ -1,4 +1,4 @@
-"""`python -m experiments.bench --smoke`: every benchmark still runs, fast, and yields a finite ratio."""
+"""`python -m psrv.experiments.bench --smoke`: every benchmark still runs, fast, and yields a finite ratio."""
 import json
 import math
 import sys
@@ -15,7 +15,7 @@ KINDS = {"wire", "colocated", "apply", "end_to_end", "scaling", "memory", "metri
 def test_the_smoke_bench_runs_every_benchmark_quickly(tmp_path):
     out = tmp_path / "results.json"
     started = time.monotonic()
-    proc = run_in_session([sys.executable, "-m", "experiments.bench", "--smoke", "--out", str(out)], timeout=180)
+    proc = run_in_session([sys.executable, "-m", "psrv.experiments.bench", "--smoke", "--out", str(out)], timeout=180)
     took = time.monotonic() - started
     assert proc.returncode == 0, proc.stdout[-4000:]
     doc = json.loads(out.read_text())

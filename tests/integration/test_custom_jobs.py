@@ -19,7 +19,7 @@ PARAMS = FEATURES * CLASSES + CLASSES  # the job's one Linear layer: no shipped 
 JOB_SOURCE = f'''"""A tiny job a user might write: a linear model on seeded separable data."""
 import torch
 
-from workers.jobs import Job
+from psrv.workers.jobs import Job
 
 
 def make(seed):

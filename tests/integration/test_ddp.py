@@ -9,17 +9,17 @@ import sys
 import pytest
 import torch
 
-import workers.allreduce.ddp
+import psrv.workers.allreduce.ddp
 from tests.helpers import in_spawned_process, run_in_session
 from psrv.config import JobConfig, RunConfig
-from workers.ddp import train_ddp
+from psrv.workers.ddp import train_ddp
 
 pytestmark = pytest.mark.timeout(180)
 
 
 def test_an_fsdp_rank_runs_under_torchrun(tmp_path):
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-            "-m", "workers.ddp", "--mode", "fsdp", "--job", "digits_mlp", "--steps", "5", "--momentum", "0",
+            "-m", "psrv.workers.ddp", "--mode", "fsdp", "--job", "digits_mlp", "--steps", "5", "--momentum", "0",
             "--out", str(tmp_path / "x.json"), "--params-out", str(tmp_path / "params.pt")]
     proc = run_in_session(argv, timeout=120)
     assert proc.returncode == 0, proc.stdout[-4000:]
@@ -44,7 +44,7 @@ def test_ddp_counts_the_optimizer_steps_that_ran(monkeypatch):
 
 def _train_skipping_every_other_step() -> dict:
     """train_ddp for 4 steps with an optimizer whose step runs only every other call (in a spawned child)."""
-    real = workers.allreduce.ddp.make_optimizer
+    real = psrv.workers.allreduce.ddp.make_optimizer
 
     def every_other_step(cfg, params):
         optimizer = real(cfg, params)
@@ -52,5 +52,5 @@ def _train_skipping_every_other_step() -> dict:
         optimizer.step = lambda *a, **k: calls.append(1) or (step(*a, **k) if len(calls) % 2 else None)
         return optimizer
 
-    workers.allreduce.ddp.make_optimizer = every_other_step
+    psrv.workers.allreduce.ddp.make_optimizer = every_other_step
     return train_ddp(RunConfig(mode="ddp", job=JobConfig(steps=4)))

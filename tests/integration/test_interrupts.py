@@ -154,7 +154,7 @@ def test_an_interrupted_run_writes_what_ran_and_leaves_no_process(tmp_path):
 LIBRARY_USER = """
 import json, signal, sys
 from psrv.config import WorkerConfig, from_dict
-from workers.loop import TrainingInterrupted, train
+from psrv.workers.loop import TrainingInterrupted, train
 cfg = from_dict(WorkerConfig, {"servers": [sys.argv[1]], "rank": 0, "world_size": 1,
                                "job": {"steps": 100000}, "faults": {"compute_ms": 10}})
 try:

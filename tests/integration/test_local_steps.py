@@ -11,7 +11,7 @@ import psrv
 from psrv.config import RunConfig, from_dict
 from tests.helpers import psrv_run
 from tests.integration.test_sync_reference import big_batch_sgd
-from workers.jobs import load_job
+from psrv.workers.jobs import load_job
 
 JOB, BATCH = "digits_mlp", 16
 H, ROUNDS, INNER_LR, OUTER = 5, 3, 0.01, ("--optimizer", "sgd", "--lr", "0.7", "--momentum", "0.9", "--nesterov")
@@ -119,9 +119,9 @@ def test_local_steps_settings_resolve_and_refuse_in_one_line():
 def test_the_staleness_plot_counts_pushes_only(tmp_path):
     """With local steps a row is an inner step; only every H-th pushed. steps.csv says which on every row
     (`pushed`), and the staleness plot draws the pushes' staleness: its mean is summary.json's."""
-    from experiments.collect import merge_variant, read_csv
-    from experiments.plots.figure import VariantData
-    from experiments.plots.staleness import staleness_values
+    from psrv.experiments.collect import merge_variant, read_csv
+    from psrv.experiments.plots.figure import VariantData
+    from psrv.experiments.plots.staleness import staleness_values
     run = tmp_path / "async" / "rep-0"
     summary = psrv_run(run, "--mode", "async", "--workers", "2", "--servers", "1", "--steps", "40",
                        "--local-steps", "4", "--compute-ms", "5")

@@ -167,7 +167,7 @@ def test_a_second_experiment_into_a_folder_in_use_is_refused_in_one_line(tmp_pat
 def test_the_prometheus_files_beside_a_run_are_neither_refused_nor_cleared(tmp_path):
     """docs/deploy.md has Prometheus's config (and its database) sit in the run folder, where targets.json
     is: a run into such a folder, and into it again, leaves them be."""
-    from experiments.rundir import OwnedFolder
+    from psrv.experiments.rundir import OwnedFolder
     run = tmp_path / "watch"
     run.mkdir()
     for name in ("prometheus.yml", "rules.yml"):

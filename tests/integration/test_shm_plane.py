@@ -17,7 +17,7 @@ from psrv.transport.shm import ShmClientPlane, ShmServerPlane
 from psrv.transport.zmq import ZmqClient, ZmqServer
 from tests.helpers import ROOT, Procs, psrv_run
 from tests.integration.test_sync_reference import BATCH, LR, MOMENTUM, STEPS, WIDE, WORKERS, big_batch_sgd
-from workers.jobs import load_job
+from psrv.workers.jobs import load_job
 
 
 

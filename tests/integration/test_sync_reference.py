@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from tests.helpers import psrv_run
-from workers.data import batch_indices
-from workers.jobs import load_job
+from psrv.workers.data import batch_indices
+from psrv.workers.jobs import load_job
 
 WORKERS, BATCH, STEPS, LR, MOMENTUM = 3, 16, 20, 0.1, 0.9
 WIDE = str(Path(__file__).parent / "jobs" / "wide_digits.py") + ":make"  # big enough for a payload plane

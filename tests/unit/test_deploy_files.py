@@ -283,7 +283,7 @@ def test_k8s_experiment_agrees_with_the_manifests():
         spec["job"]["name"], spec["job"]["steps"], spec["job"]["batch_size"])
     assert data["PSRV_OPTIMIZER"] == spec["optimizer"]["name"]
     assert float(data["PSRV_LR"]) == spec["optimizer"]["lr"]
-    from experiments.spec import spec_from_dict
+    from psrv.experiments.spec import spec_from_dict
     spec_from_dict(spec)  # raises on anything the experiment loader would refuse
 
 

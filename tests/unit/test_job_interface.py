@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from workers.jobs import Job, batch_size_of, to_device
+from psrv.workers.jobs import Job, batch_size_of, to_device
 
 
 def _tensor_job(y_float: bool = False) -> Job:

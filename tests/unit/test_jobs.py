@@ -11,8 +11,8 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 from tests.helpers import ROOT
-from workers.jobs import job_factory, load_job
-from workers.jobs.digits import digits_arrays
+from psrv.workers.jobs import job_factory, load_job
+from psrv.workers.jobs.digits import digits_arrays
 
 
 def test_digits_are_load_digits_and_the_split_is_train_test_split():
@@ -30,13 +30,13 @@ def test_digits_are_load_digits_and_the_split_is_train_test_split():
 
 def test_the_shipped_names_are_the_config_trees():
     from psrv.config.sections import SHIPPED_JOBS
-    from workers.jobs import JOB_NAMES, _registry
+    from psrv.workers.jobs import JOB_NAMES, _registry
     assert tuple(_registry()) == SHIPPED_JOBS == JOB_NAMES
 
 
 def test_importing_the_registry_imports_no_torch():
     """A launcher checks a custom job's factory without paying for torch."""
-    code = "import sys, workers.jobs; sys.exit('torch' in sys.modules)"
+    code = "import sys, psrv.workers.jobs; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
 
 
@@ -71,7 +71,7 @@ def test_a_file_is_found_from_the_current_folder(tmp_path, monkeypatch):
 @pytest.mark.parametrize(("name", "says"), [
     ("nosuch", "unknown job 'nosuch'"),
     ("no_such_module_here:make", "cannot import no_such_module_here"),
-    ("workers.jobs.digits:no_such_factory", "has no function 'no_such_factory'"),
+    ("psrv.workers.jobs.digits:no_such_factory", "has no function 'no_such_factory'"),
     ("missing/file.py:make", "no such file"),
 ])
 def test_a_job_that_does_not_resolve_is_a_value_error_saying_why(name, says):

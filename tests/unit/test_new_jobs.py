@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from workers.jobs import code_lm as lm
-from workers.jobs import load_job
+from psrv.workers.jobs import code_lm as lm
+from psrv.workers.jobs import load_job
 
 
 @pytest.fixture(scope="module")

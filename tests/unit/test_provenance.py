@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from experiments.collect import collect, read_csv, run_dir
-from experiments.launch import write_config
-from experiments.provenance import claim, default_out, keep_aside, stored_config, why_changed
-from experiments.report import write_report
-from experiments.spec import ExperimentSpec, load_spec, spec_from_dict
+from psrv.experiments.collect import collect, read_csv, run_dir
+from psrv.experiments.launch import write_config
+from psrv.experiments.provenance import claim, default_out, keep_aside, stored_config, why_changed
+from psrv.experiments.report import write_report
+from psrv.experiments.spec import ExperimentSpec, load_spec, spec_from_dict
 from psrv.config import RunConfig, from_dict, to_dict
 from psrv.config.base import config_hash
 from tests.unit.test_report import VERSIONS, _fabricate

@@ -17,9 +17,9 @@ from psrv.server.optim import FUSED_MIN_ELEMENTS, make_optimizer
 from psrv.server.run import Server
 from psrv.server.shard import Shard
 from tests.helpers import in_spawned_process
-from workers.data import batch_indices
-from workers.ddp import train_ddp
-from workers.jobs import load_job
+from psrv.workers.data import batch_indices
+from psrv.workers.ddp import train_ddp
+from psrv.workers.jobs import load_job
 
 pytestmark = pytest.mark.timeout(120)
 UPDATES, LR = 50, 0.1

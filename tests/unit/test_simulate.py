@@ -7,9 +7,9 @@ import logging
 import pytest
 import torch
 
-import experiments.simulate.cluster as cluster_module
-from experiments.simulate.config import SimulationConfig
-from experiments.simulate.run import simulate
+import psrv.experiments.simulate.cluster as cluster_module
+from psrv.experiments.simulate.config import SimulationConfig
+from psrv.experiments.simulate.run import simulate
 from psrv.cli import main
 from psrv.config import ConfigError, from_dict
 from psrv.server.consistency import Decision
@@ -115,7 +115,7 @@ def test_a_simulation_spec_runs_every_variant_at_every_n(tmp_path):
 def test_the_shipped_simulation_spec_loads():
     from pathlib import Path
 
-    from experiments.simulate.sweep import load
+    from psrv.experiments.simulate.sweep import load
     spec = Path(__file__).resolve().parents[2] / "experiments" / "specs" / "simulate_ssp_backup.toml"
     header, runs = load(spec)
     assert header["workers"] == [16, 64, 256, 1024] and len(runs) == 7 * 4

@@ -5,7 +5,7 @@ import json
 
 import torch
 
-from experiments.summary import write_tables
+from psrv.experiments.summary import write_tables
 from psrv.steplog import StepLog
 from psrv.worker import StepInfo
 

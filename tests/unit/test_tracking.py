@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from experiments.collect import number, read_csv
-from experiments.tracking import STEP_SCALARS, write_events
+from psrv.experiments.collect import number, read_csv
+from psrv.experiments.tracking import STEP_SCALARS, write_events
 
 STEPS = ["wall_time", "worker", "step", "loss", "staleness", "compute_seconds", "communication_seconds",
          "wait_seconds", "batch_size"]

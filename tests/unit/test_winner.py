@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import statistics
 
-from experiments.collect import METRICS, Stat, VariantSummary
-from experiments.winner import clear_lead, winner_lines
+from psrv.experiments.collect import METRICS, Stat, VariantSummary
+from psrv.experiments.winner import clear_lead, winner_lines
 
 TARGET = "eval_loss <= 0.2"
 

@@ -20,7 +20,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from workers.faults import FaultInjector
+from psrv.workers.faults import FaultInjector
 
 
 class StepClock:

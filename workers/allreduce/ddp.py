@@ -5,9 +5,9 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from psrv.config import RunConfig
-from workers.allreduce.clock import StepClock
-from workers.allreduce.hooks import ClockedHook, clocked_hook, inner_hook
-from workers.allreduce.optim import make_optimizer, make_schedule
+from psrv.workers.allreduce.clock import StepClock
+from psrv.workers.allreduce.hooks import ClockedHook, clocked_hook, inner_hook
+from psrv.workers.allreduce.optim import make_optimizer, make_schedule
 
 
 def wrap_ddp(model: torch.nn.Module, cfg: RunConfig, group, clock: StepClock, device) -> DistributedDataParallel:

@@ -16,8 +16,8 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceS
 from torch.distributed.tensor import DTensor
 
 from psrv.config import RunConfig
-from workers.allreduce.clock import StepClock
-from workers.allreduce.optim import make_optimizer, make_schedule
+from psrv.workers.allreduce.clock import StepClock
+from psrv.workers.allreduce.optim import make_optimizer, make_schedule
 
 
 class ClockedReduceScatter(DefaultReduceScatter):

@@ -13,7 +13,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (allreduce
                                                                        fp16_compress_hook)
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 
-from workers.allreduce.clock import StepClock
+from psrv.workers.allreduce.clock import StepClock
 
 POWERSGD_START = 2
 

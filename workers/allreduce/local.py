@@ -6,8 +6,8 @@ import torch
 import torch.distributed as dist
 
 from psrv.config import OptimConfig, RunConfig
-from workers.allreduce.optim import make_optimizer, make_schedule
-from workers.local_steps import make_inner_optimizer
+from psrv.workers.allreduce.optim import make_optimizer, make_schedule
+from psrv.workers.local_steps import make_inner_optimizer
 
 
 class OuterAllReduce:

@@ -1,7 +1,7 @@
 """The all-reduce ranks' shared loop: the PS modes' job, data shards, seeds, optimizer, schedule, clip and
 evaluations under the wrapper the mode names (DDP, FSDP, ZeRO-1, or local steps over all-reduce).
 
-`torchrun --nproc-per-node 2 -m workers.ddp --mode fsdp --steps 20 --out run/worker-{rank}.json`, or
+`torchrun --nproc-per-node 2 -m psrv.workers.ddp --mode fsdp --steps 20 --out run/worker-{rank}.json`, or
 `psrv run --mode fsdp`."""
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import torch
 import torch.distributed as dist
 
 from psrv.config import RunConfig
-from workers.allreduce.clock import StepClock, split_wait
-from workers.evals import record_eval, record_final
-from workers.faults import FaultInjector
-from workers.jobs import batch_size_of, load_job
-from workers.loop import TrainingInterrupted
+from psrv.workers.allreduce.clock import StepClock, split_wait
+from psrv.workers.evals import record_eval, record_final
+from psrv.workers.faults import FaultInjector
+from psrv.workers.jobs import batch_size_of, load_job
+from psrv.workers.loop import TrainingInterrupted
 
 log = logging.getLogger("psrv.ddp")
 
@@ -40,15 +40,15 @@ def _device_and_backend(name: str, backend: str, local_rank: int, local_world: i
 
 def _wrapper(cfg: RunConfig) -> type:
     if cfg.worker.local_updates:
-        from workers.allreduce.local import LocalSteps
+        from psrv.workers.allreduce.local import LocalSteps
         return LocalSteps
     if cfg.mode == "fsdp":
-        from workers.allreduce.fsdp import FSDP
+        from psrv.workers.allreduce.fsdp import FSDP
         return FSDP
     if cfg.mode == "zero1":
-        from workers.allreduce.zero import Zero1
+        from psrv.workers.allreduce.zero import Zero1
         return Zero1
-    from workers.allreduce.ddp import DDP
+    from psrv.workers.allreduce.ddp import DDP
     return DDP
 
 

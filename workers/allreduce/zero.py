@@ -6,9 +6,9 @@ import torch
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from psrv.config import RunConfig
-from workers.allreduce.clock import StepClock
-from workers.allreduce.ddp import wrap_ddp
-from workers.allreduce.optim import make_schedule, optimizer_class
+from psrv.workers.allreduce.clock import StepClock
+from psrv.workers.allreduce.ddp import wrap_ddp
+from psrv.workers.allreduce.optim import make_schedule, optimizer_class
 
 
 class Zero1:

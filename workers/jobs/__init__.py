@@ -18,19 +18,19 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Callable
 
 from psrv.config.sections import SHIPPED_JOBS
-from workers.jobs.job import Job, batch_size_of, to_device  # noqa: F401  (the job interface)
+from psrv.workers.jobs.job import Job, batch_size_of, to_device  # noqa: F401  (the job interface)
 
 if TYPE_CHECKING:
     import torch
 
 
 def _registry() -> dict[str, str]:
-    return {"digits_mlp": "workers.jobs.digits:digits_mlp",
-            "mnist1d_mlp": "workers.jobs.mnist1d:mnist1d_mlp",
-            "synthetic_mlp": "workers.jobs.synthetic:synthetic_mlp",
-            "digits_cnn": "workers.jobs.digits:digits_cnn",
-            "mnist1d_cnn": "workers.jobs.mnist1d:mnist1d_cnn",
-            "code_lm": "workers.jobs.code_lm:code_lm"}
+    return {"digits_mlp": "psrv.workers.jobs.digits:digits_mlp",
+            "mnist1d_mlp": "psrv.workers.jobs.mnist1d:mnist1d_mlp",
+            "synthetic_mlp": "psrv.workers.jobs.synthetic:synthetic_mlp",
+            "digits_cnn": "psrv.workers.jobs.digits:digits_cnn",
+            "mnist1d_cnn": "psrv.workers.jobs.mnist1d:mnist1d_cnn",
+            "code_lm": "psrv.workers.jobs.code_lm:code_lm"}
 
 
 JOB_NAMES = SHIPPED_JOBS  # the config tree checks a job's name against these; _registry() builds them

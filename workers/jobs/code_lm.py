@@ -18,7 +18,7 @@ cores. To scale it up, e.g. on a GPU, wrap the factory with other options in a f
 name that as the job (the registry calls factory(seed)):
 
     # my_lm.py
-    from workers.jobs.code_lm import code_lm
+    from psrv.workers.jobs.code_lm import code_lm
 
     def big(seed):
         return code_lm(seed, d_model=256, layers=6, heads=8, context=256)
@@ -35,7 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from workers.jobs.job import Job, perplexity
+from psrv.workers.jobs.job import Job, perplexity
 
 VOCAB = 256  # bytes
 # Files every CPython 3.11 ships, relative to the stdlib folder; sorted, none in both lists.

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from workers.jobs import Job
+from psrv.workers.jobs import Job
 
 SPLIT = Path(__file__).with_name("digits_split.json")
 

@@ -64,7 +64,7 @@ class Job:
         device once). A general job's iterable is gone through again when it ends, with the next epoch
         set on its sampler where it has one (DataLoader + DistributedSampler); an empty one is an error."""
         if self.batches is None:
-            from workers.data import batch_indices
+            from psrv.workers.data import batch_indices
             x, y = (t.to(device) for t in self.train)
             for idx in batch_indices(len(x), rank=rank, world_size=world_size, batch_size=batch_size, seed=seed):
                 idx = idx.to(device)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from workers.jobs import Job
+from psrv.workers.jobs import Job
 
 
 def _dataset() -> dict:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from workers.jobs import Job
+from psrv.workers.jobs import Job
 
 
 def synthetic_mlp(seed: int, *, features: int = 1024, hidden: int = 4096, classes: int = 10) -> Job:

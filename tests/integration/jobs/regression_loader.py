@@ -4,7 +4,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
-from workers.jobs import Job
+from psrv.workers.jobs import Job
 
 FEATURES = 6
 

@@ -2,8 +2,8 @@
 for a payload plane (psrv/transport/plane.py MIN_BYTES) to carry them, where digits_mlp's 38 KB are not."""
 import torch
 
-from workers.jobs import Job
-from workers.jobs.digits import digits_split
+from psrv.workers.jobs import Job
+from psrv.workers.jobs.digits import digits_split
 
 
 def make(seed):

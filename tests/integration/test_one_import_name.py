@@ -1,0 +1,73 @@
+"""psrv installs one import name, and nothing it starts can be shadowed by a user's own packages.
+
+A researcher's project often has a `workers/` or `experiments/` package of its own. psrv's shipped loop,
+all-reduce ranks and harness import as psrv.workers and psrv.experiments, and the processes psrv starts
+run with -P (the current folder is not on their sys.path), so from such a folder every mode still runs
+psrv's own modules. Before, `psrv run --mode ddp` there ran the user's workers/ddp.py and ended in
+"expected 2 worker records in ..., found 0"."""
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import run_in_session
+
+PSRV = str(Path(sys.executable).with_name("psrv"))  # the command a user types
+SPEC = """
+name = "shadow"
+seeds = [0]
+
+[job]
+name = "digits_mlp"
+steps = 3
+batch_size = 32
+
+[cluster]
+servers = 1
+workers = 2
+
+[target]
+eval_accuracy = 0.2
+
+[[variants]]
+mode = "sync"
+"""
+
+
+def user_folder(tmp: Path) -> Path:
+    """A project with its own `workers` and `experiments` packages: importing any of their modules fails
+    loudly, and a module named like one of psrv's leaves a mark if it is ever run."""
+    tmp.mkdir()
+    for package in ("workers", "experiments"):
+        (tmp / package).mkdir()
+        (tmp / package / "__init__.py").write_text(
+            f"import pathlib\npathlib.Path(__file__).with_name('IMPORTED').touch()\n"
+            f"raise ImportError('the user\\'s own {package} package was imported')\n")
+    (tmp / "workers" / "ddp.py").write_text("raise SystemExit('the user\\'s workers/ddp.py ran')\n")
+    return tmp
+
+
+def test_the_wheel_installs_one_top_level_name():
+    names = importlib.metadata.distribution("psrv").read_text("top_level.txt").split()
+    assert names == ["psrv"], names
+
+
+@pytest.mark.timeout(240)
+def test_every_mode_and_the_harness_run_from_a_folder_with_its_own_workers_and_experiments(tmp_path):
+    here = user_folder(tmp_path / "project")
+    for mode in ("sync", "async", "ddp"):
+        out = here / f"run-{mode}"
+        proc = run_in_session([PSRV, "run", "--mode", mode, "--servers", "1", "--workers", "2", "--steps", "3",
+                               "--no-progress", "--log-level", "WARNING", "--out", str(out)], timeout=120, cwd=here)
+        assert proc.returncode == 0, f"psrv run --mode {mode}:\n{proc.stdout[-3000:]}"
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["mode"] == mode and summary["steps"] == 3, summary
+    (here / "spec.toml").write_text(SPEC)
+    proc = run_in_session([PSRV, "experiment", "spec.toml", "--out", "exp"], timeout=120, cwd=here)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert (here / "exp" / "report.md").is_file()
+    assert not list(here.rglob("IMPORTED")), "a user's package was imported by a psrv process"
