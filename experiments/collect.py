@@ -23,6 +23,7 @@ from psrv.config.base import config_hash
 from psrv.experiments.provenance import stored_config
 from psrv.experiments.spec import ExperimentSpec, TargetSpec, Variant
 from psrv.experiments.traffic import busiest
+from psrv.atomic import replacing
 
 log = logging.getLogger(__name__)
 
@@ -97,12 +98,10 @@ def read_csv(path: str | Path) -> list[dict[str, str]]:
 
 
 def _write_csv(path: Path, columns: list[str] | tuple[str, ...], rows: list[dict[str, Any]]) -> None:
-    tmp = path.with_suffix(".csv.tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
+    with replacing(path, newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=list(columns), restval="", extrasaction="ignore")
         writer.writeheader()
         writer.writerows({k: _cell(v) for k, v in row.items()} for row in rows)
-    tmp.replace(path)
 
 
 def _cell(value: Any) -> str:

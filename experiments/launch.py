@@ -17,6 +17,7 @@ from psrv.experiments.preflight import preflight
 from psrv.experiments.rundir import OwnedFolder
 from psrv.experiments.script import Script, check_records, start_script_workers
 from psrv.experiments.summary import build_summary, write_tables
+from psrv.atomic import write_json
 
 log = logging.getLogger("psrv.run")
 
@@ -29,9 +30,7 @@ def _psrv(*args: str) -> list[str]:
 
 def write_config(path: Path, cfg) -> Path:
     """A process's resolved config as JSON: what it is started with (`--config path`) and what it ran."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(to_dict(cfg), indent=1))
-    tmp.replace(path)
+    write_json(path, to_dict(cfg))
     return path
 
 
@@ -136,9 +135,7 @@ def write_targets(out: Path) -> int:
         targets = [f"127.0.0.1:{p.read_text().strip()}" for p in ports if p.read_text().strip()]
         if targets:
             groups.append({"targets": targets, "labels": {"job": "psrv", "role": role}})
-    tmp = out / "targets.json.tmp"
-    tmp.write_text(json.dumps(groups, indent=1))
-    tmp.replace(out / "targets.json")
+    write_json(out / "targets.json", groups)
     return sum(len(g["targets"]) for g in groups)
 
 

@@ -16,7 +16,6 @@ from typing import Any
 
 from psrv.config import ConfigError, RunConfig, Section, from_dict, merge
 from psrv.config.base import setting
-from psrv.config.cli_args import to_argv
 
 # what collect.py and report.py write beside the variant directories
 RESERVED_NAMES = ("plots", "runs.csv", "summary.csv", "report.md")
@@ -154,11 +153,6 @@ class ExperimentSpec:
     def run_config(self, variant: Variant, seed: int) -> RunConfig:
         """Exactly what one run of `variant` with `seed` trains with."""
         return variant.config.replace(seed=seed)
-
-    def run_argv(self, variant: Variant, seed: int) -> list[str]:
-        """The `psrv run` flags for one run, without --out (those that differ from the defaults)."""
-        return to_argv(self.run_config(variant, seed))
-
 
 def _table(where: str, raw: Any) -> dict[str, Any]:
     if not isinstance(raw, dict):

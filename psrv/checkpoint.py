@@ -11,12 +11,13 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Callable
 
 import torch
+
+from psrv.atomic import replacing
 
 log = logging.getLogger("psrv.checkpoint")
 MAGIC = b"PSRVCKPT1\n"
@@ -37,18 +38,8 @@ def write_atomic(path: Path, state: dict) -> None:
     buf = io.BytesIO()
     torch.save({**state, "format": FORMAT, "written": time.time()}, buf)
     payload = buf.getvalue()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
+    with replacing(path, "wb", durable=True) as f:
         f.write(MAGIC + hashlib.sha256(payload).digest() + payload)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # the rename itself survives a crash
-    finally:
-        os.close(fd)
 
 
 def read_verified(path: Path) -> dict:

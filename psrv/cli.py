@@ -12,6 +12,7 @@ from pathlib import Path
 from psrv.config import RunConfig, ServerConfig, WorkerConfig
 from psrv.config.cli_args import PREFIX, add_config_arguments, config_from_args, given, read_config_file
 from psrv.experiments.simulate.config import NOT_SIMULATED, SimulationConfig
+from psrv.atomic import write_json
 
 EPILOG = "Docs: README.md (quick start), docs/architecture.md, docs/experiments.md."
 
@@ -355,10 +356,7 @@ def _metrics_file(a: argparse.Namespace) -> Path | None:
 
 
 def _write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(path)
+    write_json(path, data)
 
 
 def _role(a: argparse.Namespace) -> str:

@@ -10,6 +10,8 @@ from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from psrv.atomic import write_text
+
 log = logging.getLogger("psrv.metrics")
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)  # unit: shard versions
 LR_SCALE_BUCKETS = (1 / 64, 1 / 32, 1 / 16, 1 / 12, 1 / 8, 1 / 6, 1 / 4, 1 / 3, 1 / 2, 1.0)  # 1/staleness
@@ -206,11 +208,6 @@ class MetricsEndpoint:
         self._thread.join(5.0)
 
 
-def serve_metrics(port: int, registry: CollectorRegistry, *, host: str = "127.0.0.1") -> int:
-    """Serve `registry` at http://host:port/metrics for the rest of the process; return the bound port."""
-    return MetricsEndpoint(port, registry, host=host).port
-
-
 def open_metrics(kind, port: int, port_file: Path | None = None, *, host: str = "127.0.0.1",
                  **labels) -> tuple[Any, MetricsEndpoint]:
     """`kind`'s metrics (ServerMetrics or WorkerMetrics, given `labels`) in a fresh registry, served on
@@ -220,8 +217,7 @@ def open_metrics(kind, port: int, port_file: Path | None = None, *, host: str = 
     endpoint = MetricsEndpoint(port, registry, host=host)
     log.info("metrics on http://%s:%d/metrics", host, endpoint.port)
     if port_file is not None:
-        port_file.parent.mkdir(parents=True, exist_ok=True)
-        port_file.write_text(str(endpoint.port))
+        write_text(port_file, str(endpoint.port))
     return metrics, endpoint
 
 

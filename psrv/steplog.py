@@ -15,7 +15,6 @@ makes one up. A worker that stops on an error or Ctrl-C writes what it did, `int
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 import torch
 
 from psrv.rss import peak_rss_bytes
+from psrv.atomic import write_json
 
 log = logging.getLogger("psrv.worker")
 _EVERY = 10  # steps between progress-file writes
@@ -110,10 +110,7 @@ class StepLog:
         if params is not None and self.params_out is not None and not interrupted:
             self.params_out.parent.mkdir(parents=True, exist_ok=True)
             torch.save(params.detach().cpu().clone(), self.params_out)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps(record, indent=1))
-        tmp.replace(self.path)
+        write_json(self.path, record)
         if self.metrics is not None and self.linger > 0 and not interrupted:
             time.sleep(self.linger)
 

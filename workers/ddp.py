@@ -10,8 +10,7 @@ import sys
 from psrv.workers.allreduce.loop import train_allreduce
 from psrv.workers.allreduce.main import build_parser, main, rank_path
 
-train_ddp = train_allreduce  # the name its callers knew
-__all__ = ["build_parser", "main", "rank_path", "train_allreduce", "train_ddp"]
+__all__ = ["build_parser", "main", "rank_path", "train_allreduce"]
 
 if __name__ == "__main__":
     code = main()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from psrv.metrics import ServerMetrics, open_metrics, start_metrics
 from psrv.rss import peak_rss_bytes
 from psrv.server.service import ShardService
 from psrv.transport import create_server
+from psrv.atomic import write_text
 
 log = logging.getLogger("psrv.server")
 __all__ = ["Server", "serve", "start_metrics"]  # start_metrics (psrv.metrics) stays importable here for psrv.cli
@@ -143,9 +143,7 @@ def serve(cfg: ServerConfig, *, metrics_port: int | None = None, metrics_file: P
     with Server(cfg, metrics_port=metrics_port, metrics_file=metrics_file, metrics_host=metrics_host,
                 metrics_linger=metrics_linger) as server:
         if ready_file is not None:
-            tmp = ready_file.with_suffix(".tmp")
-            tmp.write_text(server.address)
-            os.replace(tmp, ready_file)
+            write_text(ready_file, server.address)
         if on_ready is not None:
             on_ready(server)
         return server.serve()

@@ -12,7 +12,7 @@ import torch
 import psrv.workers.allreduce.ddp
 from tests.helpers import in_spawned_process, run_in_session
 from psrv.config import JobConfig, RunConfig
-from psrv.workers.ddp import train_ddp
+from psrv.workers.ddp import train_allreduce
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -43,7 +43,7 @@ def test_ddp_counts_the_optimizer_steps_that_ran(monkeypatch):
 
 
 def _train_skipping_every_other_step() -> dict:
-    """train_ddp for 4 steps with an optimizer whose step runs only every other call (in a spawned child)."""
+    """train_allreduce for 4 steps with an optimizer whose step runs only every other call (in a spawned child)."""
     real = psrv.workers.allreduce.ddp.make_optimizer
 
     def every_other_step(cfg, params):
@@ -53,4 +53,4 @@ def _train_skipping_every_other_step() -> dict:
         return optimizer
 
     psrv.workers.allreduce.ddp.make_optimizer = every_other_step
-    return train_ddp(RunConfig(mode="ddp", job=JobConfig(steps=4)))
+    return train_allreduce(RunConfig(mode="ddp", job=JobConfig(steps=4)))

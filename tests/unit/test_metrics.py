@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from psrv.metrics import DROP_REASONS, METRIC_NAMES, ServerMetrics, WorkerMetrics, serve_metrics
+from psrv.metrics import DROP_REASONS, METRIC_NAMES, MetricsEndpoint, ServerMetrics, WorkerMetrics
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -33,7 +33,7 @@ def test_metrics_are_served_with_their_labels():
     worker.loss.set(0.25)
     worker.step_seconds.observe(0.01)
 
-    port = serve_metrics(0, registry)
+    port = MetricsEndpoint(0, registry).port
     assert port > 0
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
         text = reply.read().decode()

@@ -18,7 +18,7 @@ from psrv.server.run import Server
 from psrv.server.shard import Shard
 from tests.helpers import in_spawned_process
 from psrv.workers.data import batch_indices
-from psrv.workers.ddp import train_ddp
+from psrv.workers.ddp import train_allreduce
 from psrv.workers.jobs import load_job
 
 pytestmark = pytest.mark.timeout(120)
@@ -182,7 +182,7 @@ def test_ddp_follows_the_schedule_by_its_optimizer_steps(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     optim = OptimConfig(lr=0.2, momentum=0.5, warmup_steps=5, lr_schedule="step", lr_step_size=4, lr_gamma=0.3)
     cfg = RunConfig(mode="ddp", job=JobConfig(steps=20, batch_size=32), optimizer=optim)
-    got = in_spawned_process(train_ddp, cfg)["final_params"]  # gloo in a child of its own
+    got = in_spawned_process(train_allreduce, cfg)["final_params"]  # gloo in a child of its own
     want, unscheduled = _torch_loop(cfg, scheduled=True), _torch_loop(cfg, scheduled=False)
     assert (want - unscheduled).abs().max() > 1e-2       # the schedule makes a difference here
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)

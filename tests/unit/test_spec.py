@@ -9,7 +9,7 @@ import pytest
 from psrv.experiments.spec import ExperimentSpec, load_spec, spec_from_dict
 from psrv.cli import build_parser
 from psrv.config import FaultConfig, JobConfig, RunConfig, from_dict
-from psrv.config.cli_args import config_from_args
+from psrv.config.cli_args import config_from_args, to_argv
 
 SPECS = sorted(p for p in (Path(__file__).resolve().parents[2] / "experiments" / "specs").glob("*.toml")
                if not p.name.startswith("simulate_"))  # psrv simulate's specs: tests/unit/test_simulate.py
@@ -172,37 +172,37 @@ def test_runs_are_repeat_major(tmp_path: Path) -> None:
                     ("sync", 3, 1), ("ssp-2", 3, 1), ("async", 3, 1)]
 
 
-def test_run_argv_gives_what_differs_from_the_defaults(tmp_path: Path) -> None:
+def test_a_runs_argv_gives_what_differs_from_the_defaults(tmp_path: Path) -> None:
     spec = _load(tmp_path, BASE)
     sync, ssp, asynchronous = spec.variants
-    argv = spec.run_argv(sync, 1)
+    argv = to_argv(spec.run_config(sync, 1))
     assert "--out" not in argv
     assert _flags(argv) == {"--mode": "sync", "--seed": "1", "--steps": "10", "--lr": "0.1", "--compute-ms": "5.0"}
     # ssp, staleness 2 and seed 0 are the defaults: no flag for them
-    assert _flags(spec.run_argv(ssp, 0)) == {"--steps": "10", "--lr": "0.1", "--compute-ms": "5.0"}
-    assert _flags(spec.run_argv(asynchronous, 0))["--mode"] == "async"
+    assert _flags(to_argv(spec.run_config(ssp, 0))) == {"--steps": "10", "--lr": "0.1", "--compute-ms": "5.0"}
+    assert _flags(to_argv(spec.run_config(asynchronous, 0)))["--mode"] == "async"
 
 
-def test_run_argv_variant_overrides(tmp_path: Path) -> None:
+def test_a_runs_argv_takes_the_variants_overrides(tmp_path: Path) -> None:
     text = BASE.replace('name = "sgd"', 'name = "adam"').replace(
         'mode = "sync"', 'mode = "sync"\nbackup_workers = 1\ncluster = { transport = "rpc", device = "cuda:0" }\n'
         'faults = { straggler = "1:2", transient_stragglers = "0.1:4" }')
     spec = _load(tmp_path, text)
-    flags = _flags(spec.run_argv(spec.variants[0], 0))
+    flags = _flags(to_argv(spec.run_config(spec.variants[0], 0)))
     assert spec.variants[0].name == "sync-b1"
     assert flags["--backup-workers"] == "1" and flags["--transport"] == "rpc"
     assert flags["--device"] == "cuda:0" and flags["--optimizer"] == "adam"
     assert "--momentum" not in flags
     assert (flags["--straggler"], flags["--transient-stragglers"]) == ("1:2", "0.1:4")
     assert flags["--compute-ms"] == "5.0"  # the experiment's [faults], merged key by key
-    other = _flags(spec.run_argv(spec.variants[1], 0))
+    other = _flags(to_argv(spec.run_config(spec.variants[1], 0)))
     assert "--transport" not in other and "--straggler" not in other
 
 
 @pytest.mark.parametrize("path", SPECS, ids=lambda p: p.name)
-def test_every_run_argv_parses_back_to_the_same_config(path: Path) -> None:
+def test_every_runs_argv_parses_back_to_the_same_config(path: Path) -> None:
     parser = build_parser()
     spec = load_spec(path)
     for variant, seed, _ in spec.runs():
-        args = parser.parse_args(["run", *spec.run_argv(variant, seed), "--out", "x"])
+        args = parser.parse_args(["run", *to_argv(spec.run_config(variant, seed)), "--out", "x"])
         assert config_from_args(RunConfig, args) == spec.run_config(variant, seed)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -15,6 +14,7 @@ from psrv.config import ALLREDUCE_MODES, RunConfig
 from psrv.config.cli_args import add_config_arguments, config_from_args, given, read_config_file
 from psrv.workers.allreduce.loop import BACKENDS, train_allreduce
 from psrv.workers.loop import TrainingInterrupted
+from psrv.atomic import write_json
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,8 +84,5 @@ def main(argv: list[str] | None = None) -> int:
 def _write_record(template: str | None, rank: int, record: dict) -> None:
     if template:
         path = rank_path(template, rank)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(record, indent=1))
-        tmp.replace(path)
+        write_json(path, record)
 

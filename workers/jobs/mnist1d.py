@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from psrv.workers.jobs import Job
+from psrv.atomic import replacing
 
 
 def _dataset() -> dict:
@@ -19,10 +20,8 @@ def _dataset() -> dict:
     from mnist1d.data import get_dataset_args, make_dataset  # never get_dataset: it goes to the network
     d = make_dataset(get_dataset_args())
     data = {k: np.asarray(d[k]) for k in ("x", "y", "x_test", "y_test")}
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(f".{os.getpid()}.tmp.npz")
-    np.savez(tmp, **data)
-    os.replace(tmp, cache)
+    with replacing(cache, "wb") as f:
+        np.savez(f, **data)
     return data
 
 
