@@ -71,3 +71,17 @@ def test_every_mode_and_the_harness_run_from_a_folder_with_its_own_workers_and_e
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert (here / "exp" / "report.md").is_file()
     assert not list(here.rglob("IMPORTED")), "a user's package was imported by a psrv process"
+
+
+def test_the_wheel_lists_every_package_of_the_tree():
+    """pyproject.toml names psrv's packages one by one (a package-dir mapping needs it): a new folder
+    with an __init__.py that is not listed would be missing from the wheel, and only there."""
+    import tomllib
+    root = Path(__file__).resolve().parents[2]
+    settings = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {"psrv": "psrv", **settings["package-dir"]}
+    tree = set()
+    for name, folder in folders.items():
+        for init in (root / folder).rglob("__init__.py"):
+            tree.add(".".join([name, *init.parent.relative_to(root / folder).parts]))
+    assert set(settings["packages"]) == tree, (set(settings["packages"]) ^ tree)

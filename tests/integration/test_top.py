@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from psrv.top import COLUMNS, Poll, format_table, rows
+from psrv.cli.top import COLUMNS, Poll, format_table, rows
 from tests.helpers import ROOT, psrv_argv
 
 
@@ -74,7 +74,7 @@ def test_rich_table_when_rich_is_installed():
     pytest.importorskip("rich")
     from rich.console import Console
 
-    from psrv.top import _rich_table
+    from psrv.cli.top import _rich_table
     console = Console(width=200, record=True)
     console.print(_rich_table(rows([_poll(1.0, 7, 7)]), "psrv top"))
     text = console.export_text()

@@ -233,4 +233,4 @@ def test_checkpoint_io_imports_nothing_of_the_server():
     code = "import sys, psrv.checkpoint; print(*sorted(m for m in sys.modules if m.startswith('psrv.')))"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["psrv.checkpoint"]
+    assert done.stdout.split() == ["psrv.atomic", "psrv.checkpoint"]  # its atomic write, and nothing of the server

@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import argparse
 import itertools
 import sys
 import time
@@ -11,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
+from psrv.cli.common import log_level
 from psrv.protocol import Message, MsgType, ProtocolError, decode, encode
 from psrv.transport import create_client
 
@@ -183,3 +185,20 @@ def _live(poller: StatsPoller, interval: float, out: TextIO, plain: bool) -> int
             live.update(_rich_table(rows(current, previous), _title(len(current))), refresh=True)
             previous = current
             time.sleep(interval)
+
+
+def add(sub) -> None:
+    t = sub.add_parser("top", help="live per-shard view of running servers",
+                       description="Poll the shards with STATS and show version, active workers, clocks, "
+                       "staleness and updates/s. Example: psrv top --servers tcp://10.0.0.1:5555,tcp://10.0.0.2:5555")
+    t.add_argument("--servers", required=True, help="comma-separated shard addresses, in shard order")
+    t.add_argument("--interval", type=float, default=1.0, help="seconds between polls (default: %(default)s)")
+    t.add_argument("--once", action="store_true", help="print one table (two polls, --interval apart) and exit")
+    t.add_argument("--timeout", type=float, default=2.0,
+                   help="seconds to wait for a shard's answer (default: %(default)s)")
+    log_level(t, "WARNING")
+
+
+def command(a: argparse.Namespace) -> int:
+    return top([s.strip() for s in a.servers.split(",") if s.strip()], interval=a.interval, once=a.once,
+               timeout=a.timeout)

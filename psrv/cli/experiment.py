@@ -1,0 +1,31 @@
+"""`psrv experiment SPEC`: every variant and repeat of a spec, then the report (psrv.experiments.runner)."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from psrv.cli.common import log_level
+
+
+def add(sub) -> None:
+    e = sub.add_parser("experiment", help="compare modes on one job as a TOML spec says",
+                       description="Run every variant and repeat of SPEC, then write summary.csv, plots "
+                       "and report.md. A finished run whose stored config is the one SPEC asks for is skipped, "
+                       "so an interrupted experiment resumes; one whose config changed is run again (the old "
+                       "run kept aside as rep-K.replaced-HASH). "
+                       "Example: psrv experiment experiments/specs/modes.toml (writes runs/modes)")
+    e.add_argument("spec", type=Path, help="experiment spec (TOML), e.g. experiments/specs/modes.toml")
+    e.add_argument("--out", type=Path, default=None, help="output directory (default: runs/<SPEC file name "
+                   "without .toml>; a folder holding another spec file's results is refused unless given here)")
+    e.add_argument("--tensorboard", type=Path, default=None, metavar="DIR",
+                   help="also write TensorBoard event files under DIR/<spec name>/<variant>/seed-<seed> (the "
+                   "spec's key `tensorboard` says the same; this overrides it); a finished run gets its files "
+                   "without being run again")
+    log_level(e, "WARNING")
+
+
+def command(a: argparse.Namespace) -> int:
+    from psrv.experiments.runner import run_experiment
+    from psrv.process import interrupt_on_signals
+    interrupt_on_signals()  # SIGTERM as Ctrl-C: the run in progress stops in order and keeps what ran
+    return run_experiment(a.spec, out=a.out, tensorboard=a.tensorboard)

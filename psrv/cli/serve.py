@@ -1,0 +1,46 @@
+"""`psrv serve`: one shard of the parameters, in this process."""
+from __future__ import annotations
+
+import argparse
+import signal
+from pathlib import Path
+
+from psrv.atomic import write_json
+from psrv.cli.common import base_config, config_arg, log_level, metrics_args, metrics_file, unused_staleness
+from psrv.config import ServerConfig
+from psrv.config.cli_args import add_config_arguments, config_from_args
+
+
+def add(sub) -> None:
+    s = sub.add_parser("serve", help="run one server shard", description="Serve one shard of the parameters. "
+                       "Exits 0 once all --workers have left. Example: psrv serve --bind tcp://0.0.0.0:5555 "
+                       "--shard 0 --num-shards 2 --workers 4 --mode ssp --staleness 2")
+    s.add_argument("--rpc-master", metavar="HOST:PORT", help="--transport rpc: the rendezvous of the job's RPC "
+                   "world, hosted by shard 0 (replaces --bind); workers then use --servers "
+                   "rpc://HOST:PORT/server-0,...")
+    config_arg(s, "shard's config")
+    add_config_arguments(s, ServerConfig)
+    log_level(s)
+    metrics_args(s)
+    s.add_argument("--out", type=Path, help="write the shard's statistics (JSON) here at exit")
+    s.add_argument("--ready-file", type=Path, help="write the bound address here once listening")
+
+
+def command(a: argparse.Namespace) -> int:
+    from psrv.device import check_device
+    from psrv.process import stop_on_signals, tune_malloc
+    from psrv.server.run import serve
+    extra = {"bind": f"rpc://{a.rpc_master}"} if a.rpc_master else {}
+    cfg = config_from_args(ServerConfig, a, base=base_config(a), extra=extra)
+    if (cfg.transport == "rpc") != cfg.bind.startswith("rpc://"):
+        raise ValueError("--transport rpc and --rpc-master HOST:PORT go together (shard 0 hosts the rendezvous)")
+    unused_staleness(a, cfg.mode)
+    check_device(cfg.device)
+    tune_malloc()
+    # SIGTERM ends the loop cleanly (the shard writes its final checkpoint), as systemd, k8s and psrv run expect
+    summary = serve(cfg, metrics_port=a.metrics_port, metrics_file=metrics_file(a), metrics_host=a.metrics_host,
+                    metrics_linger=a.metrics_linger, ready_file=a.ready_file,
+                    on_ready=lambda server: stop_on_signals(server.stop, (signal.SIGTERM, signal.SIGINT)))
+    if a.out:
+        write_json(a.out, summary)
+    return 0
