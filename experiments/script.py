@@ -1,7 +1,7 @@
 """`psrv run --script FILE.py ARGS...`: a user's own loop on psrv.Worker as the run's workers.
 
 Each worker is `python FILE.py ARGS...` with RANK, WORLD_SIZE and PSRV_SERVERS (the shards' addresses,
-comma-separated, in shard order) set, and the variables psrv/steplog.py reads, so its psrv.Worker
+comma-separated, in shard order) set, and the variables psrv/worker/steplog.py reads, so its psrv.Worker
 writes DIR/worker-R.json as `psrv worker --out` does. `--steps`, when typed, is handed over as
 PSRV_STEPS for the script to read. The options only the shipped loop reads are refused.
 """

@@ -23,8 +23,8 @@ from __future__ import annotations
 import importlib
 
 __version__ = "0.1.0"
-_WHERE = {"Worker": "psrv.worker", "StepInfo": "psrv.worker",
-          "PSClient": "psrv.client", "PSError": "psrv.client", "PartitionPlan": "psrv.partition",
+_WHERE = {"Worker": "psrv.worker.session", "StepInfo": "psrv.worker.session",
+          "PSClient": "psrv.worker.client", "PSError": "psrv.worker.client", "PartitionPlan": "psrv.partition",
           "Server": "psrv.server.run", "serve": "psrv.server.run", "ServerConfig": "psrv.config",
           "WorkerConfig": "psrv.config", "OptimConfig": "psrv.config", "FaultConfig": "psrv.config"}
 __all__ = [*_WHERE, "__version__"]

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from psrv.experiments.bench.wire import _spawn
-from psrv.client import PSClient
+from psrv.worker.client import PSClient
 from psrv.partition import ParamSpec, PartitionPlan
 from psrv.process import tune_malloc
 

@@ -13,7 +13,7 @@ import time
 import torch
 
 from psrv.process import tune_malloc
-from psrv.client import PSClient
+from psrv.worker.client import PSClient
 from psrv.partition import ParamSpec, PartitionPlan
 
 

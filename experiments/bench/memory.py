@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from psrv.process import tune_malloc
-from psrv.client import PSClient
+from psrv.worker.client import PSClient
 from psrv.partition import ParamSpec, PartitionPlan
 
 BARE = "import torch; from psrv.rss import peak_rss_bytes; print(peak_rss_bytes())"

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from psrv.process import tune_malloc
-from psrv.client import PSClient
+from psrv.worker.client import PSClient
 from psrv.partition import ParamSpec, PartitionPlan
 
 TRANSPORTS = ("zmq", "rpc")

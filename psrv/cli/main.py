@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"psrv {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:
-        client = sys.modules.get("psrv.client")  # imported (with torch) only by the commands that talk to servers
+        client = sys.modules.get("psrv.worker.client")  # imported (with torch) only by the commands that talk to servers
         if isinstance(exc, TimeoutError) or (client is not None and isinstance(exc, client.PSError)):
             print(f"psrv {args.command}: {exc}", file=sys.stderr)  # a server refused us or never answered
             return 1

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.nn.utils import parameters_to_vector
 
-from psrv.client import PSError, admin_request
+from psrv.worker.client import PSError, admin_request
 from psrv.config import RunConfig
 from psrv.protocol import MsgType
 from psrv.server.run import Server

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from psrv.checkpoint import CheckpointError, checkpoint_path, read_verified
-from psrv.client import admin_request
+from psrv.worker.client import admin_request
 from psrv.config import OptimConfig, ServerConfig
 from psrv.protocol import ErrorCode, Message, MsgType, encode
 from psrv.server.service import ShardService
@@ -193,7 +193,7 @@ def test_cli_refuses_a_truncated_checkpoint_with_a_clear_error(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_sigterm_writes_a_checkpoint(procs, tmp_path):
-    from psrv.client import PSClient
+    from psrv.worker.client import PSClient
     from psrv.partition import ParamSpec, PartitionPlan
     plan = PartitionPlan((ParamSpec("w", (SIZE,)),), 1)
     server, address = procs.server("server", "--workers", "1", "--mode", "async", "--checkpoint-dir",

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from psrv.cli import main as psrv_main
-from psrv.client import PSClient, admin_request
+from psrv.worker.client import PSClient, admin_request
 from psrv.config import OptimConfig, ServerConfig
 from psrv.protocol import MsgType
 from psrv.partition import ParamSpec, PartitionPlan

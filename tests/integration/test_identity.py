@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from psrv.client import PSClient
+from psrv.worker.client import PSClient
 from psrv.partition import ParamSpec, PartitionPlan
 from tests.helpers import psrv_argv, run_in_session
 
@@ -102,7 +102,7 @@ def test_pushing_a_stale_clock_is_named_by_the_server_and_the_client(procs, tmp_
                                    str(tmp_path / "server.json"))
     plan = PartitionPlan((ParamSpec("w", (10,)),), 1)
     weights, grad = torch.zeros(plan.total), torch.ones(plan.total)
-    with caplog.at_level(logging.WARNING, logger="psrv.client"):
+    with caplog.at_level(logging.WARNING, logger="psrv.worker.client"):
         with PSClient([address], plan, worker=0, world_size=1, timeout=20) as client:
             welcomes = client.hello()
             client.init(weights)

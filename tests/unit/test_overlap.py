@@ -3,8 +3,8 @@ slice of the flat gradient is final."""
 import torch
 
 from psrv.partition import PartitionPlan
-from psrv.flat import FlatModel
-from psrv.overlap import ShardReadiness
+from psrv.worker.flat import FlatModel
+from psrv.worker.overlap import ShardReadiness
 
 
 def model_and_flat():

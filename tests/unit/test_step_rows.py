@@ -1,4 +1,4 @@
-"""Every step row says whether it pushed: the shipped loop's, a psrv.Worker script's (psrv/steplog.py),
+"""Every step row says whether it pushed: the shipped loop's, a psrv.Worker script's (psrv/worker/steplog.py),
 and steps.csv's `pushed` column from them, so what reads the rows counts pushes, not inner steps."""
 import csv
 import json
@@ -6,7 +6,7 @@ import json
 import torch
 
 from psrv.experiments.summary import write_tables
-from psrv.steplog import StepLog
+from psrv.worker.steplog import StepLog
 from psrv.worker import StepInfo
 
 

@@ -1,5 +1,5 @@
 """One request to every shard and its replies, through lost messages, lost replies and restarted
-shards (PSClient's mechanics; `client` below is the psrv.client.PSClient that owns it, a module
+shards (PSClient's mechanics; `client` below is the psrv.worker.client.PSClient that owns it, a module
 that imports this one); PSError, what an ERROR reply becomes."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError, decode, encode
 
-log = logging.getLogger("psrv.client")
+log = logging.getLogger("psrv.worker.client")
 
 
 class PSError(RuntimeError):

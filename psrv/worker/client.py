@@ -20,16 +20,16 @@ import torch
 from psrv.chunking import chunk_count, chunk_range
 from psrv.codecs import CASTS, make as make_codec
 from psrv.codecs.push import PushEncoder, finite
-from psrv.heartbeat import Heartbeat
-from psrv.momentum_correction import MomentumCorrection, from_welcomes as velocity_from
-from psrv.onebit import LocalMomentum, from_welcomes
+from psrv.worker.heartbeat import Heartbeat
+from psrv.worker.momentum_correction import MomentumCorrection, from_welcomes as velocity_from
+from psrv.worker.onebit import LocalMomentum, from_welcomes
 from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError, decode, encode
 from psrv.partition import PartitionPlan
 from psrv.protocol.codec import DTYPES
-from psrv.roundtrip import PSError, PushPull, RoundTrip
+from psrv.worker.roundtrip import PSError, PushPull, RoundTrip
 from psrv.transport import ClientTransport, create_client
 
-log = logging.getLogger("psrv.client")
+log = logging.getLogger("psrv.worker.client")
 
 
 @dataclass
@@ -53,7 +53,7 @@ class PSClient:
     elements travelling dense beside it; or float16/bfloat16, the same as that wire_dtype. With a lossy
     codec, error feedback and shards that run SGD with momentum, `momentum_correction` (WELCOME's
     `optimizer`) keeps the velocity here and pushes it for the shards' plain SGD
-    (psrv/momentum_correction.py), zeroing it where top-k or random-k sent with `momentum_masking`.
+    (psrv/worker/momentum_correction.py), zeroing it where top-k or random-k sent with `momentum_masking`.
     `compress_warmup`: the pushes of DGC's warm-up, over which their ratio rises to its own. `sign_scale`:
     sign's per-chunk scale, l1 (mean |x|), l2 (root mean square; psrv/codecs/sign.py) or auto (l2, but l1
     under onebit_adam, which hello() finds out). `wire`
@@ -230,7 +230,7 @@ class PSClient:
     # --- mechanics ----------------------------------------------------------
     def _follow_onebit(self, welcomes: list[dict]) -> None:
         """Under onebit_adam (WELCOME's `onebit`) keep a local momentum, and push it after the freeze with
-        the codec given, or scaled sign (psrv/onebit.py)."""
+        the codec given, or scaled sign (psrv/worker/onebit.py)."""
         if self.onebit is not None:
             return
         self.onebit = from_welcomes(welcomes, self.plan.total)

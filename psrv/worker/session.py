@@ -21,14 +21,14 @@ from typing import Sequence
 
 import torch
 
-from psrv.client import PSClient
+from psrv.worker.client import PSClient
 from psrv.clip import clip_flat_
-from psrv.flat import FlatModel
+from psrv.worker.flat import FlatModel
 from psrv.local_period import LocalPeriod, fastest_of, parse_local_steps
-from psrv.overlap import ShardReadiness
+from psrv.worker.overlap import ShardReadiness
 from psrv.partition import PartitionPlan
-from psrv.roundtrip import PushPull
-from psrv.steplog import StepLog, check_step_args
+from psrv.worker.roundtrip import PushPull
+from psrv.worker.steplog import StepLog, check_step_args
 
 log = logging.getLogger("psrv.worker")
 
@@ -89,14 +89,14 @@ class Worker:
     tensors under `compress_min_numel` elements sent dense; float16/bfloat16 as that wire_dtype.
     `wire_bytes()` says what went over the wire. With a lossy codec, its error feedback and servers that
     run SGD with momentum, `momentum_correction` (on unless False) keeps the velocity here, pushes it compressed and
-    the servers step it without momentum of their own (Lin et al. 2018, DGC; psrv/momentum_correction.py;
+    the servers step it without momentum of their own (Lin et al. 2018, DGC; psrv/worker/momentum_correction.py;
     its velocity is in state_dict()), zeroing it where top-k or random-k sent with `momentum_masking`.
     `compress_warmup` (default 50; 0: off): DGC's warm-up training, top-k's and random-k's ratio rising to
     RATIO in four stages over the first that many pushes (docs/compression.md). `sign_scale` ("auto", the
     default: l2, but l1 under onebit_adam; "l2"; "l1"): the scale of sign's chunks, root mean square or
     mean |x| (psrv/codecs/sign.py). Under onebit_adam (the shards' WELCOME says so) the
     worker keeps its own momentum and pushes it, compressed by `compress` (default sign), after the
-    freeze step (psrv/onebit.py); state_dict() holds that momentum too.
+    freeze step (psrv/worker/onebit.py); state_dict() holds that momentum too.
 
     `shared_memory` ('auto' or 'off') moves tensors through shared memory to shards on this host; `bulk`
     ('auto' or 'off') over a plain TCP connection to the others, where no `curve_keys` are given
@@ -179,7 +179,7 @@ class Worker:
         """Push the gradient backward left in the model (the shards not sent during backward now),
         wait for the new weights, copy them into the model and zero the gradients. `loss` (a number or
         a one-element tensor) and `batch_size`, if given, go into the step log kept when PSRV_RECORD
-        is set (psrv run --script; psrv/steplog.py); nothing else reads them."""
+        is set (psrv run --script; psrv/worker/steplog.py); nothing else reads them."""
         t0 = time.perf_counter()
         check_step_args(loss, batch_size)
         self._check_open()
@@ -281,13 +281,13 @@ class Worker:
 
     def compression(self) -> dict:
         """{"compress": the codec's name as given, "error_feedback": whether residuals are kept (a lossy codec only),
-        "momentum_correction": whether this worker keeps the velocity (psrv/momentum_correction.py)}."""
+        "momentum_correction": whether this worker keeps the velocity (psrv/worker/momentum_correction.py)}."""
         encoder = self._client.encoder
         return {"compress": self._client.compress, "error_feedback": encoder is not None and encoder.error is not None,
                 "momentum_correction": self._client.velocity is not None}
 
     def wire_bytes(self) -> dict:
-        """Bytes this worker's client sent and received (psrv/client.py WireBytes): bytes_pushed,
+        """Bytes this worker's client sent and received (psrv/worker/client.py WireBytes): bytes_pushed,
         bytes_pulled, bytes_sent, bytes_received, dense_push_bytes and compression_ratio."""
         return self._client.wire.to_dict()
 

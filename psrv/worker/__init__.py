@@ -1,0 +1,19 @@
+"""The worker side, beside psrv/server/: psrv.Worker (session.py), the client that talks to every shard
+(client.py) and its round trips (roundtrip.py), the flat buffers (flat.py), overlap with backward
+(overlap.py), the step record (steplog.py), the heartbeat (heartbeat.py), and the worker's halves of
+1-bit Adam (onebit.py) and momentum correction (momentum_correction.py).
+
+`Worker` and `StepInfo` are imported on first use, so importing one of these modules does not import
+the others."""
+from __future__ import annotations
+
+import importlib
+
+_WHERE = {"Worker": "psrv.worker.session", "StepInfo": "psrv.worker.session"}
+__all__ = list(_WHERE)
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'psrv.worker' has no attribute {name!r}")
