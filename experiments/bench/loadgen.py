@@ -20,7 +20,7 @@ from psrv.partition import ParamSpec, PartitionPlan
 def worker(address: str, rank: int, world: int, size: int, until: float, counts: list[int], slot: int) -> None:
     plan = PartitionPlan((ParamSpec("w", (size,)),), 1)
     weights, grad = torch.zeros(size), torch.full((size,), 1e-6)
-    with PSClient([address], plan, worker=rank, world_size=world, timeout=60) as c:
+    with PSClient([address], plan, worker=rank, world_size=world, timeout=60, shared_memory=False) as c:
         c.hello()
         if rank == 0:
             c.init(weights)

@@ -95,7 +95,7 @@ def server_rss(size_mb: int, tmp: Path) -> int:
     try:
         plan = PartitionPlan((ParamSpec("w", (size_mb * 2**20 // 4,)),), 1)
         weights = torch.zeros(plan.total)
-        with PSClient([address], plan, worker=0, world_size=1, timeout=300) as c:
+        with PSClient([address], plan, worker=0, world_size=1, timeout=300, shared_memory=False) as c:
             c.hello()
             c.init(weights)
             clock = c.pull(clock=0, out=weights).clock

@@ -37,7 +37,8 @@ def client(transport: str, address: str, mb: float, *, warmup: int, repeats: int
     gen = torch.Generator().manual_seed(0)
     flat, grad = torch.randn(plan.total, generator=gen), torch.randn(plan.total, generator=gen)
     times = []
-    with PSClient([address], plan, worker=0, world_size=1, transport=transport, timeout=120) as c:
+    with PSClient([address], plan, worker=0, world_size=1, transport=transport, timeout=120,
+                  shared_memory=False) as c:
         c.hello()
         c.init(flat)
         clock = c.pull(clock=0, out=flat).clock

@@ -98,7 +98,8 @@ def psrv_shards(size: int, shards: int, kind: str, plane: str, tmp: Path) -> Ite
                            "--ready-file", str(ready)], ready, processes=shards + 1)
             procs.append(p)
             addresses.append(a)
-        with PSClient(addresses, plan, worker=0, world_size=1, timeout=120, bulk=plane == "bulk") as client:
+        with PSClient(addresses, plan, worker=0, world_size=1, timeout=120, shared_memory=False,
+                      bulk=plane == "bulk") as client:
             client.hello()
             weights, grad = torch.zeros(plan.total), torch.full((plan.total,), 1e-3)
             client.init(weights)

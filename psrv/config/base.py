@@ -57,6 +57,13 @@ def setting(default: Any = MISSING, help: str = "", **meta: Any) -> Any:
     return field(default=default, metadata={"setting": Setting(help=help, **meta)})
 
 
+def defaults_of(cls: type) -> Any:
+    """A section's defaults by name, for a library face that repeats them as keywords (psrv.Worker,
+    PSClient): the section stays their one source, so the two cannot drift apart."""
+    import types
+    return types.SimpleNamespace(**{f.name: f.default for f in dataclasses.fields(cls) if f.default is not MISSING})
+
+
 def section(cls: type) -> Any:
     """A nested section, built from its own defaults."""
     return field(default_factory=cls)

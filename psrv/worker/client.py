@@ -17,6 +17,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from psrv.config.base import defaults_of
+from psrv.config.sections import Placement, WorkerSettings
 from psrv.chunking import chunk_count, chunk_range
 from psrv.codecs import CASTS, make as make_codec
 from psrv.codecs.push import PushEncoder, finite
@@ -30,6 +32,7 @@ from psrv.worker.roundtrip import PSError, PushPull, RoundTrip
 from psrv.transport import ClientTransport, create_client
 
 log = logging.getLogger("psrv.worker.client")
+_WORKER, _PLACE = defaults_of(WorkerSettings), defaults_of(Placement)  # the keywords' defaults: one source
 
 
 @dataclass
@@ -62,12 +65,15 @@ class PSClient:
     to drop or duplicate messages)."""
 
     def __init__(self, servers: Sequence[str], plan: PartitionPlan, *, worker: int, world_size: int,
-                 transport: str = "zmq", timeout: float = 60.0, retry_interval: float = 1.0,
-                 curve_keys: str = "", heartbeat: bool = True, wire_dtype: str = "float32",
-                 compress: str = "", error_feedback: bool = True, compress_min_numel: int = 0,
-                 momentum_correction: bool = True, momentum_masking: bool = False, compress_warmup: int = 0,
-                 sign_scale: str = "l1", shared_memory: bool = False, bulk: bool = False,
-                 net: ClientTransport | None = None, push_chunk_mb: float = 8.0):
+                 transport: str = _PLACE.transport, timeout: float = _WORKER.request_timeout,
+                 retry_interval: float = 1.0, curve_keys: str = "", heartbeat: bool = True,
+                 wire_dtype: str = _WORKER.wire_dtype, compress: str = _WORKER.compress,
+                 error_feedback: bool = _WORKER.error_feedback, compress_min_numel: int = _WORKER.compress_min_numel,
+                 momentum_correction: bool = _WORKER.momentum_correction,
+                 momentum_masking: bool = _WORKER.momentum_masking, compress_warmup: int = _WORKER.compress_warmup,
+                 sign_scale: str = _WORKER.sign_scale, shared_memory: bool = _PLACE.shared_memory == "auto",
+                 bulk: bool = _PLACE.bulk == "auto", net: ClientTransport | None = None,
+                 push_chunk_mb: float = _WORKER.push_chunk_mb):
         if len(servers) != plan.num_shards:
             raise ValueError(f"{len(servers)} server addresses for a plan of {plan.num_shards} shards")
         self.plan = plan

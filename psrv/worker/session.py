@@ -21,6 +21,8 @@ from typing import Sequence
 
 import torch
 
+from psrv.config.base import defaults_of
+from psrv.config.sections import Placement, WorkerSettings
 from psrv.worker.client import PSClient
 from psrv.clip import clip_flat_
 from psrv.worker.flat import FlatModel
@@ -31,6 +33,7 @@ from psrv.worker.roundtrip import PushPull
 from psrv.worker.steplog import StepLog, check_step_args
 
 log = logging.getLogger("psrv.worker")
+_WORKER, _PLACE = defaults_of(WorkerSettings), defaults_of(Placement)  # the keywords' defaults
 
 
 @dataclass(frozen=True)
@@ -104,12 +107,15 @@ class Worker:
     chunks that async and ssp shards apply as they arrive (psrv/server/chunked.py)."""
 
     def __init__(self, model: torch.nn.Module, servers: Sequence[str] | None = None, *,
-                 rank: int | None = None, world_size: int | None = None, transport: str = "zmq",
-                 timeout: float = 60.0, curve_keys: str = "", wire_dtype: str = "float32",
-                 overlap: bool = True, clip_grad_norm: float | None = 0.0, local_steps: int | str | None = None,
-                 compress: str = "", error_feedback: bool = True, compress_min_numel: int = 1024,
-                 momentum_correction: bool = True, momentum_masking: bool = False, compress_warmup: int = 50,
-                 sign_scale: str = "auto", shared_memory: str = "auto", bulk: str = "off", push_chunk_mb: float = 8.0):
+                 rank: int | None = None, world_size: int | None = None, transport: str = _PLACE.transport,
+                 timeout: float = _WORKER.request_timeout, curve_keys: str = "", wire_dtype: str = _WORKER.wire_dtype,
+                 overlap: bool = _WORKER.overlap, clip_grad_norm: float | None = 0.0,
+                 local_steps: int | str | None = None, compress: str = _WORKER.compress,
+                 error_feedback: bool = _WORKER.error_feedback, compress_min_numel: int = _WORKER.compress_min_numel,
+                 momentum_correction: bool = _WORKER.momentum_correction,
+                 momentum_masking: bool = _WORKER.momentum_masking, compress_warmup: int = _WORKER.compress_warmup,
+                 sign_scale: str = _WORKER.sign_scale, shared_memory: str = _PLACE.shared_memory,
+                 bulk: str = _PLACE.bulk, push_chunk_mb: float = _WORKER.push_chunk_mb):
         if local_steps is not None:
             try:
                 local_steps = parse_local_steps(local_steps)
