@@ -1,4 +1,4 @@
-"""Start the all-reduce baseline's ranks (workers/ddp.py) on 127.0.0.1 with the env:// variables torchrun sets."""
+"""Start the all-reduce baseline's ranks (python -m psrv.workers.allreduce) on 127.0.0.1 with the env:// variables torchrun sets."""
 from __future__ import annotations
 
 import sys
@@ -19,8 +19,8 @@ def start_ddp(cluster: Cluster, cfg: RunConfig, out: Path) -> list[str]:
         rendezvous["GLOO_SOCKET_IFNAME"] = "eth0"
     names = []
     for rank in range(workers):
-        # the same argv for every rank, as under torchrun: workers/ddp.py fills in {rank}
-        argv = [sys.executable, "-P", "-m", "psrv.workers.ddp", "--config", str(out / "config.json"),
+        # the same argv for every rank, as under torchrun: psrv.workers.allreduce fills in {rank}
+        argv = [sys.executable, "-P", "-m", "psrv.workers.allreduce", "--config", str(out / "config.json"),
                 "--out", str(out / "worker-{rank}.json"), "--progress-file", str(out / "worker-{rank}.progress"),
                 "--params-out", str(out / "params.pt"), "--state-out", str(out / "model.pt")]
         env = {**rendezvous, "RANK": str(rank), "LOCAL_RANK": str(rank)}

@@ -1,6 +1,6 @@
 """Local SGD and DiLoCo on the worker side: the inner optimizer a worker steps between its pushes
 (docs/algorithms.md, "Local SGD and DiLoCo"). The push itself is psrv.Worker's (`local_steps`); the
-all-reduce baseline's outer step is workers/ddp.py's `OuterAllReduce`."""
+all-reduce baseline's outer step is workers/allreduce/local.py's `OuterAllReduce`."""
 from __future__ import annotations
 
 from collections.abc import Iterator

@@ -1,4 +1,4 @@
-"""int8: each chunk of CHUNK elements (psrv/codecs/chunked.py) as int8 q = round(x / s) clamped to
+"""int8: each chunk of CHUNK elements (psrv/codecs/scale_blocks.py) as int8 q = round(x / s) clamped to
 +-127, decoded as q * s: symmetric linear quantisation with round-to-nearest, the absmax scheme of
 Dettmers et al. 2022 (LLM.int8) applied per chunk. The scale s is max|x_i| / 127 over the chunk's
 elements the codec covers (`among`; the others travel dense and get q = 0, written over by the
@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from psrv.codecs.base import part
-from psrv.codecs.chunked import ChunkedCodec, DenseDecoded, chunk_param, chunks, covered, expand, per_chunk
+from psrv.codecs.scale_blocks import ChunkedCodec, DenseDecoded, chunk_param, chunks, covered, expand, per_chunk
 
 
 class Int8(ChunkedCodec):

@@ -1,4 +1,4 @@
-"""sign: scaled sign, 1 bit per element. Each chunk of CHUNK elements (psrv/codecs/chunked.py) is
+"""sign: scaled sign, 1 bit per element. Each chunk of CHUNK elements (psrv/codecs/scale_blocks.py) is
 sent as its signs, packed 8 to a byte (numpy.packbits, little bit order; a set bit is x >= 0), and
 one scale s, so the chunk decodes to s * sign(x). The scale is taken over the d elements of the chunk
 that the codec covers (`among`; the others travel dense, are sent as +s and written over by the
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from psrv.codecs.base import part
-from psrv.codecs.chunked import CHUNK, ChunkedCodec, DenseDecoded, chunk_param, chunks, covered, expand, per_chunk
+from psrv.codecs.scale_blocks import CHUNK, ChunkedCodec, DenseDecoded, chunk_param, chunks, covered, expand, per_chunk
 
 
 SCALES = ("l2", "l1")

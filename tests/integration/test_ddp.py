@@ -12,14 +12,14 @@ import torch
 import psrv.workers.allreduce.ddp
 from tests.helpers import in_spawned_process, run_in_session
 from psrv.config import JobConfig, RunConfig
-from psrv.workers.ddp import train_allreduce
+from psrv.workers.allreduce.loop import train_allreduce
 
 pytestmark = pytest.mark.timeout(180)
 
 
 def test_an_fsdp_rank_runs_under_torchrun(tmp_path):
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-            "-m", "psrv.workers.ddp", "--mode", "fsdp", "--job", "digits_mlp", "--steps", "5", "--momentum", "0",
+            "-m", "psrv.workers.allreduce", "--mode", "fsdp", "--job", "digits_mlp", "--steps", "5", "--momentum", "0",
             "--out", str(tmp_path / "x.json"), "--params-out", str(tmp_path / "params.pt")]
     proc = run_in_session(argv, timeout=120)
     assert proc.returncode == 0, proc.stdout[-4000:]

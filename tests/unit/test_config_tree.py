@@ -12,7 +12,7 @@ from psrv.cli import build_parser
 from psrv.config import ConfigError, RunConfig, ServerConfig, WorkerConfig, from_dict, to_dict
 from psrv.config.base import default_of, leaves, merge
 from psrv.config.cli_args import config_from_args, flag_of, to_argv
-from psrv.workers.ddp import build_parser as ddp_parser
+from psrv.workers.allreduce.main import build_parser as ddp_parser
 
 # what a setting needs beside it to be valid at a value other than its default
 COMPANIONS: dict[str, dict[str, Any]] = {

@@ -18,7 +18,7 @@ from psrv.server.run import Server
 from psrv.server.shard import Shard
 from tests.helpers import in_spawned_process
 from psrv.workers.data import batch_indices
-from psrv.workers.ddp import train_allreduce
+from psrv.workers.allreduce.loop import train_allreduce
 from psrv.workers.jobs import load_job
 
 pytestmark = pytest.mark.timeout(120)

@@ -1,7 +1,7 @@
 """The all-reduce ranks' shared loop: the PS modes' job, data shards, seeds, optimizer, schedule, clip and
 evaluations under the wrapper the mode names (DDP, FSDP, ZeRO-1, or local steps over all-reduce).
 
-`torchrun --nproc-per-node 2 -m psrv.workers.ddp --mode fsdp --steps 20 --out run/worker-{rank}.json`, or
+`torchrun --nproc-per-node 2 -m psrv.workers.allreduce --mode fsdp --steps 20 --out run/worker-{rank}.json`, or
 `psrv run --mode fsdp`."""
 from __future__ import annotations
 

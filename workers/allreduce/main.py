@@ -1,4 +1,4 @@
-"""One rank of an all-reduce baseline as a program (`python -m psrv.workers.ddp`, started by torchrun or by
+"""One rank of an all-reduce baseline as a program (`python -m psrv.workers.allreduce`, started by torchrun or by
 `psrv run --mode ddp|fsdp|zero1`): options, the record file, rank 0's params.pt and model.pt."""
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ from psrv.atomic import write_json
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m psrv.workers.ddp", description="One rank of an all-reduce baseline "
+    p = argparse.ArgumentParser(prog="python -m psrv.workers.allreduce", description="One rank of an all-reduce baseline "
                                 "(--mode ddp, fsdp or zero1; ddp when not given): start it with torchrun (or let "
                                 "`psrv run` start it). Example: "
-                                "torchrun --nproc-per-node 2 -m psrv.workers.ddp --steps 100 --out run/worker-{rank}.json")
+                                "torchrun --nproc-per-node 2 -m psrv.workers.allreduce --steps 100 --out run/worker-{rank}.json")
     p.add_argument("--config", type=Path, metavar="FILE", help="the run's config (a run directory's "
                    "config.json); the options given override it")
     add_config_arguments(p, RunConfig)
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         _write_record(a.out, rank, record)
         return exit_code(exc.interrupt)
     except ValueError as exc:
-        print(f"psrv.workers.ddp: error: {exc}", file=sys.stderr)
+        print(f"psrv.workers.allreduce: error: {exc}", file=sys.stderr)
         return 2
     params, state = record.pop("final_params"), record.pop("final_state")
     if a.params_out and rank == 0:

@@ -1,4 +1,5 @@
-"""What sign and int8 share: one float32 scale per chunk of CHUNK consecutive elements of the shard's
+"""Scale blocks, what sign and int8 share (not the chunks a push travels in, psrv/chunking.py): one float32
+scale per block ("chunk") of CHUNK consecutive elements of the shard's
 range (the last chunk may be shorter), computed over the chunk's elements the codec covers (`among`:
 the elements of small tensors travel dense and are written over theirs), and a decoded push that is
 a dense vector made once, in the shard's scratch."""
