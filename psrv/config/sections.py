@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from psrv.codec_names import LOSSY_NAMES
 from psrv.config.base import ConfigError, Section, setting
 from psrv.local_period import AUTO_DEFAULT, base_steps, is_dynamic, parse_local_steps
 
@@ -352,7 +353,7 @@ class WorkerSettings(Section):
 
     def validate(self) -> None:
         super().validate()
-        if self.compress.partition(":")[0] in ("topk", "randomk", "sign", "int8") and self.wire_dtype != "float32":
+        if self.compress.partition(":")[0] in LOSSY_NAMES and self.wire_dtype != "float32":
             raise ConfigError("wire_dtype", f"is another push codec; compress {self.compress!r} sends float32 values")
         if self.inner_optimizer is None and (self.local_steps_base > 1 or is_dynamic(self.local_steps)):
             object.__setattr__(self, "inner_optimizer", "adamw")

@@ -17,7 +17,7 @@ import torch
 from torch.optim.adam import adam as adam_update
 from torch.optim.sgd import sgd as sgd_update
 
-from psrv.config import OptimConfig
+from psrv.config import OPTIMIZERS, OptimConfig
 from psrv.server.onebit_adam import frozen_step, is_frozen
 
 FUSED_MIN_ELEMENTS = 1 << 20
@@ -116,6 +116,6 @@ class FlatOptimizer:
 
 def make_optimizer(cfg: OptimConfig, param: torch.Tensor, *, fused: bool | None = None) -> FlatOptimizer:
     """The optimizer `cfg` names, over the single flat `param` (fused: None picks by size)."""
-    if cfg.name not in ("sgd", "adam", "adamw", "onebit_adam"):
+    if cfg.name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {cfg.name!r}")
     return FlatOptimizer(cfg, param, fused=param.numel() >= FUSED_MIN_ELEMENTS if fused is None else fused)

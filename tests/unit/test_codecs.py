@@ -204,3 +204,11 @@ def test_the_casts_are_the_wire_dtype_and_a_lossy_codec_goes_alone():
         from_dict(RunConfig, {"worker": {"compress": "topk:0.1", "wire_dtype": "bfloat16"}})
     with pytest.raises(ConfigError, match="compress"):
         from_dict(RunConfig, {"mode": "ddp", "worker": {"compress": "sign"}})
+
+
+def test_the_codec_registry_and_the_torch_free_names_list_the_same_codecs():
+    """psrv/codec_names.py (read by the config tree without torch) and psrv/codecs' registry are two views
+    of one list: a codec added to one alone would be refused by --compress or unknown to the shard."""
+    from psrv.codec_names import LOSSY_NAMES
+    from psrv.codecs import LOSSY
+    assert tuple(LOSSY) == LOSSY_NAMES and all(LOSSY[n].name == n for n in LOSSY)

@@ -172,7 +172,8 @@ def test_a_late_push_keeps_the_residual_owed_from_earlier_pushes(momentum):
     momentum 0.9: momentum correction's, with momentum factor masking)."""
     cfgs = _cfgs(WORKERS, "sync", OptimConfig("sgd", lr=LR, momentum=momentum), backup_workers=1)
     cluster = InProcess(cfgs)
-    clients = [cluster.client(r, SMALL, compress=f"topk:{RATIO}", compress_min_numel=0, momentum_masking=True)
+    clients = [cluster.client(r, SMALL, compress=f"topk:{RATIO}", compress_min_numel=0, momentum_masking=True,
+                              compress_warmup=0)
                for r in range(WORKERS)]
     welcomes = [c.hello() for c in clients]
     weights = [torch.zeros(SMALL.total) for _ in clients]

@@ -13,7 +13,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from psrv.config import RunConfig
+from psrv.config import ALLREDUCE_MODES, RunConfig
 from psrv.workers.allreduce.clock import StepClock, split_wait
 from psrv.workers.evals import record_eval, record_final
 from psrv.workers.faults import FaultInjector
@@ -73,8 +73,8 @@ def train_allreduce(cfg: RunConfig, *, backend: str = "auto", timeout: float = 6
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     if backend not in BACKENDS:
         raise ValueError(f"--backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
-    if cfg.mode not in ("ddp", "fsdp", "zero1"):
-        raise ValueError(f"mode {cfg.mode!r} is not an all-reduce baseline (ddp, fsdp, zero1)")
+    if cfg.mode not in ALLREDUCE_MODES:
+        raise ValueError(f"mode {cfg.mode!r} is not an all-reduce baseline ({', '.join(ALLREDUCE_MODES)})")
     device, backend = _device_and_backend(cfg.cluster.device, backend, local_rank,
                                           int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     timeout = datetime.timedelta(seconds=timeout)
