@@ -15,27 +15,9 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import run_in_session
+from tests.integration.test_experiment import write_spec
 
 PSRV = str(Path(sys.executable).with_name("psrv"))  # the command a user types
-SPEC = """
-name = "shadow"
-seeds = [0]
-
-[job]
-name = "digits_mlp"
-steps = 3
-batch_size = 32
-
-[cluster]
-servers = 1
-workers = 2
-
-[target]
-eval_accuracy = 0.2
-
-[[variants]]
-mode = "sync"
-"""
 
 
 def user_folder(tmp: Path) -> Path:
@@ -66,8 +48,8 @@ def test_every_mode_and_the_harness_run_from_a_folder_with_its_own_workers_and_e
         assert proc.returncode == 0, f"psrv run --mode {mode}:\n{proc.stdout[-3000:]}"
         summary = json.loads((out / "summary.json").read_text())
         assert summary["mode"] == mode and summary["steps"] == 3, summary
-    (here / "spec.toml").write_text(SPEC)
-    proc = run_in_session([PSRV, "experiment", "spec.toml", "--out", "exp"], timeout=120, cwd=here)
+    spec = write_spec(here, ("sync",))
+    proc = run_in_session([PSRV, "experiment", spec.name, "--out", "exp"], timeout=120, cwd=here)
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert (here / "exp" / "report.md").is_file()
     assert not list(here.rglob("IMPORTED")), "a user's package was imported by a psrv process"
