@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from psrv.cli.common import log_level
-from psrv.protocol import Message, MsgType, ProtocolError, decode, encode
-from psrv.transport import create_client
 
 COLUMNS = ("shard", "address", "mode", "version", "active", "clock min/max", "staleness mean/max",
            "updates/s", "pushes", "wait s")
@@ -40,9 +38,11 @@ class StatsPoller:
         self.addresses = list(addresses)
         self.timeout = timeout
         self._seq = itertools.count(1)
-        self._net = create_client(transport, self.addresses)
+        from psrv.transport import create_client  # here: the protocol and transports import torch, which
+        self._net = create_client(transport, self.addresses)  # no other command's start should pay for
 
     def poll(self) -> list[Poll]:
+        from psrv.protocol import Message, MsgType, ProtocolError, decode, encode
         seq = next(self._seq)
         for shard in range(len(self.addresses)):
             self._net.send(shard, encode(Message(MsgType.STATS, seq=seq)))
