@@ -114,7 +114,7 @@ class FlatOptimizer:
                       for k, v in slot.items()}
 
 
-def make_optimizer(cfg: OptimConfig, param: torch.Tensor, *, fused: bool | None = None) -> FlatOptimizer:
+def flat_optimizer(cfg: OptimConfig, param: torch.Tensor, *, fused: bool | None = None) -> FlatOptimizer:
     """The optimizer `cfg` names, over the single flat `param` (fused: None picks by size)."""
     if cfg.name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {cfg.name!r}")

@@ -12,7 +12,7 @@ from psrv.codecs import Decoded
 from psrv.config import OptimConfig
 from psrv.protocol import ErrorCode, ProtocolError
 from psrv.schedule import lr_at
-from psrv.server.optim import make_optimizer
+from psrv.server.optim import flat_optimizer
 from psrv.server.rules import PushContext, make_rule
 from psrv.server.rules.base import SYNC
 from psrv.server.velocity import Velocity, mixing
@@ -26,8 +26,8 @@ class Shard:
         if weights is None:
             weights = torch.empty(size, dtype=torch.float32, device=self.device)
         self.param = torch.nn.Parameter(weights.zero_(), requires_grad=False)
-        self.optim = optim
-        self.optimizer = make_optimizer(optim, self.param)
+        self.optim_cfg = optim
+        self.optimizer = flat_optimizer(optim, self.param)
         self.rule = make_rule(optim, size, self.device)  # optim.update_rule (psrv/server/rules)
         self._accum: torch.Tensor | None = None  # the open clock's sum (sync mode), made at its first use
         self._accumulated = 0
@@ -68,7 +68,7 @@ class Shard:
         if grad.dtype != torch.float32 or grad.device != self.device:
             grad = self._scratch()[lo:hi].copy_(grad)
         grad, scale = self.rule.prepare(grad, ctx, self.param.data[lo:hi], lambda: self._scratch()[lo:hi])
-        self.optimizer.lr = lr_at(self.optim, self.version)
+        self.optimizer.lr = lr_at(self.optim_cfg, self.version)
         self.optimizer.step_slice(grad, lo, hi)
         return scale
 
@@ -94,7 +94,7 @@ class Shard:
         velocity = isinstance(grad, Velocity)
         if self._accumulated and velocity != self._velocity:
             raise mixing(velocity)
-        if velocity and self.optim.clip_grad_norm:
+        if velocity and self.optim_cfg.clip_grad_norm:
             raise ProtocolError(ErrorCode.NOT_ALLOWED, "a velocity push (momentum correction), but this server "
                                 "clips each clock's mean gradient; run the workers with --no-momentum-correction")
         self._velocity, self._momentum = velocity, momentum
@@ -116,8 +116,8 @@ class Shard:
         n = self._accumulated
         assert n > 0 and self._accum is not None, "apply_accumulated with nothing accumulated"
         self._accum.div_(n)
-        if self.optim.clip_grad_norm:
-            clip_flat_(self._accum, self.optim.clip_grad_norm)
+        if self.optim_cfg.clip_grad_norm:
+            clip_flat_(self._accum, self.optim_cfg.clip_grad_norm)
         self._step(self._accum, SYNC, velocity=self._velocity, momentum=self._momentum)
         self._accum.zero_()
         self._accumulated = 0
@@ -130,10 +130,10 @@ class Shard:
         step where `momentum` says the pushes were momenta, as their clock says, or, None, as its own step
         count says); returns the rule's lr scale."""
         grad, scale = self.rule.prepare(grad, ctx, self.param.data, self._scratch)
-        self.optimizer.lr = lr_at(self.optim, self.version)
+        self.optimizer.lr = lr_at(self.optim_cfg, self.version)
         if velocity:
             self.optimizer.plain_step(grad)
-        elif self.optim.name == "onebit_adam":
+        elif self.optim_cfg.name == "onebit_adam":
             self.optimizer.step(grad, frozen=momentum)
         else:
             self.rule.step(grad, self.optimizer)  # the optimizer's step, or the rule's own (dn)
@@ -171,7 +171,7 @@ class Shard:
             for name, value in slot.items():
                 if torch.is_tensor(value) and value.dim() > 0 and tuple(value.shape) != (self.size,):
                     raise ValueError(f"optimizer state {name} has shape {tuple(value.shape)}, this shard {self.size}")
-        rule = make_rule(self.optim, self.size, self.device)
+        rule = make_rule(self.optim_cfg, self.size, self.device)
         if state.get("rule", {}).get("name") == rule.name:  # another rule's state: this one starts fresh
             rule.load_state_dict(state["rule"])
         self.param.data.copy_(state["param"])

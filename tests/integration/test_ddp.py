@@ -44,7 +44,7 @@ def test_ddp_counts_the_optimizer_steps_that_ran(monkeypatch):
 
 def _train_skipping_every_other_step() -> dict:
     """train_allreduce for 4 steps with an optimizer whose step runs only every other call (in a spawned child)."""
-    real = psrv.workers.allreduce.ddp.make_optimizer
+    real = psrv.workers.allreduce.ddp.torch_optimizer
 
     def every_other_step(cfg, params):
         optimizer = real(cfg, params)
@@ -52,5 +52,5 @@ def _train_skipping_every_other_step() -> dict:
         optimizer.step = lambda *a, **k: calls.append(1) or (step(*a, **k) if len(calls) % 2 else None)
         return optimizer
 
-    psrv.workers.allreduce.ddp.make_optimizer = every_other_step
+    psrv.workers.allreduce.ddp.torch_optimizer = every_other_step
     return train_allreduce(RunConfig(mode="ddp", job=JobConfig(steps=4)))

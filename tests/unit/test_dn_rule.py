@@ -50,7 +50,7 @@ def test_sync_clock_is_sgd_nesterov():
 def test_momentum_zero_is_plain_sgd_at_lr_over_n(n):
     seq = grads()
     s = shard(dn_period=n)
-    object.__setattr__(s.optim, "momentum", 0.0)  # the config refuses nesterov at 0; the rule reads it
+    object.__setattr__(s.optim_cfg, "momentum", 0.0)  # the config refuses nesterov at 0; the rule reads it
     plain = shard("plain", lr=0.1 / n, momentum=0.0, nesterov=False)
     torch.testing.assert_close(run(s, seq), run(plain, seq), rtol=0, atol=1e-7)
 

@@ -13,7 +13,7 @@ from psrv.worker.client import PSClient
 from psrv.config import ConfigError, JobConfig, OptimConfig, RunConfig, ServerConfig
 from psrv.partition import ParamSpec, PartitionPlan
 from psrv.schedule import is_scheduled, lr_at
-from psrv.server.optim import FUSED_MIN_ELEMENTS, make_optimizer
+from psrv.server.optim import FUSED_MIN_ELEMENTS, flat_optimizer
 from psrv.server.run import Server
 from psrv.server.shard import Shard
 from tests.helpers import in_spawned_process
@@ -113,7 +113,7 @@ def test_no_schedule_is_the_plain_lr_bit_for_bit():
     shard = Shard(32, cfg)
     shard.init(init)
     plain = init.clone()
-    optimizer = make_optimizer(cfg, plain)  # the server's optimizer alone, its lr never touched
+    optimizer = flat_optimizer(cfg, plain)  # the server's optimizer alone, its lr never touched
     for grad in grads:
         shard.apply(grad)
         optimizer.step(grad)

@@ -7,7 +7,7 @@ from torch.nn.parallel import DistributedDataParallel
 from psrv.config import RunConfig
 from psrv.workers.allreduce.clock import StepClock
 from psrv.workers.allreduce.hooks import ClockedHook, clocked_hook, inner_hook
-from psrv.workers.allreduce.optim import make_optimizer, make_schedule
+from psrv.workers.allreduce.optim import make_schedule, torch_optimizer
 
 
 def wrap_ddp(model: torch.nn.Module, cfg: RunConfig, group, clock: StepClock, device) -> DistributedDataParallel:
@@ -33,7 +33,7 @@ class DDP:
     def __init__(self, model: torch.nn.Module, cfg: RunConfig, group, clock: StepClock, device):
         self.model = model
         self.net = wrap_ddp(model, cfg, group, clock, device)
-        self.optimizer = make_optimizer(cfg.optimizer, self.net.parameters())
+        self.optimizer = torch_optimizer(cfg.optimizer, self.net.parameters())
         self.optimizer.register_step_post_hook(clock.stepped)
         self.schedule = make_schedule(cfg.optimizer, self.optimizer)
 

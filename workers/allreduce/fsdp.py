@@ -17,7 +17,7 @@ from torch.distributed.tensor import DTensor
 
 from psrv.config import RunConfig
 from psrv.workers.allreduce.clock import StepClock
-from psrv.workers.allreduce.optim import make_optimizer, make_schedule
+from psrv.workers.allreduce.optim import make_schedule, torch_optimizer
 
 
 class ClockedReduceScatter(DefaultReduceScatter):
@@ -47,7 +47,7 @@ class FSDP:
         self.plain = copy.deepcopy(model)
         self.net = fully_shard(model, mesh=DeviceMesh.from_group(group, device.type))
         self.net.set_custom_reduce_scatter(ClockedReduceScatter(clock))
-        self.optimizer = make_optimizer(cfg.optimizer, self.net.parameters())
+        self.optimizer = torch_optimizer(cfg.optimizer, self.net.parameters())
         self.optimizer.register_step_post_hook(clock.stepped)
         self.schedule = make_schedule(cfg.optimizer, self.optimizer)
 

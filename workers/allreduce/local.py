@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 
 from psrv.config import OptimConfig, RunConfig
-from psrv.workers.allreduce.optim import make_optimizer, make_schedule
+from psrv.workers.allreduce.optim import make_schedule, torch_optimizer
 from psrv.workers.local_steps import make_inner_optimizer
 
 
@@ -21,7 +21,7 @@ class OuterAllReduce:
             for p in self.params:  # rank 0's start, as DDP's constructor broadcasts it
                 dist.broadcast(p, 0, group=group)
         self.shared = [p.detach().clone() for p in self.params]
-        self.optimizer = make_optimizer(cfg, self.shared)
+        self.optimizer = torch_optimizer(cfg, self.shared)
         self.schedule = make_schedule(cfg, self.optimizer)
         self.clip = cfg.clip_grad_norm
         self.norms: list[float] = []  # this rank's pseudo-gradient norm at each round, before the mean

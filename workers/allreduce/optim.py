@@ -12,7 +12,7 @@ from psrv.schedule import is_scheduled, lr_factor
 
 
 def optimizer_class(cfg: OptimConfig) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
-    """(torch.optim class, its keyword arguments): what psrv.server.optim.make_optimizer builds."""
+    """(torch.optim class, its keyword arguments): what psrv.server.optim.flat_optimizer builds."""
     if cfg.name == "sgd":
         return torch.optim.SGD, {"lr": cfg.lr, "momentum": cfg.momentum, "nesterov": cfg.nesterov,
                                  "weight_decay": cfg.weight_decay}
@@ -20,8 +20,8 @@ def optimizer_class(cfg: OptimConfig) -> tuple[type[torch.optim.Optimizer], dict
     return cls, {"lr": cfg.lr, "betas": cfg.betas, "eps": cfg.eps, "weight_decay": cfg.weight_decay}
 
 
-def make_optimizer(cfg: OptimConfig, params) -> torch.optim.Optimizer:
-    """The torch.optim optimizer psrv.server.optim.make_optimizer builds, over a model's parameters."""
+def torch_optimizer(cfg: OptimConfig, params) -> torch.optim.Optimizer:
+    """The torch.optim optimizer psrv.server.optim.flat_optimizer builds, over a model's parameters."""
     cls, kwargs = optimizer_class(cfg)
     return cls(params, **kwargs)
 
