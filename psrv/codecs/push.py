@@ -46,7 +46,42 @@ def _starts(plan: PartitionPlan) -> dict[str, int]:
     return starts
 
 
-class PushEncoder:
+class SettledOnAnswer:
+    """A worker-side state over the flat gradient (error feedback's residual, momentum correction's velocity)
+    whose update for a shard waits for that shard's answer: a push writes the shard's range of `_next` and
+    marks the shard pending; `settle` makes it the state where the push was applied and keeps the old one
+    where it was dropped, and `forget` gives it up where no answer will come. Subclasses set `ranges`,
+    `_next` and `_pending`, and name their state in `_held` (None: nothing held)."""
+
+    ranges: list[tuple[int, int]]
+    _next: torch.Tensor | None
+    _pending: set[int]
+
+    def _held(self) -> torch.Tensor | None:
+        raise NotImplementedError
+
+    def forget(self, shard: int | None = None) -> None:
+        """No answer will settle shard's pending state (all shards' with None): a push that went raw, or a
+        push round that ended in an error."""
+        if shard is None:
+            self._pending.clear()
+        else:
+            self._pending.discard(shard)
+
+    def settle(self, shard: int, *, applied: bool) -> bool:
+        """Shard answered its last push: applied, its pending state becomes the state; dropped, the state
+        stays. False when shard had no push pending (a raw one, or already settled)."""
+        if shard not in self._pending:
+            return False
+        self._pending.discard(shard)
+        held = self._held()
+        if applied and held is not None:
+            lo, hi = self.ranges[shard]
+            held[lo:hi].copy_(self._next[lo:hi])
+        return True
+
+
+class PushEncoder(SettledOnAnswer):
     """Encodes each shard's slice of a flat gradient with `codec`; `error` (None without error
     feedback) is the flat residual kept between pushes (state_dict / load_state_dict save it).
 
@@ -93,24 +128,8 @@ class PushEncoder:
         self._pending.add(shard)
         return {"codec": fields}, parts
 
-    def forget(self, shard: int | None = None) -> None:
-        """No answer will settle shard's pending residual (all shards' with None): a push that went raw,
-        or a push round that ended in an error."""
-        if shard is None:
-            self._pending.clear()
-        else:
-            self._pending.discard(shard)
-
-    def settle(self, shard: int, *, applied: bool) -> bool:
-        """Shard answered its last encoded push: applied, its residual becomes the residual; dropped,
-        the residual stays. False when shard had no push pending (a raw one, or already settled)."""
-        if shard not in self._pending:
-            return False
-        self._pending.discard(shard)
-        if applied and self.error is not None:
-            lo, hi = self.ranges[shard]
-            self.error[lo:hi].copy_(self._next[lo:hi])
-        return True
+    def _held(self) -> torch.Tensor | None:
+        return self.error  # the residual; None without error feedback
 
     def state_dict(self) -> dict:
         return {"error": None if self.error is None else self.error.detach().cpu().clone()}

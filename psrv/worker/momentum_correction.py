@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import torch
 
+from psrv.codecs.push import SettledOnAnswer
 from psrv.config.sections import VELOCITY_RULES as FITTING_RULES  # the others need the raw gradient
 
 
-class MomentumCorrection:
+class MomentumCorrection(SettledOnAnswer):
     """This worker's velocity over the flat gradient, one shard range at a time."""
 
     def __init__(self, ranges: list[tuple[int, int]], *, momentum: float, nesterov: bool, weight_decay: float,
@@ -62,22 +63,8 @@ class MomentumCorrection:
             lo, hi = self.ranges[shard]
             self._next[lo:hi].index_fill_(0, chosen.to(device=self._next.device, dtype=torch.int64), 0.0)
 
-    def forget(self, shard: int | None = None) -> None:
-        """No answer will settle shard's pending velocity (all shards' with None): a push that went raw,
-        or a push round that ended in an error."""
-        if shard is None:
-            self._pending.clear()
-        else:
-            self._pending.discard(shard)
-
-    def settle(self, shard: int, *, applied: bool) -> None:
-        """Shard answered the push: applied, the pending velocity is the velocity; dropped, it stays."""
-        if shard not in self._pending:
-            return
-        self._pending.discard(shard)
-        if applied:
-            lo, hi = self.ranges[shard]
-            self.velocity[lo:hi].copy_(self._next[lo:hi])
+    def _held(self) -> torch.Tensor:
+        return self.velocity
 
     def state_dict(self) -> dict:
         return {"velocity": self.velocity.detach().cpu().clone()}
