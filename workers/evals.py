@@ -7,26 +7,21 @@ one, and the job's primary `metric` with `lower_is_better`."""
 from __future__ import annotations
 
 import logging
-import time
 
-log = logging.getLogger("psrv.worker")
+_log = logging.getLogger("psrv.worker")
 
 
-def record_eval(job, model, device, record: dict, *, step: int) -> dict[str, float]:
-    """Evaluate `model` on the job's held-out data and append the row to record["evals"]."""
+def record_eval(job, model, device, log, *, step: int) -> dict[str, float]:
+    """Evaluate `model` on the job's held-out data into the step log `log` (psrv/worker/steplog.py)."""
     metrics = job.evaluate_on(model, device=device)
-    record["evals"].append({"wall_time": time.time(), "step": step,
-                            **{f"eval_{name}": value for name, value in metrics.items()}})
-    log.info("eval at step %d: %s", step, "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-    if step == 0:
-        record["initial_loss"] = metrics["loss"]
+    log.evaluated(step, metrics)
+    _log.info("eval at step %d: %s", step, "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
     return metrics
 
 
-def record_final(job, model, device, record: dict, *, step: int) -> None:
+def record_final(job, model, device, log, *, step: int) -> None:
     """The last evaluation, and what the summary reads from it."""
-    metrics = record_eval(job, model, device, record, step=step)
-    record.update(final_loss=metrics["loss"], eval_metrics=metrics, metric=job.metric,
-                  lower_is_better=job.lower_is_better)
-    if "accuracy" in metrics:
-        record["eval_accuracy"] = metrics["accuracy"]
+    metrics = record_eval(job, model, device, log, step=step)
+    log.describe(final_loss=metrics["loss"], eval_metrics=metrics, metric=job.metric,
+                 lower_is_better=job.lower_is_better, **({"eval_accuracy": metrics["accuracy"]}
+                                                        if "accuracy" in metrics else {}))

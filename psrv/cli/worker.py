@@ -3,10 +3,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
-from psrv.atomic import write_json
 from psrv.cli.common import base_config, config_arg, log_level, metrics_args, metrics_file, server_addresses
 from psrv.config import WorkerConfig
 from psrv.config.cli_args import add_config_arguments, config_from_args
@@ -54,34 +52,16 @@ def _train_worker(a: argparse.Namespace) -> int:
     job_factory(cfg.job.name)  # imports a user's job module (from the current folder) before any server is met
     cfg = cfg.replace(servers=server_addresses(servers, wait=120.0))  # then wait for @FILE addresses
     tune_malloc()
-    import torch
+    from psrv.worker.steplog import RecordFiles, StepLog
     from psrv.workers.loop import TrainingInterrupted, train
-    progress = None
-    if a.progress_file:
-        progress = lambda step: step % 10 == 0 and a.progress_file.write_text(str(step))  # noqa: E731
     metrics = None
     if a.metrics_port is not None:
-        from psrv.metrics import WorkerMetrics
-        from psrv.metrics import start_metrics
+        from psrv.metrics import WorkerMetrics, start_metrics
         metrics = start_metrics(WorkerMetrics, a.metrics_port, metrics_file(a), host=a.metrics_host,
                                 worker=cfg.rank, mode=a.mode)
+    files = RecordFiles(record=a.out, params=a.params_out, state=a.state_out, progress=a.progress_file)
     try:
-        record = train(cfg, progress=progress, metrics=metrics)
-    except TrainingInterrupted as exc:  # it said so in one line and left; keep its rows, not its weights
-        for key in ("final_params", "final_state"):
-            exc.record.pop(key)
-        if a.out:
-            write_json(a.out, exc.record)
+        train(cfg, log=StepLog(files, metrics=metrics, linger=a.metrics_linger))
+    except TrainingInterrupted as exc:  # it said so in one line and left; its rows are written, not its weights
         return exit_code(exc.interrupt)
-    if metrics is not None and a.metrics_linger > 0:
-        time.sleep(a.metrics_linger)
-    params, state = record.pop("final_params"), record.pop("final_state")
-    if a.params_out:
-        a.params_out.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(params, a.params_out)
-    if a.state_out:
-        a.state_out.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({k: v.detach().cpu().clone() for k, v in state.items()}, a.state_out)
-    if a.out:
-        write_json(a.out, record)
     return 0

@@ -104,7 +104,10 @@ class Worker:
     `shared_memory` ('auto' or 'off') moves tensors through shared memory to shards on this host; `bulk`
     ('auto' or 'off') over a plain TCP connection to the others, where no `curve_keys` are given
     (psrv/transport/plane.py). zmq only. `push_chunk_mb` (0: off): a push bigger than that goes in
-    chunks that async and ssp shards apply as they arrive (psrv/server/chunked.py)."""
+    chunks that async and ssp shards apply as they arrive (psrv/server/chunked.py).
+
+    `step_log` (psrv/worker/steplog.py) keeps this worker's step rows and writes its record at close();
+    None: the one `psrv run --script` asks for through the environment, where it does."""
 
     def __init__(self, model: torch.nn.Module, servers: Sequence[str] | None = None, *,
                  rank: int | None = None, world_size: int | None = None, transport: str = _PLACE.transport,
@@ -115,7 +118,8 @@ class Worker:
                  momentum_correction: bool = _WORKER.momentum_correction,
                  momentum_masking: bool = _WORKER.momentum_masking, compress_warmup: int = _WORKER.compress_warmup,
                  sign_scale: str = _WORKER.sign_scale, shared_memory: str = _PLACE.shared_memory,
-                 bulk: str = _PLACE.bulk, push_chunk_mb: float = _WORKER.push_chunk_mb):
+                 bulk: str = _PLACE.bulk, push_chunk_mb: float = _WORKER.push_chunk_mb,
+                 step_log: StepLog | None = None):
         if local_steps is not None:
             try:
                 local_steps = parse_local_steps(local_steps)
@@ -176,16 +180,17 @@ class Worker:
                 self._client.close()
             raise
         self._arm()
-        self._log = StepLog.from_env(rank=self.rank, world_size=self.world_size, params=self._flat.params,
-                                     plan_hash=self.plan.hash, wire_dtype=wire_dtype, overlap=overlap)
+        self._wire_dtype, self._overlap = wire_dtype, overlap
+        self._log = step_log if step_log is not None else StepLog.from_env(rank=self.rank)
         if self._log is not None:
-            self._log.record.update(self.compression())
+            self._log.describe(**self.described())
+        self._returned = time.perf_counter()  # a logged step's compute: from here to its step() call
 
     def step(self, *, loss: float | torch.Tensor | None = None, batch_size: int | None = None) -> StepInfo:
         """Push the gradient backward left in the model (the shards not sent during backward now),
         wait for the new weights, copy them into the model and zero the gradients. `loss` (a number or
-        a one-element tensor) and `batch_size`, if given, go into the step log kept when PSRV_RECORD
-        is set (psrv run --script; psrv/worker/steplog.py); nothing else reads them."""
+        a one-element tensor) and `batch_size`, if given, go into the step log, where one is kept
+        (`step_log`, or psrv run --script's; psrv/worker/steplog.py); nothing else reads them."""
         t0 = time.perf_counter()
         check_step_args(loss, batch_size)
         self._check_open()
@@ -207,8 +212,7 @@ class Worker:
         info = StepInfo(step=self.steps, clock=self._clock, version=min(reply.versions),
                         staleness=reply.staleness, waited=reply.waited, seconds=time.perf_counter() - t0)
         self.steps += 1
-        if self._log is not None:
-            self._log.step(info, loss=loss, batch_size=batch_size, started=t0)
+        self._logged(info, loss, batch_size, t0)
         if self._period is not None:
             self._period.returned(time.perf_counter())
         return info
@@ -247,10 +251,7 @@ class Worker:
         finally:
             self._client.close()
         if self._log is not None:  # after LEAVE: the other workers need not wait for this write
-            self._log.write(params=self._flat.params if self.rank == 0 else None, early_sends=self.early_sends,
-                            wire=self.wire_bytes(),
-                            local_steps=self.local_steps, pseudo_grad_norms=self.pseudo_grad_norms,
-                            inner_steps_per_push=self.inner_steps_per_push)
+            self._log.save(self._log.record(**self.totals()), params=self._flat.params if self.rank == 0 else None)
 
     def state_dict(self) -> dict:
         """What this worker carries between steps that the servers do not hold: its step count, the
@@ -292,6 +293,20 @@ class Worker:
         return {"compress": self._client.compress, "error_feedback": encoder is not None and encoder.error is not None,
                 "momentum_correction": self._client.velocity is not None}
 
+    def described(self) -> dict:
+        """What a worker record says of this worker before it trains (psrv/worker/steplog.py RECORD)."""
+        return {"rank": self.rank, "world_size": self.world_size, "parameters": self._flat.params.numel(),
+                "device": str(self._flat.params.device), "plan_hash": self.plan.hash,
+                "wire_dtype": self._wire_dtype, "overlap": self._overlap, **self.compression()}
+
+    def totals(self) -> dict:
+        """What a worker record counts of this worker at its end: early sends, the wire bytes and, with
+        local steps, each push's pseudo-gradient norm and inner steps."""
+        local = {} if self.local_steps is None else {
+            "local_steps": self.local_steps, "pseudo_grad_norms": list(self.pseudo_grad_norms),
+            "inner_steps_per_push": self.inner_steps_per_push}
+        return {"early_sends": self.early_sends, **self.wire_bytes(), **local}
+
     def wire_bytes(self) -> dict:
         """Bytes this worker's client sent and received (psrv/worker/client.py WireBytes): bytes_pushed,
         bytes_pulled, bytes_sent, bytes_received, dense_push_bytes and compression_ratio."""
@@ -327,10 +342,18 @@ class Worker:
         info = StepInfo(step=self.steps, clock=self._clock, version=self._version, staleness=0, waited=0.0,
                         seconds=time.perf_counter() - t0, pushed=False)
         self.steps += 1
-        if self._log is not None:
-            self._log.step(info, loss=loss, batch_size=batch_size, started=t0)
+        self._logged(info, loss, batch_size, t0)
         self._period.returned(time.perf_counter())
         return info
+
+    def _logged(self, info: StepInfo, loss, batch_size, started: float) -> None:
+        """The step's row in the step log, if one is kept: compute since the previous step() returned."""
+        if self._log is not None:
+            self._log.row(step=info.step, loss=loss, compute_seconds=max(0.0, started - self._returned),
+                          communication_seconds=max(0.0, info.seconds - info.waited),
+                          wait_seconds=min(info.waited, info.seconds), batch_size=batch_size,
+                          staleness=info.staleness, pushed=info.pushed)
+        self._returned = time.perf_counter()
 
     def _finish(self):
         if self._pulled is not None:  # the pseudo-gradient w_pulled - w_now goes where the gradient would
@@ -368,10 +391,7 @@ class Worker:
         finally:
             self._client.close()
             if getattr(self, "_log", None) is not None:  # what it did, marked interrupted
-                self._log.write(early_sends=self.early_sends, interrupted=True, local_steps=self.local_steps,
-                                wire=self.wire_bytes(),
-                                pseudo_grad_norms=self.pseudo_grad_norms,
-                                inner_steps_per_push=self.inner_steps_per_push)
+                self._log.save(self._log.record(interrupted=True, **self.totals()))
 
 
 def _clip_of(mine: float | None, welcomes: list[dict], mode: str) -> float:

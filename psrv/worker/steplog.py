@@ -1,32 +1,73 @@
-"""A psrv.Worker's step log, kept only when the environment asks for it (`psrv run --script` does):
+"""A worker's step log and record: the one builder of step rows and worker records, and their one writer,
+for the shipped PS loop (psrv/workers/loop.py), the all-reduce ranks (psrv/workers/allreduce/loop.py) and
+a user's script on psrv.Worker. ROW and RECORD declare what they hold; a key not declared is refused.
 
-    PSRV_RECORD          write this worker's record (JSON) here at close(), in `psrv worker --out`'s format
-    PSRV_PARAMS_OUT      rank 0: save the final flat parameter vector here (torch.save) at close()
-    PSRV_PROGRESS        keep the number of finished steps in this file
-    PSRV_METRICS_PORT    serve this worker's /metrics on this port (0: a free one, written beside
-                         PSRV_RECORD as .metrics); PSRV_MODE labels them, PSRV_METRICS_LINGER keeps
-                         them up that many seconds after close()
+The loops are handed a StepLog (`psrv worker` and `python -m psrv.workers.allreduce` build it from their
+options). A script's psrv.Worker builds its own from the environment `psrv run --script` sets
+(`StepLog.from_env`): PSRV_RECORD, PSRV_PARAMS_OUT, PSRV_PROGRESS, PSRV_METRICS_PORT (0: a free one,
+written beside PSRV_RECORD as .metrics), PSRV_MODE (the metrics' label) and PSRV_METRICS_LINGER.
 
-A row holds what step() measured (`pushed`: whether the step pushed; with local steps only every H-th
-does, and staleness is a push's): compute_seconds is the time since the previous step() returned (the
-first: since the constructor's first pull), communication and wait the time inside step(). The loss
-and batch size are the ones the loop passed to step(), None where it passed none: the log never
-makes one up. A worker that stops on an error or Ctrl-C writes what it did, `interrupted` True.
+A row holds what a step measured. The loss and batch size are the ones the loop knew, None where a
+script passed none: the log never makes one up. A worker that stops on an error or Ctrl-C writes what
+it did, `interrupted` True, and no weights.
 """
 from __future__ import annotations
 
 import logging
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from psrv.rss import peak_rss_bytes
 from psrv.atomic import write_json
+from psrv.rss import peak_rss_bytes
 
 log = logging.getLogger("psrv.worker")
 _EVERY = 10  # steps between progress-file writes
+
+ROW = {  # a step-log row's columns; staleness and pushed only where a step pushes to shards
+    "wall_time": "time.time() at the step's end",
+    "worker": "the rank",
+    "step": "the step's index (an inner step's, with local steps)",
+    "loss": "the training loss of the step's batch; None where the loop did not say",
+    "staleness": "PS workers: the push's worst staleness (shard version applied - version computed on)",
+    "compute_seconds": "forward and backward (and emulated compute)",
+    "communication_seconds": "sending, the update and the pull (all-reduce: the collective and the step)",
+    "wait_seconds": "held back for the other workers (sync barrier, SSP bound, the slowest rank)",
+    "batch_size": "samples in the step's batch; None where the loop did not say",
+    "pushed": "PS workers: whether the step pushed (with local steps only every H-th does)",
+}
+RECORD = {  # a worker record's keys (a run directory's worker-R.json)
+    "rank": "the rank", "world_size": "ranks in the run",
+    "job": "the shipped job's name; None for a script", "mode": "all-reduce: ddp, fsdp or zero1",
+    "steps": "steps asked for (a script: steps run)", "batch_size": "the batch size; None where steps differ",
+    "parameters": "parameters in the model", "device": "where the model lives",
+    "step_log": "the rows (ROW)", "evals": "rank 0's held-out evaluations: wall_time, step, eval_<metric>",
+    "initial_loss": "rank 0: the held-out loss before step 0", "final_loss": "rank 0: the last one",
+    "eval_accuracy": "rank 0: the last held-out accuracy (classifiers)",
+    "eval_metrics": "rank 0: the last evaluation's metrics", "metric": "the job's primary metric",
+    "lower_is_better": "of that metric", "eval_seconds": "rank 0's evaluations between steps (off the clock)",
+    "pushes": "pushes (all-reduce: gradient collectives; local steps: rounds)",
+    "samples": "samples trained on; None where a step's batch size is unknown",
+    "train_seconds": "the step loop's wall time, evaluations off", "wall_seconds": "the process's wall time",
+    "max_rss_bytes": "peak resident memory", "max_staleness": "PS workers: the worst staleness of a push",
+    "plan_hash": "PS workers: the partition plan's hash", "wire_dtype": "PS workers: the pushes' float type",
+    "overlap": "PS workers: sends during backward asked for", "early_sends": "PS workers: shards sent during backward",
+    "compress": "PS workers: the codec", "error_feedback": "PS workers: residuals kept",
+    "momentum_correction": "PS workers: the velocity kept here",
+    "bytes_pushed": "PS workers: push payload bytes", "bytes_pulled": "PS workers: pull payload bytes",
+    "bytes_sent": "PS workers: bytes on the wire out", "bytes_received": "PS workers: bytes on the wire in",
+    "dense_push_bytes": "PS workers: what the pushes would be uncompressed",
+    "compression_ratio": "dense_push_bytes / bytes_pushed",
+    "backend": "all-reduce: gloo or nccl", "ddp_comm_hook": "all-reduce: DDP's gradient hook",
+    "updates_applied": "all-reduce: optimizer steps that ran",
+    "local_steps": "local steps H as given", "inner_steps": "local steps: inner steps run",
+    "pseudo_grad_norms": "local steps: each push's pseudo-gradient norm",
+    "inner_steps_per_push": "local steps: the inner steps each push carried",
+    "interrupted": "stopped by Ctrl-C or SIGTERM", "steps_done": "interrupted: the steps that ran",
+}
 
 
 def check_step_args(loss, batch_size) -> None:
@@ -39,82 +80,138 @@ def check_step_args(loss, batch_size) -> None:
         raise ValueError(f"step(batch_size=...) takes an int >= 0; got {batch_size!r}")
 
 
-class StepLog:
-    """The rows and the record of one psrv.Worker; `from_env` makes one where PSRV_RECORD is set."""
-
-    def __init__(self, path: Path, *, rank: int, world_size: int, params: torch.Tensor, plan_hash: str,
-                 wire_dtype: str, overlap: bool):
-        self.path = path
-        self.rank = rank
-        self.params_out = _path("PSRV_PARAMS_OUT")
-        self.progress = _path("PSRV_PROGRESS")
-        self.started = self._last_wall = time.time()
-        self._last = time.perf_counter()
-        self.rows: list[dict] = []
-        self.record = {"rank": rank, "world_size": world_size, "job": None, "parameters": params.numel(),
-                       "device": str(params.device), "plan_hash": plan_hash, "wire_dtype": wire_dtype,
-                       "overlap": overlap, "evals": []}
-        self.metrics, self.linger = None, float(os.environ.get("PSRV_METRICS_LINGER") or 0)
-        port = os.environ.get("PSRV_METRICS_PORT", "").strip()
-        if port:
-            from psrv.metrics import WorkerMetrics, start_metrics
-            self.metrics = start_metrics(WorkerMetrics, int(port), path.with_suffix(".metrics"),
-                                         worker=rank, mode=os.environ.get("PSRV_MODE", ""))
+@dataclass(frozen=True)
+class RecordFiles:
+    """Where a worker's record goes, each optional: the record (JSON), the final flat parameter vector
+    and model.state_dict() (torch.save; give them on rank 0 only), the number of finished steps."""
+    record: Path | None = None
+    params: Path | None = None
+    state: Path | None = None
+    progress: Path | None = None
 
     @classmethod
-    def from_env(cls, **kw) -> "StepLog | None":
-        path = _path("PSRV_RECORD")
-        return cls(path, **kw) if path is not None else None
+    def from_env(cls) -> "RecordFiles":
+        return cls(record=_env_path("PSRV_RECORD"), params=_env_path("PSRV_PARAMS_OUT"),
+                   progress=_env_path("PSRV_PROGRESS"))
 
-    def step(self, info, *, loss, batch_size: int | None, started: float) -> None:
-        """Log the step `info` (step() began at perf_counter `started`)."""
-        inside = info.seconds
+
+class StepLog:
+    """One worker's rows and record. `metrics` (psrv.metrics.WorkerMetrics) sees every row; `linger`
+    seconds it stays up after the record is written."""
+
+    def __init__(self, files: RecordFiles = RecordFiles(), *, metrics=None, linger: float = 0.0):
+        self.files, self.metrics, self.linger = files, metrics, linger
+        self.started = time.time()
+        self.rows: list[dict] = []
+        self.fields: dict = {"evals": [], "eval_seconds": 0.0}
+        self.rank = 0
+        self._loop: list[float | None] = [None, None]  # the step loop's start and end, time.time()
+
+    @classmethod
+    def from_env(cls, *, rank: int) -> "StepLog | None":
+        """A script's log, where `psrv run --script` asked for one (PSRV_RECORD); else None."""
+        files = RecordFiles.from_env()
+        if files.record is None:
+            return None
+        metrics, port = None, os.environ.get("PSRV_METRICS_PORT", "").strip()
+        if port:
+            from psrv.metrics import WorkerMetrics, start_metrics
+            metrics = start_metrics(WorkerMetrics, int(port), files.record.with_suffix(".metrics"),
+                                    worker=rank, mode=os.environ.get("PSRV_MODE", ""))
+        return cls(files, metrics=metrics, linger=float(os.environ.get("PSRV_METRICS_LINGER") or 0))
+
+    def describe(self, **fields) -> None:
+        """Record keys known before the end (declared in RECORD)."""
+        _declared(fields, RECORD, "record")
+        self.rank = fields.get("rank", self.rank)
+        self.fields.update(fields)
+
+    def loop_began(self) -> None:
+        self._loop[0] = time.time()
+
+    def loop_ended(self) -> None:
+        if self._loop[0] is not None and self._loop[1] is None:
+            self._loop[1] = time.time()
+
+    def row(self, *, step: int, loss, compute_seconds: float, communication_seconds: float,
+            wait_seconds: float, batch_size: int | None, **pushes) -> dict:
+        """Log a step: `pushes` are staleness and pushed, where the step pushes to shards."""
         if isinstance(loss, torch.Tensor):
             loss = loss.detach().item()
-        row = {"wall_time": time.time(), "worker": self.rank, "step": info.step,
-               "loss": None if loss is None else float(loss),
-               "staleness": info.staleness, "compute_seconds": max(0.0, started - self._last),
-               "communication_seconds": max(0.0, inside - info.waited), "wait_seconds": min(info.waited, inside),
-               "batch_size": batch_size, "pushed": info.pushed}  # False: a local step that sent nothing
-        self.rows.append(row)
+        row = {"wall_time": time.time(), "worker": self.rank, "step": step,
+               "loss": None if loss is None else float(loss), "compute_seconds": compute_seconds,
+               "communication_seconds": communication_seconds, "wait_seconds": wait_seconds,
+               "batch_size": batch_size, **pushes}
+        _declared(row, ROW, "step row")
+        self.rows.append({k: row[k] for k in ROW if k in row})
         if self.metrics is not None:
             self.metrics.observe_step(row)
-        if self.progress is not None and len(self.rows) % _EVERY == 0:
-            self.progress.write_text(str(len(self.rows)))
-        self._last_wall, self._last = row["wall_time"], time.perf_counter()
+        if self.files.progress is not None and len(self.rows) % _EVERY == 0:
+            self.files.progress.write_text(str(len(self.rows)))
+        return row
 
-    def write(self, *, params: torch.Tensor | None = None, early_sends: int = 0, interrupted: bool = False,
-              local_steps: int | str | None = None, pseudo_grad_norms: list[float] | None = None,
-              inner_steps_per_push: list[int] | None = None, wire: dict | None = None) -> None:
-        """Write the record (and rank 0's final parameters, `params`, unless `interrupted`). With
-        `local_steps`, a push is a round of them: `pushes` counts `pseudo_grad_norms` (one per push).
-        `wire`: the bytes sent and received (psrv.Worker.wire_bytes())."""
+    def pushed_round(self, pseudo_grad_norm: float, next_local_steps: int) -> None:
+        """Local steps: a round was pushed (for the metrics)."""
+        if self.metrics is not None:
+            self.metrics.observe_round(pseudo_grad_norm, next_local_steps)
+
+    def evaluated(self, step: int, metrics: dict[str, float]) -> None:
+        """Rank 0's held-out evaluation before `step`."""
+        self.fields["evals"].append({"wall_time": time.time(), "step": step,
+                                     **{f"eval_{name}": value for name, value in metrics.items()}})
+        if step == 0:
+            self.fields["initial_loss"] = metrics["loss"]
+
+    def off_clock(self, seconds: float) -> None:
+        """An evaluation between steps took `seconds`: train_seconds leaves them out."""
+        self.fields["eval_seconds"] += seconds
+
+    def record(self, *, interrupted: bool = False, **fields) -> dict:
+        """The record: the fields described, `fields` (declared in RECORD), and what the rows say."""
         rows = self.rows
         sizes = {r["batch_size"] for r in rows}
-        known = bool(rows) and None not in sizes  # samples only when every step said its batch size
-        record = {**self.record, "steps": len(rows), "batch_size": next(iter(sizes)) if len(sizes) == 1 else None,
-                  "step_log": rows, "pushes": len(rows),
+        known = None not in sizes  # samples only when every step said its batch size
+        began, ended = self._loop
+        if began is None:  # a script: from the log's start to its last row
+            began, ended = self.started, rows[-1]["wall_time"] if rows else self.started
+        record = {"job": None, "steps": len(rows), "batch_size": next(iter(sizes)) if len(sizes) == 1 else None,
+                  **self.fields, "step_log": rows, "pushes": len(rows),
                   "samples": sum(r["batch_size"] for r in rows) if known else None,
-                  "train_seconds": self._last_wall - self.started if rows else 0.0, "early_sends": early_sends,
-                  "wall_seconds": time.time() - self.started,
-                  "max_staleness": max((r["staleness"] for r in rows), default=0),
-                  "max_rss_bytes": peak_rss_bytes(), **(wire or {})}
-        if local_steps is not None:
-            norms = list(pseudo_grad_norms or [])
-            record.update(pushes=len(norms), local_steps=local_steps, inner_steps=len(rows), pseudo_grad_norms=norms,
-                          inner_steps_per_push=list(inner_steps_per_push or []))
+                  "train_seconds": max(0.0, (ended or time.time()) - began - self.fields["eval_seconds"]),
+                  "wall_seconds": time.time() - self.started, "max_rss_bytes": peak_rss_bytes()}
+        if "plan_hash" in self.fields:  # a PS worker's
+            record["max_staleness"] = max((r["staleness"] for r in rows), default=0)
+        if "pseudo_grad_norms" in fields:
+            record.update(pushes=len(fields["pseudo_grad_norms"]), inner_steps=len(rows))
+        record.update(fields)
         if interrupted:
             record.update(interrupted=True, steps_done=len(rows))
-        if self.progress is not None:
-            self.progress.write_text(str(len(rows)))
-        if params is not None and self.params_out is not None and not interrupted:
-            self.params_out.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(params.detach().cpu().clone(), self.params_out)
-        write_json(self.path, record)
-        if self.metrics is not None and self.linger > 0 and not interrupted:
+        _declared(record, RECORD, "record")
+        return record
+
+    def save(self, record: dict, *, params: torch.Tensor | None = None, state: dict | None = None) -> None:
+        """Write the record, and the final weights where files name them (not after an interruption)."""
+        files, whole = self.files, not record.get("interrupted")
+        if files.progress is not None:
+            files.progress.write_text(str(len(self.rows)))
+        if whole and params is not None and files.params is not None:
+            files.params.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(params.detach().cpu().clone(), files.params)
+        if whole and state is not None and files.state is not None:
+            files.state.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({k: v.detach().cpu().clone() for k, v in state.items()}, files.state)
+        if files.record is not None:
+            write_json(files.record, record)
+        if self.metrics is not None and self.linger > 0 and whole:
             time.sleep(self.linger)
 
 
-def _path(name: str) -> Path | None:
+def _declared(got: dict, schema: dict, what: str) -> None:
+    unknown = sorted(set(got) - set(schema))
+    if unknown:
+        raise ValueError(f"{what} keys not declared in psrv/worker/steplog.py: {', '.join(unknown)}")
+
+
+def _env_path(name: str) -> Path | None:
     value = os.environ.get(name, "").strip()
     return Path(value) if value else None

@@ -19,8 +19,9 @@ from psrv.workers.evals import record_eval, record_final
 from psrv.workers.faults import FaultInjector
 from psrv.workers.jobs import batch_size_of, load_job
 from psrv.workers.loop import TrainingInterrupted
+from psrv.worker.steplog import StepLog
 
-log = logging.getLogger("psrv.ddp")
+_log = logging.getLogger("psrv.ddp")
 
 BACKENDS = ("auto", "gloo", "nccl")
 
@@ -52,9 +53,11 @@ def _wrapper(cfg: RunConfig) -> type:
     return DDP
 
 
-def train_allreduce(cfg: RunConfig, *, backend: str = "auto", timeout: float = 600.0, progress=None) -> dict:
-    """Train cfg.job.steps steps of cfg.mode (ddp, fsdp or zero1) as this rank; return its record (the
-    same keys as workers.loop.train). `backend`: auto (nccl on cuda, gloo on cpu), gloo or nccl;
+def train_allreduce(cfg: RunConfig, *, log: StepLog | None = None, backend: str = "auto", timeout: float = 600.0,
+                    progress=None) -> dict:
+    """Train cfg.job.steps steps of cfg.mode (ddp, fsdp or zero1) as this rank; return its record
+    (psrv/worker/steplog.py RECORD), which `log` (default: one that writes nothing) has saved, with the
+    final weights beside it as workers.loop.train returns them. `backend`: auto (nccl on cuda, gloo on cpu), gloo or nccl;
     `timeout`: seconds a collective may wait. Rendezvous is env:// as torchrun sets it (RANK, WORLD_SIZE,
     LOCAL_RANK, MASTER_ADDR, MASTER_PORT). Step rows and the wait: workers/allreduce/clock.py; no
     staleness column (every rank steps on the same reduced gradient). pushes counts the gradient collectives issued at
@@ -68,7 +71,7 @@ def train_allreduce(cfg: RunConfig, *, backend: str = "auto", timeout: float = 6
     inner optimizer on the plain module and every H steps (and once more for a last, partial round)
     `OuterAllReduce` averages the pseudo-gradients and takes the outer step; a row is an inner step, and
     pushes and updates_applied count the outer rounds."""
-    started = time.time()
+    log = log if log is not None else StepLog()
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     if backend not in BACKENDS:
@@ -91,12 +94,12 @@ def train_allreduce(cfg: RunConfig, *, backend: str = "auto", timeout: float = 6
         # the evaluation pauses and the wait's exchange: a CPU group of their own, apart from the gradients'
         pauses = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
         return _train(cfg, rank=rank, world=world, device=device, group=dist.group.WORLD, pauses=pauses,
-                      started=started, progress=progress, backend=backend)
+                      log=log, progress=progress, backend=backend)
     finally:
         dist.destroy_process_group()
 
 
-def _train(cfg: RunConfig, *, rank: int, world: int, device, group, pauses, started: float, progress,
+def _train(cfg: RunConfig, *, rank: int, world: int, device, group, pauses, log: StepLog, progress,
            backend: str) -> dict:
     job = load_job(cfg.job.name, seed=cfg.seed)  # every rank builds the same init; rank 0's is broadcast
     model = job.model.to(device)
@@ -106,22 +109,21 @@ def _train(cfg: RunConfig, *, rank: int, world: int, device, group, pauses, star
     outer = run.outer
     batches = job.batches_for(rank=rank, world_size=world, batch_size=cfg.job.batch_size, seed=cfg.seed,
                               device=device)
-    record = {"rank": rank, "world_size": world, "job": job.name, "steps": cfg.job.steps, "mode": cfg.mode,
-              "batch_size": cfg.job.batch_size, "backend": backend, "ddp_comm_hook": cfg.allreduce.ddp_comm_hook,
-              "parameters": sum(p.numel() for p in model.parameters()), "evals": [], "step_log": [],
-              "eval_seconds": 0.0}
+    log.describe(rank=rank, world_size=world, job=job.name, steps=cfg.job.steps, mode=cfg.mode,
+                 batch_size=cfg.job.batch_size, backend=backend, ddp_comm_hook=cfg.allreduce.ddp_comm_hook,
+                 parameters=sum(p.numel() for p in model.parameters()), device=str(device))
 
     def evaluate(step: int, *, final: bool = False) -> float:  # every rank calls it; rank 0 evaluates
         t = time.perf_counter()
         net = run.eval_model()
         if rank == 0:
-            (record_final if final else record_eval)(job, net, device, record, step=step)
+            (record_final if final else record_eval)(job, net, device, log, step=step)
         dist.barrier(group=pauses)
         return time.perf_counter() - t
 
-    log.info("rank %d of %d: %s %s on %s, %s", rank, world, cfg.mode, job.name, device, backend)
+    _log.info("rank %d of %d: %s %s on %s, %s", rank, world, cfg.mode, job.name, device, backend)
     evaluate(0)
-    t_loop = time.time()
+    log.loop_began()
     interrupt: KeyboardInterrupt | None = None
     try:
         for step in range(cfg.job.steps):
@@ -142,34 +144,31 @@ def _train(cfg: RunConfig, *, rank: int, world: int, device, group, pauses, star
                     outer()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            row = {"wall_time": time.time(), "worker": rank, "step": step, "loss": loss.item(),
-                   **clock.row(time.perf_counter()), "batch_size": batch_size_of(batch)}
-            record["step_log"].append(row)
+            log.row(step=step, loss=loss, **clock.row(time.perf_counter()), batch_size=batch_size_of(batch))
             if progress is not None:
                 progress(step + 1)
             if cfg.job.eval_every and (step + 1) % cfg.job.eval_every == 0 and step + 1 < cfg.job.steps:
-                record["eval_seconds"] += evaluate(step + 1)
+                log.off_clock(evaluate(step + 1))
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM where the entry point makes it one: keep the rows
         interrupt = exc
-        log.warning("rank %d: interrupted at step %d", rank, len(record["step_log"]))
+        _log.warning("rank %d: interrupted at step %d", rank, len(log.rows))
     if outer is not None and interrupt is None and cfg.job.steps % cfg.worker.local_steps:
         outer()  # the last, partial round, as psrv.Worker.close() pushes it
-    train_seconds = time.time() - t_loop - record["eval_seconds"]  # the evaluations' pauses off
-    if interrupt is not None:
-        record.update(interrupted=True, steps_done=len(record["step_log"]))
-    else:  # after the last step every rank holds the same weights (FSDP's ranks gather them)
+    log.loop_ended()  # the evaluations' pauses come off train_seconds
+    if interrupt is None:  # after the last step every rank holds the same weights (FSDP's ranks gather them)
         evaluate(cfg.job.steps, final=True)
         if barrier is None and world > 1:  # the wait, from every rank's rows (clock.py)
-            split_wait(record["step_log"], pauses)
-    rows = record["step_log"]
+            split_wait(log.rows, pauses)
+    local = {}
     if outer is not None:  # a push is an outer round's all-reduce
         clock.reduced = clock.updates = len(outer.norms)
-        record.update(local_steps=cfg.worker.local_steps, inner_steps=len(rows), pseudo_grad_norms=outer.norms)
-    record.update(pushes=clock.reduced, updates_applied=clock.updates, samples=sum(r["batch_size"] for r in rows),
-                  train_seconds=train_seconds, wall_seconds=time.time() - started)
+        local = {"local_steps": cfg.worker.local_steps, "pseudo_grad_norms": outer.norms}
+    record = log.record(interrupted=interrupt is not None, **local, pushes=clock.reduced,
+                        updates_applied=clock.updates)
     if interrupt is not None:  # the rows, not the partial weights
+        log.save(record)
         raise TrainingInterrupted(record, interrupt)
     final = run.eval_model()
-    record.update(final_params=torch.cat([p.detach().reshape(-1) for p in final.parameters()]).cpu(),
-                  final_state=final.state_dict())  # parameters and this rank's buffers
-    return record
+    params = torch.cat([p.detach().reshape(-1) for p in final.parameters()]).cpu()
+    log.save(record, params=params, state=final.state_dict())
+    return {**record, "final_params": params, "final_state": final.state_dict()}  # parameters and buffers

@@ -1,5 +1,6 @@
 """One rank of an all-reduce baseline as a program (`python -m psrv.workers.allreduce`, started by torchrun or by
-`psrv run --mode ddp|fsdp|zero1`): options, the record file, rank 0's params.pt and model.pt."""
+`psrv run --mode ddp|fsdp|zero1`): its options, and where its step log writes the record, the progress and
+rank 0's params.pt and model.pt."""
 from __future__ import annotations
 
 import argparse
@@ -8,13 +9,11 @@ import os
 import sys
 from pathlib import Path
 
-import torch
-
 from psrv.config import ALLREDUCE_MODES, RunConfig
 from psrv.config.cli_args import add_config_arguments, config_from_args, given, read_config_file
 from psrv.workers.allreduce.loop import BACKENDS, train_allreduce
 from psrv.workers.loop import TrainingInterrupted
-from psrv.atomic import write_json
+from psrv.worker.steplog import RecordFiles, StepLog
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,31 +57,14 @@ def main(argv: list[str] | None = None) -> int:
         if mode is not None and mode not in ALLREDUCE_MODES:
             raise ValueError(f"--mode: a rank runs {', '.join(ALLREDUCE_MODES)}; {mode!r} has servers (psrv run)")
         cfg = config_from_args(RunConfig, a, base=base, extra={} if mode else {"mode": "ddp"})
-        progress = None
-        if a.progress_file:
-            path = rank_path(a.progress_file, rank)
-            progress = lambda step: (step % 10 == 0 or step == cfg.job.steps) and path.write_text(str(step))  # noqa: E731
-        record = train_allreduce(cfg, backend=a.backend, timeout=a.timeout, progress=progress)
-    except TrainingInterrupted as exc:  # said in one line; keep the rows, not the partial weights
-        record = exc.record
-        _write_record(a.out, rank, record)
+        first = rank == 0  # rank 0 keeps the weights
+        files = RecordFiles(record=rank_path(a.out, rank) if a.out else None,
+                            params=a.params_out if first else None, state=a.state_out if first else None,
+                            progress=rank_path(a.progress_file, rank) if a.progress_file else None)
+        train_allreduce(cfg, log=StepLog(files), backend=a.backend, timeout=a.timeout)
+    except TrainingInterrupted as exc:  # said in one line; its rows are written, not the partial weights
         return exit_code(exc.interrupt)
     except ValueError as exc:
         print(f"psrv.workers.allreduce: error: {exc}", file=sys.stderr)
         return 2
-    params, state = record.pop("final_params"), record.pop("final_state")
-    if a.params_out and rank == 0:
-        a.params_out.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(params, a.params_out)
-    if a.state_out and rank == 0:
-        a.state_out.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({k: v.detach().cpu().clone() for k, v in state.items()}, a.state_out)
-    _write_record(a.out, rank, record)
     return 0
-
-
-def _write_record(template: str | None, rank: int, record: dict) -> None:
-    if template:
-        path = rank_path(template, rank)
-        write_json(path, record)
-
