@@ -64,15 +64,7 @@ def train(cfg: WorkerConfig, *, log: StepLog | None = None, progress=None) -> di
     inner = make_inner_optimizer(cfg, model.parameters()) if cfg.local_updates else None
     try:
         # Early sends would beat injected compute and network delays, so faults turn the overlap off.
-        ps = Worker(model, cfg.servers, rank=cfg.rank, world_size=cfg.world_size, transport=cfg.transport,
-                    timeout=cfg.request_timeout, curve_keys=cfg.curve_keys, wire_dtype=cfg.wire_dtype,
-                    overlap=cfg.overlap and not faults.active, clip_grad_norm=cfg.clip_grad_norm,
-                    local_steps=cfg.local_steps if cfg.local_updates else None,
-                    compress=cfg.compress, error_feedback=cfg.error_feedback,
-                    momentum_correction=cfg.momentum_correction, momentum_masking=cfg.momentum_masking,
-                    compress_warmup=cfg.compress_warmup, sign_scale=cfg.sign_scale,
-                    compress_min_numel=cfg.compress_min_numel, shared_memory=cfg.shared_memory, bulk=cfg.bulk,
-                    push_chunk_mb=cfg.push_chunk_mb)
+        ps = Worker.from_settings(model, cfg, overlap=cfg.overlap and not faults.active)
         log.describe(**ps.described())
         with ps:
             if cfg.rank == 0:

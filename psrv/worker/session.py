@@ -13,6 +13,8 @@ Clocks, versions, the partition plan and the flat buffers stay inside.
 """
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import logging
 import os
 import time
@@ -185,6 +187,19 @@ class Worker:
         if self._log is not None:
             self._log.describe(**self.described())
         self._returned = time.perf_counter()  # a logged step's compute: from here to its step() call
+
+    @classmethod
+    def from_settings(cls, model: torch.nn.Module, settings, **keywords) -> "Worker":
+        """A Worker whose keywords come from a config section by name: a WorkerSettings, a Placement, a
+        GradClip, or a WorkerConfig holding them all with `servers`, `rank`, `world_size` and
+        `curve_keys` (`request_timeout` is `timeout`; `local_steps` counts only with an inner optimizer).
+        `keywords` override them: the one place a worker's settings become psrv.Worker's keywords."""
+        names = inspect.signature(Worker.__init__).parameters
+        given = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings) if f.name in names}
+        if isinstance(settings, WorkerSettings):
+            given.update(timeout=settings.request_timeout,
+                         local_steps=settings.local_steps if settings.local_updates else None)
+        return cls(model, **{**given, **keywords})
 
     def step(self, *, loss: float | torch.Tensor | None = None, batch_size: int | None = None) -> StepInfo:
         """Push the gradient backward left in the model (the shards not sent during backward now),

@@ -32,3 +32,34 @@ def test_psrv_worker_and_psclient_default_to_the_config_trees_values():
     client = inspect.signature(PSClient).parameters  # PSClient takes the planes as flags: 'auto' is on
     assert (client["shared_memory"].default, client["bulk"].default) == (
         want["shared_memory"] == "auto", want["bulk"] == "auto")
+
+
+class _Keywords(Worker):
+    """psrv.Worker's keywords as from_settings passes them, without meeting a shard."""
+
+    def __init__(self, model, servers=None, **keywords):
+        self.keywords = {"servers": servers, **keywords}
+
+
+def test_from_settings_passes_every_worker_setting_by_name():
+    from psrv.config import WorkerConfig
+    cfg = WorkerConfig(servers=("tcp://127.0.0.1:1",), rank=1, world_size=3, compress="int8", error_feedback=False,
+                       compress_min_numel=7, compress_warmup=3, request_timeout=4.5, push_chunk_mb=2.0,
+                       shared_memory="off", bulk="auto", wire_dtype="float32", sign_scale="l1",
+                       momentum_masking=True, momentum_correction=False, overlap=False, clip_grad_norm=1.5)
+    got = _Keywords.from_settings(None, cfg, overlap=True).keywords
+    assert got == {"servers": ("tcp://127.0.0.1:1",), "rank": 1, "world_size": 3, "transport": "zmq",
+                   "timeout": 4.5, "curve_keys": "", "wire_dtype": "float32", "overlap": True,  # the override
+                   "clip_grad_norm": 1.5, "local_steps": None, "compress": "int8", "error_feedback": False,
+                   "compress_min_numel": 7, "momentum_correction": False, "momentum_masking": True,
+                   "compress_warmup": 3, "sign_scale": "l1", "shared_memory": "off", "bulk": "auto",
+                   "push_chunk_mb": 2.0}
+    local = _Keywords.from_settings(None, WorkerConfig(servers=("tcp://127.0.0.1:1",), local_steps=4)).keywords
+    assert local["local_steps"] == 4  # with its inner optimizer (adamw by default)
+
+
+def test_every_worker_setting_reaches_psrv_worker_or_is_the_shipped_loops():
+    keywords = set(inspect.signature(Worker).parameters) | {"request_timeout"}
+    loops_own = {"inner_optimizer", "inner_lr"}  # the shipped loop's inner optimizer (workers/local_steps.py)
+    assert {f.name for f in dataclasses.fields(WorkerSettings)} - keywords == loops_own
+    assert {f.name for f in dataclasses.fields(Placement)} - keywords == {"device"}  # where the model already is
