@@ -109,7 +109,7 @@ class ChunkedPushes:
         if not takes_chunks(s.cfg):
             raise ProtocolError(ErrorCode.NOT_ALLOWED, "this shard takes pushes whole (WELCOME chunks: false)")
         i, n, lo, hi = parse_chunk(msg, shard.size)
-        validate.onebit_push(msg, s.cfg.optimizer)
+        validate.push_kind(msg, s.cfg.optimizer)
         replayed = s.dedup.replay(msg.worker, msg.seq, shard.version)
         if replayed is not None:  # the whole push was answered before: its last chunk answers again
             if i == n - 1:

@@ -14,7 +14,7 @@ import torch
 from psrv.checkpoint import Checkpointer
 from psrv.config import ServerConfig
 from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError, decode, encode
-from psrv.server import snapshot, validate
+from psrv.server import onebit_adam, snapshot, validate
 from psrv.server.chunked import ChunkedPushes, takes_chunks
 from psrv.server.consistency import Decision, make_controller
 from psrv.server.dedup import Dedup, refused_again
@@ -197,7 +197,7 @@ class ShardService:
             "version": self.shard.version, "clock": self.controller.next_clock(msg.worker),
             "initialised": self.shard.initialised, "size": self.shard.size,
             "last_seq": self.dedup.last_seq(msg.worker), "worker_timeout": self.cfg.worker_timeout,
-            "clip_grad_norm": self.cfg.optimizer.clip_grad_norm, "onebit": validate.onebit_welcome(self.cfg.optimizer),
+            "clip_grad_norm": self.cfg.optimizer.clip_grad_norm, "onebit": onebit_adam.welcome(self.cfg.optimizer),
             "optimizer": validate.optimizer_welcome(self.cfg.optimizer),
             "chunks": takes_chunks(self.cfg)}))
 
@@ -289,7 +289,7 @@ class ShardService:
         started = time.perf_counter()
         shard = self.ready_shard(msg, need_init=True)
         grad = validate.push(msg, shard.size)  # a dense tensor, or a checked compressed push
-        validate.onebit_push(msg, self.cfg.optimizer)  # onebit_adam: a gradient before the freeze, a momentum after
+        validate.push_kind(msg, self.cfg.optimizer)  # a velocity or momentum only where the optimizer takes one
         replayed = self.dedup.replay(msg.worker, msg.seq, shard.version)
         if replayed is not None:
             self.stats.duplicate()
@@ -327,7 +327,7 @@ class ShardService:
             scale = shard.apply(grad, PushContext(msg.worker, msg.clock, msg.base_version, staleness))
             self.stats.applied(shard.version, lr_scale=scale)
         else:
-            shard.accumulate(grad, momentum=bool(msg.fields.get("momentum")))
+            shard.accumulate(grad, momentum=onebit_adam.is_momentum(msg))
             self._commit_if_ready()
         self.stats.pushed(time.perf_counter() - started, staleness)
         self.stats.membership(self.controller.active, {msg.worker: self.controller.clocks[msg.worker]})
