@@ -23,7 +23,7 @@ from psrv.codecs import CASTS, make as make_codec
 from psrv.codecs.push import PushEncoder, finite
 from psrv.worker.heartbeat import Heartbeat
 from psrv.worker.momentum_correction import MomentumCorrection, from_welcomes as velocity_from
-from psrv.worker.onebit import LocalMomentum, from_welcomes
+from psrv.worker.onebit import LocalMomentum, from_welcomes, momentum_encoder
 from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError, decode, encode
 from psrv.partition import PartitionPlan
 from psrv.protocol.codec import DTYPES
@@ -89,7 +89,8 @@ class PSClient:
         if sign_scale not in SIGN_SCALES:
             raise ValueError(f"sign_scale must be one of {', '.join(SIGN_SCALES)}; got {sign_scale!r}")
         self.sign_scale = sign_scale
-        codec = make_codec(compress, seed=worker, sign_scale=_scale(sign_scale, onebit=False))  # ValueError: unknown
+        scale = "l2" if sign_scale == "auto" else sign_scale  # auto: l2 (l1 for onebit_adam's momenta: onebit.py)
+        codec = make_codec(compress, seed=worker, sign_scale=scale)  # ValueError: unknown
         if compress and codec is None:  # float16 / bfloat16: the cast wire_dtype makes
             if wire_dtype not in ("float32", CASTS[compress]):
                 raise ValueError(f"compress={compress!r} and wire_dtype={wire_dtype!r} disagree; give one")
@@ -240,15 +241,10 @@ class PSClient:
         if self.onebit is not None:
             return
         self.onebit = from_welcomes(welcomes, self.plan.total)
-        if self.onebit is None:
-            return
-        if self.wire_dtype != torch.float32:
-            raise ValueError("the shards run onebit_adam, which pushes float32 gradients then codec-compressed "
-                             "momenta; remove wire_dtype/float16/bfloat16 compress")
-        if self.encoder is None or (self.sign_scale == "auto" and self.compress == "sign"):  # auto: l1 here
-            self.encoder = PushEncoder(make_codec("sign", sign_scale=_scale(self.sign_scale, onebit=True)), self.plan,
-                                       **self._encoder_options)
-            self.compress = "sign"
+        if self.onebit is not None:
+            self.encoder, self.compress = momentum_encoder(self.plan, wire_dtype=self.wire_dtype, encoder=self.encoder,
+                                                           compress=self.compress, sign_scale=self.sign_scale,
+                                                           options=self._encoder_options)
 
     def _stop_heartbeat(self) -> None:
         if self._heartbeat is not None:
@@ -308,17 +304,17 @@ class PSClient:
     def fill_push(self, grad: torch.Tensor, shard: int, msg: Message) -> None:
         """Fill shard's push message from `grad` (PushPull's too, shard by shard): its slice of the wire
         buffer (a no-op when grad is already wire dtype), or its compressed parts (the residual they leave
-        waits for the shard's answer, `_settle`). Under onebit_adam the local momentum takes the slice first, and after the
-        freeze is what is encoded. A slice with NaN or Inf goes raw (`_raw`) and moves no worker state."""
+        waits for the shard's answer, `_settle`). Under onebit_adam the local momentum takes the slice
+        first, and after the freeze is what is encoded. A slice with NaN or Inf goes raw (`_raw`) and moves
+        no worker state."""
         lo, hi = self.ranges[shard]
         if (self.encoder is not None or self.onebit is not None) and not finite(grad[lo:hi]):
             self._raw(grad, shard, msg)
             return
         if self.onebit is not None:
-            momentum = self.onebit.update(grad, lo, hi)
-            if not self.onebit.is_momentum(msg.clock):
+            grad = self.onebit.take(grad, lo, hi, msg)
+            if grad is None:
                 return  # the dense gradient, already in msg
-            grad, msg.fields = momentum, {**msg.fields, "momentum": True}
         if self.velocity is not None:
             grad, msg.fields = self.velocity.direction(grad, self._at, shard), {**msg.fields, "velocity": True}
         if self.encoder is not None:
@@ -338,8 +334,8 @@ class PSClient:
         log.warning("worker %d: NaN or Inf in the gradient for shard %d at clock %d; pushed uncompressed, its "
                     "error feedback and momentum left as they were", self.worker, shard, msg.clock)
         msg.tensor, msg.parts = grad[lo:hi].float(), None
-        if self.onebit is not None and self.onebit.is_momentum(msg.clock):
-            msg.fields = {**msg.fields, "momentum": True}
+        if self.onebit is not None:
+            self.onebit.mark(msg)
         if self.velocity is not None:
             msg.fields = {**msg.fields, "velocity": True}
             self.velocity.forget(shard)
@@ -446,10 +442,3 @@ def admin_request(address: str, kind: MsgType, *, curve_keys: str = "", name: st
 
 
 SIGN_SCALES = ("auto", "l2", "l1")
-
-
-def _scale(sign_scale: str, *, onebit: bool) -> str:
-    """sign's scale for `sign_scale`: auto is l2, but l1 for onebit_adam's momenta (docs/compression.md)."""
-    if sign_scale != "auto":
-        return sign_scale
-    return "l1" if onebit else "l2"
