@@ -60,7 +60,7 @@ def measure(size: int, push: str, repeats: int, tmp: Path) -> dict:
                 t2 = time.perf_counter()
                 trips.append(t1 - t0)
                 copies.append(t2 - t1)
-            plane = type(client._net._plane[0]).__name__ if client._net._plane[0] is not None else "none"
+            plane = type(client.net._plane[0]).__name__ if client.net._plane[0] is not None else "none"
             client.leave()
     finally:
         proc.wait(20)

@@ -85,7 +85,8 @@ class OpenPush:
 
 
 class ChunkedPushes:
-    """The open chunked push of each worker (at most one: a worker waits for a push's answer)."""
+    """The open chunked push of each worker (at most one: a worker waits for a push's answer), kept for
+    `service` (psrv/server/service.py ShardService), whose public members only it uses."""
 
     def __init__(self, service):
         self.s = service
@@ -104,11 +105,11 @@ class ChunkedPushes:
     def take(self, msg: Message) -> dict | None:
         """Handle one chunk; the push's answer when it is whole and this is its last chunk, else None."""
         s = self.s
-        shard = s._ready_shard(msg, need_init=True)
+        shard = s.ready_shard(msg, need_init=True)
         if not takes_chunks(s.cfg):
             raise ProtocolError(ErrorCode.NOT_ALLOWED, "this shard takes pushes whole (WELCOME chunks: false)")
         i, n, lo, hi = parse_chunk(msg, shard.size)
-        validate.onebit_push(msg, s.cfg.optimizer)
+        validate.push_kind(msg, s.cfg.optimizer)
         replayed = s.dedup.replay(msg.worker, msg.seq, shard.version)
         if replayed is not None:  # the whole push was answered before: its last chunk answers again
             if i == n - 1:
@@ -134,7 +135,7 @@ class ChunkedPushes:
         """One chunk of INIT: its values copied into the shard's weights, which count as initialised (and
         are answered {"already": False}) once every chunk is in, at the last; NONFINITE there if one had
         NaN or Inf (the shard then stays uninitialised). An initialised shard keeps its weights."""
-        shard = self.s._ready_shard(msg, need_init=False)
+        shard = self.s.ready_shard(msg, need_init=False)
         if not takes_chunks(self.s.cfg):
             raise ProtocolError(ErrorCode.NOT_ALLOWED, "this shard takes INIT whole (WELCOME chunks: false)")
         i, n, lo, hi = parse_chunk(msg, shard.size)
@@ -204,7 +205,7 @@ class ChunkedPushes:
             s.stats.applied(shard.version, lr_scale=push.scale)
         s.stats.pushed(time.perf_counter() - push.started, None if "dropped" in push.info else push.info["staleness"])
         s.stats.membership(s.controller.active, {msg.worker: s.controller.clocks[msg.worker]})
-        return s._accepted(msg, {**push.info, "version": shard.version})
+        return s.record_answer(msg, {**push.info, "version": shard.version})
 
     def _refused(self, msg: Message, push: OpenPush) -> dict:
         """A push with a non-finite chunk, counted once (dropped "invalid"). With nothing applied it
@@ -219,7 +220,8 @@ class ChunkedPushes:
                         "applied; refused, and those chunks stay applied (psrv's client sends such a push whole)",
                         s.cfg.shard, msg.worker, push.applied, push.chunks)
         elif s.cfg.nonfinite == "skip":
-            return s._accepted(msg, {**push.info, "version": shard.version, "dropped": "nonfinite", "staleness": 0})
+            return s.record_answer(msg, {**push.info, "version": shard.version, "dropped": "nonfinite",
+                                         "staleness": 0})
         refusal = push.refused + (f" ({push.applied} before it were applied)" if push.applied else "") + " (see --nonfinite)"
-        s._accepted(msg, {**push.info, "version": shard.version, "refused": refusal})
+        s.record_answer(msg, {**push.info, "version": shard.version, "refused": refusal})
         raise ProtocolError(ErrorCode.NONFINITE, refusal)

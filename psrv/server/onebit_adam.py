@@ -23,12 +23,19 @@ from v_K itself, so no user has to build one. A weight whose gradient first turn
 freeze therefore stays put (Adam with v frozen at 0 would step it by m/eps). The state keeps
 torch.optim's layout (step, exp_avg, exp_avg_sq), so it checkpoints like Adam's; the mask is derived
 from exp_avg_sq, never stored.
+
+The protocol: WELCOME's `onebit` (`welcome`) tells each worker the freeze step and beta1 it follows, and a
+push says whether it is a momentum (field `momentum`, `is_momentum`), which must agree with its clock
+(`check_push`).
 """
 from __future__ import annotations
 
 import math
 
 import torch
+
+from psrv.config import OptimConfig
+from psrv.protocol import ErrorCode, Message, ProtocolError
 
 
 def frozen_step(state: dict, param: torch.Tensor, momentum: torch.Tensor, *, lr: float, betas: tuple[float, float],
@@ -51,3 +58,29 @@ def frozen_step(state: dict, param: torch.Tensor, momentum: torch.Tensor, *, lr:
 def is_frozen(state: dict, freeze_step: int) -> bool:
     """True once `freeze_step` Adam steps are in `state` (the next push is a momentum)."""
     return bool(state) and int(state["step"]) >= freeze_step
+
+
+def welcome(optim: OptimConfig) -> dict | None:
+    """What WELCOME tells a worker of onebit_adam (None: another optimizer): its freeze step and beta1."""
+    return {"freeze_step": optim.freeze_step, "beta1": optim.betas[0]} if optim.name == "onebit_adam" else None
+
+
+def is_momentum(msg: Message) -> bool:
+    """Whether push `msg` is a worker's momentum (its field `momentum`), not a gradient."""
+    return bool(msg.fields.get("momentum"))
+
+
+def check_push(msg: Message, optim: OptimConfig) -> None:
+    """Under onebit_adam a push of clock c < freeze_step is a gradient and a later one a momentum;
+    NOT_ALLOWED where the worker disagrees (it did not follow WELCOME's `onebit`), and for a momentum
+    under another optimizer."""
+    momentum = is_momentum(msg)
+    if optim.name != "onebit_adam":
+        if momentum:
+            raise ProtocolError(ErrorCode.NOT_ALLOWED, f"a momentum push, but this server runs {optim.name}, "
+                                "not onebit_adam")
+        return
+    if momentum != (msg.clock >= optim.freeze_step):
+        want = "momentum" if msg.clock >= optim.freeze_step else "gradient"
+        raise ProtocolError(ErrorCode.NOT_ALLOWED, f"onebit_adam with freeze_step {optim.freeze_step}: clock "
+                            f"{msg.clock}'s push must be a {want}; the worker must follow WELCOME's onebit")

@@ -14,7 +14,7 @@ import torch
 from psrv.checkpoint import Checkpointer
 from psrv.config import ServerConfig
 from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError, decode, encode
-from psrv.server import snapshot, validate
+from psrv.server import onebit_adam, snapshot, validate
 from psrv.server.chunked import ChunkedPushes, takes_chunks
 from psrv.server.consistency import Decision, make_controller
 from psrv.server.dedup import Dedup, refused_again
@@ -197,7 +197,7 @@ class ShardService:
             "version": self.shard.version, "clock": self.controller.next_clock(msg.worker),
             "initialised": self.shard.initialised, "size": self.shard.size,
             "last_seq": self.dedup.last_seq(msg.worker), "worker_timeout": self.cfg.worker_timeout,
-            "clip_grad_norm": self.cfg.optimizer.clip_grad_norm, "onebit": validate.onebit_welcome(self.cfg.optimizer),
+            "clip_grad_norm": self.cfg.optimizer.clip_grad_norm, "onebit": onebit_adam.welcome(self.cfg.optimizer),
             "optimizer": validate.optimizer_welcome(self.cfg.optimizer),
             "chunks": takes_chunks(self.cfg)}))
 
@@ -208,7 +208,7 @@ class ShardService:
                 self._reply(peer, Message(MsgType.OK, seq=msg.seq, fields=fields))
                 self._release()
             return
-        shard = self._ready_shard(msg, need_init=False)
+        shard = self.ready_shard(msg, need_init=False)
         values = validate.tensor(msg, shard.size)
         already = shard.initialised
         if not already:
@@ -228,7 +228,7 @@ class ShardService:
         self._release()
 
     def _on_pull(self, peer, msg: Message, push: dict | None = None, clock: int | None = None) -> None:
-        self._ready_shard(msg, need_init=False)
+        self.ready_shard(msg, need_init=False)
         final = bool(msg.fields.get("final"))
         self.pending.add(peer, worker=msg.worker, seq=msg.seq, clock=msg.clock if clock is None else clock,
                          final=final, received=self.now(), push=push)
@@ -287,9 +287,9 @@ class ShardService:
         """Accept one gradient: validate, dedup, then apply / accumulate / drop as the controller says.
         A non-finite one is never applied: refused (--nonfinite reject) or dropped (skip), counted once."""
         started = time.perf_counter()
-        shard = self._ready_shard(msg, need_init=True)
+        shard = self.ready_shard(msg, need_init=True)
         grad = validate.push(msg, shard.size)  # a dense tensor, or a checked compressed push
-        validate.onebit_push(msg, self.cfg.optimizer)  # onebit_adam: a gradient before the freeze, a momentum after
+        validate.push_kind(msg, self.cfg.optimizer)  # a velocity or momentum only where the optimizer takes one
         replayed = self.dedup.replay(msg.worker, msg.seq, shard.version)
         if replayed is not None:
             self.stats.duplicate()
@@ -299,7 +299,7 @@ class ShardService:
             self.stats.pushed(time.perf_counter() - started, None)
             self.stats.drop("invalid")
             refusal = "gradient has NaN or Inf; refused (see --nonfinite)"
-            self._accepted(msg, {"version": shard.version, "refused": refusal})
+            self.record_answer(msg, {"version": shard.version, "refused": refusal})
             raise ProtocolError(ErrorCode.NONFINITE, refusal)
         if self.controller.catch_up(msg.clock):
             log.warning("shard %d: worker %d pushed clock %d, ahead of this restored shard; skipping to it",
@@ -312,13 +312,13 @@ class ShardService:
             self.stats.pushed(time.perf_counter() - started, None)
             stale = self.late.dropped(msg.worker, clock=msg.clock, pushed=pushed,
                                       open_clock=self.controller.next_clock(msg.worker))
-            return self._accepted(msg, {"version": shard.version, "dropped": "late", "staleness": 0, **stale})
+            return self.record_answer(msg, {"version": shard.version, "dropped": "late", "staleness": 0, **stale})
         self.late.applied(msg.worker)
         if not finite:  # --nonfinite skip: the worker's clock moves on (sync: its clock applies without it)
             self.controller.void(msg.worker)
             self.stats.drop("invalid")
             self.stats.pushed(time.perf_counter() - started, None)
-            info = self._accepted(msg, {"version": shard.version, "dropped": "nonfinite", "staleness": 0})
+            info = self.record_answer(msg, {"version": shard.version, "dropped": "nonfinite", "staleness": 0})
             self._commit_if_ready()
             return info
         staleness = max(0, shard.version - msg.base_version)
@@ -327,13 +327,14 @@ class ShardService:
             scale = shard.apply(grad, PushContext(msg.worker, msg.clock, msg.base_version, staleness))
             self.stats.applied(shard.version, lr_scale=scale)
         else:
-            shard.accumulate(grad, momentum=bool(msg.fields.get("momentum")))
+            shard.accumulate(grad, momentum=onebit_adam.is_momentum(msg))
             self._commit_if_ready()
         self.stats.pushed(time.perf_counter() - started, staleness)
         self.stats.membership(self.controller.active, {msg.worker: self.controller.clocks[msg.worker]})
-        return self._accepted(msg, {"version": shard.version, "staleness": staleness})
+        return self.record_answer(msg, {"version": shard.version, "staleness": staleness})
 
-    def _accepted(self, msg: Message, info: dict) -> dict:
+    def record_answer(self, msg: Message, info: dict) -> dict:
+        """`info`, push `msg`'s answer, recorded so a re-send of it is answered alike (psrv/server/dedup.py)."""
         self.dedup.record(msg.worker, msg.seq, info)
         return info
 
@@ -406,7 +407,8 @@ class ShardService:
         self.sessions.check(msg, active=msg.worker in self.controller.active, silent=self.liveness.silent(msg.worker))
         self.liveness.seen(msg.worker)
 
-    def _ready_shard(self, msg: Message, *, need_init: bool) -> Shard:
+    def ready_shard(self, msg: Message, *, need_init: bool) -> Shard:
+        """The shard `msg` may touch: HelloAgain before any HELLO, NOT_ALLOWED before INIT where it needs weights."""
         if self.shard is None:
             raise HelloAgain(f"{msg.type.name} before any HELLO")
         if need_init and not self.shard.initialised:

@@ -11,7 +11,7 @@ from psrv.codecs.push import decode_push
 from psrv.config import OptimConfig, ServerConfig
 from psrv.protocol import ErrorCode, Message, ProtocolError
 from psrv.partition import shard_range
-from psrv.server import velocity
+from psrv.server import onebit_adam, velocity
 
 WIRE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -74,26 +74,11 @@ def optimizer_welcome(optim: OptimConfig) -> dict:
     return velocity.welcome(optim)
 
 
-def onebit_welcome(optim: OptimConfig) -> dict | None:
-    """What WELCOME tells a worker of onebit_adam (None: another optimizer): its freeze step and beta1."""
-    return {"freeze_step": optim.freeze_step, "beta1": optim.betas[0]} if optim.name == "onebit_adam" else None
-
-
-def onebit_push(msg: Message, optim: OptimConfig) -> None:
-    """Under onebit_adam a push of clock c < freeze_step is a gradient and a later one a momentum (its
-    field `momentum`); NOT_ALLOWED where the worker disagrees (it did not follow WELCOME's `onebit`). A
-    velocity push (momentum correction) is checked against the optimizer too (psrv/server/velocity.py)."""
+def push_kind(msg: Message, optim: OptimConfig) -> None:
+    """A velocity push (momentum correction, psrv/server/velocity.py) or a momentum push (onebit_adam,
+    psrv/server/onebit_adam.py check_push) only where the shard's optimizer takes one; NOT_ALLOWED else."""
     velocity.check(msg, optim)
-    momentum = bool(msg.fields.get("momentum"))
-    if optim.name != "onebit_adam":
-        if momentum:
-            raise ProtocolError(ErrorCode.NOT_ALLOWED, f"a momentum push, but this server runs {optim.name}, "
-                                "not onebit_adam")
-        return
-    if momentum != (msg.clock >= optim.freeze_step):
-        want = "momentum" if msg.clock >= optim.freeze_step else "gradient"
-        raise ProtocolError(ErrorCode.NOT_ALLOWED, f"onebit_adam with freeze_step {optim.freeze_step}: clock "
-                            f"{msg.clock}'s push must be a {want}; the worker must follow WELCOME's onebit")
+    onebit_adam.check_push(msg, optim)
 
 
 def all_finite(grad: torch.Tensor | Decoded) -> bool:

@@ -19,12 +19,11 @@ import torch
 
 from psrv.config.base import defaults_of
 from psrv.config.sections import Placement, WorkerSettings
-from psrv.chunking import chunk_count, chunk_range
 from psrv.codecs import CASTS, make as make_codec
 from psrv.codecs.push import PushEncoder, finite
 from psrv.worker.heartbeat import Heartbeat
 from psrv.worker.momentum_correction import MomentumCorrection, from_welcomes as velocity_from
-from psrv.worker.onebit import LocalMomentum, from_welcomes
+from psrv.worker.onebit import LocalMomentum, from_welcomes, momentum_encoder
 from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError, decode, encode
 from psrv.partition import PartitionPlan
 from psrv.protocol.codec import DTYPES
@@ -90,7 +89,8 @@ class PSClient:
         if sign_scale not in SIGN_SCALES:
             raise ValueError(f"sign_scale must be one of {', '.join(SIGN_SCALES)}; got {sign_scale!r}")
         self.sign_scale = sign_scale
-        codec = make_codec(compress, seed=worker, sign_scale=_scale(sign_scale, onebit=False))  # ValueError: unknown
+        scale = "l2" if sign_scale == "auto" else sign_scale  # auto: l2 (l1 for onebit_adam's momenta: onebit.py)
+        codec = make_codec(compress, seed=worker, sign_scale=scale)  # ValueError: unknown
         if compress and codec is None:  # float16 / bfloat16: the cast wire_dtype makes
             if wire_dtype not in ("float32", CASTS[compress]):
                 raise ValueError(f"compress={compress!r} and wire_dtype={wire_dtype!r} disagree; give one")
@@ -118,10 +118,11 @@ class PSClient:
         self.session = secrets.randbits(63) or 1  # this process, as the shards tell it from another of this rank
         self._sent_init = False
         self._warned_late = False
-        self._servers = list(servers)
+        self.servers = list(servers)  # the shards' addresses, in shard order
         self._options = {"curve_keys": curve_keys, "curve_name": f"worker-{worker}"} if curve_keys else {}
-        self._net = net or create_client(transport, self._servers, worker=worker, world_size=world_size,
-                                         shared_memory=shared_memory, bulk=bulk, **self._options)
+        # the transport to the shards, on which RoundTrip sends (psrv/worker/roundtrip.py)
+        self.net = net or create_client(transport, self.servers, worker=worker, world_size=world_size,
+                                        shared_memory=shared_memory, bulk=bulk, **self._options)
         # zmq sockets are not thread-safe: the heartbeat thread opens its own (rpc has one world per process)
         self._heartbeat_on = heartbeat and transport == "zmq"
         self._heartbeat: Heartbeat | None = None
@@ -146,7 +147,7 @@ class PSClient:
         self._seq = max([self._seq] + [int(w.get("last_seq", 0)) for w in welcomes])
         timeouts = [w["worker_timeout"] for w in welcomes if isinstance(w.get("worker_timeout"), (int, float))]
         if self._heartbeat_on and self._heartbeat is None and timeouts:
-            self._heartbeat = Heartbeat(self._servers, worker=self.worker, interval=min(timeouts) / 3,
+            self._heartbeat = Heartbeat(self.servers, worker=self.worker, interval=min(timeouts) / 3,
                                         session=self.session, options=self._options)
             self._heartbeat.start()
         return welcomes
@@ -154,13 +155,13 @@ class PSClient:
     def init(self, flat: torch.Tensor) -> None:
         """Offer initial weights (rank 0); shards already initialised keep theirs."""
         self._sent_init = True
-        self._round_trip([self._msg(MsgType.INIT, tensor=flat[lo:hi]) for lo, hi in self.ranges])
+        self._round_trip([self.message(MsgType.INIT, tensor=flat[lo:hi]) for lo, hi in self.ranges])
 
     def pull(self, *, clock: int, out: torch.Tensor, final: bool = False) -> Reply:
         """Weights for `clock` copied into `out`; blocks while the shard's controller holds them back."""
         fields = {"final": True} if final else {}
-        msgs = [self._msg(MsgType.PULL, clock=clock, fields=fields) for _ in self.ranges]
-        return self._weights(self._run_into(out, lambda: self._round_trip(msgs)), out)
+        msgs = [self.message(MsgType.PULL, clock=clock, fields=fields) for _ in self.ranges]
+        return self.receive_weights(out, lambda: self._round_trip(msgs))
 
     def first_pull(self, welcomes: list[dict], *, out: torch.Tensor) -> Reply:
         """The first weights after hello(). Where a shard has none yet (WELCOME's `initialised`) and
@@ -174,9 +175,9 @@ class PSClient:
         why = (f"worker {self.worker}: rank 0 never sent the initial weights within {self.timeout:g}s "
                "(is rank 0 running? --request-timeout sets the bound)")
         self._seq += 1
-        msgs = [self._msg(MsgType.PULL, clock=clock) for _ in self.ranges]
+        msgs = [self.message(MsgType.PULL, clock=clock) for _ in self.ranges]
         rt = RoundTrip(self, msgs, self._seq, self.timeout, limit=self.timeout, why=why)
-        return self._weights(self._run_into(out, rt.run), out)
+        return self.receive_weights(out, rt.run)
 
     def push(self, grad: torch.Tensor, *, clock: int, at: torch.Tensor | None = None) -> Reply:
         """Push the flat gradient of `clock`, computed on the versions last pulled (`at`: those weights,
@@ -204,10 +205,10 @@ class PSClient:
     def share(self, tensor: torch.Tensor) -> torch.Tensor:
         """`tensor`'s values where the transport sends them without a copy (shared memory: a shard on
         this host reads a push from it in place); `tensor` itself where it cannot. Push from it."""
-        return self._net.share(tensor)
+        return self.net.share(tensor)
 
     def stats(self) -> list[dict]:
-        return [m.fields for m in self._round_trip([self._msg(MsgType.STATS) for _ in self.ranges])]
+        return [m.fields for m in self._round_trip([self.message(MsgType.STATS) for _ in self.ranges])]
 
     def leave(self, *, timeout: float = 5.0) -> None:
         """Say goodbye, waiting at most `timeout` seconds; a shard that already finished may not answer,
@@ -216,7 +217,7 @@ class PSClient:
         if beating is not None:
             beating.signal()  # it ends while LEAVE travels
         try:
-            self._round_trip([self._msg(MsgType.LEAVE) for _ in self.ranges], timeout=min(self.timeout, timeout))
+            self._round_trip([self.message(MsgType.LEAVE) for _ in self.ranges], timeout=min(self.timeout, timeout))
         except TimeoutError as exc:
             log.warning("worker %d: LEAVE not acknowledged (%s)", self.worker, exc)
         finally:
@@ -225,7 +226,7 @@ class PSClient:
 
     def close(self) -> None:
         self._stop_heartbeat()
-        self._net.close()
+        self.net.close()
 
     def __enter__(self) -> "PSClient":
         return self
@@ -240,22 +241,18 @@ class PSClient:
         if self.onebit is not None:
             return
         self.onebit = from_welcomes(welcomes, self.plan.total)
-        if self.onebit is None:
-            return
-        if self.wire_dtype != torch.float32:
-            raise ValueError("the shards run onebit_adam, which pushes float32 gradients then codec-compressed "
-                             "momenta; remove wire_dtype/float16/bfloat16 compress")
-        if self.encoder is None or (self.sign_scale == "auto" and self.compress == "sign"):  # auto: l1 here
-            self.encoder = PushEncoder(make_codec("sign", sign_scale=_scale(self.sign_scale, onebit=True)), self.plan,
-                                       **self._encoder_options)
-            self.compress = "sign"
+        if self.onebit is not None:
+            self.encoder, self.compress = momentum_encoder(self.plan, wire_dtype=self.wire_dtype, encoder=self.encoder,
+                                                           compress=self.compress, sign_scale=self.sign_scale,
+                                                           options=self._encoder_options)
 
     def _stop_heartbeat(self) -> None:
         if self._heartbeat is not None:
             self._heartbeat.stop()
             self._heartbeat = None
 
-    def _msg(self, mtype: MsgType, **kw) -> Message:
+    def message(self, mtype: MsgType, **kw) -> Message:
+        """A request from this worker (RoundTrip's too): its id and session filled in."""
         return Message(mtype, worker=self.worker, session=self.session, **kw)
 
     def _hellos(self) -> list[Message]:
@@ -264,7 +261,7 @@ class PSClient:
         give_up = None
         while True:
             try:
-                return self._round_trip([self._hello(s) for s in range(self.plan.num_shards)])
+                return self._round_trip([self.hello_message(s) for s in range(self.plan.num_shards)])
             except PSError as exc:
                 if exc.code is not ErrorCode.RANK_IN_USE:
                     raise
@@ -278,45 +275,46 @@ class PSClient:
                     raise
                 time.sleep(min(1.0, wait / 4))
 
-    def _hello(self, shard: int) -> Message:
-        return self._msg(MsgType.HELLO, fields={
+    def hello_message(self, shard: int) -> Message:
+        """The HELLO that introduces this worker and its plan to `shard` (RoundTrip's too, to say it again)."""
+        return self.message(MsgType.HELLO, fields={
             "plan_hash": self.plan.hash, "total": self.plan.total, "num_shards": self.plan.num_shards,
             "shard": shard, "world_size": self.world_size})
 
     def _pushes(self, mtype: MsgType, grad: torch.Tensor, clock: int, *, cast: bool = True) -> list[Message]:
         """One message per shard with its slice of `grad` in the wire dtype, or compressed. cast=False
-        leaves the slices to be filled (cast or encoded) later, shard by shard (`_cast`)."""
+        leaves the slices to be filled (cast or encoded) later, shard by shard (`fill_push`)."""
         if self.encoder is not None:  # onebit_adam's warm-up pushes the gradient dense
             self.encoder.forget()  # a push round that failed (an ERROR) settles nothing now
             if self.velocity is not None:
                 self.velocity.forget()
             dense = self.onebit is not None and not self.onebit.is_momentum(clock)
-            msgs = [self._msg(mtype, clock=clock, base_version=self.versions[s], tensor=grad[lo:hi] if dense else None)
-                    for s, (lo, hi) in enumerate(self.ranges)]
+            msgs = [self.message(mtype, clock=clock, base_version=self.versions[s],
+                                 tensor=grad[lo:hi] if dense else None) for s, (lo, hi) in enumerate(self.ranges)]
             for s, m in enumerate(msgs if cast else []):
-                self._cast(grad, s, m)
+                self.fill_push(grad, s, m)
             return msgs
         if grad.dtype != self.wire_dtype:  # one cast into a buffer kept across steps, no allocation
             if self._wire is None or self._wire.shape != grad.shape or self._wire.device != grad.device:
                 self._wire = torch.empty_like(grad, dtype=self.wire_dtype)
             grad = self._wire.copy_(grad) if cast else self._wire
-        return [self._msg(mtype, clock=clock, base_version=self.versions[s], tensor=grad[lo:hi])
+        return [self.message(mtype, clock=clock, base_version=self.versions[s], tensor=grad[lo:hi])
                 for s, (lo, hi) in enumerate(self.ranges)]
 
-    def _cast(self, grad: torch.Tensor, shard: int, msg: Message) -> None:
-        """Fill shard's message from `grad`: its slice of the wire buffer (a no-op when grad is
-        already wire dtype), or its compressed parts (the residual they leave waits for the shard's
-        answer, `_settle`). Under onebit_adam the local momentum takes the slice first, and after the
-        freeze is what is encoded. A slice with NaN or Inf goes raw (`_raw`) and moves no worker state."""
+    def fill_push(self, grad: torch.Tensor, shard: int, msg: Message) -> None:
+        """Fill shard's push message from `grad` (PushPull's too, shard by shard): its slice of the wire
+        buffer (a no-op when grad is already wire dtype), or its compressed parts (the residual they leave
+        waits for the shard's answer, `_settle`). Under onebit_adam the local momentum takes the slice
+        first, and after the freeze is what is encoded. A slice with NaN or Inf goes raw (`_raw`) and moves
+        no worker state."""
         lo, hi = self.ranges[shard]
         if (self.encoder is not None or self.onebit is not None) and not finite(grad[lo:hi]):
             self._raw(grad, shard, msg)
             return
         if self.onebit is not None:
-            momentum = self.onebit.update(grad, lo, hi)
-            if not self.onebit.is_momentum(msg.clock):
+            grad = self.onebit.take(grad, lo, hi, msg)
+            if grad is None:
                 return  # the dense gradient, already in msg
-            grad, msg.fields = momentum, {**msg.fields, "momentum": True}
         if self.velocity is not None:
             grad, msg.fields = self.velocity.direction(grad, self._at, shard), {**msg.fields, "velocity": True}
         if self.encoder is not None:
@@ -336,8 +334,8 @@ class PSClient:
         log.warning("worker %d: NaN or Inf in the gradient for shard %d at clock %d; pushed uncompressed, its "
                     "error feedback and momentum left as they were", self.worker, shard, msg.clock)
         msg.tensor, msg.parts = grad[lo:hi].float(), None
-        if self.onebit is not None and self.onebit.is_momentum(msg.clock):
-            msg.fields = {**msg.fields, "momentum": True}
+        if self.onebit is not None:
+            self.onebit.mark(msg)
         if self.velocity is not None:
             msg.fields = {**msg.fields, "velocity": True}
             self.velocity.forget(shard)
@@ -355,34 +353,20 @@ class PSClient:
                 if self.velocity is not None:
                     self.velocity.settle(s, applied="dropped" not in p)
 
-    def _run_into(self, out: torch.Tensor, run: Callable[[], list[Message]]) -> list[Message]:
-        """run() (a round trip answered with weights), the transport told it may write each shard's weights
-        straight into its slice of `out` (receive_into: a shared-memory or bulk payload then costs one copy,
-        not two); the hints are withdrawn after, so no later message writes there."""
+    def receive_weights(self, out: torch.Tensor, run: Callable[[], list[Message]]) -> Reply:
+        """run() (a round trip answered with weights; PushPull's too) with each shard's weights put in its slice
+        of `out`: the transport is told it may write them straight there (receive_into: a shared-memory or bulk
+        payload then costs one copy, not two; the hints are withdrawn after, so no later message writes there),
+        and what it did not write there is copied. The Reply of what the shards said."""
         direct = out.device.type == "cpu" and out.dtype == torch.float32 and out.is_contiguous()
         flat = out.detach()
         for s, (lo, hi) in enumerate(self.ranges if direct else ()):
-            self._net.receive_into(s, memoryview(flat[lo:hi].numpy()).cast("B"))
+            self.net.receive_into(s, memoryview(flat[lo:hi].numpy()).cast("B"))
         try:
-            return run()
+            replies = run()
         finally:
             for s in range(len(self.ranges) if direct else 0):
-                self._net.receive_into(s, None)
-
-    def _chunks(self, msg: Message) -> list[Message]:
-        """A dense push or INIT as the messages it goes in: itself, or where the shards take chunks and its
-        tensor is over push_chunk_bytes, its chunks (psrv/server/chunked.py), each a view of the tensor."""
-        t = msg.tensor
-        if not self.chunked or t is None or msg.parts is not None:
-            return [msg]
-        n = chunk_count(t.numel(), max(1, self.push_chunk_bytes // t.element_size()))
-        if n == 1 or not finite(t):  # a non-finite push goes whole: the shard refuses or drops all of it
-            return [msg]
-        return [Message(msg.type, worker=msg.worker, session=msg.session, seq=msg.seq, clock=msg.clock,
-                        base_version=msg.base_version, fields={**msg.fields, "chunk": [i, n]},
-                        tensor=t[slice(*chunk_range(t.numel(), n, i))]) for i in range(n)]
-
-    def _weights(self, replies: list[Message], out: torch.Tensor) -> Reply:
+                self.net.receive_into(s, None)
         for (lo, hi), r in zip(self.ranges, replies):
             if r.tensor.data_ptr() != out[lo:hi].data_ptr() or r.tensor.numel() != hi - lo:  # else written in place
                 out[lo:hi].copy_(r.tensor, non_blocking=out.is_cuda)
@@ -458,10 +442,3 @@ def admin_request(address: str, kind: MsgType, *, curve_keys: str = "", name: st
 
 
 SIGN_SCALES = ("auto", "l2", "l1")
-
-
-def _scale(sign_scale: str, *, onebit: bool) -> str:
-    """sign's scale for `sign_scale`: auto is l2, but l1 for onebit_adam's momenta (docs/compression.md)."""
-    if sign_scale != "auto":
-        return sign_scale
-    return "l1" if onebit else "l2"

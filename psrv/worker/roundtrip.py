@@ -1,6 +1,7 @@
 """One request to every shard and its replies, through lost messages, lost replies and restarted
 shards (PSClient's mechanics; `client` below is the psrv.worker.client.PSClient that owns it, a module
-that imports this one); PSError, what an ERROR reply becomes."""
+that imports this one, used through its public face: `net`, `servers`, `message`, `hello_message`,
+`fill_push`, `receive_weights`); PSError, what an ERROR reply becomes."""
 from __future__ import annotations
 
 import logging
@@ -8,6 +9,8 @@ import math
 import time
 import torch
 
+from psrv.chunking import chunk_count, chunk_range
+from psrv.codecs.push import finite
 from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError, decode, encode
 
 log = logging.getLogger("psrv.worker.client")
@@ -20,6 +23,21 @@ class PSError(RuntimeError):
         super().__init__(f"shard {shard}: {ErrorCode(code).name}: {message}")
         self.shard, self.code, self.message = shard, ErrorCode(code), message
         self.fields = dict(fields or {})
+
+
+def in_chunks(msg: Message, chunk_bytes: int) -> list[Message]:
+    """A dense push or INIT as the messages it goes in: itself, or where the shards take chunks (`chunk_bytes`
+    > 0: PSClient.push_chunk_bytes, once every shard's WELCOME said `chunks`) and its tensor is over
+    chunk_bytes, its chunks (psrv/server/chunked.py), each a view of the tensor."""
+    t = msg.tensor
+    if not chunk_bytes or t is None or msg.parts is not None:
+        return [msg]
+    n = chunk_count(t.numel(), max(1, chunk_bytes // t.element_size()))
+    if n == 1 or not finite(t):  # a non-finite push goes whole: the shard refuses or drops all of it
+        return [msg]
+    return [Message(msg.type, worker=msg.worker, session=msg.session, seq=msg.seq, clock=msg.clock,
+                    base_version=msg.base_version, fields={**msg.fields, "chunk": [i, n]},
+                    tensor=t[slice(*chunk_range(t.numel(), n, i))]) for i in range(n)]
 
 
 class RoundTrip:
@@ -37,7 +55,7 @@ class RoundTrip:
 
     def __init__(self, client: "PSClient", msgs: list[Message], seq: int, timeout: float, *,
                  limit: float | None = None, why: str = ""):
-        self.c, self.net, self.seq, self.timeout = client, client._net, seq, timeout
+        self.c, self.net, self.seq, self.timeout = client, client.net, seq, timeout
         self.limit, self.why = limit, why
         for m in msgs:
             m.seq = seq
@@ -47,7 +65,7 @@ class RoundTrip:
         self.frames: list[list[list] | None] = [None] * len(msgs)
         self.kind = msgs[0].type.name
         self.pushing = msgs[0].type in (MsgType.PUSH, MsgType.PUSH_PULL)
-        self.chunky = self.pushing or msgs[0].type is MsgType.INIT  # may go in chunks (PSClient._chunks)
+        self.chunky = self.pushing or msgs[0].type is MsgType.INIT  # may go in chunks (in_chunks)
         self.payload = self.pushing or msgs[0].type in (MsgType.PULL, MsgType.INIT)  # tensors go or come back
         self.resent = False  # a request went again (lost, or a probe unanswered)
         n = len(msgs)
@@ -59,7 +77,9 @@ class RoundTrip:
     def send(self, s: int) -> None:
         """Send shard s its request now (once)."""
         if self.frames[s] is None:
-            self.frames[s] = [encode(m) for m in self.c._chunks(self.msgs[s])] if self.chunky else [encode(self.msgs[s])]
+            pieces = in_chunks(self.msgs[s], self.c.push_chunk_bytes if self.c.chunked else 0) if self.chunky \
+                else [self.msgs[s]]
+            self.frames[s] = [encode(m) for m in pieces]
             if self.pushing:
                 lo, hi = self.c.ranges[s]
                 self.c.wire.dense_pushed += 4 * (hi - lo)
@@ -109,7 +129,7 @@ class RoundTrip:
     def _silence(self) -> str:
         """What a timeout says: which shard at which address, and the option that sets the bound."""
         missing = [s for s, r in enumerate(self.replies) if r is None]
-        where = ", ".join(f"{self.c._servers[s]} (shard {s})" for s in missing)
+        where = ", ".join(f"{self.c.servers[s]} (shard {s})" for s in missing)
         return (f"worker {self.c.worker}: no reply from {where} within {self.timeout:g}s to {self.kind}; "
                 "is `psrv serve` running there? --request-timeout sets the bound")
 
@@ -122,14 +142,14 @@ class RoundTrip:
                          self.c.worker, s, self.kind, self.seq)
                 self.net.reconnect(s)
                 self._resend(s)
-            probe = self.c._msg(MsgType.HEARTBEAT, seq=self.seq, fields={"probe": self.seq})
+            probe = self.c.message(MsgType.HEARTBEAT, seq=self.seq, fields={"probe": self.seq})
             self._out(s, [encode(probe)])
             self.probing[s] = True
 
     def _resend(self, s: int) -> None:
         self.resent = True
         if self.greeting[s]:
-            self._out(s, [encode(self.c._hello(s))])
+            self._out(s, [encode(self.c.hello_message(s))])
         else:
             self._out(s, self.frames[s], push=self.pushing)
 
@@ -165,7 +185,7 @@ class RoundTrip:
                     log.info("worker %d: shard %d does not know us (%s); saying HELLO again",
                              self.c.worker, s, f.get("message"))
                     self.greeting[s] = True
-                    self._out(s, [encode(self.c._hello(s))])
+                    self._out(s, [encode(self.c.hello_message(s))])
                 return True
             raise PSError(s, f.get("code", ErrorCode.INTERNAL), f.get("message", ""), fields=f)
         self.replies[s] = reply
@@ -181,15 +201,15 @@ class PushPull:
 
     def ready(self, shard: int) -> None:
         if self.rt.frames[shard] is None:
-            self.client._cast(self.grad, shard, self.rt.msgs[shard])
+            self.client.fill_push(self.grad, shard, self.rt.msgs[shard])
             self.rt.send(shard)
             self.early += 1
 
     def finish(self) -> "Reply":
         for s in range(len(self.rt.msgs)):
             if self.rt.frames[s] is None:
-                self.client._cast(self.grad, s, self.rt.msgs[s])
-        return self.client._weights(self.client._run_into(self.out, self.rt.run), self.out)
+                self.client.fill_push(self.grad, s, self.rt.msgs[s])
+        return self.client.receive_weights(self.out, self.rt.run)
 
     def annotate(self, fields: dict) -> None:
         """Add header `fields` to every shard's message not sent yet."""

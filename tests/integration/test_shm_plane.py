@@ -44,7 +44,7 @@ def test_a_shard_with_shared_memory_off_declines_and_every_tensor_goes_inline(tm
             weights = torch.zeros(plan.total)
             client.init(weights)
             client.push_pull(torch.ones(plan.total), clock=0, out=weights)
-            assert client._net._plane == [None]  # offered, and declined
+            assert client.net._plane == [None]  # offered, and declined
             stats = client.stats()[0]
             client.leave()
     finally:
@@ -73,7 +73,7 @@ with PSClient([address], plan, worker=rank, world_size=3, timeout=60, shared_mem
         # values, and a read of other weights than the answer's shows another value than -version
         if not (w.min() == w.max() == -reply.versions[0]):
             bad += 1
-    print(type(c._net._plane[0]).__name__, bad, flush=True)
+    print(type(c.net._plane[0]).__name__, bad, flush=True)
     c.leave()
 """.format(size=SIZE)
 
