@@ -18,7 +18,7 @@ def add(sub) -> None:
 
 
 def command(a: argparse.Namespace) -> int:
-    from psrv.worker.client import admin_request
+    from psrv.worker.admin import admin_request
     from psrv.protocol import MsgType
     for address in (s.strip() for s in a.servers.split(",") if s.strip()):
         answer = admin_request(address, MsgType[a.action.upper()], curve_keys=a.curve_keys)

@@ -49,8 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"psrv {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:
-        client = sys.modules.get("psrv.worker.client")  # imported (with torch) only by the commands that talk to servers
-        if isinstance(exc, TimeoutError) or (client is not None and isinstance(exc, client.PSError)):
+        # PSError's module (the client's and the admin client's round trips) is imported, with torch, only
+        # by the commands that talk to servers
+        roundtrip = sys.modules.get("psrv.worker.roundtrip")
+        if isinstance(exc, TimeoutError) or (roundtrip is not None and isinstance(exc, roundtrip.PSError)):
             print(f"psrv {args.command}: {exc}", file=sys.stderr)  # a server refused us or never answered
             return 1
         raise

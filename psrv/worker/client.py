@@ -24,7 +24,7 @@ from psrv.codecs.push import PushEncoder, finite
 from psrv.worker.heartbeat import Heartbeat
 from psrv.worker.momentum_correction import MomentumCorrection, from_welcomes as velocity_from
 from psrv.worker.onebit import LocalMomentum, from_welcomes, momentum_encoder
-from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError, decode, encode
+from psrv.protocol import ErrorCode, Message, MsgType
 from psrv.partition import PartitionPlan
 from psrv.protocol.codec import DTYPES
 from psrv.worker.roundtrip import PSError, PushPull, RoundTrip
@@ -419,26 +419,6 @@ class WireBytes:
         ratio = self.dense_pushed / self.pushed if self.pushed else None
         return {"bytes_pushed": self.pushed, "bytes_pulled": self.pulled, "bytes_sent": self.sent,
                 "bytes_received": self.received, "dense_push_bytes": self.dense_pushed, "compression_ratio": ratio}
-
-
-def admin_request(address: str, kind: MsgType, *, curve_keys: str = "", name: str = "admin",
-                  timeout: float = 10.0, transport: str = "zmq") -> dict:
-    """One STATS, CHECKPOINT or SHUTDOWN to one shard; its answer's fields (PSError on ERROR).
-
-    CHECKPOINT and SHUTDOWN need a server started with --curve-keys and the client key `name`."""
-    options = {"curve_keys": curve_keys, "curve_name": name} if curve_keys else {}
-    net = create_client(transport, [address], **options)
-    try:
-        net.send(0, encode(Message(kind, seq=1)))
-        got = net.recv(timeout)
-        if got is None:
-            raise TimeoutError(f"no answer from {address} within {timeout:.0f}s to {kind.name}")
-        reply = decode(got[1])
-    finally:
-        net.close()
-    if reply.type is MsgType.ERROR:
-        raise PSError(0, reply.fields.get("code", ErrorCode.INTERNAL), reply.fields.get("message", ""))
-    return reply.fields
 
 
 SIGN_SCALES = ("auto", "l2", "l1")

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.nn.utils import parameters_to_vector
 
-from psrv.worker.client import PSError, admin_request
+from psrv.worker.admin import admin_request
+from psrv.worker.client import PSError
 from psrv.config import RunConfig
 from psrv.protocol import MsgType
 from psrv.server.run import Server

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from psrv.checkpoint import CheckpointError, checkpoint_path, read_verified
-from psrv.worker.client import admin_request
+from psrv.worker.admin import admin_request
 from psrv.config import OptimConfig, ServerConfig
 from psrv.protocol import ErrorCode, Message, MsgType, encode
 from psrv.server.service import ShardService
