@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
@@ -27,23 +26,11 @@ from psrv.worker.onebit import LocalMomentum, from_welcomes, momentum_encoder
 from psrv.protocol import ErrorCode, Message, MsgType
 from psrv.partition import PartitionPlan
 from psrv.protocol.codec import DTYPES
-from psrv.worker.roundtrip import PSError, PushPull, RoundTrip
+from psrv.worker.roundtrip import PSError, PushPull, Reply, RoundTrip, WireBytes
 from psrv.transport import ClientTransport, create_client
 
 log = logging.getLogger("psrv.worker.client")
 _WORKER, _PLACE = defaults_of(WorkerSettings), defaults_of(Placement)  # the keywords' defaults: one source
-
-
-@dataclass
-class Reply:
-    """What a push/pull saw: per-shard versions plus the worst staleness, wait and clock gap."""
-
-    versions: list[int]
-    clock: int = 0
-    staleness: int = 0
-    waited: float = 0.0
-    gap: int = 0
-    fields: list[dict] = field(default_factory=list)
 
 
 class PSClient:
@@ -400,25 +387,6 @@ class PSClient:
         """Send msgs[s] to shard s (all at once), then wait for every shard's reply."""
         self._seq += 1
         return RoundTrip(self, msgs, self._seq, self.timeout if timeout is None else timeout).run()
-
-
-@dataclass
-class WireBytes:
-    """Bytes of the frames this client handed to its transport and got back (headers included,
-    re-sends and probes too): `pushed` (PUSH and PUSH_PULL requests), `pulled` (WEIGHTS replies),
-    `sent` and `received` (everything), and `dense_pushed`, what the pushes' payloads would have been
-    as float32 (4 bytes per element pushed), against which `pushed` gives the compression ratio."""
-
-    pushed: int = 0
-    pulled: int = 0
-    sent: int = 0
-    received: int = 0
-    dense_pushed: int = 0
-
-    def to_dict(self) -> dict:
-        ratio = self.dense_pushed / self.pushed if self.pushed else None
-        return {"bytes_pushed": self.pushed, "bytes_pulled": self.pulled, "bytes_sent": self.sent,
-                "bytes_received": self.received, "dense_push_bytes": self.dense_pushed, "compression_ratio": ratio}
 
 
 SIGN_SCALES = ("auto", "l2", "l1")

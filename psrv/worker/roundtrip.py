@@ -1,12 +1,15 @@
 """One request to every shard and its replies, through lost messages, lost replies and restarted
 shards (PSClient's mechanics; `client` below is the psrv.worker.client.PSClient that owns it, a module
 that imports this one, used through its public face: `net`, `servers`, `message`, `hello_message`,
-`fill_push`, `receive_weights`); PSError, what an ERROR reply becomes."""
+`fill_push`, `receive_weights`); PSError, what an ERROR reply becomes; Reply, what a push or pull saw; and
+WireBytes, what the round trips' frames came to (PSClient.wire)."""
 from __future__ import annotations
 
 import logging
 import math
 import time
+from dataclasses import dataclass, field
+
 import torch
 
 from psrv.chunking import chunk_count, chunk_range
@@ -23,6 +26,37 @@ class PSError(RuntimeError):
         super().__init__(f"shard {shard}: {ErrorCode(code).name}: {message}")
         self.shard, self.code, self.message = shard, ErrorCode(code), message
         self.fields = dict(fields or {})
+
+
+@dataclass
+class Reply:
+    """What a push/pull saw: per-shard versions plus the worst staleness, wait and clock gap."""
+
+    versions: list[int]
+    clock: int = 0
+    staleness: int = 0
+    waited: float = 0.0
+    gap: int = 0
+    fields: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class WireBytes:
+    """Bytes of the frames this client handed to its transport and got back (headers included,
+    re-sends and probes too): `pushed` (PUSH and PUSH_PULL requests), `pulled` (WEIGHTS replies),
+    `sent` and `received` (everything), and `dense_pushed`, what the pushes' payloads would have been
+    as float32 (4 bytes per element pushed), against which `pushed` gives the compression ratio."""
+
+    pushed: int = 0
+    pulled: int = 0
+    sent: int = 0
+    received: int = 0
+    dense_pushed: int = 0
+
+    def to_dict(self) -> dict:
+        ratio = self.dense_pushed / self.pushed if self.pushed else None
+        return {"bytes_pushed": self.pushed, "bytes_pulled": self.pulled, "bytes_sent": self.sent,
+                "bytes_received": self.received, "dense_push_bytes": self.dense_pushed, "compression_ratio": ratio}
 
 
 def in_chunks(msg: Message, chunk_bytes: int) -> list[Message]:
@@ -205,7 +239,7 @@ class PushPull:
             self.rt.send(shard)
             self.early += 1
 
-    def finish(self) -> "Reply":
+    def finish(self) -> Reply:
         for s in range(len(self.rt.msgs)):
             if self.rt.frames[s] is None:
                 self.client.fill_push(self.grad, s, self.rt.msgs[s])

@@ -323,7 +323,7 @@ class Worker:
         return {"early_sends": self.early_sends, **self.wire_bytes(), **local}
 
     def wire_bytes(self) -> dict:
-        """Bytes this worker's client sent and received (psrv/worker/client.py WireBytes): bytes_pushed,
+        """Bytes this worker's client sent and received (psrv/worker/roundtrip.py WireBytes): bytes_pushed,
         bytes_pulled, bytes_sent, bytes_received, dense_push_bytes and compression_ratio."""
         return self._client.wire.to_dict()
 
