@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib
 
 __version__ = "0.1.0"
-_WHERE = {"Worker": "psrv.worker.session", "StepInfo": "psrv.worker.session",
+_WHERE = {"Worker": "psrv.worker.session", "StepInfo": "psrv.worker.step_info",
           "PSClient": "psrv.worker.client", "PSError": "psrv.worker.client", "PartitionPlan": "psrv.partition",
           "Server": "psrv.server.run", "serve": "psrv.server.run", "ServerConfig": "psrv.config",
           "WorkerConfig": "psrv.config", "OptimConfig": "psrv.config", "FaultConfig": "psrv.config"}

@@ -1,7 +1,9 @@
-"""The worker side, beside psrv/server/: psrv.Worker (session.py), the client that talks to every shard
-(client.py) and its round trips (roundtrip.py), the admin client (admin.py), the flat buffers (flat.py),
-overlap with backward (overlap.py), the step record (steplog.py), the heartbeat (heartbeat.py), and the
-worker's halves of 1-bit Adam (onebit.py) and momentum correction (momentum_correction.py).
+"""The worker side, beside psrv/server/: psrv.Worker (session.py), what its keywords leave to the
+environment and the shards (keywords.py) and what its step() returns (step_info.py), the client that
+talks to every shard (client.py) and its round trips (roundtrip.py), the admin client (admin.py), the
+flat buffers (flat.py), overlap with backward (overlap.py), the step record (steplog.py), the heartbeat
+(heartbeat.py), and the worker's halves of 1-bit Adam (onebit.py) and momentum correction
+(momentum_correction.py).
 
 `Worker` and `StepInfo` are imported on first use, so importing one of these modules does not import
 the others."""
@@ -9,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 
-_WHERE = {"Worker": "psrv.worker.session", "StepInfo": "psrv.worker.session"}
+_WHERE = {"Worker": "psrv.worker.session", "StepInfo": "psrv.worker.step_info"}
 __all__ = list(_WHERE)
 
 

@@ -16,9 +16,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
-import os
 import time
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -28,31 +26,16 @@ from psrv.config.sections import Placement, WorkerSettings
 from psrv.worker.client import PSClient
 from psrv.clip import clip_flat_
 from psrv.worker.flat import FlatModel
+from psrv.worker.keywords import clip_of, env, env_servers, planes
 from psrv.local_period import LocalPeriod, fastest_of, parse_local_steps
 from psrv.worker.overlap import ShardReadiness
 from psrv.partition import PartitionPlan
 from psrv.worker.roundtrip import PushPull
+from psrv.worker.step_info import StepInfo
 from psrv.worker.steplog import StepLog, check_step_args
 
 log = logging.getLogger("psrv.worker")
 _WORKER, _PLACE = defaults_of(WorkerSettings), defaults_of(Placement)  # the keywords' defaults
-
-
-@dataclass(frozen=True)
-class StepInfo:
-    """What one `Worker.step()` saw. `step`: steps done before this one; `clock`: the clock of the
-    next push; `version`: the oldest shard version in the weights now in the model; `staleness`: the
-    worst staleness of this push (shard version when applied - version it was computed on);
-    `waited`: seconds a shard held the reply back (sync barrier, SSP bound); `seconds`: wall time in
-    step(), sending included."""
-
-    step: int
-    clock: int
-    version: int
-    staleness: int
-    waited: float
-    seconds: float
-    pushed: bool = True
 
 
 class Worker:
@@ -129,9 +112,9 @@ class Worker:
                 raise ValueError(f"local_steps {exc} (None: off)") from None
         if clip_grad_norm is not None and not clip_grad_norm >= 0:
             raise ValueError(f"clip_grad_norm must be >= 0 (0: off); got {clip_grad_norm!r}")
-        servers = list(servers) if servers is not None else _env_servers()
-        self.rank = int(rank if rank is not None else _env("RANK"))
-        self.world_size = int(world_size if world_size is not None else _env("WORLD_SIZE"))
+        servers = list(servers) if servers is not None else env_servers()
+        self.rank = int(rank if rank is not None else env("RANK"))
+        self.world_size = int(world_size if world_size is not None else env("WORLD_SIZE"))
         self.model = model
         self._flat = FlatModel(model, grads=False)  # the flat gradient is placed below
         self.plan = PartitionPlan.from_module(model, len(servers))
@@ -160,7 +143,7 @@ class Worker:
             welcomes = self._client.hello()
             self.mode = welcomes[0].get("mode", "")
             try:
-                self.clip_grad_norm = _clip_of(clip_grad_norm, welcomes, self.mode)
+                self.clip_grad_norm = clip_of(clip_grad_norm, welcomes, self.mode)
             except ValueError:
                 self._abandon()
                 raise
@@ -407,41 +390,3 @@ class Worker:
             self._client.close()
             if getattr(self, "_log", None) is not None:  # what it did, marked interrupted
                 self._log.save(self._log.record(interrupted=True, **self.totals()))
-
-
-def _clip_of(mine: float | None, welcomes: list[dict], mode: str) -> float:
-    """The clip this worker's pushes get: its own, else the servers'; ValueError where they differ,
-    or where sync's servers (which clip there) would not clip by this worker's."""
-    mine = float(mine or 0.0)
-    served = {float(w.get("clip_grad_norm") or 0.0) for w in welcomes}
-    if len(served) > 1:
-        raise ValueError(f"the shards clip by different norms ({', '.join(map(str, sorted(served)))}); "
-                         "start them with one --clip-grad-norm")
-    theirs = served.pop()
-    if mine and mine != theirs and (theirs or mode == "sync"):
-        where = " (in sync the servers clip)" if mode == "sync" else ""
-        raise ValueError(f"clip_grad_norm={mine:g}, but the servers were started with --clip-grad-norm "
-                         f"{theirs:g}{where}; give both the same value")
-    return mine or theirs
-
-
-def _env(name: str) -> str:
-    value = os.environ.get(name, "")
-    if not value.strip():
-        raise ValueError(f"psrv.Worker: pass {name.lower()}= or set {name} in the environment")
-    return value
-
-
-def _env_servers() -> list[str]:
-    servers = [s.strip() for s in _env("PSRV_SERVERS").split(",") if s.strip()]
-    if not servers:
-        raise ValueError("psrv.Worker: PSRV_SERVERS names no shard address (tcp://host:port,...)")
-    return servers
-
-
-def planes(shared_memory: str, bulk: str, curve_keys: str) -> dict:
-    """PSClient's plane flags from the settings' 'auto'/'off' (bulk never under CURVE: it is not encrypted)."""
-    for name, value in (("shared_memory", shared_memory), ("bulk", bulk)):
-        if value not in ("auto", "off"):
-            raise ValueError(f"{name} must be 'auto' or 'off'; got {value!r}")
-    return {"shared_memory": shared_memory == "auto", "bulk": bulk == "auto" and not curve_keys}

@@ -10,7 +10,7 @@ from psrv.cli import build_parser
 from psrv.config import OptimConfig, RunConfig, ServerConfig
 from psrv.config.base import config_hash
 from psrv.config.cli_args import config_from_args, to_argv
-from psrv.worker.session import _clip_of
+from psrv.worker.keywords import clip_of
 from tests.helpers import psrv_argv, psrv_run, run_in_session
 from tests.integration.test_sync_reference import BATCH, LR, MOMENTUM, STEPS, big_batch_sgd
 
@@ -74,12 +74,12 @@ def test_sync_with_two_shards_and_a_clip_is_refused_in_one_line(tmp_path):
 
 def test_a_worker_and_its_servers_agree_on_the_clip():
     async_, sync = [{"mode": "async", "clip_grad_norm": 0.0}], [{"mode": "sync", "clip_grad_norm": 0.0}]
-    assert _clip_of(0.5, async_, "async") == 0.5                       # async: the worker's own
-    assert _clip_of(None, [{"clip_grad_norm": 0.7}], "ssp") == 0.7     # or the servers'
-    assert _clip_of(0.7, [{"clip_grad_norm": 0.7}] * 2, "sync") == 0.7
+    assert clip_of(0.5, async_, "async") == 0.5                       # async: the worker's own
+    assert clip_of(None, [{"clip_grad_norm": 0.7}], "ssp") == 0.7     # or the servers'
+    assert clip_of(0.7, [{"clip_grad_norm": 0.7}] * 2, "sync") == 0.7
     with pytest.raises(ValueError, match=r"^clip_grad_norm=0.5, but the servers .* 0 \(in sync the servers clip\)"):
-        _clip_of(0.5, sync, "sync")                                     # sync's servers would not clip
+        clip_of(0.5, sync, "sync")                                     # sync's servers would not clip
     with pytest.raises(ValueError, match="give both the same value"):
-        _clip_of(0.5, [{"clip_grad_norm": 0.7}], "async")
+        clip_of(0.5, [{"clip_grad_norm": 0.7}], "async")
     with pytest.raises(ValueError, match="different norms"):
-        _clip_of(0.0, [{"clip_grad_norm": 0.7}, {"clip_grad_norm": 0.5}], "async")
+        clip_of(0.0, [{"clip_grad_norm": 0.7}, {"clip_grad_norm": 0.5}], "async")

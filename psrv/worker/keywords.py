@@ -1,0 +1,47 @@
+"""What psrv.Worker's keywords leave to others, resolved at its construction: the shards' addresses, rank
+and world size from the environment where they are not given (PSRV_SERVERS, RANK and WORLD_SIZE, as torchrun
+sets the last two), the clip agreed with the shards' WELCOME, and the payload planes' 'auto'/'off' as
+PSClient's flags (psrv/worker/session.py uses them)."""
+from __future__ import annotations
+
+import os
+
+
+def clip_of(mine: float | None, welcomes: list[dict], mode: str) -> float:
+    """The clip this worker's pushes get: its own, else the servers'; ValueError where they differ,
+    or where sync's servers (which clip there) would not clip by this worker's."""
+    mine = float(mine or 0.0)
+    served = {float(w.get("clip_grad_norm") or 0.0) for w in welcomes}
+    if len(served) > 1:
+        raise ValueError(f"the shards clip by different norms ({', '.join(map(str, sorted(served)))}); "
+                         "start them with one --clip-grad-norm")
+    theirs = served.pop()
+    if mine and mine != theirs and (theirs or mode == "sync"):
+        where = " (in sync the servers clip)" if mode == "sync" else ""
+        raise ValueError(f"clip_grad_norm={mine:g}, but the servers were started with --clip-grad-norm "
+                         f"{theirs:g}{where}; give both the same value")
+    return mine or theirs
+
+
+def env(name: str) -> str:
+    """The environment's `name`; ValueError, naming the keyword to pass instead, where it is unset or blank."""
+    value = os.environ.get(name, "")
+    if not value.strip():
+        raise ValueError(f"psrv.Worker: pass {name.lower()}= or set {name} in the environment")
+    return value
+
+
+def env_servers() -> list[str]:
+    """The shards' addresses in PSRV_SERVERS (comma-separated, in shard order)."""
+    servers = [s.strip() for s in env("PSRV_SERVERS").split(",") if s.strip()]
+    if not servers:
+        raise ValueError("psrv.Worker: PSRV_SERVERS names no shard address (tcp://host:port,...)")
+    return servers
+
+
+def planes(shared_memory: str, bulk: str, curve_keys: str) -> dict:
+    """PSClient's plane flags from the settings' 'auto'/'off' (bulk never under CURVE: it is not encrypted)."""
+    for name, value in (("shared_memory", shared_memory), ("bulk", bulk)):
+        if value not in ("auto", "off"):
+            raise ValueError(f"{name} must be 'auto' or 'off'; got {value!r}")
+    return {"shared_memory": shared_memory == "auto", "bulk": bulk == "auto" and not curve_keys}

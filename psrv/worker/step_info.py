@@ -1,0 +1,21 @@
+"""StepInfo: what psrv.Worker.step() returns (psrv/worker/session.py), a record of one step for the caller to log."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What one `Worker.step()` saw. `step`: steps done before this one; `clock`: the clock of the
+    next push; `version`: the oldest shard version in the weights now in the model; `staleness`: the
+    worst staleness of this push (shard version when applied - version it was computed on);
+    `waited`: seconds a shard held the reply back (sync barrier, SSP bound); `seconds`: wall time in
+    step(), sending included."""
+
+    step: int
+    clock: int
+    version: int
+    staleness: int
+    waited: float
+    seconds: float
+    pushed: bool = True
