@@ -1,7 +1,8 @@
 """The shard's event loop: decode -> consistency controller -> shard -> reply.
 
 One thread owns the shard, so a read-modify-write of the parameters is never split.
-Blocked pulls are kept as pending replies and answered when the controller allows.
+Blocked pulls are kept as pending replies and answered when the controller allows. A push is
+taken whole (psrv/server/push.py) or in chunks (psrv/server/chunked.py).
 """
 from __future__ import annotations
 
@@ -16,14 +17,14 @@ from psrv.config import ServerConfig
 from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError, decode, encode
 from psrv.server import onebit_adam, snapshot, validate
 from psrv.server.chunked import ChunkedPushes, takes_chunks
-from psrv.server.consistency import Decision, make_controller
-from psrv.server.dedup import Dedup, refused_again
+from psrv.server.consistency import make_controller
+from psrv.server.dedup import Dedup
 from psrv.server.identity import Sessions
 from psrv.server.late import LateStreaks
 from psrv.server.liveness import Liveness
 from psrv.server.pending import Pending, PendingPulls
+from psrv.server.push import commit_if_ready, take_push
 from psrv.server.queued import HeldPushes
-from psrv.server.rules import PushContext
 from psrv.server.shard import Shard
 from psrv.server.speeds import WorkerSpeeds
 from psrv.server.stats import ShardStats
@@ -234,7 +235,7 @@ class ShardService:
                          final=final, received=self.now(), push=push)
         if final:  # it pushes no more: a rejoined worker still behind must not wait for it
             self.controller.finish(msg.worker)
-            self._commit_if_ready()
+            commit_if_ready(self)
         self._release()
 
     def _on_push_pull(self, peer, msg: Message) -> None:
@@ -281,76 +282,12 @@ class ShardService:
     # --- mechanics ------------------------------------------------------------
     def _push_or_chunk(self, msg: Message) -> dict | None:
         """A whole push's answer; a chunk's (psrv/server/chunked.py) once its push is whole, else None."""
-        return self.chunks.take(msg) if "chunk" in msg.fields else self._push(msg)
-
-    def _push(self, msg: Message) -> dict:
-        """Accept one gradient: validate, dedup, then apply / accumulate / drop as the controller says.
-        A non-finite one is never applied: refused (--nonfinite reject) or dropped (skip), counted once."""
-        started = time.perf_counter()
-        shard = self.ready_shard(msg, need_init=True)
-        grad = validate.push(msg, shard.size)  # a dense tensor, or a checked compressed push
-        validate.push_kind(msg, self.cfg.optimizer)  # a velocity or momentum only where the optimizer takes one
-        replayed = self.dedup.replay(msg.worker, msg.seq, shard.version)
-        if replayed is not None:
-            self.stats.duplicate()
-            return refused_again(replayed)
-        finite = validate.all_finite(grad)
-        if not finite and self.cfg.nonfinite == "reject":  # recorded: a re-send is refused alike, not counted again
-            self.stats.pushed(time.perf_counter() - started, None)
-            self.stats.drop("invalid")
-            refusal = "gradient has NaN or Inf; refused (see --nonfinite)"
-            self.record_answer(msg, {"version": shard.version, "refused": refusal})
-            raise ProtocolError(ErrorCode.NONFINITE, refusal)
-        if self.controller.catch_up(msg.clock):
-            log.warning("shard %d: worker %d pushed clock %d, ahead of this restored shard; skipping to it",
-                        self.cfg.shard, msg.worker, msg.clock)
-            self.stats.drop("late", shard.discard_accumulated())  # the others applied that clock without us
-        pushed = self.controller.clocks.get(msg.worker, 0)
-        decision = self.controller.push(msg.worker, msg.clock)
-        if decision is Decision.DROP:
-            self.stats.drop("late")
-            self.stats.pushed(time.perf_counter() - started, None)
-            stale = self.late.dropped(msg.worker, clock=msg.clock, pushed=pushed,
-                                      open_clock=self.controller.next_clock(msg.worker))
-            return self.record_answer(msg, {"version": shard.version, "dropped": "late", "staleness": 0, **stale})
-        self.late.applied(msg.worker)
-        if not finite:  # --nonfinite skip: the worker's clock moves on (sync: its clock applies without it)
-            self.controller.void(msg.worker)
-            self.stats.drop("invalid")
-            self.stats.pushed(time.perf_counter() - started, None)
-            info = self.record_answer(msg, {"version": shard.version, "dropped": "nonfinite", "staleness": 0})
-            self._commit_if_ready()
-            return info
-        staleness = max(0, shard.version - msg.base_version)
-        self.transport.wait_sent()  # replies still reading the weights must leave before we write them
-        if decision is Decision.APPLY:  # the update rule sees the push's context (psrv/server/rules)
-            scale = shard.apply(grad, PushContext(msg.worker, msg.clock, msg.base_version, staleness))
-            self.stats.applied(shard.version, lr_scale=scale)
-        else:
-            shard.accumulate(grad, momentum=onebit_adam.is_momentum(msg))
-            self._commit_if_ready()
-        self.stats.pushed(time.perf_counter() - started, staleness)
-        self.stats.membership(self.controller.active, {msg.worker: self.controller.clocks[msg.worker]})
-        return self.record_answer(msg, {"version": shard.version, "staleness": staleness})
+        return self.chunks.take(msg) if "chunk" in msg.fields else take_push(self, msg)
 
     def record_answer(self, msg: Message, info: dict) -> dict:
         """`info`, push `msg`'s answer, recorded so a re-send of it is answered alike (psrv/server/dedup.py)."""
         self.dedup.record(msg.worker, msg.seq, info)
         return info
-
-    def _commit_if_ready(self) -> None:
-        """Sync: apply the open clock once the controller says it is complete; a clock whose every push
-        was dropped as non-finite moves on without a step (nothing to average)."""
-        if self.shard is None or not self.controller.commit_ready():
-            return
-        if self.shard.accumulated:
-            self.transport.wait_sent()
-            n = self.shard.apply_accumulated()  # the rule sees the mean at staleness 0 (lr scale 1)
-            self.stats.applied(self.shard.version, pushes=n)
-        else:
-            log.warning("shard %d: clock %d had no finite gradient; moving on without a step",
-                        self.cfg.shard, self.controller.next_clock(-1))
-        self.controller.committed()
 
     def _remove(self, worker: int) -> None:
         self.chunks.forget(worker)
@@ -360,7 +297,7 @@ class ShardService:
         self.stats.membership(self.controller.active, {})
         self.stats.departed(worker)
         self.pending.drop(worker)
-        self._commit_if_ready()
+        commit_if_ready(self)
         self._release()
 
     def _release(self) -> None:
