@@ -11,10 +11,10 @@ from typing import Any
 
 from psrv.codec_names import CASTS, LOSSY_NAMES
 from psrv.config.base import ConfigError, Section, section, setting
+from psrv.config.optimizer import VELOCITY_RULES, GradClip, OptimConfig
 from psrv.config.sections import Trackers
-from psrv.config.sections import (MODES, AllReduceSettings, ClusterConfig, Consistency, FaultConfig, GradClip,
-                                  JobConfig, NetworkSettings, OptimConfig, Placement, Seeded, ServerSettings,
-                                  ServeSettings, VELOCITY_RULES, WorkerSettings)
+from psrv.config.sections import (MODES, AllReduceSettings, ClusterConfig, Consistency, FaultConfig, JobConfig,
+                                  NetworkSettings, Placement, Seeded, ServerSettings, ServeSettings, WorkerSettings)
 
 
 def _one_shard_clip(clip: float, mode: str, shards: int, shards_key: str) -> None:

@@ -1,5 +1,6 @@
 """The sections of the config tree: every setting psrv has, each declared once with its default,
-bounds and help. The process configs and a run (psrv/config/processes.py) are composed of these."""
+bounds and help, but the optimizer's (OptimConfig and GradClip: psrv/config/optimizer.py). The process
+configs and a run (psrv/config/processes.py) are composed of these."""
 from __future__ import annotations
 
 import re
@@ -13,17 +14,11 @@ MODES = ("sync", "async", "ssp")
 ALLREDUCE_MODES = ("ddp", "fsdp", "zero1")  # workers/allreduce: DDP, fully_shard, ZeroRedundancyOptimizer
 DDP_COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")  # torch.distributed.algorithms.ddp_comm_hooks
 RUN_MODES = (*MODES, *ALLREDUCE_MODES)
-OPTIMIZERS = ("sgd", "adam", "adamw", "onebit_adam")  # onebit_adam: psrv/server/onebit_adam.py
-LR_SCHEDULES = ("constant", "warmup_cosine", "step", "linear")  # psrv/schedule.py has their formulas
 TRANSPORTS = ("zmq", "rpc")
 PLANE_CHOICES = ("auto", "off")  # payload planes beside zmq: psrv/transport/plane.py
 WIRE_DTYPES = ("float32", "bfloat16", "float16")  # what a worker may send its gradient as
 INNER_OPTIMIZERS = ("sgd", "adamw")  # a worker's own, for local steps (torch.optim.SGD, AdamW)
 INNER_LR = {"sgd": 0.05, "adamw": 0.001}  # inner_lr's default with each
-SGD_MOMENTUM = 0.9  # momentum's default with sgd; adam and adamw take none
-UPDATE_RULES = ("plain", "staleness-lr", "dc-asgd", "dc-asgd-a", "dn")  # psrv/server/rules registers them
-VELOCITY_RULES = ("plain", "staleness-lr")  # they only scale the step: momentum correction's velocity fits them
-DC_LAMBDA = {"dc-asgd": 0.04, "dc-asgd-a": 2.0}  # dc_lambda's default with each (Zheng et al. 2017)
 SHIPPED_JOBS = ("digits_mlp", "mnist1d_mlp", "synthetic_mlp", "digits_cnn", "mnist1d_cnn",
                 "code_lm")  # workers/jobs builds them
 _MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
@@ -143,92 +138,6 @@ class Trackers(Section):
     tensorboard: str = setting("", "also write TensorBoard event files under DIR when the run ends: one run per "
                                "variant and seed, with the scalars of steps.csv and evals.csv and the servers' "
                                "staleness histograms (empty: none)", metavar="DIR")
-
-
-@dataclass(frozen=True, kw_only=True)
-class GradClip(Section):
-    """Gradient clipping by global norm (an optimizer setting that a worker holds too)."""
-
-    clip_grad_norm: float | None = setting(0.0, "clip the gradient to this global norm, as torch's clip_grad_norm_ "
-                                           "(0: off). sync: the server clips each clock's averaged gradient "
-                                           "(one server only); async, ssp: each worker clips its own before its "
-                                           "push (no early sends); ddp: the all-reduced gradient", minimum=0.0,
-                                           metavar="NORM")
-
-    def validate(self) -> None:
-        super().validate()
-        if self.clip_grad_norm is None:  # None and 0 both mean off; one spelling, one config hash
-            object.__setattr__(self, "clip_grad_norm", 0.0)
-
-
-@dataclass(frozen=True)
-class OptimConfig(GradClip):
-    """The optimizer the servers (or the all-reduce baseline's ranks) apply; names follow torch.optim."""
-
-    name: str = setting("sgd", "server-side optimizer", choices=OPTIMIZERS, flag="optimizer")
-    lr: float = setting(0.05, "learning rate", minimum=0.0, above=True)
-    momentum: float | None = setting(None, f"SGD momentum (default: {SGD_MOMENTUM} with sgd; adam and adamw "
-                                     "take none)", minimum=0.0, maximum=1.0)
-    nesterov: bool = setting(False, "SGD with Nesterov momentum")
-    weight_decay: float = setting(0.0, "weight decay", minimum=0.0)
-    betas: tuple[float, float] = setting((0.9, 0.999), "Adam's betas", flag="")
-    eps: float = setting(1e-8, "Adam's eps", minimum=0.0, above=True, flag="")
-    freeze_step: int = setting(0, "onebit_adam: the warm-up steps of full-gradient Adam, after which the variance "
-                               "is frozen and workers push 1-bit momentum (required by it)", minimum=0, metavar="K")
-    lr_schedule: str = setting("constant", "learning rate by update count (a server's: its shard's "
-                               "updates; ddp's: its steps); formulas in psrv/schedule.py", choices=LR_SCHEDULES)
-    warmup_steps: int = setting(0, "first updates of a linear warm-up: update k < N takes lr*(k+1)/(N+1)",
-                                minimum=0)
-    lr_decay_steps: int = setting(0, "warmup_cosine and linear: updates after the warm-up over which lr "
-                                  "falls to lr*lr_end_factor (required by them)", minimum=0)
-    lr_end_factor: float = setting(0.0, "warmup_cosine and linear: the lr they end at, as a fraction of lr",
-                                   minimum=0.0, maximum=1.0)
-    lr_step_size: int = setting(0, "step: lr is multiplied by lr_gamma every N updates after the warm-up "
-                                "(required by it)", minimum=0)
-    lr_gamma: float = setting(0.1, "step: the factor", minimum=0.0, maximum=1.0, above=True)
-    update_rule: str = setting("plain", "how a shard treats a push's gradient before the step (async, ssp; sync "
-                               "steps on the clock's mean at staleness 0, plain for every rule): plain, "
-                               "staleness-lr (g/max(1,staleness)), dc-asgd, dc-asgd-a (delay compensation), "
-                               "dn (delayed Nesterov, sgd --nesterov only); docs/algorithms.md", choices=UPDATE_RULES)
-    dc_lambda: float | None = setting(None, "dc-asgd's lambda (default 0.04), dc-asgd-a's lambda0 (default 2.0)",
-                                      minimum=0.0)
-    dn_period: int = setting(0, "dn: pushes N per momentum update (0: the number of workers; mode sync: 1)",
-                             minimum=0, metavar="N")
-
-    def validate(self) -> None:
-        super().validate()
-        needs = {"warmup_cosine": "lr_decay_steps", "linear": "lr_decay_steps", "step": "lr_step_size"}
-        if self.lr_schedule in needs and not getattr(self, needs[self.lr_schedule]):
-            raise ConfigError(needs[self.lr_schedule], f"lr_schedule {self.lr_schedule!r} needs it (> 0)")
-        for key, users in (("lr_decay_steps", ("warmup_cosine", "linear")),
-                           ("lr_end_factor", ("warmup_cosine", "linear")),
-                           ("lr_step_size", ("step",)), ("lr_gamma", ("step",))):
-            if getattr(self, key) != self.__dataclass_fields__[key].default and self.lr_schedule not in users:
-                raise ConfigError(key, f"only used by lr_schedule {' or '.join(users)} "
-                                  f"(it is {self.lr_schedule!r}); remove it")
-        if self.dc_lambda is None:
-            object.__setattr__(self, "dc_lambda", DC_LAMBDA.get(self.update_rule, 0.0))
-        elif self.update_rule not in DC_LAMBDA and self.dc_lambda:
-            raise ConfigError("dc_lambda", f"only used by update_rule dc-asgd or dc-asgd-a (it is "
-                              f"{self.update_rule!r}); remove it")
-        if self.momentum is None:
-            object.__setattr__(self, "momentum", SGD_MOMENTUM if self.name == "sgd" else 0.0)
-        elif self.momentum and self.name != "sgd":
-            raise ConfigError("momentum", f"only used by optimizer 'sgd' ({self.name!r} takes none); remove it")
-        if self.nesterov and (self.name != "sgd" or self.momentum == 0):
-            raise ConfigError("nesterov", "needs optimizer 'sgd' with momentum > 0")
-        if self.update_rule == "dn" and not self.nesterov:
-            raise ConfigError("update_rule", "dn is delayed Nesterov: needs optimizer 'sgd' with nesterov")
-        if self.dn_period and self.update_rule != "dn":
-            raise ConfigError("dn_period", f"only used by update_rule dn (it is {self.update_rule!r}); remove it")
-        if self.name == "onebit_adam":
-            if not self.freeze_step:
-                raise ConfigError("freeze_step", "onebit_adam needs it (>= 1): the Adam warm-up that sets the variance")
-            if self.update_rule != "plain" or self.clip_grad_norm:
-                raise ConfigError("update_rule" if self.update_rule != "plain" else "clip_grad_norm",
-                                  "onebit_adam's pushes after the freeze are momenta: no update rule or clip")
-        elif self.freeze_step:
-            raise ConfigError("freeze_step", f"only used by optimizer onebit_adam (it is {self.name!r}); remove it")
 
 
 @dataclass(frozen=True, kw_only=True)

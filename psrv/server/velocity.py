@@ -10,7 +10,7 @@ import torch
 
 from psrv.codecs import Decoded
 from psrv.config import OptimConfig
-from psrv.config.sections import VELOCITY_RULES as FITTING_RULES  # they scale the step; dc-asgd and dn need the raw gradient
+from psrv.config.optimizer import VELOCITY_RULES as FITTING_RULES  # they scale the step; dc-asgd and dn need the raw gradient
 from psrv.protocol import ErrorCode, Message, ProtocolError
 
 

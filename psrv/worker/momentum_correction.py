@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from psrv.codecs.push import SettledOnAnswer
-from psrv.config.sections import VELOCITY_RULES as FITTING_RULES  # the others need the raw gradient
+from psrv.config.optimizer import VELOCITY_RULES as FITTING_RULES  # the others need the raw gradient
 
 
 class MomentumCorrection(SettledOnAnswer):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from psrv.config import ConfigError, OptimConfig
-from psrv.config.sections import UPDATE_RULES
+from psrv.config.optimizer import UPDATE_RULES
 from psrv.server.rules import RULES, PushContext
 from psrv.server.shard import Shard
 

@@ -1,7 +1,7 @@
 """Server-side update rules: how a push's gradient is scaled or corrected before the optimizer step.
 
 A rule is one small class registered by name (`@register`); `make_rule(cfg, size, device)` builds the
-one `OptimConfig.update_rule` names. The names must match psrv/config/sections.py's UPDATE_RULES
+one `OptimConfig.update_rule` names. The names must match psrv/config/optimizer.py's UPDATE_RULES
 (the config tree imports no torch, so it keeps its own list; tests/unit/test_update_rules.py checks).
 Formulas and sources: docs/algorithms.md.
 """
