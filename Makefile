@@ -4,6 +4,10 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 TORCH   ?= torch==2.13.0
 STAMP   := $(VENV)/.installed
+# Test processes: most of the suite's time is psrv processes starting (each imports torch), so two
+# pytest workers keep both of CI's two cores busy; a test file stays on one (its module fixtures, and
+# the emulated hosts' fixed names in tests/system/test_netns.py). TEST_JOBS=0 runs them in this process.
+TEST_JOBS ?= 2
 
 .PHONY: run test bench bench-smoke setup clean
 
@@ -21,7 +25,7 @@ run: setup
 
 test: setup
 	$(BIN)/python -m tests.lint_layout
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile --durations=15
 
 bench: setup
 	$(BIN)/python -m psrv.experiments.bench
