@@ -3,7 +3,9 @@ report shows what was run; an unchanged spec reuses them, and a spec changed bac
 back; a copied spec never writes into another spec
 file's folder. Real CLI, real processes on 127.0.0.1, run from a temporary folder (the default output,
 runs/<spec file stem>, is relative to it). Both tests start from the same first run of tiny.toml, made
-once and copied (it records its spec's path relative to its folder, so the copy is a folder of its own)."""
+once and copied (it records its spec's path relative to its folder, so the copy is a folder of its own).
+Each run has one shard and one worker: these tests are about which runs are reused, not the cluster
+(test_experiment runs 2 workers), and each process imports torch."""
 from __future__ import annotations
 
 import json
@@ -36,7 +38,7 @@ lr = {lr}
 
 [cluster]
 servers = 1
-workers = 2
+workers = 1
 
 [target]
 eval_accuracy = 0.2
