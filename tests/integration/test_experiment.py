@@ -61,6 +61,7 @@ def assert_events_are_the_steps(logdir: Path, steps_csv: Path) -> None:
 
 @pytest.mark.timeout(330)
 def test_experiment_runs_every_variant_then_resumes(tmp_path):
+    # stays slow (two harness runs, 2 variants x 2 workers): every variant, both workers and the resume are its point
     spec, out, tb = write_spec(tmp_path, ("sync", "async")), tmp_path / "out", tmp_path / "tb"
     first = experiment(spec, out, timeout=240, extra=("--tensorboard", str(tb)))
     assert first.returncode == 0, first.stdout[-4000:]

@@ -85,6 +85,7 @@ def stored(run: Path) -> tuple[RunConfig, str]:
 
 @pytest.mark.timeout(300)
 def test_a_changed_spec_reruns_and_the_report_shows_what_ran(first_run, tmp_path):
+    # stays slow (three `psrv experiment` processes): a rerun, a reuse and a restore are each the command's own
     first = start_from(first_run, tmp_path)  # tiny.toml with lr 0.05, run once
     spec = tmp_path / "tiny.toml"
     run = tmp_path / "runs" / "tiny" / "sync" / "rep-0"
@@ -133,6 +134,7 @@ def test_a_changed_spec_reruns_and_the_report_shows_what_ran(first_run, tmp_path
 
 @pytest.mark.timeout(300)
 def test_a_copied_spec_never_writes_into_the_originals_folder(first_run, tmp_path):
+    # stays slow (three `psrv experiment` processes): the copy's run, the refusal and the chosen --out each its own
     first = start_from(first_run, tmp_path)  # tiny.toml with lr 0.05, run once
     original = (tmp_path / "tiny.toml").resolve()
     assert first.returncode == 0, first.stdout[-4000:]

@@ -40,6 +40,7 @@ def test_the_wheel_installs_one_top_level_name():
 
 @pytest.mark.timeout(240)
 def test_every_mode_and_the_harness_run_from_a_folder_with_its_own_workers_and_experiments(tmp_path):
+    # stays slow (real processes of every kind): what it proves is what those processes import
     here = user_folder(tmp_path / "project")
     # one worker each: every kind of process psrv starts (shard, worker, DDP rank, harness) still starts
     # from this folder, and how many there are is not what is tested (each imports torch, ~1.8 s CPU)
