@@ -3,7 +3,9 @@ report shows what was run; an unchanged spec reuses them, and a spec changed bac
 back; a copied spec never writes into another spec
 file's folder. Real CLI, real processes on 127.0.0.1, run from a temporary folder (the default output,
 runs/<spec file stem>, is relative to it). Both tests start from the same first run of tiny.toml, made
-once and copied (it records its spec's path relative to its folder, so the copy is a folder of its own)."""
+once and copied (it records its spec's path relative to its folder, so the copy is a folder of its own).
+Each run has one shard and one worker: these tests are about which runs are reused, not the cluster
+(test_experiment runs 2 workers), and each process imports torch."""
 from __future__ import annotations
 
 import json
@@ -36,7 +38,7 @@ lr = {lr}
 
 [cluster]
 servers = 1
-workers = 2
+workers = 1
 
 [target]
 eval_accuracy = 0.2
@@ -83,6 +85,7 @@ def stored(run: Path) -> tuple[RunConfig, str]:
 
 @pytest.mark.timeout(300)
 def test_a_changed_spec_reruns_and_the_report_shows_what_ran(first_run, tmp_path):
+    # stays slow (three `psrv experiment` processes): a rerun, a reuse and a restore are each the command's own
     first = start_from(first_run, tmp_path)  # tiny.toml with lr 0.05, run once
     spec = tmp_path / "tiny.toml"
     run = tmp_path / "runs" / "tiny" / "sync" / "rep-0"
@@ -131,6 +134,7 @@ def test_a_changed_spec_reruns_and_the_report_shows_what_ran(first_run, tmp_path
 
 @pytest.mark.timeout(300)
 def test_a_copied_spec_never_writes_into_the_originals_folder(first_run, tmp_path):
+    # stays slow (three `psrv experiment` processes): the copy's run, the refusal and the chosen --out each its own
     first = start_from(first_run, tmp_path)  # tiny.toml with lr 0.05, run once
     original = (tmp_path / "tiny.toml").resolve()
     assert first.returncode == 0, first.stdout[-4000:]

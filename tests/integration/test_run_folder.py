@@ -47,7 +47,8 @@ def _stop(proc: subprocess.Popen, children: dict[int, str]) -> None:
 @pytest.mark.timeout(240)
 def test_a_second_run_into_a_folder_in_use_is_refused_and_the_first_keeps_its_own_summary(tmp_path):
     out, steps = tmp_path / "same", 150
-    first = _launch(tmp_path, "sync", "--mode", "sync", "--workers", "2", "--steps", str(steps),
+    # one shard: what is tested is the folder's lock, not sharding (each process imports torch, ~1.8 s CPU)
+    first = _launch(tmp_path, "sync", "--mode", "sync", "--workers", "2", "--servers", "1", "--steps", str(steps),
                     "--compute-ms", "10", "--out", str(out))
     children: dict[int, str] = {}
     try:
@@ -71,20 +72,22 @@ def test_a_second_run_into_a_folder_in_use_is_refused_and_the_first_keeps_its_ow
 @pytest.mark.timeout(240)
 def test_the_lock_dies_with_a_killed_run_and_its_processes_stop(tmp_path):
     out = tmp_path / "run"
-    first = _launch(tmp_path, "killed", "--mode", "sync", "--workers", "2", "--steps", "5000", "--compute-ms", "10",
-                    "--out", str(out))
+    # one shard: every process of the run stops, whatever their number (test_interrupts stops 2 shards)
+    first = _launch(tmp_path, "killed", "--mode", "sync", "--workers", "2", "--servers", "1", "--steps", "5000",
+                    "--compute-ms", "10", "--out", str(out))
     children: dict[int, str] = {}
     try:
         _wait_for(lambda: _progress(out / "worker-0.progress") >= 10, "10 steps", 120, first, tmp_path / "killed.err")
         children = _children(first.pid)
-        assert len(children) == 4, children                          # 2 servers, 2 workers
+        assert len(children) == 3, children                          # 1 server, 2 workers
         os.kill(first.pid, signal.SIGKILL)
         first.wait(10)
         # its processes stop with it (they would go on writing into the folder), and the lock goes with them
         _wait_for(lambda: not any(_alive(pid, started) for pid, started in children.items()),
                   "end of the killed run's processes", 30)
         again = run_in_session(psrv_argv("run", "--no-progress", "--log-level", "WARNING", "--mode", "async",
-                                         "--workers", "2", "--steps", "20", "--out", str(out)), timeout=120)
+                                         "--workers", "2", "--servers", "1", "--steps", "20", "--out", str(out)),
+                               timeout=120)
         assert again.returncode == 0, again.stdout[-3000:]
     finally:
         _stop(first, children)
@@ -95,13 +98,15 @@ def test_the_lock_dies_with_a_killed_run_and_its_processes_stop(tmp_path):
 @pytest.mark.timeout(240)
 def test_a_reused_folder_keeps_nothing_of_the_run_before_and_says_so(tmp_path):
     out = tmp_path / "run"
+    # one shard and one worker each: what is tested is what a run leaves in the folder, not the cluster
     first = run_in_session(psrv_argv("run", "--no-progress", "--log-level", "WARNING", "--mode", "sync",
-                                     "--workers", "2", "--steps", "10", "--out", str(out)), timeout=120)
+                                     "--workers", "1", "--servers", "1", "--steps", "10", "--out", str(out)),
+                           timeout=120)
     assert first.returncode == 0 and (out / "model.pt").exists(), first.stdout[-3000:]
     before = {p.name for p in out.iterdir()}
     second = run_in_session(psrv_argv("run", "--no-progress", "--log-level", "WARNING", "--mode", "sync",
-                                      "--workers", "2", "--steps", "5", "--out", str(out), "--script", str(SCRIPT),
-                                      "1", str(tmp_path / "final.pt")), timeout=120)
+                                      "--workers", "1", "--servers", "1", "--steps", "5", "--out", str(out),
+                                      "--script", str(SCRIPT), "1", str(tmp_path / "final.pt")), timeout=120)
     assert second.returncode == 0, second.stdout[-3000:]
     said = [line for line in second.stdout.splitlines() if line.startswith(f"{out}: ")]
     assert len(said) == 1 and "removed" in said[0] and "model.pt" in said[0], second.stdout
