@@ -1,12 +1,15 @@
 """`--local-steps auto:H` (dynamic local updates) under `psrv run`: a worker three times slower plans
 about a third of H inner steps per round from the speeds the servers pass on, and both run the same
 rounds. (Their push rates are not asserted: wall time on a shared machine is the benchmarks' business;
-docs/algorithms.md gives the measured rates.)"""
+docs/algorithms.md gives the measured rates.) Over zmq the shards and workers are threads of the test
+process (tests/threaded_run.py), as the plan is what is checked; the RPC case needs processes (one RPC
+world per process) and stays `psrv run`."""
 import json
 
 import pytest
 
 from tests.helpers import psrv_run
+from tests.threaded_run import threaded_run
 
 COMMON = ("--workers", "2", "--compute-ms", "15", "--straggler", "1:3", "--local-steps", "auto:6",
           "--steps", "36", "--inner-lr", "0.003", "--optimizer", "sgd", "--lr", "1.0", "--momentum", "0")
@@ -20,7 +23,8 @@ def _workers(out) -> list[dict]:
 @pytest.mark.parametrize("mode,transport,servers", [("async", "zmq", 1), ("sync", "rpc", 2), ("ssp", "zmq", 2)],
                          ids=str)
 def test_a_slow_worker_takes_fewer_inner_steps_and_keeps_the_push_rate(mode, transport, servers, tmp_path):
-    s = psrv_run(tmp_path, "--mode", mode, "--transport", transport, "--servers", str(servers), *COMMON, timeout=140)
+    run = psrv_run if transport == "rpc" else threaded_run  # one RPC world per process: rpc stays processes
+    s = run(tmp_path, "--mode", mode, "--transport", transport, "--servers", str(servers), *COMMON, timeout=140)
     fast, slow = _workers(tmp_path)
     assert s["complete"] and s["local_steps"] == "auto:6", s
     # every worker runs ceil(36 / 6) = 6 rounds; the fastest takes H = 6 inner steps in each

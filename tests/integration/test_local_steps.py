@@ -1,7 +1,10 @@
 """Local SGD and DiLoCo (--local-steps): each worker takes H steps of its own inner optimizer, then
 pushes w_pulled - w_now for the servers' outer optimizer. Sync PS and the DDP baseline both equal a
 single-process DiLoCo; H = 1 with outer SGD at lr 1 is the inner optimizer alone; --local-steps 1
-with no inner optimizer is today's push of the gradient; async local SGD learns."""
+with no inner optimizer is today's push of the gradient; async local SGD learns.
+
+The runs about what is computed use `psrv run`'s cluster as threads of the test process
+(tests/threaded_run.py); DDP and the RPC transport need processes of their own and stay `psrv run`."""
 import json
 
 import pytest
@@ -10,6 +13,7 @@ import torch
 import psrv
 from psrv.config import RunConfig, from_dict
 from tests.helpers import psrv_run
+from tests.threaded_run import threaded_run
 from tests.integration.test_sync_reference import big_batch_sgd
 from psrv.workers.jobs import load_job
 
@@ -48,9 +52,9 @@ def diloco(*, workers: int, local_steps: int, rounds: int, outer_lr: float, mome
 @pytest.mark.timeout(120)
 def test_h1_with_outer_sgd_lr1_is_the_inner_optimizer_alone(tmp_path):
     steps = 20
-    summary = psrv_run(tmp_path, "--job", JOB, "--mode", "sync", "--workers", "1", "--servers", "1", "--steps",
-                       str(steps), "--batch-size", str(BATCH), "--local-steps", "1", "--inner-optimizer", "adamw",
-                       "--inner-lr", str(INNER_LR), "--optimizer", "sgd", "--lr", "1", "--momentum", "0")
+    summary = threaded_run(tmp_path, "--job", JOB, "--mode", "sync", "--workers", "1", "--servers", "1", "--steps",
+                           str(steps), "--batch-size", str(BATCH), "--local-steps", "1", "--inner-optimizer", "adamw",
+                           "--inner-lr", str(INNER_LR), "--optimizer", "sgd", "--lr", "1", "--momentum", "0")
     want = diloco(workers=1, local_steps=1, rounds=steps, outer_lr=1.0, momentum=0.0, nesterov=False)
     assert (want - flat(load_job(JOB, seed=0).model)).abs().max() > 1e-2      # the reference really moved
     torch.testing.assert_close(torch.load(tmp_path / "params.pt"), want, rtol=0, atol=1e-6)
@@ -60,9 +64,10 @@ def test_h1_with_outer_sgd_lr1_is_the_inner_optimizer_alone(tmp_path):
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("mode", ["sync", "ddp"])
 def test_two_workers_equal_single_process_diloco(mode, tmp_path):
-    summary = psrv_run(tmp_path, "--job", JOB, "--mode", mode, "--workers", "2", "--servers", "1",
-                       "--steps", str(H * ROUNDS), "--batch-size", str(BATCH), "--local-steps", str(H),
-                       "--inner-lr", str(INNER_LR), *OUTER)
+    run = threaded_run if mode == "sync" else psrv_run  # DDP's ranks: a process group, one rank per process
+    summary = run(tmp_path, "--job", JOB, "--mode", mode, "--workers", "2", "--servers", "1",
+                  "--steps", str(H * ROUNDS), "--batch-size", str(BATCH), "--local-steps", str(H),
+                  "--inner-lr", str(INNER_LR), *OUTER)
     want = diloco(workers=2, local_steps=H, rounds=ROUNDS, outer_lr=0.7, momentum=0.9, nesterov=True)
     torch.testing.assert_close(torch.load(tmp_path / "params.pt"), want, rtol=0, atol=1e-5)
     assert (summary["pushes"], summary["inner_steps"], summary["updates_applied"]) == (2 * ROUNDS, 2 * H * ROUNDS,
@@ -72,9 +77,9 @@ def test_two_workers_equal_single_process_diloco(mode, tmp_path):
 
 @pytest.mark.timeout(120)
 def test_local_steps_1_without_an_inner_optimizer_pushes_the_gradient_as_before(tmp_path):
-    summary = psrv_run(tmp_path, "--mode", "sync", "--workers", "3", "--servers", "1", "--steps", "20",
-                       "--batch-size", "16", "--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9",
-                       "--local-steps", "1")
+    summary = threaded_run(tmp_path, "--mode", "sync", "--workers", "3", "--servers", "1", "--steps", "20",
+                           "--batch-size", "16", "--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9",
+                           "--local-steps", "1")
     ran = from_dict(RunConfig, json.loads((tmp_path / "config.json").read_text()))
     assert ran.worker == from_dict(RunConfig, {}).worker                       # the very config of a run without it
     torch.testing.assert_close(torch.load(tmp_path / "params.pt"), big_batch_sgd(), rtol=0, atol=1e-5)
@@ -86,9 +91,9 @@ def test_async_local_sgd_learns(tmp_path):
     # Outer SGD lr 1 without momentum: each pseudo-gradient applied as it comes. With outer momentum 0.5
     # and 100 steps, three runs here ended at 0.68, 0.69 and 0.92 (async order varies); these
     # settings ended at 0.947, 0.950 and 0.947.
-    summary = psrv_run(tmp_path, "--mode", "async", "--workers", "2", "--servers", "2", "--steps", "150",
-                       "--local-steps", "5", "--inner-lr", "0.003", "--optimizer", "sgd", "--lr", "1.0",
-                       "--momentum", "0")
+    summary = threaded_run(tmp_path, "--mode", "async", "--workers", "2", "--servers", "2", "--steps", "150",
+                           "--local-steps", "5", "--inner-lr", "0.003", "--optimizer", "sgd", "--lr", "1.0",
+                           "--momentum", "0")
     assert summary["eval_accuracy"] >= 0.8, summary                           # from about 0.08 at the start
     assert summary["final_loss"] < 0.25 * summary["initial_loss"], summary
     assert (summary["pushes"], summary["inner_steps"]) == (60, 300), summary
@@ -97,7 +102,8 @@ def test_async_local_sgd_learns(tmp_path):
 @pytest.mark.timeout(120)
 def test_local_steps_over_rpc(tmp_path):
     # the inner optimizer is made before the RPC world is joined (torch.optim imports torch._dynamo,
-    # which after joining left the shards unreachable)
+    # which after joining left the shards unreachable). Real processes: one RPC world per process, and a
+    # fresh one shows the import order (the test process may have imported torch._dynamo already)
     summary = psrv_run(tmp_path, "--mode", "async", "--transport", "rpc", "--workers", "1", "--servers", "1",
                        "--steps", "10", "--local-steps", "5")
     assert (summary["pushes"], summary["inner_steps"], summary["updates_applied"]) == (2, 10, 2), summary
@@ -123,8 +129,8 @@ def test_the_staleness_plot_counts_pushes_only(tmp_path):
     from psrv.experiments.plots.figure import VariantData
     from psrv.experiments.plots.staleness import staleness_values
     run = tmp_path / "async" / "rep-0"
-    summary = psrv_run(run, "--mode", "async", "--workers", "2", "--servers", "1", "--steps", "40",
-                       "--local-steps", "4", "--compute-ms", "5")
+    summary = threaded_run(run, "--mode", "async", "--workers", "2", "--servers", "1", "--steps", "40",
+                           "--local-steps", "4", "--compute-ms", "5")
     rows = read_csv(run / "steps.csv")
     assert [r.get("pushed") for r in rows].count("True") == summary["pushes"] == 20, rows[:5]
     assert {r["pushed"] for r in rows} == {"True", "False"} and len(rows) == summary["inner_steps"] == 80

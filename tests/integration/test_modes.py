@@ -1,6 +1,8 @@
-"""Each mode on the default job, as real processes on 127.0.0.1: it learns, and it counts right.
+"""Each mode on the default job, `psrv run`'s options and cluster on 127.0.0.1: it learns, and it counts
+right. The shards and workers are threads of the test process (tests/threaded_run.py): these tests are
+about what a run computes and counts, not about starting processes.
 
-The counts are the servers' own (server-i.json, what `psrv serve --out` writes at exit), checked
+The counts are the servers' own (server-i.json, the summary `psrv serve --out` writes at exit), checked
 against what the workers did: every worker pushes to every shard once per step.
 """
 import csv
@@ -9,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import psrv_run
+from tests.threaded_run import threaded_run
 
 
 def _shards(out: Path, n: int) -> list[dict]:
@@ -29,7 +31,7 @@ def _check_push_counts(shard: dict, pushes: int) -> None:
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("mode", ["sync", "async", "ssp"])
 def test_default_job_learns_and_counts_updates(mode, tmp_path):
-    s = psrv_run(tmp_path, "--mode", mode, timeout=120)   # the default run must finish in 2 minutes
+    s = threaded_run(tmp_path, "--mode", mode, timeout=120)   # the default run must finish in 2 minutes
     assert s["mode"] == mode and s["num_servers"] == 2 and s["num_workers"] == 2
     assert s["eval_accuracy"] >= 0.90, s
     assert s["final_loss"] < s["initial_loss"]
@@ -57,8 +59,8 @@ def test_default_job_learns_and_counts_updates(mode, tmp_path):
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("bound", [0, 2])
 def test_ssp_bound_holds_with_a_slow_worker(bound, tmp_path):
-    s = psrv_run(tmp_path, "--mode", "ssp", "--staleness", str(bound), "--workers", "3", "--servers", "1",
-                 "--steps", "40", "--straggler", "2:6", "--compute-ms", "3")
+    s = threaded_run(tmp_path, "--mode", "ssp", "--staleness", str(bound), "--workers", "3", "--servers", "1",
+                     "--steps", "40", "--straggler", "2:6", "--compute-ms", "3")
     # The recorded gap (clock of each answered pull minus the slowest active clock) never exceeds
     # the bound, and the fast workers did run into it: the slow worker really held them back.
     [shard] = _shards(tmp_path, 1)
@@ -69,8 +71,8 @@ def test_ssp_bound_holds_with_a_slow_worker(bound, tmp_path):
 
 @pytest.mark.timeout(150)
 def test_async_runs_ahead_of_a_slow_worker(tmp_path):
-    s = psrv_run(tmp_path, "--mode", "async", "--workers", "2", "--servers", "1", "--steps", "40",
-                 "--straggler", "1:6", "--compute-ms", "3")
+    s = threaded_run(tmp_path, "--mode", "async", "--workers", "2", "--servers", "1", "--steps", "40",
+                     "--straggler", "1:6", "--compute-ms", "3")
     [shard] = _shards(tmp_path, 1)
     assert shard["max_clock_gap"] == s["max_clock_gap"] and shard["max_clock_gap"] > 2, shard
     _check_push_counts(shard, 80)
