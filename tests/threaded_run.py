@@ -15,6 +15,8 @@ import threading
 import time
 from pathlib import Path
 
+import torch
+
 from psrv.atomic import write_json
 from psrv.cli.common import base_config, unused_staleness
 from psrv.cli.main import build_parser
@@ -53,6 +55,8 @@ def threaded_run(out: Path, *args: str, timeout: float = 180.0) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     write_config(out / "config.json", cfg)
     deadline = time.monotonic() + timeout
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one each, as the launcher's OMP_NUM_THREADS gives each process on 2 cores
     servers = [Server(cfg.server_config(i, bind="tcp://127.0.0.1:0")).start() for i in range(cfg.cluster.servers)]
     addresses = tuple(s.address for s in servers)
     failures: list[BaseException] = []
@@ -90,6 +94,7 @@ def threaded_run(out: Path, *args: str, timeout: float = 180.0) -> dict:
     finally:
         for server in servers:
             server.stop()
+        torch.set_num_threads(torch_threads)
     summary = {**build_summary(cfg, out), "config_hash": config_hash(cfg)}
     write_tables(out)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
