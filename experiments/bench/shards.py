@@ -14,14 +14,18 @@ from pathlib import Path
 
 
 class ThreadShard:
-    """`psrv serve ARGS` (no --bind: 127.0.0.1, a free port) in a thread; Popen's poll, wait and kill."""
+    """`psrv serve ARGS` (config options only; no --bind: 127.0.0.1, a free port) in a thread, with
+    Popen's poll, wait and kill."""
 
     def __init__(self, *args: str, out: Path | None = None):
-        from psrv.cli import build_parser
+        import argparse
+
         from psrv.config import ServerConfig
-        from psrv.config.cli_args import config_from_args
+        from psrv.config.cli_args import add_config_arguments, config_from_args
         from psrv.server.run import Server
-        ns = build_parser().parse_args(["serve", "--bind", "tcp://127.0.0.1:0", *args])
+        parser = argparse.ArgumentParser(prog="psrv serve")
+        add_config_arguments(parser, ServerConfig)  # the config options of `psrv serve`
+        ns = parser.parse_args(["--bind", "tcp://127.0.0.1:0", *args])
         self.server = Server(config_from_args(ServerConfig, ns)).start()
         self.address, self.out, self.pid = self.server.address, out, os.getpid()
         self.returncode: int | None = None
