@@ -132,7 +132,8 @@ def test_pushing_a_stale_clock_is_named_by_the_server_and_the_client(caplog):
         summary = server.join(timeout=30)  # the summary `psrv serve --out` writes; a failure is raised here
     dropped = [r.fields[0].get("dropped") for r in replies]
     assert dropped == [None] + ["late"] * 7
-    warnings = [r.getMessage() for r in caplog.records if r.name.startswith("psrv.worker") and "as late" in r.getMessage()]
+    warnings = [r.getMessage() for r in caplog.records
+                if r.name.startswith("psrv.worker") and "as late" in r.getMessage()]
     assert warnings == ["worker 0: shard 0 dropped 3 pushes of worker 0 as late: its clock 0 is behind the "
                         "shard's clock 1; push with the clock from the last reply"]
     log = "\n".join(r.getMessage() for r in caplog.records if r.name.startswith("psrv.server"))

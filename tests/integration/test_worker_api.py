@@ -1,7 +1,8 @@
 """psrv.Worker in a researcher's own loop (tests/integration/user_loop.py): two worker processes, each
 with its own DataLoader over a DistributedSampler shard and told its place by the environment, against
-two shards served from threads of the test process (psrv.Server, as `psrv serve` runs it) on 127.0.0.1. In sync mode the model ends exactly where single-process SGD on the global
-batch ends; in async and SSP it trains; the loop needs no more than four lines of psrv."""
+two shards served from threads of the test process (psrv.Server, as `psrv serve` runs it) on
+127.0.0.1. In sync mode the model ends exactly where single-process SGD on the global batch ends; in
+async and SSP it trains; the loop needs no more than four lines of psrv."""
 import io
 import json
 import os
