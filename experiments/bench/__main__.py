@@ -32,15 +32,19 @@ def machine() -> dict:
 
 def suite(smoke: bool) -> list[tuple[str, Callable[[], list[dict]]]]:
     """(name, thunk) per benchmark, in running order."""
-    if smoke:  # every bench at its smallest: one shard, one load generator, one worker, async against DDP
-        return [("wire", lambda: wire.run([1], [1], ["tcp"], 3, planes=("zmq", "bulk"))),
-                ("colocated", lambda: colocated.run([1], 3, pushes=("shared",))),
+    # Every bench at its smallest: one shard, one load generator, one worker, async against DDP, one
+    # run of each side of memory's worker row. Shards whose being processes the smoke does not need
+    # are served from threads of this process (experiments/bench/shards.py): each process started is an
+    # import of torch, and the smoke proves each bench runs, not how fast.
+    if smoke:
+        return [("wire", lambda: wire.run([1], [1], ["tcp"], 3, planes=("zmq", "bulk"), in_thread=True)),
+                ("colocated", lambda: colocated.run([1], 3, pushes=("shared",), in_thread=True)),
                 ("apply", lambda: apply.run(4, 3)),
-                ("scaling", lambda: scaling.run([1, 4], 1.0, procs=1)),
-                ("memory", lambda: memory.run(16, "synthetic_mlp", 2)),
+                ("scaling", lambda: scaling.run([1, 4], 1.0, procs=1, in_thread=True)),
+                ("memory", lambda: memory.run(16, "synthetic_mlp", 2, repeats=1, in_thread=True)),
                 ("end_to_end", lambda: end_to_end.run(["digits_mlp"], 1, steps={"digits_mlp": 10},
                                                       variants=(("async", 0), ("ddp", 0)), workers=1)),
-                ("worker_options", lambda: worker_options.run("digits_mlp", 1, 10, workers=1,
+                ("worker_options", lambda: worker_options.run("digits_mlp", 1, 10, servers=1, workers=1,
                                                               variants=("baseline", "overlap+bfloat16"))),
                 ("metrics_overhead", lambda: metrics_overhead.run(10, 1, workers=1))]
     return [("wire", lambda: wire.run([1, 16, 64, 256], [1, 2], ["tcp", "ipc"], 7, planes=("zmq", "bulk"))),

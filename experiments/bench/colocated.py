@@ -24,23 +24,28 @@ from pathlib import Path
 
 import torch
 
+from psrv.experiments.bench.shards import ThreadShard
 from psrv.experiments.bench.wire import _spawn
 from psrv.worker.client import PSClient
 from psrv.partition import ParamSpec, PartitionPlan
 from psrv.process import tune_malloc
 
 
-def _serve(tmp: Path) -> tuple:
+def _serve(tmp: Path, in_thread: bool = False) -> tuple:
+    args = ["--workers", "1", "--mode", "async", "--optimizer", "sgd", "--lr", "1e-9", "--momentum", "0",
+            "--shared-memory", "auto"]
+    if in_thread:
+        shard = ThreadShard(*args)
+        return shard, shard.address
     ready = tmp / "server.addr"
     ready.unlink(missing_ok=True)
-    return _spawn([sys.executable, "-m", "psrv.cli", "serve", "--bind", "tcp://127.0.0.1:0", "--workers", "1",
-                   "--mode", "async", "--optimizer", "sgd", "--lr", "1e-9", "--momentum", "0",
-                   "--shared-memory", "auto", "--log-level", "WARNING", "--ready-file", str(ready)], ready)
+    return _spawn([sys.executable, "-m", "psrv.cli", "serve", "--bind", "tcp://127.0.0.1:0", *args,
+                   "--log-level", "WARNING", "--ready-file", str(ready)], ready)
 
 
-def measure(size: int, push: str, repeats: int, tmp: Path) -> dict:
+def measure(size: int, push: str, repeats: int, tmp: Path, in_thread: bool = False) -> dict:
     plan = PartitionPlan((ParamSpec("w", (size // 4,)),), 1)
-    proc, address = _serve(tmp)
+    proc, address = _serve(tmp, in_thread)
     try:
         with PSClient([address], plan, worker=0, world_size=1, timeout=120, shared_memory=True) as client:
             client.hello()
@@ -71,10 +76,12 @@ def measure(size: int, push: str, repeats: int, tmp: Path) -> dict:
             "ratio": 2 * copy / trip, "psrv_spread": [min(trips[1:]), max(trips[1:])], "repeats": repeats}
 
 
-def run(sizes_mb: list[int], repeats: int, pushes: tuple[str, ...] = ("shared", "own")) -> list[dict]:
+def run(sizes_mb: list[int], repeats: int, pushes: tuple[str, ...] = ("shared", "own"),
+        in_thread: bool = False) -> list[dict]:
+    """With `in_thread` (the smoke's), the shard is served from a thread of this process."""
     tune_malloc()
     with tempfile.TemporaryDirectory(prefix="psrv-colocated-") as d:
-        return [measure(mb << 20, push, repeats, Path(d)) for mb in sizes_mb for push in pushes]
+        return [measure(mb << 20, push, repeats, Path(d), in_thread) for mb in sizes_mb for push in pushes]
 
 
 def main(argv: list[str] | None = None) -> None:

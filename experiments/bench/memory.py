@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from psrv.experiments.bench.shards import ThreadShard
 from psrv.process import tune_malloc
 from psrv.worker.client import PSClient
 from psrv.partition import ParamSpec, PartitionPlan
@@ -76,8 +77,14 @@ def _start_server(tmp: Path, optimizer: str, *, wait: bool = True) -> tuple[subp
     return server, ready.read_text().strip(), out
 
 
-def worker_rss(job: str, steps: int, tmp: Path) -> int:
-    server, address, _ = _start_server(tmp, "sgd", wait=False)
+def worker_rss(job: str, steps: int, tmp: Path, in_thread: bool = False) -> int:
+    """The peak RSS of a `psrv worker` training `job`; its shard is a process, or with `in_thread` (the
+    smoke's) served from a thread of this process (only the worker's RSS is measured)."""
+    if in_thread:
+        server = ThreadShard("--workers", "1", "--mode", "async", "--optimizer", "sgd", "--lr", "1e-4")
+        address = server.address
+    else:
+        server, address, _ = _start_server(tmp, "sgd", wait=False)
     out = tmp / "worker.json"
     try:
         subprocess.run([sys.executable, "-m", "psrv.cli", "worker", "--servers", address, "--job", job,
@@ -115,7 +122,10 @@ def plain_rss(job: str, steps: int) -> int:
                               capture_output=True, text=True, check=True).stdout)
 
 
-def run(size_mb: int, worker_job: str = "synthetic_mlp", worker_steps: int = 5, repeats: int = 3) -> list[dict]:
+def run(size_mb: int, worker_job: str = "synthetic_mlp", worker_steps: int = 5, repeats: int = 3,
+        in_thread: bool = False) -> list[dict]:
+    """With `in_thread` (the smoke's), the worker's shard is served from a thread of this process; the
+    server row's shard is a process, whose own peak RSS is the figure."""
     # Separate processes, each measuring its own peak: they may run side by side.
     with tempfile.TemporaryDirectory(prefix="psrv-mem-") as d, ThreadPoolExecutor(4) as pool:
         bare = pool.submit(bare_torch_rss)
@@ -123,7 +133,7 @@ def run(size_mb: int, worker_job: str = "synthetic_mlp", worker_steps: int = 5, 
         workers, plains = [], []
         for r in range(repeats):
             (Path(d) / str(r)).mkdir()
-            worker = pool.submit(worker_rss, worker_job, worker_steps, Path(d) / str(r))
+            worker = pool.submit(worker_rss, worker_job, worker_steps, Path(d) / str(r), in_thread)
             plain = pool.submit(plain_rss, worker_job, worker_steps)
             workers.append(worker.result())
             plains.append(plain.result())

@@ -18,16 +18,23 @@ import tempfile
 import time
 from pathlib import Path
 
+from psrv.experiments.bench.shards import ThreadShard
 from psrv.experiments.cluster import thread_env
 
 
-def one(workers: int, seconds: float, size: int, procs: int, tmp: Path) -> dict:
+def one(workers: int, seconds: float, size: int, procs: int, tmp: Path, in_thread: bool = False) -> dict:
+    """With `in_thread` (the smoke's), the shard is served from a thread of this process, and its CPU
+    seconds are this process's."""
     ready, out = tmp / f"s{workers}.addr", tmp / f"s{workers}.json"
-    server = subprocess.Popen([sys.executable, "-m", "psrv.cli", "serve", "--bind", "tcp://127.0.0.1:0",
-                               "--workers", str(workers), "--mode", "async", "--optimizer", "sgd", "--lr", "1e-6",
-                               "--momentum", "0", "--log-level", "WARNING", "--ready-file", str(ready),
-                               "--out", str(out), "--worker-timeout", "60"], stdout=subprocess.DEVNULL,
-                              env={**os.environ, **thread_env(1 + min(procs, workers))})
+    args = ["--workers", str(workers), "--mode", "async", "--optimizer", "sgd", "--lr", "1e-6", "--momentum", "0",
+            "--worker-timeout", "60"]
+    if in_thread:
+        server = ThreadShard(*args, out=out)
+        ready.write_text(server.address)
+    else:
+        server = subprocess.Popen([sys.executable, "-m", "psrv.cli", "serve", "--bind", "tcp://127.0.0.1:0", *args,
+                                   "--log-level", "WARNING", "--ready-file", str(ready), "--out", str(out)],
+                                  stdout=subprocess.DEVNULL, env={**os.environ, **thread_env(1 + min(procs, workers))})
     try:
         deadline = time.monotonic() + 60
         while not ready.exists():
@@ -62,15 +69,17 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run(counts: list[int], seconds: float, size: int = 1024, procs: int = 4, repeats: int = 1) -> list[dict]:
+def run(counts: list[int], seconds: float, size: int = 1024, procs: int = 4, repeats: int = 1,
+        in_thread: bool = False) -> list[dict]:
     """One row per worker count: the median of `repeats` windows (counts alternate within a repeat),
-    as a ratio to the best median of the run."""
+    as a ratio to the best median of the run. With `in_thread` (the smoke's), each shard is served
+    from a thread of this process (the load generators stay processes)."""
     runs: dict[int, list[dict]] = {n: [] for n in counts}
     with tempfile.TemporaryDirectory(prefix="psrv-scaling-") as d:
         for rep in range(repeats):
             (Path(d) / f"r{rep}").mkdir()
             for n in counts:
-                runs[n].append(one(n, seconds, size, procs, Path(d) / f"r{rep}"))
+                runs[n].append(one(n, seconds, size, procs, Path(d) / f"r{rep}", in_thread))
     rows = []
     for n, rs in runs.items():
         rates = sorted(r["updates_per_second"] for r in rs)

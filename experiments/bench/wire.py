@@ -28,6 +28,7 @@ from psrv.worker.client import PSClient
 from psrv.partition import ParamSpec, PartitionPlan
 
 from psrv.process import tune_malloc
+from psrv.experiments.bench.shards import ThreadShard
 from psrv.experiments.cluster import thread_env
 
 BASELINE = {"zmq": "zmq_echo", "bulk": "socket_echo"}
@@ -84,18 +85,25 @@ def echo(baseline: str, size: int, kind: str, tmp: Path) -> Iterator[Callable[[]
 
 
 @contextlib.contextmanager
-def psrv_shards(size: int, shards: int, kind: str, plane: str, tmp: Path) -> Iterator[Callable[[], float]]:
-    """`shards` psrv serve processes (async, SGD) and a PUSH_PULL of `size` bytes to them (seconds)."""
+def psrv_shards(size: int, shards: int, kind: str, plane: str, tmp: Path,
+                in_thread: bool = False) -> Iterator[Callable[[], float]]:
+    """`shards` psrv serve processes (async, SGD) and a PUSH_PULL of `size` bytes to them (seconds);
+    with `in_thread` (the smoke's, tcp only), the same shards served from threads of this process."""
     plan = PartitionPlan((ParamSpec("w", (size // 4,)),), shards)
     procs, addresses = [], []
     try:
         for i in range(shards):
-            ready = _fresh(tmp, f"server-{i}.addr")
-            p, a = _spawn([sys.executable, "-m", "psrv.cli", "serve", "--bind", _endpoint(kind, tmp, f"s{i}"),
-                           "--shard", str(i), "--num-shards", str(shards), "--workers", "1", "--mode", "async",
-                           "--optimizer", "sgd", "--lr", "1e-9", "--momentum", "0.9", "--log-level", "WARNING",
-                           "--shared-memory", "off", "--bulk", "auto" if plane == "bulk" else "off",
-                           "--ready-file", str(ready)], ready, processes=shards + 1)
+            args = ["--shard", str(i), "--num-shards", str(shards), "--workers", "1", "--mode", "async",
+                    "--optimizer", "sgd", "--lr", "1e-9", "--momentum", "0.9", "--shared-memory", "off",
+                    "--bulk", "auto" if plane == "bulk" else "off"]
+            if in_thread and kind == "tcp":
+                p = ThreadShard(*args)
+                a = p.address
+            else:
+                ready = _fresh(tmp, f"server-{i}.addr")
+                p, a = _spawn([sys.executable, "-m", "psrv.cli", "serve", "--bind", _endpoint(kind, tmp, f"s{i}"),
+                               *args, "--log-level", "WARNING", "--ready-file", str(ready)], ready,
+                              processes=shards + 1)
             procs.append(p)
             addresses.append(a)
         with PSClient(addresses, plan, worker=0, world_size=1, timeout=120, shared_memory=False,
@@ -121,10 +129,10 @@ def psrv_shards(size: int, shards: int, kind: str, plane: str, tmp: Path) -> Ite
 
 
 def measure(raw_trip: Callable[[], float], size: int, shards: int, kind: str, plane: str, repeats: int,
-            tmp: Path) -> dict:
+            tmp: Path, in_thread: bool = False) -> dict:
     """psrv's round trips and its baseline's (`raw_trip`), alternating; the first of each pays for
     first-touch page faults on both sides and is left out."""
-    with psrv_shards(size, shards, kind, plane, tmp) as psrv_trip:
+    with psrv_shards(size, shards, kind, plane, tmp, in_thread) as psrv_trip:
         raw_trip(), psrv_trip()
         raw, psrv = [], []
         for _ in range(repeats):
@@ -138,7 +146,8 @@ def measure(raw_trip: Callable[[], float], size: int, shards: int, kind: str, pl
 
 
 def run(sizes_mb: list[int], shards: list[int], endpoints: list[str], repeats: int,
-        planes: tuple[str, ...] = ("zmq",)) -> list[dict]:
+        planes: tuple[str, ...] = ("zmq",), in_thread: bool = False) -> list[dict]:
+    """With `in_thread` (the smoke's), psrv's shards are served from threads of this process."""
     tune_malloc()  # this process is every client: the same allocator for the echoes and for psrv
     results = []
     with tempfile.TemporaryDirectory(prefix="psrv-wire-") as d:
@@ -148,7 +157,8 @@ def run(sizes_mb: list[int], shards: list[int], endpoints: list[str], repeats: i
                     if plane == "bulk" and kind != "tcp":
                         continue  # the bulk plane is for remote hosts: tcp only
                     with echo(BASELINE[plane], mb * 2**20, kind, Path(d)) as raw_trip:
-                        results += [measure(raw_trip, mb * 2**20, s, kind, plane, repeats, Path(d)) for s in shards]
+                        results += [measure(raw_trip, mb * 2**20, s, kind, plane, repeats, Path(d), in_thread)
+                                    for s in shards]
     return results
 
 

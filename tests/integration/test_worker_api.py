@@ -1,7 +1,8 @@
 """psrv.Worker in a researcher's own loop (tests/integration/user_loop.py): two worker processes, each
-with its own DataLoader over a DistributedSampler shard, against two `psrv serve` shards, all real
-processes on 127.0.0.1. In sync mode the model ends exactly where single-process SGD on the global
-batch ends; in async and SSP it trains; the loop needs no more than four lines of psrv."""
+with its own DataLoader over a DistributedSampler shard and told its place by the environment, against
+two shards served from threads of the test process (psrv.Server, as `psrv serve` runs it) on
+127.0.0.1. In sync mode the model ends exactly where single-process SGD on the global batch ends; in
+async and SSP it trains; the loop needs no more than four lines of psrv."""
 import io
 import json
 import os
@@ -14,6 +15,9 @@ import pytest
 import torch
 
 import psrv
+from psrv.cli import build_parser
+from psrv.config import ServerConfig
+from psrv.config.cli_args import config_from_args
 from tests.helpers import ROOT
 from tests.integration import user_loop
 
@@ -22,12 +26,21 @@ WORKERS, SHARDS, LR, MOMENTUM = 2, 2, 0.1, 0.9
 
 
 def _cluster(procs, tmp_path: Path, *mode: str, epochs: int, momentum: float = MOMENTUM) -> list[dict]:
-    """Start the shards and the user's script as WORKERS processes; return each rank's output."""
-    addresses = [procs.server(f"server-{s}", "--shard", str(s), "--num-shards", str(SHARDS), "--workers",
-                              str(WORKERS), *mode, "--optimizer", "sgd", "--lr", str(LR), "--momentum",
-                              str(momentum), "--worker-timeout", "60", "--log-level", "WARNING")[1]
-                 for s in range(SHARDS)]
-    workers = []
+    """Start the shards (the `psrv serve` of these options, in threads: the shards' being processes is
+    not what this file tests) and the user's script as WORKERS processes; return each rank's output."""
+    servers = [psrv.Server(config_from_args(ServerConfig, build_parser().parse_args(
+        ["serve", "--bind", "tcp://127.0.0.1:0", "--shard", str(s), "--num-shards", str(SHARDS), "--workers",
+         str(WORKERS), *mode, "--optimizer", "sgd", "--lr", str(LR), "--momentum", str(momentum),
+         "--worker-timeout", "60"]))).start() for s in range(SHARDS)]
+    try:
+        return _workers(procs, tmp_path, servers, epochs=epochs)
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def _workers(procs, tmp_path: Path, servers: list[psrv.Server], *, epochs: int) -> list[dict]:
+    addresses, workers = [s.address for s in servers], []
     for rank in range(WORKERS):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(WORKERS), "PSRV_SERVERS": ",".join(addresses),
                "PYTHONUNBUFFERED": "1"}
@@ -39,8 +52,8 @@ def _cluster(procs, tmp_path: Path, *mode: str, epochs: int, momentum: float = M
         workers.append(p)
     for p in workers:
         assert procs.wait(p, timeout=120) == 0, procs.log(p.name)[-3000:]
-    for s, server in enumerate(procs.started[:SHARDS]):
-        assert procs.wait(server, timeout=30) == 0, procs.log(f"server-{s}")  # every worker left: they end
+    for server in servers:
+        server.join(timeout=30)  # every worker left: they end (a shard's failure is raised here)
     return [json.loads((tmp_path / f"worker-{rank}.json").read_text()) for rank in range(WORKERS)]
 
 
