@@ -44,34 +44,29 @@ class _Log(StepLog):
         self.built.set()
 
 
-def threaded_run(out: Path, *args: str, timeout: float = 180.0) -> dict:
-    """`psrv run ... --out out` with its shards and workers in threads of this process; its summary.json."""
-    a = build_parser().parse_args(["run", "--no-progress", "--log-level", "WARNING", "--out", str(out), *args])
-    cfg = config_from_args(RunConfig, a, base=base_config(a))
-    unused_staleness(a, cfg.mode)
-    if cfg.is_allreduce or cfg.cluster.transport != "zmq" or a.script or a.metrics or cfg.network.bandwidth:
-        raise ValueError("threaded_run: a parameter-server run over zmq without --script, --metrics or a "
-                         "bandwidth cap; run the others with psrv_run")
-    out.mkdir(parents=True, exist_ok=True)
-    write_config(out / "config.json", cfg)
+def run_in_threads(cfg: RunConfig, out: Path | None = None, *, timeout: float = 180.0) -> tuple[list[dict], list[dict]]:
+    """The run `cfg` in threads: (each worker's record as the shipped loop returns it, rank order; each
+    shard's summary, shard order). With `out`, the files `psrv run` writes there (records, params.pt,
+    model.pt, server-i.json). A worker's error is raised here, and so is a run past `timeout` seconds."""
     deadline = time.monotonic() + timeout
     torch_threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one each, as the launcher's OMP_NUM_THREADS gives each process on 2 cores
     servers = [Server(cfg.server_config(i, bind="tcp://127.0.0.1:0")).start() for i in range(cfg.cluster.servers)]
     addresses = tuple(s.address for s in servers)
+    records: dict[int, dict] = {}
     failures: list[BaseException] = []
     threads = []
     try:
         for rank in range(cfg.cluster.workers):
             first = rank == 0
-            log = _Log(RecordFiles(record=out / f"worker-{rank}.json", params=out / "params.pt" if first else None,
-                                   state=out / "model.pt" if first else None,
-                                   progress=out / f"worker-{rank}.progress"))
-            wcfg = cfg.worker_config(rank, servers=addresses)
+            files = RecordFiles() if out is None else RecordFiles(
+                record=out / f"worker-{rank}.json", params=out / "params.pt" if first else None,
+                state=out / "model.pt" if first else None, progress=out / f"worker-{rank}.progress")
+            log = _Log(files)
 
-            def work(wcfg=wcfg, log=log) -> None:
+            def work(rank=rank, log=log) -> None:
                 try:
-                    train(wcfg, log=log)
+                    records[rank] = train(cfg.worker_config(rank, servers=addresses), log=log)
                 except BaseException as exc:  # handed to the test
                     failures.append(exc)
 
@@ -89,12 +84,28 @@ def threaded_run(out: Path, *args: str, timeout: float = 180.0) -> dict:
             raise failures[0]
         if any(t.is_alive() for t in threads):
             raise AssertionError(f"workers still running after {timeout}s")
-        for i, server in enumerate(servers):
-            write_json(out / f"server-{i}.json", server.join(max(1.0, deadline - time.monotonic())))
+        shards = [server.join(max(1.0, deadline - time.monotonic())) for server in servers]
+        if out is not None:
+            for i, shard in enumerate(shards):
+                write_json(out / f"server-{i}.json", shard)
     finally:
         for server in servers:
             server.stop()
         torch.set_num_threads(torch_threads)
+    return [records[r] for r in range(cfg.cluster.workers)], shards
+
+
+def threaded_run(out: Path, *args: str, timeout: float = 180.0) -> dict:
+    """`psrv run ... --out out` with its shards and workers in threads of this process; its summary.json."""
+    a = build_parser().parse_args(["run", "--no-progress", "--log-level", "WARNING", "--out", str(out), *args])
+    cfg = config_from_args(RunConfig, a, base=base_config(a))
+    unused_staleness(a, cfg.mode)
+    if cfg.is_allreduce or cfg.cluster.transport != "zmq" or a.script or a.metrics or cfg.network.bandwidth:
+        raise ValueError("threaded_run: a parameter-server run over zmq without --script, --metrics or a "
+                         "bandwidth cap; run the others with psrv_run")
+    out.mkdir(parents=True, exist_ok=True)
+    write_config(out / "config.json", cfg)
+    run_in_threads(cfg, out, timeout=timeout)
     summary = {**build_summary(cfg, out), "config_hash": config_hash(cfg)}
     write_tables(out)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))

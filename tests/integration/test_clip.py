@@ -13,7 +13,7 @@ from psrv.config.cli_args import config_from_args, to_argv
 from psrv.worker.keywords import clip_of
 from tests.helpers import psrv_argv, psrv_run, run_in_session
 from tests.integration.test_sync_reference import BATCH, LR, MOMENTUM, STEPS, big_batch_sgd, run_config
-from tests.threaded import run_in_threads
+from tests.threaded_run import run_in_threads
 
 CLIP = 0.5  # below the global batch's gradient norm on 19 of the 20 steps with 2 workers
 SGD = ("--steps", str(STEPS), "--batch-size", str(BATCH), "--optimizer", "sgd", "--lr", str(LR),

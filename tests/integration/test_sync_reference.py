@@ -9,7 +9,7 @@ from psrv.config import RunConfig
 from psrv.config.cli_args import config_from_args
 from psrv.workers.data import batch_indices
 from psrv.workers.jobs import load_job
-from tests.threaded import run_in_threads
+from tests.threaded_run import run_in_threads
 
 WORKERS, BATCH, STEPS, LR, MOMENTUM = 3, 16, 20, 0.1, 0.9
 def run_config(*args: str) -> RunConfig:
