@@ -238,7 +238,7 @@ def test_exactly_once_over_shared_memory_through_a_lossy_network():
     """Requests dropped and duplicated, replies dropped (test_faults.py's FaultyTransport around the
     shared-memory client) while a real shard in a thread reads the pushes from shared memory and answers
     with its weights in place: every push is applied once, the weights are sequential SGD's, and only
-    the messages that offered the plane again after a reconnect went inline."""
+    the messages that offered the plane again after a reconnect or a RESET went inline."""
     from psrv.config import OptimConfig, ServerConfig
     from psrv.server.service import ShardService
     from tests.integration.test_faults import FaultyTransport
@@ -248,9 +248,12 @@ def test_exactly_once_over_shared_memory_through_a_lossy_network():
     service = ShardService(cfg, server)
     thread = threading.Thread(target=service.serve, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
-    inner, reconnects = ZmqClient([server.address], planes=[ShmClientPlane()]), []
-    reconnect = inner.reconnect
-    inner.reconnect = lambda shard: (reconnects.append(shard), reconnect(shard))  # counted, then done
+    plane, full = ShmClientPlane(), []
+    put = plane.put  # None: every push slot still held by the shard, so this push goes inline
+    plane.put = lambda shard, payload: (lambda d: (d is None and full.append(shard), d)[1])(put(shard, payload))
+    inner, drops = ZmqClient([server.address], planes=[plane]), []
+    drop = inner._drop_plane  # a reconnect, or the shard's RESET of a duplicate whose slot was reused
+    inner._drop_plane = lambda shard: (drops.append(shard), drop(shard))  # counted, then done
     net = FaultyTransport(inner, seed=18, drop=0.2, dup=0.2, drop_reply=0.2)
     gen = torch.Generator().manual_seed(1)
     init, grads = torch.randn(size, generator=gen), [torch.randn(size, generator=gen) for _ in range(12)]
@@ -270,9 +273,12 @@ def test_exactly_once_over_shared_memory_through_a_lossy_network():
         server.close()
     assert min(net.injected.values()) > 0, net.injected
     assert service.shard.version == len(grads)
-    # A reconnect drops the plane; the message that offers it again goes inline, every other by place
-    assert server.payload_bytes["inline"] <= len(reconnects) * size * 4, (server.payload_bytes, reconnects)
-    assert server.payload_bytes["shm"] >= (2 * len(grads) - len(reconnects)) * size * 4, server.payload_bytes
+    # A reconnect or a RESET drops the plane, and the message that offers it again goes inline; so does a
+    # push that finds every slot still held. Every other goes by place. (Counting reconnects alone failed
+    # once under the parallel suite's load: 3 payloads inline after 2 reconnects.)
+    inline = len(drops) + len(full)
+    assert server.payload_bytes["inline"] <= inline * size * 4, (server.payload_bytes, drops, full)
+    assert server.payload_bytes["shm"] >= (2 * len(grads) - inline) * size * 4, server.payload_bytes
     want = init.clone()
     for grad in grads:
         want.add_(grad, alpha=-lr)
