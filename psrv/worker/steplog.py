@@ -138,12 +138,13 @@ class StepLog:
         """Log a step: `pushes` are staleness and pushed, where the step pushes to shards."""
         if isinstance(loss, torch.Tensor):
             loss = loss.detach().item()
-        row = {"wall_time": time.time(), "worker": self.rank, "step": step,
-               "loss": None if loss is None else float(loss), "compute_seconds": compute_seconds,
-               "communication_seconds": communication_seconds, "wait_seconds": wait_seconds,
-               "batch_size": batch_size, **pushes}
-        _declared(row, ROW, "step row")
-        self.rows.append({k: row[k] for k in ROW if k in row})
+        given = {"wall_time": time.time(), "worker": self.rank, "step": step,
+                 "loss": None if loss is None else float(loss), "compute_seconds": compute_seconds,
+                 "communication_seconds": communication_seconds, "wait_seconds": wait_seconds,
+                 "batch_size": batch_size, **pushes}
+        _declared(given, ROW, "step row")
+        row = {k: given[k] for k in ROW if k in given}  # the declared order
+        self.rows.append(row)
         if self.metrics is not None:
             self.metrics.observe_step(row)
         if self.files.progress is not None and len(self.rows) % _EVERY == 0:
