@@ -23,6 +23,9 @@ def test_the_smoke_bench_runs_every_benchmark_quickly(tmp_path):
     assert {r["bench"] for r in doc["results"]} == KINDS
     assert {r["role"] for r in doc["results"] if r["bench"] == "memory"} == {"server", "worker"}
     assert set(doc["bench_seconds"]) == KINDS
+    threaded = {(r["bench"], r.get("role")) for r in doc["results"] if r.get("shards") == "threads"}
+    assert {b for b, _ in threaded} == {"wire", "colocated", "scaling", "memory"}  # said on the rows they hold
+    assert ("memory", "server") not in threaded  # the server's own peak RSS is a process's
     for r in doc["results"]:
         assert math.isfinite(r["ratio"]), r
         if r["bench"] != "memory" or r["role"] != "worker":  # a worker's extra buffers may be fewer than none
