@@ -6,6 +6,7 @@ import ctypes
 import ctypes.util
 import os
 import signal
+import random
 import socket
 import subprocess
 import sys
@@ -158,7 +159,26 @@ class Cluster:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (a rendezvous's)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that was free a moment ago (a rendezvous's, bound later by another process).
+
+    Drawn at random below the kernel's ephemeral range, not from it (bind to port 0): a port from that
+    range, released here, is what the next outgoing connection of any process may take as its source
+    port before the rendezvous binds it (EADDRINUSE in torch's TCPStore, seen with two runs at once),
+    and two launchers drawing at random rarely draw the same one."""
+    low = _ephemeral_low()
+    for _ in range(100):
+        port = random.randrange(10000, low) if low > 11000 else 0
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise RuntimeError("no free TCP port on 127.0.0.1 below the ephemeral range")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default

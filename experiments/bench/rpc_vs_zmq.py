@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import torch
 from psrv.process import tune_malloc
 from psrv.worker.client import PSClient
 from psrv.partition import ParamSpec, PartitionPlan
+from psrv.experiments.cluster import free_port as _free_port
 
 TRANSPORTS = ("zmq", "rpc")
 
@@ -49,12 +49,6 @@ def client(transport: str, address: str, mb: float, *, warmup: int, repeats: int
                 times.append(time.perf_counter() - t0)
         c.leave()
     return times
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def measure(transport: str, mb: float, *, warmup: int, repeats: int, tmp: Path) -> list[float]:

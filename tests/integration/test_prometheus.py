@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT, psrv_run
+from psrv.experiments.cluster import free_port as _free_port
 
 DEPLOY = ROOT / "deploy" / "prometheus"
 STALENESS_BUCKETS = 13  # psrv.metrics.STALENESS_BUCKETS plus +Inf
@@ -29,12 +29,6 @@ def _binary(name: str) -> str:
     if path is None:
         pytest.skip(f"{name} not on PATH (apt-get install prometheus; .ci/run installs it)")
     return path
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str, timeout: float = 5.0) -> bytes:

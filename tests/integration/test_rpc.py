@@ -5,12 +5,12 @@ import csv
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 
 import pytest
 
+from psrv.experiments.cluster import free_port
 from tests.helpers import ROOT, psrv_argv
 
 rpc = pytest.importorskip("torch.distributed.rpc")
@@ -42,12 +42,6 @@ def accuracy_first_last(out) -> tuple[float, float]:
     with open(out / "evals.csv") as f:
         rows = list(csv.DictReader(f))
     return float(rows[0]["eval_accuracy"]), float(rows[-1]["eval_accuracy"])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _args(mode: str) -> list[str]:
