@@ -8,8 +8,8 @@ and tables the launcher writes, from the same functions. That spares the ~1.8 s 
 pays importing torch (23 processes here before).
 
 code_lm, the general-form job, runs in sync, async and SSP on 2 server shards; each CNN runs in one
-mode on one shard: digits_cnn in async (each worker keeps its own BatchNorm statistics; 150 steps, as
-at 60 its accuracy still swings with the order of the stale pushes), mnist1d_cnn in sync with Adam.
+mode on one shard: digits_cnn in async at lr 0.02 (each worker keeps its own BatchNorm statistics; 150
+steps, as at 60 its accuracy still swings with the order of the stale pushes), mnist1d_cnn in sync with Adam.
 "Learns" is read from the run's own files: the step-0 evaluation (evals.csv, initial_loss) against
 eval_metrics at the end.
 """
@@ -45,7 +45,10 @@ def test_code_lm_perplexity_falls(mode, tmp_path):
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize(("job", "mode", "steps", "args", "floor"), [
-    ("digits_cnn", "async", 150, (), 0.6),  # 0.75-0.975 in 15 runs (async's order varies); at 60 steps 0.54-0.96
+    # At the default lr (0.05, momentum 0.9) the first pushes throw digits_cnn's loss from 2.6 to 15-21
+    # and it usually recovers (0.74-0.975 in 35 runs), but one CI run stayed on the plateau, predicting
+    # one class (0.103). At 0.02: 0.939-0.986 in 27 runs, 15 of them beside two busy processes.
+    ("digits_cnn", "async", 150, ("--lr", "0.02"), 0.8),
     ("mnist1d_cnn", "sync", 150, ("--optimizer", "adam", "--lr", "0.003"), 0.4),  # 0.62 here
 ])
 def test_a_cnn_job_gets_accurate(job, mode, steps, args, floor, tmp_path):
