@@ -52,6 +52,8 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
     Ctrl-C (KeyboardInterrupt) while it runs: the workers get SIGINT and up to 3 s to leave and write
     their records, the rest are stopped, what ran is written (summary.json `complete` False), and
     RunInterrupted is raised."""
+    if script is None and cfg.job.script:
+        raise ValueError(f"job.script {cfg.job.script}: pass the run's Script (experiments/script.py Script.of)")
     if script is None:
         preflight(cfg)  # a device that is not here, a job that does not import: ValueError before any process
     rate = cfg.network.bandwidth
@@ -118,7 +120,7 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
         cluster.stop()
         network = host_traffic(cluster, cfg.network.bandwidth)
     interrupted = interrupt is not None
-    summary = {**build_summary(cfg, out, interrupted=interrupted, script=script.argv if script else None),
+    summary = {**build_summary(cfg, out, interrupted=interrupted),
                **network, "config_hash": config_hash(cfg)}  # which config made these results
     write_tables(out, interrupted=interrupted)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -16,6 +16,7 @@ from psrv.experiments.preflight import preflight
 from psrv.experiments.provenance import claim, default_out, keep_aside, kept_runs, why_changed
 from psrv.experiments.report import write_report
 from psrv.experiments.rundir import EXPERIMENT_LOCK, RUN_LOCK, OwnedFolder, holder, refusal
+from psrv.experiments.script import Script
 from psrv.experiments.spec import load_spec
 from psrv.experiments.tracking import run_name, write_events
 from psrv.experiments.traffic import TrafficSampler
@@ -164,7 +165,9 @@ def _one_run(spec, variant, seed: int, path: Path, *, label: str, on_progress) -
         (path / "error.txt").unlink(missing_ok=True)
         try:
             with TrafficSampler(path):  # each process's TCP bytes, for the busiest one's traffic per step
-                run_local(cfg, out=path, progress=False, on_progress=on_progress, say=_say, owner=folder)
+                script = Script.of(cfg, steps_given=spec.steps_given(variant)) if cfg.job.script else None
+                run_local(cfg, out=path, progress=False, on_progress=on_progress, say=_say, owner=folder,
+                          script=script)
         except (RunFailed, RuntimeError, ValueError) as exc:  # RuntimeError: a process left no record
             (path / "error.txt").write_text(f"{exc}\n")
             _say(f"FAILED {label}: {exc}\n(recorded in {path / 'error.txt'}; going on with the next run)")

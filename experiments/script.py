@@ -1,12 +1,17 @@
-"""`psrv run --script FILE.py ARGS...`: a user's own loop on psrv.Worker as the run's workers.
+"""A user's own loop on psrv.Worker as the run's workers: `psrv run --script FILE.py ARGS...`, or a spec's
+`[job] script = "FILE.py"` with `script_args = [...]`.
 
-Each worker is `python FILE.py ARGS...` with RANK, WORLD_SIZE and PSRV_SERVERS (the shards' addresses,
-comma-separated, in shard order) set, and the variables psrv/worker/steplog.py reads, so its psrv.Worker
-writes DIR/worker-R.json as `psrv worker --out` does. `--steps`, when typed, is handed over as
-PSRV_STEPS for the script to read. The options only the shipped loop reads are refused.
+The script is part of the run's config (job.script, job.script_args, and job.script_sha256, the file's
+hash when the run was configured), so a spec's reuse by config hash reruns a run whose script changed.
+Each worker is `python FILE.py ARGS...` with RANK, WORLD_SIZE, PSRV_SERVERS (the shards' addresses,
+comma-separated, in shard order) and PSRV_SEED (the run's seed) set, and the variables
+psrv/worker/steplog.py reads, so its psrv.Worker writes DIR/worker-R.json as `psrv worker --out` does.
+`--steps` (a spec's job.steps), when given, is handed over as PSRV_STEPS for the script to read. The
+options only the shipped loop reads are refused. The script's output goes to DIR/worker-R.log.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from dataclasses import dataclass
@@ -20,7 +25,7 @@ from psrv.device import check_device
 from psrv.experiments.cluster import Cluster, RunFailed
 
 # Read by the shipped loop alone: a script decides these itself, so a value given here would do nothing.
-_SHIPPED_ONLY = ("job.name", "job.batch_size", "job.eval_every", "seed", "faults.", "worker.")
+_SHIPPED_ONLY = ("job.name", "job.batch_size", "job.eval_every", "faults.", "worker.")
 
 
 @dataclass(frozen=True)
@@ -35,28 +40,53 @@ class Script:
     def argv(self) -> list[str]:
         return [str(self.path), *self.args]
 
+    @classmethod
+    def of(cls, cfg: RunConfig, *, steps_given: bool) -> "Script":
+        """The script a config names (job.script); `steps_given`: job.steps was given, so the script gets it."""
+        return cls(Path(cfg.job.script), tuple(cfg.job.script_args), cfg.job.steps if steps_given else None)
 
-def script_from_args(words: list[str], cfg: RunConfig, typed: set[str]) -> Script:
-    """The Script of `--script FILE.py ARGS...` (`words`); ValueError, in one line, for an option it
-    cannot use (`typed`: the dotted keys given on the command line)."""
+
+def with_script(cfg: RunConfig, path: str | Path, args=()) -> RunConfig:
+    """`cfg` running the script at `path` (found from the current folder) with `args`, its sha256 taken
+    now; ValueError, in one line, where there is no such file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"no such file: {path} (a path from the current folder)")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    return cfg.replace(job=cfg.job.replace(script=str(path), script_args=tuple(str(a) for a in args),
+                                           script_sha256=digest))
+
+
+def check_script_run(cfg: RunConfig, typed: set[str], *, flags: bool = True) -> None:
+    """ValueError, in one line, for what a script's run cannot use (`typed`: the dotted keys given, on the
+    command line or in a spec; `flags`: name them as options, else as keys)."""
+    if cfg.is_allreduce:
+        raise ValueError(f"a script runs a psrv.Worker loop (sync, async, ssp); a DDP script is torchrun's to "
+                         f"start (mode is {cfg.mode!r})")
+    if cfg.cluster.transport != "zmq":
+        raise ValueError(f"{'--transport: --script' if flags else 'cluster.transport: a script'}'s workers reach "
+                         "the shards over zmq (psrv.Worker's default)")
+    for key, f, s in leaves(RunConfig):
+        from_file = flags and key.startswith(("faults.", "worker.")) and _get(cfg, key) != default_of(f)  # --config's
+        if key.startswith(_SHIPPED_ONLY) and (key in typed or from_file):
+            shown = flag_of(key, s) if flags else key
+            raise ValueError(f"{shown}: not used with {'--script' if flags else 'a script'} (the shipped loop's "
+                             "setting; your script decides it); remove it")
+    check_device(cfg.cluster.device)
+
+
+def script_from_args(words: list[str], cfg: RunConfig, typed: set[str]) -> tuple[RunConfig, Script]:
+    """The run's config and Script of `--script FILE.py ARGS...` (`words`); ValueError, in one line, for an
+    option it cannot use (`typed`: the dotted keys given on the command line)."""
     if not words or words[0].startswith("-"):
         raise ValueError("--script: name the script right after it (--script FILE.py ARGS...); psrv's own "
                          "options go before --script")
-    path = Path(words[0])
-    if not path.is_file():
-        raise ValueError(f"--script: no such file: {path}")
-    if cfg.is_allreduce:
-        raise ValueError(f"--script runs a psrv.Worker loop (sync, async, ssp); a DDP script is torchrun's to "
-                         f"start (mode is {cfg.mode!r})")
-    if cfg.cluster.transport != "zmq":
-        raise ValueError("--transport: --script workers reach the shards over zmq (psrv.Worker's default)")
-    for key, f, s in leaves(RunConfig):
-        from_file = key.startswith(("faults.", "worker.")) and _get(cfg, key) != default_of(f)  # --config FILE's
-        if key.startswith(_SHIPPED_ONLY) and (key in typed or from_file):
-            raise ValueError(f"{flag_of(key, s)}: not used with --script (the shipped loop's setting; your "
-                             "script decides it); remove it")
-    check_device(cfg.cluster.device)
-    return Script(path, tuple(words[1:]), cfg.job.steps if "job.steps" in typed else None)
+    try:
+        cfg = with_script(cfg, words[0], words[1:])
+    except ValueError as exc:
+        raise ValueError(f"--script: {exc}") from None
+    check_script_run(cfg, typed)
+    return cfg, Script.of(cfg, steps_given="job.steps" in typed)
 
 
 def start_script_workers(cluster: Cluster, cfg: RunConfig, out: Path, script: Script,
@@ -66,6 +96,7 @@ def start_script_workers(cluster: Cluster, cfg: RunConfig, out: Path, script: Sc
     names = []
     for rank in range(cfg.cluster.workers):
         env = {"RANK": str(rank), "WORLD_SIZE": str(cfg.cluster.workers), "PSRV_SERVERS": addresses,
+               "PSRV_SEED": str(cfg.seed),
                "PSRV_RECORD": str(out / f"worker-{rank}.json"), "PSRV_PROGRESS": str(out / f"worker-{rank}.progress"),
                **({"PSRV_PARAMS_OUT": str(out / "params.pt")} if rank == 0 else {}),
                **({"PSRV_STEPS": str(script.steps)} if script.steps is not None else {}),

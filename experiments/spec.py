@@ -56,7 +56,7 @@ class TargetSpec(Section):
             return self.lower_is_better
         if job_lower_is_better is not None and job_metric == self.metric:
             return job_lower_is_better
-        from psrv.workers.jobs.job import lower_is_better_by_name
+        from psrv.metric_names import lower_is_better_by_name
         return lower_is_better_by_name(self.metric or "")
 
     def reached(self, row: Mapping[str, float | None], *, lower: bool | None = None) -> bool:
@@ -154,6 +154,10 @@ class ExperimentSpec:
         """Exactly what one run of `variant` with `seed` trains with."""
         return variant.config.replace(seed=seed)
 
+    def steps_given(self, variant: Variant) -> bool:
+        """Whether the spec gives job.steps for `variant` (a script gets it as PSRV_STEPS only then)."""
+        return "steps" in merge(self.base, variant.overrides).get("job", {})
+
 def _table(where: str, raw: Any) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ConfigError(where, f"must be a table ([{where}]); got {raw!r}")
@@ -190,6 +194,7 @@ def _variant(i: int, raw: Any, base: Mapping[str, Any], seed: int) -> Variant:
         cfg = from_dict(RunConfig, merge({**base, "seed": seed}, table))
     except ConfigError as err:
         raise err.under(where) from None
+    cfg = _with_script(where, cfg, merge(base, table))
     if "staleness" in table and cfg.mode != "ssp":
         raise ConfigError(f"{where}.staleness", f"only used when mode = 'ssp' (mode is {cfg.mode!r}); remove it")
     name = default_name(cfg) if name is None else name
@@ -197,6 +202,34 @@ def _variant(i: int, raw: Any, base: Mapping[str, Any], seed: int) -> Variant:
         raise ConfigError(f"{where}.name", "must be 1-64 characters from A-Z a-z 0-9 _ . - starting with a "
                                            f"letter or digit, and not {', '.join(RESERVED_NAMES)}; got {name!r}")
     return Variant(name=name, overrides=table, config=cfg)
+
+
+def _given_keys(tree: Mapping[str, Any], prefix: str = "") -> set[str]:
+    return {k for key, v in tree.items()
+            for k in (_given_keys(v, f"{prefix}{key}.") if isinstance(v, Mapping) else {f"{prefix}{key}"})}
+
+
+def _with_script(where: str, cfg: RunConfig, given: Mapping[str, Any]) -> RunConfig:
+    """A run whose [job] names a script: the script's hash taken now (a changed script is another config),
+    and what a script's run cannot use refused, naming the key (experiments/script.py)."""
+    keys = _given_keys(given)
+    if not cfg.job.script:
+        for key in ("job.script_args", "job.script_sha256"):
+            if key in keys:
+                raise ConfigError(f"{where}.{key}" if where else key, "only used with job.script")
+        return cfg
+    from psrv.experiments.script import check_script_run, with_script
+    if "job.script_sha256" in keys:
+        raise ConfigError(f"{where}.job.script_sha256" if where else "job.script_sha256",
+                          "is computed from the script when the spec is read; remove it")
+    if "job.name" in keys:
+        raise ConfigError(f"{where}.job" if where else "job", "give script or name, not both")
+    try:
+        cfg = with_script(cfg, cfg.job.script, cfg.job.script_args)
+        check_script_run(cfg, keys, flags=False)
+    except ValueError as exc:
+        raise ConfigError(f"{where}.job.script" if where else "job.script", str(exc)) from None
+    return cfg
 
 
 def spec_from_dict(raw: Mapping[str, Any]) -> ExperimentSpec:

@@ -37,17 +37,18 @@ def _transport(cfg: RunConfig) -> str:
     return "nccl" if cfg.cluster.device.startswith("cuda") else "gloo"
 
 
-def build_summary(cfg: RunConfig, out: Path, *, interrupted: bool = False, script: list[str] | None = None) -> dict:
+def build_summary(cfg: RunConfig, out: Path, *, interrupted: bool = False) -> dict:
     """The run's summary (keys documented in README.md) from worker-*.json and server-*.json.
 
     A finished run must have every worker's record. An `interrupted` one is summarised from whatever
     records there are (a worker stopped before it wrote one has none; an interrupted worker's holds the
     steps it did): `complete` is then False and `steps_done` counts the worker steps that ran.
 
-    `script` (psrv run --script: [FILE.py, *ARGS]): the workers ran that loop, not cfg.job, so `job` is
-    the script, `steps` and `batch_size` are what the records say (None where the workers differ or the
-    script did not say), and what only a shipped job knows (seed, losses on held-out data, accuracy;
-    samples where a step's batch size is unknown) is None, not made up."""
+    A script's run (cfg.job.script: psrv run --script, or a spec's): the workers ran that loop, not the
+    job, so `job` is the script and `script_args` its arguments, `steps` and `batch_size` are what the
+    records say (None where the workers differ or the script did not say), and what the script did not
+    report (held-out losses and metrics, without log_eval; samples where a step's batch size is unknown)
+    is None, not made up. `seed` is the run's, handed to the script as PSRV_SEED."""
     workers = _records(out, "worker", partial=interrupted)
     servers = _records(out, "server", partial=interrupted)
     if len(workers) != cfg.cluster.workers and not interrupted:
@@ -96,8 +97,8 @@ def build_summary(cfg: RunConfig, out: Path, *, interrupted: bool = False, scrip
         "wait_seconds": sum(r["wait_seconds"] for r in rows),
         "parameters": rank0.get("parameters"),
     }
-    if script is not None:
-        summary.update(job=script[0], script_args=script[1:], seed=None, steps=_common(workers, "steps"),
+    if cfg.job.script:
+        summary.update(job=cfg.job.script, script_args=list(cfg.job.script_args), steps=_common(workers, "steps"),
                        batch_size=_common(workers, "batch_size"), wire_dtype=rank0.get("wire_dtype"),
                        overlap=rank0.get("overlap"), device=rank0.get("device"))
     return summary

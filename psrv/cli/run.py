@@ -28,8 +28,8 @@ def add(sub) -> None:
                    "on psrv.Worker, python FILE.py ARGS, with RANK, WORLD_SIZE and PSRV_SERVERS set; its record "
                    "(DIR/worker-R.json) feeds steps.csv and summary.json (pass step(loss=..., batch_size=...) to "
                    "log them). Everything after FILE.py is the script's: put psrv's options first. --steps, if "
-                   "given, reaches the script as PSRV_STEPS; the job, seed, fault and worker options and "
-                   "--mode ddp (torchrun's) are refused")
+                   "given, reaches the script as PSRV_STEPS and --seed as PSRV_SEED; its output goes to DIR/worker-R.log. "
+                   "The job, fault and worker options and --mode ddp (torchrun's) are refused")
 
 
 def command(a: argparse.Namespace) -> int:
@@ -40,7 +40,10 @@ def command(a: argparse.Namespace) -> int:
     script = None
     if a.script is not None:
         from psrv.experiments.script import script_from_args
-        script = script_from_args(a.script, cfg, typed=dotted(given(a)))
+        cfg, script = script_from_args(a.script, cfg, typed=dotted(given(a)))
+    elif cfg.job.script:  # --config FILE of a script's run: that script again, hashed as it is now
+        from psrv.experiments.script import script_from_args
+        cfg, script = script_from_args([cfg.job.script, *cfg.job.script_args], cfg, typed=dotted(given(a)))
     from psrv.process import exit_code, interrupt_on_signals, tune_malloc
     tune_malloc()  # this process only launches; the processes it starts tune themselves
     interrupt_on_signals()  # SIGTERM as Ctrl-C: stop the processes in order, keep what ran

@@ -169,6 +169,12 @@ class JobConfig(Section):
     steps: int = setting(300, "steps per worker (inner steps with local_steps)", minimum=1)
     batch_size: int = setting(32, "per-worker batch", minimum=1)
     eval_every: int = setting(0, "rank 0 evaluates every K steps (0: at the start and the end only)", minimum=0)
+    script: str = setting("", "a psrv.Worker script every worker runs in place of the job (a path found from the "
+                          "current folder); `psrv run --script FILE` and a spec's [job] script set it", flag="")
+    script_args: tuple[str, ...] = setting((), "the script's arguments", flag="")
+    script_sha256: str = setting("", "the script's sha256, computed when the run is configured (not given): a "
+                                 "changed script is another config, so a finished run of the old one is not reused",
+                                 flag="")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -32,6 +32,7 @@ from psrv.worker.overlap import ShardReadiness
 from psrv.partition import PartitionPlan
 from psrv.worker.roundtrip import PushPull
 from psrv.worker.step_info import StepInfo
+from psrv.worker.script_evals import Evaluations
 from psrv.worker.steplog import StepLog, check_step_args
 
 log = logging.getLogger("psrv.worker")
@@ -92,7 +93,13 @@ class Worker:
     chunks that async and ssp shards apply as they arrive (psrv/server/chunked.py).
 
     `step_log` (psrv/worker/steplog.py) keeps this worker's step rows and writes its record at close();
-    None: the one `psrv run --script` asks for through the environment, where it does."""
+    None: the one `psrv run --script` asks for through the environment, where it does.
+
+    Held-out metrics (psrv/worker/script_evals.py): `log_eval({"loss": ..., "accuracy": ...})` records one
+    evaluation at the steps done so far (after close() too, on the final weights), or `evaluate` (a
+    function of no arguments returning such a dict) is called by rank 0 itself: after the first pull, every
+    `eval_every` steps (0: never between) and in close() on the final weights, off the clock. They become
+    the run's evals.csv, and the last one its final_loss, eval_metrics and eval_accuracy."""
 
     def __init__(self, model: torch.nn.Module, servers: Sequence[str] | None = None, *,
                  rank: int | None = None, world_size: int | None = None, transport: str = _PLACE.transport,
@@ -104,7 +111,7 @@ class Worker:
                  momentum_masking: bool = _WORKER.momentum_masking, compress_warmup: int = _WORKER.compress_warmup,
                  sign_scale: str = _WORKER.sign_scale, shared_memory: str = _PLACE.shared_memory,
                  bulk: str = _PLACE.bulk, push_chunk_mb: float = _WORKER.push_chunk_mb,
-                 step_log: StepLog | None = None):
+                 step_log: StepLog | None = None, evaluate=None, eval_every: int = 0):
         if local_steps is not None:
             try:
                 local_steps = parse_local_steps(local_steps)
@@ -169,6 +176,8 @@ class Worker:
         self._log = step_log if step_log is not None else StepLog.from_env(rank=self.rank)
         if self._log is not None:
             self._log.describe(**self.described())
+        self._evals = Evaluations(self._log, rank=self.rank, evaluate=evaluate, eval_every=eval_every)
+        self._evals.run(0)  # the first weights, before any step
         self._returned = time.perf_counter()  # a logged step's compute: from here to its step() call
 
     @classmethod
@@ -248,8 +257,20 @@ class Worker:
             self._client.leave(timeout=5.0)
         finally:
             self._client.close()
-        if self._log is not None:  # after LEAVE: the other workers need not wait for this write
-            self._log.save(self._log.record(**self.totals()), params=self._flat.params if self.rank == 0 else None)
+        self._evals.run(self.steps, between_steps=False)  # rank 0's final weights, after LEAVE: no one waits
+        self._save()
+
+    def log_eval(self, metrics) -> None:
+        """Record a held-out evaluation ({name: number or one-element tensor}) at the steps done so far;
+        after close(), at the end (on rank 0, the final weights), and the record is written again."""
+        self._evals.record(self.steps, metrics)
+        if not self._open:
+            self._save()
+
+    def _save(self) -> None:
+        if self._log is not None:
+            record = self._log.record(**self.totals(), **self._evals.concluded())
+            self._log.save(record, params=self._flat.params if self.rank == 0 else None)
 
     def state_dict(self) -> dict:
         """What this worker carries between steps that the servers do not hold: its step count, the
@@ -351,6 +372,8 @@ class Worker:
                           communication_seconds=max(0.0, info.seconds - info.waited),
                           wait_seconds=min(info.waited, info.seconds), batch_size=batch_size,
                           staleness=info.staleness, pushed=info.pushed)
+        if self._evals.due(self.steps):
+            self._evals.run(self.steps)
         self._returned = time.perf_counter()
 
     def _finish(self):

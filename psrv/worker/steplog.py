@@ -160,7 +160,7 @@ class StepLog:
         """Rank 0's held-out evaluation before `step`."""
         self.fields["evals"].append({"wall_time": time.time(), "step": step,
                                      **{f"eval_{name}": value for name, value in metrics.items()}})
-        if step == 0:
+        if step == 0 and "loss" in metrics:  # a script's evaluation may report other metrics only
             self.fields["initial_loss"] = metrics["loss"]
 
     def off_clock(self, seconds: float) -> None:

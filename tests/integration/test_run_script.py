@@ -34,7 +34,8 @@ def test_a_sync_script_run_is_single_process_sgd_on_the_global_batch_and_logs_th
     assert s["updates_applied_per_shard"] == [srv["updates_applied"] for srv in servers]
     assert (s["job"], s["script_args"], s["steps"], s["batch_size"]) == (str(SCRIPT), ["1", str(final)], STEPS,
                                                                          user_loop.BATCH)
-    assert [s[k] for k in ("initial_loss", "final_loss", "eval_accuracy", "seed")] == [None] * 4  # not made up
+    assert [s[k] for k in ("initial_loss", "final_loss", "eval_accuracy")] == [None] * 3  # not made up
+    assert s["seed"] == 0                                                          # handed over as PSRV_SEED
     assert s["samples_per_second"] > 0 and s["max_staleness"] == 0
     rows = _rows(out)
     assert len(rows) == WORKERS * STEPS
@@ -82,7 +83,7 @@ def test_a_script_that_raises_fails_the_run_in_one_line_naming_the_rank_code_and
     (("--mode", "ddp"), "a DDP script is torchrun's to start"),
     (("--job", "mnist1d_mlp"), "--job: not used with --script"),
     (("--compute-ms", "5"), "--compute-ms: not used with --script"),
-    (("--transport", "rpc"), "--transport: --script workers reach the shards over zmq"),
+    (("--transport", "rpc"), "--transport: --script's workers reach the shards over zmq"),
 ], ids=["ddp", "job", "faults", "rpc"])
 def test_what_a_script_cannot_use_is_refused_in_one_line(args, says, capsys, tmp_path):
     assert main(["run", "--out", str(tmp_path), *args, "--script", str(SCRIPT), "1", "x"]) == 2

@@ -19,6 +19,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
+from psrv.metric_names import lower_is_better_by_name
+
 if TYPE_CHECKING:
     import torch
 
@@ -117,14 +119,6 @@ class Job:
             raise ValueError(f"job {self.name!r}: its metric {self.metric!r} is not among the metrics its "
                              f"evaluation reports ({', '.join(sorted(metrics))})")
         return metrics
-
-
-LOWER_IS_BETTER = ("loss", "perplexity", "bits_per_byte", "error", "mse", "mae")
-
-
-def lower_is_better_by_name(metric: str) -> bool:
-    """The default direction of a metric: lower for loss-like names, higher for the rest."""
-    return metric in LOWER_IS_BETTER or metric.endswith("loss") or metric.endswith("error")
 
 
 def batch_size_of(batch: Any) -> int:
