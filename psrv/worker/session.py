@@ -122,6 +122,7 @@ class Worker:
         servers = list(servers) if servers is not None else env_servers()
         self.rank = int(rank if rank is not None else env("RANK"))
         self.world_size = int(world_size if world_size is not None else env("WORLD_SIZE"))
+        self._evals = Evaluations(None, rank=self.rank, evaluate=evaluate, eval_every=eval_every)  # checked first
         self.model = model
         self._flat = FlatModel(model, grads=False)  # the flat gradient is placed below
         self.plan = PartitionPlan.from_module(model, len(servers))
@@ -176,7 +177,7 @@ class Worker:
         self._log = step_log if step_log is not None else StepLog.from_env(rank=self.rank)
         if self._log is not None:
             self._log.describe(**self.described())
-        self._evals = Evaluations(self._log, rank=self.rank, evaluate=evaluate, eval_every=eval_every)
+        self._evals.log = self._log
         self._evals.run(0)  # the first weights, before any step
         self._returned = time.perf_counter()  # a logged step's compute: from here to its step() call
 

@@ -3,6 +3,7 @@ are all derived from the config tree, so each setting has one name, one default 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,7 +13,10 @@ from psrv.cli import build_parser
 from psrv.config import ConfigError, RunConfig, ServerConfig, WorkerConfig, from_dict, to_dict
 from psrv.config.base import default_of, leaves, merge
 from psrv.config.cli_args import config_from_args, flag_of, to_argv
+from psrv.experiments.script import with_script
 from psrv.workers.allreduce.main import build_parser as ddp_parser
+
+SCRIPT = str(Path(__file__).resolve().parents[1] / "integration" / "script_loop.py")  # a real file: its hash is taken
 
 # what a setting needs beside it to be valid at a value other than its default
 COMPANIONS: dict[str, dict[str, Any]] = {
@@ -27,10 +31,12 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     "inner_lr": {"worker": {"local_steps": 5}},
     "ddp_comm_hook": {"mode": "ddp"}, "wait_barrier": {"mode": "ddp"},
     "freeze_step": {"mode": "sync", "optimizer": {"name": "onebit_adam"}},
-    "powersgd_rank": {"mode": "ddp", "allreduce": {"ddp_comm_hook": "powersgd"}}}
+    "powersgd_rank": {"mode": "ddp", "allreduce": {"ddp_comm_hook": "powersgd"}},
+    "script_args": {"job": {"script": SCRIPT}}, "script_sha256": {"job": {"script": SCRIPT}}}
 OTHER = {"worker.compress": "topk:0.01", "mode": "sync", "cluster.device": "cuda:1", "job.name": "synthetic_mlp", "faults.straggler": "1:2",
          "faults.transient_stragglers": "0.1:4", "optimizer.momentum": 0.5, "optimizer.betas": (0.8, 0.99),
-         "optimizer.dc_lambda": 0.5, "worker.inner_lr": 0.01, "tensorboard": "runs/tb", "network.bandwidth": "200mbit"}
+         "optimizer.dc_lambda": 0.5, "worker.inner_lr": 0.01, "tensorboard": "runs/tb", "network.bandwidth": "200mbit",
+         "job.script": SCRIPT, "job.script_args": ("--epochs", "2"), "job.script_sha256": "0" * 64}
 
 
 def _nest(key: str, value: Any) -> dict[str, Any]:
@@ -79,9 +85,13 @@ def test_one_setting_reads_the_same_from_the_cli_a_spec_and_a_launched_process(k
     if key == "seed":  # a spec lists its seeds, one run each
         spec = spec_from_dict({"name": "t", "target": {"eval_loss": 1.0}, "seeds": [value], "variants": [{}]})
         assert [spec.run_config(v, seed) for v, seed, _ in spec.runs()] == [expected]
+    elif key == "job.script_sha256":  # a spec's script is hashed when the spec is read, never given
+        with pytest.raises(ConfigError, match="computed from the script"):
+            spec_from_dict({"name": "t", "target": {"eval_loss": 1.0}, "variants": [{"name": "v", **data}]})
     else:
         spec = spec_from_dict({"name": "t", "target": {"eval_loss": 1.0}, "variants": [{"name": "v", **data}]})
-        assert spec.run_config(spec.variants[0], expected.seed) == expected
+        hashed = with_script(expected, SCRIPT, expected.job.script_args) if expected.job.script else expected
+        assert spec.run_config(spec.variants[0], expected.seed) == hashed
 
     # the command line: its option (or, for a setting without one, --config), printed by the one emitter
     if s.flag != "":
