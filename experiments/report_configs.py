@@ -47,6 +47,9 @@ def stored_runs(out_dir: str | Path, spec: ExperimentSpec) -> list[StoredRun]:
 
 def _job(cfg: RunConfig) -> str:
     job = cfg.job
+    if job.script:  # the script decides its batches and evaluations
+        return (f"script `{shlex.join([job.script, *job.script_args])}` (sha256 {job.script_sha256[:12]}), "
+                f"{job.steps} steps per worker as PSRV_STEPS where the spec gives them")
     return (f"`{job.name}`, {job.steps} steps per worker, batch {job.batch_size} per worker, "
             + (f"eval every {job.eval_every} steps" if job.eval_every else "eval at start and end"))
 
@@ -158,8 +161,12 @@ def command_lines(runs: list[StoredRun], spec: ExperimentSpec) -> list[str]:
             continue
         lines.append(f"# {variant.name} rep-{run.repeat} (seed {run.config.seed}): psrv run --config "
                      f"{shlex.quote(str(run.path / 'config.json'))} --out NEW_DIR")
+        cfg, script = run.config, ""
+        if cfg.job.script:  # a script's keys have no option of their own: --script takes them, last
+            script = " --script " + shlex.join([cfg.job.script, *cfg.job.script_args])
+            cfg = cfg.replace(job=cfg.job.replace(script="", script_args=(), script_sha256=""))
         try:
-            lines.append(f"psrv run {shlex.join(to_argv(run.config))} --out {shlex.quote(str(run.path))}")
+            lines.append(f"psrv run {shlex.join(to_argv(cfg))} --out {shlex.quote(str(run.path))}{script}")
         except ValueError as exc:  # a setting with no command-line option: --config is the only way
             lines.append(f"# ({exc})")
     return [*lines, "```", ""]

@@ -63,6 +63,8 @@ def command(a: argparse.Namespace) -> int:
         return exit_code(exc)
     print(format_summary(summary))
     print(f"\nwrote {a.out}/summary.json, steps.csv, evals.csv, config.json")
+    if script is not None:
+        print(f"each rank's own output (its prints, any traceback): {a.out}/worker-R.log")
     if cfg.tensorboard:
         from psrv.experiments.tracking import write_run_events
         print(f"wrote TensorBoard events to {write_run_events(cfg, a.out)}")
