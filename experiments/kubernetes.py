@@ -48,7 +48,8 @@ RESOURCES = {"cpu": {"cpu": "2", "memory": "2Gi"}, "cuda": {"cpu": "4", "memory"
 class KubernetesOptions:
     """Where and how the pods run: the image (psrv installed, `python` on its PATH), the namespace, the
     claim holding the run folders ("" for an emptyDir), where it is mounted, the servers' port, the
-    all-reduce rendezvous port, and whether every process serves /metrics (as `psrv run --metrics`)."""
+    all-reduce rendezvous port, and whether `psrv serve` and `psrv worker` serve /metrics on 0.0.0.0:9100 (as
+    `psrv run --metrics`; a script's workers and the all-reduce ranks serve none)."""
 
     image: str = "psrv:latest"
     namespace: str = "default"
@@ -136,7 +137,7 @@ def _meta(name: str, options: KubernetesOptions, component: str | None = None) -
 def _service(cfg: RunConfig, name: str, options: KubernetesOptions) -> dict:
     """Headless, selecting every pod of the run: it gives each a DNS name before it is ready."""
     port = ("rendezvous", options.master_port) if cfg.is_allreduce else ("psrv", options.port)
-    ports = [port] + ([("metrics", METRICS_PORT)] if options.metrics else [])
+    ports = [port] + ([("metrics", METRICS_PORT)] if options.metrics and not cfg.is_allreduce else [])
     return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(name, options),
             "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": _labels(name),
                      "ports": [{"name": n, "port": p, "targetPort": p} for n, p in ports]}}
@@ -160,8 +161,9 @@ def _metrics_argv(options: KubernetesOptions) -> list[str]:
 def _server_job(cfg: RunConfig, name: str, out: str, options: KubernetesOptions) -> dict:
     argv = server_argv(f"{CONFIGS}/server.json", out, INDEX, ["--shard", INDEX, *_metrics_argv(options)],
                        python="python")
-    container = _container("server", options, _shell(out, argv), cfg, ports=[("psrv", options.port)])
-    return _indexed_job(name, "server", cfg.cluster.servers, container, options)
+    container = _container("server", options, _shell(out, argv), cfg, ports=[("psrv", options.port)],
+                           metrics=options.metrics)
+    return _indexed_job(name, "server", cfg.cluster.servers, container, options, metrics=options.metrics)
 
 
 def _ps_worker_job(cfg: RunConfig, name: str, out: str, servers: tuple[str, ...], script: Script | None,
@@ -173,10 +175,9 @@ def _ps_worker_job(cfg: RunConfig, name: str, out: str, servers: tuple[str, ...]
     else:  # the user's loop, found in the image's working folder, told who it is as psrv run --script tells it
         command = _shell(out, ["python", *script.argv], rank0_env={"PSRV_PARAMS_OUT": f"{out}/params.pt"})
         env = script_env(INDEX, cfg.cluster.workers, out, ",".join(servers), script.steps)
-        if options.metrics:
-            env |= {"PSRV_METRICS_PORT": str(METRICS_PORT), "PSRV_MODE": cfg.mode}
-    container = _container("worker", options, command, cfg, env=env)
-    return _indexed_job(name, "worker", cfg.cluster.workers, container, options)
+    metrics = options.metrics and script is None  # a script's /metrics would listen on 127.0.0.1 only
+    container = _container("worker", options, command, cfg, env=env, metrics=metrics)
+    return _indexed_job(name, "worker", cfg.cluster.workers, container, options, metrics=metrics)
 
 
 def _allreduce_job(cfg: RunConfig, name: str, out: str, options: KubernetesOptions) -> dict:
@@ -186,11 +187,11 @@ def _allreduce_job(cfg: RunConfig, name: str, out: str, options: KubernetesOptio
            "LOCAL_WORLD_SIZE": "1"}
     command = _shell(out, allreduce_argv(f"{CONFIGS}/config.json", out, python="python"))
     container = _container("worker", options, command, cfg, env=env, ports=[("rendezvous", options.master_port)])
-    return _indexed_job(name, "worker", cfg.cluster.workers, container, options)
+    return _indexed_job(name, "worker", cfg.cluster.workers, container, options)  # ranks serve no /metrics
 
 
 def _container(role: str, options: KubernetesOptions, command: list[str], cfg: RunConfig, *,
-               env: dict[str, str] | None = None, ports: list[tuple[str, int]] = ()) -> dict:
+               env: dict[str, str] | None = None, ports: list[tuple[str, int]] = (), metrics: bool = False) -> dict:
     """One pod's container: its resources by the run's device (a cuda run's pods each take one GPU), torch
     threads = its cpus (as the local launcher gives each process its share of the cores)."""
     gpu = cfg.cluster.device.startswith("cuda")
@@ -199,7 +200,7 @@ def _container(role: str, options: KubernetesOptions, command: list[str], cfg: R
     index = {"name": "JOB_COMPLETION_INDEX",  # the Job controller sets it too; named here, $(...) above is defined
              "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}
     plain = {"OMP_NUM_THREADS": requests["cpu"], "PYTHONUNBUFFERED": "1", **(env or {})}
-    all_ports = list(ports) + ([("metrics", METRICS_PORT)] if options.metrics else [])
+    all_ports = list(ports) + ([("metrics", METRICS_PORT)] if metrics else [])
     return {"name": role, "image": options.image, "imagePullPolicy": "IfNotPresent", "command": command,
             "env": [index, *({"name": k, "value": v} for k, v in plain.items())],
             "ports": [{"name": n, "containerPort": p} for n, p in all_ports],
@@ -208,17 +209,18 @@ def _container(role: str, options: KubernetesOptions, command: list[str], cfg: R
                              {"name": "runs", "mountPath": options.runs}]}
 
 
-def _indexed_job(name: str, component: str, count: int, container: dict, options: KubernetesOptions) -> dict:
+def _indexed_job(name: str, component: str, count: int, container: dict, options: KubernetesOptions, *,
+                 metrics: bool = False) -> dict:
     """`count` pods at once, index 0..count-1, named NAME-COMPONENT-INDEX under the run's Service. A pod
     that fails fails the run (backoffLimit 0), as a failed process fails a local run."""
     runs = {"persistentVolumeClaim": {"claimName": options.pvc}} if options.pvc else {"emptyDir": {}}
     pod = {"subdomain": name, "restartPolicy": "Never", "containers": [container],
            "volumes": [{"name": "config", "configMap": {"name": name}}, {"name": "runs", **runs}]}
-    if options.metrics:
+    if metrics:
         annotations = {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT),
                        "prometheus.io/path": "/metrics"}
-    template = {"metadata": {"labels": _labels(name, component), **({"annotations": annotations} if options.metrics
-                                                                     else {})}, "spec": pod}
+    template = {"metadata": {"labels": _labels(name, component), **({"annotations": annotations} if metrics else {})},
+                "spec": pod}
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(name, options, component),
             "spec": {"completionMode": "Indexed", "completions": count, "parallelism": count, "backoffLimit": 0,
                      "template": template}}

@@ -301,3 +301,24 @@ def _cli(argv: list[str]) -> tuple[int, str, str]:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(argv)
     return code, out.getvalue(), err.getvalue()
+
+
+def test_deploy_podmonitor_scrapes_the_generated_pods():
+    """deploy/k8s/podmonitor.yaml (Prometheus Operator) selects every pod of a --metrics run by its labels,
+    finds the port it names on servers and workers, and reads the role from the component label."""
+    monitor = yaml.safe_load((Path(__file__).resolve().parents[2] / "deploy/k8s/podmonitor.yaml").read_text())
+    [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+    role = next(r for r in endpoint["relabelings"] if r.get("targetLabel") == "role")
+    label = role["sourceLabels"][0].removeprefix("__meta_kubernetes_pod_label_")
+    for cfg in (_run("ssp", staleness=1), _run("ddp")):
+        docs = run_manifests(cfg, run_name("m"), "m", KubernetesOptions(metrics=True))
+        for job in (d for d in docs if d["kind"] == "Job"):
+            labels = job["spec"]["template"]["metadata"]["labels"]
+            assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+            assert {re.sub(r"[./-]", "_", k): v for k, v in labels.items()}[label] in ("server", "worker")
+            ports = [p["name"] for p in _container(job)["ports"]]
+            assert (endpoint["port"] in ports) != cfg.is_allreduce  # all-reduce ranks serve no /metrics
+            if not cfg.is_allreduce:
+                argv = shlex.split(_container(job)["command"][2].splitlines()[-1])
+                assert argv[argv.index("--metrics-port") + 1] == str(job["spec"]["template"]["metadata"]
+                                                                     ["annotations"]["prometheus.io/port"])
