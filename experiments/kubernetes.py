@@ -38,7 +38,6 @@ from psrv.experiments.launch import rank0_argv, server_argv, worker_argv
 from psrv.experiments.launch_ddp import allreduce_argv
 from psrv.experiments.script import Script, script_env
 
-CONFIGS = "/etc/psrv"  # where the ConfigMap is mounted
 INDEX = "$(JOB_COMPLETION_INDEX)"  # filled in by Kubernetes from the env var of that name
 METRICS_PORT = 9100
 RESOURCES = {"cpu": {"cpu": "2", "memory": "2Gi"}, "cuda": {"cpu": "4", "memory": "16Gi"}}  # per pod
@@ -47,7 +46,7 @@ RESOURCES = {"cpu": {"cpu": "2", "memory": "2Gi"}, "cuda": {"cpu": "4", "memory"
 @dataclass(frozen=True)
 class KubernetesOptions:
     """Where and how the pods run: the image (psrv installed, `python` on its PATH), the namespace, the
-    claim holding the run folders ("" for an emptyDir), where it is mounted, the servers' port, the
+    claim holding the run folders ("" for an emptyDir), where it and the ConfigMap are mounted, the servers' port, the
     all-reduce rendezvous port, and whether `psrv serve` and `psrv worker` serve /metrics on 0.0.0.0:9100 (as
     `psrv run --metrics`; a script's workers and the all-reduce ranks serve none)."""
 
@@ -55,6 +54,7 @@ class KubernetesOptions:
     namespace: str = "default"
     pvc: str = ""
     runs: str = "/runs"
+    configs: str = "/etc/psrv"
     port: int = 5555
     master_port: int = 29500
     metrics: bool = False
@@ -143,15 +143,17 @@ def _service(cfg: RunConfig, name: str, options: KubernetesOptions) -> dict:
                      "ports": [{"name": n, "port": p, "targetPort": p} for n, p in ports]}}
 
 
-def _shell(out: str, argv: list[str], *, rank0_args: list[str] = (), rank0_env: dict[str, str] = {}) -> list[str]:
-    """A container's command: make the run folder, then exec argv; on index 0 only, `rank0_args` go after
-    argv and `rank0_env` is exported (what rank 0 alone writes)."""
-    if rank0_args:
-        first, tail = f"set -- {shlex.join(rank0_args)}", ' "$@"'
-    else:
-        first, tail = " ".join(f"export {k}={shlex.quote(v)};" for k, v in rank0_env.items()).rstrip(";"), ""
-    test = f"if [ '{INDEX}' = 0 ]; then {first}; fi\n" if first else ""
-    return ["sh", "-c", f"mkdir -p {shlex.quote(out)}\n{test}exec {shlex.join(argv)}{tail}\n"]
+def _shell(out: str, argv: list[str], *, rank0_args: list[str] = (), rank0_env: dict[str, str] = {},
+           keep_config: str = "") -> list[str]:
+    """A container's command: make the run folder, then exec argv. On index 0 only: copy the run's
+    config.json from `keep_config` (the ConfigMap's folder) into the run folder, as a local run has it;
+    export `rank0_env`; put `rank0_args` after argv (what rank 0 alone writes)."""
+    first = [f"cp {shlex.quote(keep_config + '/config.json')} {shlex.quote(out + '/config.json')}"] if keep_config else []
+    first += [f"export {k}={shlex.quote(v)}" for k, v in rank0_env.items()]
+    first += [f"set -- {shlex.join(rank0_args)}"] if rank0_args else []
+    test = f"if [ '{INDEX}' = 0 ]; then {'; '.join(first)}; fi\n" if first else ""
+    tail = ' "$@"' if rank0_args else ""
+    return ["sh", "-c", f"set -e\nmkdir -p {shlex.quote(out)}\n{test}exec {shlex.join(argv)}{tail}\n"]
 
 
 def _metrics_argv(options: KubernetesOptions) -> list[str]:
@@ -159,7 +161,7 @@ def _metrics_argv(options: KubernetesOptions) -> list[str]:
 
 
 def _server_job(cfg: RunConfig, name: str, out: str, options: KubernetesOptions) -> dict:
-    argv = server_argv(f"{CONFIGS}/server.json", out, INDEX, ["--shard", INDEX, *_metrics_argv(options)],
+    argv = server_argv(f"{options.configs}/server.json", out, INDEX, ["--shard", INDEX, *_metrics_argv(options)],
                        python="python")
     container = _container("server", options, _shell(out, argv), cfg, ports=[("psrv", options.port)],
                            metrics=options.metrics)
@@ -169,11 +171,12 @@ def _server_job(cfg: RunConfig, name: str, out: str, options: KubernetesOptions)
 def _ps_worker_job(cfg: RunConfig, name: str, out: str, servers: tuple[str, ...], script: Script | None,
                    options: KubernetesOptions) -> dict:
     if script is None:  # the shipped loop: worker.json is rank 0's config, --rank makes it this pod's
-        argv = worker_argv(f"{CONFIGS}/worker.json", out, INDEX, cfg.mode, ["--rank", INDEX, *_metrics_argv(options)],
+        argv = worker_argv(f"{options.configs}/worker.json", out, INDEX, cfg.mode, ["--rank", INDEX, *_metrics_argv(options)],
                            python="python")
-        command, env = _shell(out, argv, rank0_args=rank0_argv(out)), {}
+        command, env = _shell(out, argv, rank0_args=rank0_argv(out), keep_config=options.configs), {}
     else:  # the user's loop, found in the image's working folder, told who it is as psrv run --script tells it
-        command = _shell(out, ["python", *script.argv], rank0_env={"PSRV_PARAMS_OUT": f"{out}/params.pt"})
+        command = _shell(out, ["python", *script.argv], rank0_env={"PSRV_PARAMS_OUT": f"{out}/params.pt"},
+                         keep_config=options.configs)
         env = script_env(INDEX, cfg.cluster.workers, out, ",".join(servers), script.steps)
     metrics = options.metrics and script is None  # a script's /metrics would listen on 127.0.0.1 only
     container = _container("worker", options, command, cfg, env=env, metrics=metrics)
@@ -185,7 +188,8 @@ def _allreduce_job(cfg: RunConfig, name: str, out: str, options: KubernetesOptio
     env = {"MASTER_ADDR": f"{name}-worker-0.{name}", "MASTER_PORT": str(options.master_port),
            "WORLD_SIZE": str(cfg.cluster.workers), "RANK": INDEX, "GROUP_RANK": INDEX, "LOCAL_RANK": "0",
            "LOCAL_WORLD_SIZE": "1"}
-    command = _shell(out, allreduce_argv(f"{CONFIGS}/config.json", out, python="python"))
+    command = _shell(out, allreduce_argv(f"{options.configs}/config.json", out, python="python"),
+                     keep_config=options.configs)
     container = _container("worker", options, command, cfg, env=env, ports=[("rendezvous", options.master_port)])
     return _indexed_job(name, "worker", cfg.cluster.workers, container, options)  # ranks serve no /metrics
 
@@ -203,9 +207,9 @@ def _container(role: str, options: KubernetesOptions, command: list[str], cfg: R
     all_ports = list(ports) + ([("metrics", METRICS_PORT)] if metrics else [])
     return {"name": role, "image": options.image, "imagePullPolicy": "IfNotPresent", "command": command,
             "env": [index, *({"name": k, "value": v} for k, v in plain.items())],
-            "ports": [{"name": n, "containerPort": p} for n, p in all_ports],
+            **({"ports": [{"name": n, "containerPort": p} for n, p in all_ports]} if all_ports else {}),
             "resources": {"requests": dict(requests), "limits": limits},
-            "volumeMounts": [{"name": "config", "mountPath": CONFIGS, "readOnly": True},
+            "volumeMounts": [{"name": "config", "mountPath": options.configs, "readOnly": True},
                              {"name": "runs", "mountPath": options.runs}]}
 
 

@@ -100,16 +100,20 @@ def _config_files(docs: list[dict], tmp: Path) -> Path:
     return folder
 
 
+def _options(tmp: Path, **keys) -> KubernetesOptions:
+    """Options whose volume and ConfigMap mount are folders under `tmp`, so the pods' commands can run here."""
+    return KubernetesOptions(runs=str(tmp / "runs"), configs=str(tmp / "etc"), **keys)
+
+
 def _resolved(command: str, argv: list[str], configs: Path, cls: type):
     """The config the psrv process would train with: psrv's own parser over its argv, its --config read
-    from the ConfigMap."""
+    from the ConfigMap's files."""
     from psrv.cli import build_parser
     from psrv.config.cli_args import read_config_file
     assert argv[:4] == ["-P", "-m", "psrv.cli", command], argv
     args = build_parser().parse_args(argv[3:])
-    assert str(args.config).startswith("/etc/psrv/"), args.config
-    base = read_config_file(configs / Path(args.config).name)
-    return args, config_from_args(cls, args, base=base)
+    assert args.config.parent == configs, args.config
+    return args, config_from_args(cls, args, base=read_config_file(args.config))
 
 
 @pytest.mark.parametrize("cfg", [_run("sync"), _run("ssp", staleness=3, servers=3, workers=4), _run("ddp", workers=3),
@@ -140,7 +144,7 @@ def test_the_schema_rejects_a_broken_manifest():
 
 def test_ps_run_roles_resources_and_rendezvous(tmp_path):
     cfg, name, port = _run("sync", optimizer=RunConfig().optimizer.replace(lr=0.1)), run_name("sync run"), 6000
-    options = KubernetesOptions(image="registry.example/psrv:1", namespace="lab", port=port, runs=str(tmp_path / "runs"))
+    options = _options(tmp_path, image="registry.example/psrv:1", namespace="lab", port=port)
     docs = run_manifests(cfg, name, "sync", options)
     kinds = _by_kind(docs)
     [service] = kinds["Service"]
@@ -173,12 +177,12 @@ def test_ps_run_roles_resources_and_rendezvous(tmp_path):
         assert (args.out, args.progress_file) == (Path(f"{out}/worker-{rank}.json"), Path(f"{out}/worker-{rank}.progress"))
         assert (args.params_out, args.state_out) == ((Path(f"{out}/params.pt"), Path(f"{out}/model.pt")) if rank == 0
                                                      else (None, None))
-    assert (tmp_path / "runs/sync").is_dir()  # each pod makes the run folder on the volume
+    assert (tmp_path / "runs/sync/config.json").read_text() == (configs / "config.json").read_text()  # rank 0's copy
 
 
 def test_ssp_run_on_gpus_carries_its_bound_and_a_gpu_each(tmp_path):
     cfg = _run("ssp", staleness=4, servers=1, workers=3, device="cuda")
-    docs = run_manifests(cfg, run_name("ssp"), "ssp", KubernetesOptions(runs=str(tmp_path / "runs")))
+    docs = run_manifests(cfg, run_name("ssp"), "ssp", _options(tmp_path))
     configs = _config_files(docs, tmp_path)
     for role in ("server", "worker"):
         limits = _container(_job(docs, role))["resources"]["limits"]
@@ -193,7 +197,8 @@ def test_ssp_run_on_gpus_carries_its_bound_and_a_gpu_each(tmp_path):
 
 def test_ddp_run_is_one_indexed_job_of_ranks_with_torchruns_variables(tmp_path):
     cfg, name = _run("ddp", workers=3), run_name("ddp")
-    docs = run_manifests(cfg, name, "ddp", KubernetesOptions(runs=str(tmp_path / "runs"), master_port=29511))
+    docs = run_manifests(cfg, name, "ddp", _options(tmp_path, master_port=29511))
+    configs = _config_files(docs, tmp_path)
     kinds = _by_kind(docs)
     assert len(kinds["Job"]) == 1 and json.loads(kinds["ConfigMap"][0]["data"]["config.json"])["mode"] == "ddp"
     [service], job = kinds["Service"], _job(docs, "worker")
@@ -203,7 +208,7 @@ def test_ddp_run_is_one_indexed_job_of_ranks_with_torchruns_variables(tmp_path):
         argv, env = _start_pod(_container(job), rank, tmp_path)
         assert argv[:3] == ["-P", "-m", "psrv.workers.allreduce"]
         args = build_parser().parse_args(argv[3:])
-        assert args.config == Path("/etc/psrv/config.json") and args.out == f"{tmp_path}/runs/ddp/worker-{{rank}}.json"
+        assert args.config == configs / "config.json" and args.out == f"{tmp_path}/runs/ddp/worker-{{rank}}.json"
         assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["MASTER_PORT"]) == (str(rank), "3", "0", "29511")
         assert env["MASTER_ADDR"] == f"{job['metadata']['name']}-0.{service['metadata']['name']}"  # rank 0's pod
 
@@ -211,7 +216,8 @@ def test_ddp_run_is_one_indexed_job_of_ranks_with_torchruns_variables(tmp_path):
 def test_script_workers_get_what_psrv_run_script_gives_them(tmp_path):
     cfg, name = _run("async"), run_name("mine")
     script = Script(Path("train.py"), ("--epochs", "3"), steps=None)
-    docs = run_manifests(cfg, name, "mine", KubernetesOptions(runs=str(tmp_path / "runs")), script=script)
+    docs = run_manifests(cfg, name, "mine", _options(tmp_path), script=script)
+    _config_files(docs, tmp_path)
     assert "worker.json" not in _by_kind(docs)["ConfigMap"][0]["data"]
     out = f"{tmp_path}/runs/mine"
     for rank in range(2):
@@ -316,7 +322,7 @@ def test_deploy_podmonitor_scrapes_the_generated_pods():
             labels = job["spec"]["template"]["metadata"]["labels"]
             assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
             assert {re.sub(r"[./-]", "_", k): v for k, v in labels.items()}[label] in ("server", "worker")
-            ports = [p["name"] for p in _container(job)["ports"]]
+            ports = [p["name"] for p in _container(job).get("ports", [])]
             assert (endpoint["port"] in ports) != cfg.is_allreduce  # all-reduce ranks serve no /metrics
             if not cfg.is_allreduce:
                 argv = shlex.split(_container(job)["command"][2].splitlines()[-1])
