@@ -230,13 +230,14 @@ def _indexed_job(name: str, component: str, count: int, container: dict, options
                      "template": template}}
 
 
-def experiment_manifests(spec, options: KubernetesOptions = KubernetesOptions()) -> list[tuple[str, list[dict]]]:
+def experiment_manifests(spec, folder: str, options: KubernetesOptions = KubernetesOptions()) -> list[tuple[str, list[dict]]]:
     """(run name, its manifests) of every variant and repeat of an ExperimentSpec (experiments/spec.py),
-    each writing SPEC/VARIANT/rep-K under options.runs, the folders `psrv experiment` writes locally."""
+    each writing FOLDER/VARIANT/rep-K under options.runs: the folders `psrv experiment --out runs/FOLDER`
+    writes locally (FOLDER is the spec file's name without .toml unless --out says)."""
     runs = []
     for variant, seed, repeat in spec.runs():
-        name = run_name(f"{spec.name}-{variant.name}-rep-{repeat}")
-        runs.append((name, run_manifests(spec.run_config(variant, seed), name, f"{spec.name}/{variant.name}/rep-{repeat}",
+        name = run_name(f"{folder}-{variant.name}-rep-{repeat}")
+        runs.append((name, run_manifests(spec.run_config(variant, seed), name, f"{folder}/{variant.name}/rep-{repeat}",
                                          options)))
     names = [name for name, _ in runs]
     if len(set(names)) != len(names):

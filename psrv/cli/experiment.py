@@ -30,8 +30,10 @@ def command(a: argparse.Namespace) -> int:
     kubernetes = kubernetes_dry_run(a)
     if kubernetes:  # every variant and repeat as one run's manifests, folders as a local experiment's
         from psrv.experiments.kubernetes import experiment_manifests, to_yaml
+        from psrv.experiments.provenance import default_out
         from psrv.experiments.spec import load_spec
-        print(to_yaml(experiment_manifests(load_spec(a.spec), kubernetes), kubernetes), end="")
+        folder = (a.out or default_out(a.spec)).name
+        print(to_yaml(experiment_manifests(load_spec(a.spec), folder, kubernetes), kubernetes), end="")
         return 0
     from psrv.experiments.runner import run_experiment
     from psrv.process import interrupt_on_signals

@@ -274,6 +274,8 @@ def test_experiment_dry_run_prints_one_set_per_run(tmp_path):
     spec.write_text(SPEC)
     code, out, err = _cli(["experiment", str(spec), "--scheduler", "kubernetes", "--dry-run", "--pvc", "runs"])
     assert code == 0, err
+    again = _cli(["experiment", str(spec), "--out", "runs/elsewhere", "--scheduler", "kubernetes", "--dry-run"])[1]
+    assert again.count("mkdir -p /runs/elsewhere/ssp-2/rep-1\n") == 2 and "psrv-elsewhere-ddp-rep-0" in again
     docs = [d for d in yaml.safe_load_all(out) if d]
     for doc in docs:
         _validate(doc)
