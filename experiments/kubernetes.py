@@ -31,6 +31,7 @@ import json
 import re
 import shlex
 from dataclasses import dataclass
+from pathlib import Path
 
 from psrv.config import RunConfig, to_dict
 
@@ -119,7 +120,6 @@ def _configured_script(cfg: RunConfig) -> Script | None:
     path = getattr(cfg.job, "script", "")
     if not path:
         return None
-    from pathlib import Path
     return Script(Path(path), tuple(getattr(cfg.job, "script_args", ())))
 
 
@@ -201,7 +201,9 @@ def _container(role: str, options: KubernetesOptions, command: list[str], cfg: R
     gpu = cfg.cluster.device.startswith("cuda")
     requests = RESOURCES["cuda" if gpu else "cpu"]
     limits = {"memory": requests["memory"], **({"nvidia.com/gpu": "1"} if gpu else {})}
-    index = {"name": "JOB_COMPLETION_INDEX",  # the Job controller sets it too; named here, $(...) above is defined
+    # named first, so the $(JOB_COMPLETION_INDEX) in the variables after it and in the command resolve (the Job
+    # controller appends its own, after the others, only to a container that names none)
+    index = {"name": "JOB_COMPLETION_INDEX",
              "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}
     plain = {"OMP_NUM_THREADS": requests["cpu"], "PYTHONUNBUFFERED": "1", **(env or {})}
     all_ports = list(ports) + ([("metrics", METRICS_PORT)] if metrics else [])
@@ -237,8 +239,12 @@ def experiment_manifests(spec, folder: str, options: KubernetesOptions = Kuberne
     runs = []
     for variant, seed, repeat in spec.runs():
         name = run_name(f"{folder}-{variant.name}-rep-{repeat}")
-        runs.append((name, run_manifests(spec.run_config(variant, seed), name, f"{folder}/{variant.name}/rep-{repeat}",
-                                         options)))
+        try:
+            documents = run_manifests(spec.run_config(variant, seed), name, f"{folder}/{variant.name}/rep-{repeat}",
+                                      options)
+        except ValueError as exc:
+            raise ValueError(f"{spec.name}: variant {variant.name}: {exc}") from None
+        runs.append((name, documents))
     names = [name for name, _ in runs]
     if len(set(names)) != len(names):
         raise ValueError(f"{spec.name}: two runs would share a name ({', '.join(names)}); rename the variants")

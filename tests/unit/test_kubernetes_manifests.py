@@ -330,3 +330,10 @@ def test_deploy_podmonitor_scrapes_the_generated_pods():
                 argv = shlex.split(_container(job)["command"][2].splitlines()[-1])
                 assert argv[argv.index("--metrics-port") + 1] == str(job["spec"]["template"]["metadata"]
                                                                      ["annotations"]["prometheus.io/port"])
+
+
+def test_experiment_names_the_variant_a_pod_cannot_run(tmp_path):
+    spec = tmp_path / "bad.toml"
+    spec.write_text(SPEC.replace('mode = "ddp"', 'mode = "async"\n[variants.cluster]\ndevice = "cuda:1"'))
+    code, out, err = _cli(["experiment", str(spec), "--scheduler", "kubernetes", "--dry-run"])
+    assert (code, out) == (2, "") and "variant async: --device cuda:1: each pod is given one GPU" in err, err
