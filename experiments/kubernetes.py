@@ -83,11 +83,13 @@ def run_manifests(cfg: RunConfig, name: str, folder: str, options: KubernetesOpt
     config tree has that key, else the shipped loop. ValueError, in one line, for what a pod cannot run."""
     _check(cfg, options)
     script = script or _configured_script(cfg)
+    if script is not None and cfg.is_allreduce:
+        raise ValueError(f"job.script {script.path}: the manifests run a script's psrv.Worker against servers "
+                         f"(sync, async, ssp); mode {cfg.mode!r} has none")
     out = f"{options.runs.rstrip('/')}/{folder.strip('/')}"
     configs = {"config.json": to_dict(cfg)}
     if cfg.is_allreduce:
-        workers = _allreduce_job(cfg, name, out, options)
-        jobs = [workers]
+        jobs = [_allreduce_job(cfg, name, out, options)]
     else:
         servers = server_addresses(cfg, name, options.port)
         configs["server.json"] = to_dict(cfg.server_config(0, bind=f"tcp://0.0.0.0:{options.port}"))
@@ -100,6 +102,7 @@ def run_manifests(cfg: RunConfig, name: str, folder: str, options: KubernetesOpt
 
 
 def _check(cfg: RunConfig, options: KubernetesOptions) -> None:
+    """ValueError, in one line naming the option, for a run no pod can run as asked, or a name the API refuses."""
     device = cfg.cluster.device
     if device.startswith("cuda:") and device != "cuda:0":
         raise ValueError(f"--device {device}: each pod is given one GPU, which it sees as cuda:0; use cuda")

@@ -29,6 +29,9 @@ def add(sub) -> None:
 def command(a: argparse.Namespace) -> int:
     kubernetes = kubernetes_dry_run(a)
     if kubernetes:  # every variant and repeat as one run's manifests, folders as a local experiment's
+        if a.tensorboard is not None:
+            raise ValueError("--tensorboard: the event files are written from finished runs here; with "
+                             "--scheduler kubernetes gather the runs first (docs/deploy.md)")
         from psrv.experiments.kubernetes import experiment_manifests, to_yaml
         from psrv.experiments.provenance import default_out
         from psrv.experiments.spec import load_spec

@@ -226,6 +226,8 @@ def test_script_workers_get_what_psrv_run_script_gives_them(tmp_path):
         assert (env["RANK"], env["WORLD_SIZE"], env["PSRV_RECORD"]) == (str(rank), "2", f"{out}/worker-{rank}.json")
         assert env["PSRV_SERVERS"] == ",".join(f"tcp://{name}-server-{i}.{name}:5555" for i in range(2))
         assert env.get("PSRV_PARAMS_OUT") == (f"{out}/params.pt" if rank == 0 else None)
+    with pytest.raises(ValueError, match="mode 'ddp' has none"):
+        run_manifests(_run("ddp"), name, "mine", script=script)
 
 
 def test_names_are_dns_labels_that_fit_and_stay_apart():
