@@ -22,10 +22,30 @@ from psrv.atomic import write_json
 log = logging.getLogger("psrv.run")
 
 
-def _psrv(*args: str) -> list[str]:
+def _psrv(*args: str, python: str = sys.executable) -> list[str]:
     """A psrv process's argv. -P: the current folder is not on its sys.path, so a user's own package named
     like one of psrv's cannot shadow it (a user's job module is still imported from there: psrv.workers.jobs)."""
-    return [sys.executable, "-P", "-m", "psrv.cli", *args]
+    return [python, "-P", "-m", "psrv.cli", *args]
+
+
+def server_argv(config: str, out: str, shard: int | str, extra: list[str], *,
+                python: str = sys.executable) -> list[str]:
+    """Shard `shard`'s `psrv serve`, given its config file, writing its record to OUT/server-K.json: what the
+    local launcher starts, and what a scheduler's manifests start (experiments/kubernetes.py)."""
+    return _psrv("serve", "--config", config, "--out", f"{out}/server-{shard}.json", *extra, python=python)
+
+
+def worker_argv(config: str, out: str, rank: int | str, mode: str, extra: list[str], *,
+                python: str = sys.executable) -> list[str]:
+    """Rank `rank`'s `psrv worker` (the shipped loop), writing OUT/worker-R.json and its progress file;
+    rank 0 also gets `rank0_argv`. Shared with the scheduler's manifests, as `server_argv` is."""
+    return _psrv("worker", "--config", config, "--out", f"{out}/worker-{rank}.json", "--progress-file",
+                 f"{out}/worker-{rank}.progress", *extra, "--mode", mode, python=python)
+
+
+def rank0_argv(out: str) -> list[str]:
+    """What rank 0 alone writes: the final flat parameters and its model.state_dict()."""
+    return ["--params-out", f"{out}/params.pt", "--state-out", f"{out}/model.pt"]
 
 
 def write_config(path: Path, cfg) -> Path:
@@ -156,8 +176,7 @@ def _start_servers(cluster: Cluster, cfg: RunConfig, out: Path, extra: list[str]
         ready = out / f"server-{i}.addr"
         ready.unlink(missing_ok=True)
         config = write_config(out / f"config-server-{i}.json", cfg.server_config(i, bind=binds[i]))
-        argv = _psrv("serve", "--config", str(config), "--out", str(out / f"server-{i}.json"),
-                     "--ready-file", str(ready), *extra)
+        argv = server_argv(str(config), str(out), i, ["--ready-file", str(ready), *extra])
         cluster.start(f"server-{i}", argv, host=i)
         names.append((f"server-{i}", ready))
     if rpc_master:  # the RPC world forms only once the workers join it too: do not wait for the servers
@@ -175,10 +194,9 @@ def _start_workers(cluster: Cluster, cfg: RunConfig, out: Path, addresses: list[
     for rank in range(cfg.cluster.workers):
         config = write_config(out / f"config-worker-{rank}.json",
                               cfg.worker_config(rank, servers=tuple(addresses)))
-        argv = _psrv("worker", "--config", str(config), "--out", str(out / f"worker-{rank}.json"),
-                     "--progress-file", str(out / f"worker-{rank}.progress"), *extra, "--mode", cfg.mode)
+        argv = worker_argv(str(config), str(out), rank, cfg.mode, extra)
         if rank == 0:
-            argv += ["--params-out", str(out / "params.pt"), "--state-out", str(out / "model.pt")]
+            argv += rank0_argv(str(out))
         cluster.start(f"worker-{rank}", argv, host=cfg.cluster.servers + rank)
         names.append(f"worker-{rank}")
     return names

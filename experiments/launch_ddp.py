@@ -19,11 +19,16 @@ def start_ddp(cluster: Cluster, cfg: RunConfig, out: Path) -> list[str]:
         rendezvous["GLOO_SOCKET_IFNAME"] = "eth0"
     names = []
     for rank in range(workers):
-        # the same argv for every rank, as under torchrun: psrv.workers.allreduce fills in {rank}
-        argv = [sys.executable, "-P", "-m", "psrv.workers.allreduce", "--config", str(out / "config.json"),
-                "--out", str(out / "worker-{rank}.json"), "--progress-file", str(out / "worker-{rank}.progress"),
-                "--params-out", str(out / "params.pt"), "--state-out", str(out / "model.pt")]
         env = {**rendezvous, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+        argv = allreduce_argv(str(out / "config.json"), str(out))
         cluster.start(f"worker-{rank}", argv, env, host=rank)
         names.append(f"worker-{rank}")
     return names
+
+
+def allreduce_argv(config: str, out: str, *, python: str = sys.executable) -> list[str]:
+    """Every rank's argv, the same for all as under torchrun (psrv.workers.allreduce fills in {rank} from
+    RANK; rank 0 alone writes params.pt and model.pt): the local launcher's and the scheduler's manifests'."""
+    return [python, "-P", "-m", "psrv.workers.allreduce", "--config", config, "--out", f"{out}/worker-{{rank}}.json",
+            "--progress-file", f"{out}/worker-{{rank}}.progress", "--params-out", f"{out}/params.pt",
+            "--state-out", f"{out}/model.pt"]

@@ -95,16 +95,23 @@ def start_script_workers(cluster: Cluster, cfg: RunConfig, out: Path, script: Sc
     addresses = ",".join(address for _, address in servers)
     names = []
     for rank in range(cfg.cluster.workers):
-        env = {"RANK": str(rank), "WORLD_SIZE": str(cfg.cluster.workers), "PSRV_SERVERS": addresses,
-               "PSRV_SEED": str(cfg.seed),
-               "PSRV_RECORD": str(out / f"worker-{rank}.json"), "PSRV_PROGRESS": str(out / f"worker-{rank}.progress"),
+        env = {**script_env(rank, cfg.cluster.workers, str(out), addresses, script.steps, cfg.seed),
                **({"PSRV_PARAMS_OUT": str(out / "params.pt")} if rank == 0 else {}),
-               **({"PSRV_STEPS": str(script.steps)} if script.steps is not None else {}),
                **({"PSRV_METRICS_PORT": "0", "PSRV_METRICS_LINGER": repr(linger), "PSRV_MODE": cfg.mode}
                   if metrics else {})}
         cluster.start(f"worker-{rank}", [sys.executable, *script.argv], env=env, brief=f"rank {rank} ({script.path})")
         names.append(f"worker-{rank}")
     return names
+
+
+def script_env(rank: int | str, world_size: int, out: str, addresses: str, steps: int | None,
+               seed: int) -> dict[str, str]:
+    """A script rank's environment: who it is, its shards (comma-separated, in shard order), the run's seed,
+    where its psrv.Worker writes its record and progress, and PSRV_STEPS when --steps was given. Rank 0 also gets
+    PSRV_PARAMS_OUT (OUT/params.pt). Shared with the scheduler's manifests (experiments/kubernetes.py)."""
+    return {"RANK": str(rank), "WORLD_SIZE": str(world_size), "PSRV_SERVERS": addresses, "PSRV_SEED": str(seed),
+            "PSRV_RECORD": f"{out}/worker-{rank}.json", "PSRV_PROGRESS": f"{out}/worker-{rank}.progress",
+            **({"PSRV_STEPS": str(steps)} if steps is not None else {})}
 
 
 def check_records(cluster: Cluster, out: Path, names: list[str], script: Script) -> None:

@@ -62,3 +62,36 @@ def dotted(tree: dict, prefix: str = "") -> set[str]:
 def metrics_file(a: argparse.Namespace) -> Path | None:
     """Where a process announces its bound /metrics port: beside its --out file."""
     return a.out.with_suffix(".metrics") if a.out else None
+
+
+def scheduler_args(p: argparse.ArgumentParser) -> None:
+    """--scheduler and the options of its dry run (experiments/kubernetes.py)."""
+    p.add_argument("--scheduler", choices=("local", "kubernetes"), default="local",
+                   help="where the processes run: local (127.0.0.1, the default) or kubernetes (with --dry-run: "
+                   "print each run's manifests, a ConfigMap, a headless Service and Indexed Jobs of servers and "
+                   "workers, for kubectl apply -f -; docs/deploy.md)")
+    p.add_argument("--dry-run", action="store_true", help="with --scheduler kubernetes: print the manifests "
+                   "(multi-document YAML) and start nothing")
+    p.add_argument("--image", default=None, help="with --scheduler kubernetes: the container image, psrv installed "
+                   "and `python` on its PATH (default: psrv:latest; docs/deploy.md builds it)")
+    p.add_argument("--namespace", default=None, help="with --scheduler kubernetes: the namespace (default: default)")
+    p.add_argument("--pvc", default=None, metavar="CLAIM", help="with --scheduler kubernetes: the "
+                   "PersistentVolumeClaim (ReadWriteMany) holding the run folders at /runs (default: an emptyDir "
+                   "per pod, lost with it)")
+
+
+def kubernetes_dry_run(a: argparse.Namespace, *, metrics: bool = False):
+    """The KubernetesOptions of `--scheduler kubernetes --dry-run`; None for --scheduler local. ValueError,
+    in one line, for a scheduler option without its scheduler, or kubernetes without --dry-run."""
+    given_options = [f"--{k}" for k in ("image", "namespace", "pvc") if getattr(a, k) is not None]
+    if a.scheduler == "local":
+        if a.dry_run or given_options:
+            raise ValueError(f"{'--dry-run' if a.dry_run else given_options[0]}: only with --scheduler kubernetes")
+        return None
+    if not a.dry_run:
+        raise ValueError("--scheduler kubernetes: psrv does not reach a cluster itself; add --dry-run to print the "
+                         "manifests, then apply them with kubectl apply -f - (docs/deploy.md)")
+    from psrv.experiments.kubernetes import KubernetesOptions
+    defaults = KubernetesOptions()
+    return KubernetesOptions(image=a.image or defaults.image, namespace=a.namespace or defaults.namespace,
+                             pvc=a.pvc or "", metrics=metrics)

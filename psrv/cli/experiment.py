@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from psrv.cli.common import log_level
+from psrv.cli.common import kubernetes_dry_run, log_level, scheduler_args
 
 
 def add(sub) -> None:
@@ -13,7 +13,8 @@ def add(sub) -> None:
                        "and report.md. A finished run whose stored config is the one SPEC asks for is skipped, "
                        "so an interrupted experiment resumes; one whose config changed is run again (the old "
                        "run kept aside as rep-K.replaced-HASH). "
-                       "Example: psrv experiment experiments/specs/modes.toml (writes runs/modes)")
+                       "Example: psrv experiment experiments/specs/modes.toml (writes runs/modes). On a cluster: "
+                       "--scheduler kubernetes --dry-run prints every run's manifests instead (docs/deploy.md)")
     e.add_argument("spec", type=Path, help="experiment spec (TOML), e.g. experiments/specs/modes.toml")
     e.add_argument("--out", type=Path, default=None, help="output directory (default: runs/<SPEC file name "
                    "without .toml>; a folder holding another spec file's results is refused unless given here)")
@@ -21,10 +22,22 @@ def add(sub) -> None:
                    help="also write TensorBoard event files under DIR/<spec name>/<variant>/seed-<seed> (the "
                    "spec's key `tensorboard` says the same; this overrides it); a finished run gets its files "
                    "without being run again")
+    scheduler_args(e)
     log_level(e, "WARNING")
 
 
 def command(a: argparse.Namespace) -> int:
+    kubernetes = kubernetes_dry_run(a)
+    if kubernetes:  # every variant and repeat as one run's manifests, folders as a local experiment's
+        if a.tensorboard is not None:
+            raise ValueError("--tensorboard: the event files are written from finished runs here; with "
+                             "--scheduler kubernetes gather the runs first (docs/deploy.md)")
+        from psrv.experiments.kubernetes import experiment_manifests, to_yaml
+        from psrv.experiments.provenance import default_out
+        from psrv.experiments.spec import load_spec
+        folder = (a.out or default_out(a.spec)).name
+        print(to_yaml(experiment_manifests(load_spec(a.spec), folder, kubernetes), kubernetes), end="")
+        return 0
     from psrv.experiments.runner import run_experiment
     from psrv.process import interrupt_on_signals
     interrupt_on_signals()  # SIGTERM as Ctrl-C: the run in progress stops in order and keeps what ran

@@ -5,7 +5,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from psrv.cli.common import base_config, config_arg, dotted, log_level, unused_staleness
+from psrv.cli.common import (base_config, config_arg, dotted, kubernetes_dry_run, log_level, scheduler_args,
+                              unused_staleness)
 from psrv.config import RunConfig
 from psrv.config.cli_args import add_config_arguments, config_from_args, given
 
@@ -15,7 +16,8 @@ def add(sub) -> None:
                        description="Start --servers shards and --workers workers on 127.0.0.1, train to the "
                        "end, print a summary and write DIR/summary.json, steps.csv and evals.csv. "
                        "Example: psrv run --mode sync --workers 4 --steps 200. Your own loop instead of a "
-                       "job: psrv run --mode sync --workers 2 --script train.py --epochs 3")
+                       "job: psrv run --mode sync --workers 2 --script train.py --epochs 3. On a cluster: "
+                       "--scheduler kubernetes --dry-run prints the run's manifests instead (docs/deploy.md)")
     config_arg(r, "run's config")
     add_config_arguments(r, RunConfig)
     log_level(r)
@@ -24,6 +26,7 @@ def add(sub) -> None:
                    help="with --metrics: keep /metrics up this many seconds after the end")
     r.add_argument("--out", type=Path, default=Path("runs/latest"), help="output directory (default: %(default)s)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    scheduler_args(r)
     r.add_argument("--script", nargs=argparse.REMAINDER, help="FILE.py [ARGS...]: each worker runs your own loop "
                    "on psrv.Worker, python FILE.py ARGS, with RANK, WORLD_SIZE and PSRV_SERVERS set; its record "
                    "(DIR/worker-R.json) feeds steps.csv and summary.json (pass step(loss=..., batch_size=...) to "
@@ -37,13 +40,19 @@ def command(a: argparse.Namespace) -> int:
     from psrv.experiments.summary import format_summary
     cfg = config_from_args(RunConfig, a, base=base_config(a))
     unused_staleness(a, cfg.mode)
+    kubernetes = kubernetes_dry_run(a, metrics=a.metrics)
     script = None
-    if a.script is not None:
+    if a.script is not None or cfg.job.script:  # --config FILE of a script's run: that script, hashed as it is now
         from psrv.experiments.script import script_from_args
-        cfg, script = script_from_args(a.script, cfg, typed=dotted(given(a)))
-    elif cfg.job.script:  # --config FILE of a script's run: that script again, hashed as it is now
-        from psrv.experiments.script import script_from_args
-        cfg, script = script_from_args([cfg.job.script, *cfg.job.script_args], cfg, typed=dotted(given(a)))
+        words = a.script if a.script is not None else [cfg.job.script, *cfg.job.script_args]
+        here = cfg.replace(cluster=cfg.cluster.replace(device="cpu")) if kubernetes else cfg  # a pod's device is the cluster's
+        here, script = script_from_args(words, here, typed=dotted(given(a)))
+        cfg = here.replace(cluster=cfg.cluster)
+    if kubernetes:
+        from psrv.experiments.kubernetes import run_manifests, run_name, to_yaml
+        name = run_name(a.out.name)
+        print(to_yaml([(name, run_manifests(cfg, name, a.out.name, kubernetes, script=script))], kubernetes), end="")
+        return 0
     from psrv.process import exit_code, interrupt_on_signals, tune_malloc
     tune_malloc()  # this process only launches; the processes it starts tune themselves
     interrupt_on_signals()  # SIGTERM as Ctrl-C: stop the processes in order, keep what ran

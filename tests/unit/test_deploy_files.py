@@ -1,5 +1,6 @@
 """deploy/ hangs together: dashboard and rules use exported metrics, promtool accepts the configs,
-and every `psrv serve|worker` line in the recipes and docs/deploy.md parses with psrv's own CLI."""
+and every `psrv serve|worker` line in the recipes and docs/deploy.md parses with psrv's own CLI (the
+Kubernetes manifests are generated: tests/unit/test_kubernetes_manifests.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -10,7 +11,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -204,42 +204,15 @@ def _shell_commands(text: str) -> list[list[str]]:
     return commands
 
 
-def _k8s_docs() -> list[dict]:
-    docs = []
-    for path in sorted((DEPLOY / "k8s").glob("*.yaml")):
-        docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
-    return docs
-
-
-def _k8s_commands() -> list[list[str]]:
-    docs = _k8s_docs()
-    maps = {d["metadata"]["name"]: d["data"] for d in docs if d["kind"] == "ConfigMap"}
-    commands = []
-    for doc in docs:
-        pod = doc.get("spec", {}).get("template", {}).get("spec", {})
-        for container in pod.get("containers", []):
-            argv = container.get("command", []) + container.get("args", [])
-            if not argv or argv[0] != "psrv":
-                continue
-            env = {}
-            for source in container.get("envFrom", []):
-                env.update(maps[source["configMapRef"]["name"]])
-            env.update({e["name"]: e["value"] for e in container.get("env", []) if "value" in e})
-            commands.append([re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), a)
-                             for a in argv[1:]])
-    return commands
-
-
 def _doc_commands() -> list[list[str]]:
     text = (ROOT / "docs/deploy.md").read_text()
     blocks = re.findall(r"```(?:bash|sh|console)?\n(.*?)```", text, re.S)
     return [c for block in blocks for c in _shell_commands(block)]
 
 
-@pytest.mark.parametrize("source", ["k8s", "slurm", "docs"])
+@pytest.mark.parametrize("source", ["slurm", "docs"])
 def test_recipe_commands_parse_with_the_cli(source):
-    commands = {"k8s": _k8s_commands,
-                "slurm": lambda: _shell_commands((DEPLOY / "slurm/psrv.sbatch").read_text()),
+    commands = {"slurm": lambda: _shell_commands((DEPLOY / "slurm/psrv.sbatch").read_text()),
                 "docs": _doc_commands}[source]()
     assert {"serve", "worker"} <= {c[0] for c in commands}, f"no serve/worker command in {source}"
     from psrv.cli import build_parser  # here, so a broken CLI fails these tests and only these
@@ -254,37 +227,6 @@ def test_recipe_commands_parse_with_the_cli(source):
             refused = True
         if refused:
             pytest.fail(f"{source}: psrv rejects `psrv {shlex.join(argv)}`:\n{stderr.getvalue()}")
-
-
-def test_k8s_experiment_agrees_with_the_manifests():
-    docs = _k8s_docs()
-    [config] = [d for d in docs if d["kind"] == "ConfigMap"]
-    data = config["data"]
-    spec = tomllib.loads(data["experiment.toml"])
-    [variant] = spec["variants"]
-    [servers] = [d for d in docs if d["kind"] == "StatefulSet"]
-    [workers] = [d for d in docs if d["kind"] == "Job"]
-    [service] = [d for d in docs if d["kind"] == "Service"]
-    shards = spec["cluster"]["servers"]
-    assert int(data["PSRV_SHARDS"]) == shards == servers["spec"]["replicas"]
-    n = spec["cluster"]["workers"]
-    assert int(data["PSRV_WORKERS"]) == n
-    assert workers["spec"]["completions"] == workers["spec"]["parallelism"] == n
-    assert workers["spec"]["completionMode"] == "Indexed"
-    assert service["spec"]["clusterIP"] == "None"
-    assert servers["spec"]["serviceName"] == service["metadata"]["name"]
-    port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "psrv")
-    name = servers["metadata"]["name"]
-    assert data["PSRV_SERVERS"].split(",") == [
-        f"tcp://{name}-{i}.{service['metadata']['name']}:{port}" for i in range(shards)]
-    assert data["PSRV_MODE"] == variant["mode"]
-    assert int(data["PSRV_STALENESS"]) == variant.get("staleness", 0)
-    assert (data["PSRV_JOB"], int(data["PSRV_STEPS"]), int(data["PSRV_BATCH_SIZE"])) == (
-        spec["job"]["name"], spec["job"]["steps"], spec["job"]["batch_size"])
-    assert data["PSRV_OPTIMIZER"] == spec["optimizer"]["name"]
-    assert float(data["PSRV_LR"]) == spec["optimizer"]["lr"]
-    from psrv.experiments.spec import spec_from_dict
-    spec_from_dict(spec)  # raises on anything the experiment loader would refuse
 
 
 def test_shell_scripts_are_valid_bash():
