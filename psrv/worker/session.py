@@ -26,7 +26,7 @@ from psrv.config.sections import Placement, WorkerSettings
 from psrv.worker.client import PSClient
 from psrv.clip import clip_flat_
 from psrv.worker.flat import FlatModel
-from psrv.worker.keywords import clip_of, env, env_servers, planes
+from psrv.worker.keywords import allreduce_mode, clip_of, env, env_servers, planes
 from psrv.local_period import LocalPeriod, fastest_of, parse_local_steps
 from psrv.worker.overlap import ShardReadiness
 from psrv.partition import PartitionPlan
@@ -92,7 +92,18 @@ class Worker:
     chunks that async and ssp shards apply as they arrive (psrv/server/chunked.py).
 
     `step_log` (psrv/worker/steplog.py) keeps this worker's step rows and writes its record at close();
-    None: the one `psrv run --script` asks for through the environment, where it does."""
+    None: the one `psrv run --script` asks for through the environment, where it does.
+
+    Under `psrv run --mode ddp` or `zero1` (PSRV_MODE) psrv.Worker(model) is the all-reduce worker
+    instead (psrv/worker/allreduce.py): the same loop, its gradients all-reduced among the ranks."""
+
+    def __new__(cls, *args, **keywords):
+        """Under an all-reduce run (PSRV_MODE ddp or zero1, as `psrv run --mode ddp --script` sets it) the
+        all-reduce worker, which takes these same arguments (psrv/worker/allreduce.py); else this class."""
+        if cls is Worker and allreduce_mode() is not None:
+            from psrv.worker.allreduce import AllReduceWorker
+            return AllReduceWorker.from_worker_call(inspect.signature(cls.__init__), *args, **keywords)
+        return super().__new__(cls)
 
     def __init__(self, model: torch.nn.Module, servers: Sequence[str] | None = None, *,
                  rank: int | None = None, world_size: int | None = None, transport: str = _PLACE.transport,
