@@ -401,3 +401,14 @@ class Worker:
             self._client.close()
             if getattr(self, "_log", None) is not None:  # what it did, marked interrupted
                 self._log.save(self._log.record(interrupted=True, **self.totals()))
+
+
+def _constructor_signature(cls: type) -> inspect.Signature:
+    """cls(...)'s signature as its __init__ declares it (without self)."""
+    signature = inspect.signature(cls.__init__)
+    return signature.replace(parameters=list(signature.parameters.values())[1:])
+
+
+# What psrv.Worker(...) takes, for help(), editors and inspect: its constructor's keywords, not __new__'s
+# (*args, **keywords), which only hands them over to the all-reduce worker under an all-reduce run.
+Worker.__signature__ = _constructor_signature(Worker)
