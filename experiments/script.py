@@ -85,7 +85,9 @@ def start_script_workers(cluster: Cluster, cfg: RunConfig, out: Path, script: Sc
                "PSRV_RECORD": str(out / f"worker-{rank}.json"), "PSRV_PROGRESS": str(out / f"worker-{rank}.progress"),
                **({"PSRV_PARAMS_OUT": str(out / "params.pt")} if rank == 0 else {}),
                **({"PSRV_STEPS": str(script.steps)} if script.steps is not None else {}),
-               **({"PSRV_METRICS_PORT": "0", "PSRV_METRICS_LINGER": repr(linger)} if metrics else {})}
+               # no /metrics from all-reduce ranks: the shipped ones (launch_ddp.py) serve none either
+               **({"PSRV_METRICS_PORT": "0", "PSRV_METRICS_LINGER": repr(linger)}
+                  if metrics and not cfg.is_allreduce else {})}
         cluster.start(f"worker-{rank}", [sys.executable, *script.argv], env=env, brief=f"rank {rank} ({script.path})")
         names.append(f"worker-{rank}")
     return names
