@@ -32,7 +32,8 @@ import torch.distributed as dist
 
 from psrv.clip import clip_flat_
 from psrv.config import RunConfig
-from psrv.config.base import from_dict
+from psrv.config.base import defaults_of, from_dict
+from psrv.config.sections import WorkerSettings
 from psrv.worker.collective import device_and_backend, split_wait
 from psrv.worker.flat import FlatModel
 from psrv.worker.keywords import env
@@ -42,6 +43,7 @@ from psrv.worker.torch_optim import make_schedule, optimizer_class, torch_optimi
 
 log = logging.getLogger("psrv.worker")
 
+_REQUEST_TIMEOUT = defaults_of(WorkerSettings).request_timeout  # psrv.Worker's `timeout`, here each collective's
 SCRIPT_MODES = ("ddp", "zero1")  # the all-reduce modes a psrv.Worker loop runs under
 _KEPT = ("rank", "world_size", "timeout", "clip_grad_norm", "step_log")  # psrv.Worker's keywords that apply here
 _FSDP = ("mode 'fsdp' does not run a psrv.Worker loop: fully_shard would turn the model's parameters into "
@@ -67,7 +69,7 @@ class AllReduceWorker:
     ran, marked interrupted, and tears the group down, so the other ranks stop too."""
 
     def __init__(self, model: torch.nn.Module, *, config: RunConfig, rank: int | None = None,
-                 world_size: int | None = None, timeout: float = 60.0, clip_grad_norm: float | None = 0.0,
+                 world_size: int | None = None, timeout: float = _REQUEST_TIMEOUT, clip_grad_norm: float | None = 0.0,
                  step_log: StepLog | None = None):
         if config.mode == "fsdp":
             raise ValueError(_FSDP)
@@ -163,9 +165,13 @@ class AllReduceWorker:
         weights), and a process group this worker made is torn down."""
         if not self._open:
             return
-        self._open = False
         try:
             self._split_wait()
+        except BaseException:  # a rank gone: what ran is written, marked interrupted
+            self._abandon()
+            raise
+        self._open = False
+        try:
             if self._log is not None:
                 self._log.save(self._log.record(**self.totals()), params=self._flat.params if self.rank == 0 else None)
         finally:
