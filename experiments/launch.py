@@ -111,9 +111,13 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
     bar, interrupt = None, None
     try:
         if cfg.is_allreduce:
-            from psrv.experiments.launch_ddp import start_ddp
-            names = start_ddp(cluster, cfg, out)
             servers = []
+            if script is not None:  # the script's psrv.Worker is the all-reduce worker
+                names = start_script_workers(cluster, cfg, out, script, servers, metrics=metrics,
+                                             linger=metrics_linger)
+            else:
+                from psrv.experiments.launch_ddp import start_ddp
+                names = start_ddp(cluster, cfg, out)
         else:
             servers = _start_servers(cluster, cfg, out, extra, known_ports=script is not None)
             names = start_script_workers(cluster, cfg, out, script, servers, metrics=metrics, linger=metrics_linger) \

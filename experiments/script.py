@@ -3,11 +3,17 @@
 
 The script is part of the run's config (job.script, job.script_args, and job.script_sha256, the file's
 hash when the run was configured), so a spec's reuse by config hash reruns a run whose script changed.
-Each worker is `python FILE.py ARGS...` with RANK, WORLD_SIZE, PSRV_SERVERS (the shards' addresses,
-comma-separated, in shard order) and PSRV_SEED (the run's seed) set, and the variables
-psrv/worker/steplog.py reads, so its psrv.Worker writes DIR/worker-R.json as `psrv worker --out` does.
-`--steps` (a spec's job.steps), when given, is handed over as PSRV_STEPS for the script to read. The
-options only the shipped loop reads are refused. The script's output goes to DIR/worker-R.log.
+Each worker is `python FILE.py ARGS...`, its output in DIR/worker-R.log, with these set:
+- RANK and WORLD_SIZE, and PSRV_SEED, the run's seed;
+- PSRV_MODE, the run's mode, and PSRV_CONFIG, its resolved config (DIR/config.json);
+- in sync, async and ssp, PSRV_SERVERS: the shards' addresses, comma-separated, in shard order;
+- in ddp and zero1 (no shards), torch.distributed's env:// rendezvous, as torchrun sets it: LOCAL_RANK,
+  LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT; psrv.Worker is then the all-reduce worker
+  (psrv/worker/allreduce.py), which reads the optimizer, schedule and clip from PSRV_CONFIG;
+- the variables psrv/worker/steplog.py reads (PSRV_RECORD, PSRV_PROGRESS, rank 0's PSRV_PARAMS_OUT), so
+  its psrv.Worker writes DIR/worker-R.json as `psrv worker --out` does;
+- PSRV_STEPS: `--steps` (a spec's job.steps), when given, for the script to read.
+The options only the shipped loop reads are refused, and so is fsdp (psrv/worker/allreduce.py says why).
 """
 from __future__ import annotations
 
@@ -22,7 +28,7 @@ from psrv.config.base import default_of, leaves
 from psrv.config.cli_args import flag_of
 from psrv.device import check_device
 
-from psrv.experiments.cluster import Cluster, RunFailed
+from psrv.experiments.cluster import Cluster, RunFailed, free_port
 
 # Read by the shipped loop alone: a script decides these itself, so a value given here would do nothing.
 _SHIPPED_ONLY = ("job.name", "job.batch_size", "job.eval_every", "faults.", "worker.")
@@ -60,9 +66,10 @@ def with_script(cfg: RunConfig, path: str | Path, args=()) -> RunConfig:
 def check_script_run(cfg: RunConfig, typed: set[str], *, flags: bool = True) -> None:
     """ValueError, in one line, for what a script's run cannot use (`typed`: the dotted keys given, on the
     command line or in a spec; `flags`: name them as options, else as keys)."""
-    if cfg.is_allreduce:
-        raise ValueError(f"a script runs a psrv.Worker loop (sync, async, ssp); a DDP script is torchrun's to "
-                         f"start (mode is {cfg.mode!r})")
+    if cfg.mode == "fsdp":
+        raise ValueError(f"{'--mode fsdp: not with --script' if flags else 'mode fsdp: not with a script'}: "
+                         "fully_shard would turn the model's parameters into sharded DTensors behind the script's "
+                         "back; use ddp or zero1")
     if cfg.cluster.transport != "zmq":
         raise ValueError(f"{'--transport: --script' if flags else 'cluster.transport: a script'}'s workers reach "
                          "the shards over zmq (psrv.Worker's default)")
@@ -72,6 +79,10 @@ def check_script_run(cfg: RunConfig, typed: set[str], *, flags: bool = True) -> 
             shown = flag_of(key, s) if flags else key
             raise ValueError(f"{shown}: not used with {'--script' if flags else 'a script'} (the shipped loop's "
                              "setting; your script decides it); remove it")
+        if key.startswith("allreduce.") and (key in typed or from_file or _get(cfg, key) != default_of(f)):
+            shown = flag_of(key, s) if flags else key
+            raise ValueError(f"{shown}: not used with {'--script' if flags else 'a script'} (psrv.Worker "
+                             "all-reduces the plain mean gradient); remove it")
     check_device(cfg.cluster.device)
 
 
@@ -91,25 +102,33 @@ def script_from_args(words: list[str], cfg: RunConfig, typed: set[str]) -> tuple
 
 def start_script_workers(cluster: Cluster, cfg: RunConfig, out: Path, script: Script,
                          servers: list[tuple[str, str]], *, metrics: bool, linger: float) -> list[str]:
-    """Start the script once per rank (`servers`: (name, address) of each shard, in shard order)."""
-    addresses = ",".join(address for _, address in servers)
+    """Start the script once per rank (`servers`: (name, address) of each shard, in shard order; none in
+    an all-reduce mode, whose ranks meet at a rendezvous on 127.0.0.1 instead)."""
+    workers = cfg.cluster.workers
+    run = {"PSRV_MODE": cfg.mode, "PSRV_CONFIG": str(out / "config.json")}
+    addresses = None if cfg.is_allreduce else ",".join(address for _, address in servers)
+    if cfg.is_allreduce:
+        run.update(LOCAL_WORLD_SIZE=str(workers), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     names = []
-    for rank in range(cfg.cluster.workers):
-        env = {**script_env(rank, cfg.cluster.workers, str(out), addresses, script.steps, cfg.seed),
+    for rank in range(workers):
+        env = {**run, **script_env(rank, workers, str(out), addresses, script.steps, cfg.seed),
+               **({"LOCAL_RANK": str(rank)} if cfg.is_allreduce else {}),
                **({"PSRV_PARAMS_OUT": str(out / "params.pt")} if rank == 0 else {}),
-               **({"PSRV_METRICS_PORT": "0", "PSRV_METRICS_LINGER": repr(linger), "PSRV_MODE": cfg.mode}
-                  if metrics else {})}
+               # no /metrics from all-reduce ranks: the shipped ones (launch_ddp.py) serve none either
+               **({"PSRV_METRICS_PORT": "0", "PSRV_METRICS_LINGER": repr(linger)}
+                  if metrics and not cfg.is_allreduce else {})}
         cluster.start(f"worker-{rank}", [sys.executable, *script.argv], env=env, brief=f"rank {rank} ({script.path})")
         names.append(f"worker-{rank}")
     return names
 
 
-def script_env(rank: int | str, world_size: int, out: str, addresses: str, steps: int | None,
+def script_env(rank: int | str, world_size: int, out: str, addresses: str | None, steps: int | None,
                seed: int) -> dict[str, str]:
     """A script rank's environment: who it is, its shards (comma-separated, in shard order), the run's seed,
     where its psrv.Worker writes its record and progress, and PSRV_STEPS when --steps was given. Rank 0 also gets
     PSRV_PARAMS_OUT (OUT/params.pt). Shared with the scheduler's manifests (experiments/kubernetes.py)."""
-    return {"RANK": str(rank), "WORLD_SIZE": str(world_size), "PSRV_SERVERS": addresses, "PSRV_SEED": str(seed),
+    return {"RANK": str(rank), "WORLD_SIZE": str(world_size), "PSRV_SEED": str(seed),
+            **({"PSRV_SERVERS": addresses} if addresses is not None else {}),
             "PSRV_RECORD": f"{out}/worker-{rank}.json", "PSRV_PROGRESS": f"{out}/worker-{rank}.progress",
             **({"PSRV_STEPS": str(steps)} if steps is not None else {})}
 

@@ -30,9 +30,12 @@ def add(sub) -> None:
     r.add_argument("--script", nargs=argparse.REMAINDER, help="FILE.py [ARGS...]: each worker runs your own loop "
                    "on psrv.Worker, python FILE.py ARGS, with RANK, WORLD_SIZE and PSRV_SERVERS set; its record "
                    "(DIR/worker-R.json) feeds steps.csv and summary.json (pass step(loss=..., batch_size=...) to "
-                   "log them). Everything after FILE.py is the script's: put psrv's options first. --steps, if "
-                   "given, reaches the script as PSRV_STEPS and --seed as PSRV_SEED; its output goes to DIR/worker-R.log. "
-                   "The job, fault and worker options and --mode ddp (torchrun's) are refused")
+                   "log them). Under --mode ddp or zero1 there are no shards: the ranks meet at a torch.distributed "
+                   "env:// rendezvous (MASTER_ADDR, MASTER_PORT) and psrv.Worker all-reduces the gradients and "
+                   "steps the run's optimizer on every rank. Everything after FILE.py is the script's: put psrv's "
+                   "options first. --steps, if given, reaches the script as PSRV_STEPS and --seed as PSRV_SEED; "
+                   "its output goes to DIR/worker-R.log. The job, fault, worker and all-reduce options and "
+                   "--mode fsdp are refused")
 
 
 def command(a: argparse.Namespace) -> int:

@@ -1,10 +1,12 @@
 """What psrv.Worker's keywords leave to others, resolved at its construction: the shards' addresses, rank
 and world size from the environment where they are not given (PSRV_SERVERS, RANK and WORLD_SIZE, as torchrun
 sets the last two), the clip agreed with the shards' WELCOME, and the payload planes' 'auto'/'off' as
-PSClient's flags (psrv/worker/session.py uses them)."""
+PSClient's flags (psrv/worker/session.py uses them), and the all-reduce mode a run asks for (PSRV_MODE)."""
 from __future__ import annotations
 
 import os
+
+from psrv.config import ALLREDUCE_MODES
 
 
 def clip_of(mine: float | None, welcomes: list[dict], mode: str) -> float:
@@ -45,3 +47,10 @@ def planes(shared_memory: str, bulk: str, curve_keys: str) -> dict:
         if value not in ("auto", "off"):
             raise ValueError(f"{name} must be 'auto' or 'off'; got {value!r}")
     return {"shared_memory": shared_memory == "auto", "bulk": bulk == "auto" and not curve_keys}
+
+
+def allreduce_mode() -> str | None:
+    """The all-reduce mode (ddp, fsdp, zero1) a run set in PSRV_MODE, under which psrv.Worker is the
+    all-reduce worker (psrv/worker/allreduce.py); None for a parameter-server mode or none set."""
+    mode = os.environ.get("PSRV_MODE", "").strip()
+    return mode if mode in ALLREDUCE_MODES else None

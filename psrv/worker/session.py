@@ -26,7 +26,7 @@ from psrv.config.sections import Placement, WorkerSettings
 from psrv.worker.client import PSClient
 from psrv.clip import clip_flat_
 from psrv.worker.flat import FlatModel
-from psrv.worker.keywords import clip_of, env, env_servers, planes
+from psrv.worker.keywords import allreduce_mode, clip_of, env, env_servers, planes
 from psrv.local_period import LocalPeriod, fastest_of, parse_local_steps
 from psrv.worker.overlap import ShardReadiness
 from psrv.partition import PartitionPlan
@@ -99,7 +99,18 @@ class Worker:
     evaluation at the steps done so far (after close() too, on the final weights), or `evaluate` (a
     function of no arguments returning such a dict) is called by rank 0 itself: after the first pull, every
     `eval_every` steps (0: never between) and in close() on the final weights, off the clock. They become
-    the run's evals.csv, and the last one its final_loss, eval_metrics and eval_accuracy."""
+    the run's evals.csv, and the last one its final_loss, eval_metrics and eval_accuracy.
+
+    Under `psrv run --mode ddp` or `zero1` (PSRV_MODE) psrv.Worker(model) is the all-reduce worker
+    instead (psrv/worker/allreduce.py): the same loop, its gradients all-reduced among the ranks."""
+
+    def __new__(cls, *args, **keywords):
+        """Under an all-reduce run (PSRV_MODE ddp or zero1, as `psrv run --mode ddp --script` sets it) the
+        all-reduce worker, which takes these same arguments (psrv/worker/allreduce.py); else this class."""
+        if cls is Worker and allreduce_mode() is not None:
+            from psrv.worker.allreduce import AllReduceWorker
+            return AllReduceWorker.from_worker_call(inspect.signature(cls.__init__), *args, **keywords)
+        return super().__new__(cls)
 
     def __init__(self, model: torch.nn.Module, servers: Sequence[str] | None = None, *,
                  rank: int | None = None, world_size: int | None = None, transport: str = _PLACE.transport,
@@ -414,3 +425,14 @@ class Worker:
             self._client.close()
             if getattr(self, "_log", None) is not None:  # what it did, marked interrupted
                 self._log.save(self._log.record(interrupted=True, **self.totals()))
+
+
+def _constructor_signature(cls: type) -> inspect.Signature:
+    """cls(...)'s signature as its __init__ declares it (without self)."""
+    signature = inspect.signature(cls.__init__)
+    return signature.replace(parameters=list(signature.parameters.values())[1:])
+
+
+# What psrv.Worker(...) takes, for help(), editors and inspect: its constructor's keywords, not __new__'s
+# (*args, **keywords), which only hands them over to the all-reduce worker under an all-reduce run.
+Worker.__signature__ = _constructor_signature(Worker)

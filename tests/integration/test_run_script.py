@@ -80,11 +80,13 @@ def test_a_script_that_raises_fails_the_run_in_one_line_naming_the_rank_code_and
 
 
 @pytest.mark.parametrize("args, says", [
-    (("--mode", "ddp"), "a DDP script is torchrun's to start"),
+    (("--mode", "fsdp"), "--mode fsdp: not with --script: fully_shard would turn the model's parameters into"),
+    (("--mode", "ddp", "--ddp-comm-hook", "fp16"), "--ddp-comm-hook: not used with --script (psrv.Worker "
+                                                   "all-reduces the plain mean gradient)"),
     (("--job", "mnist1d_mlp"), "--job: not used with --script"),
     (("--compute-ms", "5"), "--compute-ms: not used with --script"),
     (("--transport", "rpc"), "--transport: --script's workers reach the shards over zmq"),
-], ids=["ddp", "job", "faults", "rpc"])
+], ids=["fsdp", "ddp-comm-hook", "job", "faults", "rpc"])
 def test_what_a_script_cannot_use_is_refused_in_one_line(args, says, capsys, tmp_path):
     assert main(["run", "--out", str(tmp_path), *args, "--script", str(SCRIPT), "1", "x"]) == 2
     err = capsys.readouterr().err

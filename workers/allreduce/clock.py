@@ -6,9 +6,9 @@ wait_seconds = the wait for the slowest rank to finish its compute; communicatio
 the emulated net delay, the gradient collective and the optimizer step (the PS analogue is the server
 applying the update inside push_pull). gloo and nccl cannot tell waiting from transfer inside one
 collective, so the wait is found one of two ways:
-- by default, after the run (`split_wait`): a step's time from compute end to step end beyond the
-  fastest rank's at that step, which is what a rank spent waiting for the last one to arrive (no cost
-  per step; the ranks exchange their rows once, at the end);
+- by default, after the run (`split_wait`, psrv/worker/collective.py): a step's time from compute end
+  to step end beyond the fastest rank's at that step, which is what a rank spent waiting for the last
+  one to arrive (no cost per step; the ranks exchange their rows once, at the end);
 - with --wait-barrier, measured: the time in a barrier on a gloo group of its own just before the
   gradient collective (one more small collective per step, which costs throughput: docs/benchmarks.md).
 It also counts what really happened: gradient collectives issued at a step's end (`reduced`) and
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import time
 
-import torch
 import torch.distributed as dist
 
 from psrv.workers.faults import FaultInjector
@@ -68,13 +67,3 @@ class StepClock:
                 "communication_seconds": max(0.0, t_end - compute_end - self.waited),
                 "wait_seconds": self.waited}
 
-
-def split_wait(rows: list[dict], group) -> None:
-    """Without the barrier: every rank (a collective) moves, at each step, its communication time beyond
-    the fastest rank's into wait_seconds. The rows must be the same steps on every rank."""
-    mine = torch.tensor([r["communication_seconds"] for r in rows], dtype=torch.float64)
-    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(everyone, mine, group=group)
-    fastest = torch.stack(everyone).min(dim=0).values
-    for row, least in zip(rows, fastest.tolist()):
-        row["wait_seconds"], row["communication_seconds"] = row["communication_seconds"] - least, least

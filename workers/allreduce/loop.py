@@ -14,30 +14,15 @@ import torch
 import torch.distributed as dist
 
 from psrv.config import ALLREDUCE_MODES, RunConfig
-from psrv.workers.allreduce.clock import StepClock, split_wait
+from psrv.workers.allreduce.clock import StepClock
 from psrv.workers.evals import record_eval, record_final
 from psrv.workers.faults import FaultInjector
 from psrv.workers.jobs import batch_size_of, load_job
 from psrv.workers.loop import TrainingInterrupted
+from psrv.worker.collective import BACKENDS, device_and_backend, split_wait
 from psrv.worker.steplog import StepLog
 
 _log = logging.getLogger("psrv.ddp")
-
-BACKENDS = ("auto", "gloo", "nccl")
-
-
-def _device_and_backend(name: str, backend: str, local_rank: int, local_world: int) -> tuple[torch.device, str]:
-    if name == "cpu":
-        return torch.device("cpu"), "gloo" if backend == "auto" else backend
-    count = torch.cuda.device_count()
-    if count == 0:
-        raise ValueError(f"device {name!r} asked for, but torch sees no CUDA device")
-    device = torch.device(f"cuda:{local_rank % count}" if name == "cuda" else name)
-    if backend != "auto":
-        return device, backend
-    # nccl refuses two ranks on one GPU; gloo all-reduces CUDA tensors too.
-    return device, "nccl" if name == "cuda" and local_world <= count else "gloo"
-
 
 def _wrapper(cfg: RunConfig) -> type:
     if cfg.worker.local_updates:
@@ -78,7 +63,7 @@ def train_allreduce(cfg: RunConfig, *, log: StepLog | None = None, backend: str 
         raise ValueError(f"--backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
     if cfg.mode not in ALLREDUCE_MODES:
         raise ValueError(f"mode {cfg.mode!r} is not an all-reduce baseline ({', '.join(ALLREDUCE_MODES)})")
-    device, backend = _device_and_backend(cfg.cluster.device, backend, local_rank,
+    device, backend = device_and_backend(cfg.cluster.device, backend, local_rank,
                                           int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     timeout = datetime.timedelta(seconds=timeout)
     if device.type == "cuda":

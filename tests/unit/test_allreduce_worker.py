@@ -1,0 +1,140 @@
+"""psrv.Worker under an all-reduce run (PSRV_MODE ddp or zero1, PSRV_CONFIG the run's config.json) is the
+all-reduce worker (psrv/worker/allreduce.py). Here one rank in this process (a world of one needs no
+rendezvous): it steps the run's optimizer, clip and schedule, writes its record, tears down the group it
+made, and refuses in one line what it cannot do. The ranks together: tests/integration/test_script_allreduce.py."""
+import json
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import psrv
+from psrv.config import RunConfig, to_dict
+from psrv.config.base import from_dict
+from psrv.worker.steplog import RecordFiles, StepLog
+
+LR, MOMENTUM, CLIP, WARMUP = 0.1, 0.9, 0.5, 2
+
+
+@pytest.fixture
+def run_env(tmp_path, monkeypatch):
+    """Set the environment `psrv run --mode MODE --script` gives a lone rank; returns the setter."""
+    for name in ("MASTER_ADDR", "MASTER_PORT", "PSRV_SERVERS", "PSRV_RECORD", "PSRV_PARAMS_OUT", "PSRV_PROGRESS",
+                 "PSRV_METRICS_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+
+    def set_run(mode: str = "ddp", *, config_mode: str | None = None, world_size: int = 1, **optimizer):
+        cfg = from_dict(RunConfig, {"mode": config_mode or mode, "cluster": {"workers": world_size},
+                                    "optimizer": {"lr": LR, "momentum": MOMENTUM, **optimizer}})
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps(to_dict(cfg)))
+        for name, value in {"PSRV_MODE": mode, "PSRV_CONFIG": str(path), "RANK": "0",
+                            "WORLD_SIZE": str(world_size)}.items():
+            monkeypatch.setenv(name, value)
+    yield set_run
+    assert not dist.is_initialized()  # whatever happened, no process group is left behind
+    monkeypatch.undo()
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+
+def _batches(steps: int):
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(16, 4, generator=g), torch.randn(16, 1, generator=g)) for _ in range(steps)]
+
+
+def _reference(steps: int) -> tuple[torch.Tensor, int]:
+    """torch's SGD on the same batches, clipped to CLIP, at the warm-up's lr; final weights, steps clipped."""
+    net = _model()
+    opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
+    clipped = 0
+    for k, (x, y) in enumerate(_batches(steps)):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(net(x), y).backward()
+        clipped += float(torch.nn.utils.clip_grad_norm_(net.parameters(), CLIP)) > CLIP
+        for group in opt.param_groups:
+            group["lr"] = LR * (k + 1) / (WARMUP + 1) if k < WARMUP else LR
+        opt.step()
+    return torch.cat([p.detach().reshape(-1) for p in net.parameters()]), clipped
+
+
+@pytest.mark.parametrize("mode", ["ddp", "zero1"])
+def test_a_lone_rank_steps_the_runs_optimizer_clip_and_schedule_and_writes_its_record(mode, run_env, tmp_path):
+    run_env(mode, clip_grad_norm=CLIP, warmup_steps=WARMUP)
+    net, steps = _model(), 5
+    files = RecordFiles(record=tmp_path / "worker-0.json", params=tmp_path / "params.pt")
+    # psrv.Worker's defaults, given explicitly, change nothing; the clip given is the run's
+    with psrv.Worker(net, overlap=True, compress="", clip_grad_norm=CLIP, step_log=StepLog(files)) as ps:
+        assert type(ps).__name__ == "AllReduceWorker" and dist.is_initialized()
+        infos = []
+        for x, y in _batches(steps):
+            loss = torch.nn.functional.mse_loss(net(x), y)
+            loss.backward()
+            infos.append(ps.step(loss=loss, batch_size=len(x)))
+    want, clipped = _reference(steps)
+    assert clipped > 0                                                   # the clip bit, so it is tested
+    final = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+    torch.testing.assert_close(final, want, rtol=0, atol=1e-6)
+    torch.testing.assert_close(torch.load(files.params), final, rtol=0, atol=0)
+    assert [(i.step, i.clock, i.version, i.staleness) for i in infos] == [(k, k + 1, k + 1, 0) for k in range(steps)]
+    assert all(p.grad is not None and not p.grad.any() for p in net.parameters())  # step() zeroed them
+    record = json.loads(files.record.read_text())
+    assert (record["mode"], record["backend"], record["world_size"], record["job"]) == (mode, "gloo", 1, None)
+    assert (record["pushes"], record["updates_applied"], record["steps"], record["batch_size"]) == (steps, steps,
+                                                                                                   steps, 16)
+    assert "staleness" not in record["step_log"][0] and "interrupted" not in record
+
+
+def test_an_error_inside_the_block_writes_what_ran_marked_interrupted_and_no_weights(run_env, tmp_path):
+    run_env()
+    net = _model()
+    files = RecordFiles(record=tmp_path / "worker-0.json", params=tmp_path / "params.pt")
+    with pytest.raises(RuntimeError, match="the loop fails"):
+        with psrv.Worker(net, step_log=StepLog(files)) as ps:
+            x, y = _batches(1)[0]
+            torch.nn.functional.mse_loss(net(x), y).backward()
+            ps.step()
+            raise RuntimeError("the loop fails")
+    record = json.loads(files.record.read_text())
+    assert (record["interrupted"], record["steps_done"]) == (True, 1) and not files.params.exists()
+    with pytest.raises(RuntimeError, match="has ended"):
+        ps.step()
+
+
+@pytest.mark.parametrize("setup, keywords, says", [
+    ({}, {"compress": "topk:0.1"}, r"psrv.Worker\(compress=...\): a parameter-server option, and mode 'ddp' "
+                                   r"all-reduces the gradients among the ranks, with no shards; remove it"),
+    ({}, {"local_steps": 4}, r"psrv.Worker\(local_steps=...\): a parameter-server option"),
+    ({}, {"servers": ["tcp://127.0.0.1:1"]}, r"psrv.Worker\(servers=...\): a parameter-server option"),
+    ({"clip_grad_norm": CLIP}, {"clip_grad_norm": 2.0}, r"clip_grad_norm=2, but the run clips by 0.5"),
+    ({"mode": "fsdp"}, {}, r"mode 'fsdp' does not run a psrv.Worker loop: fully_shard would turn"),
+    ({"config_mode": "sync"}, {}, r"PSRV_MODE is 'ddp' but PSRV_CONFIG .* is a 'sync' run's; they must agree"),
+    ({"world_size": 2}, {}, r"WORLD_SIZE > 1 under an all-reduce mode needs MASTER_ADDR and MASTER_PORT"),
+], ids=["compress", "local_steps", "servers", "clip", "fsdp", "modes-differ", "no-rendezvous"])
+def test_what_the_all_reduce_worker_cannot_do_is_refused_in_one_line(setup, keywords, says, run_env):
+    run_env(**setup)
+    with pytest.raises(ValueError, match=says):
+        psrv.Worker(_model(), **keywords)
+
+
+def test_an_all_reduce_mode_without_the_runs_config_is_refused(run_env, monkeypatch):
+    run_env()
+    monkeypatch.delenv("PSRV_CONFIG")
+    with pytest.raises(ValueError, match=r"under PSRV_MODE=ddp: set PSRV_CONFIG to the run's config.json"):
+        psrv.Worker(_model())
+    monkeypatch.setenv("PSRV_CONFIG", "/nonexistent/config.json")
+    with pytest.raises(ValueError, match=r"PSRV_CONFIG /nonexistent/config.json: No such file"):
+        psrv.Worker(_model())
+
+
+@pytest.mark.parametrize("mode", [None, "sync"])
+def test_without_an_all_reduce_run_psrv_worker_is_the_parameter_server_worker_as_before(mode, monkeypatch):
+    for name in ("PSRV_MODE", "PSRV_SERVERS", "PSRV_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    if mode:
+        monkeypatch.setenv("PSRV_MODE", mode)
+    with pytest.raises(ValueError, match="set PSRV_SERVERS in the environment"):
+        psrv.Worker(_model())
