@@ -75,7 +75,7 @@ def test_defaults_run_the_embedded_default():
 def test_server_addresses_wait_for_ready_files_and_fail_clearly(tmp_path):
     import threading
 
-    from psrv.cli.common import server_addresses
+    from psrv.transport.addresses import split_addresses as server_addresses
     ready = tmp_path / "server-1.addr"
     threading.Timer(0.2, lambda: ready.write_text("tcp://127.0.0.1:5556\n")).start()
     assert server_addresses(f"tcp://127.0.0.1:5555, @{ready}", wait=10) == ("tcp://127.0.0.1:5555",
