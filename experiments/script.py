@@ -4,6 +4,11 @@ Each worker is `python FILE.py ARGS...` with RANK, WORLD_SIZE and PSRV_SERVERS (
 comma-separated, in shard order) set, and the variables psrv/worker/steplog.py reads, so its psrv.Worker
 writes DIR/worker-R.json as `psrv worker --out` does. `--steps`, when typed, is handed over as
 PSRV_STEPS for the script to read. The options only the shipped loop reads are refused.
+
+The launcher (`--launcher`) says how the workers are started, not what they compute: `psrv` starts one
+process per rank (this module); `torchrun` starts them all as one torchrun process (experiments/torchrun.py).
+Both give every rank the same environment but RANK (torchrun sets it): the record paths are templates
+with `{rank}`, which each rank's psrv.Worker fills in.
 """
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from psrv.config import RunConfig
 from psrv.config.base import default_of, leaves
@@ -59,32 +65,40 @@ def script_from_args(words: list[str], cfg: RunConfig, typed: set[str]) -> Scrip
     return Script(path, tuple(words[1:]), cfg.job.steps if "job.steps" in typed else None)
 
 
+def script_env(cfg: RunConfig, out: Path, script: Script, servers: list[tuple[str, str]], *, metrics: bool,
+               linger: float) -> dict[str, str]:
+    """What every rank of a script is given, whichever the launcher (`servers`: (name, address) of each
+    shard, in shard order): all but RANK, with `{rank}` in the paths (psrv/worker/steplog.py fills it in)."""
+    return {"WORLD_SIZE": str(cfg.cluster.workers), "PSRV_SERVERS": ",".join(address for _, address in servers),
+            "PSRV_RECORD": str(out / "worker-{rank}.json"), "PSRV_PROGRESS": str(out / "worker-{rank}.progress"),
+            "PSRV_PARAMS_OUT": str(out / "params.pt"),  # rank 0 alone writes it
+            **({"PSRV_STEPS": str(script.steps)} if script.steps is not None else {}),
+            **({"PSRV_METRICS_PORT": "0", "PSRV_METRICS_LINGER": repr(linger), "PSRV_MODE": cfg.mode}
+               if metrics else {})}
+
+
 def start_script_workers(cluster: Cluster, cfg: RunConfig, out: Path, script: Script,
                          servers: list[tuple[str, str]], *, metrics: bool, linger: float) -> list[str]:
-    """Start the script once per rank (`servers`: (name, address) of each shard, in shard order)."""
-    addresses = ",".join(address for _, address in servers)
+    """Start the script once per rank, each process named worker-R (its output: DIR/worker-R.log)."""
+    env = script_env(cfg, out, script, servers, metrics=metrics, linger=linger)
     names = []
     for rank in range(cfg.cluster.workers):
-        env = {"RANK": str(rank), "WORLD_SIZE": str(cfg.cluster.workers), "PSRV_SERVERS": addresses,
-               "PSRV_RECORD": str(out / f"worker-{rank}.json"), "PSRV_PROGRESS": str(out / f"worker-{rank}.progress"),
-               **({"PSRV_PARAMS_OUT": str(out / "params.pt")} if rank == 0 else {}),
-               **({"PSRV_STEPS": str(script.steps)} if script.steps is not None else {}),
-               **({"PSRV_METRICS_PORT": "0", "PSRV_METRICS_LINGER": repr(linger), "PSRV_MODE": cfg.mode}
-                  if metrics else {})}
-        cluster.start(f"worker-{rank}", [sys.executable, *script.argv], env=env, brief=f"rank {rank} ({script.path})")
+        cluster.start(f"worker-{rank}", [sys.executable, *script.argv], env={**env, "RANK": str(rank)},
+                      brief=f"rank {rank} ({script.path})")
         names.append(f"worker-{rank}")
     return names
 
 
-def check_records(cluster: Cluster, out: Path, names: list[str], script: Script) -> None:
-    """RunFailed, in one line, for a rank that exited 0 without writing its record."""
-    for rank, name in enumerate(names):
-        path = out / f"{name}.json"
+def check_records(out: Path, workers: int, script: Script, output: Callable[[int], Path]) -> None:
+    """RunFailed, in one line, for a rank that exited 0 without writing its record (`output`: where the
+    rank's output went)."""
+    for rank in range(workers):
+        path = out / f"worker-{rank}.json"
         try:
             json.loads(path.read_text())
         except (OSError, ValueError):
             raise RunFailed(f"rank {rank} ({script.path}) exited 0 without writing {path}: end the loop with "
-                            f"ps.close() (or a `with psrv.Worker(...)` block); its output: {out / (name + '.log')}")
+                            f"ps.close() (or a `with psrv.Worker(...)` block); its output: {output(rank)}")
 
 
 def _get(cfg, key: str):

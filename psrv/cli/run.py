@@ -30,6 +30,13 @@ def add(sub) -> None:
                    "log them). Everything after FILE.py is the script's: put psrv's options first. --steps, if "
                    "given, reaches the script as PSRV_STEPS; the job, seed, fault and worker options and "
                    "--mode ddp (torchrun's) are refused")
+    from psrv.experiments.torchrun import LAUNCHERS
+    r.add_argument("--launcher", choices=LAUNCHERS, default="psrv",
+                   help="how --script's workers are started: psrv, one process per rank (the default, each "
+                   "writing DIR/worker-R.log), or torchrun, one `torchrun --nproc-per-node WORKERS FILE.py "
+                   "ARGS` whose ranks read RANK and WORLD_SIZE from torchrun (their output in DIR/workers.log, "
+                   "prefixed [workerR]:). The same run either way: not part of config.json or its hash; "
+                   "summary.json's `launcher` says which. torchrun needs --script")
 
 
 def command(a: argparse.Namespace) -> int:
@@ -41,12 +48,14 @@ def command(a: argparse.Namespace) -> int:
     if a.script is not None:
         from psrv.experiments.script import script_from_args
         script = script_from_args(a.script, cfg, typed=dotted(given(a)))
+    from psrv.experiments.torchrun import check_launcher
+    check_launcher(a.launcher, script)  # before anything starts
     from psrv.process import exit_code, interrupt_on_signals, tune_malloc
     tune_malloc()  # this process only launches; the processes it starts tune themselves
     interrupt_on_signals()  # SIGTERM as Ctrl-C: stop the processes in order, keep what ran
     try:
         summary = run_local(cfg, out=a.out, metrics=a.metrics, metrics_linger=a.metrics_linger,
-                            progress=not a.no_progress, script=script,
+                            progress=not a.no_progress, script=script, launcher=a.launcher,
                             say=lambda line: print(line, file=sys.stderr))  # an earlier run's files removed
     except RunFailed as exc:
         print(f"psrv run failed: {exc}", file=sys.stderr)

@@ -21,7 +21,7 @@ SURFACE = {
     "keygen": (("dir",), ("--log-level", "--workers")),
     "admin": (("action",), ("--curve-keys", "--log-level", "--servers")),
     "run": ((), ("--backup-workers", "--bandwidth", "--batch-size", "--bulk", "--clip-grad-norm", "--compress", "--compress-min-numel", "--compress-warmup", "--compute-ms", "--config", "--dc-lambda", "--ddp-comm-hook", "--device", "--dn-period", "--eval-every", "--freeze-step", "--inner-lr",
-                 "--inner-optimizer", "--job", "--local-steps", "--log-level", "--lr", "--lr-decay-steps", "--lr-end-factor", "--lr-gamma", "--lr-schedule", "--lr-step-size",
+                 "--inner-optimizer", "--job", "--launcher", "--local-steps", "--log-level", "--lr", "--lr-decay-steps", "--lr-end-factor", "--lr-gamma", "--lr-schedule", "--lr-step-size",
                  "--max-message-bytes", "--metrics", "--metrics-linger", "--mode", "--momentum", "--momentum-masking", "--nesterov",
                  "--net-delay-ms", "--no-error-feedback", "--no-momentum-correction", "--no-overlap", "--no-progress", "--nonfinite", "--optimizer", "--out", "--powersgd-rank", "--push-chunk-mb",
                  "--request-timeout", "--script", "--seed", "--servers", "--shared-memory", "--sign-scale", "--staleness", "--steps",
