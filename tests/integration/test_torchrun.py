@@ -2,18 +2,22 @@
 model, a DistributedSampler, RANK and WORLD_SIZE read from the environment) as `torchrun --nproc-per-node 2`
 against two `psrv serve` shards named by PSRV_SERVERS=@FILE, and as `psrv run --launcher torchrun --script`.
 In sync mode both end on the weights of `psrv run --script` with the default launcher, which is single-process
-SGD on the global batch (test_run_script.py), and the torchrun run's steps.csv and summary are its own."""
+SGD on the global batch (test_run_script.py), and the torchrun run's steps.csv and summary are its own.
+A failing rank and Ctrl-C take the default launcher's paths through the one torchrun process."""
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.helpers import ROOT, psrv_argv, psrv_run, run_in_session
+from tests.integration.test_interrupts import _alive, _children, _wait_for_steps
 from tests.integration.test_worker_api import LR, MOMENTUM, WORKERS
 
 SCRIPT = Path(__file__).with_name("script_loop.py")
@@ -109,3 +113,39 @@ def test_a_rank_that_fails_under_torchrun_fails_the_run_in_one_line_naming_it(tm
                      f"rank 1 fails at step 0, as asked); its output: {out / 'workers.log'} (lines [worker1]:)"], \
         proc.stdout
     assert "[worker1]:Traceback" in (out / "workers.log").read_text()           # the script's output is there
+
+
+@pytest.mark.timeout(240)
+def test_ctrl_c_reaches_every_rank_through_torchrun_and_what_ran_is_written(tmp_path):
+    out = tmp_path / "run"
+    with open(tmp_path / "stderr", "w") as stderr:
+        launcher = subprocess.Popen(psrv_argv("run", "--no-progress", "--log-level", "WARNING", "--mode", "async",
+                                              "--servers", "1", "--out", str(out), "--launcher", "torchrun",
+                                              "--script", str(SCRIPT), "400", str(tmp_path / "final.pt")),
+                                    cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True,
+                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    family: dict[int, str] = {}
+    try:
+        for rank in range(WORKERS):  # async: rank 0 (which sends the initial weights) may start later
+            _wait_for_steps(out / f"worker-{rank}.progress", 20, launcher, tmp_path / "stderr")
+        family = _children(launcher.pid)                           # the shard and torchrun
+        family.update({pid: t for parent in list(family) for pid, t in _children(parent).items()})  # its ranks
+        assert len(family) == 2 + WORKERS, family
+        launcher.send_signal(signal.SIGINT)
+        assert launcher.wait(60) == 130
+        time.sleep(0.5)
+        assert [pid for pid, started in family.items() if _alive(pid, started)] == []
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+        for pid, started in family.items():
+            if _alive(pid, started):
+                os.kill(pid, signal.SIGKILL)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["complete"] is False and summary["launcher"] == "torchrun"
+    with open(out / "steps.csv", newline="") as f:
+        assert summary["steps_done"] == len(list(csv.DictReader(f))) >= 2 * 20
+    for rank in range(WORKERS):                                    # each rank left and wrote what it did
+        assert json.loads((out / f"worker-{rank}.json").read_text())["interrupted"] is True
+    assert summary["lost_workers"] == []
