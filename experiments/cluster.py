@@ -71,14 +71,16 @@ class Cluster:
         self.procs: dict[str, subprocess.Popen] = {}
         self.env = thread_env(processes)
         self.brief: dict[str, str] = {}  # processes whose failure is said in one line, as what they are
+        self.explain: dict[str, Callable[[int], str]] = {}  # processes that say their failure themselves
         self.hosts = hosts  # experiments/netns.EmulatedHosts: each process on a host of its own
         self.host_of: dict[str, int] = {}
 
     def start(self, name: str, argv: list[str], env: dict | None = None, *, brief: str = "",
-              host: int | None = None) -> subprocess.Popen:
+              host: int | None = None, explain: Callable[[int], str] | None = None) -> subprocess.Popen:
         """Start `name` (its output to DIR/<name>.log). `brief`: what it is (e.g. "rank 1 (train.py)"); its
-        failure is then one line naming it, its exit code, its last line of output and its log. `host`:
-        with emulated hosts, the one it runs on (its address: `address(host)`)."""
+        failure is then one line naming it, its exit code, its last line of output and its log. `explain`:
+        for a process whose log says more (a launcher of several ranks), its exit code -> that one line.
+        `host`: with emulated hosts, the one it runs on (its address: `address(host)`)."""
         if self.hosts is not None and host is not None:
             argv = self.hosts.wrap(host, argv)
             self.host_of[name] = host
@@ -90,6 +92,8 @@ class Cluster:
         self.procs[name] = proc
         if brief:
             self.brief[name] = brief
+        if explain is not None:
+            self.explain[name] = explain
         return proc
 
     def failed(self) -> str | None:
@@ -105,6 +109,8 @@ class Cluster:
     def failure(self, name: str) -> str:
         """Why process `name` (ended) failed: RunFailed's message."""
         code, log = self.procs[name].returncode, self.out / f"{name}.log"
+        if name in self.explain:
+            return self.explain[name](code)
         if name not in self.brief:
             return f"{name} exited with code {code}; last lines of {log}:\n{self.tail(name)}"
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"

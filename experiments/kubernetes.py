@@ -180,7 +180,7 @@ def _ps_worker_job(cfg: RunConfig, name: str, out: str, servers: tuple[str, ...]
     else:  # the user's loop, found in the image's working folder, told who it is as psrv run --script tells it
         command = _shell(out, ["python", *script.argv], rank0_env={"PSRV_PARAMS_OUT": f"{out}/params.pt"},
                          keep_config=options.configs)
-        env = script_env(INDEX, cfg.cluster.workers, out, ",".join(servers), script.steps, cfg.seed)
+        env = {**script_env(cfg, out, script, ",".join(servers)), "RANK": INDEX}
     metrics = options.metrics and script is None  # a script's /metrics would listen on 127.0.0.1 only
     container = _container("worker", options, command, cfg, env=env, metrics=metrics)
     return _indexed_job(name, "worker", cfg.cluster.workers, container, options, metrics=metrics)

@@ -16,6 +16,7 @@ from psrv.experiments.netns import EmulatedHosts, host_traffic
 from psrv.experiments.preflight import preflight
 from psrv.experiments.rundir import OwnedFolder
 from psrv.experiments.script import Script, check_records, start_script_workers
+from psrv.experiments.torchrun import check_launcher, rank_output, start_torchrun_workers
 from psrv.experiments.summary import build_summary, write_tables
 from psrv.atomic import write_json
 
@@ -57,11 +58,13 @@ def write_config(path: Path, cfg) -> Path:
 def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linger: float = 0.0,
               timeout: float = 1800.0, progress: bool = True,
               on_progress: Callable[[int], None] | None = None, script: Script | None = None,
-              say: Callable[[str], None] = log.info, owner: OwnedFolder | None = None) -> dict:
+              launcher: str = "psrv", say: Callable[[str], None] = log.info, owner: OwnedFolder | None = None) -> dict:
     """Run `cfg` on a local cluster; write DIR/config.json (the resolved config), summary.json, steps.csv,
     evals.csv, and return the summary. `metrics`: every process serves /metrics (DIR/targets.json).
     `script`: the workers are that script (a user's loop on psrv.Worker, experiments/script.py), not the
-    shipped loop over cfg.job.
+    shipped loop over cfg.job. `launcher` (experiments/torchrun.py LAUNCHERS): how the script's workers are
+    started, one process per rank ("psrv") or all as one torchrun process ("torchrun"); summary.json says
+    which (`launcher`), and it is no part of the config or its hash, since the run computes the same.
 
     DIR is this run's alone while it runs (experiments/rundir.py): a folder another run owns is refused
     (FolderInUse, a ValueError), and what an earlier run left there is removed first, `say` telling the
@@ -74,6 +77,7 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
     RunInterrupted is raised."""
     if script is None and cfg.job.script:
         raise ValueError(f"job.script {cfg.job.script}: pass the run's Script (experiments/script.py Script.of)")
+    check_launcher(launcher, script, cfg.mode)
     if script is None:
         preflight(cfg)  # a device that is not here, a job that does not import: ValueError before any process
     rate = cfg.network.bandwidth
@@ -90,7 +94,8 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
         processes = cfg.cluster.workers + (0 if cfg.is_allreduce else cfg.cluster.servers)
         hosts = stack.enter_context(EmulatedHosts(processes, rate)) if rate else None
         return _run(cfg, out=out, metrics=metrics, metrics_linger=metrics_linger, timeout=timeout,
-                    progress=progress, on_progress=on_progress, script=script, hosts=hosts, lock=folder.fd)
+                    progress=progress, on_progress=on_progress, script=script, launcher=launcher, hosts=hosts,
+                    lock=folder.fd)
 
 
 def _listed(names: list[str], limit: int = 6) -> str:
@@ -101,8 +106,8 @@ def _listed(names: list[str], limit: int = 6) -> str:
 
 
 def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, timeout: float, progress: bool,
-         on_progress: Callable[[int], None] | None, script: Script | None, hosts: EmulatedHosts | None,
-         lock: int | None) -> dict:
+         on_progress: Callable[[int], None] | None, script: Script | None, launcher: str,
+         hosts: EmulatedHosts | None, lock: int | None) -> dict:
     write_config(out / "config.json", cfg)
     workers = cfg.cluster.workers
     cluster = Cluster(out, processes=workers + (0 if cfg.is_allreduce else cfg.cluster.servers), hosts=hosts,
@@ -119,8 +124,9 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
                 from psrv.experiments.launch_ddp import start_ddp
                 names = start_ddp(cluster, cfg, out)
         else:
-            servers = _start_servers(cluster, cfg, out, extra, known_ports=script is not None)
-            names = start_script_workers(cluster, cfg, out, script, servers, metrics=metrics, linger=metrics_linger) \
+            servers = _start_servers(cluster, cfg, out, extra)
+            start = start_torchrun_workers if launcher == "torchrun" else start_script_workers
+            names = start(cluster, cfg, out, script, servers, metrics=metrics, linger=metrics_linger) \
                 if script else _start_workers(cluster, cfg, out, [a for _, a in servers], extra)
         steps = cfg.job.steps if script is None else script.steps
         bar = _progress(cfg, out, steps=steps, enabled=progress, on_update=on_progress)
@@ -133,7 +139,7 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
                 found[0] = write_targets(out)
         cluster.wait(names, timeout=timeout, tick=tick)
         if script is not None:
-            check_records(cluster, out, names, script)
+            check_records(out, workers, script, rank_output(out, launcher))
         cluster.wait([n for n, _ in servers], timeout=60)
     except KeyboardInterrupt as exc:  # the workers first: they leave the shards and write what they did
         interrupt = exc
@@ -145,7 +151,8 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
         network = host_traffic(cluster, cfg.network.bandwidth)
     interrupted = interrupt is not None
     summary = {**build_summary(cfg, out, interrupted=interrupted),
-               **network, "config_hash": config_hash(cfg)}  # which config made these results
+               **network, "config_hash": config_hash(cfg),  # which config made these results
+               "launcher": launcher}  # how the workers were started: not what they computed
     write_tables(out, interrupted=interrupted)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     if interrupt is not None:
@@ -165,17 +172,11 @@ def write_targets(out: Path) -> int:
     return sum(len(g["targets"]) for g in groups)
 
 
-def _start_servers(cluster: Cluster, cfg: RunConfig, out: Path, extra: list[str], *,
-                   known_ports: bool = False) -> list[tuple[str, str]]:
-    """Start the shards; return (name, address) each. `known_ports`: each binds a port that was free a
-    moment ago, so its address is known now (a script's PSRV_SERVERS cannot wait for a ready file)."""
+def _start_servers(cluster: Cluster, cfg: RunConfig, out: Path, extra: list[str]) -> list[tuple[str, str]]:
+    """Start the shards; return (name, address) each."""
     names = []
     rpc_master = f"127.0.0.1:{free_port()}" if cfg.cluster.transport == "rpc" else ""  # shard 0 hosts it
-    ports: set[int] = set()
-    while known_ports and len(ports) < cfg.cluster.servers:
-        ports.add(free_port())
-    binds = [f"tcp://127.0.0.1:{port}" for port in sorted(ports)] if known_ports else \
-        [f"rpc://{rpc_master}" if rpc_master else f"tcp://{cluster.address(i)}:0" for i in range(cfg.cluster.servers)]
+    binds = [f"rpc://{rpc_master}" if rpc_master else f"tcp://{cluster.address(i)}:0" for i in range(cfg.cluster.servers)]
     for i in range(cfg.cluster.servers):
         ready = out / f"server-{i}.addr"
         ready.unlink(missing_ok=True)
@@ -185,10 +186,9 @@ def _start_servers(cluster: Cluster, cfg: RunConfig, out: Path, extra: list[str]
         names.append((f"server-{i}", ready))
     if rpc_master:  # the RPC world forms only once the workers join it too: do not wait for the servers
         return [(n, f"rpc://{rpc_master}/server-{i}") for i, (n, _) in enumerate(names)]
-    if known_ports:  # a worker's HELLO waits in its socket until the shard listens
-        return [(n, address) for (n, _), address in zip(names, binds)]
     # Workers start at once and read each address from the server's ready file when it appears
-    # (an address @FILE), so their start-up overlaps the servers'.
+    # (an address @FILE: `psrv worker --servers`, and a script's PSRV_SERVERS), so their start-up
+    # overlaps the servers'.
     return [(n, f"@{r}") for n, r in names]
 
 

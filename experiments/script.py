@@ -3,7 +3,7 @@
 
 The script is part of the run's config (job.script, job.script_args, and job.script_sha256, the file's
 hash when the run was configured), so a spec's reuse by config hash reruns a run whose script changed.
-Each worker is `python FILE.py ARGS...`, its output in DIR/worker-R.log, with these set:
+Each worker is `python FILE.py ARGS...`, its output in DIR/worker-R.log, with these set (script_env):
 - RANK and WORLD_SIZE, and PSRV_SEED, the run's seed;
 - PSRV_MODE, the run's mode, and PSRV_CONFIG, its resolved config (DIR/config.json);
 - in sync, async and ssp, PSRV_SERVERS: the shards' addresses, comma-separated, in shard order;
@@ -14,6 +14,11 @@ Each worker is `python FILE.py ARGS...`, its output in DIR/worker-R.log, with th
   its psrv.Worker writes DIR/worker-R.json as `psrv worker --out` does;
 - PSRV_STEPS: `--steps` (a spec's job.steps), when given, for the script to read.
 The options only the shipped loop reads are refused, and so is fsdp (psrv/worker/allreduce.py says why).
+
+The launcher (`--launcher`) says how the workers are started, not what they compute: `psrv` starts one
+process per rank (this module); `torchrun` starts them all as one torchrun process (experiments/torchrun.py).
+Both give every rank the same environment but RANK (torchrun sets it): the record paths are templates
+with `{rank}`, which each rank's psrv.Worker fills in.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from psrv.config import RunConfig
 from psrv.config.base import default_of, leaves
@@ -100,48 +106,64 @@ def script_from_args(words: list[str], cfg: RunConfig, typed: set[str]) -> tuple
     return cfg, Script.of(cfg, steps_given="job.steps" in typed)
 
 
+def script_env(cfg: RunConfig, out: Path, script: Script, servers: list[tuple[str, str]], *, metrics: bool,
+               linger: float) -> dict[str, str]:
+    """What every rank of a script is given, whichever the launcher (`servers`: (name, address) of each
+    shard, in shard order): all but RANK, with `{rank}` in the paths (psrv/worker/steplog.py fills it in)."""
+    return {"WORLD_SIZE": str(cfg.cluster.workers), "PSRV_SERVERS": ",".join(address for _, address in servers),
+            "PSRV_RECORD": str(out / "worker-{rank}.json"), "PSRV_PROGRESS": str(out / "worker-{rank}.progress"),
+            "PSRV_PARAMS_OUT": str(out / "params.pt"),  # rank 0 alone writes it
+            **({"PSRV_STEPS": str(script.steps)} if script.steps is not None else {}),
+            **({"PSRV_METRICS_PORT": "0", "PSRV_METRICS_LINGER": repr(linger), "PSRV_MODE": cfg.mode}
+               if metrics else {})}
+
+
 def start_script_workers(cluster: Cluster, cfg: RunConfig, out: Path, script: Script,
                          servers: list[tuple[str, str]], *, metrics: bool, linger: float) -> list[str]:
-    """Start the script once per rank (`servers`: (name, address) of each shard, in shard order; none in
-    an all-reduce mode, whose ranks meet at a rendezvous on 127.0.0.1 instead)."""
-    workers = cfg.cluster.workers
-    run = {"PSRV_MODE": cfg.mode, "PSRV_CONFIG": str(out / "config.json")}
-    addresses = None if cfg.is_allreduce else ",".join(address for _, address in servers)
-    if cfg.is_allreduce:
-        run.update(LOCAL_WORLD_SIZE=str(workers), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    """Start the script once per rank, each process named worker-R (its output: DIR/worker-R.log); `servers`:
+    (name, address) of each shard, in shard order; none in an all-reduce mode, whose ranks meet at a
+    rendezvous on 127.0.0.1 instead."""
+    allreduce = cfg.is_allreduce
+    env = script_env(cfg, out, script, None if allreduce else ",".join(a for _, a in servers),
+                     metrics=metrics, linger=linger)
+    if allreduce:
+        env.update(LOCAL_WORLD_SIZE=str(cfg.cluster.workers), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     names = []
-    for rank in range(workers):
-        env = {**run, **script_env(rank, workers, str(out), addresses, script.steps, cfg.seed),
-               **({"LOCAL_RANK": str(rank)} if cfg.is_allreduce else {}),
-               **({"PSRV_PARAMS_OUT": str(out / "params.pt")} if rank == 0 else {}),
-               # no /metrics from all-reduce ranks: the shipped ones (launch_ddp.py) serve none either
-               **({"PSRV_METRICS_PORT": "0", "PSRV_METRICS_LINGER": repr(linger)}
-                  if metrics and not cfg.is_allreduce else {})}
-        cluster.start(f"worker-{rank}", [sys.executable, *script.argv], env=env, brief=f"rank {rank} ({script.path})")
+    for rank in range(cfg.cluster.workers):
+        cluster.start(f"worker-{rank}", [sys.executable, *script.argv],
+                      env={**env, "RANK": str(rank), **({"LOCAL_RANK": str(rank)} if allreduce else {})},
+                      brief=f"rank {rank} ({script.path})")
         names.append(f"worker-{rank}")
     return names
 
 
-def script_env(rank: int | str, world_size: int, out: str, addresses: str | None, steps: int | None,
-               seed: int) -> dict[str, str]:
-    """A script rank's environment: who it is, its shards (comma-separated, in shard order), the run's seed,
-    where its psrv.Worker writes its record and progress, and PSRV_STEPS when --steps was given. Rank 0 also gets
-    PSRV_PARAMS_OUT (OUT/params.pt). Shared with the scheduler's manifests (experiments/kubernetes.py)."""
-    return {"RANK": str(rank), "WORLD_SIZE": str(world_size), "PSRV_SEED": str(seed),
+def script_env(cfg: RunConfig, out: Path | str, script: Script, addresses: str | None, *, metrics: bool = False,
+               linger: float = 0.0) -> dict[str, str]:
+    """What every rank of a script is given, whichever the launcher or scheduler: all but RANK, with `{rank}`
+    in the paths (psrv/worker/steplog.py fills it in). `addresses`: the shards' (comma-separated, in shard
+    order; an entry may be @FILE, a server's ready file); None in an all-reduce mode. Shared with the
+    scheduler's manifests (experiments/kubernetes.py)."""
+    return {"WORLD_SIZE": str(cfg.cluster.workers), "PSRV_SEED": str(cfg.seed), "PSRV_MODE": cfg.mode,
+            "PSRV_CONFIG": f"{out}/config.json",
             **({"PSRV_SERVERS": addresses} if addresses is not None else {}),
-            "PSRV_RECORD": f"{out}/worker-{rank}.json", "PSRV_PROGRESS": f"{out}/worker-{rank}.progress",
-            **({"PSRV_STEPS": str(steps)} if steps is not None else {})}
+            "PSRV_RECORD": f"{out}/worker-{{rank}}.json", "PSRV_PROGRESS": f"{out}/worker-{{rank}}.progress",
+            "PSRV_PARAMS_OUT": f"{out}/params.pt",  # rank 0 alone writes it
+            **({"PSRV_STEPS": str(script.steps)} if script.steps is not None else {}),
+            # no /metrics from all-reduce ranks: the shipped ones (launch_ddp.py) serve none either
+            **({"PSRV_METRICS_PORT": "0", "PSRV_METRICS_LINGER": repr(linger)}
+               if metrics and not cfg.is_allreduce else {})}
 
 
-def check_records(cluster: Cluster, out: Path, names: list[str], script: Script) -> None:
-    """RunFailed, in one line, for a rank that exited 0 without writing its record."""
-    for rank, name in enumerate(names):
-        path = out / f"{name}.json"
+def check_records(out: Path, workers: int, script: Script, output: Callable[[int], Path]) -> None:
+    """RunFailed, in one line, for a rank that exited 0 without writing its record (`output`: where the
+    rank's output went)."""
+    for rank in range(workers):
+        path = out / f"worker-{rank}.json"
         try:
             json.loads(path.read_text())
         except (OSError, ValueError):
             raise RunFailed(f"rank {rank} ({script.path}) exited 0 without writing {path}: end the loop with "
-                            f"ps.close() (or a `with psrv.Worker(...)` block); its output: {out / (name + '.log')}")
+                            f"ps.close() (or a `with psrv.Worker(...)` block); its output: {output(rank)}")
 
 
 def _get(cfg, key: str):

@@ -3,7 +3,6 @@ the checks and files they have in common."""
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 from psrv.config.cli_args import given, read_config_file
@@ -35,22 +34,6 @@ def unused_staleness(a: argparse.Namespace, mode: str) -> None:
     """--staleness typed with a mode that has no bound: a mistake (a config file's default one is not)."""
     if "staleness" in given(a) and mode != "ssp":
         raise ValueError(f"--staleness: only used with --mode ssp (mode is {mode!r}); remove it")
-
-
-def server_addresses(text: str, *, wait: float) -> tuple[str, ...]:
-    """Shard addresses from --servers. An entry @FILE is read from FILE, a server's --ready-file, once
-    it exists: a worker can start (and import torch) while its servers are still starting."""
-    out = []
-    for item in (s.strip() for s in text.split(",") if s.strip()):
-        if item.startswith("@"):
-            path, deadline = Path(item[1:]), time.monotonic() + wait
-            while not (path.exists() and path.read_text().strip()):
-                if time.monotonic() > deadline:
-                    raise ValueError(f"server address file {path} did not appear within {wait:.0f}s")
-                time.sleep(0.02)
-            item = path.read_text().strip()
-        out.append(item)
-    return tuple(out)
 
 
 def dotted(tree: dict, prefix: str = "") -> set[str]:

@@ -36,6 +36,13 @@ def add(sub) -> None:
                    "options first. --steps, if given, reaches the script as PSRV_STEPS and --seed as PSRV_SEED; "
                    "its output goes to DIR/worker-R.log. The job, fault, worker and all-reduce options and "
                    "--mode fsdp are refused")
+    from psrv.experiments.torchrun import LAUNCHERS
+    r.add_argument("--launcher", choices=LAUNCHERS, default="psrv",
+                   help="how --script's workers are started: psrv, one process per rank (the default, each "
+                   "writing DIR/worker-R.log), or torchrun, one `torchrun --nproc-per-node WORKERS FILE.py "
+                   "ARGS` whose ranks read RANK and WORLD_SIZE from torchrun (their output in DIR/workers.log, "
+                   "prefixed [workerR]:). The same run either way: not part of config.json or its hash; "
+                   "summary.json's `launcher` says which. torchrun needs --script")
 
 
 def command(a: argparse.Namespace) -> int:
@@ -56,12 +63,14 @@ def command(a: argparse.Namespace) -> int:
         name = run_name(a.out.name)
         print(to_yaml([(name, run_manifests(cfg, name, a.out.name, kubernetes, script=script))], kubernetes), end="")
         return 0
+    from psrv.experiments.torchrun import check_launcher
+    check_launcher(a.launcher, script, cfg.mode)  # before anything starts
     from psrv.process import exit_code, interrupt_on_signals, tune_malloc
     tune_malloc()  # this process only launches; the processes it starts tune themselves
     interrupt_on_signals()  # SIGTERM as Ctrl-C: stop the processes in order, keep what ran
     try:
         summary = run_local(cfg, out=a.out, metrics=a.metrics, metrics_linger=a.metrics_linger,
-                            progress=not a.no_progress, script=script,
+                            progress=not a.no_progress, script=script, launcher=a.launcher,
                             say=lambda line: print(line, file=sys.stderr))  # an earlier run's files removed
     except RunFailed as exc:
         print(f"psrv run failed: {exc}", file=sys.stderr)

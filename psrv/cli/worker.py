@@ -5,7 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from psrv.cli.common import base_config, config_arg, log_level, metrics_args, metrics_file, server_addresses
+from psrv.cli.common import base_config, config_arg, log_level, metrics_args, metrics_file
 from psrv.config import WorkerConfig
 from psrv.config.cli_args import add_config_arguments, config_from_args
 
@@ -50,7 +50,8 @@ def _train_worker(a: argparse.Namespace) -> int:
     from psrv.workers.jobs import job_factory
     check_device(cfg.device)
     job_factory(cfg.job.name)  # imports a user's job module (from the current folder) before any server is met
-    cfg = cfg.replace(servers=server_addresses(servers, wait=120.0))  # then wait for @FILE addresses
+    from psrv.transport.addresses import split_addresses
+    cfg = cfg.replace(servers=split_addresses(servers, wait=120.0))  # then wait for @FILE addresses
     tune_malloc()
     from psrv.worker.steplog import RecordFiles, StepLog
     from psrv.workers.loop import TrainingInterrupted, train

@@ -1,10 +1,14 @@
 """What psrv.Worker's keywords leave to others, resolved at its construction: the shards' addresses, rank
 and world size from the environment where they are not given (PSRV_SERVERS, RANK and WORLD_SIZE, as torchrun
-sets the last two), the clip agreed with the shards' WELCOME, and the payload planes' 'auto'/'off' as
-PSClient's flags (psrv/worker/session.py uses them), and the all-reduce mode a run asks for (PSRV_MODE)."""
+sets the last two; an address `@FILE` waits for a server's ready file), the clip agreed with the shards'
+WELCOME, and the payload planes' 'auto'/'off' as PSClient's flags (psrv/worker/session.py uses them), and
+the all-reduce mode a run asks for (PSRV_MODE)."""
 from __future__ import annotations
 
 import os
+from typing import Sequence
+
+from psrv.transport.addresses import resolve_addresses
 
 from psrv.config import ALLREDUCE_MODES
 
@@ -33,11 +37,15 @@ def env(name: str) -> str:
     return value
 
 
-def env_servers() -> list[str]:
-    """The shards' addresses in PSRV_SERVERS (comma-separated, in shard order)."""
-    servers = [s.strip() for s in env("PSRV_SERVERS").split(",") if s.strip()]
+def servers_of(given: Sequence[str] | None, *, wait: float) -> list[str]:
+    """The shards' addresses: `given`, else PSRV_SERVERS (comma-separated, in shard order). An entry
+    `@FILE` is read from FILE (a server's --ready-file) once it exists, waiting at most `wait` seconds,
+    so the workers may start before the servers (as `psrv worker --servers @FILE` may)."""
+    entries = list(given) if given is not None else env("PSRV_SERVERS").split(",")
+    servers = list(resolve_addresses(entries, wait=wait))
     if not servers:
-        raise ValueError("psrv.Worker: PSRV_SERVERS names no shard address (tcp://host:port,...)")
+        where = "servers=" if given is not None else "PSRV_SERVERS"
+        raise ValueError(f"psrv.Worker: {where} names no shard address (tcp://host:port,...)")
     return servers
 
 

@@ -26,7 +26,7 @@ from psrv.config.sections import Placement, WorkerSettings
 from psrv.worker.client import PSClient
 from psrv.clip import clip_flat_
 from psrv.worker.flat import FlatModel
-from psrv.worker.keywords import allreduce_mode, clip_of, env, env_servers, planes
+from psrv.worker.keywords import allreduce_mode, clip_of, env, planes, servers_of
 from psrv.local_period import LocalPeriod, fastest_of, parse_local_steps
 from psrv.worker.overlap import ShardReadiness
 from psrv.partition import PartitionPlan
@@ -46,7 +46,9 @@ class Worker:
     waiting at most `timeout` seconds for rank 0's.
 
     `servers` (the shards' addresses in shard order), `rank` and `world_size` default to the
-    environment's PSRV_SERVERS (comma-separated), RANK and WORLD_SIZE (as torchrun sets them).
+    environment's PSRV_SERVERS (comma-separated), RANK and WORLD_SIZE (as torchrun sets them). An
+    address `@FILE` is read from a server's `--ready-file` FILE once it exists (at most `timeout`
+    seconds), so a launcher may start the workers before the servers, as under torchrun.
 
     The model's parameters become views of one flat buffer and their `.grad` views of another; do
     not move or re-create them afterwards. `step()` zeroes the gradients, so `model.zero_grad()` is
@@ -130,10 +132,10 @@ class Worker:
                 raise ValueError(f"local_steps {exc} (None: off)") from None
         if clip_grad_norm is not None and not clip_grad_norm >= 0:
             raise ValueError(f"clip_grad_norm must be >= 0 (0: off); got {clip_grad_norm!r}")
-        servers = list(servers) if servers is not None else env_servers()
         self.rank = int(rank if rank is not None else env("RANK"))
         self.world_size = int(world_size if world_size is not None else env("WORLD_SIZE"))
         self._evals = Evaluations(None, rank=self.rank, evaluate=evaluate, eval_every=eval_every)  # checked first
+        servers = servers_of(servers, wait=timeout)  # an @FILE entry: once that server is up
         self.model = model
         self._flat = FlatModel(model, grads=False)  # the flat gradient is placed below
         self.plan = PartitionPlan.from_module(model, len(servers))

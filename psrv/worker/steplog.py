@@ -4,8 +4,11 @@ a user's script on psrv.Worker. ROW and RECORD declare what they hold; a key not
 
 The loops are handed a StepLog (`psrv worker` and `python -m psrv.workers.allreduce` build it from their
 options). A script's psrv.Worker builds its own from the environment `psrv run --script` sets
-(`StepLog.from_env`): PSRV_RECORD, PSRV_PARAMS_OUT, PSRV_PROGRESS, PSRV_METRICS_PORT (0: a free one,
-written beside PSRV_RECORD as .metrics), PSRV_MODE (the metrics' label) and PSRV_METRICS_LINGER.
+(`StepLog.from_env`): PSRV_RECORD, PSRV_PARAMS_OUT (written by rank 0 alone), PSRV_PROGRESS,
+PSRV_METRICS_PORT (0: a free one, written beside PSRV_RECORD as .metrics), PSRV_MODE (the metrics' label)
+and PSRV_METRICS_LINGER. `{rank}` in a path is replaced by the worker's rank: one launcher process
+(torchrun) gives every rank the same environment, as it gives them the same argv, so the paths are
+templates (DIR/worker-{rank}.json) and each rank fills in its own.
 
 A row holds what a step measured. The loss and batch size are the ones the loop knew, None where a
 script passed none: the log never makes one up. A worker that stops on an error or Ctrl-C writes what
@@ -90,9 +93,10 @@ class RecordFiles:
     progress: Path | None = None
 
     @classmethod
-    def from_env(cls) -> "RecordFiles":
-        return cls(record=_env_path("PSRV_RECORD"), params=_env_path("PSRV_PARAMS_OUT"),
-                   progress=_env_path("PSRV_PROGRESS"))
+    def from_env(cls, *, rank: int) -> "RecordFiles":
+        """The files `psrv run --script` names in the environment, `{rank}` in each replaced by `rank`."""
+        return cls(record=_env_path("PSRV_RECORD", rank), params=_env_path("PSRV_PARAMS_OUT", rank),
+                   progress=_env_path("PSRV_PROGRESS", rank))
 
 
 class StepLog:
@@ -110,7 +114,7 @@ class StepLog:
     @classmethod
     def from_env(cls, *, rank: int) -> "StepLog | None":
         """A script's log, where `psrv run --script` asked for one (PSRV_RECORD); else None."""
-        files = RecordFiles.from_env()
+        files = RecordFiles.from_env(rank=rank)
         if files.record is None:
             return None
         metrics, port = None, os.environ.get("PSRV_METRICS_PORT", "").strip()
@@ -213,6 +217,6 @@ def _declared(got: dict, schema: dict, what: str) -> None:
         raise ValueError(f"{what} keys not declared in psrv/worker/steplog.py: {', '.join(unknown)}")
 
 
-def _env_path(name: str) -> Path | None:
+def _env_path(name: str, rank: int) -> Path | None:
     value = os.environ.get(name, "").strip()
-    return Path(value) if value else None
+    return Path(value.replace("{rank}", str(rank))) if value else None

@@ -21,7 +21,7 @@ SURFACE = {
     "keygen": (("dir",), ("--log-level", "--workers")),
     "admin": (("action",), ("--curve-keys", "--log-level", "--servers")),
     "run": ((), ("--backup-workers", "--bandwidth", "--batch-size", "--bulk", "--clip-grad-norm", "--compress", "--compress-min-numel", "--compress-warmup", "--compute-ms", "--config", "--dc-lambda", "--ddp-comm-hook", "--device", "--dn-period", "--eval-every", "--freeze-step", "--inner-lr",
-                 "--inner-optimizer", "--job", "--local-steps", "--log-level", "--lr", "--lr-decay-steps", "--lr-end-factor", "--lr-gamma", "--lr-schedule", "--lr-step-size",
+                 "--inner-optimizer", "--job", "--launcher", "--local-steps", "--log-level", "--lr", "--lr-decay-steps", "--lr-end-factor", "--lr-gamma", "--lr-schedule", "--lr-step-size",
                  "--max-message-bytes", "--metrics", "--metrics-linger", "--mode", "--momentum", "--momentum-masking", "--nesterov",
                  "--net-delay-ms", "--no-error-feedback", "--no-momentum-correction", "--no-overlap", "--no-progress", "--nonfinite", "--optimizer", "--out", "--powersgd-rank", "--push-chunk-mb",
                  "--request-timeout", "--script", "--seed", "--servers", "--shared-memory", "--sign-scale", "--staleness", "--steps",
@@ -75,7 +75,7 @@ def test_defaults_run_the_embedded_default():
 def test_server_addresses_wait_for_ready_files_and_fail_clearly(tmp_path):
     import threading
 
-    from psrv.cli.common import server_addresses
+    from psrv.transport.addresses import split_addresses as server_addresses
     ready = tmp_path / "server-1.addr"
     threading.Timer(0.2, lambda: ready.write_text("tcp://127.0.0.1:5556\n")).start()
     assert server_addresses(f"tcp://127.0.0.1:5555, @{ready}", wait=10) == ("tcp://127.0.0.1:5555",
