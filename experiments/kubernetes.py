@@ -146,13 +146,12 @@ def _service(cfg: RunConfig, name: str, options: KubernetesOptions) -> dict:
                      "ports": [{"name": n, "port": p, "targetPort": p} for n, p in ports]}}
 
 
-def _shell(out: str, argv: list[str], *, rank0_args: list[str] = (), rank0_env: dict[str, str] = {},
+def _shell(out: str, argv: list[str], *, rank0_args: list[str] = (),
            keep_config: str = "") -> list[str]:
     """A container's command: make the run folder, then exec argv. On index 0 only: copy the run's
     config.json from `keep_config` (the ConfigMap's folder) into the run folder, as a local run has it;
     export `rank0_env`; put `rank0_args` after argv (what rank 0 alone writes)."""
     first = [f"cp {shlex.quote(keep_config + '/config.json')} {shlex.quote(out + '/config.json')}"] if keep_config else []
-    first += [f"export {k}={shlex.quote(v)}" for k, v in rank0_env.items()]
     first += [f"set -- {shlex.join(rank0_args)}"] if rank0_args else []
     test = f"if [ '{INDEX}' = 0 ]; then {'; '.join(first)}; fi\n" if first else ""
     tail = ' "$@"' if rank0_args else ""
@@ -178,8 +177,7 @@ def _ps_worker_job(cfg: RunConfig, name: str, out: str, servers: tuple[str, ...]
                            python="python")
         command, env = _shell(out, argv, rank0_args=rank0_argv(out), keep_config=options.configs), {}
     else:  # the user's loop, found in the image's working folder, told who it is as psrv run --script tells it
-        command = _shell(out, ["python", *script.argv], rank0_env={"PSRV_PARAMS_OUT": f"{out}/params.pt"},
-                         keep_config=options.configs)
+        command = _shell(out, ["python", *script.argv], keep_config=options.configs)
         env = {**script_env(cfg, out, script, ",".join(servers)), "RANK": INDEX}
     metrics = options.metrics and script is None  # a script's /metrics would listen on 127.0.0.1 only
     container = _container("worker", options, command, cfg, env=env, metrics=metrics)

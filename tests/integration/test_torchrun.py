@@ -16,6 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from psrv.config import RunConfig, from_dict
+from psrv.config.base import config_hash
+
 from tests.helpers import ROOT, psrv_argv, psrv_run, run_in_session
 from tests.integration.test_interrupts import _alive, _children, _wait_for_steps
 from tests.integration.test_worker_api import LR, MOMENTUM, WORKERS
@@ -91,9 +94,12 @@ def test_psrv_run_with_the_torchrun_launcher_is_the_same_run_and_says_its_launch
     got = psrv_run(out, *SYNC, "--servers", str(SHARDS), "--workers", str(WORKERS), "--steps", str(STEPS),
                    "--launcher", "torchrun", "--script", str(SCRIPT), "1", str(tmp_path / "final.pt"))
     assert (got["launcher"], want["launcher"]) == ("torchrun", "psrv")
-    assert got["config_hash"] == want["config_hash"]                        # the launcher is not the config
-    assert (out / "config.json").read_text() == (ran / "config.json").read_text()
-    same = set(want) - TIMING - {"launcher", "script_args"}
+    mine, theirs = (json.loads((d / "config.json").read_text()) for d in (out, ran))
+    assert mine["job"]["script_args"] != theirs["job"]["script_args"]      # each run's own final.pt path
+    theirs["job"]["script_args"] = mine["job"]["script_args"]
+    assert mine == theirs                                                   # the launcher is not the config
+    assert got["config_hash"] == config_hash(from_dict(RunConfig, theirs)) != want["config_hash"]
+    same = set(want) - TIMING - {"launcher", "script_args", "config_hash"}
     assert {k: got[k] for k in same} == {k: want[k] for k in same}
     assert got["pushes"] == WORKERS * STEPS and got["updates_applied"] == STEPS
     assert _counts(out) == _counts(ran) == {str(r): list(range(STEPS)) for r in range(WORKERS)}

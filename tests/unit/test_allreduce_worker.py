@@ -137,4 +137,4 @@ def test_without_an_all_reduce_run_psrv_worker_is_the_parameter_server_worker_as
     if mode:
         monkeypatch.setenv("PSRV_MODE", mode)
     with pytest.raises(ValueError, match="set PSRV_SERVERS in the environment"):
-        psrv.Worker(_model())
+        psrv.Worker(_model(), rank=0, world_size=1)

@@ -223,9 +223,10 @@ def test_script_workers_get_what_psrv_run_script_gives_them(tmp_path):
     for rank in range(2):
         argv, env = _start_pod(_container(_job(docs, "worker")), rank, tmp_path)
         assert argv == ["train.py", "--epochs", "3"]
-        assert (env["RANK"], env["WORLD_SIZE"], env["PSRV_RECORD"]) == (str(rank), "2", f"{out}/worker-{rank}.json")
+        record = env["PSRV_RECORD"].replace("{rank}", env["RANK"])  # psrv.Worker fills in its rank
+        assert (env["RANK"], env["WORLD_SIZE"], record) == (str(rank), "2", f"{out}/worker-{rank}.json")
         assert env["PSRV_SERVERS"] == ",".join(f"tcp://{name}-server-{i}.{name}:5555" for i in range(2))
-        assert env.get("PSRV_PARAMS_OUT") == (f"{out}/params.pt" if rank == 0 else None)
+        assert (env["PSRV_PARAMS_OUT"], env["PSRV_SEED"]) == (f"{out}/params.pt", "0")  # rank 0 alone writes it
     with pytest.raises(ValueError, match="mode 'ddp' has none"):
         run_manifests(_run("ddp"), name, "mine", script=script)
 
