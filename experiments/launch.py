@@ -5,6 +5,7 @@ import contextlib
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -15,6 +16,7 @@ from psrv.experiments.cluster import Cluster, RunFailed, RunInterrupted, free_po
 from psrv.experiments.netns import EmulatedHosts, host_traffic
 from psrv.experiments.preflight import preflight
 from psrv.experiments.rundir import OwnedFolder
+from psrv.experiments.schedulers import check_scheduler, scheduler_hosts
 from psrv.experiments.script import Script, check_records, start_script_workers
 from psrv.experiments.summary import build_summary, write_tables
 from psrv.atomic import write_json
@@ -37,11 +39,13 @@ def write_config(path: Path, cfg) -> Path:
 def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linger: float = 0.0,
               timeout: float = 1800.0, progress: bool = True,
               on_progress: Callable[[int], None] | None = None, script: Script | None = None,
-              say: Callable[[str], None] = log.info, owner: OwnedFolder | None = None) -> dict:
+              say: Callable[[str], None] = log.info, owner: OwnedFolder | None = None,
+              scheduler: str = "local") -> dict:
     """Run `cfg` on a local cluster; write DIR/config.json (the resolved config), summary.json, steps.csv,
     evals.csv, and return the summary. `metrics`: every process serves /metrics (DIR/targets.json).
     `script`: the workers are that script (a user's loop on psrv.Worker, experiments/script.py), not the
-    shipped loop over cfg.job.
+    shipped loop over cfg.job. `scheduler`: where the processes start (experiments/schedulers.py; "slurm":
+    each a job step of one SLURM allocation, DIR on a filesystem its nodes share); summary.json says which.
 
     DIR is this run's alone while it runs (experiments/rundir.py): a folder another run owns is refused
     (FolderInUse, a ValueError), and what an earlier run left there is removed first, `say` telling the
@@ -55,6 +59,7 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
     if script is None:
         preflight(cfg)  # a device that is not here, a job that does not import: ValueError before any process
     rate = cfg.network.bandwidth
+    check_scheduler(scheduler, metrics=metrics, bandwidth=rate)
     if rate and (metrics or script is not None):
         raise ValueError(f"network.bandwidth {rate}: " + ("--metrics serves each process's /metrics on its own "
                          "emulated host, out of Prometheus's reach" if metrics else "a script's workers run on "
@@ -66,9 +71,11 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
             say(f"{out}: removed the {len(removed)} files the run before left there ({_listed(removed)}); "
                 "this run writes its own")
         processes = cfg.cluster.workers + (0 if cfg.is_allreduce else cfg.cluster.servers)
-        hosts = stack.enter_context(EmulatedHosts(processes, rate)) if rate else None
+        hosts = stack.enter_context(EmulatedHosts(processes, rate) if rate else
+                                    scheduler_hosts(scheduler, processes, out=out, timeout=timeout))
         return _run(cfg, out=out, metrics=metrics, metrics_linger=metrics_linger, timeout=timeout,
-                    progress=progress, on_progress=on_progress, script=script, hosts=hosts, lock=folder.fd)
+                    progress=progress, on_progress=on_progress, script=script, hosts=hosts, lock=folder.fd,
+                    scheduler=scheduler)
 
 
 def _listed(names: list[str], limit: int = 6) -> str:
@@ -80,7 +87,7 @@ def _listed(names: list[str], limit: int = 6) -> str:
 
 def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, timeout: float, progress: bool,
          on_progress: Callable[[int], None] | None, script: Script | None, hosts: EmulatedHosts | None,
-         lock: int | None) -> dict:
+         lock: int | None, scheduler: str) -> dict:
     write_config(out / "config.json", cfg)
     workers = cfg.cluster.workers
     cluster = Cluster(out, processes=workers + (0 if cfg.is_allreduce else cfg.cluster.servers), hosts=hosts,
@@ -93,7 +100,11 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
             names = start_ddp(cluster, cfg, out)
             servers = []
         else:
-            servers = _start_servers(cluster, cfg, out, extra, known_ports=script is not None)
+            # a script's PSRV_SERVERS are addresses: a port drawn free here, or under a scheduler (the
+            # servers on other nodes) the address each server publishes once it listens
+            servers = _start_servers(cluster, cfg, out, extra, known_ports=script is not None and hosts is None)
+            if script is not None and hosts is not None:
+                servers = _published(cluster, servers, timeout=min(timeout, 300.0))
             names = start_script_workers(cluster, cfg, out, script, servers, metrics=metrics, linger=metrics_linger) \
                 if script else _start_workers(cluster, cfg, out, [a for _, a in servers], extra)
         steps = cfg.job.steps if script is None else script.steps
@@ -119,7 +130,8 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
         network = host_traffic(cluster, cfg.network.bandwidth)
     interrupted = interrupt is not None
     summary = {**build_summary(cfg, out, interrupted=interrupted, script=script.argv if script else None),
-               **network, "config_hash": config_hash(cfg)}  # which config made these results
+               **network, "scheduler": scheduler,  # where it ran: not in the hash, which is what ran
+               "config_hash": config_hash(cfg)}  # which config made these results
     write_tables(out, interrupted=interrupted)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     if interrupt is not None:
@@ -144,7 +156,7 @@ def _start_servers(cluster: Cluster, cfg: RunConfig, out: Path, extra: list[str]
     """Start the shards; return (name, address) each. `known_ports`: each binds a port that was free a
     moment ago, so its address is known now (a script's PSRV_SERVERS cannot wait for a ready file)."""
     names = []
-    rpc_master = f"127.0.0.1:{free_port()}" if cfg.cluster.transport == "rpc" else ""  # shard 0 hosts it
+    rpc_master = f"{cluster.address(0)}:{free_port()}" if cfg.cluster.transport == "rpc" else ""  # shard 0 hosts it
     ports: set[int] = set()
     while known_ports and len(ports) < cfg.cluster.servers:
         ports.add(free_port())
@@ -165,6 +177,22 @@ def _start_servers(cluster: Cluster, cfg: RunConfig, out: Path, extra: list[str]
     # Workers start at once and read each address from the server's ready file when it appears
     # (an address @FILE), so their start-up overlaps the servers'.
     return [(n, f"@{r}") for n, r in names]
+
+
+def _published(cluster: Cluster, servers: list[tuple[str, str]], *, timeout: float) -> list[tuple[str, str]]:
+    """`servers` with each @FILE address replaced by the address its server wrote there (`psrv serve
+    --ready-file`, atomically) once it has; RunFailed if a server fails or is not listening in `timeout`."""
+    deadline, published = time.monotonic() + timeout, []
+    for name, address in servers:
+        path = Path(address[1:]) if address.startswith("@") else None
+        while path is not None and not (path.exists() and path.read_text().strip()):
+            cluster.check()
+            if time.monotonic() > deadline:
+                raise RunFailed(f"{name} did not write its address to {path} within {timeout:.0f}s; its output: "
+                                f"{cluster.out / (name + '.log')}")
+            time.sleep(0.1)
+        published.append((name, path.read_text().strip() if path is not None else address))
+    return published
 
 
 def _start_workers(cluster: Cluster, cfg: RunConfig, out: Path, addresses: list[str],

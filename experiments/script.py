@@ -71,7 +71,8 @@ def start_script_workers(cluster: Cluster, cfg: RunConfig, out: Path, script: Sc
                **({"PSRV_STEPS": str(script.steps)} if script.steps is not None else {}),
                **({"PSRV_METRICS_PORT": "0", "PSRV_METRICS_LINGER": repr(linger), "PSRV_MODE": cfg.mode}
                   if metrics else {})}
-        cluster.start(f"worker-{rank}", [sys.executable, *script.argv], env=env, brief=f"rank {rank} ({script.path})")
+        cluster.start(f"worker-{rank}", [sys.executable, *script.argv], env=env, brief=f"rank {rank} ({script.path})",
+                      host=cfg.cluster.servers + rank)
         names.append(f"worker-{rank}")
     return names
 

@@ -27,6 +27,12 @@ def metrics_args(p: argparse.ArgumentParser) -> None:
                    help="address /metrics listens on; 0.0.0.0 lets other hosts scrape (default: %(default)s)")
 
 
+def scheduler_arg(p: argparse.ArgumentParser) -> None:
+    """--scheduler: where the run's processes start (psrv.experiments.schedulers lists the choices)."""
+    from psrv.experiments.schedulers import SCHEDULERS, scheduler_help
+    p.add_argument("--scheduler", choices=tuple(SCHEDULERS), default="local", help=scheduler_help())
+
+
 def base_config(a: argparse.Namespace) -> dict:
     return read_config_file(a.config) if a.config else {}
 

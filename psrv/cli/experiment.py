@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from psrv.cli.common import log_level
+from psrv.cli.common import log_level, scheduler_arg
 
 
 def add(sub) -> None:
@@ -21,6 +21,7 @@ def add(sub) -> None:
                    help="also write TensorBoard event files under DIR/<spec name>/<variant>/seed-<seed> (the "
                    "spec's key `tensorboard` says the same; this overrides it); a finished run gets its files "
                    "without being run again")
+    scheduler_arg(e)
     log_level(e, "WARNING")
 
 
@@ -28,4 +29,4 @@ def command(a: argparse.Namespace) -> int:
     from psrv.experiments.runner import run_experiment
     from psrv.process import interrupt_on_signals
     interrupt_on_signals()  # SIGTERM as Ctrl-C: the run in progress stops in order and keeps what ran
-    return run_experiment(a.spec, out=a.out, tensorboard=a.tensorboard)
+    return run_experiment(a.spec, out=a.out, tensorboard=a.tensorboard, scheduler=a.scheduler)

@@ -5,7 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from psrv.cli.common import base_config, config_arg, dotted, log_level, unused_staleness
+from psrv.cli.common import base_config, config_arg, dotted, log_level, scheduler_arg, unused_staleness
 from psrv.config import RunConfig
 from psrv.config.cli_args import add_config_arguments, config_from_args, given
 
@@ -24,6 +24,7 @@ def add(sub) -> None:
                    help="with --metrics: keep /metrics up this many seconds after the end")
     r.add_argument("--out", type=Path, default=Path("runs/latest"), help="output directory (default: %(default)s)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    scheduler_arg(r)
     r.add_argument("--script", nargs=argparse.REMAINDER, help="FILE.py [ARGS...]: each worker runs your own loop "
                    "on psrv.Worker, python FILE.py ARGS, with RANK, WORLD_SIZE and PSRV_SERVERS set; its record "
                    "(DIR/worker-R.json) feeds steps.csv and summary.json (pass step(loss=..., batch_size=...) to "
@@ -46,7 +47,7 @@ def command(a: argparse.Namespace) -> int:
     interrupt_on_signals()  # SIGTERM as Ctrl-C: stop the processes in order, keep what ran
     try:
         summary = run_local(cfg, out=a.out, metrics=a.metrics, metrics_linger=a.metrics_linger,
-                            progress=not a.no_progress, script=script,
+                            progress=not a.no_progress, script=script, scheduler=a.scheduler,
                             say=lambda line: print(line, file=sys.stderr))  # an earlier run's files removed
     except RunFailed as exc:
         print(f"psrv run failed: {exc}", file=sys.stderr)
