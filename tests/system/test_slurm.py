@@ -1,0 +1,127 @@
+"""`psrv experiment experiments/specs/tiny.toml --scheduler slurm` on a real one-node SLURM
+(tests/system/slurm_node.py): every server and worker runs as a job step, and the experiment's report and
+summaries equal a local run's in their counts and settings. SLURM's own records (squeue's step list while
+it runs, the job completion log after) show where the processes ran.
+
+The local run and the SLURM run go at once: each is mostly processes importing torch, so together they
+take little longer than one. Needs root and the SLURM packages; skipped otherwise.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT
+from tests.system.slurm_node import slurm_node  # noqa: F401 (the fixture)
+
+pytestmark = [pytest.mark.root]
+
+SPEC = ROOT / "experiments" / "specs" / "tiny.toml"
+VARIANTS = ("sync", "async")
+SAME = ("complete", "mode", "staleness", "transport", "job", "num_servers", "num_workers", "steps", "batch_size",
+        "optimizer", "lr", "seed", "device", "pushes", "bytes_pushed", "bytes_pulled", "config_hash", "metric",
+        "lower_is_better", "parameters")
+
+
+def _experiment(out: Path, env: dict, *extra: str) -> subprocess.Popen:
+    log = open(out.with_suffix(".log"), "w")
+    proc = subprocess.Popen([sys.executable, "-m", "psrv.cli", "experiment", str(SPEC), "--out", str(out), *extra],
+                            cwd=ROOT, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    log.close()
+    return proc
+
+
+class _StepWatch(threading.Thread):
+    """squeue's list of job steps, polled while the SLURM run goes: (step id, step name, node) lines."""
+
+    def __init__(self, env: dict):
+        super().__init__(daemon=True)
+        self.env, self.seen, self.done = env, set(), threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            out = subprocess.run(["squeue", "--steps", "--noheader", "--format", "%i %j %N"], env=self.env,
+                                 capture_output=True, text=True, timeout=10).stdout
+            self.seen.update(tuple(line.split()) for line in out.splitlines() if line.strip())
+            time.sleep(0.3)
+
+
+def _table(report: Path) -> list[list[str]]:
+    """The report's summary table, its settings columns only (variant, mode, s, repeats, updates)."""
+    section = report.read_text().split("## Summary")[1].split("\n## ")[0]
+    rows = [line.split("|")[1:-1] for line in section.splitlines() if line.startswith("| `")]
+    return [[c.strip() for i, c in enumerate(row) if i in (0, 1, 2, 3, 9)] for row in rows]
+
+
+def _settings(report: Path) -> list[str]:
+    """The report's lines that state settings: its header (before the result) and the commands, paths cut."""
+    text = report.read_text()
+    head = text.split("## Result")[0]
+    commands = re.sub(r"--out \S+|--config \S+", "", text.split("## Commands")[1])
+    return head.splitlines() + commands.splitlines()
+
+
+def test_experiment_under_slurm_equals_local(slurm_node, tmp_path):
+    env = dict(slurm_node.env)
+    watch = _StepWatch(env)
+    started = time.monotonic()
+    procs = []
+    try:
+        procs.append(_experiment(tmp_path / "local", env))
+        procs.append(_experiment(tmp_path / "slurm", env, "--scheduler", "slurm"))
+        watch.start()
+        for proc in procs:
+            proc.wait(timeout=240)
+    finally:
+        watch.done.set()
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+    took = time.monotonic() - started
+    for name, proc in zip(("local", "slurm"), procs):
+        assert proc.returncode == 0, f"{name} experiment failed:\n{(tmp_path / f'{name}.log').read_text()[-3000:]}"
+
+    for variant in VARIANTS:
+        local = json.loads((tmp_path / "local" / variant / "rep-0" / "summary.json").read_text())
+        slurm = json.loads((tmp_path / "slurm" / variant / "rep-0" / "summary.json").read_text())
+        assert (local["scheduler"], slurm["scheduler"]) == ("local", "slurm")
+        assert {k: slurm[k] for k in SAME} == {k: local[k] for k in SAME}, variant
+        assert slurm["pushes"] == 2 * 40 and set(slurm) == set(local)
+        for where in ("local", "slurm"):  # samples: every worker step's batch, in steps.csv
+            rows = list(csv.DictReader((tmp_path / where / variant / "rep-0" / "steps.csv").open()))
+            assert (len(rows), sum(int(r["batch_size"]) for r in rows)) == (2 * 40, 2 * 40 * 32), where
+    # sync is one deterministic trajectory, wherever its processes ran
+    sync = [json.loads((tmp_path / d / "sync" / "rep-0" / "summary.json").read_text()) for d in ("local", "slurm")]
+    assert sync[0]["updates_applied"] == sync[1]["updates_applied"] == 40
+    assert sync[1]["final_loss"] == pytest.approx(sync[0]["final_loss"], abs=1e-6)
+
+    reports = [tmp_path / d / "report.md" for d in ("local", "slurm")]
+    assert _table(reports[1]) == _table(reports[0]) and len(_table(reports[0])) == 2
+    assert _settings(reports[1]) == _settings(reports[0])
+    runs = [list(csv.DictReader((tmp_path / d / "runs.csv").open())) for d in ("local", "slurm")]
+    assert [r["config_hash"] for r in runs[1]] == [r["config_hash"] for r in runs[0]]
+
+    # SLURM ran them: one job per run, a step per process, and nothing left behind
+    jobs = [line for line in slurm_node.jobcomp.read_text().splitlines() if "Name=psrv-" in line]
+    names = sorted(re.search(r"Name=(\S+)", line).group(1) for line in jobs)
+    assert names == ["psrv-async-rep-0", "psrv-sync-rep-0"], jobs
+    job_ids = sorted(re.search(r"JobId=(\d+)", line).group(1) for line in jobs)
+    steps = {step.split(".")[0]: set() for step, _, _ in watch.seen}
+    for step, name, _ in watch.seen:
+        steps[step.split(".")[0]].add(name)
+    assert sorted(steps) == job_ids and all(s == {"server-0", "worker-0", "worker-1"} for s in steps.values()), \
+        watch.seen
+    assert slurm_node.run("squeue", "--noheader").strip() == ""
+    print(f"\nboth experiments took {took:.1f}s; squeue saw:\n" +
+          "\n".join(" ".join(s) for s in sorted(watch.seen)) + "\njobcomp:\n" + "\n".join(jobs))
