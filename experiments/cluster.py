@@ -108,7 +108,9 @@ class Cluster:
         if name not in self.brief:
             return f"{name} exited with code {code}; last lines of {log}:\n{self.tail(name)}"
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        last = next((line.strip() for line in reversed(self.tail(name).splitlines()) if line.strip()), "")
+        theirs = getattr(self.hosts, "own_lines", ())  # what the scheduler says about it, not what it said
+        last = next((line.strip() for line in reversed(self.tail(name).splitlines())
+                     if line.strip() and not line.startswith(theirs)), "")
         return f"{self.brief[name]} {how}{f' ({last})' if last else ''}; its output: {log}"
 
     def check(self) -> None:

@@ -29,7 +29,8 @@ def scheduler_help() -> str:
 
 
 def check_scheduler(name: str, *, metrics: bool = False, bandwidth: str = "") -> None:
-    """ValueError, in one line naming the option, for a scheduler this run cannot use."""
+    """ValueError, in one line naming the option, for a scheduler this run cannot use, or one whose commands
+    are not here: said before any process starts (and before an experiment's first run)."""
     if name not in SCHEDULERS:
         raise ValueError(f"--scheduler {name!r}: choose one of {', '.join(SCHEDULERS)}")
     if name == "local":
@@ -40,6 +41,11 @@ def check_scheduler(name: str, *, metrics: bool = False, bandwidth: str = "") ->
     if metrics:
         raise ValueError(f"--scheduler {name}: --metrics writes targets.json for 127.0.0.1; scrape the nodes "
                          "yourself, or run it with --scheduler local")
+    if name == "slurm":
+        from psrv.experiments.slurm import unavailable
+        why = unavailable()
+        if why:
+            raise ValueError(f"--scheduler slurm: {why}")
 
 
 def scheduler_hosts(name: str, processes: int, *, out: Path, timeout: float):

@@ -33,12 +33,18 @@ import subprocess
 import time
 from pathlib import Path
 
+from psrv.experiments.cluster import RunFailed
+
 _TOOLS = ("salloc", "srun", "squeue", "scancel", "scontrol")
 
 
-def missing_tools() -> list[str]:
-    """SLURM's client commands that are not on PATH."""
-    return [tool for tool in _TOOLS if shutil.which(tool) is None]
+def unavailable() -> str | None:
+    """Why SLURM cannot start processes from here, in one line (None: it can)."""
+    gone = [tool for tool in _TOOLS if shutil.which(tool) is None]
+    if gone:
+        return (f"{', '.join(gone)} not found on PATH; install SLURM's client commands (Debian: slurm-client) "
+                "or run with --scheduler local")
+    return None
 
 
 class SlurmAllocation:
@@ -47,15 +53,12 @@ class SlurmAllocation:
     On entry: the allocation (its own, or the enclosing one), and its node list. `wrap(host, argv, name)`
     makes argv a job step on host's node; `signal(names, signum)` delivers a signal to the steps of those
     names; on exit the steps still running are cancelled and the run's own allocation released.
-    RuntimeError, in one line, where SLURM refuses."""
+    RunFailed, in one line, where SLURM refuses."""
 
     gloo_interface = None  # gloo finds each node's interface from its hostname
+    own_lines = ("srun: ", "slurmstepd")  # SLURM's own lines in a step's output (a process's last line is not one)
 
     def __init__(self, processes: int, *, name: str, timeout: float):
-        gone = missing_tools()
-        if gone:
-            raise ValueError(f"--scheduler slurm: {', '.join(gone)} not found on PATH; install SLURM's client "
-                             "commands (Debian: slurm-client) or run with --scheduler local")
         self.processes, self.name, self.timeout = processes, name, timeout
         self.job_id, self.own, self.nodes, self.addresses = "", False, [], []
 
@@ -96,20 +99,20 @@ class SlurmAllocation:
         found = re.search(r"allocation (\d+)", out)
         if proc.returncode != 0 or not found:
             last = (out.strip().splitlines() or ["no output"])[-1]
-            raise RuntimeError(f"--scheduler slurm: salloc failed (exit code {proc.returncode}): {last}")
+            raise RunFailed(f"--scheduler slurm: salloc failed (exit code {proc.returncode}): {last}")
         return found.group(1)
 
     def _nodes(self) -> list[str]:
         nodelist = _run("squeue", "--noheader", "--jobs", self.job_id, "--format", "%N").strip()
         if not nodelist:
-            raise RuntimeError(f"--scheduler slurm: job {self.job_id} has no nodes (squeue shows none)")
+            raise RunFailed(f"--scheduler slurm: job {self.job_id} has no nodes (squeue shows none)")
         return _run("scontrol", "show", "hostnames", nodelist).split()
 
     def _steps(self, names: list[str] | None = None) -> dict[str, str]:
         """{step name: step id (JOB.STEP)} of this job's running steps, those named `names` if given."""
         try:
             text = _run("squeue", "--steps", "--noheader", "--jobs", self.job_id, "--format", "%i %j")
-        except RuntimeError:
+        except RunFailed:
             return {}
         steps = dict(reversed(line.split(maxsplit=1)) for line in text.splitlines() if len(line.split()) == 2)
         return {n: s for n, s in steps.items() if names is None or n in names}
@@ -144,7 +147,7 @@ class SlurmAllocation:
 def _run(*argv: str) -> str:
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     if done.returncode != 0:
-        raise RuntimeError(f"--scheduler slurm: {' '.join(argv)} failed: {done.stderr.strip() or done.stdout.strip()}")
+        raise RunFailed(f"--scheduler slurm: {' '.join(argv)} failed: {done.stderr.strip() or done.stdout.strip()}")
     return done.stdout
 
 

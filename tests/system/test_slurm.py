@@ -125,3 +125,66 @@ def test_experiment_under_slurm_equals_local(slurm_node, tmp_path):
     assert slurm_node.run("squeue", "--noheader").strip() == ""
     print(f"\nboth experiments took {took:.1f}s; squeue saw:\n" +
           "\n".join(" ".join(s) for s in sorted(watch.seen)) + "\njobcomp:\n" + "\n".join(jobs))
+
+
+SCRIPT = ROOT / "tests" / "integration" / "script_loop.py"  # a psrv.Worker loop; rank 1 fails at FAIL_AT
+
+
+def _psrv_run(slurm_node, tmp: Path, *args: str) -> subprocess.Popen:
+    with open(tmp / "launcher.log", "w") as log:
+        return subprocess.Popen([sys.executable, "-m", "psrv.cli", "run", "--no-progress", "--log-level", "WARNING",
+                                 "--scheduler", "slurm", "--out", str(tmp / "run"), *args], cwd=ROOT,
+                                env={**slurm_node.env, "PYTHONUNBUFFERED": "1"}, stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def _finish(proc: subprocess.Popen, timeout: float) -> int:
+    try:
+        return proc.wait(timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+
+
+def _no_job_left(slurm_node) -> None:
+    """Nothing of the run is left in SLURM: no job, no step (the run's allocation was released)."""
+    deadline = time.monotonic() + 10
+    while slurm_node.run("squeue", "--noheader").strip() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert slurm_node.run("squeue", "--noheader").strip() == ""
+    assert slurm_node.run("squeue", "--steps", "--noheader").strip() == ""
+
+
+def test_a_failed_script_rank_under_slurm_fails_the_run_in_one_line_and_leaves_no_job(slurm_node, tmp_path):
+    # a script's ranks find the servers through the addresses they publish in the run folder
+    proc = _psrv_run(slurm_node, tmp_path, "--mode", "sync", "--servers", "1", "--script", str(SCRIPT), "1",
+                     str(tmp_path / "final.pt"), "3")
+    assert _finish(proc, 120) == 1, (tmp_path / "launcher.log").read_text()
+    out = tmp_path / "run"
+    lines = [line for line in (tmp_path / "launcher.log").read_text().splitlines() if "psrv run" in line]
+    assert lines == [f"psrv run failed: rank 1 ({SCRIPT}) exited with code 1 (RuntimeError: rank 1 fails at "
+                     f"step 3, as asked); its output: {out / 'worker-1.log'}"], lines
+    assert "Traceback" in (out / "worker-1.log").read_text()
+    _no_job_left(slurm_node)
+
+
+def test_ctrl_c_under_slurm_reaches_each_worker_and_leaves_no_job(slurm_node, tmp_path):
+    proc = _psrv_run(slurm_node, tmp_path, "--mode", "sync", "--servers", "1", "--workers", "2", "--steps", "3000",
+                     "--compute-ms", "10")
+    out = tmp_path / "run"
+    try:
+        deadline = time.monotonic() + 90
+        while not (out / "worker-0.progress").exists() or int((out / "worker-0.progress").read_text() or 0) < 20:
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "launcher.log").read_text()
+            time.sleep(0.1)
+        proc.send_signal(2)
+        assert _finish(proc, 60) == 130, (tmp_path / "launcher.log").read_text()
+    finally:
+        _finish(proc, 0.1) if proc.poll() is None else None
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["complete"] is False and summary["steps_done"] >= 40 and summary["scheduler"] == "slurm"
+    for rank in (0, 1):  # SIGINT reached each worker's task through scancel: it left and wrote its record
+        record = json.loads((out / f"worker-{rank}.json").read_text())
+        assert record["interrupted"] is True and "Traceback" not in (out / f"worker-{rank}.log").read_text()
+    _no_job_left(slurm_node)
