@@ -23,7 +23,7 @@ import pytest
 from tests.helpers import ROOT
 from tests.system.slurm_node import slurm_node  # noqa: F401 (the fixture)
 
-pytestmark = [pytest.mark.root]
+pytestmark = [pytest.mark.root, pytest.mark.timeout(300)]
 
 SPEC = ROOT / "experiments" / "specs" / "tiny.toml"
 VARIANTS = ("sync", "async")
@@ -187,4 +187,19 @@ def test_ctrl_c_under_slurm_reaches_each_worker_and_leaves_no_job(slurm_node, tm
     for rank in (0, 1):  # SIGINT reached each worker's task through scancel: it left and wrote its record
         record = json.loads((out / f"worker-{rank}.json").read_text())
         assert record["interrupted"] is True and "Traceback" not in (out / f"worker-{rank}.log").read_text()
+    _no_job_left(slurm_node)
+
+
+def test_ddp_under_slurm_ends_with_the_weights_of_ddp_run_here(slurm_node, tmp_path):
+    """The all-reduce ranks as job steps, their rendezvous at the first rank's node: the same weights."""
+    import torch
+    args = ("--mode", "ddp", "--workers", "2", "--steps", "15")
+    local = subprocess.run([sys.executable, "-m", "psrv.cli", "run", "--no-progress", "--log-level", "WARNING",
+                            "--out", str(tmp_path / "local"), *args], cwd=ROOT, env=slurm_node.env,
+                           capture_output=True, text=True, timeout=120)
+    assert local.returncode == 0, local.stdout + local.stderr
+    assert _finish(_psrv_run(slurm_node, tmp_path, *args), 120) == 0, (tmp_path / "launcher.log").read_text()
+    here, there = (torch.load(tmp_path / d / "params.pt") for d in ("local", "run"))
+    assert torch.allclose(here, there, atol=1e-6, rtol=0)
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["scheduler"] == "slurm"
     _no_job_left(slurm_node)
