@@ -2,7 +2,7 @@
 
 Each process psrv would start on 127.0.0.1 (a shard, a worker, a script's rank, an all-reduce rank) is
 instead one `srun` job step of a single allocation, one task each. The allocation is the run's own
-(`salloc --no-shell`, released at the end whatever happened), or the one psrv itself runs in
+(held by salloc while the run goes, released at the end whatever happened, a lost launcher included), or the one psrv itself runs in
 (SLURM_JOB_ID set, e.g. `sbatch --wrap "psrv experiment ..."`: its steps are stopped, the job is left to
 its owner).
 
@@ -60,11 +60,12 @@ class SlurmAllocation:
 
     def __init__(self, processes: int, *, name: str, timeout: float):
         self.processes, self.name, self.timeout = processes, name, timeout
-        self.job_id, self.own, self.nodes, self.addresses = "", False, [], []
+        self.job_id, self.nodes, self.addresses = "", [], []
+        self.holder: subprocess.Popen | None = None  # salloc, holding the run's own allocation
 
     def __enter__(self) -> SlurmAllocation:
         enclosing = os.environ.get("SLURM_JOB_ID")
-        self.job_id, self.own = (enclosing, False) if enclosing else (self._allocate(), True)
+        self.job_id = enclosing or self._allocate()
         try:
             self.nodes = self._nodes()
             self.addresses = [socket.gethostbyname(node) for node in self.nodes]
@@ -74,33 +75,43 @@ class SlurmAllocation:
         return self
 
     def __exit__(self, *exc) -> None:
-        if not self.job_id:
-            return
-        if self.own:  # the whole allocation: every step it holds ends with it
-            _scancel(self.job_id)
-        else:
+        if self.holder is not None:  # the run's own allocation: released, every step it holds ends with it
+            self.holder.stdin.close()
+            try:
+                self.holder.wait(30)
+            except subprocess.TimeoutExpired:
+                _scancel(self.job_id)
+                self.holder.kill()
+                self.holder.wait()
+            self.holder.stderr.close()
+        elif self.job_id:
             for step in self._steps().values():
                 _scancel(step)
 
     def _allocate(self) -> str:
-        """A new allocation for this run; its job id. Waits in SLURM's queue as salloc does; Ctrl-C while
-        it waits withdraws the request (salloc's own SIGINT handling)."""
-        argv = ["salloc", "--no-shell", f"--ntasks={self.processes}", "--overcommit", f"--job-name={self.name}"]
-        if "SALLOC_TIMELIMIT" not in os.environ:  # the run's timeout, and a margin: no job outlives a lost launcher
+        """A new allocation for this run, held by `salloc ... cat` for as long as its stdin, our pipe, is
+        open: closing it (or this process dying, kill -9 included) ends cat, and salloc then releases the
+        allocation, which ends COMPLETED. Waits in SLURM's queue as salloc does; Ctrl-C while it waits
+        withdraws the request (salloc's own SIGINT handling). Its job id."""
+        argv = ["salloc", f"--ntasks={self.processes}", "--overcommit", f"--job-name={self.name}"]
+        if "SALLOC_TIMELIMIT" not in os.environ:  # the run's timeout and a margin: an upper bound on any mishap
             argv.append(f"--time={math.ceil(self.timeout / 60) + 2}")
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                text=True)
+        self.holder = subprocess.Popen([*argv, "cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.PIPE, text=True, start_new_session=True)
+        said = []
         try:
-            out, _ = proc.communicate()
+            for line in self.holder.stderr:
+                said.append(line.strip())
+                granted = re.search(r"Granted job allocation (\d+)", line)
+                if granted:
+                    return granted.group(1)
         except BaseException:
-            proc.send_signal(signal.SIGINT)
-            proc.wait(30)
+            self.holder.send_signal(signal.SIGINT)
+            self.holder.wait(30)
             raise
-        found = re.search(r"allocation (\d+)", out)
-        if proc.returncode != 0 or not found:
-            last = (out.strip().splitlines() or ["no output"])[-1]
-            raise RunFailed(f"--scheduler slurm: salloc failed (exit code {proc.returncode}): {last}")
-        return found.group(1)
+        self.holder.stdin.close()
+        code = self.holder.wait(30)
+        raise RunFailed(f"--scheduler slurm: salloc failed (exit code {code}): {(said or ['no output'])[-1]}")
 
     def _nodes(self) -> list[str]:
         nodelist = _run("squeue", "--noheader", "--jobs", self.job_id, "--format", "%N").strip()

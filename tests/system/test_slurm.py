@@ -203,3 +203,23 @@ def test_ddp_under_slurm_ends_with_the_weights_of_ddp_run_here(slurm_node, tmp_p
     assert torch.allclose(here, there, atol=1e-6, rtol=0)
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["scheduler"] == "slurm"
     _no_job_left(slurm_node)
+
+
+def test_a_launcher_killed_outright_leaves_no_job_behind(slurm_node, tmp_path):
+    """kill -9 of psrv run: its srun steps get SIGTERM as it dies (and end their tasks), and the salloc
+    holding its allocation sees its stdin close and releases it."""
+    proc = _psrv_run(slurm_node, tmp_path, "--mode", "async", "--servers", "1", "--workers", "2", "--steps", "3000",
+                     "--compute-ms", "10")
+    progress = tmp_path / "run" / "worker-0.progress"
+    try:
+        deadline = time.monotonic() + 90
+        while not progress.exists() or int(progress.read_text() or 0) < 5:
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "launcher.log").read_text()
+            time.sleep(0.1)
+        assert slurm_node.run("squeue", "--steps", "--noheader").count("\n") == 3  # server-0, worker-0, worker-1
+        proc.kill()
+        proc.wait()
+    finally:
+        _finish(proc, 0.1) if proc.poll() is None else None
+    _no_job_left(slurm_node)
+    assert "JobState=COMPLETED" in slurm_node.jobcomp.read_text().splitlines()[-1]
