@@ -223,3 +223,20 @@ def test_a_launcher_killed_outright_leaves_no_job_behind(slurm_node, tmp_path):
         _finish(proc, 0.1) if proc.poll() is None else None
     _no_job_left(slurm_node)
     assert "JobState=COMPLETED" in slurm_node.jobcomp.read_text().splitlines()[-1]
+
+
+def test_inside_an_sbatch_job_the_run_takes_that_jobs_allocation(slurm_node, tmp_path):
+    """psrv run in a batch script (the way onto many nodes): its processes are steps of that job, no other."""
+    jobs_before = len(slurm_node.jobcomp.read_text().splitlines()) if slurm_node.jobcomp.exists() else 0
+    out = tmp_path / "run"
+    command = (f"{sys.executable} -m psrv.cli run --scheduler slurm --no-progress --mode sync --servers 1 "
+               f"--workers 2 --steps 10 --out {out}")
+    done = subprocess.run(["sbatch", "--wait", "--parsable", "--ntasks=3", "--overcommit", "--job-name=psrv-batch",
+                           f"--output={tmp_path / 'batch.log'}", f"--chdir={ROOT}", "--wrap", command],
+                          env=slurm_node.env, capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, done.stderr + (tmp_path / "batch.log").read_text()[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["complete"] and summary["scheduler"] == "slurm" and summary["pushes"] == 20
+    jobs = slurm_node.jobcomp.read_text().splitlines()[jobs_before:]
+    assert len(jobs) == 1 and "Name=psrv-batch JobState=COMPLETED" in jobs[0], jobs
+    _no_job_left(slurm_node)
