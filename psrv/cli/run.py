@@ -15,7 +15,8 @@ def add(sub) -> None:
                        description="Start --servers shards and --workers workers on 127.0.0.1, train to the "
                        "end, print a summary and write DIR/summary.json, steps.csv and evals.csv. "
                        "Example: psrv run --mode sync --workers 4 --steps 200. Your own loop instead of a "
-                       "job: psrv run --mode sync --workers 2 --script train.py --epochs 3")
+                       "job: psrv run --mode sync --workers 2 --script train.py --epochs 3. Each process a SLURM "
+                       "job step instead: psrv run --scheduler slurm ...")
     config_arg(r, "run's config")
     add_config_arguments(r, RunConfig)
     log_level(r)
