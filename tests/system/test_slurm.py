@@ -1,10 +1,12 @@
-"""`psrv experiment experiments/specs/tiny.toml --scheduler slurm` on a real one-node SLURM
-(tests/system/slurm_node.py): every server and worker runs as a job step, and the experiment's report and
-summaries equal a local run's in their counts and settings. SLURM's own records (squeue's step list while
-it runs, the job completion log after) show where the processes ran.
+"""psrv's SLURM scheduler on a real one-node SLURM (tests/system/slurm_node.py).
 
-The local run and the SLURM run go at once: each is mostly processes importing torch, so together they
-take little longer than one. Needs root and the SLURM packages; skipped otherwise.
+`psrv experiment experiments/specs/tiny.toml --scheduler slurm` runs every server and worker as a job
+step, and its report and summaries equal a local run's in their counts and settings; SLURM's own records
+(squeue's step list while it runs, the job completion log after) show where the processes ran. The local
+run and the SLURM run go at once: each is mostly processes importing torch, so together they take little
+longer than one. Then the rest of the scheduler's contract: the DDP baseline's weights, a failed rank in
+one line, Ctrl-C reaching each worker, a launcher killed outright, and a run inside an sbatch job; after
+each, no job or step is left. Needs root and the SLURM packages; skipped otherwise.
 """
 from __future__ import annotations
 
