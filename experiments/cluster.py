@@ -72,7 +72,7 @@ class Cluster:
         self.env = thread_env(processes)
         self.brief: dict[str, str] = {}  # processes whose failure is said in one line, as what they are
         self.explain: dict[str, Callable[[int], str]] = {}  # processes that say their failure themselves
-        self.hosts = hosts  # experiments/netns.EmulatedHosts: each process on a host of its own
+        self.hosts = hosts  # experiments/netns.EmulatedHosts, experiments/slurm.SlurmAllocation: where each runs
         self.host_of: dict[str, int] = {}
 
     def start(self, name: str, argv: list[str], env: dict | None = None, *, brief: str = "",
@@ -82,7 +82,7 @@ class Cluster:
         for a process whose log says more (a launcher of several ranks), its exit code -> that one line.
         `host`: with emulated hosts, the one it runs on (its address: `address(host)`)."""
         if self.hosts is not None and host is not None:
-            argv = self.hosts.wrap(host, argv)
+            argv = self.hosts.wrap(host, argv, name=name)
             self.host_of[name] = host
         log = open(self.out / f"{name}.log", "w")
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -114,7 +114,9 @@ class Cluster:
         if name not in self.brief:
             return f"{name} exited with code {code}; last lines of {log}:\n{self.tail(name)}"
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        last = next((line.strip() for line in reversed(self.tail(name).splitlines()) if line.strip()), "")
+        theirs = getattr(self.hosts, "own_lines", ())  # what the scheduler says about it, not what it said
+        last = next((line.strip() for line in reversed(self.tail(name).splitlines())
+                     if line.strip() and not line.startswith(theirs)), "")
         return f"{self.brief[name]} {how}{f' ({last})' if last else ''}; its output: {log}"
 
     def check(self) -> None:
@@ -124,11 +126,11 @@ class Cluster:
             raise RunFailed(self.failure(bad))
 
     def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.terminate()
+        """SIGTERM to every process still running, then SIGKILL to any left after 5 s."""
+        running = {n: p for n, p in self.procs.items() if p.poll() is None}
+        self._signal(list(running), signal.SIGTERM)
         deadline = time.monotonic() + 5
-        for proc in self.procs.values():
+        for proc in running.values():
             try:
                 proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
@@ -138,15 +140,23 @@ class Cluster:
     def interrupt(self, names: list[str], *, grace: float = 3.0) -> None:
         """Send SIGINT to `names` still running and give them up to `grace` seconds to end (a worker
         leaves its shards and writes its record); stop() then ends whatever is left."""
-        running = [self.procs[n] for n in names if n in self.procs and self.procs[n].poll() is None]
-        for proc in running:
-            proc.send_signal(signal.SIGINT)
+        running = {n: self.procs[n] for n in names if n in self.procs and self.procs[n].poll() is None}
+        self._signal(list(running), signal.SIGINT)
         deadline = time.monotonic() + grace
-        for proc in running:
+        for proc in running.values():
             try:
                 proc.wait(max(0.01, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
+
+    def _signal(self, names: list[str], signum: int) -> None:
+        """`signum` to the processes `names`: through the scheduler where it runs them (a SLURM step's
+        task is not the srun process here), else to each process."""
+        if getattr(self.hosts, "signal", None) is not None:
+            self.hosts.signal(names, signum)
+            return
+        for name in names:
+            self.procs[name].send_signal(signum)
 
     def wait(self, names: list[str], *, timeout: float, tick: Callable[[], None] = lambda: None) -> None:
         deadline = time.monotonic() + timeout

@@ -5,6 +5,7 @@ import contextlib
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -15,6 +16,7 @@ from psrv.experiments.cluster import Cluster, RunFailed, RunInterrupted, free_po
 from psrv.experiments.netns import EmulatedHosts, host_traffic
 from psrv.experiments.preflight import preflight
 from psrv.experiments.rundir import OwnedFolder
+from psrv.experiments.schedulers import check_scheduler, scheduler_hosts
 from psrv.experiments.script import Script, check_records, start_script_workers
 from psrv.experiments.torchrun import check_launcher, rank_output, start_torchrun_workers
 from psrv.experiments.summary import build_summary, write_tables
@@ -58,13 +60,16 @@ def write_config(path: Path, cfg) -> Path:
 def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linger: float = 0.0,
               timeout: float = 1800.0, progress: bool = True,
               on_progress: Callable[[int], None] | None = None, script: Script | None = None,
-              launcher: str = "psrv", say: Callable[[str], None] = log.info, owner: OwnedFolder | None = None) -> dict:
+              launcher: str = "psrv", say: Callable[[str], None] = log.info, owner: OwnedFolder | None = None,
+              scheduler: str = "local") -> dict:
     """Run `cfg` on a local cluster; write DIR/config.json (the resolved config), summary.json, steps.csv,
     evals.csv, and return the summary. `metrics`: every process serves /metrics (DIR/targets.json).
     `script`: the workers are that script (a user's loop on psrv.Worker, experiments/script.py), not the
     shipped loop over cfg.job. `launcher` (experiments/torchrun.py LAUNCHERS): how the script's workers are
-    started, one process per rank ("psrv") or all as one torchrun process ("torchrun"); summary.json says
-    which (`launcher`), and it is no part of the config or its hash, since the run computes the same.
+    started, one process per rank ("psrv") or all as one torchrun process ("torchrun"). `scheduler`: where
+    the processes start (experiments/schedulers.py; "slurm": each a job step of one SLURM allocation, DIR on
+    a filesystem its nodes share). summary.json says which launcher and scheduler; neither is part of the
+    config or its hash, since the run computes the same.
 
     DIR is this run's alone while it runs (experiments/rundir.py): a folder another run owns is refused
     (FolderInUse, a ValueError), and what an earlier run left there is removed first, `say` telling the
@@ -81,6 +86,7 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
     if script is None:
         preflight(cfg)  # a device that is not here, a job that does not import: ValueError before any process
     rate = cfg.network.bandwidth
+    check_scheduler(scheduler, metrics=metrics, bandwidth=rate)
     if rate and (metrics or script is not None):
         raise ValueError(f"network.bandwidth {rate}: " + ("--metrics serves each process's /metrics on its own "
                          "emulated host, out of Prometheus's reach" if metrics else "a script's workers run on "
@@ -92,10 +98,11 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
             say(f"{out}: removed the {len(removed)} files the run before left there ({_listed(removed)}); "
                 "this run writes its own")
         processes = cfg.cluster.workers + (0 if cfg.is_allreduce else cfg.cluster.servers)
-        hosts = stack.enter_context(EmulatedHosts(processes, rate)) if rate else None
+        hosts = stack.enter_context(EmulatedHosts(processes, rate) if rate else
+                                    scheduler_hosts(scheduler, processes, out=out, timeout=timeout))
         return _run(cfg, out=out, metrics=metrics, metrics_linger=metrics_linger, timeout=timeout,
                     progress=progress, on_progress=on_progress, script=script, launcher=launcher, hosts=hosts,
-                    lock=folder.fd)
+                    lock=folder.fd, scheduler=scheduler)
 
 
 def _listed(names: list[str], limit: int = 6) -> str:
@@ -107,7 +114,7 @@ def _listed(names: list[str], limit: int = 6) -> str:
 
 def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, timeout: float, progress: bool,
          on_progress: Callable[[int], None] | None, script: Script | None, launcher: str,
-         hosts: EmulatedHosts | None, lock: int | None) -> dict:
+         hosts: EmulatedHosts | None, lock: int | None, scheduler: str) -> dict:
     write_config(out / "config.json", cfg)
     workers = cfg.cluster.workers
     cluster = Cluster(out, processes=workers + (0 if cfg.is_allreduce else cfg.cluster.servers), hosts=hosts,
@@ -152,7 +159,7 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
     interrupted = interrupt is not None
     summary = {**build_summary(cfg, out, interrupted=interrupted),
                **network, "config_hash": config_hash(cfg),  # which config made these results
-               "launcher": launcher}  # how the workers were started: not what they computed
+               "launcher": launcher, "scheduler": scheduler}  # how and where it ran: not what it computed
     write_tables(out, interrupted=interrupted)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     if interrupt is not None:
@@ -175,7 +182,7 @@ def write_targets(out: Path) -> int:
 def _start_servers(cluster: Cluster, cfg: RunConfig, out: Path, extra: list[str]) -> list[tuple[str, str]]:
     """Start the shards; return (name, address) each."""
     names = []
-    rpc_master = f"127.0.0.1:{free_port()}" if cfg.cluster.transport == "rpc" else ""  # shard 0 hosts it
+    rpc_master = f"{cluster.address(0)}:{free_port()}" if cfg.cluster.transport == "rpc" else ""  # shard 0 hosts it
     binds = [f"rpc://{rpc_master}" if rpc_master else f"tcp://{cluster.address(i)}:0" for i in range(cfg.cluster.servers)]
     for i in range(cfg.cluster.servers):
         ready = out / f"server-{i}.addr"

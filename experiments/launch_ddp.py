@@ -15,8 +15,9 @@ def start_ddp(cluster: Cluster, cfg: RunConfig, out: Path) -> list[str]:
     workers = cfg.cluster.workers
     rendezvous = {"MASTER_ADDR": cluster.address(0), "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(workers),
                   "LOCAL_WORLD_SIZE": str(workers), "GROUP_RANK": "0"}
-    if cluster.hosts is not None:  # each rank on an emulated host: gloo talks over its eth0
-        rendezvous["GLOO_SOCKET_IFNAME"] = "eth0"
+    interface = getattr(cluster.hosts, "gloo_interface", None)
+    if interface:  # each rank on an emulated host: gloo talks over its eth0
+        rendezvous["GLOO_SOCKET_IFNAME"] = interface
     names = []
     for rank in range(workers):
         env = {**rendezvous, "RANK": str(rank), "LOCAL_RANK": str(rank)}

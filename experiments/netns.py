@@ -66,9 +66,11 @@ class EmulatedHosts:
     def address(host: int) -> str:
         return f"{PREFIX}.{10 + host}"
 
+    gloo_interface = "eth0"  # an all-reduce rank's gloo talks over its host's veth
+
     @staticmethod
-    def wrap(host: int, argv: list[str]) -> list[str]:
-        """`argv` run on `host` (ip netns exec execs it: the PID is the process's own)."""
+    def wrap(host: int, argv: list[str], *, name: str = "") -> list[str]:
+        """`argv` run on `host` (ip netns exec execs it: the PID is the process's own); `name` is unused."""
         return ["ip", "netns", "exec", f"{NS_PREFIX}{host}", *argv]
 
     @staticmethod
@@ -82,8 +84,8 @@ class EmulatedHosts:
 
 def host_traffic(cluster, rate: str) -> dict:
     """summary.json's `network`: the cap, and each process's bytes sent and received at its own host's
-    interface over the whole run (start-up included); {} on 127.0.0.1."""
-    if cluster.hosts is None:
+    interface over the whole run (start-up included); {} on 127.0.0.1 or under a scheduler."""
+    if cluster.hosts is None or not rate:
         return {}
     hosts = {}
     for name, host in sorted(cluster.host_of.items(), key=lambda kv: kv[1]):

@@ -15,6 +15,7 @@ from psrv.experiments.launch import RunFailed, run_local
 from psrv.experiments.preflight import preflight
 from psrv.experiments.provenance import claim, default_out, keep_aside, kept_runs, why_changed
 from psrv.experiments.report import write_report
+from psrv.experiments.schedulers import check_scheduler
 from psrv.experiments.rundir import EXPERIMENT_LOCK, RUN_LOCK, OwnedFolder, holder, refusal
 from psrv.experiments.script import Script
 from psrv.experiments.spec import load_spec
@@ -40,7 +41,7 @@ def versions() -> dict[str, str]:
 
 
 def run_experiment(spec_path: str | Path, *, out: str | Path | None = None,
-                   tensorboard: str | Path | None = None) -> int:
+                   tensorboard: str | Path | None = None, scheduler: str = "local") -> int:
     """Run (or resume) the experiment SPEC into `out`; 0 if every run finished, 1 if any failed.
 
     Runs go to DIR/<variant>/rep-<k>. A finished run whose stored config is the one the spec now asks for is
@@ -50,8 +51,13 @@ def run_experiment(spec_path: str | Path, *, out: str | Path | None = None,
 
     `tensorboard` (or the spec's key of that name): every finished run's TensorBoard events go to
     TB/<spec name>/<variant>/seed-<seed>, a run finished earlier included (it is not run again for them).
+
+    `scheduler` starts every run's processes (experiments/schedulers.py); it is not part of a run's config,
+    so a run finished under another scheduler is reused.
     """
     spec = load_spec(spec_path)
+    for variant in spec.variants:
+        check_scheduler(scheduler, bandwidth=variant.config.network.bandwidth)
     if tensorboard is not None:  # the command line's folder over the spec's, in what every run stores
         spec = spec.with_settings(tensorboard=str(tensorboard))
     skipped = _absent_devices(spec, spec_path)
@@ -62,10 +68,11 @@ def run_experiment(spec_path: str | Path, *, out: str | Path | None = None,
     with OwnedFolder(out, what="psrv experiment", lock=EXPERIMENT_LOCK, announce=False) as owned:
         note = claim(out, spec_path, chosen=chosen)  # a folder holds one spec file's results, unless chosen
         owned.announce()  # one experiment at a time in DIR: a second is refused, naming this one
-        return _run_experiment(spec, spec_path, out=out, note=note, skipped=skipped)
+        return _run_experiment(spec, spec_path, out=out, note=note, skipped=skipped, scheduler=scheduler)
 
 
-def _run_experiment(spec, spec_path, *, out: Path, note: str | None, skipped: dict[str, str]) -> int:
+def _run_experiment(spec, spec_path, *, out: Path, note: str | None, skipped: dict[str, str],
+                    scheduler: str = "local") -> int:
     if note:
         _say(note)
     for variant in spec.variants:  # the report names each skipped variant and why
@@ -87,7 +94,7 @@ def _run_experiment(spec, spec_path, *, out: Path, note: str | None, skipped: di
                 if base + min(done, steps) > bar.n:
                     bar.update(base + min(done, steps) - bar.n)
             try:
-                if not _one_run(spec, variant, seed, path, label=label, on_progress=advance):
+                if not _one_run(spec, variant, seed, path, label=label, on_progress=advance, scheduler=scheduler):
                     failed.append(label)
             except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM where the entry point makes it one
                 bar.close()
@@ -156,7 +163,7 @@ def _plan(spec, out: Path) -> list[tuple]:
     return todo
 
 
-def _one_run(spec, variant, seed: int, path: Path, *, label: str, on_progress) -> bool:
+def _one_run(spec, variant, seed: int, path: Path, *, label: str, on_progress, scheduler: str = "local") -> bool:
     """One `psrv run` into `path`; a failure is reported and recorded in path/error.txt, never raised. The
     folder is the run's (experiments/rundir.py) from before the traffic sampler starts until error.txt is
     written: a folder another run took since the plan was made stops the experiment (FolderInUse)."""
@@ -167,7 +174,7 @@ def _one_run(spec, variant, seed: int, path: Path, *, label: str, on_progress) -
             with TrafficSampler(path):  # each process's TCP bytes, for the busiest one's traffic per step
                 script = Script.of(cfg, steps_given=spec.steps_given(variant)) if cfg.job.script else None
                 run_local(cfg, out=path, progress=False, on_progress=on_progress, say=_say, owner=folder,
-                          script=script)
+                          script=script, scheduler=scheduler)
         except (RunFailed, RuntimeError, ValueError) as exc:  # RuntimeError: a process left no record
             (path / "error.txt").write_text(f"{exc}\n")
             _say(f"FAILED {label}: {exc}\n(recorded in {path / 'error.txt'}; going on with the next run)")

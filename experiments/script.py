@@ -132,7 +132,7 @@ def start_script_workers(cluster: Cluster, cfg: RunConfig, out: Path, script: Sc
     for rank in range(cfg.cluster.workers):
         cluster.start(f"worker-{rank}", [sys.executable, *script.argv],
                       env={**env, "RANK": str(rank), **({"LOCAL_RANK": str(rank)} if allreduce else {})},
-                      brief=f"rank {rank} ({script.path})")
+                      brief=f"rank {rank} ({script.path})", host=cfg.cluster.servers + rank)
         names.append(f"worker-{rank}")
     return names
 

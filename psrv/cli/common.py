@@ -48,11 +48,10 @@ def metrics_file(a: argparse.Namespace) -> Path | None:
 
 
 def scheduler_args(p: argparse.ArgumentParser) -> None:
-    """--scheduler and the options of its dry run (experiments/kubernetes.py)."""
-    p.add_argument("--scheduler", choices=("local", "kubernetes"), default="local",
-                   help="where the processes run: local (127.0.0.1, the default) or kubernetes (with --dry-run: "
-                   "print each run's manifests, a ConfigMap, a headless Service and Indexed Jobs of servers and "
-                   "workers, for kubectl apply -f -; docs/deploy.md)")
+    """--scheduler (psrv.experiments.schedulers lists the choices) and the options of kubernetes' dry run
+    (experiments/kubernetes.py)."""
+    from psrv.experiments.schedulers import SCHEDULERS, scheduler_help
+    p.add_argument("--scheduler", choices=tuple(SCHEDULERS), default="local", help=scheduler_help())
     p.add_argument("--dry-run", action="store_true", help="with --scheduler kubernetes: print the manifests "
                    "(multi-document YAML) and start nothing")
     p.add_argument("--image", default=None, help="with --scheduler kubernetes: the container image, psrv installed "
@@ -67,7 +66,7 @@ def kubernetes_dry_run(a: argparse.Namespace, *, metrics: bool = False):
     """The KubernetesOptions of `--scheduler kubernetes --dry-run`; None for --scheduler local. ValueError,
     in one line, for a scheduler option without its scheduler, or kubernetes without --dry-run."""
     given_options = [f"--{k}" for k in ("image", "namespace", "pvc") if getattr(a, k) is not None]
-    if a.scheduler == "local":
+    if a.scheduler != "kubernetes":
         if a.dry_run or given_options:
             raise ValueError(f"{'--dry-run' if a.dry_run else given_options[0]}: only with --scheduler kubernetes")
         return None

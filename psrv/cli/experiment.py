@@ -41,4 +41,4 @@ def command(a: argparse.Namespace) -> int:
     from psrv.experiments.runner import run_experiment
     from psrv.process import interrupt_on_signals
     interrupt_on_signals()  # SIGTERM as Ctrl-C: the run in progress stops in order and keeps what ran
-    return run_experiment(a.spec, out=a.out, tensorboard=a.tensorboard)
+    return run_experiment(a.spec, out=a.out, tensorboard=a.tensorboard, scheduler=a.scheduler)

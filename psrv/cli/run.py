@@ -16,8 +16,9 @@ def add(sub) -> None:
                        description="Start --servers shards and --workers workers on 127.0.0.1, train to the "
                        "end, print a summary and write DIR/summary.json, steps.csv and evals.csv. "
                        "Example: psrv run --mode sync --workers 4 --steps 200. Your own loop instead of a "
-                       "job: psrv run --mode sync --workers 2 --script train.py --epochs 3. On a cluster: "
-                       "--scheduler kubernetes --dry-run prints the run's manifests instead (docs/deploy.md)")
+                       "job: psrv run --mode sync --workers 2 --script train.py --epochs 3. Each process a SLURM "
+                       "job step instead: psrv run --scheduler slurm ...; on Kubernetes, --scheduler kubernetes "
+                       "--dry-run prints the run's manifests instead (docs/deploy.md)")
     config_arg(r, "run's config")
     add_config_arguments(r, RunConfig)
     log_level(r)
@@ -70,7 +71,7 @@ def command(a: argparse.Namespace) -> int:
     interrupt_on_signals()  # SIGTERM as Ctrl-C: stop the processes in order, keep what ran
     try:
         summary = run_local(cfg, out=a.out, metrics=a.metrics, metrics_linger=a.metrics_linger,
-                            progress=not a.no_progress, script=script, launcher=a.launcher,
+                            progress=not a.no_progress, script=script, launcher=a.launcher, scheduler=a.scheduler,
                             say=lambda line: print(line, file=sys.stderr))  # an earlier run's files removed
     except RunFailed as exc:
         print(f"psrv run failed: {exc}", file=sys.stderr)
@@ -85,7 +86,8 @@ def command(a: argparse.Namespace) -> int:
     print(format_summary(summary))
     print(f"\nwrote {a.out}/summary.json, steps.csv, evals.csv, config.json")
     if script is not None:
-        print(f"each rank's own output (its prints, any traceback): {a.out}/worker-R.log")
+        where = "workers.log, rank R's lines [workerR]:" if a.launcher == "torchrun" else "worker-R.log"
+        print(f"each rank's own output (its prints, any traceback): {a.out}/{where}")
     if cfg.tensorboard:
         from psrv.experiments.tracking import write_run_events
         print(f"wrote TensorBoard events to {write_run_events(cfg, a.out)}")
