@@ -65,7 +65,9 @@ def test_shipped_specs_exist() -> None:
 @pytest.mark.parametrize("path", SPECS, ids=lambda p: p.name)
 def test_shipped_spec_loads(path: Path) -> None:
     spec = load_spec(path)
-    assert spec.variants and spec.repeats >= 3  # the winner rule needs a spread: at least 3 seeds
+    # the winner rule needs a spread: at least 3 seeds; tiny.toml is a launcher's quick check (one seed, the
+    # same runs under --scheduler slurm and locally, tests/system/test_slurm.py), not a comparison
+    assert spec.variants and spec.repeats >= (1 if path.name == "tiny.toml" else 3)
     assert len({v.name for v in spec.variants}) == len(spec.variants)
 
 
