@@ -37,6 +37,7 @@ from psrv.config.sections import WorkerSettings
 from psrv.worker.collective import device_and_backend, split_wait
 from psrv.worker.flat import FlatModel
 from psrv.worker.keywords import env
+from psrv.worker.recorded import RecordedWorker
 from psrv.worker.script_evals import Evaluations
 from psrv.worker.step_info import StepInfo
 from psrv.worker.steplog import StepLog, check_step_args
@@ -51,7 +52,7 @@ _FSDP = ("mode 'fsdp' does not run a psrv.Worker loop: fully_shard would turn th
          "sharded DTensors behind the script's back; use --mode ddp or zero1")
 
 
-class AllReduceWorker:
+class AllReduceWorker(RecordedWorker):
     """One rank of an all-reduce run driving `model` (float32 parameters on one device) with `config`'s
     mode (ddp or zero1), optimizer, lr schedule and clip.
 
@@ -183,18 +184,6 @@ class AllReduceWorker:
         finally:
             self._teardown()
 
-    def log_eval(self, metrics) -> None:
-        """Record a held-out evaluation ({name: number or one-element tensor}) at the steps done so far, as
-        psrv.Worker.log_eval does; after close(), the record is written again."""
-        self._evals.record(self.steps, metrics)
-        if not self._open:
-            self._save()
-
-    def _save(self) -> None:
-        if self._log is not None:
-            record = self._log.record(**self.totals(), **self._evals.concluded())
-            self._log.save(record, params=self._flat.params if self.rank == 0 else None)
-
     def described(self) -> dict:
         """What a worker record says of this rank before it trains (psrv/worker/steplog.py RECORD)."""
         return {"rank": self.rank, "world_size": self.world_size, "mode": self.mode, "backend": self.backend,
@@ -204,15 +193,6 @@ class AllReduceWorker:
     def totals(self) -> dict:
         """What a worker record counts at the end: the gradient collectives and the optimizer steps."""
         return {"pushes": self.steps, "updates_applied": self.updates_applied}
-
-    def __enter__(self) -> "AllReduceWorker":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self._abandon()
 
     # --- mechanics ----------------------------------------------------------
     def _split_wait(self) -> None:

@@ -32,6 +32,7 @@ from psrv.worker.overlap import ShardReadiness
 from psrv.partition import PartitionPlan
 from psrv.worker.roundtrip import PushPull
 from psrv.worker.step_info import StepInfo
+from psrv.worker.recorded import RecordedWorker
 from psrv.worker.script_evals import Evaluations
 from psrv.worker.steplog import StepLog, check_step_args
 
@@ -39,7 +40,7 @@ log = logging.getLogger("psrv.worker")
 _WORKER, _PLACE = defaults_of(WorkerSettings), defaults_of(Placement)  # the keywords' defaults
 
 
-class Worker:
+class Worker(RecordedWorker):
     """One worker of a parameter-server cluster, driving `model` (an nn.Module, float32 parameters on
     one device). The constructor says HELLO to every shard, sends the initial weights when it is
     rank 0 (shards already initialised keep theirs), and pulls the first weights into the model,
@@ -274,18 +275,6 @@ class Worker:
         self._evals.run(self.steps, between_steps=False)  # rank 0's final weights, after LEAVE: no one waits
         self._save()
 
-    def log_eval(self, metrics) -> None:
-        """Record a held-out evaluation ({name: number or one-element tensor}) at the steps done so far;
-        after close(), at the end (on rank 0, the final weights), and the record is written again."""
-        self._evals.record(self.steps, metrics)
-        if not self._open:
-            self._save()
-
-    def _save(self) -> None:
-        if self._log is not None:
-            record = self._log.record(**self.totals(), **self._evals.concluded())
-            self._log.save(record, params=self._flat.params if self.rank == 0 else None)
-
     def state_dict(self) -> dict:
         """What this worker carries between steps that the servers do not hold: its step count, the
         error-feedback residuals of a compressed push, onebit_adam's momentum and momentum correction's
@@ -344,15 +333,6 @@ class Worker:
         """Bytes this worker's client sent and received (psrv/worker/roundtrip.py WireBytes): bytes_pushed,
         bytes_pulled, bytes_sent, bytes_received, dense_push_bytes and compression_ratio."""
         return self._client.wire.to_dict()
-
-    def __enter__(self) -> "Worker":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self._abandon()
 
     # --- mechanics ----------------------------------------------------------
     def _arm(self) -> None:
