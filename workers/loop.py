@@ -64,7 +64,9 @@ def train(cfg: WorkerConfig, *, log: StepLog | None = None, progress=None) -> di
     inner = make_inner_optimizer(cfg, model.parameters()) if cfg.local_updates else None
     try:
         # Early sends would beat injected compute and network delays, so faults turn the overlap off.
-        ps = Worker.from_settings(model, cfg, overlap=cfg.overlap and not faults.active)
+        # A timeout's messages name the command line's flag for it, which is what this loop's user has.
+        ps = Worker.from_settings(model, cfg, overlap=cfg.overlap and not faults.active,
+                                  timeout_option="--request-timeout")
         log.describe(**ps.described())
         with ps:
             if cfg.rank == 0:

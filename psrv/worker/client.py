@@ -27,6 +27,7 @@ from psrv.protocol import ErrorCode, Message, MsgType
 from psrv.partition import PartitionPlan
 from psrv.protocol.codec import DTYPES
 from psrv.worker.roundtrip import PSError, PushPull, Reply, RoundTrip, WireBytes
+from psrv.worker.waiting import LIBRARY_OPTION
 from psrv.transport import ClientTransport, create_client
 
 log = logging.getLogger("psrv.worker.client")
@@ -48,7 +49,9 @@ class PSClient:
     under onebit_adam, which hello() finds out). `wire`
     counts the bytes of every frame sent and received (WireBytes). `shared_memory` and `bulk` offer
     those payload planes (zmq; psrv/transport/plane.py). `net` replaces the transport (tests wrap it
-    to drop or duplicate messages)."""
+    to drop or duplicate messages). `timeout_option`: how the caller sets `timeout`, which the errors
+    and the waiting lines of an unanswered HELLO name (`timeout=`, the library's keyword; `psrv worker`
+    passes `--request-timeout`), so they point at the knob the user actually has."""
 
     def __init__(self, servers: Sequence[str], plan: PartitionPlan, *, worker: int, world_size: int,
                  transport: str = _PLACE.transport, timeout: float = _WORKER.request_timeout,
@@ -59,13 +62,14 @@ class PSClient:
                  momentum_masking: bool = _WORKER.momentum_masking, compress_warmup: int = _WORKER.compress_warmup,
                  sign_scale: str = _WORKER.sign_scale, shared_memory: bool = _PLACE.shared_memory == "auto",
                  bulk: bool = _PLACE.bulk == "auto", net: ClientTransport | None = None,
-                 push_chunk_mb: float = _WORKER.push_chunk_mb):
+                 push_chunk_mb: float = _WORKER.push_chunk_mb, timeout_option: str = LIBRARY_OPTION):
         if len(servers) != plan.num_shards:
             raise ValueError(f"{len(servers)} server addresses for a plan of {plan.num_shards} shards")
         self.plan = plan
         self.worker = worker
         self.world_size = world_size
         self.timeout = timeout
+        self.timeout_option = timeout_option  # what the messages about `timeout` call it (RoundTrip)
         self.retry_interval = retry_interval
         self.recent_seconds = 0.0  # how long this client's round trips with a payload take lately (RoundTrip)
         self.ranges = plan.ranges
@@ -160,7 +164,7 @@ class PSClient:
         log.info("worker %d: waiting for rank 0's initial weights (INIT) from shard(s) %s, at most %gs",
                  self.worker, waiting, self.timeout)
         why = (f"worker {self.worker}: rank 0 never sent the initial weights within {self.timeout:g}s "
-               "(is rank 0 running? --request-timeout sets the bound)")
+               f"(is rank 0 running? {self.timeout_option} sets the bound)")
         self._seq += 1
         msgs = [self.message(MsgType.PULL, clock=clock) for _ in self.ranges]
         rt = RoundTrip(self, msgs, self._seq, self.timeout, limit=self.timeout, why=why)

@@ -1,7 +1,7 @@
 """One request to every shard and its replies, through lost messages, lost replies and restarted
 shards (PSClient's mechanics; `client` below is the psrv.worker.client.PSClient that owns it, a module
-that imports this one, used through its public face: `net`, `servers`, `message`, `hello_message`,
-`fill_push`, `receive_weights`); PSError, what an ERROR reply becomes; Reply, what a push or pull saw; and
+that imports this one, used through its public face: `net`, `servers`, `timeout_option`, `message`,
+`hello_message`, `fill_push`, `receive_weights`); PSError, what an ERROR reply becomes; Reply, what a push or pull saw; and
 WireBytes, what the round trips' frames came to (PSClient.wire)."""
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import torch
 from psrv.chunking import chunk_count, chunk_range
 from psrv.codecs.push import finite
 from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError, decode, encode
+from psrv.worker.waiting import HelloWait
 
 log = logging.getLogger("psrv.worker.client")
 
@@ -82,7 +83,7 @@ class RoundTrip:
     one that does not gets the request again, same seq. A probe left unanswered means the
     connection or the shard is gone: reconnect and re-send. Any answer counts as a sign of life.
     `limit` (seconds) bounds the whole wait even while the shards answer probes; past it,
-    TimeoutError(`why`).
+    TimeoutError(`why`). A HELLO left unanswered says so every few seconds (psrv/worker/waiting.py).
     """
 
     MAX_HELLOS = 5
@@ -139,18 +140,23 @@ class RoundTrip:
         now = started = time.monotonic()
         deadline, check_at = now + self.timeout, now + interval
         bound = now + self.limit if self.limit is not None else math.inf
+        notice = HelloWait(worker=self.c.worker, servers=self.c.servers, timeout=self.timeout,
+                           option=self.c.timeout_option, started=now) if self.kind == "HELLO" else None
         while None in self.replies:
             now = time.monotonic()
             if now >= deadline:  # no sign of life at all: say that, not `why`
                 raise TimeoutError(self._silence())
             if now >= bound:
                 raise TimeoutError(self.why)
+            if notice is not None and now >= notice.due:  # a HELLO unanswered for a while: say what we wait for
+                notice.say(now, [s for s, r in enumerate(self.replies) if r is None])
+                continue
             if now >= check_at:
                 self._probe_missing()
                 interval = min(interval * 2, max(8 * self.c.retry_interval, recent))
                 check_at = now + interval
                 continue
-            got = self.net.recv(min(deadline, check_at, bound) - now)
+            got = self.net.recv(min(deadline, check_at, bound, notice.due if notice else math.inf) - now)
             if got is not None and self._take(*got):
                 deadline = time.monotonic() + self.timeout
         if self.chunky:  # every push or INIT payload of it answered: their transient memory may go
@@ -161,11 +167,12 @@ class RoundTrip:
         return self.replies
 
     def _silence(self) -> str:
-        """What a timeout says: which shard at which address, and the option that sets the bound."""
+        """What a timeout says: which shard at which address, and the option that sets the bound (the
+        client's `timeout_option`: the keyword or flag of the API in use)."""
         missing = [s for s, r in enumerate(self.replies) if r is None]
         where = ", ".join(f"{self.c.servers[s]} (shard {s})" for s in missing)
         return (f"worker {self.c.worker}: no reply from {where} within {self.timeout:g}s to {self.kind}; "
-                "is `psrv serve` running there? --request-timeout sets the bound")
+                f"is `psrv serve` running there? {self.c.timeout_option} sets the bound")
 
     def _probe_missing(self) -> None:
         for s, r in enumerate(self.replies):

@@ -35,6 +35,7 @@ from psrv.worker.step_info import StepInfo
 from psrv.worker.recorded import RecordedWorker
 from psrv.worker.script_evals import Evaluations
 from psrv.worker.steplog import StepLog, check_step_args
+from psrv.worker.waiting import LIBRARY_OPTION
 
 log = logging.getLogger("psrv.worker")
 _WORKER, _PLACE = defaults_of(WorkerSettings), defaults_of(Placement)  # the keywords' defaults
@@ -44,7 +45,10 @@ class Worker(RecordedWorker):
     """One worker of a parameter-server cluster, driving `model` (an nn.Module, float32 parameters on
     one device). The constructor says HELLO to every shard, sends the initial weights when it is
     rank 0 (shards already initialised keep theirs), and pulls the first weights into the model,
-    waiting at most `timeout` seconds for rank 0's.
+    waiting at most `timeout` seconds for rank 0's. While a shard has not answered the HELLO, a WARNING
+    (logger psrv.worker) every few seconds names it, its address, the wait so far and the bound; the
+    errors and those lines call the bound `timeout_option` (`timeout=`; `psrv worker` passes
+    `--request-timeout`, its own flag for it).
 
     `servers` (the shards' addresses in shard order), `rank` and `world_size` default to the
     environment's PSRV_SERVERS (comma-separated), RANK and WORLD_SIZE (as torchrun sets them). An
@@ -125,7 +129,8 @@ class Worker(RecordedWorker):
                  momentum_masking: bool = _WORKER.momentum_masking, compress_warmup: int = _WORKER.compress_warmup,
                  sign_scale: str = _WORKER.sign_scale, shared_memory: str = _PLACE.shared_memory,
                  bulk: str = _PLACE.bulk, push_chunk_mb: float = _WORKER.push_chunk_mb,
-                 step_log: StepLog | None = None, evaluate=None, eval_every: int = 0):
+                 step_log: StepLog | None = None, evaluate=None, eval_every: int = 0,
+                 timeout_option: str = LIBRARY_OPTION):
         if local_steps is not None:
             try:
                 local_steps = parse_local_steps(local_steps)
@@ -147,7 +152,7 @@ class Worker(RecordedWorker):
                                 compress_min_numel=compress_min_numel, momentum_correction=momentum_correction,
                                 momentum_masking=momentum_masking, compress_warmup=compress_warmup,
                                 sign_scale=sign_scale,
-                                push_chunk_mb=push_chunk_mb,
+                                push_chunk_mb=push_chunk_mb, timeout_option=timeout_option,
                                 **planes(shared_memory, bulk, curve_keys))
         # Shared memory: pushes read in place. Shared from an untouched buffer, which costs no resident memory
         # (sharing a zeroed one left a freed model-sized buffer resident in the heap; docs/benchmarks.md)

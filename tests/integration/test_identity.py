@@ -113,6 +113,10 @@ def test_no_server_at_the_address_names_it_and_the_option(tmp_path):
     assert last == (f"psrv worker: worker 0: no reply from {address} (shard 0) within 2s to HELLO; "
                     "is `psrv serve` running there? --request-timeout sets the bound"), done.stdout
     assert "Traceback" not in done.stdout and took < 2 + 30
+    # while it waited it said so, naming the same flag (a line every 2/3 s of a 2 s bound)
+    waiting = [line for line in done.stdout.splitlines() if f"no answer to HELLO yet from {address} (shard 0)" in line]
+    assert len(waiting) >= 2 and all("giving up at 2s without one (--request-timeout sets the bound)" in line
+                                     for line in waiting), done.stdout
 
 
 def test_pushing_a_stale_clock_is_named_by_the_server_and_the_client(caplog):
