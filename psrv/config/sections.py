@@ -183,6 +183,9 @@ class ServerSettings(Section):
 
     worker_timeout: float = setting(10.0, "seconds of silence before a worker leaves the active set",
                                     minimum=0.1)
+    join_timeout: float = setting(120.0, "seconds a shard waits for a worker it has never heard from (its first "
+                                  "HELLO) before it goes on without it: a sync barrier waits this long for a rank "
+                                  "that never starts; a HELLO later brings it back", minimum=0.1, metavar="SECONDS")
     max_message_bytes: int = setting(1 << 31, "drop (and disconnect) any bigger message before it is read",
                                      minimum=1)
     nonfinite: str = setting("reject", "a gradient with NaN/Inf is answered with ERROR (reject) or "

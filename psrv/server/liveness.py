@@ -52,6 +52,14 @@ class Liveness:
                 out.append(w)
         return out
 
+    def unheard(self, active: Iterable[int]) -> list[int]:
+        """Active workers never heard from: not joined yet (no HELLO since the shard started)."""
+        return sorted(w for w in active if w not in self.last_seen)
+
+    def waited(self) -> float:
+        """Seconds since the shard started, less the time it was busy: how long the unheard have had to join."""
+        return self.now() - self.started
+
     def rejoined(self, worker: int) -> None:
         self.left.discard(worker)
         self.lost.discard(worker)

@@ -21,6 +21,7 @@ from psrv.server.consistency import make_controller
 from psrv.server.dedup import Dedup
 from psrv.server.identity import Sessions
 from psrv.server.late import LateStreaks
+from psrv.server.joining import JoinWatch
 from psrv.server.liveness import Liveness
 from psrv.server.pending import Pending, PendingPulls
 from psrv.server.push import commit_if_ready, take_push
@@ -40,7 +41,8 @@ PUSHES = (MsgType.PUSH, MsgType.PUSH_PULL)
 
 class ShardService:
     def __init__(self, cfg: ServerConfig, transport: ServerTransport, *, metrics=None,
-                 now: Callable[[], float] = time.monotonic, join_timeout: float = 120.0):
+                 now: Callable[[], float] = time.monotonic, join_timeout: float | None = None):
+        """`join_timeout` (default cfg.join_timeout): seconds to wait for a worker never heard from."""
         self.cfg = cfg
         self.transport = transport
         self.metrics = metrics
@@ -56,7 +58,9 @@ class ShardService:
         self.chunks = ChunkedPushes(self)  # pushes arriving chunk by chunk (psrv/server/chunked.py)
         self.held = HeldPushes()  # other workers' pushes while a chunked one is half applied
         self._draining = False
+        join_timeout = cfg.join_timeout if join_timeout is None else join_timeout
         self.liveness = Liveness(timeout=cfg.worker_timeout, join_timeout=join_timeout, now=now)
+        self.joins = JoinWatch(shard=cfg.shard)
         self.sessions = Sessions(shard=cfg.shard, timeout=cfg.worker_timeout)
         self.late = LateStreaks(shard=cfg.shard)
         self.resumed_from: int | None = None
@@ -158,14 +162,21 @@ class ShardService:
         self._reply(peer, Message(MsgType.ERROR, seq=seq, fields=fields))
 
     def check_liveness(self) -> None:
-        """Workers silent for worker_timeout leave the active set; barriers stop waiting for them."""
+        """Workers silent for worker_timeout, or never heard from for join_timeout, leave the active set;
+        barriers stop waiting for them. The ones not joined are named (psrv/server/joining.py)."""
         self.liveness.look()
         if self.now() - self._last_check < 0.05:
             return
         self._last_check = self.now()
-        for w in self.liveness.expired(self.controller.active, self.pending.workers()):
-            log.warning("shard %d: worker %d silent for %.1fs, removed from the active set",
-                        self.cfg.shard, w, self.liveness.silent(w))
+        self.joins.look(self.liveness, self.controller.active)
+        expired = self.liveness.expired(self.controller.active, self.pending.workers())
+        unheard = self.liveness.unheard(expired)
+        if unheard:
+            self.joins.gave_up(unheard, self.liveness, others=bool(set(self.controller.active) - set(expired)))
+        for w in expired:
+            if w not in unheard:
+                log.warning("shard %d: worker %d silent for %.1fs, removed from the active set",
+                            self.cfg.shard, w, self.liveness.silent(w))
             self.stats.lost_workers.append(w)
             self.liveness.lost.add(w)
             self._remove(w)

@@ -7,7 +7,7 @@ from psrv.cli import build_parser
 
 SURFACE = {
     "serve": ((), ("--backup-workers", "--bind", "--bulk", "--checkpoint-dir", "--checkpoint-every", "--clip-grad-norm", "--config",
-                   "--curve-keys", "--dc-lambda", "--device", "--dn-period", "--freeze-step",
+                   "--curve-keys", "--dc-lambda", "--device", "--dn-period", "--freeze-step", "--join-timeout",
                    "--log-level", "--lr", "--lr-decay-steps", "--lr-end-factor", "--lr-gamma", "--lr-schedule",
                    "--lr-step-size", "--max-message-bytes", "--metrics-host", "--metrics-linger", "--metrics-port",
                    "--mode", "--momentum", "--nesterov", "--nonfinite", "--num-shards", "--optimizer", "--out",
@@ -21,7 +21,7 @@ SURFACE = {
     "keygen": (("dir",), ("--log-level", "--workers")),
     "admin": (("action",), ("--curve-keys", "--log-level", "--servers")),
     "run": ((), ("--backup-workers", "--bandwidth", "--batch-size", "--bulk", "--clip-grad-norm", "--compress", "--compress-min-numel", "--compress-warmup", "--compute-ms", "--config", "--dc-lambda", "--ddp-comm-hook", "--device", "--dn-period", "--dry-run", "--eval-every", "--freeze-step", "--image", "--inner-lr",
-                 "--inner-optimizer", "--job", "--launcher", "--local-steps", "--log-level", "--lr", "--lr-decay-steps", "--lr-end-factor", "--lr-gamma", "--lr-schedule", "--lr-step-size",
+                 "--inner-optimizer", "--job", "--join-timeout", "--launcher", "--local-steps", "--log-level", "--lr", "--lr-decay-steps", "--lr-end-factor", "--lr-gamma", "--lr-schedule", "--lr-step-size",
                  "--max-message-bytes", "--metrics", "--metrics-linger", "--mode", "--momentum", "--momentum-masking", "--namespace", "--nesterov",
                  "--net-delay-ms", "--no-error-feedback", "--no-momentum-correction", "--no-overlap", "--no-progress", "--nonfinite", "--optimizer", "--out", "--powersgd-rank", "--push-chunk-mb", "--pvc",
                  "--request-timeout", "--scheduler", "--script", "--seed", "--servers", "--shared-memory", "--sign-scale", "--staleness", "--steps",
