@@ -8,6 +8,7 @@ from pathlib import Path
 from psrv.atomic import write_json
 from psrv.cli.common import base_config, config_arg, log_level, metrics_args, metrics_file, unused_staleness
 from psrv.config import ServerConfig
+from psrv.config.address_form import RPC_SCHEMES, address_problem
 from psrv.config.cli_args import add_config_arguments, config_from_args
 
 
@@ -30,7 +31,7 @@ def command(a: argparse.Namespace) -> int:
     from psrv.device import check_device
     from psrv.process import stop_on_signals, tune_malloc
     from psrv.server.run import serve
-    extra = {"bind": f"rpc://{a.rpc_master}"} if a.rpc_master else {}
+    extra = {"bind": _rpc_bind(a.rpc_master)} if a.rpc_master else {}
     cfg = config_from_args(ServerConfig, a, base=base_config(a), extra=extra)
     if (cfg.transport == "rpc") != cfg.bind.startswith("rpc://"):
         raise ValueError("--transport rpc and --rpc-master HOST:PORT go together (shard 0 hosts the rendezvous)")
@@ -44,3 +45,13 @@ def command(a: argparse.Namespace) -> int:
     if a.out:
         write_json(a.out, summary)
     return 0
+
+
+def _rpc_bind(master: str) -> str:
+    """--rpc-master HOST:PORT as the shard's bind, rpc://HOST:PORT; ValueError, in one line, for another form
+    (the bind's own check would name --bind, which the user did not type)."""
+    bind = f"rpc://{master.strip()}"
+    if address_problem(bind, bind=True, schemes=RPC_SCHEMES):
+        raise ValueError(f"--rpc-master: {master!r} is not HOST:PORT (a port 1..65535), the rendezvous that "
+                         "shard 0 hosts")
+    return bind

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from psrv.cli.common import log_level
+from psrv.config.address_form import ZMQ_SCHEMES, check_shard_addresses
 
 COLUMNS = ("shard", "address", "mode", "version", "active", "clock min/max", "staleness mean/max",
            "updates/s", "pushes", "wait s")
@@ -191,7 +192,8 @@ def add(sub) -> None:
     t = sub.add_parser("top", help="live per-shard view of running servers",
                        description="Poll the shards with STATS and show version, active workers, clocks, "
                        "staleness and updates/s. Example: psrv top --servers tcp://10.0.0.1:5555,tcp://10.0.0.2:5555")
-    t.add_argument("--servers", required=True, help="comma-separated shard addresses, in shard order")
+    t.add_argument("--servers", required=True, help="comma-separated shard addresses, tcp://HOST:PORT, "
+                   "in shard order")
     t.add_argument("--interval", type=float, default=1.0, help="seconds between polls (default: %(default)s)")
     t.add_argument("--once", action="store_true", help="print one table (two polls, --interval apart) and exit")
     t.add_argument("--timeout", type=float, default=2.0,
@@ -200,5 +202,5 @@ def add(sub) -> None:
 
 
 def command(a: argparse.Namespace) -> int:
-    return top([s.strip() for s in a.servers.split(",") if s.strip()], interval=a.interval, once=a.once,
-               timeout=a.timeout)
+    addresses = check_shard_addresses(a.servers.split(","), option="--servers", schemes=ZMQ_SCHEMES, files=False)
+    return top(list(addresses), interval=a.interval, once=a.once, timeout=a.timeout)

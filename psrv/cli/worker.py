@@ -7,6 +7,7 @@ from pathlib import Path
 
 from psrv.cli.common import base_config, config_arg, log_level, metrics_args, metrics_file
 from psrv.config import WorkerConfig
+from psrv.config.address_form import check_shard_addresses, schemes_of
 from psrv.config.cli_args import add_config_arguments, config_from_args
 
 
@@ -14,7 +15,7 @@ def add(sub) -> None:
     w = sub.add_parser("worker", help="run one worker", description="Train one worker against the servers. "
                        "Example: psrv worker --servers tcp://10.0.0.1:5555,tcp://10.0.0.2:5555 --rank 0 "
                        "--world-size 4 --job digits_mlp --steps 300")
-    w.add_argument("--servers", help="comma-separated shard addresses, in shard order; @FILE "
+    w.add_argument("--servers", help="comma-separated shard addresses (tcp://HOST:PORT), in shard order; @FILE "
                    "waits for FILE (a server's --ready-file) and reads the address from it")
     config_arg(w, "worker's config")
     add_config_arguments(w, WorkerConfig)
@@ -42,16 +43,18 @@ def _train_worker(a: argparse.Namespace) -> int:
     from psrv.process import exit_code, tune_malloc
     base = base_config(a)
     servers = a.servers if a.servers is not None else ",".join(base.get("servers", []))
-    if not servers:
+    option = "--servers" if a.servers is not None or not a.config else f"--config {a.config}: servers"
+    listed = check_shard_addresses(servers.split(","), option=option)  # before torch, or any file's wait
+    if not listed:
         raise ValueError("--servers: name at least one shard address (tcp://host:port), or give --config")
-    listed = tuple(s.strip() for s in servers.split(",") if s.strip())
     cfg = config_from_args(WorkerConfig, a, base=base, extra={"servers": listed})
     from psrv.device import check_device
     from psrv.workers.jobs import job_factory
     check_device(cfg.device)
     job_factory(cfg.job.name)  # imports a user's job module (from the current folder) before any server is met
     from psrv.transport.addresses import split_addresses
-    cfg = cfg.replace(servers=split_addresses(servers, wait=120.0))  # then wait for @FILE addresses
+    cfg = cfg.replace(servers=split_addresses(servers, wait=120.0, option=option,  # then wait for @FILE
+                                              schemes=schemes_of(cfg.transport)))
     tune_malloc()
     from psrv.worker.steplog import RecordFiles, StepLog
     from psrv.workers.loop import TrainingInterrupted, train

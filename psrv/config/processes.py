@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from psrv.codec_names import CASTS, LOSSY_NAMES
+from psrv.config.address_form import address_problem, check_shard_addresses
 from psrv.config.base import ConfigError, Section, section, setting
 from psrv.config.optimizer import VELOCITY_RULES, GradClip, OptimConfig
 from psrv.config.sections import Trackers
@@ -99,6 +100,9 @@ class ServerConfig(ServeSettings, ServerSettings, Consistency, Placement):
         super().validate()
         if self.mode not in MODES:
             raise ConfigError("mode", f"a server holds {', '.join(MODES)}; {self.mode!r} has no servers")
+        problem = address_problem(self.bind, bind=True)  # zmq would keep a port's low 16 bits
+        if problem:
+            raise ConfigError("bind", problem)
         if not self.shard < self.num_shards:
             raise ConfigError("shard", f"must be in [0, num_shards={self.num_shards}); got {self.shard}")
         if not self.backup_workers < self.workers:
@@ -132,6 +136,10 @@ class WorkerConfig(WorkerSettings, Seeded, Placement, GradClip):
         super().validate()
         if not self.servers:
             raise ConfigError("servers", "name at least one shard address (tcp://host:port)")
+        try:
+            check_shard_addresses(self.servers)  # an @FILE entry is checked once read
+        except ValueError as exc:
+            raise ConfigError("servers", str(exc)) from None
         if any(a.startswith("rpc://") for a in self.servers) != (self.transport == "rpc"):
             raise ConfigError("servers", "rpc://HOST:PORT/server-<i> addresses go with transport 'rpc', "
                                          "tcp:// ones with 'zmq'")

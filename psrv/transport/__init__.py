@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from psrv.config import TRANSPORTS
+from psrv.config.address_form import check_address, schemes_of
 from psrv.transport.base import ClientTransport, ServerTransport
 
 __all__ = ["TRANSPORTS", "ClientTransport", "ServerTransport", "create_client", "create_server"]
@@ -23,8 +24,10 @@ def create_server(name: str, bind: str, *, shard: int = 0, num_shards: int = 1, 
     """A bound server transport; `bind` like tcp://127.0.0.1:0 (0 = a free port), or rpc://HOST:PORT
     (the rendezvous). The shard's place in the job (shard, num_shards, workers) names it in an RPC world.
     zmq only: `shared_memory` and `bulk` accept those payload planes (psrv/transport/plane.py) when
-    a worker offers them."""
+    a worker offers them. A malformed `bind`, or one of the other transport's form, is a ValueError before
+    anything binds (zmq would cut a port beyond 65535 to its low 16 bits and serve there)."""
     _check(name)
+    bind = check_address(bind, option="bind", bind=True, schemes=schemes_of(name))
     if name == "zmq":
         from psrv.transport.zmq import ZmqServer
         return ZmqServer(bind, planes=_server_planes(shared_memory, bulk, bind, options), **options)

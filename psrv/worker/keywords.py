@@ -8,9 +8,9 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-from psrv.transport.addresses import resolve_addresses
-
 from psrv.config import ALLREDUCE_MODES
+from psrv.config.address_form import schemes_of
+from psrv.transport.addresses import resolve_addresses
 
 
 def clip_of(mine: float | None, welcomes: list[dict], mode: str) -> float:
@@ -29,22 +29,35 @@ def clip_of(mine: float | None, welcomes: list[dict], mode: str) -> float:
     return mine or theirs
 
 
+KEYWORD_OF = {"PSRV_SERVERS": "servers", "RANK": "rank", "WORLD_SIZE": "world_size"}  # variable -> keyword
+_SAID_AS = {"servers=": "psrv.Worker(servers=...)", "PSRV_SERVERS": "psrv.Worker: PSRV_SERVERS"}
+WHAT_OF = {"PSRV_SERVERS": " (the shards' addresses, tcp://HOST:PORT,..., in shard order)"}
+
+
 def env(name: str) -> str:
-    """The environment's `name`; ValueError, naming the keyword to pass instead, where it is unset or blank."""
+    """The environment's `name`; ValueError, naming the keyword to pass instead (KEYWORD_OF), where it is
+    unset or blank."""
     value = os.environ.get(name, "")
     if not value.strip():
-        raise ValueError(f"psrv.Worker: pass {name.lower()}= or set {name} in the environment")
+        raise ValueError(f"psrv.Worker: pass {KEYWORD_OF[name]}= or set {name} in the environment"
+                         f"{WHAT_OF.get(name, '')}")
     return value
 
 
-def servers_of(given: Sequence[str] | None, *, wait: float) -> list[str]:
-    """The shards' addresses: `given`, else PSRV_SERVERS (comma-separated, in shard order). An entry
-    `@FILE` is read from FILE (a server's --ready-file) once it exists, waiting at most `wait` seconds,
-    so the workers may start before the servers (as `psrv worker --servers @FILE` may)."""
-    entries = list(given) if given is not None else env("PSRV_SERVERS").split(",")
-    servers = list(resolve_addresses(entries, wait=wait))
+def servers_of(given: Sequence[str] | str | None, *, wait: float, transport: str = "zmq") -> list[str]:
+    """The shards' addresses: `given` (a list, or one comma-separated string), else PSRV_SERVERS
+    (comma-separated, in shard order), each checked for `transport`'s form, a bad one named as the
+    keyword or variable that gave it. An entry `@FILE` is read from FILE (a server's --ready-file) once
+    it exists, waiting at most `wait` seconds, so the workers may start before the servers (as
+    `psrv worker --servers @FILE` may)."""
+    where = "servers=" if given is not None else "PSRV_SERVERS"
+    if given is None:
+        entries = env("PSRV_SERVERS").split(",")
+    else:
+        entries = given.split(",") if isinstance(given, str) else list(given)
+    servers = list(resolve_addresses(entries, wait=wait, option=_SAID_AS[where],
+                                     schemes=schemes_of(transport)))
     if not servers:
-        where = "servers=" if given is not None else "PSRV_SERVERS"
         raise ValueError(f"psrv.Worker: {where} names no shard address (tcp://host:port,...)")
     return servers
 

@@ -141,7 +141,7 @@ class Worker(RecordedWorker):
         self.rank = int(rank if rank is not None else env("RANK"))
         self.world_size = int(world_size if world_size is not None else env("WORLD_SIZE"))
         self._evals = Evaluations(None, rank=self.rank, evaluate=evaluate, eval_every=eval_every)  # checked first
-        servers = servers_of(servers, wait=timeout)  # an @FILE entry: once that server is up
+        servers = servers_of(servers, wait=timeout, transport=transport)  # an @FILE entry: once that server is up
         self.model = model
         self._flat = FlatModel(model, grads=False)  # the flat gradient is placed below
         self.plan = PartitionPlan.from_module(model, len(servers))
