@@ -75,7 +75,7 @@ def _allreduce_settings(run: RunConfig) -> None:
                           "wait at the servers")
     if run.allreduce.stall_timeout and run.mode in MODES:
         raise ConfigError("allreduce.stall_timeout", f"watches the all-reduce modes' ranks; {run.mode!r} has "
-                          "servers, whose workers time out on their own (worker.request_timeout)")
+                          "servers, whose workers time out on their own")
     if run.worker.local_updates and run.mode in ("fsdp", "zero1"):
         raise ConfigError("worker.local_steps", f"local steps over all-reduce run with mode ddp, not "
                           f"{run.mode!r}")

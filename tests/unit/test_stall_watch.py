@@ -141,3 +141,15 @@ def _until(condition, timeout: float = 5.0) -> None:
     while not condition():
         assert time.monotonic() < deadline
         time.sleep(0.01)
+
+
+def test_the_stall_timeout_is_an_all_reduce_setting_a_script_may_use_too():
+    from psrv.config import ConfigError, RunConfig, from_dict
+    from psrv.experiments.script import check_script_run
+    with pytest.raises(ConfigError, match=r"^allreduce\.stall_timeout: watches the all-reduce modes' ranks; "
+                                          r"'sync' has servers"):
+        from_dict(RunConfig, {"mode": "sync", "allreduce": {"stall_timeout": 5.0}})
+    ddp = from_dict(RunConfig, {"mode": "ddp", "allreduce": {"stall_timeout": 5.0}})
+    check_script_run(ddp, {"allreduce.stall_timeout", "mode"})             # the launcher watches a script's ranks
+    with pytest.raises(ValueError, match=r"^--wait-barrier: not used with --script"):
+        check_script_run(ddp.replace(allreduce=ddp.allreduce.replace(wait_barrier=True)), {"allreduce.wait_barrier"})
