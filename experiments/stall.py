@@ -1,6 +1,7 @@
 """The stall watch over a run's all-reduce ranks: a rank that makes no step for a bound ends the run, in one
-line naming it and the collective it is in, instead of the run hanging until gloo's timeout (10 min) or the
-run's (30 min). A gloo deadlock once sat at one step for 6 minutes with nothing said.
+line naming it and the collective it is in, instead of the run hanging until the collective's timeout (10 min
+for the shipped ranks) or the run's (30 min). A gloo deadlock once sat at one step for 6 minutes with nothing
+said.
 
 Each rank keeps a step beacon (psrv/step_beacon.py, DIR/worker-R.beat): its steps, its slowest step, and
 what it is in now (forward and backward, a named collective, or off the clock). The launcher reads them at
