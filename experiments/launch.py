@@ -17,6 +17,7 @@ from psrv.experiments.netns import EmulatedHosts, host_traffic
 from psrv.experiments.preflight import preflight
 from psrv.experiments.rundir import OwnedFolder
 from psrv.experiments.schedulers import check_scheduler, scheduler_hosts
+from psrv.experiments.stall import StallWatch
 from psrv.experiments.script import Script, check_records, start_script_workers
 from psrv.experiments.torchrun import check_launcher, rank_output, start_torchrun_workers
 from psrv.experiments.summary import build_summary, write_tables
@@ -120,7 +121,7 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
     cluster = Cluster(out, processes=workers + (0 if cfg.is_allreduce else cfg.cluster.servers), hosts=hosts,
                       keep_fds=() if lock is None else (lock,))
     extra = ["--metrics-port", "0", "--metrics-linger", repr(metrics_linger)] if metrics else []
-    bar, interrupt = None, None
+    bar, interrupt, watch = None, None, None
     try:
         if cfg.is_allreduce:
             servers = []
@@ -130,6 +131,8 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
             else:
                 from psrv.experiments.launch_ddp import start_ddp
                 names = start_ddp(cluster, cfg, out)
+            if scheduler == "local":  # a rank with no step for the bound ends the run (experiments/stall.py)
+                watch = StallWatch(cluster, names, out, fixed=cfg.allreduce.stall_timeout)
         else:
             servers = _start_servers(cluster, cfg, out, extra)
             start = start_torchrun_workers if launcher == "torchrun" else start_script_workers
@@ -142,6 +145,8 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
 
         def tick() -> None:
             bar.tick()
+            if watch is not None:
+                watch.check()
             if found[0] < expected:  # processes announce their /metrics ports as they start
                 found[0] = write_targets(out)
         cluster.wait(names, timeout=timeout, tick=tick)

@@ -7,6 +7,7 @@ from pathlib import Path
 from psrv.config import RunConfig
 
 from psrv.experiments.cluster import Cluster, free_port
+from psrv.experiments.stall import beacon_path
 
 
 def start_ddp(cluster: Cluster, cfg: RunConfig, out: Path) -> list[str]:
@@ -31,5 +32,6 @@ def allreduce_argv(config: str, out: str, *, python: str = sys.executable) -> li
     """Every rank's argv, the same for all as under torchrun (psrv.workers.allreduce fills in {rank} from
     RANK; rank 0 alone writes params.pt and model.pt): the local launcher's and the scheduler's manifests'."""
     return [python, "-P", "-m", "psrv.workers.allreduce", "--config", config, "--out", f"{out}/worker-{{rank}}.json",
-            "--progress-file", f"{out}/worker-{{rank}}.progress", "--params-out", f"{out}/params.pt",
+            "--progress-file", f"{out}/worker-{{rank}}.progress", "--beacon-file", beacon_path(out),
+            "--params-out", f"{out}/params.pt",
             "--state-out", f"{out}/model.pt"]

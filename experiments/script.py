@@ -11,7 +11,8 @@ Each worker is `python FILE.py ARGS...`, its output in DIR/worker-R.log, with th
   LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT; psrv.Worker is then the all-reduce worker
   (psrv/worker/allreduce.py), which reads the optimizer, schedule and clip from PSRV_CONFIG;
 - the variables psrv/worker/steplog.py reads (PSRV_RECORD, PSRV_PROGRESS, rank 0's PSRV_PARAMS_OUT), so
-  its psrv.Worker writes DIR/worker-R.json as `psrv worker --out` does;
+  its psrv.Worker writes DIR/worker-R.json as `psrv worker --out` does; in ddp and zero1 also PSRV_BEACON,
+  the step beacon the launcher's stall watch reads (experiments/stall.py);
 - PSRV_STEPS: `--steps` (a spec's job.steps), when given, for the script to read.
 The options only the shipped loop reads are refused, and so is fsdp (psrv/worker/allreduce.py says why).
 
@@ -35,9 +36,11 @@ from psrv.config.cli_args import flag_of
 from psrv.device import check_device
 
 from psrv.experiments.cluster import Cluster, RunFailed, free_port
+from psrv.experiments.stall import beacon_path
 
 # Read by the shipped loop alone: a script decides these itself, so a value given here would do nothing.
 _SHIPPED_ONLY = ("job.name", "job.batch_size", "job.eval_every", "faults.", "worker.")
+_SCRIPT_ALLREDUCE = ("allreduce.stall_timeout",)  # the all-reduce settings a script's ranks use (the launcher's watch)
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,8 @@ def check_script_run(cfg: RunConfig, typed: set[str], *, flags: bool = True) -> 
             shown = flag_of(key, s) if flags else key
             raise ValueError(f"{shown}: not used with {'--script' if flags else 'a script'} (the shipped loop's "
                              "setting; your script decides it); remove it")
-        if key.startswith("allreduce.") and (key in typed or from_file or _get(cfg, key) != default_of(f)):
+        if key.startswith("allreduce.") and key not in _SCRIPT_ALLREDUCE and \
+                (key in typed or from_file or _get(cfg, key) != default_of(f)):
             shown = flag_of(key, s) if flags else key
             raise ValueError(f"{shown}: not used with {'--script' if flags else 'a script'} (psrv.Worker "
                              "all-reduces the plain mean gradient); remove it")
@@ -149,6 +153,7 @@ def script_env(cfg: RunConfig, out: Path | str, script: Script, addresses: str |
             "PSRV_RECORD": f"{out}/worker-{{rank}}.json", "PSRV_PROGRESS": f"{out}/worker-{{rank}}.progress",
             "PSRV_PARAMS_OUT": f"{out}/params.pt",  # rank 0 alone writes it
             **({"PSRV_STEPS": str(script.steps)} if script.steps is not None else {}),
+            **({"PSRV_BEACON": beacon_path(out)} if cfg.is_allreduce else {}),  # the stall watch's (stall.py)
             # no /metrics from all-reduce ranks: the shipped ones (launch_ddp.py) serve none either
             **({"PSRV_METRICS_PORT": "0", "PSRV_METRICS_LINGER": repr(linger)}
                if metrics and not cfg.is_allreduce else {})}

@@ -66,7 +66,7 @@ def _momentum_correction(run: RunConfig) -> None:
 
 def _allreduce_settings(run: RunConfig) -> None:
     """The all-reduce settings go with the modes that use them: a comm hook with DDP's (ddp, zero1,
-    without local steps), no barrier with any all-reduce mode; local steps with ddp only."""
+    without local steps), a barrier and a stall timeout with any all-reduce mode; local steps with ddp only."""
     hooked = run.mode in ("ddp", "zero1") and not run.worker.local_updates
     if run.allreduce.ddp_comm_hook != "none" and not hooked:
         raise ConfigError("allreduce.ddp_comm_hook", f"is a DDP hook: mode ddp or zero1 without local steps "
@@ -74,6 +74,9 @@ def _allreduce_settings(run: RunConfig) -> None:
     if run.allreduce.wait_barrier and run.mode in MODES:
         raise ConfigError("allreduce.wait_barrier", f"is for the all-reduce modes; {run.mode!r} measures its "
                           "wait at the servers")
+    if run.allreduce.stall_timeout and run.mode in MODES:
+        raise ConfigError("allreduce.stall_timeout", f"watches the all-reduce modes' ranks; {run.mode!r} has "
+                          "servers, whose workers time out on their own")
     if run.worker.local_updates and run.mode in ("fsdp", "zero1"):
         raise ConfigError("worker.local_steps", f"local steps over all-reduce run with mode ddp, not "
                           f"{run.mode!r}")

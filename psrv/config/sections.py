@@ -116,6 +116,11 @@ class AllReduceSettings(Section):
     wait_barrier: bool = setting(False, "time the wait for the slowest rank in a barrier before the gradient "
                                  "collective (one more small collective per step; default: estimated after the "
                                  "run as each step's time in the collective beyond the fastest rank's)")
+    stall_timeout: float = setting(0.0, "psrv run ends an all-reduce run (ddp, fsdp, zero1) once a rank has made "
+                                   "no step for this many seconds, in one line naming the rank and the collective "
+                                   "it is in, and stops every rank (0: 5x the slowest step so far, at least 10 s and "
+                                   "at most 60 s, and 60 s before the first step; an evaluation pauses it)",
+                                   minimum=0.0, metavar="SECONDS")
 
     def validate(self) -> None:
         super().validate()

@@ -34,6 +34,7 @@ from psrv.clip import clip_flat_
 from psrv.config import RunConfig
 from psrv.config.base import defaults_of, from_dict
 from psrv.config.sections import WorkerSettings
+from psrv.step_beacon import StepBeacon
 from psrv.worker.collective import device_and_backend, split_wait
 from psrv.worker.flat import FlatModel
 from psrv.worker.keywords import env
@@ -48,6 +49,10 @@ log = logging.getLogger("psrv.worker")
 _REQUEST_TIMEOUT = defaults_of(WorkerSettings).request_timeout  # psrv.Worker's `timeout`, here each collective's
 SCRIPT_MODES = ("ddp", "zero1")  # the all-reduce modes a psrv.Worker loop runs under
 _KEPT = ("rank", "world_size", "timeout", "clip_grad_norm", "step_log", "evaluate", "eval_every")  # psrv.Worker's keywords that apply here
+# what the step beacon (psrv/step_beacon.py) says this rank is in: the launcher names it if the rank hangs
+_SCRIPT = "the script's own code between steps"
+_GRADIENTS = "all_reduce of the gradients (psrv.Worker.step)"
+_ZERO_BROADCAST = "broadcast of the updated parameters (ZeroRedundancyOptimizer)"
 _FSDP = ("mode 'fsdp' does not run a psrv.Worker loop: fully_shard would turn the model's parameters into "
          "sharded DTensors behind the script's back; use --mode ddp or zero1")
 
@@ -109,10 +114,12 @@ class AllReduceWorker(RecordedWorker):
         self.steps = 0
         self.updates_applied = 0  # optimizer steps that ran
         self._log = step_log if step_log is not None else StepLog.from_env(rank=self.rank)
+        self._beacon = self._log.beacon if self._log is not None else StepBeacon(None)
         if self._log is not None:
             self._log.describe(**self.described())
         self._evals.log = self._log
-        self._evals.run(0)  # rank 0's first weights, before any step (psrv/worker/script_evals.py)
+        self._evaluate(0)  # rank 0's first weights, before any step (psrv/worker/script_evals.py)
+        self._beacon.working(_SCRIPT)
         self._returned = time.perf_counter()  # a logged step's compute: from here to its step() call
 
     @classmethod
@@ -141,10 +148,13 @@ class AllReduceWorker(RecordedWorker):
         self._check_open()
         try:
             grads = self._flat.grads
+            self._beacon.waiting(_GRADIENTS)
             dist.all_reduce(grads)
             grads.div_(self.world_size)
             if self.clip_grad_norm:
                 clip_flat_(grads, self.clip_grad_norm)
+            if self.mode == "zero1":
+                self._beacon.waiting(_ZERO_BROADCAST)
             self.optimizer.step()
             if self.schedule is not None:
                 self.schedule.step()
@@ -162,7 +172,8 @@ class AllReduceWorker(RecordedWorker):
             self._log.row(step=info.step, loss=loss, compute_seconds=max(0.0, t0 - self._returned),
                           communication_seconds=info.seconds, wait_seconds=0.0, batch_size=batch_size)
         if self._evals.due(self.steps):
-            self._evals.run(self.steps)
+            self._evaluate(self.steps)
+        self._beacon.working(_SCRIPT)
         self._returned = time.perf_counter()
         return info
 
@@ -173,16 +184,19 @@ class AllReduceWorker(RecordedWorker):
         if not self._open:
             return
         try:
+            self._beacon.waiting("all_gather of the step times (close)")
             self._split_wait()
         except BaseException:  # a rank gone: what ran is written, marked interrupted
             self._abandon()
             raise
         self._open = False
         try:
-            self._evals.run(self.steps, between_steps=False)  # rank 0, on the final weights
+            self._evaluate(self.steps, between_steps=False)  # rank 0, on the final weights
+            self._beacon.off_clock("writing the record")
             self._save()
         finally:
             self._teardown()
+            self._beacon.off_clock("after close(): the script's own code")  # no more steps to wait for
 
     def described(self) -> dict:
         """What a worker record says of this rank before it trains (psrv/worker/steplog.py RECORD)."""
@@ -195,6 +209,12 @@ class AllReduceWorker(RecordedWorker):
         return {"pushes": self.steps, "updates_applied": self.updates_applied}
 
     # --- mechanics ----------------------------------------------------------
+    def _evaluate(self, step: int, *, between_steps: bool = True) -> None:
+        """evaluate= on rank 0 (psrv/worker/script_evals.py), off the clock for the launcher's stall watch."""
+        if self._evals.evaluate is not None and self.rank == 0:
+            self._beacon.off_clock("evaluation (evaluate=)")
+        self._evals.run(step, between_steps=between_steps)
+
     def _split_wait(self) -> None:
         """Each step's wait for the slowest rank, where every rank logged the same number of steps."""
         if self.world_size == 1:

@@ -4,7 +4,7 @@ a user's script on psrv.Worker. ROW and RECORD declare what they hold; a key not
 
 The loops are handed a StepLog (`psrv worker` and `python -m psrv.workers.allreduce` build it from their
 options). A script's psrv.Worker builds its own from the environment `psrv run --script` sets
-(`StepLog.from_env`): PSRV_RECORD, PSRV_PARAMS_OUT (written by rank 0 alone), PSRV_PROGRESS,
+(`StepLog.from_env`): PSRV_RECORD, PSRV_PARAMS_OUT (written by rank 0 alone), PSRV_PROGRESS, PSRV_BEACON,
 PSRV_METRICS_PORT (0: a free one, written beside PSRV_RECORD as .metrics), PSRV_MODE (the metrics' label)
 and PSRV_METRICS_LINGER. `{rank}` in a path is replaced by the worker's rank: one launcher process
 (torchrun) gives every rank the same environment, as it gives them the same argv, so the paths are
@@ -26,6 +26,7 @@ import torch
 
 from psrv.atomic import write_json
 from psrv.rss import peak_rss_bytes
+from psrv.step_beacon import StepBeacon
 
 log = logging.getLogger("psrv.worker")
 _EVERY = 10  # steps between progress-file writes
@@ -86,22 +87,26 @@ def check_step_args(loss, batch_size) -> None:
 @dataclass(frozen=True)
 class RecordFiles:
     """Where a worker's record goes, each optional: the record (JSON), the final flat parameter vector
-    and model.state_dict() (torch.save; give them on rank 0 only), the number of finished steps."""
+    and model.state_dict() (torch.save; give them on rank 0 only), the number of finished steps, and the
+    step beacon (psrv/step_beacon.py: every step and the collective the rank is in, for the launcher's
+    stall watch)."""
     record: Path | None = None
     params: Path | None = None
     state: Path | None = None
     progress: Path | None = None
+    beacon: Path | None = None
 
     @classmethod
     def from_env(cls, *, rank: int) -> "RecordFiles":
         """The files `psrv run --script` names in the environment, `{rank}` in each replaced by `rank`."""
         return cls(record=_env_path("PSRV_RECORD", rank), params=_env_path("PSRV_PARAMS_OUT", rank),
-                   progress=_env_path("PSRV_PROGRESS", rank))
+                   progress=_env_path("PSRV_PROGRESS", rank), beacon=_env_path("PSRV_BEACON", rank))
 
 
 class StepLog:
     """One worker's rows and record. `metrics` (psrv.metrics.WorkerMetrics) sees every row; `linger`
-    seconds it stays up after the record is written."""
+    seconds it stays up after the record is written. `beacon` (psrv/step_beacon.py) counts every row as a
+    step; the loops mark on it what they are in (it writes nothing where `files` names no beacon)."""
 
     def __init__(self, files: RecordFiles = RecordFiles(), *, metrics=None, linger: float = 0.0):
         self.files, self.metrics, self.linger = files, metrics, linger
@@ -110,6 +115,7 @@ class StepLog:
         self.fields: dict = {"evals": [], "eval_seconds": 0.0}
         self.rank = 0
         self._loop: list[float | None] = [None, None]  # the step loop's start and end, time.time()
+        self.beacon = StepBeacon(files.beacon)
 
     @classmethod
     def from_env(cls, *, rank: int) -> "StepLog | None":
@@ -149,6 +155,7 @@ class StepLog:
         _declared(given, ROW, "step row")
         row = {k: given[k] for k in ROW if k in given}  # the declared order
         self.rows.append(row)
+        self.beacon.stepped(compute_seconds + communication_seconds + wait_seconds)
         if self.metrics is not None:
             self.metrics.observe_step(row)
         if self.files.progress is not None and len(self.rows) % _EVERY == 0:

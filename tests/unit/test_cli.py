@@ -24,7 +24,7 @@ SURFACE = {
                  "--inner-optimizer", "--job", "--join-timeout", "--launcher", "--local-steps", "--log-level", "--lr", "--lr-decay-steps", "--lr-end-factor", "--lr-gamma", "--lr-schedule", "--lr-step-size",
                  "--max-message-bytes", "--metrics", "--metrics-linger", "--mode", "--momentum", "--momentum-masking", "--namespace", "--nesterov",
                  "--net-delay-ms", "--no-error-feedback", "--no-momentum-correction", "--no-overlap", "--no-progress", "--nonfinite", "--optimizer", "--out", "--powersgd-rank", "--push-chunk-mb", "--pvc",
-                 "--request-timeout", "--scheduler", "--script", "--seed", "--servers", "--shared-memory", "--sign-scale", "--staleness", "--steps",
+                 "--request-timeout", "--scheduler", "--script", "--seed", "--servers", "--shared-memory", "--sign-scale", "--staleness", "--stall-timeout", "--steps",
                  "--straggler", "--tensorboard", "--transient-stragglers", "--transport", "--update-rule", "--wait-barrier", "--warmup-steps",
                  "--weight-decay", "--wire-dtype", "--worker-timeout", "--workers")),
     "experiment": (("spec",), ("--dry-run", "--image", "--log-level", "--namespace", "--out", "--pvc", "--scheduler",

@@ -12,20 +12,28 @@ collective, so the wait is found one of two ways:
 - with --wait-barrier, measured: the time in a barrier on a gloo group of its own just before the
   gradient collective (one more small collective per step, which costs throughput: docs/benchmarks.md).
 It also counts what really happened: gradient collectives issued at a step's end (`reduced`) and
-optimizer steps that ran (`updates`)."""
+optimizer steps that ran (`updates`), and tells the step beacon (psrv/step_beacon.py) what the rank is in:
+forward and backward from `start`, then the barrier and the gradient collective (`collective`, its name)
+from `compute_done`, so that a rank hanging there is named with it by the launcher's stall watch."""
 from __future__ import annotations
 
 import time
 
 import torch.distributed as dist
 
+from psrv.step_beacon import StepBeacon
 from psrv.workers.faults import FaultInjector
+
+COMPUTE = "forward and backward"
 
 
 class StepClock:
-    def __init__(self, faults: FaultInjector, *, barrier_group=None):
+    def __init__(self, faults: FaultInjector, *, barrier_group=None, beacon: StepBeacon | None = None,
+                 collective: str = "the gradient collective"):
         self.faults = faults
         self.barrier_group = barrier_group  # None: no barrier, wait_seconds stays 0
+        self.beacon = beacon if beacon is not None else StepBeacon(None)
+        self.collective = collective
         self.step = 0
         self.t0 = 0.0
         self.compute_end: float | None = None
@@ -35,6 +43,7 @@ class StepClock:
 
     def start(self, step: int) -> None:
         self.step, self.t0, self.compute_end, self.waited = step, time.perf_counter(), None, 0.0
+        self.beacon.working(COMPUTE)
 
     def compute_done(self, *, sync: bool = True) -> None:
         """Called once per step when this rank's gradients are ready, before they are reduced: the
@@ -48,8 +57,10 @@ class StepClock:
         self.faults.before_send()
         if self.barrier_group is not None:
             t = time.perf_counter()
+            self.beacon.waiting("barrier before the gradient collective (--wait-barrier)")
             dist.barrier(group=self.barrier_group)
             self.waited = time.perf_counter() - t
+        self.beacon.waiting(self.collective)
 
     def reduce_done(self, fut):
         """A `.then` callback on a step's last gradient collective: count it, pass its value on."""

@@ -38,6 +38,18 @@ def _wrapper(cfg: RunConfig) -> type:
     return DDP
 
 
+def _collectives(cfg: RunConfig) -> tuple[str, str | None]:
+    """What the step beacon names a rank hanging in: the gradients' collective at the end of compute, and
+    the one inside the optimizer's step (ZeRO-1's broadcast), if any."""
+    if cfg.worker.local_updates:
+        return "all_reduce of the pseudo-gradients (local steps)", None
+    if cfg.mode == "fsdp":
+        return "reduce_scatter of the gradients (FSDP)", None
+    hook = cfg.allreduce.ddp_comm_hook
+    gradients = f"all_reduce of the gradients (DDP{'' if hook == 'none' else f', comm hook {hook}'})"
+    return gradients, "broadcast of the updated parameters (ZeRO-1)" if cfg.mode == "zero1" else None
+
+
 def train_allreduce(cfg: RunConfig, *, log: StepLog | None = None, backend: str = "auto", timeout: float = 600.0,
                     progress=None) -> dict:
     """Train cfg.job.steps steps of cfg.mode (ddp, fsdp or zero1) as this rank; return its record
@@ -86,10 +98,15 @@ def train_allreduce(cfg: RunConfig, *, log: StepLog | None = None, backend: str 
 
 def _train(cfg: RunConfig, *, rank: int, world: int, device, group, pauses, log: StepLog, progress,
            backend: str) -> dict:
+    beacon = log.beacon  # what this rank is in, for the launcher's stall watch (psrv/step_beacon.py)
+    beacon.off_clock("loading the job")
     job = load_job(cfg.job.name, seed=cfg.seed)  # every rank builds the same init; rank 0's is broadcast
     model = job.model.to(device)
+    beacon.waiting(f"broadcast of rank 0's weights ({cfg.mode})")
     barrier = dist.new_group(backend="gloo") if cfg.allreduce.wait_barrier and world > 1 else None
-    clock = StepClock(FaultInjector(cfg.faults, rank=rank, seed=cfg.seed), barrier_group=barrier)
+    gradients, in_step = _collectives(cfg)
+    clock = StepClock(FaultInjector(cfg.faults, rank=rank, seed=cfg.seed), barrier_group=barrier, beacon=beacon,
+                      collective=gradients)
     run = _wrapper(cfg)(model, cfg, group, clock, device)
     outer = run.outer
     batches = job.batches_for(rank=rank, world_size=world, batch_size=cfg.job.batch_size, seed=cfg.seed,
@@ -100,9 +117,12 @@ def _train(cfg: RunConfig, *, rank: int, world: int, device, group, pauses, log:
 
     def evaluate(step: int, *, final: bool = False) -> float:  # every rank calls it; rank 0 evaluates
         t = time.perf_counter()
+        beacon.waiting("the evaluation's pause")  # FSDP's ranks gather the weights
         net = run.eval_model()
         if rank == 0:
+            beacon.off_clock("evaluation")
             (record_final if final else record_eval)(job, net, device, log, step=step)
+        beacon.waiting("barrier after rank 0's evaluation")
         dist.barrier(group=pauses)
         return time.perf_counter() - t
 
@@ -120,6 +140,8 @@ def _train(cfg: RunConfig, *, rank: int, world: int, device, group, pauses, log:
             rounds = outer is not None and (step + 1) % cfg.worker.local_steps == 0
             if outer is None and cfg.optimizer.clip_grad_norm:  # the reduced gradient: the global batch's
                 torch.nn.utils.clip_grad_norm_(run.net.parameters(), cfg.optimizer.clip_grad_norm)
+            if in_step is not None:
+                beacon.waiting(in_step)
             run.optimizer.step()
             if run.schedule is not None:
                 run.schedule.step()
@@ -143,7 +165,9 @@ def _train(cfg: RunConfig, *, rank: int, world: int, device, group, pauses, log:
     if interrupt is None:  # after the last step every rank holds the same weights (FSDP's ranks gather them)
         evaluate(cfg.job.steps, final=True)
         if barrier is None and world > 1:  # the wait, from every rank's rows (clock.py)
+            beacon.waiting("all_gather of the step times")
             split_wait(log.rows, pauses)
+    beacon.off_clock("writing the record")
     local = {}
     if outer is not None:  # a push is an outer round's all-reduce
         clock.reduced = clock.updates = len(outer.norms)

@@ -1,6 +1,6 @@
 """One rank of an all-reduce baseline as a program (`python -m psrv.workers.allreduce`, started by torchrun or by
-`psrv run --mode ddp|fsdp|zero1`): its options, and where its step log writes the record, the progress and
-rank 0's params.pt and model.pt."""
+`psrv run --mode ddp|fsdp|zero1`): its options, and where its step log writes the record, the progress, the
+step beacon and rank 0's params.pt and model.pt."""
 from __future__ import annotations
 
 import argparse
@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-out", type=Path, help="rank 0 saves the final model.state_dict() here (parameters "
                    "and buffers)")
     p.add_argument("--progress-file", help="keep the number of finished steps here ('{rank}' as for --out)")
+    p.add_argument("--beacon-file", help="keep this rank's step beacon here ('{rank}' as for --out): its steps "
+                   "and the collective it is in, read by psrv run to end a run whose rank hangs "
+                   "(--stall-timeout)")
     p.add_argument("--log-level", default="INFO", help="logging level (default: %(default)s)")
     return p
 
@@ -60,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         first = rank == 0  # rank 0 keeps the weights
         files = RecordFiles(record=rank_path(a.out, rank) if a.out else None,
                             params=a.params_out if first else None, state=a.state_out if first else None,
-                            progress=rank_path(a.progress_file, rank) if a.progress_file else None)
+                            progress=rank_path(a.progress_file, rank) if a.progress_file else None,
+                            beacon=rank_path(a.beacon_file, rank) if a.beacon_file else None)
         train_allreduce(cfg, log=StepLog(files), backend=a.backend, timeout=a.timeout)
     except TrainingInterrupted as exc:  # said in one line; its rows are written, not the partial weights
         return exit_code(exc.interrupt)
