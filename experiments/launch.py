@@ -15,6 +15,7 @@ from psrv.config.base import config_hash
 from psrv.experiments.cluster import Cluster, RunFailed, RunInterrupted, free_port
 from psrv.experiments.netns import EmulatedHosts, host_traffic
 from psrv.experiments.preflight import preflight
+from psrv.experiments.progress import progress_bar
 from psrv.experiments.rundir import OwnedFolder
 from psrv.experiments.schedulers import check_scheduler, scheduler_hosts
 from psrv.experiments.stall import StallWatch
@@ -219,7 +220,8 @@ def _start_workers(cluster: Cluster, cfg: RunConfig, out: Path, addresses: list[
 
 
 class _progress:
-    """A tqdm bar over all workers' steps, fed by the workers' logs of completed steps."""
+    """A bar over all workers' steps, fed by the workers' logs of completed steps: tqdm's on a terminal, a
+    plain line every tenth of the run or minute where stderr is a log or a pipe (experiments/progress.py)."""
 
     def __init__(self, cfg: RunConfig, out: Path, *, steps: int | None, enabled: bool,
                  on_update: Callable[[int], None] | None = None):
@@ -227,9 +229,8 @@ class _progress:
         self.on_update = on_update
         self.bar = None
         if enabled:
-            from tqdm import tqdm
-            self.bar = tqdm(total=steps * self.workers if steps else None, desc=f"{cfg.mode} x{self.workers}",
-                            unit="step", leave=False)
+            self.bar = progress_bar(total=steps * self.workers if steps else None, desc=f"{cfg.mode} x{self.workers}",
+                                    leave=False)
 
     def tick(self) -> None:
         if self.bar is None and self.on_update is None:
@@ -247,5 +248,7 @@ class _progress:
             self.bar.update(done - self.bar.n)
 
     def close(self) -> None:
+        """The bar ends at the count the workers last wrote (their records' final one included)."""
         if self.bar is not None:
+            self.tick()
             self.bar.close()

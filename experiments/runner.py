@@ -13,6 +13,7 @@ from tqdm import tqdm
 from psrv.experiments.collect import SKIPPED_FILE, collect, is_finished, run_dir, spec_repeats
 from psrv.experiments.launch import RunFailed, run_local
 from psrv.experiments.preflight import preflight
+from psrv.experiments.progress import progress_bar
 from psrv.experiments.provenance import claim, default_out, keep_aside, kept_runs, why_changed
 from psrv.experiments.report import write_report
 from psrv.experiments.schedulers import check_scheduler
@@ -47,7 +48,8 @@ def run_experiment(spec_path: str | Path, *, out: str | Path | None = None,
     Runs go to DIR/<variant>/rep-<k>. A finished run whose stored config is the one the spec now asks for is
     skipped, so an interrupted experiment resumes; one whose config changed is run again, the old run kept
     aside. The default DIR is runs/<spec file stem>; a folder of another spec file's results is refused
-    unless `out` is given. One tqdm bar covers all runs; status lines go to stderr via tqdm.write.
+    unless `out` is given. One bar covers all runs (on a terminal; elsewhere a plain line every tenth or minute:
+    experiments/progress.py); status lines go to stderr via tqdm.write.
 
     `tensorboard` (or the spec's key of that name): every finished run's TensorBoard events go to
     TB/<spec name>/<variant>/seed-<seed>, a run finished earlier included (it is not run again for them).
@@ -84,7 +86,7 @@ def _run_experiment(spec, spec_path, *, out: Path, note: str | None, skipped: di
     todo = [t for t in _plan(spec, out) if t[0].name not in skipped]
     failed: list[str] = []
     started = time.monotonic()
-    with tqdm(total=sum(t[-1] for t in todo), unit="step", dynamic_ncols=True, file=sys.stderr) as bar:
+    with progress_bar(total=sum(t[-1] for t in todo), desc="", dynamic_ncols=True, file=sys.stderr) as bar:
         for variant, seed, repeat, path, steps in todo:  # steps: one run's, all workers together
             label = f"{variant.name} rep-{repeat}"
             bar.set_description(label)

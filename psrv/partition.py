@@ -13,6 +13,9 @@ from dataclasses import dataclass
 import torch
 
 
+LAYOUT_LIMIT, LAYOUT_NAME_CHARS = 512, 16384  # the most tensors, and characters of their names, HELLO describes
+
+
 @dataclass(frozen=True)
 class ParamSpec:
     name: str
@@ -63,6 +66,14 @@ class PartitionPlan:
                 out.append((p.name, a - offset, b - offset))
             offset += p.numel
         return out
+
+    def layout(self) -> list[list] | None:
+        """[[name, [dims...]], ...] in plan order, which a HELLO carries so that a shard refusing another model
+        can say which parameter differs; None for a model past LAYOUT_LIMIT tensors or LAYOUT_NAME_CHARS of
+        names (a HELLO's header stays far below the protocol's 64 KiB; the refusal then names the counts)."""
+        if len(self.params) > LAYOUT_LIMIT or sum(len(p.name) for p in self.params) > LAYOUT_NAME_CHARS:
+            return None
+        return [[p.name, list(p.shape)] for p in self.params]
 
     @property
     def hash(self) -> str:

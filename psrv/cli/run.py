@@ -26,7 +26,9 @@ def add(sub) -> None:
     r.add_argument("--metrics-linger", type=float, default=0.0,
                    help="with --metrics: keep /metrics up this many seconds after the end")
     r.add_argument("--out", type=Path, default=Path("runs/latest"), help="output directory (default: %(default)s)")
-    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--no-progress", action="store_true", help="no progress: without it, a bar redrawn in place "
+                   "on a terminal, and where stderr is a log or a pipe a plain line each tenth of the run (or "
+                   "minute) instead of redraws")
     scheduler_args(r)
     r.add_argument("--script", nargs=argparse.REMAINDER, help="FILE.py [ARGS...]: each worker runs your own loop "
                    "on psrv.Worker, python FILE.py ARGS, with RANK, WORLD_SIZE and PSRV_SERVERS set; its record "

@@ -11,6 +11,7 @@ OPTIMIZERS = ("sgd", "adam", "adamw", "onebit_adam")  # onebit_adam: psrv/server
 LR_SCHEDULES = ("constant", "warmup_cosine", "step", "linear")  # psrv/schedule.py has their formulas
 SGD_MOMENTUM = 0.9  # momentum's default with sgd; adam and adamw take none
 UPDATE_RULES = ("plain", "staleness-lr", "dc-asgd", "dc-asgd-a", "dn")  # psrv/server/rules registers them
+STALENESS_RULES = ("staleness-lr", "dc-asgd", "dc-asgd-a")  # they correct a push for its staleness: none in sync
 VELOCITY_RULES = ("plain", "staleness-lr")  # they only scale the step: momentum correction's velocity fits them
 DC_LAMBDA = {"dc-asgd": 0.04, "dc-asgd-a": 2.0}  # dc_lambda's default with each (Zheng et al. 2017)
 
@@ -56,10 +57,11 @@ class OptimConfig(GradClip):
     lr_step_size: int = setting(0, "step: lr is multiplied by lr_gamma every N updates after the warm-up "
                                 "(required by it)", minimum=0)
     lr_gamma: float = setting(0.1, "step: the factor", minimum=0.0, maximum=1.0, above=True)
-    update_rule: str = setting("plain", "how a shard treats a push's gradient before the step (async, ssp; sync "
-                               "steps on the clock's mean at staleness 0, plain for every rule): plain, "
+    update_rule: str = setting("plain", "how a shard treats a push's gradient before the step: plain, "
                                "staleness-lr (g/max(1,staleness)), dc-asgd, dc-asgd-a (delay compensation), "
-                               "dn (delayed Nesterov, sgd --nesterov only); docs/algorithms.md", choices=UPDATE_RULES)
+                               "dn (delayed Nesterov, sgd --nesterov only); docs/algorithms.md. sync steps on "
+                               "each clock's mean, which has no staleness: it takes plain or dn (there "
+                               "SGD-Nesterov) and refuses the others", choices=UPDATE_RULES)
     dc_lambda: float | None = setting(None, "dc-asgd's lambda (default 0.04), dc-asgd-a's lambda0 (default 2.0)",
                                       minimum=0.0)
     dn_period: int = setting(0, "dn: pushes N per momentum update (0: the number of workers; mode sync: 1)",

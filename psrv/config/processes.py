@@ -12,7 +12,7 @@ from typing import Any
 from psrv.codec_names import CASTS, LOSSY_NAMES
 from psrv.config.address_form import address_problem, check_shard_addresses
 from psrv.config.base import ConfigError, Section, section, setting
-from psrv.config.optimizer import VELOCITY_RULES, GradClip, OptimConfig
+from psrv.config.optimizer import STALENESS_RULES, VELOCITY_RULES, GradClip, OptimConfig
 from psrv.config.sections import Trackers
 from psrv.config.sections import (MODES, AllReduceSettings, ClusterConfig, Consistency, FaultConfig, JobConfig,
                                   NetworkSettings, Placement, Seeded, ServerSettings, ServeSettings, WorkerSettings)
@@ -35,6 +35,17 @@ def _dn_period(optim: OptimConfig, mode: str, workers: int) -> int:
                               f"sgd-nesterov with N = 1 (got {optim.dn_period}); remove it")
         return 1
     return optim.dn_period or workers
+
+
+def _staleness_rule(optim: OptimConfig, mode: str) -> None:
+    """staleness-lr, dc-asgd and dc-asgd-a correct a push for its staleness (or for the weights moved since its
+    worker pulled). A sync clock is stepped on the mean of pushes that all read the same weights, at
+    staleness 0, so each of them would silently be plain there: refused instead. dn stays: in sync it is
+    SGD-Nesterov (N = 1), DiLoCo's outer step, and a mode sweep of one dn config runs."""
+    if mode == "sync" and optim.update_rule in STALENESS_RULES:
+        raise ConfigError("optimizer.update_rule", f"{optim.update_rule!r} corrects a push for its staleness, "
+                          "which mode 'sync' does not have (each clock steps on the mean at staleness 0): "
+                          "use mode async or ssp, or update_rule plain")
 
 
 def _onebit_adam(optim: OptimConfig, mode: str, backup_workers: int) -> None:
@@ -116,6 +127,7 @@ class ServerConfig(ServeSettings, ServerSettings, Consistency, Placement):
             raise ConfigError("curve_keys", "needs transport 'zmq' (torch RPC has no authentication)")
         _one_shard_clip(self.optimizer.clip_grad_norm, self.mode, self.num_shards, "num_shards")
         _onebit_adam(self.optimizer, self.mode, self.backup_workers)
+        _staleness_rule(self.optimizer, self.mode)
         if self.optimizer.update_rule == "dn":  # the shard is told its N
             n = _dn_period(self.optimizer, self.mode, self.workers)
             if n != self.optimizer.dn_period:
@@ -189,6 +201,7 @@ class RunConfig(Trackers, Seeded, Consistency):
                                   "(give an integer H)")
         _one_shard_clip(self.optimizer.clip_grad_norm, self.mode, self.cluster.servers, "cluster.servers")
         _onebit_adam(self.optimizer, self.mode, self.backup_workers)
+        _staleness_rule(self.optimizer, self.mode)
         if self.optimizer.name == "onebit_adam" and (self.worker.local_updates or self.worker.wire_dtype != "float32"
                                                      or self.worker.compress in CASTS):
             raise ConfigError("optimizer.name", "onebit_adam's workers push float32 gradients, then codec-compressed "

@@ -24,6 +24,7 @@ from psrv.server.late import LateStreaks
 from psrv.server.joining import JoinWatch
 from psrv.server.liveness import Liveness
 from psrv.server.pending import Pending, PendingPulls
+from psrv.server.plans import Plans
 from psrv.server.push import commit_if_ready, take_push
 from psrv.server.queued import HeldPushes
 from psrv.server.shard import Shard
@@ -53,6 +54,7 @@ class ShardService:
         self.speeds = WorkerSpeeds()  # local_steps 'auto:H': the workers' seconds per inner step
         self.shard: Shard | None = None
         self.plan_hash: str | None = None
+        self.plans = Plans()  # whose plan it is: rank 0's, a checkpoint's, or another rank's until rank 0's HELLO
         self.pending = PendingPulls()
         self.dedup = Dedup()
         self.chunks = ChunkedPushes(self)  # pushes arriving chunk by chunk (psrv/server/chunked.py)
@@ -184,16 +186,27 @@ class ShardService:
 
     # --- handlers -------------------------------------------------------------
     def _on_hello(self, peer, msg: Message) -> None:
-        plan_hash, size = validate.hello(self.cfg, msg)
-        if self.plan_hash is None:
+        _, size = validate.hello(self.cfg, msg)
+        model = validate.model(msg)
+        heard = msg.worker in self.liveness.last_seen
+        try:  # rank 0's plan is the shard's; another rank's model is refused by its rank (psrv/server/plans.py)
+            settled = self.plans.hello(msg.worker, model, heard=heard,
+                                       initialised=self.shard is not None and self.shard.initialised)
+        except ProtocolError:
+            if not heard:  # never joined: no barrier waits for it to
+                self._drop_misfit(msg.worker)
+            raise
+        if settled.build:  # the first HELLO, or rank 0's with another plan than the one the empty shard was built on
             # shared memory: sent by place. Shared from an untouched buffer, which costs no resident memory
             weights = self.transport.share(torch.empty(size, dtype=torch.float32, device=self.cfg.device))
             self.shard = Shard(size, self.cfg.optimizer, device=self.cfg.device, weights=weights)
-            self.plan_hash = plan_hash
-        elif plan_hash != self.plan_hash:
-            resumed = " (resumed from a checkpoint)" if self.resumed_from is not None else ""
-            raise ProtocolError(ErrorCode.PLAN_MISMATCH, f"worker {msg.worker}'s partition plan {plan_hash} "
-                                f"differs from this server's {self.plan_hash}{resumed}: another model or shard count")
+        self.plan_hash = self.plans.hash
+        for worker, refusal in settled.expelled.items():  # welcomed on another plan than rank 0's: refused now
+            for pull in [p for p in self.pending if p.worker == worker]:
+                for waiting in pull.peers:
+                    self._refuse(waiting, pull.seq, refusal)
+            self.pending.drop(worker)
+            self._drop_misfit(worker)
         self._claim(msg)
         self.pending.drop(msg.worker)  # a restarted worker's old pulls
         self.chunks.forget(msg.worker)  # and its half-sent push
@@ -311,6 +324,12 @@ class ShardService:
         commit_if_ready(self)
         self._release()
 
+    def _drop_misfit(self, worker: int) -> None:
+        """A worker refused for its model leaves the active set, as with LEAVE, so no barrier waits for it;
+        unless it is the last one there, whose leaving would end the shard."""
+        if self.controller.active - {worker}:
+            self._remove(worker)
+
     def _release(self) -> None:
         """Answer every pending pull the controller now allows."""
         if self.shard is not None and self.shard.initialised and not self.chunks.applying:  # none half applied
@@ -342,6 +361,8 @@ class ShardService:
         if not 0 <= msg.worker < self.cfg.workers:
             raise ProtocolError(ErrorCode.NOT_ALLOWED,
                                 f"worker id {msg.worker} outside [0, {self.cfg.workers}) (--workers)")
+        if msg.type in NEEDS_ACTIVE and msg.worker in self.plans.refused:  # another model than rank 0's
+            raise self.plans.refused[msg.worker]
         if msg.type is not MsgType.HELLO:  # a HELLO claims its rank once its plan is checked (_on_hello)
             self._claim(msg)
         if msg.type in NEEDS_ACTIVE:
@@ -377,6 +398,7 @@ class ShardService:
         fresh = Liveness(timeout=self.liveness.timeout, join_timeout=self.liveness.join_timeout, now=self.now)
         parts = snapshot.build(state, self.cfg, liveness=fresh, source=source)
         self.plan_hash, self.shard, self.controller, self.dedup, self.liveness = parts
+        self.plans.resumed(self.plan_hash)
         self.shard.param.data = self.transport.share(self.shard.param.data)
         self.resumed_from = self.shard.version
         active = self.controller.active

@@ -66,6 +66,7 @@ class PSClient:
         if len(servers) != plan.num_shards:
             raise ValueError(f"{len(servers)} server addresses for a plan of {plan.num_shards} shards")
         self.plan = plan
+        self._layout = plan.layout()  # said at every HELLO
         self.worker = worker
         self.world_size = world_size
         self.timeout = timeout
@@ -267,10 +268,13 @@ class PSClient:
                 time.sleep(min(1.0, wait / 4))
 
     def hello_message(self, shard: int) -> Message:
-        """The HELLO that introduces this worker and its plan to `shard` (RoundTrip's too, to say it again)."""
-        return self.message(MsgType.HELLO, fields={
-            "plan_hash": self.plan.hash, "total": self.plan.total, "num_shards": self.plan.num_shards,
-            "shard": shard, "world_size": self.world_size})
+        """The HELLO that introduces this worker and its plan to `shard` (RoundTrip's too, to say it again); its
+        parameters' names and shapes, where few enough, let a shard say which one differs from rank 0's."""
+        fields = {"plan_hash": self.plan.hash, "total": self.plan.total, "num_shards": self.plan.num_shards,
+                  "shard": shard, "world_size": self.world_size}
+        if self._layout is not None:
+            fields["layout"] = self._layout
+        return self.message(MsgType.HELLO, fields=fields)
 
     def _pushes(self, mtype: MsgType, grad: torch.Tensor, clock: int, *, cast: bool = True) -> list[Message]:
         """One message per shard with its slice of `grad` in the wire dtype, or compressed. cast=False

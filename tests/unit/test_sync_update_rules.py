@@ -1,0 +1,52 @@
+"""An update rule that corrects a push for its staleness (staleness-lr, dc-asgd, dc-asgd-a) would be plain
+under sync, whose clocks step on a mean at staleness 0: the config tree refuses the pair in one line naming
+both settings, wherever a config comes from (the command line, a spec, a process's JSON, a ServerConfig).
+dn stays, as sync's SGD-Nesterov."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from psrv.cli.main import main
+from psrv.config import ConfigError, OptimConfig, RunConfig, ServerConfig, from_dict, to_dict
+from psrv.config.optimizer import STALENESS_RULES, UPDATE_RULES
+from psrv.experiments.spec import spec_from_dict
+
+
+@pytest.mark.parametrize("rule", STALENESS_RULES)
+def test_sync_refuses_a_staleness_rule_in_one_line_naming_both_settings(rule):
+    with pytest.raises(ConfigError) as err:
+        from_dict(RunConfig, {"mode": "sync", "optimizer": {"update_rule": rule}})
+    text = str(err.value)
+    assert text.startswith(f"optimizer.update_rule: {rule!r}") and "mode 'sync'" in text and "\n" not in text
+    with pytest.raises(ConfigError, match="optimizer.update_rule.*mode 'sync'"):
+        ServerConfig(mode="sync", workers=2, optimizer=OptimConfig(update_rule=rule))
+
+
+def test_every_other_pair_of_mode_and_rule_is_taken():
+    for mode in ("sync", "async", "ssp"):
+        for rule in UPDATE_RULES:
+            if mode == "sync" and rule in STALENESS_RULES:
+                continue
+            optimizer = {"update_rule": rule, **({"nesterov": True} if rule == "dn" else {})}
+            cfg = from_dict(RunConfig, {"mode": mode, "optimizer": optimizer})
+            assert cfg.optimizer.update_rule == rule
+            assert from_dict(RunConfig, json.loads(json.dumps(to_dict(cfg)))) == cfg  # a process's JSON
+    assert set(STALENESS_RULES) < set(UPDATE_RULES) and {"plain", "dn"}.isdisjoint(STALENESS_RULES)
+
+
+def test_the_command_line_says_it_in_one_line_and_exits_2(capsys, tmp_path):
+    out = tmp_path / "run"
+    assert main(["run", "--mode", "sync", "--update-rule", "dc-asgd", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("psrv run: error: --update-rule: 'dc-asgd'"), err
+    assert "mode 'sync'" in err and not out.exists()
+
+
+def test_a_spec_variant_is_refused_by_its_index():
+    spec = {"name": "t", "target": {"eval_loss": 1.0}, "variants": [
+        {"name": "ok", "mode": "async", "optimizer": {"update_rule": "dc-asgd"}},
+        {"name": "bad", "mode": "sync", "optimizer": {"update_rule": "staleness-lr"}}]}
+    with pytest.raises(ConfigError, match=r"variants\[1\].*update_rule.*mode 'sync'"):
+        spec_from_dict(spec)
