@@ -190,9 +190,16 @@ class RoundTrip:
     def _resend(self, s: int) -> None:
         self.resent = True
         if self.greeting[s]:
-            self._out(s, [encode(self.c.hello_message(s))])
+            self._out(s, [encode(self._hello(s))])
         else:
             self._out(s, self.frames[s], push=self.pushing)
+
+    def _hello(self, s: int) -> Message:
+        """HELLO said again inside this round trip: it carries the round trip's seq, so its WELCOME is taken
+        as this round trip's reply (one with seq 0 was dropped as stale, and the round trip never ended)."""
+        hello = self.c.hello_message(s)
+        hello.seq = self.seq
+        return hello
 
     def _take(self, s: int, frames: list) -> bool:
         """Handle one arrival; True if it was from this round trip (a sign of life)."""
@@ -226,7 +233,7 @@ class RoundTrip:
                     log.info("worker %d: shard %d does not know us (%s); saying HELLO again",
                              self.c.worker, s, f.get("message"))
                     self.greeting[s] = True
-                    self._out(s, [encode(self.c.hello_message(s))])
+                    self._out(s, [encode(self._hello(s))])
                 return True
             raise PSError(s, f.get("code", ErrorCode.INTERNAL), f.get("message", ""), fields=f)
         self.replies[s] = reply
