@@ -74,6 +74,7 @@ class Cluster:
         self.explain: dict[str, Callable[[int], str]] = {}  # processes that say their failure themselves
         self.hosts = hosts  # experiments/netns.EmulatedHosts, experiments/slurm.SlurmAllocation: where each runs
         self.host_of: dict[str, int] = {}
+        self.recover: Callable[[Cluster, str], bool] | None = None  # a failed process's second chance
 
     def start(self, name: str, argv: list[str], env: dict | None = None, *, brief: str = "",
               host: int | None = None, explain: Callable[[int], str] | None = None) -> subprocess.Popen:
@@ -120,10 +121,14 @@ class Cluster:
         return f"{self.brief[name]} {how}{f' ({last})' if last else ''}; its output: {log}"
 
     def check(self) -> None:
-        """RunFailed if any process has failed."""
-        bad = self.failed()
-        if bad:
-            raise RunFailed(self.failure(bad))
+        """RunFailed if any process has failed and `recover` (name -> whether it started it again under
+        the same name: experiments/kills.py ShardRestarts) did not bring it back."""
+        while True:
+            bad = self.failed()
+            if not bad:
+                return
+            if self.recover is None or not self.recover(self, bad):
+                raise RunFailed(self.failure(bad))
 
     def stop(self) -> None:
         """SIGTERM to every process still running, then SIGKILL to any left after 5 s."""

@@ -9,10 +9,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from psrv.config import RunConfig, to_dict
+from psrv.config import RunConfig, ServerConfig, to_dict
 from psrv.config.base import config_hash
 
 from psrv.experiments.cluster import Cluster, RunFailed, RunInterrupted, free_port
+from psrv.experiments.kills import Kills, ShardRestarts
 from psrv.experiments.netns import EmulatedHosts, host_traffic
 from psrv.experiments.preflight import preflight
 from psrv.experiments.progress import progress_bar
@@ -89,6 +90,9 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
         preflight(cfg)  # a device that is not here, a job that does not import: ValueError before any process
     rate = cfg.network.bandwidth
     check_scheduler(scheduler, metrics=metrics, bandwidth=rate)
+    if scheduler != "local" and (cfg.kill.server or cfg.checkpoints.every):
+        raise ValueError(f"--kill-server and --checkpoint-every need --scheduler local (the launcher signals and "
+                         f"restarts its own processes); got {scheduler!r}")
     if rate and (metrics or script is not None):
         raise ValueError(f"network.bandwidth {rate}: " + ("--metrics serves each process's /metrics on its own "
                          "emulated host, out of Prometheus's reach" if metrics else "a script's workers run on "
@@ -123,6 +127,11 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
                       keep_fds=() if lock is None else (lock,))
     extra = ["--metrics-port", "0", "--metrics-linger", repr(metrics_linger)] if metrics else []
     bar, interrupt, watch = None, None, None
+    started = time.monotonic()
+    kills = Kills(cfg, out, started)
+    restarts = ShardRestarts(cfg, out, started, kills,
+                             start=lambda i, shard, ready: _start_server(cluster, out, i, shard, ready, extra))
+    cluster.recover = restarts.recover
     try:
         if cfg.is_allreduce:
             servers = []
@@ -135,7 +144,7 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
             if scheduler == "local":  # a rank with no step for the bound ends the run (experiments/stall.py)
                 watch = StallWatch(cluster, names, out, fixed=cfg.allreduce.stall_timeout)
         else:
-            servers = _start_servers(cluster, cfg, out, extra)
+            servers = _start_servers(cluster, cfg, out, extra, restarts.shard_settings)
             start = start_torchrun_workers if launcher == "torchrun" else start_script_workers
             names = start(cluster, cfg, out, script, servers, metrics=metrics, linger=metrics_linger) \
                 if script else _start_workers(cluster, cfg, out, [a for _, a in servers], extra)
@@ -146,6 +155,7 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
 
         def tick() -> None:
             bar.tick()
+            kills.tick(cluster)
             if watch is not None:
                 watch.check()
             if found[0] < expected:  # processes announce their /metrics ports as they start
@@ -163,9 +173,11 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
         cluster.stop()
         network = host_traffic(cluster, cfg.network.bandwidth)
     interrupted = interrupt is not None
+    # `faults`: what was killed on purpose, which shards came back, and the clocks they lost
     summary = {**build_summary(cfg, out, interrupted=interrupted),
                **network, "config_hash": config_hash(cfg),  # which config made these results
-               "launcher": launcher, "scheduler": scheduler}  # how and where it ran: not what it computed
+               "launcher": launcher, "scheduler": scheduler,  # how and where it ran: not what it computed
+               **({"faults": restarts.summary(out)} if cfg.kill.server or cfg.checkpoints.every else {})}
     write_tables(out, interrupted=interrupted)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     if interrupt is not None:
@@ -185,17 +197,17 @@ def write_targets(out: Path) -> int:
     return sum(len(g["targets"]) for g in groups)
 
 
-def _start_servers(cluster: Cluster, cfg: RunConfig, out: Path, extra: list[str]) -> list[tuple[str, str]]:
-    """Start the shards; return (name, address) each."""
+def _start_servers(cluster: Cluster, cfg: RunConfig, out: Path, extra: list[str],
+                   settings: Callable[[int, ServerConfig], ServerConfig]) -> list[tuple[str, str]]:
+    """Start the shards, each with `settings(shard, its config)` (the run's checkpoints); return (name,
+    address) each."""
     names = []
     rpc_master = f"{cluster.address(0)}:{free_port()}" if cfg.cluster.transport == "rpc" else ""  # shard 0 hosts it
     binds = [f"rpc://{rpc_master}" if rpc_master else f"tcp://{cluster.address(i)}:0" for i in range(cfg.cluster.servers)]
     for i in range(cfg.cluster.servers):
         ready = out / f"server-{i}.addr"
         ready.unlink(missing_ok=True)
-        config = write_config(out / f"config-server-{i}.json", cfg.server_config(i, bind=binds[i]))
-        argv = server_argv(str(config), str(out), i, ["--ready-file", str(ready), *extra])
-        cluster.start(f"server-{i}", argv, host=i)
+        _start_server(cluster, out, i, settings(i, cfg.server_config(i, bind=binds[i])), ready, extra)
         names.append((f"server-{i}", ready))
     if rpc_master:  # the RPC world forms only once the workers join it too: do not wait for the servers
         return [(n, f"rpc://{rpc_master}/server-{i}") for i, (n, _) in enumerate(names)]
@@ -203,6 +215,15 @@ def _start_servers(cluster: Cluster, cfg: RunConfig, out: Path, extra: list[str]
     # (an address @FILE: `psrv worker --servers`, and a script's PSRV_SERVERS), so their start-up
     # overlaps the servers'.
     return [(n, f"@{r}") for n, r in names]
+
+
+def _start_server(cluster: Cluster, out: Path, shard: int, config: ServerConfig, ready: Path,
+                  extra: list[str]) -> None:
+    """Start shard `shard` as process server-K with `config` (written to DIR/config-server-K.json, the
+    config of its latest life), announcing its address in `ready`."""
+    path = write_config(out / f"config-server-{shard}.json", config)
+    cluster.start(f"server-{shard}", server_argv(str(path), str(out), shard, ["--ready-file", str(ready), *extra]),
+                  host=shard)
 
 
 def _start_workers(cluster: Cluster, cfg: RunConfig, out: Path, addresses: list[str],

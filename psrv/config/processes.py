@@ -15,7 +15,8 @@ from psrv.config.base import ConfigError, Section, section, setting
 from psrv.config.optimizer import STALENESS_RULES, VELOCITY_RULES, GradClip, OptimConfig
 from psrv.config.sections import Trackers
 from psrv.config.sections import (MODES, AllReduceSettings, ClusterConfig, Consistency, FaultConfig, JobConfig,
-                                  NetworkSettings, Placement, Seeded, ServerSettings, ServeSettings, WorkerSettings)
+                                  KillSettings, NetworkSettings, Placement, RecoverySettings, Seeded, ServerSettings,
+                                  ServeSettings, WorkerSettings, parse_kill)
 
 
 def _one_shard_clip(clip: float, mode: str, shards: int, shards_key: str) -> None:
@@ -175,10 +176,13 @@ class RunConfig(Trackers, Seeded, Consistency):
     faults: FaultConfig = section(FaultConfig)
     allreduce: AllReduceSettings = section(AllReduceSettings)
     network: NetworkSettings = section(NetworkSettings)
+    kill: KillSettings = section(KillSettings)
+    checkpoints: RecoverySettings = section(RecoverySettings)
 
     def validate(self) -> None:
         super().validate()
         _allreduce_settings(self)
+        _kills_and_recovery(self)
         n = self.cluster.workers
         if self.backup_workers >= n:
             raise ConfigError("backup_workers", f"must be < cluster.workers ({n}); got {self.backup_workers}")
@@ -230,3 +234,21 @@ class RunConfig(Trackers, Seeded, Consistency):
                             job=self.job, faults=self.faults, clip_grad_norm=self.optimizer.clip_grad_norm,
                             **_shallow(self.cluster, Placement),
                             **_shallow(self.worker, WorkerSettings))
+
+
+def _kills_and_recovery(run: RunConfig) -> None:
+    """A kill names a shard the run has; restarting a shard needs servers on zmq (a torch RPC world
+    cannot take a restarted member back)."""
+    server = parse_kill(run.kill.server, first="SHARD")
+    if server is not None:
+        if run.is_allreduce:
+            raise ConfigError("kill.server", f"mode {run.mode!r} has no servers; kill a worker instead")
+        if server[0] >= run.cluster.servers:
+            raise ConfigError("kill.server", f"shard must be in 0..{run.cluster.servers - 1} (cluster.servers = "
+                                             f"{run.cluster.servers}); got {server[0]}")
+    if run.checkpoints.every:
+        if run.is_allreduce:
+            raise ConfigError("checkpoints.every", f"checkpoints shards; mode {run.mode!r} has none")
+        if run.cluster.transport != "zmq":
+            raise ConfigError("checkpoints.every", "restarts a shard on its address, which needs "
+                                                           "transport 'zmq' (a torch RPC world takes no one back)")

@@ -165,6 +165,43 @@ class FaultConfig(Section):
         return parse_pair(self.transient_stragglers, first="P") if self.transient_stragglers else None
 
 
+def parse_kill(text: str, *, first: str) -> tuple[int, int] | None:
+    """'INDEX:STEP' -> (index, step), both integers (STEP >= 1); None for ''; ValueError naming the form."""
+    if not text:
+        return None
+    try:
+        index, step = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise ValueError(f"must look like {first}:STEP (e.g. 1:100), or '' for none; got {text!r}") from None
+    if index < 0 or step < 1:
+        raise ValueError(f"{first} must be >= 0 and STEP >= 1; got {text!r}")
+    return index, step
+
+
+def _kill_server(text: str) -> None:
+    parse_kill(text, first="SHARD")
+
+
+@dataclass(frozen=True, kw_only=True)
+class KillSettings(Section):
+    """Processes psrv run kills on purpose, for fault experiments (experiments/kills.py)."""
+
+    server: str = setting("", "SIGKILL shard SHARD's server once worker 0 has done STEP steps (seen within 10 "
+                          "steps: the workers' progress files); with --checkpoint-every it is restarted from its "
+                          "checkpoint, without it the run ends", flag="kill-server", metavar="SHARD:STEP",
+                          check=_kill_server)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecoverySettings(Section):
+    """How psrv run survives a shard's death without replicas (docs/reliability.md)."""
+
+    every: float = setting(0.0, "every shard writes a checkpoint into DIR/checkpoints every SECONDS; a shard that "
+                           "dies is restarted from it with --resume on its address, and the summary counts the "
+                           "clocks lost (0: no checkpoints; a dead shard ends the run)", minimum=0.0,
+                           flag="checkpoint-every", metavar="SECONDS")
+
+
 @dataclass(frozen=True, kw_only=True)
 class JobConfig(Section):
     """What to train: a job (workers/jobs) and how long."""

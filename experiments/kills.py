@@ -1,0 +1,127 @@
+"""Faults a local run injects on purpose, and the shards it brings back: `psrv run --kill-server SHARD:STEP`
+SIGKILLs that shard's server once worker 0 has done STEP steps; with
+`--checkpoint-every SECONDS` every shard checkpoints into DIR/checkpoints, and a shard that dies (killed
+here or by anything else) is restarted from its checkpoint with --resume on the address its workers know.
+Both are written to summary.json under `faults` (docs/reliability.md)."""
+from __future__ import annotations
+
+import dataclasses
+import signal
+import time
+from pathlib import Path
+from typing import Callable
+
+from psrv.config import RunConfig, ServerConfig
+from psrv.config.sections import parse_kill
+
+CHECKPOINTS = "checkpoints"  # the run folder's checkpoint directory, one file per shard (psrv/checkpoint.py)
+
+
+def worker0_steps(out: Path) -> int:
+    """The steps worker 0 has logged: its progress file, written every 10 steps (psrv/worker/steplog.py)."""
+    try:
+        return int((out / "worker-0.progress").read_text() or 0)
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+class Kills:
+    """The kills a run asked for, done at the launcher's ticks (every 0.2 s) once worker 0's progress file
+    reaches their step, so a kill lands at STEP to STEP + 10 of worker 0; `done` records each one."""
+
+    def __init__(self, cfg: RunConfig, out: Path, started: float):
+        self.out, self.started = out, started
+        self.todo: list[tuple[str, str, int]] = []  # (process name, option as given, step)
+        parsed = parse_kill(cfg.kill.server, first="SHARD")
+        if parsed is not None:
+            self.todo.append((f"server-{parsed[0]}", f"--kill-server {cfg.kill.server}", parsed[1]))
+        self.done: list[dict] = []
+
+    def tick(self, cluster) -> None:
+        if not self.todo:
+            return
+        step = worker0_steps(self.out)
+        for name, option, at in [t for t in self.todo if step >= t[2]]:
+            self.todo.remove((name, option, at))
+            proc = cluster.procs.get(name)
+            if proc is None or proc.poll() is not None:  # gone already: say so, kill nothing
+                self.done.append({"process": name, "option": option, "step": step, "killed": False})
+                continue
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            self.done.append({"process": name, "option": option, "signal": "SIGKILL", "pid": proc.pid,
+                              "step": step, "wall_s": round(time.monotonic() - self.started, 3), "killed": True})
+
+    def said(self, name: str) -> str:
+        """What killed `name`, for its failure line; '' when it was not killed here."""
+        kill = next((k for k in self.done if k["process"] == name and k["killed"]), None)
+        return "" if kill is None else f"was killed by {kill['option']} (SIGKILL at worker 0's step {kill['step']})"
+
+
+def _ended(code: int) -> str:
+    return f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+
+
+class ShardRestarts:
+    """Brings a dead shard back from its checkpoint, on its own address, so its workers' re-sends find it
+    (psrv/worker/roundtrip.py) and the run goes on; `done` records each restart. Without checkpoints a dead
+    shard ends the run, with a line saying what killed it."""
+
+    def __init__(self, cfg: RunConfig, out: Path, started: float, kills: Kills,
+                 start: Callable[[int, ServerConfig, Path], None]):
+        self.cfg, self.out, self.started, self.kills, self.start = cfg, out, started, kills, start
+        self.enabled = cfg.checkpoints.every > 0
+        self.done: list[dict] = []
+
+    def shard_settings(self, shard: int, base: ServerConfig) -> ServerConfig:
+        """Shard `shard`'s config with the run's checkpoints (unchanged without them)."""
+        if not self.enabled:
+            return base
+        return dataclasses.replace(base, checkpoint_dir=str(self.out / CHECKPOINTS),
+                                   checkpoint_every=self.cfg.checkpoints.every)
+
+    def recover(self, cluster, name: str) -> bool:
+        """Restart process `name` if it is a shard this run can bring back; False: the run ends (the
+        failure line then says what killed it)."""
+        if not name.startswith("server-"):
+            return False
+        said = self.kills.said(name)
+        code = cluster.procs[name].returncode
+        shard = int(name.split("-", 1)[1])
+        address = self._address(shard)
+        if not self.enabled or address is None:
+            why = ("without --checkpoint-every a dead shard ends the run" if not self.enabled else
+                   "it died before it said its address, so no worker knows where it was")
+            cluster.explain[name] = lambda code, s=said, w=why: (
+                f"{name} (shard {shard}) " + (s or _ended(code)) +
+                f"; {w}; its output: {self.out / f'{name}.log'}")
+            return False
+        lives = sum(1 for r in self.done if r["process"] == name)
+        (self.out / f"{name}.log").rename(self.out / f"{name}.log.{lives + 1}")  # the dead life's log stays
+        resumed = dataclasses.replace(self.shard_settings(shard, self.cfg.server_config(shard, bind=address)),
+                                      resume=True)
+        self.start(shard, resumed, self.out / f"{name}.addr")
+        self.done.append({"process": name, "shard": shard, "exit_code": code, "address": address,
+                          "step": worker0_steps(self.out), "wall_s": round(time.monotonic() - self.started, 3),
+                          "cause": said or _ended(code)})
+        return True
+
+    def _address(self, shard: int) -> str | None:
+        try:
+            return (self.out / f"server-{shard}.addr").read_text().strip() or None
+        except FileNotFoundError:
+            return None
+
+    def summary(self, out: Path) -> dict:
+        """summary.json's `faults`: the kills, the restarts, and each restarted shard's lost clocks (a sync
+        shard's updates since its last checkpoint: psrv/server/consistency/sync.py `skipped`)."""
+        import json
+        lost, resumed = {}, {}
+        for shard in sorted({r["shard"] for r in self.done}):
+            try:
+                record = json.loads((out / f"server-{shard}.json").read_text())
+            except (FileNotFoundError, ValueError):
+                continue
+            lost[str(shard)], resumed[str(shard)] = record.get("lost_clocks"), record.get("resumed_from")
+        return {"kills": self.kills.done, "restarts": self.done, "checkpoint_every": self.cfg.checkpoints.every,
+                "lost_clocks": lost, "resumed_from": resumed, "lost_clocks_total": sum(v or 0 for v in lost.values())}

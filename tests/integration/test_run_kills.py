@@ -1,0 +1,60 @@
+"""psrv run's own faults (experiments/kills.py): --kill-server SIGKILLs a shard at worker 0's step; with
+--checkpoint-every the launcher restarts it from its checkpoint on its address and the run finishes, the
+summary saying the kill, the restart and the clocks lost; without it the run ends with one line saying so."""
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from psrv.config import from_dict, RunConfig
+from psrv.experiments.cluster import RunFailed
+from psrv.experiments.launch import run_local
+
+STEPS = 120
+
+
+def _config(**more) -> RunConfig:
+    return from_dict(RunConfig, {"mode": "sync", "cluster": {"servers": 2, "workers": 2},
+                                 "job": {"name": "digits_mlp", "steps": STEPS}, "faults": {"compute_ms": 10.0},
+                                 "server": {"worker_timeout": 10.0}, **more})
+
+
+def test_a_killed_shard_comes_back_from_its_checkpoint_and_the_run_finishes(tmp_path):
+    cfg = _config(kill={"server": "1:60"}, checkpoints={"every": 0.5})
+    summary = run_local(cfg, out=tmp_path, progress=False, timeout=180)
+
+    faults = summary["faults"]
+    [kill] = faults["kills"]
+    assert kill["process"] == "server-1" and kill["killed"] and kill["signal"] == "SIGKILL"
+    assert 60 <= kill["step"] < STEPS and kill["wall_s"] > 0
+    [restart] = faults["restarts"]
+    assert restart["process"] == "server-1" and restart["exit_code"] == -9 and "--kill-server 1:60" in restart["cause"]
+    assert (tmp_path / "server-1.log.1").exists()  # the killed life's log is kept beside the new one's
+
+    s0, s1 = (json.loads((tmp_path / f"server-{i}.json").read_text()) for i in range(2))
+    lost = s1["lost_clocks"]
+    print(f"\nshard 1 killed at worker 0's step {kill['step']}, resumed from version {s1['resumed_from']}, "
+          f"{lost} clocks lost")
+    assert faults["lost_clocks"] == {"1": lost} and faults["lost_clocks_total"] == lost
+    assert faults["resumed_from"] == {"1": s1["resumed_from"]}
+    assert 0 < s1["resumed_from"] <= kill["step"] + 10  # a checkpoint from before the kill (progress: every 10)
+    assert s0["version"] == STEPS and s0["resumed_from"] is None  # the other shard saw every clock
+    assert s1["version"] == STEPS - lost                  # every clock after the restart, none twice
+
+    with open(tmp_path / "steps.csv") as f:
+        rows = list(csv.DictReader(f))
+    for rank in range(2):  # every worker's every step is in the run's table
+        assert sorted(int(r["step"]) for r in rows if r["worker"] == str(rank)) == list(range(STEPS))
+    assert summary["complete"] and summary["final_loss"] < summary["initial_loss"]
+
+
+def test_without_checkpoints_a_killed_shard_ends_the_run_with_one_line(tmp_path):
+    cfg = _config(kill={"server": "0:20"}, job={"name": "digits_mlp", "steps": 400})
+    with pytest.raises(RunFailed) as failed:
+        run_local(cfg, out=tmp_path, progress=False, timeout=180)
+    line = str(failed.value)
+    assert "\n" not in line
+    assert line.startswith("server-0 (shard 0) was killed by --kill-server 0:20 (SIGKILL at worker 0's step ")
+    assert "without --checkpoint-every a dead shard ends the run" in line
