@@ -6,6 +6,7 @@ Both are written to summary.json under `faults` (docs/reliability.md)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import signal
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Callable
 from psrv.config import RunConfig, ServerConfig
 from psrv.config.sections import parse_kill
 
+MAX_RESTARTS = 3  # a shard that keeps dying (a checkpoint it refuses, a bug) ends the run, not a loop
 CHECKPOINTS = "checkpoints"  # the run folder's checkpoint directory, one file per shard (psrv/checkpoint.py)
 
 
@@ -89,14 +91,15 @@ class ShardRestarts:
         code = cluster.procs[name].returncode
         shard = int(name.split("-", 1)[1])
         address = self._address(shard)
-        if not self.enabled or address is None:
+        lives = sum(1 for r in self.done if r["process"] == name)
+        if not self.enabled or address is None or lives >= MAX_RESTARTS:
             why = ("without --checkpoint-every a dead shard ends the run" if not self.enabled else
-                   "it died before it said its address, so no worker knows where it was")
+                   "it died before it said its address, so no worker knows where it was" if address is None else
+                   f"it was restarted {lives} times already, the most a run does")
             cluster.explain[name] = lambda code, s=said, w=why: (
                 f"{name} (shard {shard}) " + (s or _ended(code)) +
                 f"; {w}; its output: {self.out / f'{name}.log'}")
             return False
-        lives = sum(1 for r in self.done if r["process"] == name)
         (self.out / f"{name}.log").rename(self.out / f"{name}.log.{lives + 1}")  # the dead life's log stays
         resumed = dataclasses.replace(self.shard_settings(shard, self.cfg.server_config(shard, bind=address)),
                                       resume=True)
@@ -113,15 +116,21 @@ class ShardRestarts:
             return None
 
     def summary(self, out: Path) -> dict:
-        """summary.json's `faults`: the kills, the restarts, and each restarted shard's lost clocks (a sync
-        shard's updates since its last checkpoint: psrv/server/consistency/sync.py `skipped`)."""
-        import json
-        lost, resumed = {}, {}
-        for shard in sorted({r["shard"] for r in self.done}):
+        """summary.json's `faults`: the kills, the restarts, and for each restarted shard its lost clocks (a
+        sync shard's updates since its last checkpoint: psrv/server/consistency/sync.py `skipped`), the
+        version it resumed from, and its lost updates: how many fewer it applied than the shards that were
+        never restarted (every push goes to every shard; in any mode; None if every shard was restarted)."""
+        records = {}
+        for path in out.glob("server-*.json"):
             try:
-                record = json.loads((out / f"server-{shard}.json").read_text())
-            except (FileNotFoundError, ValueError):
+                record = json.loads(path.read_text())
+                records[int(record["shard"])] = record
+            except (ValueError, KeyError, TypeError):
                 continue
-            lost[str(shard)], resumed[str(shard)] = record.get("lost_clocks"), record.get("resumed_from")
+        restarted = sorted({r["shard"] for r in self.done} & set(records))
+        kept = [r["version"] for shard, r in records.items() if shard not in restarted]
+        lost = {str(s): records[s].get("lost_clocks") for s in restarted}
         return {"kills": self.kills.done, "restarts": self.done, "checkpoint_every": self.cfg.checkpoints.every,
-                "lost_clocks": lost, "resumed_from": resumed, "lost_clocks_total": sum(v or 0 for v in lost.values())}
+                "lost_clocks": lost, "lost_clocks_total": sum(v or 0 for v in lost.values()),
+                "resumed_from": {str(s): records[s].get("resumed_from") for s in restarted},
+                "lost_updates": {str(s): max(kept) - records[s]["version"] if kept else None for s in restarted}}

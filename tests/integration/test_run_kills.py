@@ -38,6 +38,7 @@ def test_a_killed_shard_comes_back_from_its_checkpoint_and_the_run_finishes(tmp_
     print(f"\nshard 1 killed at worker 0's step {kill['step']}, resumed from version {s1['resumed_from']}, "
           f"{lost} clocks lost")
     assert faults["lost_clocks"] == {"1": lost} and faults["lost_clocks_total"] == lost
+    assert faults["lost_updates"] == {"1": lost}
     assert faults["resumed_from"] == {"1": s1["resumed_from"]}
     assert 0 < s1["resumed_from"] <= kill["step"] + 10  # a checkpoint from before the kill (progress: every 10)
     assert s0["version"] == STEPS and s0["resumed_from"] is None  # the other shard saw every clock
@@ -58,3 +59,16 @@ def test_without_checkpoints_a_killed_shard_ends_the_run_with_one_line(tmp_path)
     assert "\n" not in line
     assert line.startswith("server-0 (shard 0) was killed by --kill-server 0:20 (SIGKILL at worker 0's step ")
     assert "without --checkpoint-every a dead shard ends the run" in line
+
+
+def test_under_async_the_lost_updates_are_the_restarted_shards_shortfall(tmp_path):
+    """Async has no clocks to skip (lost_clocks 0): what the restarted shard lost is counted against the
+    shard that kept every push (each push goes to both)."""
+    cfg = _config(mode="async", kill={"server": "0:40"}, checkpoints={"every": 0.5},
+                  job={"name": "digits_mlp", "steps": 80})
+    summary = run_local(cfg, out=tmp_path, progress=False, timeout=180)
+    s0, s1 = (json.loads((tmp_path / f"server-{i}.json").read_text()) for i in range(2))
+    assert s1["version"] == 2 * 80 and s0["resumed_from"] is not None  # shard 1 applied every push once
+    lost = summary["faults"]["lost_updates"]["0"]
+    print(f"\nasync: shard 0 resumed from version {s0['resumed_from']}, {lost} updates lost")
+    assert lost == s1["version"] - s0["version"] >= 0 and summary["faults"]["lost_clocks"] == {"0": 0}
