@@ -204,5 +204,17 @@ def format_summary(s: dict) -> str:
     if s.get("diverged") is not None:  # a learning-level simulation: whether its training diverged, and why
         at = next(i for i, (k, _) in enumerate(rows) if k in ("eval_accuracy", "wall_seconds"))
         rows.insert(at + 1, ("diverged", f"yes: {s['diverged_why']}" if s["diverged"] else "no"))
+    rows += _fault_rows(s.get("faults"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {fmt(v)}" for k, v in rows)
+
+
+def _fault_rows(faults: dict | None) -> list[tuple[str, str]]:
+    """What --kill-server killed, which shards --checkpoint-every brought back, and what they lost."""
+    if not faults:
+        return []
+    killed = ", ".join(f"{k['process']} at worker 0's step {k['step']}" for k in faults["kills"] if k["killed"])
+    resumed, updates = faults.get("resumed_from", {}), faults.get("lost_updates", {})
+    restarted = ", ".join(f"{r['process']} from version {resumed.get(str(r['shard']))}" for r in faults["restarts"])
+    lost = ", ".join(f"shard {s}: {n} clocks, {updates.get(s)} updates" for s, n in faults["lost_clocks"].items())
+    return [("killed", killed or "none"), ("restarted", restarted or "none"), ("lost", lost or "none")]

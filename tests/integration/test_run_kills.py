@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 
 import pytest
 
 from psrv.config import from_dict, RunConfig
 from psrv.experiments.cluster import RunFailed
 from psrv.experiments.launch import run_local
+from psrv.experiments.summary import format_summary
 
 STEPS = 120
 
@@ -49,6 +51,10 @@ def test_a_killed_shard_comes_back_from_its_checkpoint_and_the_run_finishes(tmp_
     for rank in range(2):  # every worker's every step is in the run's table
         assert sorted(int(r["step"]) for r in rows if r["worker"] == str(rank)) == list(range(STEPS))
     assert summary["complete"] and summary["final_loss"] < summary["initial_loss"]
+    table = format_summary(summary)  # what psrv run prints
+    assert re.search(rf"^killed +server-1 at worker 0's step {kill['step']}$", table, re.M)
+    assert re.search(rf"^restarted +server-1 from version {s1['resumed_from']}$", table, re.M)
+    assert re.search(rf"^lost +shard 1: {lost} clocks, {lost} updates$", table, re.M)
 
 
 def test_without_checkpoints_a_killed_shard_ends_the_run_with_one_line(tmp_path):
