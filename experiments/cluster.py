@@ -75,6 +75,7 @@ class Cluster:
         self.hosts = hosts  # experiments/netns.EmulatedHosts, experiments/slurm.SlurmAllocation: where each runs
         self.host_of: dict[str, int] = {}
         self.recover: Callable[[Cluster, str], bool] | None = None  # a failed process's second chance
+        self.spared: set[str] = set()  # processes whose death the run expects (killed on purpose): no failure
 
     def start(self, name: str, argv: list[str], env: dict | None = None, *, brief: str = "",
               host: int | None = None, explain: Callable[[int], str] | None = None) -> subprocess.Popen:
@@ -99,7 +100,7 @@ class Cluster:
 
     def failed(self) -> str | None:
         for name, proc in self.procs.items():
-            if proc.poll() not in (None, 0):
+            if proc.poll() not in (None, 0) and name not in self.spared:
                 return name
         return None
 

@@ -1,5 +1,6 @@
 """Faults a local run injects on purpose, and the shards it brings back: `psrv run --kill-server SHARD:STEP`
-SIGKILLs that shard's server once worker 0 has done STEP steps; with
+(`--kill-worker RANK:STEP`) SIGKILLs that shard's server (that rank's worker) once worker 0 has done STEP
+steps; with
 `--checkpoint-every SECONDS` every shard checkpoints into DIR/checkpoints, and a shard that dies (killed
 here or by anything else) is restarted from its checkpoint with --resume on the address its workers know.
 Both are written to summary.json under `faults` (docs/reliability.md)."""
@@ -34,9 +35,10 @@ class Kills:
     def __init__(self, cfg: RunConfig, out: Path, started: float):
         self.out, self.started = out, started
         self.todo: list[tuple[str, str, int]] = []  # (process name, option as given, step)
-        parsed = parse_kill(cfg.kill.server, first="SHARD")
-        if parsed is not None:
-            self.todo.append((f"server-{parsed[0]}", f"--kill-server {cfg.kill.server}", parsed[1]))
+        for role, text in (("server", cfg.kill.server), ("worker", cfg.kill.worker)):
+            parsed = parse_kill(text, first="INDEX")
+            if parsed is not None:
+                self.todo.append((f"{role}-{parsed[0]}", f"--kill-{role} {text}", parsed[1]))
         self.done: list[dict] = []
 
     def tick(self, cluster) -> None:
@@ -53,6 +55,11 @@ class Kills:
             proc.wait()
             self.done.append({"process": name, "option": option, "signal": "SIGKILL", "pid": proc.pid,
                               "step": step, "wall_s": round(time.monotonic() - self.started, 3), "killed": True})
+
+    @property
+    def ranks(self) -> set[int]:
+        """The workers killed here: they write no record, and the run goes on without them."""
+        return {int(k["process"].split("-")[1]) for k in self.done if k["killed"] and k["process"].startswith("worker-")}
 
     def said(self, name: str) -> str:
         """What killed `name`, for its failure line; '' when it was not killed here."""
@@ -85,6 +92,9 @@ class ShardRestarts:
     def recover(self, cluster, name: str) -> bool:
         """Restart process `name` if it is a shard this run can bring back; False: the run ends (the
         failure line then says what killed it)."""
+        if name.startswith("worker-") and self.kills.said(name):  # killed on purpose: the others go on
+            cluster.spared.add(name)
+            return True
         if not name.startswith("server-"):
             return False
         said = self.kills.said(name)

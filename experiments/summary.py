@@ -37,10 +37,10 @@ def _transport(cfg: RunConfig) -> str:
     return "nccl" if cfg.cluster.device.startswith("cuda") else "gloo"
 
 
-def build_summary(cfg: RunConfig, out: Path, *, interrupted: bool = False) -> dict:
+def build_summary(cfg: RunConfig, out: Path, *, interrupted: bool = False, killed: int = 0) -> dict:
     """The run's summary (keys documented in README.md) from worker-*.json and server-*.json.
 
-    A finished run must have every worker's record. An `interrupted` one is summarised from whatever
+    A finished run must have every worker's record but those of the `killed` ranks (psrv run --kill-worker). An `interrupted` one is summarised from whatever
     records there are (a worker stopped before it wrote one has none; an interrupted worker's holds the
     steps it did): `complete` is then False and `steps_done` counts the worker steps that ran.
 
@@ -51,8 +51,8 @@ def build_summary(cfg: RunConfig, out: Path, *, interrupted: bool = False) -> di
     is None, not made up. `seed` is the run's, handed to the script as PSRV_SEED."""
     workers = _records(out, "worker", partial=interrupted)
     servers = _records(out, "server", partial=interrupted)
-    if len(workers) != cfg.cluster.workers and not interrupted:
-        raise RuntimeError(f"expected {cfg.cluster.workers} worker records in {out}, found {len(workers)}")
+    if len(workers) != cfg.cluster.workers - killed and not interrupted:  # `killed`: ranks killed on purpose
+        raise RuntimeError(f"expected {cfg.cluster.workers - killed} worker records in {out}, found {len(workers)}")
     rows = [r for w in workers for r in w["step_log"]]
     origin = _origin(workers)
     end = max((r["wall_time"] for r in rows), default=origin)

@@ -237,7 +237,7 @@ class RunConfig(Trackers, Seeded, Consistency):
 
 
 def _kills_and_recovery(run: RunConfig) -> None:
-    """A kill names a shard the run has; restarting a shard needs servers on zmq (a torch RPC world
+    """A kill names a shard or a worker the run has and can lose; restarting a shard needs servers on zmq (a torch RPC world
     cannot take a restarted member back)."""
     server = parse_kill(run.kill.server, first="SHARD")
     if server is not None:
@@ -246,6 +246,14 @@ def _kills_and_recovery(run: RunConfig) -> None:
         if server[0] >= run.cluster.servers:
             raise ConfigError("kill.server", f"shard must be in 0..{run.cluster.servers - 1} (cluster.servers = "
                                              f"{run.cluster.servers}); got {server[0]}")
+    worker = parse_kill(run.kill.worker, first="RANK")
+    if worker is not None:
+        if run.is_allreduce:
+            raise ConfigError("kill.worker", f"mode {run.mode!r} cannot lose a rank (its collectives wait for every "
+                                             "rank); kill a worker of sync, async or ssp")
+        if not 0 < worker[0] < run.cluster.workers:
+            raise ConfigError("kill.worker", f"rank must be in 1..{run.cluster.workers - 1} (rank 0 writes the "
+                                             f"final weights; cluster.workers = {run.cluster.workers}); got {worker[0]}")
     if run.checkpoints.every:
         if run.is_allreduce:
             raise ConfigError("checkpoints.every", f"checkpoints shards; mode {run.mode!r} has none")

@@ -182,6 +182,10 @@ def _kill_server(text: str) -> None:
     parse_kill(text, first="SHARD")
 
 
+def _kill_worker(text: str) -> None:
+    parse_kill(text, first="RANK")
+
+
 @dataclass(frozen=True, kw_only=True)
 class KillSettings(Section):
     """Processes psrv run kills on purpose, for fault experiments (experiments/kills.py)."""
@@ -190,6 +194,10 @@ class KillSettings(Section):
                           "steps: the workers' progress files); with --checkpoint-every it is restarted from its "
                           "checkpoint, without it the run ends", flag="kill-server", metavar="SHARD:STEP",
                           check=_kill_server)
+    worker: str = setting("", "SIGKILL rank RANK's worker (not rank 0, which writes the final weights) once worker "
+                          "0 has done STEP steps; the others go on without it after --worker-timeout, and the "
+                          "summary counts the steps it did not write", flag="kill-worker", metavar="RANK:STEP",
+                          check=_kill_worker)
 
 
 @dataclass(frozen=True, kw_only=True)

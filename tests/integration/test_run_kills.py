@@ -78,3 +78,18 @@ def test_under_async_the_lost_updates_are_the_restarted_shards_shortfall(tmp_pat
     lost = summary["faults"]["lost_updates"]["0"]
     print(f"\nasync: shard 0 resumed from version {s0['resumed_from']}, {lost} updates lost")
     assert lost == s1["version"] - s0["version"] >= 0 and summary["faults"]["lost_clocks"] == {"0": 0}
+
+
+def test_a_killed_worker_is_left_behind_and_the_run_finishes(tmp_path):
+    cfg = _config(kill={"worker": "1:40"}, cluster={"servers": 1, "workers": 2}, server={"worker_timeout": 2.0},
+                  job={"name": "digits_mlp", "steps": 100})
+    summary = run_local(cfg, out=tmp_path, progress=False, timeout=180)
+    [kill] = summary["faults"]["kills"]
+    assert kill["process"] == "worker-1" and kill["killed"] and 40 <= kill["step"] < 100
+    assert summary["complete"] and summary["lost_workers"] == [1]
+    assert summary["updates_applied"] == 100  # every clock applied once: the barrier went on without rank 1
+    assert not (tmp_path / "worker-1.json").exists()  # killed: no record, so no rows of its own
+    with open(tmp_path / "steps.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted(int(r["step"]) for r in rows) == list(range(100)) and {r["worker"] for r in rows} == {"0"}
+    assert re.search(r"^killed +worker-1 at worker 0's step \d+$", format_summary(summary), re.M)

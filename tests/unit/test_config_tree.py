@@ -37,7 +37,7 @@ OTHER = {"worker.compress": "topk:0.01", "mode": "sync", "cluster.device": "cuda
          "faults.transient_stragglers": "0.1:4", "optimizer.momentum": 0.5, "optimizer.betas": (0.8, 0.99),
          "optimizer.dc_lambda": 0.5, "worker.inner_lr": 0.01, "tensorboard": "runs/tb", "network.bandwidth": "200mbit",
          "job.script": SCRIPT, "job.script_args": ("--epochs", "2"), "job.script_sha256": "0" * 64,
-         "kill.server": "1:5"}
+         "kill.server": "1:5", "kill.worker": "1:5"}
 
 
 def _nest(key: str, value: Any) -> dict[str, Any]:

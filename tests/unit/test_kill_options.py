@@ -1,4 +1,4 @@
-"""--kill-server and --checkpoint-every (spec keys kill.server, checkpoints.every): their form and what a run
+"""--kill-server, --kill-worker and --checkpoint-every (spec keys kill.server, kill.worker, checkpoints.every): their form and what a run
 must have for them, refused in one line naming the option."""
 from __future__ import annotations
 
@@ -24,6 +24,9 @@ def test_the_form_is_index_colon_step():
 @pytest.mark.parametrize(("data", "message"), [
     ({"kill": {"server": "2:10"}}, r"^kill\.server: shard must be in 0\.\.1 \(cluster\.servers = 2\); got 2"),
     ({"kill": {"server": "0:10"}, "mode": "ddp"}, r"^kill\.server: mode 'ddp' has no servers"),
+    ({"kill": {"worker": "0:10"}}, r"^kill\.worker: rank must be in 1\.\.1 \(rank 0 writes the final weights"),
+    ({"kill": {"worker": "2:10"}}, r"^kill\.worker: rank must be in 1\.\.1"),
+    ({"kill": {"worker": "1:10"}, "mode": "ddp"}, r"^kill\.worker: mode 'ddp' cannot lose a rank"),
     ({"checkpoints": {"every": 1.0}, "mode": "fsdp"}, r"^checkpoints\.every: checkpoints shards; mode 'fsdp'"),
     ({"checkpoints": {"every": 1.0}, "cluster": {"transport": "rpc"}}, r"^checkpoints\.every: .*transport 'zmq'"),
     ({"checkpoints": {"every": -1.0}}, r"^checkpoints\.every: must be >= 0"),
@@ -34,8 +37,8 @@ def test_a_spec_is_refused_naming_the_key(data, message):
 
 
 def test_the_command_line_reads_the_same_settings_and_names_its_flags():
-    args = build_parser().parse_args(["run", "--kill-server", "1:50", "--checkpoint-every", "2"])
+    args = build_parser().parse_args(["run", "--kill-server", "1:50", "--kill-worker", "1:20", "--checkpoint-every", "2"])
     cfg = config_from_args(RunConfig, args)
-    assert (cfg.kill.server, cfg.checkpoints.every) == ("1:50", 2.0)
+    assert (cfg.kill.server, cfg.kill.worker, cfg.checkpoints.every) == ("1:50", "1:20", 2.0)
     with pytest.raises(ValueError, match=r"^--kill-server: shard must be in 0\.\.1"):
         config_from_args(RunConfig, build_parser().parse_args(["run", "--kill-server", "5:50"]))
