@@ -80,6 +80,7 @@ class ShardRestarts:
                  start: Callable[[int, ServerConfig, Path], None]):
         self.cfg, self.out, self.started, self.kills, self.start = cfg, out, started, kills, start
         self.enabled = cfg.checkpoints.every > 0
+        self.asked = bool(self.enabled or kills.todo)  # whether the summary has `faults`
         self.done: list[dict] = []
 
     def shard_settings(self, shard: int, base: ServerConfig) -> ServerConfig:

@@ -90,10 +90,11 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
         preflight(cfg)  # a device that is not here, a job that does not import: ValueError before any process
     rate = cfg.network.bandwidth
     check_scheduler(scheduler, metrics=metrics, bandwidth=rate)
-    faults = bool(cfg.kill.server or cfg.kill.worker or cfg.checkpoints.every)
-    if scheduler != "local" and faults:
+    if scheduler != "local" and (cfg.kill.server or cfg.kill.worker or cfg.checkpoints.every):
         raise ValueError(f"--kill-server, --kill-worker and --checkpoint-every need --scheduler local (the launcher "
                          f"signals and restarts its own processes); got {scheduler!r}")
+    if cfg.kill.worker and script is not None:
+        raise ValueError("--kill-worker: a script's run needs every rank's record; kill a worker of the shipped loop")
     if rate and (metrics or script is not None):
         raise ValueError(f"network.bandwidth {rate}: " + ("--metrics serves each process's /metrics on its own "
                          "emulated host, out of Prometheus's reach" if metrics else "a script's workers run on "
@@ -178,8 +179,7 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
     summary = {**build_summary(cfg, out, interrupted=interrupted, killed=len(kills.ranks)),
                **network, "config_hash": config_hash(cfg),  # which config made these results
                "launcher": launcher, "scheduler": scheduler,  # how and where it ran: not what it computed
-               **({"faults": restarts.summary(out)} if cfg.kill.server or cfg.kill.worker or cfg.checkpoints.every
-                  else {})}
+               **({"faults": restarts.summary(out)} if restarts.asked else {})}
     write_tables(out, interrupted=interrupted)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     if interrupt is not None:
