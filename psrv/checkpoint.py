@@ -37,19 +37,38 @@ def checkpoint_path(directory: str | Path, *, shard: int, num_shards: int) -> Pa
 
 def write_atomic(path: Path, state: dict, *, bytes_per_s: float = 0.0) -> None:
     """Write `state`, stamped with the format and the time, to `path`: the old file or the new one
-    survives a crash, never a torn one. `bytes_per_s` > 0 paces the write to about that rate, so a
-    checkpoint written beside training leaves the disk to others (and a test can catch one mid-write)."""
-    buf = io.BytesIO()
-    torch.save({**state, "format": FORMAT, "written": time.time()}, buf)
-    payload = buf.getbuffer()
+    survives a crash, never a torn one. torch.save streams into the file (no second copy of the
+    state in memory) through a digest, which then takes its place after MAGIC. `bytes_per_s` > 0
+    paces the write to about that rate, so a checkpoint written beside training leaves the disk to
+    others (and a test can catch one mid-write)."""
     with replacing(path, "wb", durable=True) as f:
-        f.write(MAGIC + hashlib.sha256(payload).digest())
-        for start in range(0, len(payload), BLOCK):
-            block = payload[start:start + BLOCK]
-            f.write(block)
-            if bytes_per_s > 0:
-                f.flush()  # the bytes so far are in the temporary file, where a reader can see them grow
-                time.sleep(len(block) / bytes_per_s)
+        f.write(MAGIC + bytes(32))  # the digest's place, filled in once the payload is written
+        stream = _DigestingWriter(f, bytes_per_s)
+        torch.save({**state, "format": FORMAT, "written": time.time()}, stream)
+        f.seek(len(MAGIC))
+        f.write(stream.digest.digest())
+
+
+class _DigestingWriter:
+    """A file to torch.save into: every block goes to `f` and into a sha256, paced to `bytes_per_s`."""
+
+    def __init__(self, f, bytes_per_s: float):
+        self.f, self.bytes_per_s = f, bytes_per_s
+        self.digest = hashlib.sha256()
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        for start in range(0, len(view), BLOCK):
+            block = view[start:start + BLOCK]
+            self.digest.update(block)  # hashlib and the write release the GIL for big blocks
+            self.f.write(block)
+            if self.bytes_per_s > 0:
+                self.f.flush()  # the bytes so far are in the temporary file, where a reader can see them grow
+                time.sleep(len(block) / self.bytes_per_s)
+        return len(view)
+
+    def flush(self) -> None:
+        self.f.flush()
 
 
 def pace_from_env() -> float:
