@@ -70,6 +70,11 @@ def test_the_copy_a_writer_gets_shares_nothing_with_the_shard_it_was_taken_from(
     assert all(torch.equal(t, before[k]) for k, t in tensors(copy).items())
     assert copy["dedup"] is not live["dedup"] and copy["controller"]["clocks"] is not live["controller"]["clocks"]
 
+    again = detached(svc.state_dict(), copy)  # the next checkpoint's copy goes into the last one's tensors
+    assert again["shard_state"]["param"] is copy["shard_state"]["param"]
+    assert again["shard_state"]["param"] is not svc.shard.param.data
+    assert all(torch.equal(t, stepped[k]) for k, t in tensors(again).items())
+
 
 @pytest.mark.timeout(60)
 def test_pushes_are_answered_while_a_checkpoint_is_written_and_it_holds_the_state_it_was_taken_at(
