@@ -104,8 +104,11 @@ def test_pushes_are_answered_while_a_checkpoint_is_written_and_it_holds_the_stat
     assert torch.equal(state["optimizer"]["state"][0]["momentum_buffer"], momentum)
     assert svc.summary()["checkpoints"] == 1 and svc.summary()["checkpoint_version"] == 3
 
-    assert svc.save_checkpoint() is not None  # the synchronous one (CHECKPOINT, exit) holds the latest
-    assert read_verified(checkpoint_path(tmp_path, shard=0, num_shards=1))["shard_state"]["version"] == 13
+    push(svc, 16, 3.0)
+    assert svc.start_checkpoint() and svc.writer.writing  # version 14 in flight, then the final one at exit:
+    assert svc.save_checkpoint() is not None and not svc.writer.writing  # it waited for the one in flight
+    assert read_verified(checkpoint_path(tmp_path, shard=0, num_shards=1))["shard_state"]["version"] == 14
+    assert svc.summary()["checkpoints"] == 3
 
 
 @pytest.mark.timeout(180)
