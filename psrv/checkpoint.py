@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Callable
@@ -22,6 +23,8 @@ from psrv.atomic import replacing
 log = logging.getLogger("psrv.checkpoint")
 MAGIC = b"PSRVCKPT1\n"
 FORMAT = 1  # the payload's layout: bump it when the dict's keys change meaning
+PACE_ENV = "PSRV_CHECKPOINT_BYTES_PER_S"  # a cap on the write rate (docs/reliability.md); unset: no cap
+BLOCK = 4 << 20  # bytes per write() call: a paced write sleeps between blocks
 
 
 class CheckpointError(ValueError):
@@ -32,14 +35,52 @@ def checkpoint_path(directory: str | Path, *, shard: int, num_shards: int) -> Pa
     return Path(directory) / f"shard-{shard}-of-{num_shards}.ckpt"
 
 
-def write_atomic(path: Path, state: dict) -> None:
+def write_atomic(path: Path, state: dict, *, bytes_per_s: float = 0.0) -> None:
     """Write `state`, stamped with the format and the time, to `path`: the old file or the new one
-    survives a crash, never a torn one."""
-    buf = io.BytesIO()
-    torch.save({**state, "format": FORMAT, "written": time.time()}, buf)
-    payload = buf.getvalue()
+    survives a crash, never a torn one. torch.save streams into the file (no second copy of the
+    state in memory) through a digest, which then takes its place after MAGIC. `bytes_per_s` > 0
+    paces the write to about that rate, so a checkpoint written beside training leaves the disk to
+    others (and a test can catch one mid-write)."""
     with replacing(path, "wb", durable=True) as f:
-        f.write(MAGIC + hashlib.sha256(payload).digest() + payload)
+        f.write(MAGIC + bytes(32))  # the digest's place, filled in once the payload is written
+        stream = _DigestingWriter(f, bytes_per_s)
+        torch.save({**state, "format": FORMAT, "written": time.time()}, stream)
+        f.seek(len(MAGIC))
+        f.write(stream.digest.digest())
+
+
+class _DigestingWriter:
+    """A file to torch.save into: every block goes to `f` and into a sha256, paced to `bytes_per_s`."""
+
+    def __init__(self, f, bytes_per_s: float):
+        self.f, self.bytes_per_s = f, bytes_per_s
+        self.digest = hashlib.sha256()
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        for start in range(0, len(view), BLOCK):
+            block = view[start:start + BLOCK]
+            self.digest.update(block)  # hashlib and the write release the GIL for big blocks
+            self.f.write(block)
+            if self.bytes_per_s > 0:
+                self.f.flush()  # the bytes so far are in the temporary file, where a reader can see them grow
+                time.sleep(len(block) / self.bytes_per_s)
+        return len(view)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def pace_from_env() -> float:
+    """The write rate cap PSRV_CHECKPOINT_BYTES_PER_S sets (0: none); ValueError naming it if malformed."""
+    text = os.environ.get(PACE_ENV, "").strip()
+    try:
+        rate = float(text) if text else 0.0
+    except ValueError:
+        rate = -1.0
+    if not rate >= 0:
+        raise ValueError(f"{PACE_ENV}={text!r}: expected a number of bytes per second >= 0")
+    return rate
 
 
 def read_verified(path: Path) -> dict:
@@ -65,7 +106,8 @@ def read_verified(path: Path) -> dict:
 
 class Checkpointer:
     """One shard's checkpoint file: when it is due (every `every` seconds, if a directory is set),
-    writing and reading it, and what the last write held."""
+    writing and reading it, and what the last write held. write() may run on another thread than
+    due() and begin() (psrv/server/checkpointing.py writes off the shard's loop)."""
 
     def __init__(self, directory: str, *, shard: int, num_shards: int, every: float, now: Callable[[], float]):
         self.directory, self.every, self.now = directory, every, now
@@ -73,26 +115,36 @@ class Checkpointer:
         self.path = checkpoint_path(directory, shard=shard, num_shards=num_shards) if directory else None
         self.count = 0
         self.version: int | None = None  # the version the last checkpoint holds
+        self.seconds: float | None = None  # how long the last successful write took
+        self.bytes_per_s = pace_from_env()
         self._last = now()
 
     def due(self) -> bool:
         return self.path is not None and self.every > 0 and self.now() - self._last >= self.every
 
     def save(self, state: dict, *, version: int) -> str | None:
-        """Write `state` (the shard's, at `version`) now; a failure (disk full...) is logged and
-        answered with None, never fatal to the shard's loop."""
-        assert self.path is not None, "Checkpointer.save without a directory"
+        """Write `state` (the shard's, at `version`) now: begin() and write()."""
+        self.begin()
+        return self.write(state, version=version)
+
+    def begin(self) -> None:
+        """A checkpoint starts now: the next is due `every` seconds from here."""
         self._last = self.now()
+
+    def write(self, state: dict, *, version: int) -> str | None:
+        """Write `state` (the shard's, at `version`); a failure (disk full...) is logged and answered
+        with None, never fatal to the shard's loop."""
+        assert self.path is not None, "Checkpointer.write without a directory"
         started = time.perf_counter()
         try:
-            write_atomic(self.path, state)
+            write_atomic(self.path, state, bytes_per_s=self.bytes_per_s)
         except OSError as exc:
             log.error("shard %d: checkpoint to %s failed: %s", self.shard, self.directory, exc)
             return None
+        self.seconds = time.perf_counter() - started
         self.count += 1
         self.version = version
-        log.info("shard %d: checkpoint at version %d -> %s (%.3fs)", self.shard, version, self.path,
-                 time.perf_counter() - started)
+        log.info("shard %d: checkpoint at version %d -> %s (%.3fs)", self.shard, version, self.path, self.seconds)
         return str(self.path)
 
     def load(self) -> dict | None:

@@ -20,7 +20,8 @@ from typing import Callable
 
 import torch
 
-from psrv.experiments.bench import apply, colocated, end_to_end, memory, metrics_overhead, scaling, wire, worker_options
+from psrv.experiments.bench import (apply, checkpoint_latency, colocated, end_to_end, memory, metrics_overhead, scaling,
+                                    wire, worker_options)
 
 
 def machine() -> dict:
@@ -62,7 +63,8 @@ def suite(smoke: bool) -> list[tuple[str, Callable[[], list[dict]]]]:
             ("worker_options", lambda: worker_options.run("synthetic_mlp", 2, 40)),
             ("scaling", lambda: scaling.run([1, 4, 16, 32, 64], 3.0, repeats=3)),
             ("memory", lambda: memory.run(256)),
-            ("metrics_overhead", lambda: metrics_overhead.run(1500, 3))]
+            ("metrics_overhead", lambda: metrics_overhead.run(1500, 3)),
+            ("checkpoint_latency", lambda: checkpoint_latency.run(256, 30))]
 
 
 def goal(r: dict) -> tuple[str, float] | None:
@@ -84,6 +86,8 @@ def goal(r: dict) -> tuple[str, float] | None:
         return {"sync": (">=", 1.0), "async": (">=", 1.3)}.get(r["variant"])
     if b == "metrics_overhead":
         return (">=", 0.98)
+    if b == "checkpoint_latency":  # push p99 while a 256 MB Adam shard checkpoints, against without
+        return ("<=", 2.0) if r["size_mb"] >= 256 else None
     return None
 
 
@@ -118,6 +122,9 @@ def describe(r: dict) -> str:
                 f"{r['baseline_samples_per_second']:.0f}, loss {r['final_loss']:.3f}")
     if b == "metrics_overhead":
         return f"metrics {r['job']} {r['mode']}: {r['steps_per_second_on']:.1f} steps/s on vs {r['steps_per_second_off']:.1f} off"
+    if b == "checkpoint_latency":
+        return (f"checkpoint {r['size_mb']} MB {r['optimizer']}, {r['workers']} workers pushing: push p99 "
+                f"{r['p99_on'] * 1e3:.0f} ms during writes vs {r['p99_off'] * 1e3:.0f} ms without")
     if r["role"] == "worker":
         return (f"memory worker {r['job']}: {r['peak_rss_bytes']/2**20:.0f} MiB vs plain torch "
                 f"{r['baseline_bytes']/2**20:.0f} MiB, in model sizes" + (f", median of {r['repeats']}" if "repeats" in r else ""))

@@ -16,6 +16,7 @@ from psrv.checkpoint import Checkpointer
 from psrv.config import ServerConfig
 from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError, decode, encode
 from psrv.server import onebit_adam, snapshot, validate
+from psrv.server.checkpointing import BackgroundCheckpoints
 from psrv.server.chunked import ChunkedPushes, takes_chunks
 from psrv.server.consistency import make_controller
 from psrv.server.dedup import Dedup
@@ -68,6 +69,7 @@ class ShardService:
         self.resumed_from: int | None = None
         self.checkpoints = Checkpointer(cfg.checkpoint_dir, shard=cfg.shard, num_shards=cfg.num_shards,
                                         every=cfg.checkpoint_every, now=now)
+        self.writer = BackgroundCheckpoints(self.checkpoints)  # periodic checkpoints, off this loop
         self.stopped = False
         self._last_check = now()
         self._handlers = {
@@ -91,8 +93,9 @@ class ShardService:
     def serve(self, poll_interval: float = 0.1) -> dict:
         """Answer requests until every worker has left (or timed out); return the shard's summary.
 
-        With cfg.checkpoint_dir a checkpoint is written every cfg.checkpoint_every seconds and
-        once more at the end (also when stopped by SIGTERM)."""
+        With cfg.checkpoint_dir a checkpoint is taken every cfg.checkpoint_every seconds, written by
+        a thread while this loop answers requests (psrv/server/checkpointing.py), and once more at the
+        end (also when stopped by SIGTERM), waited for."""
         log.info("shard %d/%d serving %s on %s", self.cfg.shard, self.cfg.num_shards, self.cfg.mode,
                  self.transport.address)
         while not self.finished:
@@ -100,8 +103,8 @@ class ShardService:
             if item is not None:
                 self.handle(*item)
             self.check_liveness()
-            if self.checkpoints.due():
-                self.save_checkpoint()
+            if self.checkpoints.due() and not self.writer.writing:
+                self.start_checkpoint()
         if self.cfg.checkpoint_dir:
             self.save_checkpoint()
         self.transport.wait_sent(5.0)
@@ -407,10 +410,18 @@ class ShardService:
                  self.shard.version, sorted(active))
 
     def save_checkpoint(self) -> str | None:
-        """Write this shard's checkpoint now; None when it has no weights yet (no INIT) or the write failed."""
+        """Write this shard's checkpoint and return once it is on disk (after any write in flight); None
+        when it has no weights yet (no INIT) or the write failed."""
         if self.shard is None or not self.shard.initialised:
             return None
-        return self.checkpoints.save(self.state_dict(), version=self.shard.version)
+        return self.writer.save_now(self.state_dict(), version=self.shard.version)
+
+    def start_checkpoint(self) -> bool:
+        """Copy this shard's state now and write it from a thread while requests are answered; False
+        when nothing was started: no weights yet (no INIT), or a write is still in flight."""
+        if self.shard is None or not self.shard.initialised:
+            return False
+        return self.writer.start(self.state_dict(), version=self.shard.version)
 
     def summary(self) -> dict:
         return {"shard": self.cfg.shard, "num_shards": self.cfg.num_shards, "mode": self.cfg.mode,
@@ -421,5 +432,6 @@ class ShardService:
                 "clocks": {str(w): c for w, c in self.controller.clocks.items()},
                 "resumed_from": self.resumed_from, "lost_clocks": self.controller.skipped,
                 "checkpoints": self.checkpoints.count, "checkpoint_version": self.checkpoints.version,
+                "checkpoint_seconds": self.checkpoints.seconds, "checkpoint_writing": self.writer.writing,
                 "payload_bytes": dict(getattr(self.transport, "payload_bytes", {})),  # by data path
                 **self.stats.to_dict()}
