@@ -15,7 +15,7 @@ import torch
 from psrv.checkpoint import Checkpointer
 from psrv.config import ServerConfig
 from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError, decode, encode
-from psrv.server import onebit_adam, snapshot, validate
+from psrv.server import onebit_adam, validate
 from psrv.server.checkpointing import BackgroundCheckpoints
 from psrv.server.chunked import ChunkedPushes, takes_chunks
 from psrv.server.consistency import make_controller
@@ -25,6 +25,7 @@ from psrv.server.late import LateStreaks
 from psrv.server.joining import JoinWatch
 from psrv.server.liveness import Liveness
 from psrv.server.pending import Pending, PendingPulls
+from psrv.server.persistence import ShardPersistence
 from psrv.server.plans import Plans
 from psrv.server.push import commit_if_ready, take_push
 from psrv.server.queued import HeldPushes
@@ -41,7 +42,7 @@ NEEDS_ACTIVE = (MsgType.INIT, MsgType.PUSH, MsgType.PULL, MsgType.PUSH_PULL)
 PUSHES = (MsgType.PUSH, MsgType.PUSH_PULL)
 
 
-class ShardService:
+class ShardService(ShardPersistence):
     def __init__(self, cfg: ServerConfig, transport: ServerTransport, *, metrics=None,
                  now: Callable[[], float] = time.monotonic, join_timeout: float | None = None):
         """`join_timeout` (default cfg.join_timeout): seconds to wait for a worker never heard from."""
@@ -386,42 +387,6 @@ class ShardService:
         if need_init and not self.shard.initialised:
             raise ProtocolError(ErrorCode.NOT_ALLOWED, f"{msg.type.name} before INIT (rank 0 sends it)")
         return self.shard
-
-    # --- state ----------------------------------------------------------------
-    def state_dict(self) -> dict:
-        """Everything this shard needs to carry on, as plain data (keys: psrv/server/snapshot.py)."""
-        if self.shard is None:
-            raise ValueError("a shard has no state before its first HELLO (which brings its size)")
-        return snapshot.compose(self.cfg, snapshot.Parts(self.plan_hash, self.shard, self.controller,
-                                                         self.dedup, self.liveness))
-
-    def load_state_dict(self, state: dict, *, source: str = "state dict") -> None:
-        """Carry on from `state` (a state_dict of this job's shard): every part is built and checked
-        first, then swapped in at once; CheckpointError, with nothing changed, if it does not fit."""
-        fresh = Liveness(timeout=self.liveness.timeout, join_timeout=self.liveness.join_timeout, now=self.now)
-        parts = snapshot.build(state, self.cfg, liveness=fresh, source=source)
-        self.plan_hash, self.shard, self.controller, self.dedup, self.liveness = parts
-        self.plans.resumed(self.plan_hash)
-        self.shard.param.data = self.transport.share(self.shard.param.data)
-        self.resumed_from = self.shard.version
-        active = self.controller.active
-        self.stats.membership(active, {w: self.controller.clocks.get(w, 0) for w in active})
-        log.info("shard %d: resumed from %s at version %d (active workers %s)", self.cfg.shard, source,
-                 self.shard.version, sorted(active))
-
-    def save_checkpoint(self) -> str | None:
-        """Write this shard's checkpoint and return once it is on disk (after any write in flight); None
-        when it has no weights yet (no INIT) or the write failed."""
-        if self.shard is None or not self.shard.initialised:
-            return None
-        return self.writer.save_now(self.state_dict(), version=self.shard.version)
-
-    def start_checkpoint(self) -> bool:
-        """Copy this shard's state now and write it from a thread while requests are answered; False
-        when nothing was started: no weights yet (no INIT), or a write is still in flight."""
-        if self.shard is None or not self.shard.initialised:
-            return False
-        return self.writer.start(self.state_dict(), version=self.shard.version)
 
     def summary(self) -> dict:
         return {"shard": self.cfg.shard, "num_shards": self.cfg.num_shards, "mode": self.cfg.mode,

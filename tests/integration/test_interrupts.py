@@ -109,6 +109,16 @@ def _alive(pid: int, started: str) -> bool:
     return stat is not None and stat[19] == started and stat[0] != "Z"
 
 
+def _reap(launcher: subprocess.Popen, children: dict[int, str]) -> None:
+    """A test's cleanup: the launcher killed if it still runs, and each of its children still alive."""
+    if launcher.poll() is None:
+        launcher.kill()
+        launcher.wait()
+    for pid, started in children.items():
+        if _alive(pid, started):
+            os.kill(pid, signal.SIGKILL)
+
+
 @pytest.mark.timeout(240)
 def test_an_interrupted_run_writes_what_ran_and_leaves_no_process(tmp_path):
     out = tmp_path / "run"
@@ -129,12 +139,7 @@ def test_an_interrupted_run_writes_what_ran_and_leaves_no_process(tmp_path):
         assert time.monotonic() - sent < 15
         assert [pid for pid, started in children.items() if _alive(pid, started)] == []
     finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
-        for pid, started in children.items():
-            if _alive(pid, started):
-                os.kill(pid, signal.SIGKILL)
+        _reap(launcher, children)
 
     err = (tmp_path / "stderr").read_text()
     assert "Traceback" not in err, err

@@ -11,6 +11,7 @@ import torch
 
 from tests.helpers import psrv_run
 from tests.integration import user_loop
+from tests.reference_sgd import clipped_warmup_sgd
 
 SCRIPT = Path(__file__).with_name("script_loop.py")  # user_loop's data and model; step(loss=, batch_size=)
 WORKERS, STEPS, LR, MOMENTUM, CLIP, WARMUP = 2, 12, 0.1, 0.9, 0.5, 4
@@ -23,20 +24,11 @@ def _global_batch_sgd_clipped(steps: int) -> tuple[torch.Tensor, int]:
     clipped to CLIP and at the linear warm-up's lr (update k < N: lr*(k+1)/(N+1)); the final flat
     parameters and the number of steps whose gradient the clip shortened."""
     data, net = user_loop.dataset(), user_loop.model()
-    opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
     samplers = [torch.utils.data.DistributedSampler(data, num_replicas=WORKERS, rank=r, shuffle=True, seed=0)
                 for r in range(WORKERS)]
     loaders = [iter(torch.utils.data.DataLoader(data, batch_size=user_loop.BATCH, sampler=s)) for s in samplers]
-    clipped = 0
-    for k in range(steps):
-        x, y = (torch.cat(t) for t in zip(*(next(it) for it in loaders)))
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(net(x), y).backward()
-        clipped += float(torch.nn.utils.clip_grad_norm_(net.parameters(), CLIP)) > CLIP
-        for group in opt.param_groups:
-            group["lr"] = LR * (k + 1) / (WARMUP + 1) if k < WARMUP else LR
-        opt.step()
-    return torch.cat([p.detach().reshape(-1) for p in net.parameters()]), clipped
+    batches = (tuple(torch.cat(t) for t in zip(*(next(it) for it in loaders))) for _ in range(steps))
+    return clipped_warmup_sgd(net, batches, lr=LR, momentum=MOMENTUM, clip=CLIP, warmup=WARMUP)
 
 
 def _rows(out: Path) -> list[dict]:

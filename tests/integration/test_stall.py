@@ -12,7 +12,7 @@ import pytest
 
 from psrv.step_beacon import read_beacon
 from tests.helpers import ROOT, psrv_argv
-from tests.integration.test_interrupts import _alive, _children
+from tests.integration.test_interrupts import _alive, _children, _reap
 
 SCRIPT = Path(__file__).with_name("script_loop.py")
 
@@ -36,12 +36,7 @@ def _stop_rank_partway(tmp_path: Path, victim: int, *args: str) -> tuple[int, fl
         took = time.monotonic() - stopped
         assert [pid for pid, started in children.items() if _alive(pid, started)] == []
     finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
-        for pid, started in children.items():
-            if _alive(pid, started):
-                os.kill(pid, signal.SIGKILL)
+        _reap(launcher, children)
     return code, took, (tmp_path / "stderr").read_text()
 
 

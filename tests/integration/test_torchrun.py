@@ -20,7 +20,7 @@ from psrv.config import RunConfig, from_dict
 from psrv.config.base import config_hash
 
 from tests.helpers import ROOT, psrv_argv, psrv_run, run_in_session
-from tests.integration.test_interrupts import _alive, _children, _wait_for_steps
+from tests.integration.test_interrupts import _alive, _children, _reap, _wait_for_steps
 from tests.integration.test_worker_api import LR, MOMENTUM, WORKERS
 
 SCRIPT = Path(__file__).with_name("script_loop.py")
@@ -142,12 +142,7 @@ def test_ctrl_c_reaches_every_rank_through_torchrun_and_what_ran_is_written(tmp_
         time.sleep(0.5)
         assert [pid for pid, started in family.items() if _alive(pid, started)] == []
     finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
-        for pid, started in family.items():
-            if _alive(pid, started):
-                os.kill(pid, signal.SIGKILL)
+        _reap(launcher, family)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["complete"] is False and summary["launcher"] == "torchrun"
     with open(out / "steps.csv", newline="") as f:

@@ -12,6 +12,7 @@ import psrv
 from psrv.config import RunConfig, to_dict
 from psrv.config.base import from_dict
 from psrv.worker.steplog import RecordFiles, StepLog
+from tests.reference_sgd import clipped_warmup_sgd
 
 LR, MOMENTUM, CLIP, WARMUP = 0.1, 0.9, 0.5, 2
 
@@ -48,17 +49,7 @@ def _batches(steps: int):
 
 def _reference(steps: int) -> tuple[torch.Tensor, int]:
     """torch's SGD on the same batches, clipped to CLIP, at the warm-up's lr; final weights, steps clipped."""
-    net = _model()
-    opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
-    clipped = 0
-    for k, (x, y) in enumerate(_batches(steps)):
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(net(x), y).backward()
-        clipped += float(torch.nn.utils.clip_grad_norm_(net.parameters(), CLIP)) > CLIP
-        for group in opt.param_groups:
-            group["lr"] = LR * (k + 1) / (WARMUP + 1) if k < WARMUP else LR
-        opt.step()
-    return torch.cat([p.detach().reshape(-1) for p in net.parameters()]), clipped
+    return clipped_warmup_sgd(_model(), _batches(steps), lr=LR, momentum=MOMENTUM, clip=CLIP, warmup=WARMUP)
 
 
 @pytest.mark.parametrize("mode", ["ddp", "zero1"])

@@ -1,0 +1,50 @@
+"""A shard's state as one dict and its checkpoints: what ShardService (psrv/server/service.py) carries on
+from. state_dict and load_state_dict compose and rebuild its parts (psrv/server/snapshot.py); a periodic
+checkpoint is copied on the loop and written by a thread (psrv/server/checkpointing.py), the final one
+waited for. A mixin of ShardService, whose attributes it reads: cfg, shard, plan_hash, plans, controller,
+dedup, liveness, transport, stats, writer, now, resumed_from."""
+from __future__ import annotations
+
+import logging
+
+from psrv.server import snapshot
+from psrv.server.liveness import Liveness
+
+log = logging.getLogger("psrv.server")
+
+
+class ShardPersistence:
+    def state_dict(self) -> dict:
+        """Everything this shard needs to carry on, as plain data (keys: psrv/server/snapshot.py)."""
+        if self.shard is None:
+            raise ValueError("a shard has no state before its first HELLO (which brings its size)")
+        return snapshot.compose(self.cfg, snapshot.Parts(self.plan_hash, self.shard, self.controller,
+                                                         self.dedup, self.liveness))
+
+    def load_state_dict(self, state: dict, *, source: str = "state dict") -> None:
+        """Carry on from `state` (a state_dict of this job's shard): every part is built and checked
+        first, then swapped in at once; CheckpointError, with nothing changed, if it does not fit."""
+        fresh = Liveness(timeout=self.liveness.timeout, join_timeout=self.liveness.join_timeout, now=self.now)
+        parts = snapshot.build(state, self.cfg, liveness=fresh, source=source)
+        self.plan_hash, self.shard, self.controller, self.dedup, self.liveness = parts
+        self.plans.resumed(self.plan_hash)
+        self.shard.param.data = self.transport.share(self.shard.param.data)
+        self.resumed_from = self.shard.version
+        active = self.controller.active
+        self.stats.membership(active, {w: self.controller.clocks.get(w, 0) for w in active})
+        log.info("shard %d: resumed from %s at version %d (active workers %s)", self.cfg.shard, source,
+                 self.shard.version, sorted(active))
+
+    def save_checkpoint(self) -> str | None:
+        """Write this shard's checkpoint and return once it is on disk (after any write in flight); None
+        when it has no weights yet (no INIT) or the write failed."""
+        if self.shard is None or not self.shard.initialised:
+            return None
+        return self.writer.save_now(self.state_dict(), version=self.shard.version)
+
+    def start_checkpoint(self) -> bool:
+        """Copy this shard's state now and write it from a thread while requests are answered; False
+        when nothing was started: no weights yet (no INIT), or a write is still in flight."""
+        if self.shard is None or not self.shard.initialised:
+            return False
+        return self.writer.start(self.state_dict(), version=self.shard.version)
