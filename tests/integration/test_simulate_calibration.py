@@ -19,7 +19,9 @@ def test_calibration_runs_the_real_run_and_its_simulation(tmp_path, capsys):
     rows = result["agreement"]
     assert rows["samples_per_second"]["real"] == real["samples_per_second"]
     assert rows["mean_staleness"]["simulated"] == pytest.approx(1.0, abs=0.1)  # 2 async workers at equal speed
-    assert rows["mean_staleness"]["real"] == pytest.approx(1.0, abs=0.3)
+    # the real run's order depends on how 2 cores interleave the two workers: a fresh-clone CI run, its
+    # other pytest process busy beside it, gave 0.7; an untaken turn still leaves it well above 0 (lockstep)
+    assert 0.5 <= rows["mean_staleness"]["real"] <= 1.5
     # fitted to that very run, the simulation's throughput is the real one's, give or take the load here
     assert rows["samples_per_second"]["relative"] == pytest.approx(0.0, abs=0.35)
     assert "samples_per_second" in capsys.readouterr().out
