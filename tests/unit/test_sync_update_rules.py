@@ -1,7 +1,8 @@
 """An update rule that corrects a push for its staleness (staleness-lr, dc-asgd, dc-asgd-a) would be plain
 under sync, whose clocks step on a mean at staleness 0: the config tree refuses the pair in one line naming
 both settings, wherever a config comes from (the command line, a spec, a process's JSON, a ServerConfig).
-dn stays, as sync's SGD-Nesterov."""
+dn stays, as sync's SGD-Nesterov. The all-reduce modes have no shards, so every rule but plain is refused
+there (it was taken and ignored, while the report named it)."""
 from __future__ import annotations
 
 import json
@@ -11,6 +12,7 @@ import pytest
 from psrv.cli.main import main
 from psrv.config import ConfigError, OptimConfig, RunConfig, ServerConfig, from_dict, to_dict
 from psrv.config.optimizer import STALENESS_RULES, UPDATE_RULES
+from psrv.config.sections import ALLREDUCE_MODES
 from psrv.experiments.spec import spec_from_dict
 
 
@@ -50,3 +52,16 @@ def test_a_spec_variant_is_refused_by_its_index():
         {"name": "bad", "mode": "sync", "optimizer": {"update_rule": "staleness-lr"}}]}
     with pytest.raises(ConfigError, match=r"variants\[1\].*update_rule.*mode 'sync'"):
         spec_from_dict(spec)
+
+
+@pytest.mark.parametrize("mode", ALLREDUCE_MODES)
+def test_an_allreduce_mode_refuses_every_rule_but_plain(mode):
+    assert from_dict(RunConfig, {"mode": mode, "optimizer": {"update_rule": "plain"}}).mode == mode
+    for rule in UPDATE_RULES:
+        if rule == "plain":
+            continue
+        optimizer = {"update_rule": rule, **({"nesterov": True} if rule == "dn" else {})}
+        with pytest.raises(ConfigError) as err:
+            from_dict(RunConfig, {"mode": mode, "optimizer": optimizer})
+        assert str(err.value).startswith("optimizer.update_rule: is how a shard treats a push; "
+                                         f"mode {mode!r} has no shards"), err.value
