@@ -10,6 +10,7 @@ it has checkpointed), which then costs a memcpy without page faults. At most one
 queued: it starts from the state of that moment once the write in flight is done (so writes slower
 than --checkpoint-every run back to back, never piled up). save_now() (a CHECKPOINT request, the
 final checkpoint at exit or SIGTERM) waits for the write in flight, then writes and waits for its own.
+A CHECKPOINT request is answered off the loop too (psrv/server/persistence.py AdminCheckpoints).
 A crash mid-write leaves the previous checkpoint whole: only the temporary file is torn.
 The writer thread runs at a lower CPU priority (nice +WRITER_NICE, Linux), so on a busy host the
 serialising and hashing take the cores the shard's loop leaves idle.
@@ -54,6 +55,7 @@ class BackgroundCheckpoints:
         self.files = files
         self._writer: threading.Thread | None = None
         self._copy: dict | None = None  # the last copy written: the next copy's tensors go into its
+        self.result: str | None = None  # the last write's path, None if it failed (read once it is done)
 
     @property
     def writing(self) -> bool:
@@ -87,7 +89,8 @@ class BackgroundCheckpoints:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
         except (AttributeError, OSError):
             pass
+        self.result = None
         try:
-            self.files.write(copy, version=version)  # an OSError is logged there
+            self.result = self.files.write(copy, version=version)  # an OSError is logged there, and is None
         except Exception:  # anything else (a state torch cannot save) must not pass silently either
             log.exception("shard %d: checkpoint at version %d failed", self.files.shard, version)

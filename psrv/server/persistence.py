@@ -1,12 +1,15 @@
 """A shard's state as one dict and its checkpoints: what ShardService (psrv/server/service.py) carries on
 from. state_dict and load_state_dict compose and rebuild its parts (psrv/server/snapshot.py); a periodic
 checkpoint is copied on the loop and written by a thread (psrv/server/checkpointing.py), the final one
-waited for. A mixin of ShardService, whose attributes it reads: cfg, shard, plan_hash, plans, controller,
-dedup, liveness, transport, stats, writer, now, resumed_from."""
+waited for; so is one a CHECKPOINT request asks for (AdminCheckpoints), answered when its write is done.
+A mixin of ShardService, whose attributes it reads: cfg, shard, plan_hash, plans, controller,
+dedup, liveness, transport, stats, writer, now, resumed_from, stopped, admin_checkpoints, and its
+`_reply` and `_refuse`."""
 from __future__ import annotations
 
 import logging
 
+from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError
 from psrv.server import snapshot
 from psrv.server.liveness import Liveness
 
@@ -48,3 +51,42 @@ class ShardPersistence:
         if self.shard is None or not self.shard.initialised:
             return False
         return self.writer.start(self.state_dict(), version=self.shard.version)
+
+
+class AdminCheckpoints:
+    """CHECKPOINT requests (psrv admin checkpoint) waiting for their write: `asked`, for a write not started
+    yet (one in flight was taken before they asked, so it cannot answer them), and `writing`, for the one in
+    flight. Each is answered with the write's path, or an INTERNAL error if it failed."""
+
+    def __init__(self):
+        self.asked: list[tuple] = []  # (peer, seq)
+        self.writing: list[tuple] = []
+        self.version = 0  # the version the write in flight holds
+
+    def __bool__(self) -> bool:
+        return bool(self.asked or self.writing)
+
+
+def answer_admin_checkpoints(service, *, at_exit: bool = False, final: str | None = None) -> None:
+    """Move the CHECKPOINT requests on, from the shard's loop: answer those whose write is done, and start
+    the write the others wait for once none is in flight. `at_exit`: the loop has ended and written its
+    final checkpoint (`final`, its path, None if it failed), which answers every request still waiting."""
+    waiting, writer = service.admin_checkpoints, service.writer
+    if waiting.writing and not writer.writing:
+        _answer(service, waiting.writing, writer.result, waiting.version)
+        waiting.writing = []
+    if at_exit:
+        _answer(service, waiting.asked, final, service.shard.version)
+        waiting.asked = []
+    elif waiting.asked and not writer.writing:
+        waiting.version = service.shard.version
+        service.start_checkpoint()
+        waiting.writing, waiting.asked = waiting.asked, []
+
+
+def _answer(service, requests: list[tuple], path: str | None, version: int) -> None:
+    for peer, seq in requests:
+        if path is None:
+            service._refuse(peer, seq, ProtocolError(ErrorCode.INTERNAL, "checkpoint failed; see the server's log"))
+        else:
+            service._reply(peer, Message(MsgType.OK, seq=seq, fields={"path": path, "version": version}))

@@ -25,7 +25,7 @@ from psrv.server.late import LateStreaks
 from psrv.server.joining import JoinWatch
 from psrv.server.liveness import Liveness
 from psrv.server.pending import Pending, PendingPulls
-from psrv.server.persistence import ShardPersistence
+from psrv.server.persistence import AdminCheckpoints, ShardPersistence, answer_admin_checkpoints
 from psrv.server.plans import Plans
 from psrv.server.push import commit_if_ready, take_push
 from psrv.server.queued import HeldPushes
@@ -71,6 +71,7 @@ class ShardService(ShardPersistence):
         self.checkpoints = Checkpointer(cfg.checkpoint_dir, shard=cfg.shard, num_shards=cfg.num_shards,
                                         every=cfg.checkpoint_every, now=now)
         self.writer = BackgroundCheckpoints(self.checkpoints)  # periodic checkpoints, off this loop
+        self.admin_checkpoints = AdminCheckpoints()  # CHECKPOINT requests waiting for their write
         self.stopped = False
         self._last_check = now()
         self._handlers = {
@@ -104,10 +105,14 @@ class ShardService(ShardPersistence):
             if item is not None:
                 self.handle(*item)
             self.check_liveness()
+            if self.admin_checkpoints:
+                answer_admin_checkpoints(self)
             if self.checkpoints.due() and not self.writer.writing:
                 self.start_checkpoint()
         if self.cfg.checkpoint_dir:
-            self.save_checkpoint()
+            final = self.save_checkpoint()
+            if self.admin_checkpoints:
+                answer_admin_checkpoints(self, at_exit=True, final=final)
         self.transport.wait_sent(5.0)
         return self.summary()
 
@@ -301,11 +306,11 @@ class ShardService(ShardPersistence):
     def _on_checkpoint(self, peer, msg: Message) -> None:
         if not self.cfg.checkpoint_dir:
             raise ProtocolError(ErrorCode.NOT_ALLOWED, "this server has no --checkpoint-dir")
-        path = self.save_checkpoint()
-        if path is None and self.shard is not None and self.shard.initialised:
-            raise ProtocolError(ErrorCode.INTERNAL, "checkpoint failed; see the server's log")
-        self._reply(peer, Message(MsgType.OK, seq=msg.seq, fields={
-            "path": path, "version": self.shard.version if self.shard else 0}))
+        if self.shard is None or not self.shard.initialised:  # nothing to write yet: said at once
+            self._reply(peer, Message(MsgType.OK, seq=msg.seq, fields={"path": None, "version": 0}))
+            return
+        self.admin_checkpoints.asked.append((peer, msg.seq))  # written off this loop, answered when done
+        answer_admin_checkpoints(self)
 
     # --- mechanics ------------------------------------------------------------
     def _push_or_chunk(self, msg: Message) -> dict | None:
