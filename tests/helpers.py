@@ -7,6 +7,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -111,6 +112,26 @@ class RecordingNet(ServerTransport):
         pass
 
 
+def each_rank_in_threads(work, ranks: int, *, timeout: float = 60.0) -> None:
+    """work(rank) for every rank at once, each in a thread of this process (a worker's loop beside the
+    others, as separate processes would run it); AssertionError naming every error a rank raised, or
+    TimeoutError if one is still running after `timeout` s."""
+    errors = []
+
+    def run(rank: int) -> None:
+        try:
+            work(rank)
+        except BaseException as exc:  # handed to the test
+            errors.append((rank, exc))
+
+    threads = [threading.Thread(target=run, args=(r,), name=f"worker-{r}", daemon=True) for r in range(ranks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not errors, errors
+    if any(t.is_alive() for t in threads):
+        raise TimeoutError(f"a worker was still running after {timeout} s")
 
 
 def in_spawned_process(fn, *args, timeout: float = 120.0):

@@ -10,7 +10,6 @@ DGC's code computes its warm-up epochs' ratios. Scaled sign with either scale (-
 from __future__ import annotations
 
 import math
-import threading
 
 import pytest
 import torch
@@ -19,6 +18,7 @@ import psrv
 from psrv.config import OptimConfig, ServerConfig
 from psrv.partition import PartitionPlan
 from psrv.server.run import Server
+from tests.helpers import each_rank_in_threads
 
 pytestmark = pytest.mark.timeout(120)
 WORKERS, SHARDS, STEPS, LR, MOMENTUM, CHUNK = 2, 2, 8, 0.05, 0.9, 1024
@@ -137,32 +137,24 @@ def run_psrv(compress: str, min_numel: int, *, nesterov: bool = False, weight_de
     for s in servers:
         s.start()
     models = [_model() for _ in range(WORKERS)]
-    states, errors = [None] * WORKERS, []
+    states = [None] * WORKERS
 
     def work(rank: int) -> None:
-        try:
-            ps = psrv.Worker(models[rank], [s.address for s in servers], rank=rank, world_size=WORKERS,
-                             timeout=30, compress=compress, compress_min_numel=min_numel, **worker)
-            for step in range(STEPS):
-                x, y = _data(rank, step)
-                torch.nn.functional.mse_loss(models[rank](x), y).backward()
-                ps.step()
-            states[rank] = ps.state_dict()
-            ps.close()
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
+        ps = psrv.Worker(models[rank], [s.address for s in servers], rank=rank, world_size=WORKERS,
+                         timeout=30, compress=compress, compress_min_numel=min_numel, **worker)
+        for step in range(STEPS):
+            x, y = _data(rank, step)
+            torch.nn.functional.mse_loss(models[rank](x), y).backward()
+            ps.step()
+        states[rank] = ps.state_dict()
+        ps.close()
 
-    threads = [threading.Thread(target=work, args=(r,), daemon=True) for r in range(WORKERS)]
     try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        each_rank_in_threads(work, WORKERS)
     finally:
         for s in servers:
             s.stop()
             s.join(10)
-    assert not errors, errors
     return _flat(models[0]), states
 
 

@@ -7,7 +7,6 @@ Degenerate cases: K past the last step is torch.optim.Adam on the mean gradient;
 from __future__ import annotations
 
 import math
-import threading
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ import psrv
 from psrv.config import OptimConfig, ServerConfig
 from psrv.partition import PartitionPlan
 from psrv.server.run import Server
+from tests.helpers import each_rank_in_threads
 
 pytestmark = pytest.mark.timeout(120)
 WORKERS, SHARDS, STEPS, LR, BETAS, EPS, CHUNK, MIN_NUMEL = 2, 2, 8, 0.01, (0.9, 0.999), 1e-8, 1024, 1024
@@ -126,32 +126,24 @@ def run_psrv(freeze_step: int, compress: str) -> tuple[torch.Tensor, list[tuple[
     for s in servers:
         s.start()
     models = [_model() for _ in range(WORKERS)]
-    states, errors = [None] * WORKERS, []
+    states = [None] * WORKERS
 
     def work(rank: int) -> None:
-        try:
-            ps = psrv.Worker(models[rank], [s.address for s in servers], rank=rank, world_size=WORKERS,
-                             timeout=30, compress=compress, compress_min_numel=MIN_NUMEL)
-            x, y = _data(rank)
-            for _ in range(STEPS):
-                torch.nn.functional.mse_loss(models[rank](x), y).backward()
-                ps.step()
-            states[rank] = (ps.state_dict(), ps.compression())
-            ps.close()
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
+        ps = psrv.Worker(models[rank], [s.address for s in servers], rank=rank, world_size=WORKERS,
+                         timeout=30, compress=compress, compress_min_numel=MIN_NUMEL)
+        x, y = _data(rank)
+        for _ in range(STEPS):
+            torch.nn.functional.mse_loss(models[rank](x), y).backward()
+            ps.step()
+        states[rank] = (ps.state_dict(), ps.compression())
+        ps.close()
 
-    threads = [threading.Thread(target=work, args=(r,), daemon=True) for r in range(WORKERS)]
     try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        each_rank_in_threads(work, WORKERS)
     finally:
         for s in servers:
             s.stop()
             s.join(10)
-    assert not errors, errors
     return _flat(models[0]), states
 
 

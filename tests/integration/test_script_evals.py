@@ -5,7 +5,6 @@ and a mistake is one ValueError."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import pytest
@@ -15,6 +14,7 @@ import psrv
 from psrv.config import RunConfig, from_dict
 from psrv.server.run import Server
 from psrv.worker.steplog import RecordFiles, StepLog
+from tests.helpers import each_rank_in_threads
 
 
 def _serve(workers: int):
@@ -50,25 +50,15 @@ def _train(model, ps, steps: int) -> None:
 
 def _two_workers(address, tmp_path, make) -> list[dict]:
     """Ranks 0 and 1 in threads, each `make(rank, model, log)` -> (Worker, steps); their records."""
-    errors = []
-
     def work(rank):
-        try:
-            model = _model()
-            log = StepLog(RecordFiles(record=tmp_path / f"worker-{rank}.json"))
-            ps, steps = make(rank, model, log)
-            _train(model, ps, steps)
-            ps.close()
-            if rank == 0 and getattr(ps, "after", None):
-                ps.log_eval(ps.after(model))
-        except BaseException as exc:  # handed to the test
-            errors.append(exc)
-    threads = [threading.Thread(target=work, args=(r,), daemon=True) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
+        model = _model()
+        log = StepLog(RecordFiles(record=tmp_path / f"worker-{rank}.json"))
+        ps, steps = make(rank, model, log)
+        _train(model, ps, steps)
+        ps.close()
+        if rank == 0 and getattr(ps, "after", None):
+            ps.log_eval(ps.after(model))
+    each_rank_in_threads(work, 2)
     return [json.loads((tmp_path / f"worker-{r}.json").read_text()) for r in range(2)]
 
 
