@@ -25,6 +25,7 @@ from psrv.codecs.push import MAX_DENSE_RANGES, _ranges
 from psrv.protocol import ErrorCode, ProtocolError
 
 MAX_RESYNC = 1 << 30
+PULL_SEED = 1_000_000  # random-k's pulls draw from a stream of their own, seed PULL_SEED + worker (not the push's)
 
 
 @dataclass
@@ -52,7 +53,8 @@ def _config(fields, size: int, worker: int, shard: int) -> WorkerCopy:
     if scale not in ("l1", "l2"):
         raise ProtocolError(ErrorCode.MALFORMED, f"pull sign_scale must be l1 or l2; got {scale!r}")
     try:
-        codec = make_pull_codec(spec if isinstance(spec, str) else "?", seed=worker, sign_scale=scale).for_shard(shard)
+        codec = make_pull_codec(spec if isinstance(spec, str) else "?", seed=PULL_SEED + worker,
+                                sign_scale=scale).for_shard(shard)
     except ValueError as exc:
         raise ProtocolError(ErrorCode.MALFORMED, f"pull codec: {exc}") from None
     if not isinstance(dense, list) or len(dense) > MAX_DENSE_RANGES:
