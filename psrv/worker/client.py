@@ -103,7 +103,7 @@ class PSClient:
         self.compress = compress  # the codec pushes run with (onebit_adam's sign where none was given)
         self.pull_view = None if not compress_pull else PullView(
             plan, compress_pull, error_feedback=pull_error_feedback, resync=pull_resync,
-            min_numel=compress_min_numel, sign_scale=scale)
+            min_numel=compress_min_numel, sign_scale="l1")  # l1: sign's scale that shrinks a residual (pull_view.py)
         self.onebit: LocalMomentum | None = None  # set by hello() when the shards run onebit_adam
         self.momentum_correction, self.momentum_masking = momentum_correction, momentum_masking
         self.velocity: MomentumCorrection | None = None  # set by hello(): a lossy codec meets SGD momentum

@@ -12,7 +12,7 @@ one its worker last pulled.
 Compressed pulls (DoubleSqueeze, Tang et al. 2019; DORE, Liu et al. 2020): each worker holds a copy x of
 the weights w; a pull brings it to x + C(w - r), per shard range with the push's codecs (ref_codecs.py),
 where r is x itself with error feedback (what earlier pulls left out rides along) and the weights the last
-pull came from without. A worker's first pull, every PULL_RESYNC-th and rank 0's final one are dense."""
+pull came from without; sign with EF-SignSGD's l1 scale. A worker's first pull, every PULL_RESYNC-th and rank 0's final one are dense."""
 from __future__ import annotations
 
 from collections import Counter
@@ -168,11 +168,10 @@ class Reference:
             wk.load(w)
             return w
         name, _, ratio = spec.partition(":")
-        scale = cfg.sign_scale if cfg.sign_scale != "auto" else "l2"
         copy = wk.pulled.clone()
         for lo, hi in self.ranges:
             sent, _ = received(name, w[lo:hi] - wk.ref[lo:hi], covered(lo, hi, self.sizes, cfg.compress_min_numel),
-                               ratio=float(ratio or 0), draw=None, sign_scale=scale)
+                               ratio=float(ratio or 0), draw=None, sign_scale="l1")
             copy[lo:hi] += sent
         wk.ref = copy.clone() if cfg.pull_error_feedback else w.clone()
         wk.since_dense += 1
