@@ -199,6 +199,9 @@ class RunConfig(Trackers, Seeded, Consistency):
             if self.worker.compress:
                 raise ConfigError("worker.compress", f"is for the parameter server's pushes; mode "
                                                      f"{self.mode!r} all-reduces float32")
+            if self.worker.compress_pull:
+                raise ConfigError("worker.compress_pull", f"is for the parameter server's pulls; mode "
+                                                          f"{self.mode!r} has none (--ddp-comm-hook compresses)")
             if isinstance(self.worker.local_steps, str):
                 raise ConfigError("worker.local_steps", f"{self.worker.local_steps!r} plans each worker's "
                                   f"pushes by its speed through the servers; mode {self.mode!r} has none "

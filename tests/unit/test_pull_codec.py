@@ -119,3 +119,13 @@ def test_a_reply_that_disagrees_with_its_header_is_refused():
         decode_pull(fields, parts, N - 1)
     with pytest.raises(ProtocolError, match="unknown pull codec"):
         decode_pull({**fields, "name": "zip"}, parts, N)
+
+
+def test_the_config_tree_checks_the_pull_settings():
+    from psrv.config import ConfigError, RunConfig, from_dict
+    assert from_dict(RunConfig, {"worker": {"compress_pull": "topk:0.01"}}).worker.pull_resync == 100
+    for tree, key in [({"worker": {"compress_pull": "topk"}}, "compress_pull"),
+                      ({"worker": {"pull_resync": -1}}, "pull_resync"),
+                      ({"mode": "ddp", "worker": {"compress_pull": "sign"}}, "compress_pull")]:
+        with pytest.raises((ConfigError, ValueError), match=key):
+            from_dict(RunConfig, tree)
