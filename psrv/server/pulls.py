@@ -22,7 +22,8 @@ import torch
 from psrv.codecs import Codec
 from psrv.codecs.pull import decode_pull, encode_pull, make_pull_codec
 from psrv.codecs.push import MAX_DENSE_RANGES, _ranges
-from psrv.protocol import ErrorCode, ProtocolError
+from psrv.protocol import ErrorCode, Message, ProtocolError
+from psrv.server.validate import HelloAgain
 
 MAX_RESYNC = 1 << 30
 PULL_SEED = 1_000_000  # random-k's pulls draw from a stream of their own, seed PULL_SEED + worker (not the push's)
@@ -87,6 +88,14 @@ class PullCopies:
         self.copies.pop(worker, None)
         if copy is not None:
             self.copies[worker] = copy
+
+    def expect(self, msg: Message) -> None:
+        """A pull that holds a copy (`view`) from a worker this shard has no settings for (it restarted, or
+        resumed from a checkpoint, and the worker did not say HELLO since): HelloAgain, so the HELLO brings
+        them and the re-sent pull is answered dense, instead of dense ever after."""
+        if "view" in msg.fields and msg.worker not in self.copies:
+            raise HelloAgain(f"worker {msg.worker} pulls compressed, but this shard holds no pull settings "
+                             "for it (restarted?); send HELLO")
 
     def forget(self, worker: int) -> None:
         self.copies.pop(worker, None)

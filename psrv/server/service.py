@@ -262,6 +262,7 @@ class ShardService(ShardPersistence):
 
     def _on_pull(self, peer, msg: Message, push: dict | None = None, clock: int | None = None) -> None:
         self.ready_shard(msg, need_init=False)
+        self.pulls.expect(msg)
         final = bool(msg.fields.get("final"))
         self.pending.add(peer, worker=msg.worker, seq=msg.seq, clock=msg.clock if clock is None else clock,
                          final=final, received=self.now(), push=push, view=msg.fields.get("view", 0))
@@ -271,6 +272,7 @@ class ShardService(ShardPersistence):
         self._release()
 
     def _on_push_pull(self, peer, msg: Message) -> None:
+        self.pulls.expect(msg)  # before the push: a re-sent one after the HELLO is applied once
         self.speeds.report(msg.worker, msg.fields)
         pushed = self._push_or_chunk(msg)
         if pushed is None:  # a chunk, not the push's last: its pull is registered with the last

@@ -129,3 +129,58 @@ def test_the_config_tree_checks_the_pull_settings():
                       ({"mode": "ddp", "worker": {"compress_pull": "sign"}}, "compress_pull")]:
         with pytest.raises((ConfigError, ValueError), match=key):
             from_dict(RunConfig, tree)
+
+
+def _inproc_worker():
+    """One async shard and one PSClient with sign both ways, in this thread (tests/inproc.py)."""
+    from psrv.config import OptimConfig, ServerConfig
+    from tests.inproc import InProcess
+    cluster = InProcess([ServerConfig(shard=0, num_shards=1, workers=1, mode="async", optimizer=OptimConfig("sgd", lr=0.1))])
+    client = cluster.client(0, PLAN, compress="sign", compress_pull="sign", pull_resync=0, compress_min_numel=100,
+                            retry_interval=0.02)
+    welcome = client.hello()
+    weights = torch.zeros(N)
+    client.init(torch.randn(N, generator=torch.Generator().manual_seed(1)))
+    client.first_pull(welcome, out=weights)
+    return cluster, client, weights
+
+
+def _steps(client, weights, clock: int, count: int) -> int:
+    for _ in range(count):
+        client.push_pull(torch.randn(N, generator=torch.Generator().manual_seed(clock)), clock=clock, out=weights)
+        clock += 1
+    return clock
+
+
+def test_a_lost_compressed_reply_is_answered_dense_on_the_retry_and_the_copies_stay_equal():
+    cluster, client, weights = _inproc_worker()
+    clock = _steps(client, weights, 0, 3)
+    service, send = cluster.services[0], cluster.services[0].transport.send
+    lost = []
+
+    def lose_one_weights_reply(peer, frames):
+        if not lost and decode(frames).type is MsgType.WEIGHTS:
+            lost.append(frames)
+            return
+        send(peer, frames)
+    service.transport.send = lose_one_weights_reply
+    dense_before = client.pull_view.dense_replies
+    _steps(client, weights, clock, 2)
+    assert lost and client.pull_view.dense_replies == dense_before + 1  # the retry's answer: dense
+    assert service.shard.version == clock + 2  # the re-sent push was applied once
+    assert torch.equal(client.pull_view.copy, service.pulls.copies[0].ref)
+    assert torch.equal(weights, client.pull_view.copy)
+
+
+def test_a_restarted_shard_knows_no_copy_and_answers_dense():
+    from psrv.server.service import ShardService
+    cluster, client, weights = _inproc_worker()
+    clock = _steps(client, weights, 0, 3)
+    old = cluster.services[0]
+    restarted = ShardService(old.cfg, old.transport)
+    restarted.load_state_dict(old.state_dict(), source="the old shard")  # its weights and optimizer, no copies
+    cluster.services[0] = restarted
+    dense_before = client.pull_view.dense_replies
+    _steps(client, weights, clock, 2)  # HELLO again (it forgot this worker), then a dense pull, then a change
+    assert client.pull_view.dense_replies == dense_before + 1 and client.pull_view.compressed_replies == 4
+    assert torch.equal(client.pull_view.copy, restarted.pulls.copies[0].ref)
