@@ -23,7 +23,7 @@ import torch
 from psrv.codec_names import parse
 from psrv.codecs import LOSSY, make
 from psrv.codecs.base import Codec, Decoded, bad, part
-from psrv.codecs.push import _ranges
+from psrv.codecs.push import checked_ranges
 from psrv.codecs.scale_blocks import DenseDecoded
 from psrv.codecs.sparse import SparseDecoded
 from psrv.protocol import ErrorCode, ProtocolError
@@ -111,5 +111,5 @@ def decode_pull(fields: dict, parts: dict[str, torch.Tensor], size: int) -> Pull
     if ranges and (values is None or values.dtype != torch.float32):
         raise bad("dense ranges need a float32 part 'dense'")
     if ranges:
-        _ranges(ranges, size, values.numel())
+        checked_ranges(ranges, size, values.numel())
     return PullDelta(inner, bool(fields.get("ef")), ranges or [], values)

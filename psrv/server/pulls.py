@@ -21,7 +21,7 @@ import torch
 
 from psrv.codecs import Codec
 from psrv.codecs.pull import decode_pull, encode_pull, make_pull_codec
-from psrv.codecs.push import MAX_DENSE_RANGES, _ranges
+from psrv.codecs.push import MAX_DENSE_RANGES, checked_ranges
 from psrv.protocol import ErrorCode, Message, ProtocolError
 from psrv.server.validate import HelloAgain
 
@@ -60,7 +60,7 @@ def _config(fields, size: int, worker: int, shard: int) -> WorkerCopy:
         raise ProtocolError(ErrorCode.MALFORMED, f"pull codec: {exc}") from None
     if not isinstance(dense, list) or len(dense) > MAX_DENSE_RANGES:
         raise ProtocolError(ErrorCode.MALFORMED, f"pull dense must be at most {MAX_DENSE_RANGES} ranges")
-    _ranges(dense, size, sum(r[1] - r[0] for r in dense if isinstance(r, list) and len(r) == 2
+    checked_ranges(dense, size, sum(r[1] - r[0] for r in dense if isinstance(r, list) and len(r) == 2
                              and all(isinstance(v, int) for v in r)))
     among = None
     if dense:
@@ -99,9 +99,6 @@ class PullCopies:
 
     def forget(self, worker: int) -> None:
         self.copies.pop(worker, None)
-
-    def bytes_held(self) -> int:
-        return sum(c.ref.numel() * 4 for c in self.copies.values() if c.ref is not None)
 
     def answer(self, worker: int, weights: torch.Tensor, *, have, final: bool
                ) -> tuple[dict, torch.Tensor | None, dict | None, torch.Tensor]:
