@@ -123,7 +123,7 @@ def _mean(values: list) -> float | None:
 
 
 def _wire_bytes(workers: list[dict], samples: int | None) -> dict:
-    """The push codec and the bytes every worker measured on the wire (psrv.Worker.wire_bytes): pushed,
+    """The push and pull codecs and the bytes every worker measured on the wire (psrv.Worker.wire_bytes): pushed,
     pulled, the compression ratio (float32 push bytes / pushed bytes) and pushed+pulled per sample;
     None where a record has none (the all-reduce baselines)."""
     have = [w for w in workers if "bytes_pushed" in w]
@@ -131,7 +131,7 @@ def _wire_bytes(workers: list[dict], samples: int | None) -> dict:
     pulled = sum(w["bytes_pulled"] for w in have) if have else None
     dense = sum(w.get("dense_push_bytes", 0) for w in have)
     return {"compress": _common(workers, "compress"), "error_feedback": _common(workers, "error_feedback"),
-            "bytes_pushed": pushed, "bytes_pulled": pulled,
+            "compress_pull": _common(workers, "compress_pull"), "bytes_pushed": pushed, "bytes_pulled": pulled,
             "compression_ratio": dense / pushed if pushed else None,
             "bytes_per_sample": (pushed + pulled) / samples if have and samples else None}
 

@@ -212,10 +212,10 @@ def decode_push(fields: dict, parts: dict[str, torch.Tensor], size: int) -> Deco
     values = parts.get("dense")
     if values is None or values.dtype != torch.float32:
         raise bad("dense ranges need a float32 part 'dense'")
-    return WithDense(decoded, _ranges(ranges, size, values.numel()), values)
+    return WithDense(decoded, checked_ranges(ranges, size, values.numel()), values)
 
 
-def _ranges(ranges, size: int, count: int) -> list[list[int]]:
+def checked_ranges(ranges, size: int, count: int) -> list[list[int]]:
     """Sorted, disjoint [start, stop) within [0, size) covering `count` elements; BAD_TENSOR otherwise."""
     if not isinstance(ranges, list) or len(ranges) > MAX_DENSE_RANGES:
         raise bad(f"dense must be a list of at most {MAX_DENSE_RANGES} [start, stop] pairs")

@@ -202,6 +202,9 @@ class RunConfig(Trackers, Seeded, Consistency):
             if self.optimizer.update_rule != "plain":
                 raise ConfigError("optimizer.update_rule", f"is how a shard treats a push; mode {self.mode!r} has "
                                   "no shards (its optimizer steps on the all-reduced gradient): remove it")
+            if self.worker.compress_pull:
+                raise ConfigError("worker.compress_pull", f"is for the parameter server's pulls; mode "
+                                                          f"{self.mode!r} has none (--ddp-comm-hook compresses)")
             if isinstance(self.worker.local_steps, str):
                 raise ConfigError("worker.local_steps", f"{self.worker.local_steps!r} plans each worker's "
                                   f"pushes by its speed through the servers; mode {self.mode!r} has none "

@@ -293,6 +293,17 @@ class WorkerSettings(Section):
                               "run came apart late (docs/compression.md)", choices=("auto", "l2", "l1"))
     compress_min_numel: int = setting(1024, "with --compress, tensors of fewer elements (biases, norms) are "
                                       "pushed dense", minimum=0, metavar="N")
+    compress_pull: str = setting("", "pull codec (the same names as --compress; docs/compression.md): each shard sends "
+                                 "the compressed change of its weights since this worker's copy, keeping the residual "
+                                 "per worker (one float32 copy of the shard each), so the copy drifts from the weights "
+                                 "by that residual only; tensors under --compress-min-numel travel exactly. '' : dense "
+                                 "pulls", check=_compress, metavar="CODEC")
+    pull_error_feedback: bool = setting(True, "turn off the shards' error feedback of --compress-pull (default: "
+                                        "what a pull left out rides with the next; off: it is lost until a resync)",
+                                        flag="no-pull-error-feedback")
+    pull_resync: int = setting(100, "with --compress-pull, one pull in N is dense and resets the copy to the "
+                               "shard's weights (0: only on a reconnect, a re-HELLO or a restarted shard, which "
+                               "always resync; the final pull is dense too)", minimum=0, metavar="N")
     push_chunk_mb: float = setting(8.0, "a dense push bigger than this many MB goes in chunks that an async or ssp "
                                    "shard applies as they arrive, so it holds one chunk, not the push, in memory "
                                    "(0: pushes go whole; sync and some update rules take them whole anyway; "

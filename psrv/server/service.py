@@ -27,6 +27,7 @@ from psrv.server.liveness import Liveness
 from psrv.server.pending import Pending, PendingPulls
 from psrv.server.persistence import AdminCheckpoints, ShardPersistence, answer_admin_checkpoints
 from psrv.server.plans import Plans
+from psrv.server.pulls import PullCopies
 from psrv.server.push import commit_if_ready, take_push
 from psrv.server.queued import HeldPushes
 from psrv.server.shard import Shard
@@ -58,6 +59,7 @@ class ShardService(ShardPersistence):
         self.plan_hash: str | None = None
         self.plans = Plans()  # whose plan it is: rank 0's, a checkpoint's, or another rank's until rank 0's HELLO
         self.pending = PendingPulls()
+        self.pulls = PullCopies(cfg.shard)  # the workers' copies under compressed pulls (psrv/server/pulls.py)
         self.dedup = Dedup()
         self.chunks = ChunkedPushes(self)  # pushes arriving chunk by chunk (psrv/server/chunked.py)
         self.held = HeldPushes()  # other workers' pushes while a chunked one is half applied
@@ -197,6 +199,7 @@ class ShardService(ShardPersistence):
     def _on_hello(self, peer, msg: Message) -> None:
         _, size = validate.hello(self.cfg, msg)
         model = validate.model(msg)
+        pull = self.pulls.check(msg.worker, msg.fields.get("pull"), size)  # compressed pulls' settings
         heard = msg.worker in self.liveness.last_seen
         try:  # rank 0's plan is the shard's; another rank's model is refused by its rank (psrv/server/plans.py)
             settled = self.plans.hello(msg.worker, model, heard=heard,
@@ -217,6 +220,7 @@ class ShardService(ShardPersistence):
             self.pending.drop(worker)
             self._drop_misfit(worker)
         self._claim(msg)
+        self.pulls.greet(msg.worker, pull)  # whatever copy it held is forgotten: its next pull is dense
         self.pending.drop(msg.worker)  # a restarted worker's old pulls
         self.chunks.forget(msg.worker)  # and its half-sent push
         self.held.drop(msg.worker)  # and the pushes it sent while another push was half applied
@@ -263,15 +267,17 @@ class ShardService(ShardPersistence):
 
     def _on_pull(self, peer, msg: Message, push: dict | None = None, clock: int | None = None) -> None:
         self.ready_shard(msg, need_init=False)
+        self.pulls.expect(msg)
         final = bool(msg.fields.get("final"))
         self.pending.add(peer, worker=msg.worker, seq=msg.seq, clock=msg.clock if clock is None else clock,
-                         final=final, received=self.now(), push=push)
+                         final=final, received=self.now(), push=push, view=msg.fields.get("view", 0))
         if final:  # it pushes no more: a rejoined worker still behind must not wait for it
             self.controller.finish(msg.worker)
             commit_if_ready(self)
         self._release()
 
     def _on_push_pull(self, peer, msg: Message) -> None:
+        self.pulls.expect(msg)  # before the push: a re-sent one after the HELLO is applied once
         self.speeds.report(msg.worker, msg.fields)
         pushed = self._push_or_chunk(msg)
         if pushed is None:  # a chunk, not the push's last: its pull is registered with the last
@@ -324,6 +330,7 @@ class ShardService(ShardPersistence):
 
     def _remove(self, worker: int) -> None:
         self.chunks.forget(worker)
+        self.pulls.forget(worker)
         self.held.drop(worker)
         self.controller.leave(worker)
         self.speeds.forget(worker)
@@ -352,14 +359,16 @@ class ShardService(ShardPersistence):
         gap = self.controller.clock_gap(p.clock)
         waited = self.now() - p.received
         self.stats.answered(waited=waited, gap=gap)
+        # the weights, or under compressed pulls their change since the worker's copy: the version it brings it to
+        extra, tensor, parts, held = self.pulls.answer(p.worker, self.shard.weights, have=p.view, final=p.final)
         if self.cfg.mode != "sync":  # a sync clock's mean has no one worker's pulled weights
-            self.shard.pulled(p.worker)
+            self.shard.pulled(p.worker, held)
         fields = {"version": self.shard.version, "clock": self.controller.next_clock(p.worker),
-                  "waited": waited, "gap": gap}
+                  "waited": waited, "gap": gap, **extra}
         if p.push is not None:
             fields["push"] = p.push
         for peer in p.peers:
-            self._reply(peer, Message(MsgType.WEIGHTS, seq=p.seq, fields=fields, tensor=self.shard.weights))
+            self._reply(peer, Message(MsgType.WEIGHTS, seq=p.seq, fields=fields, tensor=tensor, parts=parts))
 
     def _reply(self, peer, msg: Message) -> None:
         frames = encode(msg)

@@ -77,10 +77,11 @@ class Shard:
         self.optimizer.end_slices()
         self.version += 1
 
-    def pulled(self, worker: int) -> None:
-        """`worker`'s pull was answered with the weights as they are now (for rules that keep them)."""
+    def pulled(self, worker: int, held: torch.Tensor | None = None) -> None:
+        """`worker`'s pull was answered: it now holds `held` (default the weights as they are now; under
+        compressed pulls its copy), for rules that keep them."""
         if self.rule.records_pulls:
-            self.rule.pulled(worker, self.param.data)
+            self.rule.pulled(worker, self.param.data if held is None else held)
 
     def _scratch(self) -> torch.Tensor:
         if self._cast is None:

@@ -138,8 +138,8 @@ class RpcServer(ServerTransport):
             log.debug("%s: reply to unknown request %r dropped", self.name, peer)
             return
         header, payload = _pack(frames)
-        if payload is not None and payload.numel():
-            payload = self._snapshot_of(payload)
+        if isinstance(payload, torch.Tensor) and payload.numel():  # the weights; a message of several parts
+            payload = self._snapshot_of(payload)  # (a compressed pull's) is made for its reply alone
         fut.set_result((header, payload))
 
     def _snapshot_of(self, payload: torch.Tensor) -> torch.Tensor:

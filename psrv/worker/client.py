@@ -23,6 +23,7 @@ from psrv.codecs.push import PushEncoder, finite
 from psrv.worker.heartbeat import Heartbeat
 from psrv.worker.momentum_correction import MomentumCorrection, from_welcomes as velocity_from
 from psrv.worker.onebit import LocalMomentum, from_welcomes, momentum_encoder
+from psrv.worker.pull_view import PullView
 from psrv.protocol import ErrorCode, Message, MsgType
 from psrv.partition import PartitionPlan
 from psrv.protocol.codec import DTYPES
@@ -51,7 +52,10 @@ class PSClient:
     those payload planes (zmq; psrv/transport/plane.py). `net` replaces the transport (tests wrap it
     to drop or duplicate messages). `timeout_option`: how the caller sets `timeout`, which the errors
     and the waiting lines of an unanswered HELLO name (`timeout=`, the library's keyword; `psrv worker`
-    passes `--request-timeout`), so they point at the knob the user actually has."""
+    passes `--request-timeout`), so they point at the knob the user actually has. `compress_pull` (the same
+    codec names, '': dense pulls) has each shard send the compressed change of its weights since this worker's
+    copy, with the residual kept on the shard unless `pull_error_feedback` is False, and one pull in
+    `pull_resync` dense (psrv/worker/pull_view.py)."""
 
     def __init__(self, servers: Sequence[str], plan: PartitionPlan, *, worker: int, world_size: int,
                  transport: str = _PLACE.transport, timeout: float = _WORKER.request_timeout,
@@ -62,7 +66,9 @@ class PSClient:
                  momentum_masking: bool = _WORKER.momentum_masking, compress_warmup: int = _WORKER.compress_warmup,
                  sign_scale: str = _WORKER.sign_scale, shared_memory: bool = _PLACE.shared_memory == "auto",
                  bulk: bool = _PLACE.bulk == "auto", net: ClientTransport | None = None,
-                 push_chunk_mb: float = _WORKER.push_chunk_mb, timeout_option: str = LIBRARY_OPTION):
+                 push_chunk_mb: float = _WORKER.push_chunk_mb, compress_pull: str = _WORKER.compress_pull,
+                 pull_error_feedback: bool = _WORKER.pull_error_feedback, pull_resync: int = _WORKER.pull_resync,
+                 timeout_option: str = LIBRARY_OPTION):
         if len(servers) != plan.num_shards:
             raise ValueError(f"{len(servers)} server addresses for a plan of {plan.num_shards} shards")
         self.plan = plan
@@ -95,6 +101,9 @@ class PSClient:
                                  "warmup": compress_warmup}
         self.encoder = None if codec is None else PushEncoder(codec, plan, **self._encoder_options)
         self.compress = compress  # the codec pushes run with (onebit_adam's sign where none was given)
+        self.pull_view = None if not compress_pull else PullView(
+            plan, compress_pull, error_feedback=pull_error_feedback, resync=pull_resync,
+            min_numel=compress_min_numel, sign_scale="l1")  # l1: sign's scale that shrinks a residual (pull_view.py)
         self.onebit: LocalMomentum | None = None  # set by hello() when the shards run onebit_adam
         self.momentum_correction, self.momentum_masking = momentum_correction, momentum_masking
         self.velocity: MomentumCorrection | None = None  # set by hello(): a lossy codec meets SGD momentum
@@ -152,7 +161,8 @@ class PSClient:
     def pull(self, *, clock: int, out: torch.Tensor, final: bool = False) -> Reply:
         """Weights for `clock` copied into `out`; blocks while the shard's controller holds them back."""
         fields = {"final": True} if final else {}
-        msgs = [self.message(MsgType.PULL, clock=clock, fields=fields) for _ in self.ranges]
+        msgs = [self.message(MsgType.PULL, clock=clock, fields={**fields, **self._held(s)})
+                for s in range(len(self.ranges))]
         return self.receive_weights(out, lambda: self._round_trip(msgs))
 
     def first_pull(self, welcomes: list[dict], *, out: torch.Tensor) -> Reply:
@@ -167,7 +177,7 @@ class PSClient:
         why = (f"worker {self.worker}: rank 0 never sent the initial weights within {self.timeout:g}s "
                f"(is rank 0 running? {self.timeout_option} sets the bound)")
         self._seq += 1
-        msgs = [self.message(MsgType.PULL, clock=clock) for _ in self.ranges]
+        msgs = [self.message(MsgType.PULL, clock=clock, fields=self._held(s)) for s in range(len(self.ranges))]
         rt = RoundTrip(self, msgs, self._seq, self.timeout, limit=self.timeout, why=why)
         return self.receive_weights(out, rt.run)
 
@@ -274,7 +284,13 @@ class PSClient:
                   "shard": shard, "world_size": self.world_size}
         if self._layout is not None:
             fields["layout"] = self._layout
+        if self.pull_view is not None:
+            fields["pull"] = self.pull_view.hello_fields(shard)
         return self.message(MsgType.HELLO, fields=fields)
+
+    def _held(self, shard: int) -> dict:
+        """The fields a pull from `shard` carries under compressed pulls: the copy this worker holds."""
+        return {} if self.pull_view is None else self.pull_view.request(shard)
 
     def _pushes(self, mtype: MsgType, grad: torch.Tensor, clock: int, *, cast: bool = True) -> list[Message]:
         """One message per shard with its slice of `grad` in the wire dtype, or compressed. cast=False
@@ -284,7 +300,7 @@ class PSClient:
             if self.velocity is not None:
                 self.velocity.forget()
             dense = self.onebit is not None and not self.onebit.is_momentum(clock)
-            msgs = [self.message(mtype, clock=clock, base_version=self.versions[s],
+            msgs = [self.message(mtype, clock=clock, base_version=self.versions[s], fields=self._pulling(mtype, s),
                                  tensor=grad[lo:hi] if dense else None) for s, (lo, hi) in enumerate(self.ranges)]
             for s, m in enumerate(msgs if cast else []):
                 self.fill_push(grad, s, m)
@@ -293,8 +309,11 @@ class PSClient:
             if self._wire is None or self._wire.shape != grad.shape or self._wire.device != grad.device:
                 self._wire = torch.empty_like(grad, dtype=self.wire_dtype)
             grad = self._wire.copy_(grad) if cast else self._wire
-        return [self.message(mtype, clock=clock, base_version=self.versions[s], tensor=grad[lo:hi])
-                for s, (lo, hi) in enumerate(self.ranges)]
+        return [self.message(mtype, clock=clock, base_version=self.versions[s], tensor=grad[lo:hi],
+                             fields=self._pulling(mtype, s)) for s, (lo, hi) in enumerate(self.ranges)]
+
+    def _pulling(self, mtype: MsgType, shard: int) -> dict:
+        return self._held(shard) if mtype is MsgType.PUSH_PULL else {}
 
     def fill_push(self, grad: torch.Tensor, shard: int, msg: Message) -> None:
         """Fill shard's push message from `grad` (PushPull's too, shard by shard): its slice of the wire
@@ -354,6 +373,7 @@ class PSClient:
         payload then costs one copy, not two; the hints are withdrawn after, so no later message writes there),
         and what it did not write there is copied. The Reply of what the shards said."""
         direct = out.device.type == "cpu" and out.dtype == torch.float32 and out.is_contiguous()
+        view = self.pull_view
         flat = out.detach()
         for s, (lo, hi) in enumerate(self.ranges if direct else ()):
             self.net.receive_into(s, memoryview(flat[lo:hi].numpy()).cast("B"))
@@ -362,8 +382,10 @@ class PSClient:
         finally:
             for s in range(len(self.ranges) if direct else 0):
                 self.net.receive_into(s, None)
-        for (lo, hi), r in zip(self.ranges, replies):
-            if r.tensor.data_ptr() != out[lo:hi].data_ptr() or r.tensor.numel() != hi - lo:  # else written in place
+        for s, ((lo, hi), r) in enumerate(zip(self.ranges, replies)):
+            if view is not None:  # compressed pulls: the reply updates this worker's copy, which goes to `out`
+                view.take(s, r, out[lo:hi])
+            elif r.tensor.data_ptr() != out[lo:hi].data_ptr() or r.tensor.numel() != hi - lo:  # else written in place
                 out[lo:hi].copy_(r.tensor, non_blocking=out.is_cuda)
         return self._summarise(replies, [r.fields.get("push", {}) for r in replies])
 

@@ -94,6 +94,11 @@ class Worker(RecordedWorker):
     worker keeps its own momentum and pushes it, compressed by `compress` (default sign), after the
     freeze step (psrv/worker/onebit.py); state_dict() holds that momentum too.
 
+    `compress_pull` (the same names; '' : dense pulls) has each shard send the compressed change of its weights
+    since this worker's copy, the residual kept on the shard (off with `pull_error_feedback=False`), one pull in
+    `pull_resync` dense (0: only on a reconnect or a restarted shard); the final pull is dense
+    (psrv/codecs/pull.py, docs/compression.md).
+
     `shared_memory` ('auto' or 'off') moves tensors through shared memory to shards on this host; `bulk`
     ('auto' or 'off') over a plain TCP connection to the others, where no `curve_keys` are given
     (psrv/transport/plane.py). zmq only. `push_chunk_mb` (0: off): a push bigger than that goes in
@@ -129,7 +134,8 @@ class Worker(RecordedWorker):
                  momentum_masking: bool = _WORKER.momentum_masking, compress_warmup: int = _WORKER.compress_warmup,
                  sign_scale: str = _WORKER.sign_scale, shared_memory: str = _PLACE.shared_memory,
                  bulk: str = _PLACE.bulk, push_chunk_mb: float = _WORKER.push_chunk_mb,
-                 step_log: StepLog | None = None, evaluate=None, eval_every: int = 0,
+                 compress_pull: str = _WORKER.compress_pull, pull_error_feedback: bool = _WORKER.pull_error_feedback,
+                 pull_resync: int = _WORKER.pull_resync, step_log: StepLog | None = None, evaluate=None, eval_every: int = 0,
                  timeout_option: str = LIBRARY_OPTION):
         if local_steps is not None:
             try:
@@ -152,7 +158,9 @@ class Worker(RecordedWorker):
                                 compress_min_numel=compress_min_numel, momentum_correction=momentum_correction,
                                 momentum_masking=momentum_masking, compress_warmup=compress_warmup,
                                 sign_scale=sign_scale,
-                                push_chunk_mb=push_chunk_mb, timeout_option=timeout_option,
+                                push_chunk_mb=push_chunk_mb, compress_pull=compress_pull,
+                                pull_error_feedback=pull_error_feedback, pull_resync=pull_resync,
+                                timeout_option=timeout_option,
                                 **planes(shared_memory, bulk, curve_keys))
         # Shared memory: pushes read in place. Shared from an untouched buffer, which costs no resident memory
         # (sharing a zeroed one left a freed model-sized buffer resident in the heap; docs/benchmarks.md)
@@ -315,9 +323,12 @@ class Worker(RecordedWorker):
 
     def compression(self) -> dict:
         """{"compress": the codec's name as given, "error_feedback": whether residuals are kept (a lossy codec only),
+        "compress_pull": the pull codec ('': dense pulls),
         "momentum_correction": whether this worker keeps the velocity (psrv/worker/momentum_correction.py)}."""
         encoder = self._client.encoder
+        view = self._client.pull_view
         return {"compress": self._client.compress, "error_feedback": encoder is not None and encoder.error is not None,
+                "compress_pull": "" if view is None else view.spec,
                 "momentum_correction": self._client.velocity is not None}
 
     def described(self) -> dict:

@@ -60,6 +60,7 @@ RECORD = {  # a worker record's keys (a run directory's worker-R.json)
     "plan_hash": "PS workers: the partition plan's hash", "wire_dtype": "PS workers: the pushes' float type",
     "overlap": "PS workers: sends during backward asked for", "early_sends": "PS workers: shards sent during backward",
     "compress": "PS workers: the codec", "error_feedback": "PS workers: residuals kept",
+    "compress_pull": "PS workers: the pull codec ('': dense pulls)",
     "momentum_correction": "PS workers: the velocity kept here",
     "bytes_pushed": "PS workers: push payload bytes", "bytes_pulled": "PS workers: pull payload bytes",
     "bytes_sent": "PS workers: bytes on the wire out", "bytes_received": "PS workers: bytes on the wire in",

@@ -26,7 +26,8 @@ AXES: dict[str, tuple] = {
     "shards": (1, 3),
     "wire": ("float32", "bfloat16", "float16"),
     "codec": ("none", "topk", "randomk", "sign", "int8"),
-    "ef": ("on", "off"),
+    "ef": ("on", "off"),  # error feedback on both sides: the worker's push residual, the shards' pull residual
+    "pull": ("none", "topk", "sign"),  # --compress-pull
     "correction": ("on", "off"),
     "warmup": (0, 2),
     "masking": ("off", "on"),
@@ -45,6 +46,7 @@ PATH_AXES = ("transport", "plane", "chunks", "overlap")
 DATA_PATH = ("plane", "chunks", "wire", "codec")  # every triple of these is covered
 DEFAULT = {axis: levels[0] for axis, levels in AXES.items()}
 CODEC_SPEC = {"none": "", "topk": "topk:0.1", "randomk": "randomk:0.1", "sign": "sign", "int8": "int8"}
+PULL_RESYNC = 3  # of a case's pulls (the first, one per step, rank 0's final), the fourth is a resync
 LR = {"sgd": 0.05, "nesterov": 0.05, "adam": 0.003, "adamw": 0.003, "onebit_adam": 0.003}
 
 
@@ -75,7 +77,8 @@ def run_config(case: dict, *, workers: int | None = None) -> RunConfig:
               "momentum_correction": c["correction"] == "on", "compress_warmup": c["warmup"],
               "momentum_masking": c["masking"] == "on", "sign_scale": c["sign_scale"],
               "push_chunk_mb": CHUNK_MB if c["chunks"] == "on" else 0.0, "overlap": c["overlap"] == "on",
-              "local_steps": c["local"], "request_timeout": 30.0}
+              "local_steps": c["local"], "request_timeout": 30.0, "compress_pull": CODEC_SPEC[c["pull"]],
+              "pull_error_feedback": c["ef"] == "on", "pull_resync": PULL_RESYNC}
     if c["local"] > 1:
         worker.update(inner_optimizer="sgd", inner_lr=0.05)
     tree = {"mode": c["mode"], "staleness": 1, "backup_workers": c["backup"], "seed": SEED,
@@ -91,7 +94,7 @@ def run_config(case: dict, *, workers: int | None = None) -> RunConfig:
 def refusal(case: dict) -> str | None:
     """Why this combination is not a case (psrv refuses it, or it is meaningless), or None."""
     c = case
-    if c["codec"] == "none" and c["ef"] != "on":
+    if c["codec"] == "none" and c["pull"] == "none" and c["ef"] != "on":
         return "error feedback needs a lossy codec"
     if c["transport"] == "rpc" and (c["plane"] != "inline" or c["chunks"] != "off"):
         return "planes and chunks are zmq's"

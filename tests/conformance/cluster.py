@@ -150,7 +150,8 @@ def _worker(cfg: RunConfig, rank: int, job, addresses: list[str], *, turns: Turn
                 compress=w.compress, error_feedback=w.error_feedback, compress_min_numel=w.compress_min_numel,
                 momentum_correction=w.momentum_correction, momentum_masking=w.momentum_masking,
                 compress_warmup=w.compress_warmup, sign_scale=w.sign_scale,
-                shared_memory=w.shared_memory, bulk=w.bulk, push_chunk_mb=w.push_chunk_mb)
+                shared_memory=w.shared_memory, bulk=w.bulk, push_chunk_mb=w.push_chunk_mb,
+                compress_pull=w.compress_pull, pull_error_feedback=w.pull_error_feedback, pull_resync=w.pull_resync)
     steps = out.steps.setdefault(rank, [])
     hand_off = cfg.mode == "sync" and cfg.backup_workers  # a push may wait for the next worker's
     ready.wait()

@@ -62,9 +62,10 @@ class ServerMath:
         self.lr_scales: Counter = Counter()  # each update's lr scale by the rule (staleness-lr: 1/tau; dn: 1/N)
         self.rule = o.update_rule if mode != "sync" or o.update_rule == "dn" else "plain"
 
-    def pulled(self, worker: int) -> None:
+    def pulled(self, worker: int, held: torch.Tensor | None = None) -> None:
+        """`worker` now holds `held` (default the weights; under compressed pulls with error feedback its copy)."""
         if self.rule in ("dc-asgd", "dc-asgd-a"):
-            self.bak[worker] = self.w.clone()
+            self.bak[worker] = (self.w if held is None else held).clone()
 
     def step(self, g: torch.Tensor, *, worker: int | None, staleness: int, momentum_push: bool = False,
              velocity: bool = False) -> None:

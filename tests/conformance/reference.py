@@ -7,7 +7,12 @@ gradient w_pulled - w_now every H-th step with local steps) to every shard; a no
 never compressed (it goes whole and raw) and is refused (--nonfinite reject: the worker stops) or
 dropped (skip); sync averages each clock's finite pushes and steps once, dropping a backup worker's late
 push; async and ssp step on every push; a push's staleness is the update count when applied minus the
-one its worker last pulled."""
+one its worker last pulled.
+
+Compressed pulls (DoubleSqueeze, Tang et al. 2019; DORE, Liu et al. 2020): each worker holds a copy x of
+the weights w; a pull brings it to x + C(w - r), per shard range with the push's codecs (ref_codecs.py),
+where r is x itself with error feedback (what earlier pulls left out rides along) and the weights the last
+pull came from without; sign with EF-SignSGD's l1 scale. A worker's first pull, every PULL_RESYNC-th and rank 0's final one are dense."""
 from __future__ import annotations
 
 from collections import Counter
@@ -49,6 +54,8 @@ class _Worker:
         self.velocity = torch.zeros_like(w0)  # momentum correction's
         self.draws: dict[int, torch.Generator] = {}
         self.alive = True
+        self.ref = w0.clone()  # compressed pulls: the shards' mirror of its copy (or the weights last sent)
+        self.since_dense = 0   # compressed pulls since the last dense one
 
     def settle(self, keep: dict, ranges) -> None:
         """A push was applied: the residual and velocity it left are kept."""
@@ -152,6 +159,25 @@ class Reference:
         scale = self.cfg.worker.sign_scale
         return scale if scale != "auto" else "l1" if self.onebit else "l2"
 
+    def _pull(self, wk: _Worker) -> torch.Tensor:
+        """wk's pull: its copy of the weights, dense or brought up to date by the compressed change; what
+        it holds as the shards know it (the copy with error feedback, else the weights)."""
+        w, spec, cfg = self.server.w, self.cfg.worker.compress_pull, self.cfg.worker
+        if not spec or cfg.pull_resync and wk.since_dense + 1 >= cfg.pull_resync:
+            wk.ref, wk.since_dense = w.clone(), 0
+            wk.load(w)
+            return w
+        name, _, ratio = spec.partition(":")
+        copy = wk.pulled.clone()
+        for lo, hi in self.ranges:
+            sent, _ = received(name, w[lo:hi] - wk.ref[lo:hi], covered(lo, hi, self.sizes, cfg.compress_min_numel),
+                               ratio=float(ratio or 0), draw=None, sign_scale="l1")
+            copy[lo:hi] += sent
+        wk.ref = copy.clone() if cfg.pull_error_feedback else w.clone()
+        wk.since_dense += 1
+        wk.load(copy)
+        return copy if cfg.pull_error_feedback else w
+
     # --- the server's half -----------------------------------------------------------------
     def _settle(self, wk: _Worker, finite: bool) -> str:
         """Count one push of `wk` (to every shard): 'refused', 'dropped' or 'ok'."""
@@ -213,7 +239,7 @@ class Reference:
                 wk.settle(keep, self.ranges)
         for wk, *_ in pushes:
             clock[wk.rank] += 1
-            wk.load(self.server.w)
+            self._pull(wk)
             wk.base = self.server.k
 
     def _turn(self, wk: _Worker, step: int, clock: dict) -> None:
@@ -250,9 +276,9 @@ class Reference:
             self.waiting.append(wk)
             return
         for pulling in [*([] if self.mode != "sync" or not self.closed else self.waiting), wk]:
-            pulling.load(self.server.w)
+            held = self._pull(pulling)
             pulling.base = self.server.k
-            self.server.pulled(pulling.rank)
+            self.server.pulled(pulling.rank, held)
         if self.closed:
             self.waiting = []
 

@@ -33,7 +33,7 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     "freeze_step": {"mode": "sync", "optimizer": {"name": "onebit_adam"}},
     "powersgd_rank": {"mode": "ddp", "allreduce": {"ddp_comm_hook": "powersgd"}},
     "script_args": {"job": {"script": SCRIPT}}, "script_sha256": {"job": {"script": SCRIPT}}}
-OTHER = {"worker.compress": "topk:0.01", "mode": "sync", "cluster.device": "cuda:1", "job.name": "synthetic_mlp", "faults.straggler": "1:2",
+OTHER = {"worker.compress": "topk:0.01", "worker.compress_pull": "sign", "mode": "sync", "cluster.device": "cuda:1", "job.name": "synthetic_mlp", "faults.straggler": "1:2",
          "faults.transient_stragglers": "0.1:4", "optimizer.momentum": 0.5, "optimizer.betas": (0.8, 0.99),
          "optimizer.dc_lambda": 0.5, "worker.inner_lr": 0.01, "tensorboard": "runs/tb", "network.bandwidth": "200mbit",
          "job.script": SCRIPT, "job.script_args": ("--epochs", "2"), "job.script_sha256": "0" * 64,

@@ -12,7 +12,8 @@ from psrv.worker.client import PSClient
 from psrv.worker.session import Worker
 
 SAME_NAME = ("wire_dtype", "compress", "error_feedback", "compress_min_numel", "momentum_correction",
-             "momentum_masking", "compress_warmup", "sign_scale", "push_chunk_mb", "transport")
+             "momentum_masking", "compress_warmup", "sign_scale", "push_chunk_mb", "transport", "compress_pull",
+             "pull_error_feedback", "pull_resync")
 
 
 def tree_defaults() -> dict:
@@ -53,7 +54,7 @@ def test_from_settings_passes_every_worker_setting_by_name():
                    "clip_grad_norm": 1.5, "local_steps": None, "compress": "int8", "error_feedback": False,
                    "compress_min_numel": 7, "momentum_correction": False, "momentum_masking": True,
                    "compress_warmup": 3, "sign_scale": "l1", "shared_memory": "off", "bulk": "auto",
-                   "push_chunk_mb": 2.0}
+                   "push_chunk_mb": 2.0, "compress_pull": "", "pull_error_feedback": True, "pull_resync": 100}
     local = _Keywords.from_settings(None, WorkerConfig(servers=("tcp://127.0.0.1:1",), local_steps=4)).keywords
     assert local["local_steps"] == 4  # with its inner optimizer (adamw by default)
 

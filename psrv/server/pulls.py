@@ -1,0 +1,127 @@
+"""Compressed pulls on the shard's side (psrv/codecs/pull.py): per worker that asked for them at HELLO,
+the mirror of its copy of this shard's weights (error feedback) or the weights last sent to it, and which
+copy it holds.
+
+Memory: one float32 copy of the shard per such worker, kept until it leaves. One residual per worker, not
+one shared in sync: a worker that rejoins, or whose reply was lost, holds another copy than the others, and
+async and ssp answer each worker at its own version anyway. The price in sync is one encoding per worker
+per clock.
+
+A pull is answered dense, and the copy restarts from the weights, when the worker holds no copy this
+shard knows: its first pull after a HELLO (a new worker, a reconnect, a restarted shard), a copy whose
+number is not the one this shard last sent (a reply lost on the way, which the retry cannot repeat), the
+`resync`-th pull since the last dense one (0: never), and rank 0's final pull, so the run ends on the
+shard's exact weights. Every reply says the number of the copy it brings the worker to (`view`)."""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from psrv.codecs import Codec
+from psrv.codecs.pull import decode_pull, encode_pull, make_pull_codec
+from psrv.codecs.push import MAX_DENSE_RANGES, checked_ranges
+from psrv.protocol import ErrorCode, Message, ProtocolError
+from psrv.server.validate import HelloAgain
+
+MAX_RESYNC = 1 << 30
+PULL_SEED = 1_000_000  # random-k's pulls draw from a stream of their own, seed PULL_SEED + worker (not the push's)
+
+
+@dataclass
+class WorkerCopy:
+    """One worker's compressed pulls: its settings, and the copy this shard knows it holds."""
+
+    codec: Codec
+    ef: bool
+    resync: int
+    dense: list[list[int]]
+    among: torch.Tensor | None
+    ref: torch.Tensor | None = None  # the mirror of its copy (ef), or the weights last sent; None: none yet
+    number: int = 0                  # the copy's number, as the last reply said it
+    since_dense: int = 0             # compressed pulls since the last dense one
+
+
+def _config(fields, size: int, worker: int, shard: int) -> WorkerCopy:
+    """HELLO's `pull` map, checked: MALFORMED with a one-line reason otherwise."""
+    if not isinstance(fields, dict):
+        raise ProtocolError(ErrorCode.MALFORMED, "HELLO's pull must be a map")
+    spec, resync, dense = fields.get("codec"), fields.get("resync", 0), fields.get("dense", [])
+    scale = fields.get("sign_scale", "l2")
+    if not isinstance(resync, int) or isinstance(resync, bool) or not 0 <= resync <= MAX_RESYNC:
+        raise ProtocolError(ErrorCode.MALFORMED, f"pull resync must be an integer in [0, {MAX_RESYNC}]; got {resync!r}")
+    if scale not in ("l1", "l2"):
+        raise ProtocolError(ErrorCode.MALFORMED, f"pull sign_scale must be l1 or l2; got {scale!r}")
+    try:
+        codec = make_pull_codec(spec if isinstance(spec, str) else "?", seed=PULL_SEED + worker,
+                                sign_scale=scale).for_shard(shard)
+    except ValueError as exc:
+        raise ProtocolError(ErrorCode.MALFORMED, f"pull codec: {exc}") from None
+    if not isinstance(dense, list) or len(dense) > MAX_DENSE_RANGES:
+        raise ProtocolError(ErrorCode.MALFORMED, f"pull dense must be at most {MAX_DENSE_RANGES} ranges")
+    checked_ranges(dense, size, sum(r[1] - r[0] for r in dense if isinstance(r, list) and len(r) == 2
+                             and all(isinstance(v, int) for v in r)))
+    among = None
+    if dense:
+        keep = torch.ones(size, dtype=torch.bool)
+        for a, b in dense:
+            keep[a:b] = False
+        among = keep.nonzero().view(-1)
+    return WorkerCopy(codec, bool(fields.get("error_feedback", True)), resync, dense, among)
+
+
+class PullCopies:
+    """The workers' copies of one shard (`shard`: its index, which a random-k codec's stream depends on)."""
+
+    def __init__(self, shard: int = 0):
+        self.shard = shard
+        self.copies: dict[int, WorkerCopy] = {}
+        self._numbers = random.Random().randrange(1, 1 << 40)  # another shard life's numbers match none of these
+
+    def check(self, worker: int, fields, size: int) -> WorkerCopy | None:
+        """HELLO's `pull` settings (None: dense pulls), checked before the HELLO changes anything."""
+        return None if fields is None else _config(fields, size, worker, self.shard)
+
+    def greet(self, worker: int, copy: WorkerCopy | None) -> None:
+        """A HELLO: whatever copy the worker had is forgotten; its next pull is dense."""
+        self.copies.pop(worker, None)
+        if copy is not None:
+            self.copies[worker] = copy
+
+    def expect(self, msg: Message) -> None:
+        """A pull that holds a copy (`view`) from a worker this shard has no settings for (it restarted, or
+        resumed from a checkpoint, and the worker did not say HELLO since): HelloAgain, so the HELLO brings
+        them and the re-sent pull is answered dense, instead of dense ever after."""
+        if "view" in msg.fields and msg.worker not in self.copies:
+            raise HelloAgain(f"worker {msg.worker} pulls compressed, but this shard holds no pull settings "
+                             "for it (restarted?); send HELLO")
+
+    def forget(self, worker: int) -> None:
+        self.copies.pop(worker, None)
+
+    def answer(self, worker: int, weights: torch.Tensor, *, have, final: bool
+               ) -> tuple[dict, torch.Tensor | None, dict | None, torch.Tensor]:
+        """(reply fields, the dense tensor or None, the parts or None, the weights the worker now holds)."""
+        c = self.copies.get(worker)
+        if c is None:
+            return {}, weights, None, weights
+        self._numbers += 1
+        dense = (final or c.ref is None or have != c.number or (c.resync and c.since_dense + 1 >= c.resync))
+        c.number = self._numbers
+        if dense:
+            if c.ref is None or c.ref.device != weights.device:
+                c.ref = weights.detach().clone()
+            else:
+                c.ref.copy_(weights)
+            c.since_dense = 0
+            return {"view": c.number}, weights, None, weights
+        if c.among is not None and c.among.device != weights.device:
+            c.among = c.among.to(weights.device)
+        fields, parts = encode_pull(c.codec, c.ref, weights, ef=c.ef, dense=c.dense, among=c.among)
+        if c.ef:
+            decode_pull(fields, parts, weights.numel()).apply_to(c.ref)
+        else:
+            c.ref.copy_(weights)
+        c.since_dense += 1
+        return {"view": c.number, "pull_codec": fields}, None, parts, c.ref if c.ef else weights

@@ -1,0 +1,74 @@
+"""Compressed pulls in a running cluster (threads: tests/conformance/cluster.py, the conformance matrix's
+fixed-order runs of its tiny job): top-k at ratio 1 gives the dense pulls' weights bit for bit under every
+mode; error feedback on both sides (the worker's push residual, the shard's pull residual) equals the
+single-process reference of DoubleSqueeze/DORE to 1e-5 in sync; the worker's copy is the shard's mirror
+bit for bit mid-run, and rank 0 ends on the shard's exact weights."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from psrv.config import RunConfig, from_dict, to_dict
+from psrv.server.run import Server
+from psrv.worker import Worker
+from tests.conformance import job as tiny
+from tests.conformance.axes import DEFAULT, run_config
+from tests.conformance.cluster import run
+from tests.conformance.test_matrix import check
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One torch thread: the weights to the last bit depend on the thread count (as in the matrix)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _with_pull(cfg: RunConfig, spec: str) -> RunConfig:
+    tree = to_dict(cfg)
+    tree["worker"]["compress_pull"] = spec
+    return from_dict(RunConfig, tree)
+
+
+@pytest.mark.parametrize("mode, shards", [("sync", 1), ("async", 2), ("ssp", 1)])
+def test_topk_at_ratio_one_equals_dense_pulls_bit_for_bit(mode, shards):
+    cfg = run_config({**DEFAULT, "mode": mode, "shards": shards, "codec": "sign"})
+    dense = run(cfg, nan=False).params
+    identity = run(_with_pull(cfg, "topk:1"), nan=False)
+    assert torch.equal(identity.params, dense), f"{(identity.params - dense).abs().max():.3g} from dense pulls"
+
+
+@pytest.mark.parametrize("codec", ["sign", "topk"])
+def test_bidirectional_error_feedback_equals_the_reference_in_sync(codec):
+    """1 shard, 2 workers, the same codec both ways, a resync inside the run: weights to 1e-5, counts exact."""
+    check({**DEFAULT, "mode": "sync", "codec": codec, "pull": codec})
+
+
+def test_the_workers_copy_is_the_shards_mirror_and_the_run_ends_on_its_weights():
+    cfg = run_config({**DEFAULT, "mode": "async", "pull": "sign", "codec": "sign"}, workers=1)
+    job = tiny.tiny(cfg.seed)
+    with Server(cfg.server_config(0, bind="tcp://127.0.0.1:0")) as server:
+        server.start()
+        ps = Worker(job.model, [server.address], rank=0, world_size=1, timeout=30.0, compress="sign",
+                    compress_pull="sign", pull_resync=0)
+        try:
+            batches = job.batches_for(rank=0, world_size=1, batch_size=16, seed=cfg.seed)
+            for _ in range(4):
+                job.loss_of(job.model, next(batches)).backward()
+                ps.step()
+            service = server._service
+            copy, mirror = ps._client.pull_view.copy, service.pulls.copies[0].ref
+            weights = service.shard.weights
+            assert torch.equal(copy, mirror)  # so copy - weights is exactly the residual the shard keeps
+            assert (copy - weights).abs().max() > 0  # the pulls were compressed: there is a residual
+            assert ps._client.pull_view.compressed_replies == 4
+            model = torch.cat([p.detach().view(-1) for p in job.model.parameters()])
+            assert torch.equal(model, copy)
+            pulled = ps.wire_bytes()["bytes_pulled"]
+        finally:
+            ps.close()  # rank 0's final pull is dense: the shard's exact weights
+        model = torch.cat([p.detach().view(-1) for p in job.model.parameters()])
+        assert torch.equal(model, service.shard.weights)
+        assert pulled < 2.5 * 4 * model.numel()  # the first pull dense, four signs: far under five dense pulls
