@@ -266,7 +266,7 @@ class WorkerSettings(Section):
     request_timeout: float = setting(60.0, "seconds without any reply before a worker gives up",
                                      minimum=0.1)
     compress: str = setting("", "push codec (psrv/codecs, docs/compression.md): topk:RATIO, randomk:RATIO, sign, "
-                            "int8, or float16/bfloat16 (as --wire-dtype); '' : dense float32 (under --optimizer onebit_adam: "
+                            "int8, fp4, or float16/bfloat16 (as --wire-dtype); '' : dense float32 (under --optimizer onebit_adam: "
                             "the momentum's codec after the freeze, '' : sign)", check=_compress,
                             metavar="CODEC")
     error_feedback: bool = setting(True, "turn off the error feedback of a lossy --compress (default: each "
