@@ -199,6 +199,10 @@ class RunConfig(Trackers, Seeded, Consistency):
             if self.worker.compress:
                 raise ConfigError("worker.compress", f"is for the parameter server's pushes; mode "
                                                      f"{self.mode!r} all-reduces float32")
+            for key, default in (("fragments", 1), ("outer_dtype", "float32")):
+                if getattr(self.worker, key) != default:
+                    raise ConfigError(f"worker.{key}", f"is for the parameter server's pushes of local steps; "
+                                      f"mode {self.mode!r} all-reduces float32 pseudo-gradients")
             if isinstance(self.worker.local_steps, str):
                 raise ConfigError("worker.local_steps", f"{self.worker.local_steps!r} plans each worker's "
                                   f"pushes by its speed through the servers; mode {self.mode!r} has none "

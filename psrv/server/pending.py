@@ -20,6 +20,7 @@ class Pending:
     final: bool      # rank 0's last pull: also waits until every other worker has left
     received: float
     push: dict | None  # the push half of a PUSH_PULL, for the reply
+    fragment: tuple | None = None  # streaming DiLoCo: answer with this fragment's weights only (psrv/server/fragments.py)
 
 
 class PendingPulls:
@@ -35,10 +36,10 @@ class PendingPulls:
         return len(self._items)
 
     def add(self, peer: Hashable, *, worker: int, seq: int, clock: int, final: bool, received: float,
-            push: dict | None) -> None:
+            push: dict | None, fragment: tuple | None = None) -> None:
         p = self._items.get((worker, seq))
         if p is None:
-            self._items[worker, seq] = Pending([peer], worker, seq, clock, final, received, push)
+            self._items[worker, seq] = Pending([peer], worker, seq, clock, final, received, push, fragment)
         elif peer not in p.peers:
             p.peers = [*p.peers[1 - MAX_PEERS:], peer]
 

@@ -20,6 +20,7 @@ from psrv.server.checkpointing import BackgroundCheckpoints
 from psrv.server.chunked import ChunkedPushes, takes_chunks
 from psrv.server.consistency import make_controller
 from psrv.server.dedup import Dedup
+from psrv.server.fragments import FragmentShards, fragment_key
 from psrv.server.identity import Sessions
 from psrv.server.late import LateStreaks
 from psrv.server.joining import JoinWatch
@@ -61,6 +62,7 @@ class ShardService(ShardPersistence):
         self.dedup = Dedup()
         self.chunks = ChunkedPushes(self)  # pushes arriving chunk by chunk (psrv/server/chunked.py)
         self.held = HeldPushes()  # other workers' pushes while a chunked one is half applied
+        self.fragments = FragmentShards()  # streaming DiLoCo's per-fragment outer optimizers
         self._draining = False
         join_timeout = cfg.join_timeout if join_timeout is None else join_timeout
         self.liveness = Liveness(timeout=cfg.worker_timeout, join_timeout=join_timeout, now=now)
@@ -257,10 +259,11 @@ class ShardService(ShardPersistence):
         self._release()
 
     def _on_pull(self, peer, msg: Message, push: dict | None = None, clock: int | None = None) -> None:
-        self.ready_shard(msg, need_init=False)
+        shard = self.ready_shard(msg, need_init=False)
         final = bool(msg.fields.get("final"))
+        fragment = fragment_key(msg, shard.size)
         self.pending.add(peer, worker=msg.worker, seq=msg.seq, clock=msg.clock if clock is None else clock,
-                         final=final, received=self.now(), push=push)
+                         final=final, received=self.now(), push=push, fragment=fragment)
         if final:  # it pushes no more: a rejoined worker still behind must not wait for it
             self.controller.finish(msg.worker)
             commit_if_ready(self)
@@ -353,8 +356,9 @@ class ShardService(ShardPersistence):
                   "waited": waited, "gap": gap}
         if p.push is not None:
             fields["push"] = p.push
+        weights = self.shard.weights if p.fragment is None else self.fragments.weights(self.shard, p.fragment)
         for peer in p.peers:
-            self._reply(peer, Message(MsgType.WEIGHTS, seq=p.seq, fields=fields, tensor=self.shard.weights))
+            self._reply(peer, Message(MsgType.WEIGHTS, seq=p.seq, fields=fields, tensor=weights))
 
     def _reply(self, peer, msg: Message) -> None:
         frames = encode(msg)
