@@ -103,6 +103,9 @@ class FragmentShards:
     def _sub(self, shard: Shard, key: Key) -> Shard:
         sub = self._shards.get(key)
         if sub is None:
+            if shard.rule.records_pulls or shard.optim_cfg.clip_grad_norm:
+                raise ProtocolError(ErrorCode.NOT_ALLOWED, "this shard clips by the global norm or corrects by each "
+                                    "worker's pulled weights (dc-asgd): it takes whole pushes, not fragments")
             sub = self._shards[key] = Shard(numel(key), shard.optim_cfg, device=str(shard.device))
             sub.initialised = True
         return sub

@@ -189,6 +189,10 @@ class Worker(RecordedWorker):
             except ValueError:
                 self._abandon()
                 raise
+            if self.clip_grad_norm and pieces is not None:
+                self._abandon()
+                raise ValueError("clip_grad_norm clips by the global norm; fragments push one fragment at a time "
+                                 "(fragments=1, or no clip here and on the servers)")
             self._clip_here = bool(self.clip_grad_norm) and self.mode != "sync"  # sync: the servers clip
             if overlap and self.plan.num_shards > 1 and not self._clip_here and local_steps is None:
                 self._readiness = ShardReadiness(model, self.plan.ranges)

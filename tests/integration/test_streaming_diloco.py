@@ -125,6 +125,12 @@ def test_bad_combinations_are_refused_in_one_line():
                              r"^worker\.outer_dtype: is the push codec of local steps")]:
         with pytest.raises(ValueError, match=message):
             from_dict(RunConfig, {"worker": worker})
+    for tree, message in [({"mode": "async", "optimizer": {"update_rule": "dc-asgd"}},
+                           r"^optimizer\.update_rule: 'dc-asgd' corrects by each worker's pulled weights"),
+                          ({"optimizer": {"clip_grad_norm": 1.0}, "cluster": {"servers": 1}},
+                           r"^optimizer\.clip_grad_norm: clips by the global norm; fragments push one")]:
+        with pytest.raises(ValueError, match=message):
+            from_dict(RunConfig, {**tree, "worker": {"local_steps": 4, "fragments": 2}})
     with pytest.raises(ValueError, match=r"^worker\.fragments: is for the parameter server"):
         from_dict(RunConfig, {"mode": "ddp", "worker": {"local_steps": 4, "fragments": 2}})
     with pytest.raises(ValueError, match=r"^fragments must be in 1\.\.2 \(this model's parameter tensors"):
