@@ -11,6 +11,11 @@ Shard, steps it with the push (async, ssp: `apply`; sync: the clock's mean, `app
 scatters them back; the shard's version counts every fragment step. The reply of a push_pull carries the
 fragment's weights only (`weights`), so a fragment push and its pull each move 1/F of the model.
 
+A fragment may have no piece in a shard: that shard gets an empty push, stepped as an empty update so its
+version moves with the others'. So that every shard decides alike on a non-finite push, the worker marks a
+fragment push whose pseudo-gradient has a NaN or Inf anywhere with `nonfinite` (to every shard): each shard
+then treats it as non-finite (--nonfinite), an empty or finite piece too.
+
 Every push of a sync clock must carry the same fragment (the workers sync them in one order); a push of
 another fragment, or a whole push, into a clock open with a fragment is refused, NOT_ALLOWED. The
 per-fragment optimizer states are not in the shard's checkpoint: a restored shard restarts them from zero.
@@ -72,8 +77,8 @@ class FragmentShards:
 
     def apply(self, shard: Shard, key: Key, grad: torch.Tensor | Decoded, ctx: PushContext) -> float:
         """One step of the fragment's own optimizer with `grad` (async, ssp); returns the rule's lr scale."""
-        sub = self._gathered(shard, key)
-        scale = sub.apply(grad, ctx) if key else 1.0
+        sub = self._gathered(shard, key)  # a fragment with no piece here steps an empty one: the rule still counts it
+        scale = sub.apply(grad, ctx)
         self._scatter(shard, key, sub)
         return scale
 

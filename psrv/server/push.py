@@ -29,7 +29,8 @@ def take_push(s, msg: Message) -> dict:
     if replayed is not None:
         s.stats.duplicate()
         return refused_again(replayed)
-    finite = validate.all_finite(grad)
+    # a fragment push the worker found non-finite says so to every shard, one with no piece of it too
+    finite = validate.all_finite(grad) and not (fragment is not None and msg.fields.get("nonfinite"))
     if not finite and s.cfg.nonfinite == "reject":  # recorded: a re-send is refused alike, not counted again
         s.stats.pushed(time.perf_counter() - started, None)
         s.stats.drop("invalid")

@@ -24,6 +24,7 @@ import torch
 from psrv.config.sections import OUTER_DTYPES
 from psrv.codecs.fp4 import Fp4
 from psrv.codecs.int8 import Int8
+from psrv.codecs.push import finite
 from psrv.protocol import MsgType
 from psrv.worker.fragments import Fragments
 from psrv.local_period import base_steps
@@ -56,9 +57,10 @@ class StreamingOuter:
         frags, f = self.fragments, self.pushes % self.fragments.count
         delta = frags.gather(f, self.pulled).sub_(frags.gather(f, self.params))
         self.norms.append(float(delta.norm()))
+        marked = {} if finite(delta) else {"nonfinite": True}  # every shard refuses or drops it alike
         msgs = []
         for s, (a, b) in enumerate(frags.bounds[f]):
-            fields, tensor, parts = {"fragment": frags.shard_ranges(f, s)}, delta[a:b].cpu(), None
+            fields, tensor, parts = {"fragment": frags.shard_ranges(f, s), **marked}, delta[a:b].cpu(), None
             if self.codec is not None and b > a:
                 parts = {k: v.detach().cpu().contiguous() for k, v in self.codec.encode(tensor, None).items()}
                 fields["codec"], tensor = {"name": self.codec.name, **self.codec.params(), "n": b - a}, None
