@@ -70,6 +70,10 @@ def _optimizer(cfg: RunConfig) -> str:
     if worker.local_updates:
         parts.append(f"{worker.local_steps} local steps per push, inner {worker.inner_optimizer} "
                      f"lr {worker.inner_lr:g}")
+        if worker.fragments > 1:  # streaming DiLoCo: one fragment every H/F steps
+            parts.append(f"{worker.fragments} fragments")
+        if worker.outer_dtype != "float32":
+            parts.append(f"outer gradients {worker.outer_dtype}")
     if cfg.allreduce.ddp_comm_hook != "none":  # the all-reduce's wire: DDP's comm hook (mode ddp, zero1)
         parts.append(f"DDP comm hook {cfg.allreduce.ddp_comm_hook}"
                      + (f" rank {cfg.allreduce.powersgd_rank}" if cfg.allreduce.ddp_comm_hook == "powersgd" else ""))

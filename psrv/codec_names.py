@@ -4,8 +4,8 @@ the codecs themselves."""
 from __future__ import annotations
 
 CASTS = {"float16": "float16", "fp16": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
-LOSSY_NAMES = ("topk", "randomk", "sign", "int8")
-FORMS = "topk:RATIO, randomk:RATIO, sign, int8, float16 (fp16), bfloat16 (bf16), or '' for none"
+LOSSY_NAMES = ("topk", "randomk", "sign", "int8", "fp4")
+FORMS = "topk:RATIO, randomk:RATIO, sign, int8, fp4, float16 (fp16), bfloat16 (bf16), or '' for none"
 
 
 def parse(spec: str) -> tuple[str, float | None]:

@@ -1,16 +1,17 @@
-"""Push codecs (`--compress`), chosen by name: topk:RATIO, randomk:RATIO, sign, int8 (lossy, one
+"""Push codecs (`--compress`), chosen by name: topk:RATIO, randomk:RATIO, sign, int8, fp4 (lossy, one
 module each, with error feedback on the worker: psrv/codecs/push.py), and float16/bfloat16 (the cast
 that --wire-dtype makes). `parse(spec)` checks a name; `make(spec, seed)` builds the lossy codec."""
 from __future__ import annotations
 
 from psrv.codec_names import CASTS, FORMS, parse
 from psrv.codecs.base import Codec, Decoded
+from psrv.codecs.fp4 import Fp4
 from psrv.codecs.int8 import Int8
 from psrv.codecs.randomk import RandomK
 from psrv.codecs.sign import Sign
 from psrv.codecs.topk import TopK
 
-LOSSY = {"topk": TopK, "randomk": RandomK, "sign": Sign, "int8": Int8}  # decoders by header name
+LOSSY = {"topk": TopK, "randomk": RandomK, "sign": Sign, "int8": Int8, "fp4": Fp4}  # decoders by header name
 
 
 def make(spec: str, *, seed: int = 0, sign_scale: str = "l1") -> Codec | None:

@@ -27,6 +27,20 @@ def _one_shard_clip(clip: float, mode: str, shards: int, shards_key: str) -> Non
                           f"which needs {shards_key} = 1 (got {shards}: shards do not exchange partial norms)")
 
 
+def _fragments(run) -> None:
+    """Streaming DiLoCo's fragment pushes (psrv/server/fragments.py) step each fragment by its own optimizer:
+    a clip by the global norm has no whole vector to take it over, and DC-ASGD's correction needs each
+    worker's pulled weights of the whole shard, which a fragment's answer does not record."""
+    if run.worker.fragments == 1:
+        return
+    if run.optimizer.clip_grad_norm:
+        raise ConfigError("optimizer.clip_grad_norm", "clips by the global norm; fragments push one fragment at a "
+                          "time (set fragments = 1 or no clip)")
+    if run.optimizer.update_rule.startswith("dc-asgd"):
+        raise ConfigError("optimizer.update_rule", f"{run.optimizer.update_rule!r} corrects by each worker's pulled "
+                          "weights of the whole shard; fragments pull one fragment at a time")
+
+
 def _dn_period(optim: OptimConfig, mode: str, workers: int) -> int:
     """dn's N: given, or the number of workers (the paper's); in sync each clock is one update of the
     mean, so N is 1 there (dn is then SGD-Nesterov) and another N is refused."""
@@ -205,6 +219,10 @@ class RunConfig(Trackers, Seeded, Consistency):
             if self.worker.compress_pull:
                 raise ConfigError("worker.compress_pull", f"is for the parameter server's pulls; mode "
                                                           f"{self.mode!r} has none (--ddp-comm-hook compresses)")
+            for key, default in (("fragments", 1), ("outer_dtype", "float32")):
+                if getattr(self.worker, key) != default:
+                    raise ConfigError(f"worker.{key}", f"is for the parameter server's pushes of local steps; "
+                                      f"mode {self.mode!r} all-reduces float32 pseudo-gradients")
             if isinstance(self.worker.local_steps, str):
                 raise ConfigError("worker.local_steps", f"{self.worker.local_steps!r} plans each worker's "
                                   f"pushes by its speed through the servers; mode {self.mode!r} has none "
@@ -217,6 +235,7 @@ class RunConfig(Trackers, Seeded, Consistency):
             raise ConfigError("optimizer.name", "onebit_adam's workers push float32 gradients, then codec-compressed "
                               "momenta: no local steps, wire_dtype or float16/bfloat16 compress")
         _momentum_correction(self)
+        _fragments(self)
         if self.network.bandwidth and self.cluster.transport != "zmq":
             raise ConfigError("network.bandwidth", "emulated hosts carry the zmq transport and the all-reduce "
                                                    f"modes; transport {self.cluster.transport!r} stays on 127.0.0.1")

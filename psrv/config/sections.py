@@ -19,6 +19,7 @@ PLANE_CHOICES = ("auto", "off")  # payload planes beside zmq: psrv/transport/pla
 WIRE_DTYPES = ("float32", "bfloat16", "float16")  # what a worker may send its gradient as
 INNER_OPTIMIZERS = ("sgd", "adamw")  # a worker's own, for local steps (torch.optim.SGD, AdamW)
 INNER_LR = {"sgd": 0.05, "adamw": 0.001}  # inner_lr's default with each
+OUTER_DTYPES = ("float32", "bfloat16", "int8", "fp4")  # local steps: the pseudo-gradient on the wire
 SHIPPED_JOBS = ("digits_mlp", "mnist1d_mlp", "synthetic_mlp", "digits_cnn", "mnist1d_cnn",
                 "code_lm")  # workers/jobs builds them
 _MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
@@ -266,7 +267,7 @@ class WorkerSettings(Section):
     request_timeout: float = setting(60.0, "seconds without any reply before a worker gives up",
                                      minimum=0.1)
     compress: str = setting("", "push codec (psrv/codecs, docs/compression.md): topk:RATIO, randomk:RATIO, sign, "
-                            "int8, or float16/bfloat16 (as --wire-dtype); '' : dense float32 (under --optimizer onebit_adam: "
+                            "int8, fp4, or float16/bfloat16 (as --wire-dtype); '' : dense float32 (under --optimizer onebit_adam: "
                             "the momentum's codec after the freeze, '' : sign)", check=_compress,
                             metavar="CODEC")
     error_feedback: bool = setting(True, "turn off the error feedback of a lossy --compress (default: each "
@@ -319,6 +320,17 @@ class WorkerSettings(Section):
                                           "local_steps 1, every step pushes its update", choices=INNER_OPTIMIZERS)
     inner_lr: float | None = setting(None, f"the inner optimizer's learning rate (default: {INNER_LR['adamw']} "
                                      f"with adamw, {INNER_LR['sgd']} with sgd)", minimum=0.0, above=True)
+    fragments: int = setting(1, "streaming DiLoCo (Douillard et al. 2025): with --local-steps H, the parameter "
+                             "tensors split into F strided fragments (fragment f: tensors f, f+F, f+2F, ... in the "
+                             "model's order) and one fragment is pushed every H/F inner steps, in turn, so each is "
+                             "synced once per H steps; its answer is merged one inner step later, mixed half and "
+                             "half with the local weights, while the worker computes (1: plain DiLoCo, the whole "
+                             "model every H steps; docs/compression.md, \"Streaming DiLoCo\")", minimum=1,
+                             metavar="F")
+    outer_dtype: str = setting("float32", "the pushed pseudo-gradients (outer gradients) on the wire: bfloat16, or "
+                               "int8 / fp4 (a 4-bit integer, two per byte) with a float32 scale per 1024 elements "
+                               "and no error feedback; the servers dequantise and average them in float32; needs "
+                               "--local-steps > 1", choices=OUTER_DTYPES)
 
     @property
     def local_updates(self) -> bool:
@@ -341,6 +353,30 @@ class WorkerSettings(Section):
                 raise ConfigError("inner_lr", "needs local_steps > 1 or an inner_optimizer; remove it")
         elif self.inner_lr is None:
             object.__setattr__(self, "inner_lr", INNER_LR[self.inner_optimizer])
+        self._check_streaming()
+
+    def _check_streaming(self) -> None:
+        """fragments and outer_dtype: local steps > 1 (fixed H, which F divides), and no other push codec."""
+        local = self.local_steps_base > 1 and self.inner_optimizer is not None
+        if self.outer_dtype != "float32":
+            if not local:
+                raise ConfigError("outer_dtype", "quantises the pseudo-gradients of local steps; needs local_steps > 1")
+            if self.compress or self.wire_dtype != "float32":
+                raise ConfigError("outer_dtype", "is the push codec of local steps; remove compress and wire_dtype")
+        if self.fragments == 1:
+            return
+        if not local:
+            raise ConfigError("fragments", "splits the pushes of local steps; needs local_steps > 1")
+        if is_dynamic(self.local_steps):
+            raise ConfigError("fragments", f"needs a fixed local_steps H, not {self.local_steps!r}")
+        if self.local_steps_base % self.fragments:
+            raise ConfigError("fragments", f"{self.fragments} must divide local_steps {self.local_steps_base} "
+                              "(one fragment every H/F inner steps)")
+        if self.compress or self.wire_dtype != "float32":
+            raise ConfigError("fragments", "pushes with outer_dtype; remove compress and wire_dtype")
+        if self.compress_pull:
+            raise ConfigError("fragments", "pulls each fragment's weights dense (a compressed pull is the change of "
+                              "the whole shard since the worker's copy); remove compress_pull")
 
 
 @dataclass(frozen=True, kw_only=True)

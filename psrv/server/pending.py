@@ -21,6 +21,7 @@ class Pending:
     received: float
     push: dict | None  # the push half of a PUSH_PULL, for the reply
     view: object = 0   # the number of the copy a compressed pull's worker holds (psrv/server/pulls.py)
+    fragment: tuple | None = None  # streaming DiLoCo: answer with this fragment's weights only (psrv/server/fragments.py)
 
 
 class PendingPulls:
@@ -36,10 +37,10 @@ class PendingPulls:
         return len(self._items)
 
     def add(self, peer: Hashable, *, worker: int, seq: int, clock: int, final: bool, received: float,
-            push: dict | None, view: object = 0) -> None:
+            push: dict | None, view: object = 0, fragment: tuple | None = None) -> None:
         p = self._items.get((worker, seq))
         if p is None:
-            self._items[worker, seq] = Pending([peer], worker, seq, clock, final, received, push, view)
+            self._items[worker, seq] = Pending([peer], worker, seq, clock, final, received, push, view, fragment)
         elif peer not in p.peers:
             p.peers = [*p.peers[1 - MAX_PEERS:], peer]
 

@@ -11,6 +11,7 @@ from psrv.protocol import ErrorCode, Message, ProtocolError
 from psrv.server import onebit_adam, validate
 from psrv.server.consistency import Decision
 from psrv.server.dedup import refused_again
+from psrv.server.fragments import fragment_key, numel
 from psrv.server.rules import PushContext
 
 log = logging.getLogger("psrv.server")
@@ -21,13 +22,15 @@ def take_push(s, msg: Message) -> dict:
     A non-finite one is never applied: refused (--nonfinite reject) or dropped (skip), counted once."""
     started = time.perf_counter()
     shard = s.ready_shard(msg, need_init=True)
-    grad = validate.push(msg, shard.size)  # a dense tensor, or a checked compressed push
+    fragment = fragment_key(msg, shard.size)  # streaming DiLoCo: one fragment's elements (psrv/server/fragments.py)
+    grad = validate.push(msg, shard.size if fragment is None else numel(fragment))  # dense, or checked compressed
     validate.push_kind(msg, s.cfg.optimizer)  # a velocity or momentum only where the optimizer takes one
     replayed = s.dedup.replay(msg.worker, msg.seq, shard.version)
     if replayed is not None:
         s.stats.duplicate()
         return refused_again(replayed)
-    finite = validate.all_finite(grad)
+    # a fragment push the worker found non-finite says so to every shard, one with no piece of it too
+    finite = validate.all_finite(grad) and not (fragment is not None and msg.fields.get("nonfinite"))
     if not finite and s.cfg.nonfinite == "reject":  # recorded: a re-send is refused alike, not counted again
         s.stats.pushed(time.perf_counter() - started, None)
         s.stats.drop("invalid")
@@ -57,10 +60,15 @@ def take_push(s, msg: Message) -> dict:
     staleness = max(0, shard.version - msg.base_version)
     s.transport.wait_sent()  # replies still reading the weights must leave before we write them
     if decision is Decision.APPLY:  # the update rule sees the push's context (psrv/server/rules)
-        scale = shard.apply(grad, PushContext(msg.worker, msg.clock, msg.base_version, staleness))
+        ctx = PushContext(msg.worker, msg.clock, msg.base_version, staleness)
+        scale = shard.apply(grad, ctx) if fragment is None else s.fragments.apply(shard, fragment, grad, ctx)
         s.stats.applied(shard.version, lr_scale=scale)
     else:
-        shard.accumulate(grad, momentum=onebit_adam.is_momentum(msg))
+        if fragment is None:
+            s.fragments.check_whole()
+            shard.accumulate(grad, momentum=onebit_adam.is_momentum(msg))
+        else:
+            s.fragments.accumulate(shard, fragment, grad)
         commit_if_ready(s)
     s.stats.pushed(time.perf_counter() - started, staleness)
     s.stats.membership(s.controller.active, {msg.worker: s.controller.clocks[msg.worker]})
@@ -72,9 +80,10 @@ def commit_if_ready(s) -> None:
     was dropped as non-finite moves on without a step (nothing to average)."""
     if s.shard is None or not s.controller.commit_ready():
         return
-    if s.shard.accumulated:
+    if s.shard.accumulated or s.fragments.accumulated:
         s.transport.wait_sent()
-        n = s.shard.apply_accumulated()  # the rule sees the mean at staleness 0 (lr scale 1)
+        # the rule sees the mean at staleness 0 (lr scale 1); a fragment's with its own optimizer
+        n = s.shard.apply_accumulated() if s.shard.accumulated else s.fragments.apply_accumulated(s.shard)
         s.stats.applied(s.shard.version, pushes=n)
     else:
         log.warning("shard %d: clock %d had no finite gradient; moving on without a step",

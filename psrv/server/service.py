@@ -20,6 +20,7 @@ from psrv.server.checkpointing import BackgroundCheckpoints
 from psrv.server.chunked import ChunkedPushes, takes_chunks
 from psrv.server.consistency import make_controller
 from psrv.server.dedup import Dedup
+from psrv.server.fragments import FragmentShards, fragment_key
 from psrv.server.identity import Sessions
 from psrv.server.late import LateStreaks
 from psrv.server.joining import JoinWatch
@@ -63,6 +64,7 @@ class ShardService(ShardPersistence):
         self.dedup = Dedup()
         self.chunks = ChunkedPushes(self)  # pushes arriving chunk by chunk (psrv/server/chunked.py)
         self.held = HeldPushes()  # other workers' pushes while a chunked one is half applied
+        self.fragments = FragmentShards()  # streaming DiLoCo's per-fragment outer optimizers
         self._draining = False
         join_timeout = cfg.join_timeout if join_timeout is None else join_timeout
         self.liveness = Liveness(timeout=cfg.worker_timeout, join_timeout=join_timeout, now=now)
@@ -266,11 +268,13 @@ class ShardService(ShardPersistence):
         self._release()
 
     def _on_pull(self, peer, msg: Message, push: dict | None = None, clock: int | None = None) -> None:
-        self.ready_shard(msg, need_init=False)
+        shard = self.ready_shard(msg, need_init=False)
         self.pulls.expect(msg)
         final = bool(msg.fields.get("final"))
+        fragment = fragment_key(msg, shard.size)
         self.pending.add(peer, worker=msg.worker, seq=msg.seq, clock=msg.clock if clock is None else clock,
-                         final=final, received=self.now(), push=push, view=msg.fields.get("view", 0))
+                         final=final, received=self.now(), push=push, view=msg.fields.get("view", 0),
+                         fragment=fragment)
         if final:  # it pushes no more: a rejoined worker still behind must not wait for it
             self.controller.finish(msg.worker)
             commit_if_ready(self)
@@ -367,6 +371,8 @@ class ShardService(ShardPersistence):
                   "waited": waited, "gap": gap, **extra}
         if p.push is not None:
             fields["push"] = p.push
+        if p.fragment is not None:  # streaming DiLoCo: that fragment's weights, dense (compressed pulls refuse fragments)
+            tensor, parts = self.fragments.weights(self.shard, p.fragment), None
         for peer in p.peers:
             self._reply(peer, Message(MsgType.WEIGHTS, seq=p.seq, fields=fields, tensor=tensor, parts=parts))
 

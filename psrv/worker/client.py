@@ -204,6 +204,21 @@ class PSClient:
         rt = RoundTrip(self, self._pushes(MsgType.PUSH_PULL, grad, clock, cast=False), self._seq, self.timeout)
         return PushPull(self, rt, grad, out)
 
+    def send_round(self, msgs: list[Message]) -> RoundTrip:
+        """Send msgs[s] to shard s now and return without waiting (streaming DiLoCo's fragment push,
+        psrv/worker/streaming.py); `finish_round` waits for the answers. Nothing else may use this client
+        in between."""
+        self._seq += 1
+        rt = RoundTrip(self, msgs, self._seq, self.timeout)
+        for s in range(len(msgs)):
+            rt.send(s)
+        return rt
+
+    def finish_round(self, rt: RoundTrip) -> tuple[Reply, list[torch.Tensor]]:
+        """Wait for `rt`'s answers (send_round's): the Reply, and each shard's tensor as it came."""
+        replies = rt.run()
+        return self._summarise(replies, [r.fields.get("push", {}) for r in replies]), [r.tensor for r in replies]
+
     def share(self, tensor: torch.Tensor) -> torch.Tensor:
         """`tensor`'s values where the transport sends them without a copy (shared memory: a shard on
         this host reads a push from it in place); `tensor` itself where it cannot. Push from it."""

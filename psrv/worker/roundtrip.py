@@ -65,7 +65,7 @@ def in_chunks(msg: Message, chunk_bytes: int) -> list[Message]:
     > 0: PSClient.push_chunk_bytes, once every shard's WELCOME said `chunks`) and its tensor is over
     chunk_bytes, its chunks (psrv/server/chunked.py), each a view of the tensor."""
     t = msg.tensor
-    if not chunk_bytes or t is None or msg.parts is not None:
+    if not chunk_bytes or t is None or msg.parts is not None or "fragment" in msg.fields:  # a fragment goes whole
         return [msg]
     n = chunk_count(t.numel(), max(1, chunk_bytes // t.element_size()))
     if n == 1 or not finite(t):  # a non-finite push goes whole: the shard refuses or drops all of it
@@ -117,7 +117,8 @@ class RoundTrip:
             self.frames[s] = [encode(m) for m in pieces]
             if self.pushing:
                 lo, hi = self.c.ranges[s]
-                self.c.wire.dense_pushed += 4 * (hi - lo)
+                fragment = self.msgs[s].fields.get("fragment")  # streaming DiLoCo: that fragment's elements only
+                self.c.wire.dense_pushed += 4 * (hi - lo if fragment is None else sum(b - a for a, b in fragment))
             self._out(s, self.frames[s], push=self.pushing)
 
     def _out(self, s: int, messages: list[list], *, push: bool = False) -> None:

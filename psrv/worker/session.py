@@ -7,7 +7,8 @@
     ps.close()                       # rank 0 ends with the final weights; every worker leaves
 
 Local SGD / DiLoCo: `psrv.Worker(model, local_steps=H)` with the user's own (inner) optimizer; call
-`opt.step()` then `ps.step()` every step, and every H-th `ps.step()` pushes w_pulled - w_now.
+`opt.step()` then `ps.step()` every step, and every H-th `ps.step()` pushes w_pulled - w_now
+(`fragments=F`: streaming DiLoCo, one fragment every H/F steps; `outer_dtype`: those pushes quantised).
 
 Clocks, versions, the partition plan and the flat buffers stay inside.
 """
@@ -35,6 +36,8 @@ from psrv.worker.step_info import StepInfo
 from psrv.worker.recorded import RecordedWorker
 from psrv.worker.script_evals import Evaluations
 from psrv.worker.steplog import StepLog, check_step_args
+from psrv.worker.fragments import Fragments
+from psrv.worker.streaming import StreamingOuter, outer_wire
 from psrv.worker.waiting import LIBRARY_OPTION
 
 log = logging.getLogger("psrv.worker")
@@ -78,7 +81,11 @@ class Worker(RecordedWorker):
     as the gradient, for the servers' (outer) optimizer, and pulls; the other calls send nothing and
     return `pushed=False`. close() pushes the inner steps done since the last push, if any. No
     early sends then (the push is known only after the inner step); a clip applies to the pushed
-    vector. `pseudo_grad_norms` holds each push's norm.
+    vector. `pseudo_grad_norms` holds each push's norm. `outer_dtype` (float32, bfloat16, int8, fp4)
+    quantises the pushed pseudo-gradients for the wire, without error feedback; the servers average them in
+    float32. `fragments` F > 1 is streaming DiLoCo (psrv/worker/streaming.py): every H/F calls push one
+    strided fragment of the parameter tensors in turn, and its answer is mixed into the model at the next
+    step(), the caller's inner step running meanwhile.
 
     `compress` (psrv/codecs; '' : none) compresses each shard's push: topk:RATIO, randomk:RATIO, sign,
     int8 with error feedback (off with `error_feedback=False`; the residuals are in state_dict()),
@@ -128,7 +135,8 @@ class Worker(RecordedWorker):
                  rank: int | None = None, world_size: int | None = None, transport: str = _PLACE.transport,
                  timeout: float = _WORKER.request_timeout, curve_keys: str = "", wire_dtype: str = _WORKER.wire_dtype,
                  overlap: bool = _WORKER.overlap, clip_grad_norm: float | None = 0.0,
-                 local_steps: int | str | None = None, compress: str = _WORKER.compress,
+                 local_steps: int | str | None = None, fragments: int = _WORKER.fragments,
+                 outer_dtype: str = _WORKER.outer_dtype, compress: str = _WORKER.compress,
                  error_feedback: bool = _WORKER.error_feedback, compress_min_numel: int = _WORKER.compress_min_numel,
                  momentum_correction: bool = _WORKER.momentum_correction,
                  momentum_masking: bool = _WORKER.momentum_masking, compress_warmup: int = _WORKER.compress_warmup,
@@ -142,6 +150,9 @@ class Worker(RecordedWorker):
                 local_steps = parse_local_steps(local_steps)
             except ValueError as exc:
                 raise ValueError(f"local_steps {exc} (None: off)") from None
+        wire_dtype, compress, error_feedback, compress_min_numel = outer_wire(
+            local_steps, fragments, outer_dtype, wire_dtype=wire_dtype, compress=compress,
+            error_feedback=error_feedback, compress_min_numel=compress_min_numel)
         if clip_grad_norm is not None and not clip_grad_norm >= 0:
             raise ValueError(f"clip_grad_norm must be >= 0 (0: off); got {clip_grad_norm!r}")
         self.rank = int(rank if rank is not None else env("RANK"))
@@ -151,6 +162,10 @@ class Worker(RecordedWorker):
         self.model = model
         self._flat = FlatModel(model, grads=False)  # the flat gradient is placed below
         self.plan = PartitionPlan.from_module(model, len(servers))
+        pieces = Fragments(self.plan, fragments) if fragments > 1 else None  # ValueError: more than the tensors
+        if pieces is not None and compress_pull:
+            raise ValueError("fragments pull each fragment's weights dense (a compressed pull is the change of the "
+                             "whole shard since this worker's copy); leave compress_pull unset")
         self._readiness: ShardReadiness | None = None  # made after HELLO, which says the mode
         self._client = PSClient(servers, self.plan, worker=self.rank, world_size=self.world_size,
                                 transport=transport, timeout=timeout, curve_keys=curve_keys, wire_dtype=wire_dtype,
@@ -171,7 +186,10 @@ class Worker(RecordedWorker):
         self.steps = 0
         self.early_sends = 0  # shard pushes sent while backward was still running
         self.local_steps = local_steps
-        self._period = LocalPeriod(local_steps) if local_steps is not None else None
+        self._period = LocalPeriod(local_steps if pieces is None else local_steps // fragments) \
+            if local_steps is not None else None
+        self.fragments, self.outer_dtype = fragments, outer_dtype
+        self._stream: StreamingOuter | None = None  # fragments > 1: streaming DiLoCo
         self.pseudo_grad_norms: list[float] = []  # one per push with local_steps
         self._pulled: torch.Tensor | None = None  # the weights last pulled (local_steps)
         try:
@@ -182,6 +200,10 @@ class Worker(RecordedWorker):
             except ValueError:
                 self._abandon()
                 raise
+            if self.clip_grad_norm and pieces is not None:
+                self._abandon()
+                raise ValueError("clip_grad_norm clips by the global norm; fragments push one fragment at a time "
+                                 "(fragments=1, or no clip here and on the servers)")
             self._clip_here = bool(self.clip_grad_norm) and self.mode != "sync"  # sync: the servers clip
             if overlap and self.plan.num_shards > 1 and not self._clip_here and local_steps is None:
                 self._readiness = ShardReadiness(model, self.plan.ranges)
@@ -191,6 +213,9 @@ class Worker(RecordedWorker):
             self._clock, self._version = first.clock, min(first.versions)
             if local_steps is not None:
                 self._pulled = self._flat.params.clone()
+            if pieces is not None:
+                self._stream = StreamingOuter(self._client, self._flat.params, self._pulled, pieces, outer_dtype,
+                                              norms=self.pseudo_grad_norms)
         except KeyboardInterrupt:
             self._abandon()
             raise
@@ -229,6 +254,8 @@ class Worker(RecordedWorker):
         t0 = time.perf_counter()
         check_step_args(loss, batch_size)
         self._check_open()
+        if self._stream is not None:
+            return self._streaming_step(t0, loss, batch_size)
         if self._period is not None and not self._period.stepped(t0):
             return self._local_step(t0, loss, batch_size)
         try:
@@ -271,7 +298,9 @@ class Worker(RecordedWorker):
             if self._pushing is not None:  # a backward after the last step() already sent some shards
                 log.warning("worker %d: a backward after the last step(); pushing its gradient", self.rank)
                 self._finish()
-            if self._period is not None and self._period.pending:  # inner steps not pushed yet
+            if self._stream is not None:  # the fragment in flight, then the inner steps not pushed yet
+                self._settle_stream()
+            elif self._period is not None and self._period.pending:  # inner steps not pushed yet
                 self._finish()
             if self._readiness is not None:
                 self._readiness.disarm()
@@ -342,7 +371,8 @@ class Worker(RecordedWorker):
         local steps, each push's pseudo-gradient norm and inner steps."""
         local = {} if self.local_steps is None else {
             "local_steps": self.local_steps, "pseudo_grad_norms": list(self.pseudo_grad_norms),
-            "inner_steps_per_push": self.inner_steps_per_push}
+            "inner_steps_per_push": self.inner_steps_per_push, "fragments": self.fragments,
+            "outer_dtype": self.outer_dtype}
         return {"early_sends": self.early_sends, **self.wire_bytes(), **local}
 
     def wire_bytes(self) -> dict:
@@ -374,6 +404,42 @@ class Worker(RecordedWorker):
         self._logged(info, loss, batch_size, t0)
         self._period.returned(time.perf_counter())
         return info
+
+    def _streaming_step(self, t0: float, loss, batch_size) -> StepInfo:
+        """Streaming DiLoCo's step() (psrv/worker/streaming.py): merge the fragment pushed at the last
+        step() (its answer arrived while the caller's inner step ran, or is waited for now), then push the
+        next fragment if H/F inner steps have passed since the last push, without waiting for it."""
+        try:
+            reply = self._stream.merge() if self._stream.in_flight else None
+            if reply is not None:
+                self._clock, self._version = reply.clock, min(reply.versions)
+            self._flat.zero_grad()
+            pushed = self._period.stepped(t0)
+            if pushed:
+                self._stream.send(self._clock)
+                self._period.pushed(None)
+        except BaseException:
+            self._abandon()
+            raise
+        info = StepInfo(step=self.steps, clock=self._clock, version=self._version,
+                        staleness=reply.staleness if reply else 0, waited=reply.waited if reply else 0.0,
+                        seconds=time.perf_counter() - t0, pushed=pushed)
+        self.steps += 1
+        self._logged(info, loss, batch_size, t0)
+        self._period.returned(time.perf_counter())
+        return info
+
+    def _settle_stream(self) -> None:
+        """close() under streaming DiLoCo: merge the fragment in flight; inner steps taken since the last push
+        push the next fragment in turn, waited for (as plain DiLoCo's close() pushes a last, shorter round)."""
+        if self._stream.in_flight:
+            reply = self._stream.merge()
+            self._clock, self._version = reply.clock, min(reply.versions)
+        if self._period.pending:
+            self._stream.send(self._clock)
+            self._period.pushed(None)
+            reply = self._stream.merge()
+            self._clock, self._version = reply.clock, min(reply.versions)
 
     def _logged(self, info: StepInfo, loss, batch_size, started: float) -> None:
         """The step's row in the step log, if one is kept: compute since the previous step() returned."""

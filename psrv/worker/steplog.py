@@ -71,6 +71,8 @@ RECORD = {  # a worker record's keys (a run directory's worker-R.json)
     "local_steps": "local steps H as given", "inner_steps": "local steps: inner steps run",
     "pseudo_grad_norms": "local steps: each push's pseudo-gradient norm",
     "inner_steps_per_push": "local steps: the inner steps each push carried",
+    "fragments": "local steps: streaming DiLoCo's fragments F (1: the whole model per push)",
+    "outer_dtype": "local steps: the pushed pseudo-gradients' wire dtype",
     "interrupted": "stopped by Ctrl-C or SIGTERM", "steps_done": "interrupted: the steps that ran",
 }
 

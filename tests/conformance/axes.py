@@ -36,6 +36,8 @@ AXES: dict[str, tuple] = {
     "optimizer": ("sgd", "nesterov", "adam", "adamw", "onebit_adam"),
     "rule": ("plain", "staleness-lr", "dc-asgd", "dc-asgd-a", "dn"),
     "local": (1, 2),
+    "fragments": (1, 2),
+    "outer": ("float32", "bfloat16", "int8", "fp4"),
     "nonfinite": ("none", "skip", "reject"),
     "backup": (0, 1),
     "clip": (0.0, 1.0),
@@ -77,7 +79,8 @@ def run_config(case: dict, *, workers: int | None = None) -> RunConfig:
               "momentum_correction": c["correction"] == "on", "compress_warmup": c["warmup"],
               "momentum_masking": c["masking"] == "on", "sign_scale": c["sign_scale"],
               "push_chunk_mb": CHUNK_MB if c["chunks"] == "on" else 0.0, "overlap": c["overlap"] == "on",
-              "local_steps": c["local"], "request_timeout": 30.0, "compress_pull": CODEC_SPEC[c["pull"]],
+              "local_steps": c["local"], "fragments": c["fragments"], "outer_dtype": c["outer"],
+              "request_timeout": 30.0, "compress_pull": CODEC_SPEC[c["pull"]],
               "pull_error_feedback": c["ef"] == "on", "pull_resync": PULL_RESYNC}
     if c["local"] > 1:
         worker.update(inner_optimizer="sgd", inner_lr=0.05)

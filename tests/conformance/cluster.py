@@ -147,13 +147,17 @@ def _worker(cfg: RunConfig, rank: int, job, addresses: list[str], *, turns: Turn
     ps = Worker(model, w.servers, rank=rank, world_size=w.world_size, transport=w.transport,
                 timeout=w.request_timeout, wire_dtype=w.wire_dtype, overlap=w.overlap,
                 clip_grad_norm=w.clip_grad_norm, local_steps=w.local_steps if w.local_updates else None,
+                fragments=w.fragments, outer_dtype=w.outer_dtype,
                 compress=w.compress, error_feedback=w.error_feedback, compress_min_numel=w.compress_min_numel,
                 momentum_correction=w.momentum_correction, momentum_masking=w.momentum_masking,
                 compress_warmup=w.compress_warmup, sign_scale=w.sign_scale,
                 shared_memory=w.shared_memory, bulk=w.bulk, push_chunk_mb=w.push_chunk_mb,
                 compress_pull=w.compress_pull, pull_error_feedback=w.pull_error_feedback, pull_resync=w.pull_resync)
     steps = out.steps.setdefault(rank, [])
-    hand_off = cfg.mode == "sync" and cfg.backup_workers  # a push may wait for the next worker's
+    # a push may wait for the next worker's (sync with backup workers); a fragment push (streaming DiLoCo)
+    # returns before it is handled: either way the turn passes once the shards have handled it
+    streaming = w.fragments > 1
+    hand_off = cfg.mode == "sync" and cfg.backup_workers or streaming
     ready.wait()
     try:
         for step in range(w.job.steps):
@@ -162,7 +166,7 @@ def _worker(cfg: RunConfig, rank: int, job, addresses: list[str], *, turns: Turn
             loss.backward()
             if inner is not None:
                 inner.step()
-            pushes = not w.local_updates or (step + 1) % w.local_steps == 0
+            pushes = not w.local_updates or (step + 1) % (w.local_steps // w.fragments) == 0
             handled = Handled(addresses, turns, ticket) if hand_off and pushes else None
             try:
                 steps.append(ps.step())
@@ -171,8 +175,11 @@ def _worker(cfg: RunConfig, rank: int, job, addresses: list[str], *, turns: Turn
                 return parameters_to_vector(model.parameters()).detach().clone()
             finally:
                 if handled is not None:
+                    if streaming and rank not in out.errors:
+                        handled.thread.join(TIMEOUT)  # the push handled: only then may the next turn begin
                     handled.close()
-            turns.done(ticket)
+            if not (streaming and pushes):  # Handled passed it on
+                turns.done(ticket)
         ps.close()
         out.early_sends[rank] = ps.early_sends
     finally:

@@ -11,7 +11,7 @@ small tensors (under compress_min_numel) sent exactly beside the codec, and erro
   elements, sqrt(mean x_i^2) (l2: 1-bit Adam's, Tang et al. 2021) or mean |x_i| (l1: EF-SignSGD's,
   Karimireddy et al. 2019).
 - int8 (absmax, per block of 1024): s = max |x_i| over the block's covered elements / 127, q = round(x/s)
-  clamped to [-127, 127], received as q s; an all-zero block has s = 1.
+  clamped to [-127, 127], received as q s; an all-zero block has s = 1. fp4: the same with 7 for 127.
 - error feedback (EF-SGD, Karimireddy et al. 2019): x = g + e; send C(x); e <- x - C(x) once the push
   was applied (a dropped push leaves e as it was).
 - momentum correction (Lin et al. 2018, Deep Gradient Compression, Algorithm 1 with momentum factor
@@ -26,6 +26,7 @@ import math
 import torch
 
 BLOCK = 1024
+LEVELS = {"int8": 127, "fp4": 7}  # absmax quantisation's steps each side of zero
 
 
 def covered(slice_lo: int, slice_hi: int, sizes: list[int], min_numel: int) -> torch.Tensor:
@@ -69,10 +70,11 @@ def received(name: str, x: torch.Tensor, cover: torch.Tensor, *, ratio: float, d
         if name == "sign":
             scale = mags.square().mean().sqrt() if sign_scale == "l2" else mags.mean()
             value = torch.where(xb >= 0, 1.0, -1.0) * scale
-        elif name == "int8":
-            s = mags.max() / 127
+        elif name in LEVELS:
+            top = LEVELS[name]
+            s = mags.max() / top
             s = torch.where(s == 0, torch.ones_like(s), s)
-            value = torch.round(xb / s).clamp(-127, 127) * s
+            value = torch.round(xb / s).clamp(-top, top) * s
         else:
             raise ValueError(name)
         out[b] = torch.where(cb, value, xb)

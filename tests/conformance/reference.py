@@ -95,6 +95,11 @@ class Reference:
         starts = [i * base + min(i, extra) for i in range(s + 1)]
         self.ranges = list(zip(starts, starts[1:]))
         self.codec = w.compress if w.compress in CODEC_SPEC.values() and w.compress else ""
+        self.ef, self.min_numel, self.wire = w.error_feedback, w.compress_min_numel, w.wire_dtype
+        if w.fragments == 1 and w.outer_dtype in ("int8", "fp4"):  # the outer dtype is the codec, over every
+            self.codec, self.ef, self.min_numel = w.outer_dtype, False, 0  # element, without error feedback
+        elif w.fragments == 1 and w.outer_dtype == "bfloat16":
+            self.wire = "bfloat16"
         self.h = w.local_steps if w.local_updates else 1
         self.counts = {"pushes": 0, "pushes_applied": 0, "updates_applied": 0, "dropped": Counter()}
         self.hist: Counter = Counter()
@@ -102,7 +107,7 @@ class Reference:
         self.refused: set[int] = set()
         self.inner_lr = w.inner_lr
         self.onebit = self.o.name == "onebit_adam"
-        self.velocity = bool(w.momentum_correction and w.error_feedback and self.codec and self.o.name == "sgd"
+        self.velocity = bool(w.momentum_correction and self.ef and self.codec and self.o.name == "sgd"
                              and self.o.momentum)
 
     # --- a worker's half ------------------------------------------------------------------
@@ -131,7 +136,7 @@ class Reference:
                 return v.clone(), True, {}
             v, name = wk.momentum.clone(), name or "sign"
         if not name:
-            return v.to(CAST[self.cfg.worker.wire_dtype]).float(), True, {}
+            return v.to(CAST[self.wire]).float(), True, {}
         ratio = float(self.codec.partition(":")[2] or 0)
         warmup = self.cfg.worker.compress_warmup
         if ratio and clock < warmup:  # DGC's warm-up training: stage s of four sends RATIO^((s+1)/5)
@@ -144,14 +149,14 @@ class Reference:
                 g = d.add(wk.pulled[lo:hi], alpha=self.o.weight_decay) if self.o.weight_decay else d
                 velocity = torch.mul(wk.velocity[lo:hi], self.o.momentum).add_(g)
                 d = torch.add(g, velocity, alpha=self.o.momentum) if self.o.nesterov else velocity
-            x = d + wk.error[s] if self.cfg.worker.error_feedback and s in wk.error else d.clone()
+            x = d + wk.error[s] if self.ef and s in wk.error else d.clone()
             draw = wk.draws.setdefault(s, torch.Generator().manual_seed(_draw_seed(wk.rank, s)))
-            sent, chosen = received(name, x, covered(lo, hi, self.sizes, self.cfg.worker.compress_min_numel),
+            sent, chosen = received(name, x, covered(lo, hi, self.sizes, self.min_numel),
                                     ratio=ratio, draw=draw, sign_scale=self._sign_scale())
             out[lo:hi] = sent
             if velocity is not None and chosen is not None and self.cfg.worker.momentum_masking:  # DGC's masking
                 velocity = velocity.index_fill(0, chosen, 0.0)
-            keep[s] = (x - sent if self.cfg.worker.error_feedback else None, velocity)
+            keep[s] = (x - sent if self.ef else None, velocity)
         return out, True, keep
 
     def _sign_scale(self) -> str:

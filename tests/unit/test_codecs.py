@@ -48,6 +48,17 @@ def ref_int8(x: torch.Tensor, chunk: int, dense: set[int] = frozenset()) -> torc
     return out
 
 
+def ref_fp4(x: torch.Tensor, chunk: int, dense: set[int] = frozenset()) -> torch.Tensor:
+    """int8's absmax scheme at 4 bits: q = round(x / s) in [-7, 7], s = max |x_i| / 7 per chunk."""
+    out = x.clone()
+    for a in range(0, len(x), chunk):
+        own = [i for i in range(a, min(a + chunk, len(x))) if i not in dense]
+        s = max((abs(float(x[i])) for i in own), default=0.0) / 7 or 1.0
+        for i in own:
+            out[i] = max(-7, min(7, round(float(x[i]) / s))) * s
+    return out
+
+
 def roundtrip(spec: str, x: torch.Tensor) -> torch.Tensor:
     codec = make(spec)
     fields = {"name": codec.name, **codec.params(), "n": len(x)}
@@ -80,8 +91,17 @@ def test_int8_is_absmax_quantisation_per_chunk():
     assert torch.equal(roundtrip("int8", zeros), zeros)  # degenerate: an all-zero chunk
 
 
+def test_fp4_is_4_bit_absmax_quantisation_per_chunk_two_to_a_byte():
+    odd = X[:2499]  # an odd count: the last byte's high nibble is padding
+    parts = make("fp4").encode(odd, None)
+    assert parts["q"].dtype == torch.uint8 and parts["q"].numel() == 1250
+    torch.testing.assert_close(roundtrip("fp4", odd), ref_fp4(odd, 1024), rtol=1e-6, atol=1e-7)
+    assert torch.equal(roundtrip("fp4", torch.zeros(9)), torch.zeros(9))
+
+
 @pytest.mark.parametrize("spec,ref", [("topk:0.05", lambda x: ref_topk(x, 0.05)), ("sign", lambda x: ref_sign(x, 1024)),
-                                      ("int8", lambda x: ref_int8(x, 1024))], ids=["topk", "sign", "int8"])
+                                      ("int8", lambda x: ref_int8(x, 1024)), ("fp4", lambda x: ref_fp4(x, 1024))],
+                         ids=["topk", "sign", "int8", "fp4"])
 def test_error_feedback_sends_what_earlier_pushes_left_out(spec, ref):
     """EF-SGD: p_t = C(g_t + e_t), e_{t+1} = g_t + e_t - p_t, over three pushes of one shard."""
     plan = PartitionPlan((ParamSpec("w", (2500,)),), 1)
@@ -136,7 +156,8 @@ def test_a_chunk_scale_leaves_out_the_elements_that_travel_dense(spec):
     torch.testing.assert_close(got[:1014], g[:1014], rtol=1e-6, atol=0)
 
 
-@pytest.mark.parametrize("spec,ref", [("sign", ref_sign), ("int8", ref_int8)], ids=["sign", "int8"])
+@pytest.mark.parametrize("spec,ref", [("sign", ref_sign), ("int8", ref_int8), ("fp4", ref_fp4)],
+                         ids=["sign", "int8", "fp4"])
 def test_sign_and_int8_scale_each_chunk_over_the_elements_they_cover(spec, ref):
     """Chunks of 16, tensors under 8 elements dense: a dense one inside a chunk, three filling the chunk
     [32, 48) and running into the next, one in the last (partial) chunk; every scale is over the rest."""
@@ -152,7 +173,7 @@ def test_sign_and_int8_scale_each_chunk_over_the_elements_they_cover(spec, ref):
     torch.testing.assert_close(got, ref(x, 16, dense), rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("spec", ["sign", "int8"])
+@pytest.mark.parametrize("spec", ["sign", "int8", "fp4"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")], ids=["nan", "inf", "-inf"])
 def test_a_nan_or_inf_gives_its_chunk_a_non_finite_scale(spec, bad):
     """Never finite parts for a non-finite input: the shard reads the scales to refuse it."""
@@ -166,7 +187,7 @@ def test_a_nan_or_inf_gives_its_chunk_a_non_finite_scale(spec, bad):
     assert not all(torch.isfinite(t).all() for t in decoded.floats())
 
 
-@pytest.mark.parametrize("spec", ["sign", "int8"])
+@pytest.mark.parametrize("spec", ["sign", "int8", "fp4"])
 @pytest.mark.parametrize("at", [500, 1019], ids=["compressed", "dense"])
 def test_a_push_with_a_nan_anywhere_is_non_finite(spec, at):
     """Through the worker's encoder: a NaN in the compressed elements shows in a scale, one in a small

@@ -29,6 +29,7 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     "dc_lambda": {"optimizer": {"update_rule": "dc-asgd"}},
     "dn_period": {"optimizer": {"update_rule": "dn", "nesterov": True}},
     "inner_lr": {"worker": {"local_steps": 5}},
+    "fragments": {"worker": {"local_steps": 4}}, "outer_dtype": {"worker": {"local_steps": 4}},
     "ddp_comm_hook": {"mode": "ddp"}, "wait_barrier": {"mode": "ddp"}, "stall_timeout": {"mode": "ddp"},
     "freeze_step": {"mode": "sync", "optimizer": {"name": "onebit_adam"}},
     "powersgd_rank": {"mode": "ddp", "allreduce": {"ddp_comm_hook": "powersgd"}},

@@ -54,9 +54,11 @@ def test_from_settings_passes_every_worker_setting_by_name():
                    "clip_grad_norm": 1.5, "local_steps": None, "compress": "int8", "error_feedback": False,
                    "compress_min_numel": 7, "momentum_correction": False, "momentum_masking": True,
                    "compress_warmup": 3, "sign_scale": "l1", "shared_memory": "off", "bulk": "auto",
-                   "push_chunk_mb": 2.0, "compress_pull": "", "pull_error_feedback": True, "pull_resync": 100}
-    local = _Keywords.from_settings(None, WorkerConfig(servers=("tcp://127.0.0.1:1",), local_steps=4)).keywords
-    assert local["local_steps"] == 4  # with its inner optimizer (adamw by default)
+                   "push_chunk_mb": 2.0, "compress_pull": "", "pull_error_feedback": True, "pull_resync": 100,
+                   "fragments": 1, "outer_dtype": "float32"}
+    local = _Keywords.from_settings(None, WorkerConfig(servers=("tcp://127.0.0.1:1",), local_steps=4, fragments=2,
+                                                       outer_dtype="fp4")).keywords
+    assert (local["local_steps"], local["fragments"], local["outer_dtype"]) == (4, 2, "fp4")  # with its inner optimizer
 
 
 def test_every_worker_setting_reaches_psrv_worker_or_is_the_shipped_loops():

@@ -1,0 +1,131 @@
+"""Streaming DiLoCo on a shard (Douillard et al. 2025, arXiv:2501.18512): a push that carries one fragment of
+the model, and the outer optimizer of that fragment alone.
+
+A worker syncing fragment f sends, in its push's field `fragment`, the shard-relative [start, stop) ranges
+the fragment holds in this shard (sorted, disjoint: the pieces of the fragment's tensors here), and as its
+tensor (or compressed parts) only those elements, in that order. The shard keeps one `Shard` per fragment
+(keyed by its ranges) with its own optimizer and update-rule state over the fragment's elements: in the
+paper every fragment has its outer optimizer to itself, so an outer Nesterov momentum moves a fragment only
+when that fragment is synced, never on another's clock. A step gathers the fragment's weights into its
+Shard, steps it with the push (async, ssp: `apply`; sync: the clock's mean, `apply_accumulated`) and
+scatters them back; the shard's version counts every fragment step. The reply of a push_pull carries the
+fragment's weights only (`weights`), so a fragment push and its pull each move 1/F of the model.
+
+A fragment may have no piece in a shard: that shard gets an empty push, stepped as an empty update so its
+version moves with the others'. So that every shard decides alike on a non-finite push, the worker marks a
+fragment push whose pseudo-gradient has a NaN or Inf anywhere with `nonfinite` (to every shard): each shard
+then treats it as non-finite (--nonfinite), an empty or finite piece too.
+
+Every push of a sync clock must carry the same fragment (the workers sync them in one order); a push of
+another fragment, or a whole push, into a clock open with a fragment is refused, NOT_ALLOWED. The
+per-fragment optimizer states are not in the shard's checkpoint: a restored shard restarts them from zero.
+"""
+from __future__ import annotations
+
+import torch
+
+from psrv.codecs import Decoded
+from psrv.protocol import ErrorCode, Message, ProtocolError
+from psrv.server.rules import PushContext
+from psrv.server.shard import Shard
+
+MAX_RANGES = 4096  # keeps the header far under its 64 KiB
+
+Key = tuple[tuple[int, int], ...]
+
+
+def fragment_key(msg: Message, size: int) -> Key | None:
+    """The fragment a push or pull names (field `fragment`), checked against a shard of `size`: sorted,
+    disjoint [start, stop) pairs within it; None where it names none; MALFORMED otherwise."""
+    ranges = msg.fields.get("fragment")
+    if ranges is None:
+        return None
+    if "chunk" in msg.fields:
+        raise ProtocolError(ErrorCode.MALFORMED, "a fragment push goes whole, not in chunks")
+    if not isinstance(ranges, list) or len(ranges) > MAX_RANGES:
+        raise ProtocolError(ErrorCode.MALFORMED, f"fragment must be a list of at most {MAX_RANGES} [start, stop] pairs")
+    end = 0
+    for r in ranges:
+        if not (isinstance(r, list) and len(r) == 2 and all(type(v) is int for v in r) and end <= r[0] < r[1] <= size):
+            raise ProtocolError(ErrorCode.MALFORMED, f"fragment range {r!r} is not a sorted, disjoint "
+                                f"[start, stop) within [0, {size})")
+        end = r[1]
+    return tuple((a, b) for a, b in ranges)
+
+
+def numel(key: Key) -> int:
+    return sum(b - a for a, b in key)
+
+
+class FragmentShards:
+    """The per-fragment optimizers of one shard, and the fragment of the open sync clock."""
+
+    def __init__(self) -> None:
+        self._shards: dict[Key, Shard] = {}
+        self.open: Key | None = None  # the fragment the open sync clock accumulates
+
+    @property
+    def accumulated(self) -> int:
+        """Pushes in the open sync clock's fragment sum."""
+        return self._shards[self.open].accumulated if self.open is not None else 0
+
+    def weights(self, shard: Shard, key: Key) -> torch.Tensor:
+        """The fragment's weights, gathered (a pull's answer)."""
+        if not key:
+            return shard.weights[:0]
+        return torch.cat([shard.weights[a:b] for a, b in key])
+
+    def apply(self, shard: Shard, key: Key, grad: torch.Tensor | Decoded, ctx: PushContext) -> float:
+        """One step of the fragment's own optimizer with `grad` (async, ssp); returns the rule's lr scale."""
+        sub = self._gathered(shard, key)  # a fragment with no piece here steps an empty one: the rule still counts it
+        scale = sub.apply(grad, ctx)
+        self._scatter(shard, key, sub)
+        return scale
+
+    def accumulate(self, shard: Shard, key: Key, grad: torch.Tensor | Decoded) -> None:
+        """Add `grad` to the open sync clock's sum of fragment `key`; NOT_ALLOWED for another fragment, or a
+        fragment where whole pushes are accumulating."""
+        if shard.accumulated or self.open not in (None, key):
+            raise ProtocolError(ErrorCode.NOT_ALLOWED, "this sync clock accumulates another fragment (or the whole "
+                                "shard): every worker must sync the same fragment at the same clock")
+        self._sub(shard, key).accumulate(grad)
+        self.open = key
+
+    def check_whole(self) -> None:
+        """A whole push may join the open sync clock only where no fragment accumulates."""
+        if self.open is not None:
+            raise ProtocolError(ErrorCode.NOT_ALLOWED, "this sync clock accumulates a fragment; a whole push "
+                                "cannot join it")
+
+    def apply_accumulated(self, shard: Shard) -> int:
+        """The open clock's step: the fragment's optimizer with the mean of its pushes; returns how many."""
+        key, self.open = self.open, None
+        sub = self._gathered(shard, key)
+        n = sub.apply_accumulated()
+        self._scatter(shard, key, sub)
+        return n
+
+    def _sub(self, shard: Shard, key: Key) -> Shard:
+        sub = self._shards.get(key)
+        if sub is None:
+            if shard.rule.records_pulls or shard.optim_cfg.clip_grad_norm:
+                raise ProtocolError(ErrorCode.NOT_ALLOWED, "this shard clips by the global norm or corrects by each "
+                                    "worker's pulled weights (dc-asgd): it takes whole pushes, not fragments")
+            sub = self._shards[key] = Shard(numel(key), shard.optim_cfg, device=str(shard.device))
+            sub.initialised = True
+        return sub
+
+    def _gathered(self, shard: Shard, key: Key) -> Shard:
+        sub = self._sub(shard, key)
+        at = 0
+        for a, b in key:
+            sub.weights[at:at + b - a].copy_(shard.weights[a:b])
+            at += b - a
+        return sub
+
+    def _scatter(self, shard: Shard, key: Key, sub: Shard) -> None:
+        at = 0
+        for a, b in key:
+            shard.weights[a:b].copy_(sub.weights[at:at + b - a])
+            at += b - a
+        shard.version += 1

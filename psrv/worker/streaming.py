@@ -1,0 +1,111 @@
+"""Streaming DiLoCo on the worker (Douillard et al. 2025, arXiv:2501.18512, "Streaming DiLoCo with
+overlapping communication"): psrv.Worker's `fragments` F > 1 with `local_steps` H.
+
+Every H/F inner steps the worker pushes one fragment (psrv/worker/fragments.py), in turn 0, 1, ..., F-1, 0, ...,
+so each fragment is synced once per H inner steps, staggered. The push is fragment f's pseudo-gradient
+Δ_f = θ_global,f - θ_local,f (its weights at its last sync minus the model's), as a PUSH_PULL that carries f's
+elements only and whose answer is f's new global weights θ'_global,f from the servers' outer step
+(psrv/server/fragments.py). It is sent when step() is called and not waited for: the caller's next inner step
+runs while it travels (the paper's overlap, τ = 1 inner step). The next step() call first merges the answer,
+blocking only if it has not arrived:
+
+    θ_local,f  <- α θ_local,f + (1 - α) θ'_global,f        (α = MIX = 1/2)
+    θ_global,f <- θ'_global,f                              (the base of f's next pseudo-gradient)
+
+the paper's mixing (its eq. for overlapped merges), α = 1/2: a plain replacement (α = 0) would throw away
+the inner step taken meanwhile, and the paper finds mixing no worse with τ = 1. `outer_dtype` quantises Δ_f
+for the wire (bfloat16, or int8 / fp4 with a float32 scale per 1024 elements, psrv/codecs, no error
+feedback); the servers dequantise and average in float32.
+"""
+from __future__ import annotations
+
+import torch
+
+from psrv.config.sections import OUTER_DTYPES
+from psrv.codecs.fp4 import Fp4
+from psrv.codecs.int8 import Int8
+from psrv.codecs.push import finite
+from psrv.protocol import MsgType
+from psrv.worker.fragments import Fragments
+from psrv.local_period import base_steps
+from psrv.worker.roundtrip import Reply, RoundTrip
+
+MIX = 0.5  # α: the local weights' share in a merged fragment
+CODECS = {"int8": Int8, "fp4": Fp4}
+
+
+class StreamingOuter:
+    """One worker's fragment pushes: `send(clock)` the next fragment's pseudo-gradient, `merge()` its answer
+    into the model (`params`) and the weights last synced (`pulled`), both flat float32 vectors."""
+
+    def __init__(self, client, params: torch.Tensor, pulled: torch.Tensor, fragments: Fragments,
+                 outer_dtype: str = "float32", *, norms: list[float] | None = None):
+        self.client, self.params, self.pulled, self.fragments = client, params, pulled, fragments
+        self.codec = CODECS[outer_dtype]() if outer_dtype in CODECS else None
+        self.cast = torch.bfloat16 if outer_dtype == "bfloat16" else None
+        self.pushes = 0  # fragment pushes sent: the next is fragment pushes % F
+        self.norms = [] if norms is None else norms  # each push's pseudo-gradient norm, appended
+        self._flight: tuple[int, RoundTrip] | None = None
+
+    @property
+    def in_flight(self) -> bool:
+        return self._flight is not None
+
+    def send(self, clock: int) -> None:
+        """Push the next fragment's pseudo-gradient at `clock` and return at once (merge() takes the answer)."""
+        assert self._flight is None, "a fragment push is in flight: merge() it first"
+        frags, f = self.fragments, self.pushes % self.fragments.count
+        delta = frags.gather(f, self.pulled).sub_(frags.gather(f, self.params))
+        self.norms.append(float(delta.norm()))
+        marked = {} if finite(delta) else {"nonfinite": True}  # every shard refuses or drops it alike
+        msgs = []
+        for s, (a, b) in enumerate(frags.bounds[f]):
+            fields, tensor, parts = {"fragment": frags.shard_ranges(f, s), **marked}, delta[a:b].cpu(), None
+            if self.codec is not None and b > a:
+                parts = {k: v.detach().cpu().contiguous() for k, v in self.codec.encode(tensor, None).items()}
+                fields["codec"], tensor = {"name": self.codec.name, **self.codec.params(), "n": b - a}, None
+            elif self.cast is not None:
+                tensor = tensor.to(self.cast)
+            msgs.append(self.client.message(MsgType.PUSH_PULL, clock=clock, base_version=self.client.versions[s],
+                                            fields=fields, tensor=tensor, parts=parts))
+        self._flight = (f, self.client.send_round(msgs))
+        self.pushes += 1
+
+    def merge(self) -> Reply:
+        """Wait for the fragment in flight's answer and mix it into the model (module docstring)."""
+        (f, rt), self._flight = self._flight, None
+        reply, tensors = self.client.finish_round(rt)
+        frags = self.fragments
+        fresh = torch.cat([t.to(self.params.device, torch.float32) for t in tensors])  # a copy: frames may be reused
+        local = frags.gather(f, self.params).mul_(MIX).add_(fresh, alpha=1 - MIX)
+        frags.scatter(f, local, self.params)
+        frags.scatter(f, fresh, self.pulled)
+        return reply
+
+
+def outer_wire(local_steps: int | str | None, fragments: int, outer_dtype: str, *, wire_dtype: str, compress: str,
+               error_feedback: bool, compress_min_numel: int) -> tuple[str, str, bool, int]:
+    """psrv.Worker's `fragments` and `outer_dtype` checked against its `local_steps` (parsed; None: off), and
+    the client's (wire_dtype, compress, error_feedback, compress_min_numel) they make. One fragment pushes
+    through the client's own codec: bfloat16 is the wire dtype, int8 and fp4 the codec without error feedback
+    over every tensor, small ones too. More fragments push through StreamingOuter, which encodes them itself."""
+    if outer_dtype not in OUTER_DTYPES:
+        raise ValueError(f"outer_dtype must be one of {', '.join(OUTER_DTYPES)}; got {outer_dtype!r}")
+    if isinstance(fragments, bool) or not isinstance(fragments, int) or fragments < 1:
+        raise ValueError(f"fragments must be an integer >= 1 (1: plain DiLoCo); got {fragments!r}")
+    unchanged = wire_dtype, compress, error_feedback, compress_min_numel
+    if fragments == 1 and outer_dtype == "float32":
+        return unchanged
+    if local_steps is None or base_steps(local_steps) < 2:
+        raise ValueError(f"fragments and outer_dtype are for local steps; they need local_steps > 1 (got {local_steps!r})")
+    if fragments > 1 and not isinstance(local_steps, int):
+        raise ValueError(f"fragments needs a fixed local_steps H, not {local_steps!r}")
+    if fragments > 1 and local_steps % fragments:
+        raise ValueError(f"fragments {fragments} must divide local_steps {local_steps} (one fragment every H/F steps)")
+    if compress or wire_dtype != "float32":
+        raise ValueError("fragments and outer_dtype set the pushes' codec; leave compress and wire_dtype unset")
+    if fragments > 1:
+        return unchanged
+    if outer_dtype == "bfloat16":
+        return "bfloat16", compress, error_feedback, compress_min_numel
+    return wire_dtype, outer_dtype, False, 0
