@@ -69,8 +69,9 @@ def test_top_once_shows_a_training_shard():
                 time.sleep(0.05)
 
             done = _top("--servers", address, "--once", "--interval", "0.5")
-            assert worker.error is None, worker.error
-            assert worker.is_alive()                  # STATS from a non-worker leaves the shard alone
+            with pytest.raises(TimeoutError):         # STATS from a non-worker leaves the shard alone:
+                server.join(0)                        # still serving
+            assert worker.error is None and worker.is_alive(), worker.error
         finally:
             worker.stopping.set()
             worker.join(30)
