@@ -43,8 +43,9 @@ def suite(smoke: bool) -> list[tuple[str, Callable[[], list[dict]]]]:
     """(name, thunk) per benchmark, in running order."""
     # Every bench at its smallest: one shard, one load generator, one worker, async against DDP, one
     # run of each side of memory's worker row. Shards whose being processes the smoke does not need
-    # are served from threads of this process (experiments/bench/shards.py): each process started is an
-    # import of torch, and the smoke proves each bench runs, not how fast.
+    # are served from threads of this process (experiments/bench/shards.py), and scaling's load
+    # generator runs in one too: each process started is an import of torch, and the smoke proves each
+    # bench runs, not how fast.
     if smoke:
         return [("wire", lambda: wire.run([1], [1], ["tcp"], 3, planes=("zmq", "bulk"), in_thread=True)),
                 ("colocated", lambda: colocated.run([1], 3, pushes=("shared",), in_thread=True)),

@@ -6,7 +6,8 @@ one every --every seconds, so with a shard this big a write is nearly always in 
 reports how many were written and how long each took). Two threads of this process push a gradient
 of the shard's size in turn, each with its own PSClient; every push's round trip is timed. The ratio
 is p99(on) / p99(off). Before checkpoints left the event loop, a push that arrived during a write
-waited for all of it: `checkpoint_seconds` is that wait.
+waited for all of it: `checkpoint_seconds` is that wait. With `in_thread` (the test's,
+tests/integration/test_checkpoint_bench.py) each shard is served from a thread of this process instead.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from psrv.experiments.bench.shards import ThreadShard
 from psrv.partition import ParamSpec, PartitionPlan
 from psrv.worker.client import PSClient
 
@@ -50,13 +52,19 @@ def p99(values: list[float]) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[98] if len(values) >= 2 else values[0]
 
 
-def measure(tmp: Path, variant: str, size: int, seconds: float, every: float) -> dict:
-    """Serve one shard (checkpoints `variant` "on" or "off"), push from two threads for `seconds`."""
+def measure(tmp: Path, variant: str, size: int, seconds: float, every: float, in_thread: bool = False) -> dict:
+    """Serve one shard (checkpoints `variant` "on" or "off"), push from two threads for `seconds`. With
+    `in_thread`, the shard is served from a thread of this process (its pushes then share this process's
+    cores and GIL: for a test that the bench runs, not for its figures)."""
     ready, out = tmp / f"{variant}.addr", tmp / f"{variant}.json"
     ckpt = ["--checkpoint-dir", str(tmp / variant), "--checkpoint-every", str(every)] if variant == "on" else []
-    server = subprocess.Popen([sys.executable, "-P", "-m", "psrv.cli", "serve", "--bind", "tcp://127.0.0.1:0",
-                               "--workers", str(WORKERS), "--mode", "async", "--optimizer", "adam", "--lr", "1e-3",
-                               "--log-level", "WARNING", "--ready-file", str(ready), "--out", str(out), *ckpt])
+    options = ["--workers", str(WORKERS), "--mode", "async", "--optimizer", "adam", "--lr", "1e-3", *ckpt]
+    if in_thread:
+        server = ThreadShard(*options, out=out)
+        ready.write_text(server.address)
+    else:
+        server = subprocess.Popen([sys.executable, "-P", "-m", "psrv.cli", "serve", "--bind", "tcp://127.0.0.1:0",
+                                   *options, "--log-level", "WARNING", "--ready-file", str(ready), "--out", str(out)])
     try:
         deadline = time.monotonic() + 120
         while not ready.exists():
@@ -83,11 +91,11 @@ def measure(tmp: Path, variant: str, size: int, seconds: float, every: float) ->
             "checkpoints": summary.get("checkpoints", 0), "checkpoint_seconds": summary.get("checkpoint_seconds")}
 
 
-def run(size_mb: int = 256, seconds: float = 30.0, every: float = 0.5) -> list[dict]:
+def run(size_mb: int = 256, seconds: float = 30.0, every: float = 0.5, in_thread: bool = False) -> list[dict]:
     size = size_mb * (1 << 20) // 4
     with tempfile.TemporaryDirectory(prefix="psrv-ckpt-bench-") as tmp:
-        off = measure(Path(tmp), "off", size, seconds, every)
-        on = measure(Path(tmp), "on", size, seconds, every)
+        off = measure(Path(tmp), "off", size, seconds, every, in_thread)
+        on = measure(Path(tmp), "on", size, seconds, every, in_thread)
     return [{"bench": "checkpoint_latency", "size_mb": size_mb, "optimizer": "adam", "workers": WORKERS,
              "every": every, "p99_off": off["p99"], "p99_on": on["p99"], "ratio": on["p99"] / off["p99"],
              "off": off, "on": on}]

@@ -1,7 +1,8 @@
 """A load generator process: THREADS workers, each with its own PSClient, push_pull for SECONDS.
 
 python -m psrv.experiments.bench.loadgen ADDRESS FIRST_RANK THREADS WORLD SIZE SECONDS
-Prints one JSON line: {"round_trips": ..., "seconds": ...}. Used by experiments.bench.scaling.
+Prints one JSON line: {"round_trips": ..., "seconds": ...}. Used by experiments.bench.scaling (whose
+smoke calls generate() in a thread instead of starting this process).
 """
 from __future__ import annotations
 
@@ -35,6 +36,13 @@ def worker(address: str, rank: int, world: int, size: int, until: float, counts:
 def main() -> None:
     tune_malloc()  # as psrv's own processes do (psrv/process.py)
     address, first, threads, world, size, seconds = sys.argv[1], *map(int, sys.argv[2:6]), float(sys.argv[6])
+    print(json.dumps(generate(address, first, threads, world, size, seconds)))
+
+
+def generate(address: str, first: int, threads: int, world: int, size: int, seconds: float) -> dict:
+    """Ranks first..first+threads-1 of `world`, each a thread with its own PSClient, push_pull for
+    `seconds`: {"round_trips": ..., "seconds": ...}. The process's body, and the smoke's load generator
+    in a thread of the bench's process."""
     counts = [0] * threads
     until = time.monotonic() + seconds
     t0 = time.monotonic()
@@ -44,7 +52,7 @@ def main() -> None:
         t.start()
     for t in ts:
         t.join()
-    print(json.dumps({"round_trips": sum(counts), "seconds": time.monotonic() - t0}))
+    return {"round_trips": sum(counts), "seconds": time.monotonic() - t0}
 
 
 if __name__ == "__main__":

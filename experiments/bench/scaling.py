@@ -16,15 +16,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from psrv.experiments.bench.loadgen import generate
 from psrv.experiments.bench.shards import ThreadShard
 from psrv.experiments.cluster import thread_env
 
 
 def one(workers: int, seconds: float, size: int, procs: int, tmp: Path, in_thread: bool = False) -> dict:
-    """With `in_thread` (the smoke's), the shard is served from a thread of this process, and its CPU
-    seconds are this process's."""
+    """With `in_thread` (the smoke's), the shard is served from a thread of this process, and so is each
+    load generator (loadgen.generate, not its process): its CPU seconds are this process's."""
     ready, out = tmp / f"s{workers}.addr", tmp / f"s{workers}.json"
     args = ["--workers", str(workers), "--mode", "async", "--optimizer", "sgd", "--lr", "1e-6", "--momentum", "0",
             "--worker-timeout", "60"]
@@ -46,10 +48,15 @@ def one(workers: int, seconds: float, size: int, procs: int, tmp: Path, in_threa
         split = [workers // n + (1 if i < workers % n else 0) for i in range(n)]
         firsts = [sum(split[:i]) for i in range(n)]
         cpu0 = _cpu_seconds(server.pid)
-        gens = [subprocess.Popen([sys.executable, "-m", "psrv.experiments.bench.loadgen", address, str(f), str(k),
-                                  str(workers), str(size), str(seconds)], stdout=subprocess.PIPE, text=True)
-                for f, k in zip(firsts, split)]
-        reports = [json.loads(g.communicate(timeout=seconds + 120)[0]) for g in gens]
+        if in_thread:
+            with ThreadPoolExecutor(n) as pool:
+                reports = list(pool.map(lambda fk: generate(address, fk[0], fk[1], workers, size, seconds),
+                                        zip(firsts, split)))
+        else:
+            gens = [subprocess.Popen([sys.executable, "-m", "psrv.experiments.bench.loadgen", address, str(f),
+                                      str(k), str(workers), str(size), str(seconds)], stdout=subprocess.PIPE, text=True)
+                    for f, k in zip(firsts, split)]
+            reports = [json.loads(g.communicate(timeout=seconds + 120)[0]) for g in gens]
         cpu = _cpu_seconds(server.pid) - cpu0  # the server's CPU while the load ran (and the LEAVEs)
         server.wait(60)
     finally:
@@ -72,8 +79,8 @@ def _cpu_seconds(pid: int) -> float:
 def run(counts: list[int], seconds: float, size: int = 1024, procs: int = 4, repeats: int = 1,
         in_thread: bool = False) -> list[dict]:
     """One row per worker count: the median of `repeats` windows (counts alternate within a repeat),
-    as a ratio to the best median of the run. With `in_thread` (the smoke's), each shard is served
-    from a thread of this process (the load generators stay processes)."""
+    as a ratio to the best median of the run. With `in_thread` (the smoke's), each shard and each load
+    generator runs in a thread of this process."""
     runs: dict[int, list[dict]] = {n: [] for n in counts}
     with tempfile.TemporaryDirectory(prefix="psrv-scaling-") as d:
         for rep in range(repeats):

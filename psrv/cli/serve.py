@@ -28,14 +28,15 @@ def add(sub) -> None:
 
 
 def command(a: argparse.Namespace) -> int:
-    from psrv.device import check_device
-    from psrv.process import stop_on_signals, tune_malloc
-    from psrv.server.run import serve
     extra = {"bind": _rpc_bind(a.rpc_master)} if a.rpc_master else {}
     cfg = config_from_args(ServerConfig, a, base=base_config(a), extra=extra)
     if (cfg.transport == "rpc") != cfg.bind.startswith("rpc://"):
         raise ValueError("--transport rpc and --rpc-master HOST:PORT go together (shard 0 hosts the rendezvous)")
     unused_staleness(a, cfg.mode)
+    # torch only now: a mistake in the options above is refused without the seconds its import takes
+    from psrv.device import check_device
+    from psrv.process import stop_on_signals, tune_malloc
+    from psrv.server.run import serve
     check_device(cfg.device)
     tune_malloc()
     # SIGTERM ends the loop cleanly (the shard writes its final checkpoint), as systemd, k8s and psrv run expect

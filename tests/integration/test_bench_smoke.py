@@ -13,6 +13,8 @@ KINDS = {"wire", "colocated", "apply", "end_to_end", "scaling", "memory", "metri
 
 @pytest.mark.timeout(200)
 def test_the_smoke_bench_runs_every_benchmark_quickly(tmp_path):
+    # stays slow (about 40 s): every bench runs once at its smallest; what is left are the processes whose
+    # being processes a bench measures (memory's peak RSS, the end-to-end and option runs against DDP)
     out = tmp_path / "results.json"
     started = time.monotonic()
     proc = run_in_session([sys.executable, "-m", "psrv.experiments.bench", "--smoke", "--out", str(out)], timeout=180)

@@ -1,7 +1,13 @@
 """The multi-host shape: `psrv serve` x2 and `psrv worker` x2 started by hand, as on real machines."""
+import contextlib
 import json
 
 import pytest
+
+from psrv.cli import build_parser
+from psrv.config import ServerConfig
+from psrv.config.cli_args import config_from_args
+from psrv.server.run import Server
 
 
 @pytest.mark.timeout(150)
@@ -25,9 +31,13 @@ def test_servers_and_workers_started_by_hand_train_to_the_end(procs, tmp_path):
 
 @pytest.mark.timeout(60)
 def test_worker_with_wrong_server_order_is_refused_with_a_clear_error(procs, tmp_path):
-    servers = [procs.server(f"server-{i}", "--shard", str(i), "--num-shards", "2", "--workers", "1")
-               for i in range(2)]
-    swapped = f"{servers[1][1]},{servers[0][1]}"
-    w = procs.start("worker", "worker", "--servers", swapped, "--steps", "5")
-    assert procs.wait(w, timeout=60) != 0
+    # the refusal is the `psrv worker` process's; its two shards are psrv.Servers served from threads of
+    # this process, with `psrv serve`'s own options (two imports of torch fewer than as processes)
+    with contextlib.ExitStack() as stack:
+        servers = [stack.enter_context(Server(config_from_args(ServerConfig, build_parser().parse_args(
+            ["serve", "--bind", "tcp://127.0.0.1:0", "--shard", str(i), "--num-shards", "2", "--workers", "1",
+             "--log-level", "WARNING"]))).start()) for i in range(2)]
+        swapped = f"{servers[1].address},{servers[0].address}"
+        w = procs.start("worker", "worker", "--servers", swapped, "--steps", "5")
+        assert procs.wait(w, timeout=60) != 0
     assert "check --servers order" in procs.log("worker")

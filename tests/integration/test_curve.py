@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -60,8 +61,9 @@ def test_unknown_key_gets_nothing_through_and_changes_nothing(keys, shard):
         assert torch.equal(before, torch.full((PLAN.total,), -0.5))
         # an unlisted key pair, and no CURVE at all, each try to join and push as worker 1. A listed
         # client's round trip here takes milliseconds; the intruders get 1 s (a probe and a reconnect
-        # within it), and the checks below would also see a push that got in later.
-        for keys_dir in (other, None):
+        # within it), and the checks below would also see a push that got in later. The two intruders
+        # try at once, from two threads: each waits out its own three 1 s timeouts.
+        def intrude(keys_dir) -> None:
             with client(address, keys_dir, 1, timeout=1.0) as intruder:
                 with pytest.raises(TimeoutError):
                     intruder.hello()
@@ -70,6 +72,9 @@ def test_unknown_key_gets_nothing_through_and_changes_nothing(keys, shard):
             with pytest.raises(TimeoutError):
                 admin_request(address, MsgType.SHUTDOWN, curve_keys=str(keys_dir or ""), name="worker-0",
                               timeout=1)
+        with ThreadPoolExecutor(2) as pool:
+            for attempt in [pool.submit(intrude, keys_dir) for keys_dir in (other, None)]:
+                attempt.result(timeout=60)  # what failed in an intruder's thread fails the test here
         assert not shard.stopped and shard.shard.version == 1 and shard.stats.pushes == 1
         assert torch.equal(shard.shard.weights, before)
         out = torch.empty(PLAN.total)
@@ -88,8 +93,9 @@ def test_admin_messages_work_over_curve(keys, shard, tmp_path):
         answer = admin_request(address, MsgType.CHECKPOINT, curve_keys=str(good))
         assert answer["version"] == 0 and (tmp_path / "ck" / "shard-0-of-1.ckpt").exists()
         assert admin_request(address, MsgType.STATS, curve_keys=str(good))["active"] == [0, 1]
+        c.leave()  # before SHUTDOWN: a stopped shard answers no LEAVE, and the client waited out 5 s for it
         assert admin_request(address, MsgType.SHUTDOWN, curve_keys=str(good)) == {}
-        c.leave()
+        assert shard.stopped
 
 
 @pytest.mark.timeout(180)

@@ -71,5 +71,8 @@ def hammer(procs, tmp_path, seconds: float) -> None:
 
 
 @pytest.mark.timeout(400)
-def test_32_workers_push_for_30s_and_nothing_is_lost_or_doubled(procs, tmp_path):
-    hammer(procs, tmp_path, 30.0)
+def test_32_workers_push_for_8s_and_nothing_is_lost_or_doubled(procs, tmp_path):
+    # 8 s of 32 clients on 2 cores is about 20,000 pushes (600 per worker, all 32 in flight at once),
+    # each a chance for an ack without an update or an update twice; the checks are exact counts, so
+    # 30 s (as before) added more of the same pushes, not another kind of check, and 22 s to every run
+    hammer(procs, tmp_path, 8.0)

@@ -4,7 +4,11 @@ A researcher's project often has a `workers/` or `experiments/` package of its o
 all-reduce ranks and harness import as psrv.workers and psrv.experiments, and the processes psrv starts
 run with -P (the current folder is not on their sys.path), so from such a folder every mode still runs
 psrv's own modules. Before, `psrv run --mode ddp` there ran the user's workers/ddp.py and ended in
-"expected 2 worker records in ..., found 0"."""
+"expected 2 worker records in ..., found 0".
+
+The harness's run from that folder is also test_custom_jobs' spec: the user's own job, named as a module
+of the folder and as a file in it, still imports from the current folder while psrv's own packages come
+from psrv (one `psrv experiment` for both, each of its runs importing torch in two processes)."""
 from __future__ import annotations
 
 import importlib.metadata
@@ -15,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import run_in_session
-from tests.integration.test_experiment import write_spec
+from tests.integration.test_custom_jobs import JOB_SOURCE, PARAMS, SPEC
 
 PSRV = str(Path(sys.executable).with_name("psrv"))  # the command a user types
 
@@ -38,7 +42,7 @@ def test_the_wheel_installs_one_top_level_name():
     assert names == ["psrv"], names
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(420)
 def test_every_mode_and_the_harness_run_from_a_folder_with_its_own_workers_and_experiments(tmp_path):
     # stays slow (real processes of every kind): what it proves is what those processes import
     here = user_folder(tmp_path / "project")
@@ -51,10 +55,18 @@ def test_every_mode_and_the_harness_run_from_a_folder_with_its_own_workers_and_e
         assert proc.returncode == 0, f"psrv run --mode {mode}:\n{proc.stdout[-3000:]}"
         summary = json.loads((out / "summary.json").read_text())
         assert summary["mode"] == mode and summary["steps"] == 3, summary
-    spec = write_spec(here, ("sync",), workers=1)
-    proc = run_in_session([PSRV, "experiment", spec.name, "--out", "exp"], timeout=120, cwd=here)
+    # the harness, from the same folder, trains the user's own job: a module beside it and a file below it
+    (here / "tinyjob.py").write_text(JOB_SOURCE)
+    (here / "jobs").mkdir()
+    (here / "jobs" / "tiny_file.py").write_text(JOB_SOURCE)
+    (here / "spec.toml").write_text(SPEC)
+    proc = run_in_session([PSRV, "experiment", "spec.toml", "--out", "exp"], timeout=280, cwd=here)
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert (here / "exp" / "report.md").is_file()
+    for variant, job in (("module", "tinyjob:make"), ("file", "jobs/tiny_file.py:make")):
+        summary = json.loads((here / "exp" / variant / "rep-0" / "summary.json").read_text())
+        assert summary["job"] == job and summary["pushes"] == 4, summary
+        assert summary["parameters"] == PARAMS, "trained some other model than the user's"
     assert not list(here.rglob("IMPORTED")), "a user's package was imported by a psrv process"
 
 

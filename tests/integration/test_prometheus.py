@@ -98,6 +98,8 @@ def _promtool(*args: str, cwd: Path) -> None:
 
 @pytest.mark.timeout(120)
 def test_prometheus_scrape_matches_the_run_summary(tmp_path, prometheus_for):
+    # stays slow (a 4 s run, a 4 s linger, 4 psrv processes): rate() needs several 1 s scrapes while it
+    # trains, the last values need scrapes after it ends, and each process serves its own /metrics
     _binary("promtool")
     run = tmp_path / "run"
     run.mkdir()

@@ -49,6 +49,8 @@ def readme_script() -> str:
 
 @pytest.mark.timeout(400)
 def test_the_readme_script_runs_in_a_spec_under_every_mode_with_its_held_out_metrics(tmp_path):
+    # stays slow (8 runs of `psrv experiment`, 22 processes each importing torch): the README's script is a
+    # user's process by nature, every mode and both seeds are checked, and both seeds' sync == ddp
     (tmp_path / "train.py").write_text(readme_script())
     (tmp_path / "spec.toml").write_text(SPEC)
     proc = run_in_session(psrv_argv("experiment", "spec.toml", "--out", "out"), timeout=380, cwd=tmp_path)

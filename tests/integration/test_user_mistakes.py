@@ -128,7 +128,7 @@ def test_a_port_in_use_shows_its_traceback_with_debug_logging(first, tmp_path):
 @pytest.mark.timeout(60)
 def test_psrv_serve_refuses_a_staleness_bound_it_would_not_use(tmp_path):
     result, seconds = psrv("serve", "--mode", "sync", "--staleness", "5", cwd=tmp_path)
-    assert_refused(result, seconds, command="serve", says="--staleness: only used with --mode ssp", within=SLOW)
+    assert_refused(result, seconds, command="serve", says="--staleness: only used with --mode ssp", within=QUICK)  # before torch is imported
 
 
 @pytest.mark.timeout(60)

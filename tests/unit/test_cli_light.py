@@ -19,3 +19,16 @@ def test_the_check_sees_torch_when_it_is_imported():
     done = subprocess.run([sys.executable, "-P", "-c", "import sys, psrv.cli.main, torch; sys.exit('torch' in sys.modules)"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1, done.stderr
+
+
+def test_the_versions_an_experiment_records_import_no_torch_and_are_torchs_own():
+    """`psrv experiment` needs torch only for the version its report records; read from torch's installed
+    metadata, it is torch.__version__ without the import (about 2 s of CPU per experiment)."""
+    import json
+
+    import torch
+    code = ("import json, sys; from psrv.experiments.runner import versions; v = versions(); "
+            "print(json.dumps(v)); sys.exit('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-P", "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr or "the experiment's versions imported torch"
+    assert json.loads(done.stdout)["torch"] == torch.__version__

@@ -82,3 +82,15 @@ def test_an_allreduce_run_has_no_staleness_to_write(tmp_path: Path) -> None:
     acc = EventAccumulator(str(tmp_path / "tb"))
     acc.Reload()
     assert acc.Tags()["histograms"] == []
+
+
+def test_writing_the_events_imports_no_torch(tmp_path: Path) -> None:
+    """The harness and the launcher write a run's events without torch (about 2 s of CPU to import)."""
+    import subprocess
+    import sys
+    run = _run(tmp_path / "run")
+    code = ("import sys; from psrv.experiments.tracking import write_events; "
+            f"write_events({str(run)!r}, {str(tmp_path / 'tb')!r}); sys.exit('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr or "writing the events imported torch"
+    assert _scalars(tmp_path / "tb") == _scalars(write_events(run, tmp_path / "again"))
