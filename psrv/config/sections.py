@@ -251,6 +251,10 @@ class ServeSettings(Section):
     checkpoint_every: float = setting(0.0, "seconds between checkpoints; 0: only at exit and on CHECKPOINT",
                                       minimum=0.0, metavar="SECONDS")
     resume: bool = setting(False, "restore the shard from --checkpoint-dir first")
+    backup_of: str = setting("", "serve as a backup of the shard served at ADDRESS (tcp://HOST:PORT, or @FILE: "
+                             "read from that server's --ready-file): it takes the shard's state, then applies the "
+                             "same pushes in the same order, and takes over when that primary falls silent "
+                             "(docs/reliability.md)", metavar="ADDRESS")
     curve_keys: str = setting("", "CURVE encryption, and admit only the clients whose public key is in DIR "
                               "(made by psrv keygen); enables CHECKPOINT and SHUTDOWN", metavar="DIR")
 
@@ -338,6 +342,9 @@ class ClusterConfig(Placement):
 
     servers: int = setting(2, "server shards", minimum=1)
     workers: int = setting(2, "workers", minimum=1)
+    replicas: int = setting(0, "backups per shard (psrv serve --backup-of): a push is acknowledged once every "
+                            "live backup holds it, and when a shard's primary dies a backup takes over with "
+                            "nothing lost (docs/reliability.md)", minimum=0)
 
 
 def _rate(value: str) -> None:

@@ -29,6 +29,9 @@ from psrv.server.persistence import ShardPersistence
 from psrv.server.plans import Plans
 from psrv.server.push import commit_if_ready, take_push
 from psrv.server.queued import HeldPushes
+from psrv.server.follower import Follower
+from psrv.server.replicas import REPLICATED, Replicas
+from psrv.server import stream
 from psrv.server.shard import Shard
 from psrv.server.speeds import WorkerSpeeds
 from psrv.server.stats import ShardStats
@@ -73,6 +76,10 @@ class ShardService(ShardPersistence):
         self.writer = BackgroundCheckpoints(self.checkpoints)  # periodic checkpoints, off this loop
         self.stopped = False
         self._last_check = now()
+        self.replicas = Replicas(self)  # this shard's backups while it is the primary (psrv/server/replicas.py)
+        # a backup follows its primary's stream until it takes over (psrv/server/follower.py)
+        self.follower = Follower(self, cfg.backup_of) if cfg.backup_of else None
+        self.failovers: list[dict] = []  # when this backup took over
         self._handlers = {
             MsgType.HELLO: self._on_hello, MsgType.INIT: self._on_init, MsgType.PUSH: self._on_push,
             MsgType.PULL: self._on_pull, MsgType.PUSH_PULL: self._on_push_pull,
@@ -100,27 +107,53 @@ class ShardService(ShardPersistence):
         log.info("shard %d/%d serving %s on %s", self.cfg.shard, self.cfg.num_shards, self.cfg.mode,
                  self.transport.address)
         while not self.finished:
-            item = self.transport.recv(poll_interval)
+            item = self.transport.recv(poll_interval if self.follower is None else min(poll_interval, 0.05))
             if item is not None:
                 self.handle(*item)
+            if self.follower is not None:  # a backup: the primary's stream decides, until it falls silent
+                if self.follower.tick():
+                    self.take_over()
+                continue
             self.check_liveness()
+            self.replicas.tick()
             if self.checkpoints.due() and not self.writer.writing:
                 self.start_checkpoint()
         if self.cfg.checkpoint_dir:
             self.save_checkpoint()
         self.transport.wait_sent(5.0)
-        return self.summary()
+        summary = self.summary()
+        self.replicas.close()
+        if self.follower is not None:
+            self.follower.close()
+        return summary
 
     def handle(self, peer: Hashable, frames: list) -> None:
-        """Handle one request; every request gets exactly one reply, now or deferred."""
+        """Handle one request; every request gets exactly one reply, now or deferred. With backups, a
+        request that can change the shard is forwarded to them, and its replies wait for their acks
+        (psrv/server/replicas.py); a backup holds a worker's request until it takes over."""
+        if stream.is_stream(frames):
+            self._on_stream(peer, frames)
+            return
+        if self.follower is not None:
+            self.follower.hold(peer, frames)
+            return
+        with self.replicas.deferring():
+            msg = self.apply(peer, frames)
+            if msg is not None and msg.type in REPLICATED and self.replicas.backups:
+                self.replicas.forward("req", frames, peer=peer)
+
+    def apply(self, peer: Hashable, frames: list) -> Message | None:
+        """Decode and serve one request (a backup: one its primary forwarded); the message, or None when
+        it was not one."""
         try:
             self.stats.received(sum(memoryview(f).nbytes for f in frames))
             msg = decode(frames)
         except Exception as exc:
             self._refuse(peer, 0, exc)
-            return
+            return None
         self._serve(peer, msg, check=True)
         self._drain()
+        return msg
 
     def _serve(self, peer: Hashable, msg: Message, *, check: bool) -> None:
         """Check (on arrival) and handle one decoded request; a refusal becomes its ERROR reply. A push
@@ -176,7 +209,17 @@ class ShardService(ShardPersistence):
         self._last_check = self.now()
         self.joins.look(self.liveness, self.controller.active)
         expired = self.liveness.expired(self.controller.active, self.pending.workers())
+        if not expired:
+            self._drain()
+            return
         unheard = self.liveness.unheard(expired)
+        with self.replicas.deferring():
+            self.expire(expired, unheard)
+            self.replicas.forward("expire", workers=expired, unheard=unheard)
+
+    def expire(self, expired: list[int], unheard: list[int]) -> None:
+        """Workers `expired` leave the active set for silence (`unheard`: never joined); a backup does it
+        when its primary's stream says so."""
         if unheard:
             self.joins.gave_up(unheard, self.liveness, others=bool(set(self.controller.active) - set(expired)))
         for w in expired:
@@ -228,7 +271,7 @@ class ShardService(ShardPersistence):
             "last_seq": self.dedup.last_seq(msg.worker), "worker_timeout": self.cfg.worker_timeout,
             "clip_grad_norm": self.cfg.optimizer.clip_grad_norm, "onebit": onebit_adam.welcome(self.cfg.optimizer),
             "optimizer": validate.optimizer_welcome(self.cfg.optimizer),
-            "chunks": takes_chunks(self.cfg)}))
+            "chunks": takes_chunks(self.cfg), "replicas": self.replicas.addresses, "epoch": self.replicas.epoch}))
 
     def _on_init(self, peer, msg: Message) -> None:
         if "chunk" in msg.fields:  # psrv/server/chunked.py
@@ -357,9 +400,47 @@ class ShardService(ShardPersistence):
             self._reply(peer, Message(MsgType.WEIGHTS, seq=p.seq, fields=fields, tensor=self.shard.weights))
 
     def _reply(self, peer, msg: Message) -> None:
+        """Send a reply: at once, or once the backups hold what it acknowledges; a backup's go nowhere."""
+        if self.follower is not None:
+            return
         frames = encode(msg)
         self.stats.sent(sum(memoryview(f).nbytes for f in frames))
-        self.transport.send(peer, frames)
+        if not self.replicas.hold(peer, frames):
+            self.transport.send(peer, frames)
+
+    # --- replication (psrv/server/replicas.py, follower.py) -------------------
+    def _on_stream(self, peer: Hashable, frames: list) -> None:
+        """A replication message: a backup asking to join (we are the primary), or the primary's stream (we
+        follow it); a stream reaching a primary comes from one this shard has replaced, and is fenced."""
+        try:
+            head, payload = stream.read(frames)
+        except ValueError as exc:
+            log.warning("shard %d: ignored a malformed replication message: %s", self.cfg.shard, exc)
+            return
+        if head["op"] == "join":
+            if self.follower is None and not self.replicas.fenced:
+                self.replicas.join(str(head.get("address", "")))
+        elif self.follower is not None:
+            self.follower.on_stream(peer, head, payload)
+        else:
+            self.transport.send(peer, stream.frames_of("fenced", self.replicas.epoch))
+
+    def take_over(self) -> None:
+        """This backup becomes the shard's primary at the next epoch: the workers' requests it held are
+        answered now, and each worker has a full worker_timeout to find it."""
+        f, self.follower = self.follower, None
+        f.close()
+        self.replicas.epoch = f.epoch + 1
+        silent = self.now() - f.heard
+        self.liveness.look()  # the time it followed is no one's silence
+        self.liveness.restart_clocks(self.controller.active)
+        self.failovers.append({"epoch": self.replicas.epoch, "from": f.primary, "at": time.time(),
+                               "silent_s": round(silent, 3), "version": self.shard.version if self.shard else 0})
+        log.warning("shard %d: primary %s silent for %.1fs; this backup (%s) takes over at epoch %d, version %d",
+                    self.cfg.shard, f.primary, silent, self.transport.address, self.replicas.epoch,
+                    self.shard.version if self.shard else 0)
+        for peer, frames in f.held:
+            self.handle(peer, frames)
 
     def _check_worker(self, msg: Message) -> None:
         if not 0 <= msg.worker < self.cfg.workers:
@@ -399,4 +480,7 @@ class ShardService(ShardPersistence):
                 "checkpoints": self.checkpoints.count, "checkpoint_version": self.checkpoints.version,
                 "checkpoint_seconds": self.checkpoints.seconds, "checkpoint_writing": self.writer.writing,
                 "payload_bytes": dict(getattr(self.transport, "payload_bytes", {})),  # by data path
+                "role": "backup" if self.follower is not None else "primary", "epoch": self.replicas.epoch,
+                "backups": [b.address for b in self.replicas.backups], "failovers": self.failovers,
+                "fenced": self.replicas.fenced,
                 **self.stats.to_dict()}

@@ -1,0 +1,110 @@
+"""Replicated shards (psrv/server/replicas.py, follower.py): a backup that follows its primary's stream holds
+exactly the primary's state, weights, optimizer state, clocks and exactly-once table, whether it followed
+from the first request or joined while the workers were pushing. Shards and workers are threads of the
+test process on 127.0.0.1 (what is tested is the stream, not processes; psrv run's are in
+test_run_replicas.py)."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+import psrv
+from psrv.config import OptimConfig, ServerConfig
+
+STEPS = 30
+
+
+def _shard(mode: str, *, workers: int, backup_of: str = "", optimizer: str = "sgd") -> psrv.Server:
+    optim = OptimConfig("sgd", lr=0.05, momentum=0.9) if optimizer == "sgd" else OptimConfig("adam", lr=1e-3)
+    return psrv.Server(ServerConfig(workers=workers, mode=mode, optimizer=optim, backup_of=backup_of,
+                                    worker_timeout=30.0)).start()
+
+
+def _wait(what, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not what():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def _following(server: psrv.Server) -> bool:
+    follower = server._service.follower
+    return follower is not None and follower.following
+
+
+def _train(address: str, rank: int, workers: int, steps: int, started: threading.Event | None = None) -> None:
+    torch.manual_seed(0)  # every rank starts from rank 0's weights anyway (INIT)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    gen = torch.Generator().manual_seed(100 + rank)
+    with psrv.Worker(model, [address], rank=rank, world_size=workers, timeout=30.0) as ps:
+        for step in range(steps):
+            x = torch.randn(16, 8, generator=gen)
+            loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
+            model.zero_grad()
+            loss.backward()
+            ps.step()
+            if started is not None and step == steps // 3:
+                started.set()
+
+
+def _run(address: str, workers: int, steps: int = STEPS, started: threading.Event | None = None) -> None:
+    threads = [threading.Thread(target=_train, args=(address, r, workers, steps, started if r == 0 else None),
+                                daemon=True) for r in range(workers)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def _same(a, b, path: str = "state") -> None:
+    """Every leaf of two state dicts equal, tensors bit for bit."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b), f"{path} differs"
+    elif isinstance(a, dict):
+        assert set(a) == set(b), f"{path}: keys {sorted(a, key=str)} != {sorted(b, key=str)}"
+        for k in a:
+            _same(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), f"{path}: lengths differ"
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+@pytest.mark.parametrize("mode,workers,optimizer", [("sync", 2, "sgd"), ("async", 2, "adam"), ("ssp", 2, "sgd")])
+def test_a_backup_holds_exactly_the_primary_state(mode, workers, optimizer):
+    primary = _shard(mode, workers=workers, optimizer=optimizer)
+    backup = _shard(mode, workers=workers, backup_of=primary.address, optimizer=optimizer)
+    try:
+        _wait(lambda: _following(backup))
+        for t in _run(primary.address, workers):
+            t.join(60)
+        ours, theirs = primary.join(30), backup.join(30)
+        assert ours["version"] > 0 and ours["backups"] == [backup.address]
+        assert theirs["role"] == "backup" and theirs["version"] == ours["version"]
+        _same(primary._service.state_dict(), backup._service.state_dict())
+    finally:
+        for s in (primary, backup):
+            s.stop()
+
+
+def test_a_backup_that_joins_while_workers_push_catches_up_from_the_state():
+    primary = _shard("sync", workers=2)
+    started = threading.Event()
+    backup = None
+    try:
+        threads = _run(primary.address, 2, steps=60, started=started)
+        assert started.wait(60)
+        backup = _shard("sync", workers=2, backup_of=primary.address)
+        for t in threads:
+            t.join(60)
+        ours, theirs = primary.join(30), backup.join(30)
+        assert theirs["role"] == "backup" and 0 < theirs["version"] == ours["version"] == 60
+        _same(primary._service.state_dict(), backup._service.state_dict())
+    finally:
+        for s in (primary, backup):
+            if s is not None:
+                s.stop()
