@@ -481,6 +481,7 @@ class ShardService(ShardPersistence):
                 "checkpoint_seconds": self.checkpoints.seconds, "checkpoint_writing": self.writer.writing,
                 "payload_bytes": dict(getattr(self.transport, "payload_bytes", {})),  # by data path
                 "role": "backup" if self.follower is not None else "primary", "epoch": self.replicas.epoch,
+                "address": getattr(self.transport, "address", None),
                 "backups": [b.address for b in self.replicas.backups], "failovers": self.failovers,
                 "fenced": self.replicas.fenced,
                 **self.stats.to_dict()}
