@@ -17,10 +17,11 @@ from psrv.config import OptimConfig, ServerConfig
 STEPS = 30
 
 
-def _shard(mode: str, *, workers: int, backup_of: str = "", optimizer: str = "sgd") -> psrv.Server:
+def _shard(mode: str, *, workers: int, backup_of: str = "", optimizer: str = "sgd", drop: int = 0) -> psrv.Server:
     optim = OptimConfig("sgd", lr=0.05, momentum=0.9) if optimizer == "sgd" else OptimConfig("adam", lr=1e-3)
     return psrv.Server(ServerConfig(workers=workers, mode=mode, optimizer=optim, backup_of=backup_of,
-                                    worker_timeout=30.0)).start()
+                                    worker_timeout=30.0, staleness=1 if mode == "ssp" else 0,
+                                    backup_workers=drop)).start()
 
 
 def _wait(what, timeout: float = 20.0) -> None:
@@ -77,10 +78,12 @@ def _same(a, b, path: str = "state") -> None:
         assert a == b, f"{path}: {a!r} != {b!r}"
 
 
-@pytest.mark.parametrize("mode,workers,optimizer", [("sync", 2, "sgd"), ("async", 2, "adam"), ("ssp", 2, "sgd")])
-def test_a_backup_holds_exactly_the_primary_state(mode, workers, optimizer):
-    primary = _shard(mode, workers=workers, optimizer=optimizer)
-    backup = _shard(mode, workers=workers, backup_of=primary.address, optimizer=optimizer)
+@pytest.mark.parametrize("mode,workers,optimizer,drop", [("sync", 2, "sgd", 0), ("async", 2, "adam", 0),
+                                                         ("ssp", 2, "sgd", 0), ("sync", 3, "sgd", 1)])
+def test_a_backup_holds_exactly_the_primary_state(mode, workers, optimizer, drop):
+    """drop: sync's backup workers (the slowest push of each clock dropped): the same drops on the backup."""
+    primary = _shard(mode, workers=workers, optimizer=optimizer, drop=drop)
+    backup = _shard(mode, workers=workers, backup_of=primary.address, optimizer=optimizer, drop=drop)
     try:
         _wait(lambda: _following(backup))
         for t in _run(primary.address, workers):
@@ -88,6 +91,7 @@ def test_a_backup_holds_exactly_the_primary_state(mode, workers, optimizer):
         ours, theirs = primary.join(30), backup.join(30)
         assert ours["version"] > 0 and ours["backups"] == [backup.address]
         assert theirs["role"] == "backup" and theirs["version"] == ours["version"]
+        assert theirs["dropped"] == ours["dropped"] and (sum(ours["dropped"].values()) > 0) == (drop > 0)
         _same(primary._service.state_dict(), backup._service.state_dict())
     finally:
         for s in (primary, backup):
@@ -125,10 +129,27 @@ def test_a_sync_run_whose_primary_dies_ends_with_the_weights_of_the_run_without_
     for t in _run(plain.address, 2):
         t.join(60)
     plain.join(30)
-    expected = _weights(plain)
+    took, weights = _failover("sync")
+    assert took["version"] == STEPS
+    assert torch.equal(weights, _weights(plain))
 
-    primary = _shard("sync", workers=2)
-    backup = _shard("sync", workers=2, backup_of=primary.address)
+
+@pytest.mark.parametrize("mode,optimizer", [("async", "adam"), ("ssp", "sgd")])
+def test_across_a_failover_every_acknowledged_push_is_applied_once_and_ssp_keeps_its_bound(mode, optimizer):
+    """Every step of psrv.Worker is a push acknowledged to it: the shard that took over applied exactly
+    that many, and under ssp (staleness 1) no pull was answered further ahead than the bound, before or
+    after the failover (the backup's counts include what it applied as a backup)."""
+    took, _ = _failover(mode, optimizer=optimizer)
+    assert took["updates_applied"] == took["version"] == 2 * STEPS
+    if mode == "ssp":
+        assert took["max_clock_gap"] <= 1
+
+
+def _failover(mode: str, optimizer: str = "sgd") -> tuple[dict, torch.Tensor]:
+    """A run of 2 workers whose primary stops at worker 0's step 10: the summary of the backup that took
+    over, and its final weights."""
+    primary = _shard(mode, workers=2, optimizer=optimizer)
+    backup = _shard(mode, workers=2, backup_of=primary.address, optimizer=optimizer)
     started = threading.Event()
     try:
         _wait(lambda: _following(backup))
@@ -144,8 +165,7 @@ def test_a_sync_run_whose_primary_dies_ends_with_the_weights_of_the_run_without_
         for s in (primary, backup):
             s.stop()
     assert took["role"] == "primary" and [f["epoch"] for f in took["failovers"]] == [1]
-    assert took["version"] == STEPS
-    assert torch.equal(_weights(backup), expected)
+    return took, _weights(backup)
 
 
 def _silence(backup: psrv.Server) -> bool:
