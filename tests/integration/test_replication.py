@@ -13,6 +13,7 @@ import torch
 
 import psrv
 from psrv.config import OptimConfig, ServerConfig
+from psrv.server import replicas
 
 STEPS = 30
 
@@ -192,3 +193,26 @@ def test_a_primary_whose_backup_took_over_is_fenced_and_stops():
     finally:
         for s in (primary, backup):
             s.stop()
+
+
+def test_a_dead_backup_is_dropped_and_the_primary_goes_on_alone(monkeypatch):
+    """A backup that stops acknowledging is dropped after ACK_TIMEOUT (shortened here); the primary, which
+    holds everything, answers on and applies every push."""
+    monkeypatch.setattr(replicas, "ACK_TIMEOUT", 0.5)
+    primary = _shard("async", workers=2)
+    backup = _shard("async", workers=2, backup_of=primary.address)
+    started = threading.Event()
+    try:
+        _wait(lambda: _following(backup))
+        threads = _run(primary.address, 2, started=started)
+        assert started.wait(60)
+        backup.stop()
+        backup.join(30)
+        for t in threads:
+            t.join(60)
+            assert not t.is_alive()
+        ours = primary.join(30)
+    finally:
+        for s in (primary, backup):
+            s.stop()
+    assert ours["backups"] == [] and not ours["fenced"] and ours["updates_applied"] == 2 * STEPS
