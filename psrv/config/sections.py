@@ -191,8 +191,8 @@ class KillSettings(Section):
     """Processes psrv run kills on purpose, for fault experiments (experiments/kills.py)."""
 
     server: str = setting("", "SIGKILL shard SHARD's server once worker 0 has done STEP steps (seen within 10 "
-                          "steps: the workers' progress files); with --checkpoint-every it is restarted from its "
-                          "checkpoint, without it the run ends", flag="kill-server", metavar="SHARD:STEP",
+                          "steps: the workers' progress files); with --replicas its backup takes over, with "
+                          "--checkpoint-every it is restarted from its checkpoint, with neither the run ends", flag="kill-server", metavar="SHARD:STEP",
                           check=_kill_server)
     worker: str = setting("", "SIGKILL rank RANK's worker (not rank 0, which writes the final weights) once worker "
                           "0 has done STEP steps; the others go on without it after --worker-timeout, and the "

@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from psrv.config import ConfigError, RunConfig, from_dict
+from psrv.config import ConfigError, RunConfig, ServerConfig, from_dict
 from psrv.experiments.launch import run_local
 from psrv.experiments.summary import format_summary
 from tests.threaded_run import run_in_threads
@@ -53,3 +53,15 @@ def test_replicas_refuse_what_they_do_not_support_in_one_line(more, message):
     cluster = {"replicas": 1, **more.pop("cluster", {})}
     with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
         _config(cluster=cluster, **more)
+
+
+@pytest.mark.parametrize("more,message", [
+    ({"backup_of": "127.0.0.1:5555"}, "backup_of: "),
+    ({"backup_of": "tcp://127.0.0.1:5555", "checkpoint_dir": "ckpt"}, "checkpoint_dir: with backup_of: a backup "
+                                                                       "keeps no checkpoint"),
+    ({"backup_of": "tcp://127.0.0.1:5555", "transport": "rpc", "bind": "rpc://127.0.0.1:5556"},
+     "transport: with backup_of: replication runs over zmq"),
+])
+def test_a_backup_refuses_what_it_cannot_follow_with_in_one_line(more, message):
+    with pytest.raises(ConfigError, match=message):
+        from_dict(ServerConfig, {"workers": 2, **more})
