@@ -135,7 +135,8 @@ class ShardService(ShardPersistence):
             self._on_stream(peer, frames)
             return
         if self.follower is not None:
-            self.follower.hold(peer, frames)
+            if not self._stats_of_backup(peer, frames):
+                self.follower.hold(peer, frames)
             return
         with self.replicas.deferring():
             msg = self.apply(peer, frames)
@@ -424,6 +425,17 @@ class ShardService(ShardPersistence):
             self.follower.on_stream(peer, head, payload)
         else:
             self.transport.send(peer, stream.frames_of("fenced", self.replicas.epoch))
+
+    def _stats_of_backup(self, peer: Hashable, frames: list) -> bool:
+        """A backup answers STATS itself (psrv top, psrv admin), role "backup"; True if `frames` was one."""
+        try:
+            msg = decode(frames)
+        except ProtocolError:
+            return False
+        if msg.type is not MsgType.STATS:
+            return False
+        self.transport.send(peer, encode(Message(MsgType.STATS, seq=msg.seq, fields=self.summary())))
+        return True
 
     def take_over(self) -> None:
         """This backup becomes the shard's primary at the next epoch: the workers' requests it held are

@@ -216,3 +216,23 @@ def test_a_dead_backup_is_dropped_and_the_primary_goes_on_alone(monkeypatch):
         for s in (primary, backup):
             s.stop()
     assert ours["backups"] == [] and not ours["fenced"] and ours["updates_applied"] == 2 * STEPS
+
+
+def test_a_backup_answers_stats_as_a_backup():
+    """psrv top and psrv admin reach a backup too: it answers STATS itself, saying it is one."""
+    from psrv.transport import create_client
+    from psrv.protocol import Message, MsgType, decode, encode
+    primary = _shard("async", workers=1)
+    backup = _shard("async", workers=1, backup_of=primary.address)
+    link = create_client("zmq", [backup.address])
+    try:
+        _wait(lambda: _following(backup))
+        link.send(0, encode(Message(MsgType.STATS, seq=7)))
+        got = link.recv(10.0)
+        assert got is not None
+        reply = decode(got[1])
+        assert reply.type is MsgType.STATS and reply.seq == 7 and reply.fields["role"] == "backup"
+    finally:
+        link.close()
+        for s in (primary, backup):
+            s.stop()
