@@ -26,6 +26,7 @@ from psrv.server.joining import JoinWatch
 from psrv.server.liveness import Liveness
 from psrv.server.pending import Pending, PendingPulls
 from psrv.server.persistence import ShardPersistence
+from psrv.server.replicated import ShardReplication
 from psrv.server.plans import Plans
 from psrv.server.push import commit_if_ready, take_push
 from psrv.server.queued import HeldPushes
@@ -45,7 +46,7 @@ NEEDS_ACTIVE = (MsgType.INIT, MsgType.PUSH, MsgType.PULL, MsgType.PUSH_PULL)
 PUSHES = (MsgType.PUSH, MsgType.PUSH_PULL)
 
 
-class ShardService(ShardPersistence):
+class ShardService(ShardPersistence, ShardReplication):
     def __init__(self, cfg: ServerConfig, transport: ServerTransport, *, metrics=None,
                  now: Callable[[], float] = time.monotonic, join_timeout: float | None = None):
         """`join_timeout` (default cfg.join_timeout): seconds to wait for a worker never heard from."""
@@ -132,10 +133,10 @@ class ShardService(ShardPersistence):
         request that can change the shard is forwarded to them, and its replies wait for their acks
         (psrv/server/replicas.py); a backup holds a worker's request until it takes over."""
         if stream.is_stream(frames):
-            self._on_stream(peer, frames)
+            self.on_stream(peer, frames)
             return
         if self.follower is not None:
-            if not self._stats_of_backup(peer, frames):
+            if not self.backup_stats(peer, frames):
                 self.follower.hold(peer, frames)
             return
         with self.replicas.deferring():
@@ -408,51 +409,6 @@ class ShardService(ShardPersistence):
         self.stats.sent(sum(memoryview(f).nbytes for f in frames))
         if not self.replicas.hold(peer, frames):
             self.transport.send(peer, frames)
-
-    # --- replication (psrv/server/replicas.py, follower.py) -------------------
-    def _on_stream(self, peer: Hashable, frames: list) -> None:
-        """A replication message: a backup asking to join (we are the primary), or the primary's stream (we
-        follow it); a stream reaching a primary comes from one this shard has replaced, and is fenced."""
-        try:
-            head, payload = stream.read(frames)
-        except ValueError as exc:
-            log.warning("shard %d: ignored a malformed replication message: %s", self.cfg.shard, exc)
-            return
-        if head["op"] == "join":
-            if self.follower is None and not self.replicas.fenced:
-                self.replicas.join(str(head.get("address", "")))
-        elif self.follower is not None:
-            self.follower.on_stream(peer, head, payload)
-        else:
-            self.transport.send(peer, stream.frames_of("fenced", self.replicas.epoch))
-
-    def _stats_of_backup(self, peer: Hashable, frames: list) -> bool:
-        """A backup answers STATS itself (psrv top, psrv admin), role "backup"; True if `frames` was one."""
-        try:
-            msg = decode(frames)
-        except ProtocolError:
-            return False
-        if msg.type is not MsgType.STATS:
-            return False
-        self.transport.send(peer, encode(Message(MsgType.STATS, seq=msg.seq, fields=self.summary())))
-        return True
-
-    def take_over(self) -> None:
-        """This backup becomes the shard's primary at the next epoch: the workers' requests it held are
-        answered now, and each worker has a full worker_timeout to find it."""
-        f, self.follower = self.follower, None
-        f.close()
-        self.replicas.epoch = f.epoch + 1
-        silent = self.now() - f.heard
-        self.liveness.look()  # the time it followed is no one's silence
-        self.liveness.restart_clocks(self.controller.active)
-        self.failovers.append({"epoch": self.replicas.epoch, "from": f.primary, "at": time.time(),
-                               "silent_s": round(silent, 3), "version": self.shard.version if self.shard else 0})
-        log.warning("shard %d: primary %s silent for %.1fs; this backup (%s) takes over at epoch %d, version %d",
-                    self.cfg.shard, f.primary, silent, self.transport.address, self.replicas.epoch,
-                    self.shard.version if self.shard else 0)
-        for peer, frames in f.held:
-            self.handle(peer, frames)
 
     def _check_worker(self, msg: Message) -> None:
         if not 0 <= msg.worker < self.cfg.workers:
