@@ -2,8 +2,9 @@
 every live backup holds what they acknowledge (docs/reliability.md, "Replicated shards").
 
 Primary-backup, op-based. Every request that can change the shard's state (HELLO, INIT, PUSH, PULL,
-PUSH_PULL, LEAVE) is forwarded to each live backup as its own frames, in the order the primary applied
-it, and so is each decision the primary takes on its own (workers dropped for silence). The backups run
+PUSH_PULL, LEAVE) is forwarded to each live backup as its own frames, in the order the primary applies
+them (sent as it starts on one, so the acks travel while it works), and so is each decision the primary
+takes on its own (workers dropped for silence). The backups run
 the same ShardService code on the same ops in the same order, so their weights, optimizer state, clocks and
 exactly-once table equal the primary's. While a request is handled its replies are kept in `outbox`; they
 go out only once every live backup has acknowledged the op (`ack`), so no worker hears of an update that a
@@ -81,18 +82,25 @@ class Replicas:
         self.outbox.append((peer, [frames[0], *(bytes(memoryview(f)) for f in frames[1:])]))
         return True
 
-    def forward(self, op: str, payload: list | tuple = (), **fields) -> None:
-        """Send op to every live backup, and wait until each holds it (or is dropped, or fences us)."""
+    def send(self, op: str, payload: list | tuple = (), **fields) -> int | None:
+        """Send op to every live backup without waiting: its number, for wait(); None without backups. The
+        primary applies the op meanwhile, so the backups' acks travel while it works."""
         if not self.backups:
-            return
+            return None
         self.n += 1
         frames = stream.frames_of(op, self.epoch, payload, n=self.n, **fields)
         for b in self.backups:
             b.link.send(0, frames)
         self._pinged = self.s.now()
+        return self.n
+
+    def wait(self, n: int | None) -> None:
+        """Until every live backup acknowledged op n (or was dropped, or fenced us); at once for None."""
+        if n is None:
+            return
         deadline = time.monotonic() + ACK_TIMEOUT
         for b in list(self.backups):
-            self._await(b, self.n, deadline)
+            self._await(b, n, deadline)
 
     def _await(self, b: Backup, n: int, deadline: float) -> None:
         while not self.fenced:

@@ -119,7 +119,7 @@ class ShardService(ShardPersistence, ShardReplication):
             self.replicas.tick()
             if self.checkpoints.due() and not self.writer.writing:
                 self.start_checkpoint()
-        if self.cfg.checkpoint_dir:
+        if self.cfg.checkpoint_dir and not self.replicas.fenced:  # a fenced primary's state is no longer the shard's
             self.save_checkpoint()
         self.transport.wait_sent(5.0)
         summary = self.summary()
@@ -140,22 +140,28 @@ class ShardService(ShardPersistence, ShardReplication):
                 self.follower.hold(peer, frames)
             return
         with self.replicas.deferring():
-            msg = self.apply(peer, frames)
-            if msg is not None and msg.type in REPLICATED and self.replicas.backups:
-                self.replicas.forward("req", frames, peer=peer)
+            msg = self._decode(peer, frames)
+            if msg is not None:
+                sent = self.replicas.send("req", frames, peer=peer) if msg.type in REPLICATED else None
+                self._serve(peer, msg, check=True)
+                self._drain()
+                self.replicas.wait(sent)
 
-    def apply(self, peer: Hashable, frames: list) -> Message | None:
-        """Decode and serve one request (a backup: one its primary forwarded); the message, or None when
-        it was not one."""
+    def apply(self, peer: Hashable, frames: list) -> None:
+        """Decode and serve one request its primary forwarded to this backup."""
+        msg = self._decode(peer, frames)
+        if msg is not None:
+            self._serve(peer, msg, check=True)
+            self._drain()
+
+    def _decode(self, peer: Hashable, frames: list) -> Message | None:
+        """The request `frames` hold; None, with its ERROR reply made, when they hold none."""
         try:
             self.stats.received(sum(memoryview(f).nbytes for f in frames))
-            msg = decode(frames)
+            return decode(frames)
         except Exception as exc:
             self._refuse(peer, 0, exc)
             return None
-        self._serve(peer, msg, check=True)
-        self._drain()
-        return msg
 
     def _serve(self, peer: Hashable, msg: Message, *, check: bool) -> None:
         """Check (on arrival) and handle one decoded request; a refusal becomes its ERROR reply. A push
@@ -216,8 +222,9 @@ class ShardService(ShardPersistence, ShardReplication):
             return
         unheard = self.liveness.unheard(expired)
         with self.replicas.deferring():
+            sent = self.replicas.send("expire", workers=expired, unheard=unheard)
             self.expire(expired, unheard)
-            self.replicas.forward("expire", workers=expired, unheard=unheard)
+            self.replicas.wait(sent)
 
     def expire(self, expired: list[int], unheard: list[int]) -> None:
         """Workers `expired` leave the active set for silence (`unheard`: never joined); a backup does it

@@ -37,7 +37,9 @@ def _following(server: psrv.Server) -> bool:
     return follower is not None and follower.following
 
 
-def _train(address: str, rank: int, workers: int, steps: int, started: threading.Event | None = None) -> None:
+def _train(address: str, rank: int, workers: int, steps: int, started: threading.Event | None = None,
+           go: threading.Event | None = None) -> None:
+    """`started`: set at a third of the steps; `go`: waited for then, if given."""
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
     init = torch.Generator().manual_seed(0)  # not the global RNG, which the other threads draw from too
     with torch.no_grad():
@@ -53,10 +55,13 @@ def _train(address: str, rank: int, workers: int, steps: int, started: threading
             ps.step()
             if started is not None and step == steps // 3:
                 started.set()
+                if go is not None:
+                    assert go.wait(60)
 
 
-def _run(address: str, workers: int, steps: int = STEPS, started: threading.Event | None = None) -> None:
-    threads = [threading.Thread(target=_train, args=(address, r, workers, steps, started if r == 0 else None),
+def _run(address: str, workers: int, steps: int = STEPS, started: threading.Event | None = None,
+         go: threading.Event | None = None) -> list[threading.Thread]:
+    threads = [threading.Thread(target=_train, args=(address, r, workers, steps, *((started, go) if r == 0 else ())),
                                 daemon=True) for r in range(workers)]
     for t in threads:
         t.start()
@@ -101,12 +106,14 @@ def test_a_backup_holds_exactly_the_primary_state(mode, workers, optimizer, drop
 
 def test_a_backup_that_joins_while_workers_push_catches_up_from_the_state():
     primary = _shard("sync", workers=2)
-    started = threading.Event()
+    started, go = threading.Event(), threading.Event()
     backup = None
     try:
-        threads = _run(primary.address, 2, steps=60, started=started)
-        assert started.wait(60)
+        threads = _run(primary.address, 2, steps=60, started=started, go=go)
+        assert started.wait(60)  # worker 0 waits at its step 20, worker 1 in the barrier, its pull pending
         backup = _shard("sync", workers=2, backup_of=primary.address)
+        _wait(lambda: primary._service.replicas.joining or primary._service.replicas.backups)
+        go.set()
         for t in threads:
             t.join(60)
         ours, theirs = primary.join(30), backup.join(30)
