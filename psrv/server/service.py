@@ -455,7 +455,8 @@ class ShardService(ShardPersistence, ShardReplication):
                 "checkpoints": self.checkpoints.count, "checkpoint_version": self.checkpoints.version,
                 "checkpoint_seconds": self.checkpoints.seconds, "checkpoint_writing": self.writer.writing,
                 "payload_bytes": dict(getattr(self.transport, "payload_bytes", {})),  # by data path
-                "role": "backup" if self.follower is not None else "primary", "epoch": self.replicas.epoch,
+                "role": "backup" if self.follower is not None else "primary",
+                "epoch": self.follower.epoch if self.follower is not None else self.replicas.epoch,
                 "address": getattr(self.transport, "address", None),
                 "backups": [b.address for b in self.replicas.backups], "failovers": self.failovers,
                 "fenced": self.replicas.fenced,
