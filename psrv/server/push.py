@@ -55,7 +55,7 @@ def take_push(s, msg: Message) -> dict:
         commit_if_ready(s)
         return info
     staleness = max(0, shard.version - msg.base_version)
-    s.transport.wait_sent()  # replies still reading the weights must leave before we write them
+    s.before_write()  # replies still reading the weights must leave before we write them
     if decision is Decision.APPLY:  # the update rule sees the push's context (psrv/server/rules)
         scale = shard.apply(grad, PushContext(msg.worker, msg.clock, msg.base_version, staleness))
         s.stats.applied(shard.version, lr_scale=scale)
@@ -73,7 +73,7 @@ def commit_if_ready(s) -> None:
     if s.shard is None or not s.controller.commit_ready():
         return
     if s.shard.accumulated:
-        s.transport.wait_sent()
+        s.before_write()
         n = s.shard.apply_accumulated()  # the rule sees the mean at staleness 0 (lr scale 1)
         s.stats.applied(s.shard.version, pushes=n)
     else:

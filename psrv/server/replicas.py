@@ -75,12 +75,18 @@ class Replicas:
                 self.s.transport.send(peer, frames)
 
     def hold(self, peer: Hashable, frames: list) -> bool:
-        """Keep a reply for the end of `deferring` (True), or leave it to be sent now (False). A tensor frame
-        is copied: a later op of the same block may write the weights it views."""
+        """Keep a reply for the end of `deferring` (True), or leave it to be sent now (False)."""
         if self.outbox is None:
             return False
-        self.outbox.append((peer, [frames[0], *(bytes(memoryview(f)) for f in frames[1:])]))
+        self.outbox.append((peer, frames))
         return True
+
+    def protect(self) -> None:
+        """The weights are about to be written: the held replies that view them get a copy (rare: a reply
+        with weights is mostly made after the write its request brought)."""
+        for i, (peer, frames) in enumerate(self.outbox or ()):
+            if len(frames) > 1 and not isinstance(frames[1], bytes):
+                self.outbox[i] = (peer, [frames[0], *(bytes(memoryview(f)) for f in frames[1:])])
 
     def send(self, op: str, payload: list | tuple = (), **fields) -> int | None:
         """Send op to every live backup without waiting: its number, for wait(); None without backups. The

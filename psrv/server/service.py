@@ -408,6 +408,12 @@ class ShardService(ShardPersistence, ShardReplication):
         for peer in p.peers:
             self._reply(peer, Message(MsgType.WEIGHTS, seq=p.seq, fields=fields, tensor=self.shard.weights))
 
+    def before_write(self) -> None:
+        """Called right before the weights are written (psrv/server/push.py, chunked.py): what still views
+        them, replies on the wire or held for the backups' acks, is sent or copied first."""
+        self.replicas.protect()
+        self.transport.wait_sent()
+
     def _reply(self, peer, msg: Message) -> None:
         """Send a reply: at once, or once the backups hold what it acknowledges; a backup's go nowhere."""
         if self.follower is not None:
