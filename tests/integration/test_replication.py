@@ -153,15 +153,23 @@ def test_across_a_failover_every_acknowledged_push_is_applied_once_and_ssp_keeps
         assert took["max_clock_gap"] <= 1
 
 
-def _failover(mode: str, optimizer: str = "sgd") -> tuple[dict, torch.Tensor]:
-    """A run of 2 workers whose primary stops at worker 0's step 10: the summary of the backup that took
-    over, and its final weights."""
-    primary = _shard(mode, workers=2, optimizer=optimizer)
-    backup = _shard(mode, workers=2, backup_of=primary.address, optimizer=optimizer)
+def test_across_a_failover_sync_with_a_backup_worker_commits_every_clock_once():
+    """Sync with 3 workers and backup_workers 1: each clock steps once on the first 2 pushes, the third
+    dropped as late, on the primary and then on the backup that took over."""
+    took, _ = _failover("sync", workers=3, drop=1)
+    assert took["updates_applied"] == took["version"] == STEPS
+    assert took["dropped"]["late"] > 0
+
+
+def _failover(mode: str, optimizer: str = "sgd", workers: int = 2, drop: int = 0) -> tuple[dict, torch.Tensor]:
+    """A run whose primary stops at worker 0's step 10: the summary of the backup that took over, and its
+    final weights."""
+    primary = _shard(mode, workers=workers, optimizer=optimizer, drop=drop)
+    backup = _shard(mode, workers=workers, backup_of=primary.address, optimizer=optimizer, drop=drop)
     started = threading.Event()
     try:
         _wait(lambda: _following(backup))
-        threads = _run(primary.address, 2, started=started)
+        threads = _run(primary.address, workers, started=started)
         assert started.wait(60)
         primary.stop()
         primary.join(30)
