@@ -25,6 +25,7 @@ log = logging.getLogger("psrv.server")
 
 TAKEOVER_AFTER = 1.0  # seconds of silence from the primary before a backup takes over
 JOIN_EVERY = 0.5      # a backup not yet following says "join" this often
+JOIN_NOTICE = 10.0    # and says in the log that it still waits this often
 
 
 class Follower:
@@ -41,6 +42,7 @@ class Follower:
         self.replicas: list[str] = []
         self.heard = service.now()
         self._asked = -float("inf")
+        self._said = service.now()  # when we last said we still wait to join (every JOIN_NOTICE seconds)
         self.held: list[tuple[Hashable, list]] = []  # workers' requests while we follow
 
     @property
@@ -97,6 +99,10 @@ class Follower:
                 self.link.send(0, stream.frames_of("join", self.epoch, address=self.s.transport.address))
             while self.link.recv(0) is not None:
                 pass
+            if now - self._said >= JOIN_NOTICE:
+                self._said = now
+                log.warning("shard %d: this backup has waited %.0fs to join its primary at %s; is `psrv serve` "
+                            "running there?", self.s.cfg.shard, now - self.heard, self.primary)
             return False
         silent = now - self.heard
         rank = self._rank()
