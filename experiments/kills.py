@@ -77,8 +77,12 @@ class ShardRestarts:
     shard ends the run, with a line saying what killed it."""
 
     def __init__(self, cfg: RunConfig, out: Path, started: float, kills: Kills,
-                 start: Callable[[int, ServerConfig, Path], None]):
+                 start: Callable[[int, ServerConfig, Path], None],
+                 replace_primary: Callable[[int], str] | None = None):
+        """`replace_primary(shard)`: with --replicas, start a backup in place of shard's dead primary (its
+        process name); experiments/replication.py."""
         self.cfg, self.out, self.started, self.kills, self.start = cfg, out, started, kills, start
+        self.replace_primary = replace_primary
         self.enabled = cfg.checkpoints.every > 0
         self.asked = bool(self.enabled or kills.todo)  # whether the summary has `faults`
         self.done: list[dict] = []
@@ -99,9 +103,12 @@ class ShardRestarts:
             return True
         if self.cfg.cluster.replicas and name.startswith(("server-", "backup-")):  # a backup takes over, or the
             cluster.spared.add(name)  # primary goes on without the dead backup (experiments/replication.py)
+            replaced = self.replace_primary(int(name.split("-")[1])) \
+                if name.startswith("server-") and self.replace_primary is not None else None
             self.dead_replicas.append({"process": name, "exit_code": cluster.procs[name].returncode,
-                              "step": worker0_steps(self.out), "wall_s": round(time.monotonic() - self.started, 3),
-                              "cause": self.kills.said(name) or _ended(cluster.procs[name].returncode)})
+                                       "step": worker0_steps(self.out), "replaced_by": replaced,
+                                       "wall_s": round(time.monotonic() - self.started, 3),
+                                       "cause": self.kills.said(name) or _ended(cluster.procs[name].returncode)})
             return True
         if not name.startswith("server-"):
             return False

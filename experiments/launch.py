@@ -17,7 +17,7 @@ from psrv.experiments.kills import Kills, ShardRestarts
 from psrv.experiments.netns import EmulatedHosts, host_traffic
 from psrv.experiments.preflight import preflight
 from psrv.experiments.progress import progress_bar
-from psrv.experiments.replication import settle as settle_replicas, start_backups
+from psrv.experiments.replication import settle as settle_replicas, start_backups, start_replacement
 from psrv.experiments.rundir import OwnedFolder
 from psrv.experiments.schedulers import check_scheduler, scheduler_hosts
 from psrv.experiments.stall import StallWatch
@@ -133,8 +133,13 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
     bar, interrupt, watch = None, None, None
     started = time.monotonic()
     kills = Kills(cfg, out, started)
+    backups: list[str] = []  # with --replicas: every backup started (experiments/replication.py)
+
+    def start_backup(name: str, shard: int, config: ServerConfig, tail: list[str]) -> None:
+        _start_backup(cluster, out, name, shard, config, [*tail, *extra])
     restarts = ShardRestarts(cfg, out, started, kills,
-                             start=lambda i, shard, ready: _start_server(cluster, out, i, shard, ready, extra))
+                             start=lambda i, shard, ready: _start_server(cluster, out, i, shard, ready, extra),
+                             replace_primary=lambda shard: start_replacement(cfg, out, shard, start_backup, backups))
     cluster.recover = restarts.recover
     try:
         if cfg.is_allreduce:
@@ -149,8 +154,8 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
                 watch = StallWatch(cluster, names, out, fixed=cfg.allreduce.stall_timeout)
         else:
             servers = _start_servers(cluster, cfg, out, extra, restarts.shard_settings)
-            servers += [(name, "") for name in start_backups(cfg, out, lambda name, shard, config, tail: _start_backup(
-                cluster, out, name, shard, config, [*tail, *extra]))]  # --replicas: experiments/replication.py
+            backups += start_backups(cfg, out, start_backup)  # --replicas: experiments/replication.py
+            servers += [(name, "") for name in backups]
             start = start_torchrun_workers if launcher == "torchrun" else start_script_workers
             primaries = [(n, a) for n, a in servers if a]
             names = start(cluster, cfg, out, script, primaries, metrics=metrics, linger=metrics_linger) \

@@ -1,8 +1,8 @@
 """A local run's backups (`psrv run --replicas R`, spec key cluster.replicas): R `psrv serve --backup-of` per
 shard, started beside its primary, named backup-K-J (shard K, backup J), each writing DIR/backup-K-J.json.
 
-A dead primary is not restarted: its backup takes over (psrv/server/follower.py) and the run goes on. At the
-end, a shard whose primary died has its record DIR/server-K.json written from the backup that took over,
+A dead primary is not restarted: its backup takes over (psrv/server/follower.py) and the run goes on, and a
+new backup is started in its place, which joins whichever replica took over. At the end, a shard whose primary died has its record DIR/server-K.json written from the backup that took over,
 and summary.json's `replication` says how many replicas each shard had and every failover: when, which
 shard, the address of the new primary and the version it took over at (docs/reliability.md)."""
 from __future__ import annotations
@@ -31,6 +31,20 @@ def start_backups(cfg: RunConfig, out: Path, start: Callable[[str, int, ServerCo
         start(name, shard, config, ["--out", str(out / f"{name}.json"), "--ready-file", str(out / f"{name}.addr")])
         names.append(name)
     return names
+
+
+def start_replacement(cfg: RunConfig, out: Path, shard: int,
+                      start: Callable[[str, int, ServerConfig, list[str]], None], names: list[str]) -> str:
+    """A backup in place of shard's dead primary, so the shard keeps cfg.cluster.replicas backups: it asks each
+    of the shard's backups in turn until the one that took over sends it the state (`--backup-of` with
+    their ready files, comma-separated). Its name is appended to `names`, and returned."""
+    taken = [n for n in names if n.startswith(f"backup-{shard}-")]
+    name = f"backup-{shard}-{len(taken) + 1}"
+    replicas = ",".join(f"@{out / f'{n}.addr'}" for n in taken)
+    config = dataclasses.replace(cfg.server_config(shard, bind="tcp://127.0.0.1:0"), backup_of=replicas)
+    start(name, shard, config, ["--out", str(out / f"{name}.json"), "--ready-file", str(out / f"{name}.addr")])
+    names.append(name)
+    return name
 
 
 def _records(out: Path, pattern: str) -> list[dict]:

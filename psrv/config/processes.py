@@ -99,9 +99,10 @@ def _backup(cfg: "ServerConfig") -> None:
     file: one per shard) nor any CURVE keys (the replication link has none)."""
     if not cfg.backup_of:
         return
-    problem = None if cfg.backup_of.startswith("@") else address_problem(cfg.backup_of)
-    if problem:
-        raise ConfigError("backup_of", problem)
+    for entry in cfg.backup_of.split(","):  # several: a shard's replicas, whichever is its primary
+        problem = None if entry.strip().startswith("@") else address_problem(entry.strip())
+        if problem:
+            raise ConfigError("backup_of", problem)
     for key, value, why in (("transport", cfg.transport != "zmq", "replication runs over zmq; use transport zmq"),
                             ("checkpoint_dir", cfg.checkpoint_dir, "a backup keeps no checkpoint (it would write "
                              "its primary's file); remove it"),

@@ -252,8 +252,9 @@ class ServeSettings(Section):
                                       minimum=0.0, metavar="SECONDS")
     resume: bool = setting(False, "restore the shard from --checkpoint-dir first")
     backup_of: str = setting("", "serve as a backup of the shard served at ADDRESS (tcp://HOST:PORT, or @FILE: "
-                             "read from that server's --ready-file): it takes the shard's state, then applies the "
-                             "same pushes in the same order, and takes over when that primary falls silent "
+                             "read from that server's --ready-file; several, comma-separated: the shard's replicas, "
+                             "whichever is its primary): it takes the shard's state, then applies the same pushes "
+                             "in the same order, and takes over when that primary falls silent "
                              "(docs/reliability.md)", metavar="ADDRESS")
     curve_keys: str = setting("", "CURVE encryption, and admit only the clients whose public key is in DIR "
                               "(made by psrv keygen); enables CHECKPOINT and SHUTDOWN", metavar="DIR")

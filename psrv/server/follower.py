@@ -33,10 +33,12 @@ class Follower:
     members: cfg, transport, load_state_dict, apply, expire, take_over, now."""
 
     def __init__(self, service, primary: str):
+        """`primary`: the address to follow, or several, comma-separated: the replicas of a shard, of which
+        whichever is the primary will answer (a replacement backup started after a failover)."""
         self.s = service
-        self.primary = primary
-        self.candidates = [primary]       # whom to ask to join: the primary, then (once it is lost) the backups before us
-        self.link = create_client("zmq", [primary])
+        self.candidates = primary.split(",")  # whom to ask to join, in turn, until one sends its state
+        self.primary = self.candidates[0]
+        self.link = create_client("zmq", [self.primary])
         self.epoch = 0
         self.expected: int | None = None  # the next op's number; None until the state came
         self.replicas: list[str] = []
@@ -65,6 +67,7 @@ class Follower:
             if payload:
                 self.s.load_state_dict(stream.state_from(payload[0]), source=f"primary {self.primary}'s state")
             self.epoch, self.expected, self.replicas = epoch, int(head["n"]) + 1, list(head.get("replicas", []))
+            self.primary = self.replicas[0] if self.replicas else self.primary
             log.info("shard %d: following %s from op %d (epoch %d)", self.s.cfg.shard, self.primary,
                      self.expected - 1, epoch)
             self._say(peer, "ack", n=self.expected - 1)
@@ -96,7 +99,7 @@ class Follower:
         if not self.following:
             if now - self._asked >= JOIN_EVERY:
                 self._asked = now
-                self.link.send(0, stream.frames_of("join", self.epoch, address=self.s.transport.address))
+                self._ask(self.candidates[int(now / JOIN_EVERY) % len(self.candidates)])
             while self.link.recv(0) is not None:
                 pass
             if now - self._said >= JOIN_NOTICE:
@@ -123,7 +126,10 @@ class Follower:
         if not earlier or self.s.now() - self._asked < JOIN_EVERY:
             return
         self._asked = self.s.now()
-        target = earlier[int(time.monotonic() / JOIN_EVERY) % len(earlier)]
+        self._ask(earlier[int(time.monotonic() / JOIN_EVERY) % len(earlier)])
+
+    def _ask(self, target: str) -> None:
+        """Say "join" to `target` (a fresh link where it is another than the last one asked)."""
         if target != self.primary:
             self.link.close()
             self.primary, self.link = target, create_client("zmq", [target])

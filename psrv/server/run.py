@@ -44,9 +44,9 @@ class Server:
     def __init__(self, cfg: ServerConfig, *, metrics_port: int | None = None, metrics_file: Path | None = None,
                  metrics_host: str = "127.0.0.1", metrics_linger: float = 0.0):
         check_device(cfg.device, option="device")  # a ValueError that says so, not torch's AssertionError
-        if cfg.backup_of.startswith("@"):  # a backup started beside its primary waits for its ready file
-            cfg = dataclasses.replace(cfg, backup_of=resolve_addresses([cfg.backup_of], wait=BACKUP_WAIT,
-                                                                       option="--backup-of")[0])
+        if "@" in cfg.backup_of:  # a backup started beside its primary waits for its ready file
+            cfg = dataclasses.replace(cfg, backup_of=",".join(resolve_addresses(
+                cfg.backup_of.split(","), wait=BACKUP_WAIT, option="--backup-of")))
         self.cfg = cfg
         self._linger = metrics_linger if metrics_port is not None else 0.0
         self._thread: threading.Thread | None = None

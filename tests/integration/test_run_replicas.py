@@ -35,6 +35,8 @@ def test_a_killed_primary_loses_nothing_the_run_ends_with_the_weights_of_the_run
     [failover] = summary["replication"]["failovers"]
     assert failover["shard"] == 0 and failover["epoch"] == 1 and failover["version"] >= kill["step"] - 1
     assert summary["complete"] and summary["updates_applied"] == STEPS and summary["faults"]["restarts"] == []
+    [dead] = summary["faults"]["dead_replicas"]  # a new backup started in its place, to follow the new primary
+    assert dead["process"] == "server-0" and dead["replaced_by"] == "backup-0-2"
     shard = json.loads((tmp_path / "killed" / "server-0.json").read_text())
     assert shard["took_over"] and shard["address"] == failover["new_primary"]
     killed, plain = (torch.load(tmp_path / run / "params.pt") for run in ("killed", "plain"))
