@@ -7,7 +7,9 @@ that reaches it (a worker that lost the primary) is held. Each op is acknowledge
 it is applied: the backup then holds it, and applies the ops in the order they came.
 
 Takeover: the primary pings an idle stream every psrv/server/replicas.py PING_EVERY seconds; once nothing
-came from it for TAKEOVER_AFTER seconds, the backup becomes the primary at the next epoch, answers the held
+came from it for TAKEOVER_AFTER seconds, the backup asks it once more to take it ("join": a primary that is
+alive but had dropped this backup, for a late ack, answers with its state, and the backup follows again);
+with no answer within CHECK_GRACE seconds the backup becomes the primary at the next epoch, answers the held
 requests, and refuses the old primary's stream from then on ("fenced"), so the old one, if it was only
 paused, stops. Only the first backup in the primary's list takes over at once; the k-th waits k times
 longer and, meanwhile, asks the ones before it to let it join them.
@@ -26,6 +28,7 @@ log = logging.getLogger("psrv.server")
 TAKEOVER_AFTER = 1.0  # seconds of silence from the primary before a backup takes over
 JOIN_EVERY = 0.5      # a backup not yet following says "join" this often
 JOIN_NOTICE = 10.0    # and says in the log that it still waits this often
+CHECK_GRACE = 0.5     # a silent primary is asked to take the backup again; no state within this: take over
 
 
 class Follower:
@@ -45,6 +48,7 @@ class Follower:
         self.heard = service.now()
         self._asked = -float("inf")
         self._said = service.now()  # when we last said we still wait to join (every JOIN_NOTICE seconds)
+        self._checked: float | None = None  # when we asked a silent primary to take us again, before taking over
         self.held: list[tuple[Hashable, list]] = []  # workers' requests while we follow
 
     @property
@@ -62,6 +66,7 @@ class Follower:
             self._say(peer, "fenced")
             return
         self.heard = self.s.now()
+        self._checked = None
         self.held.clear()  # the primary lives: the workers that came here go back to it
         if op == "state":
             if payload:
@@ -113,7 +118,11 @@ class Follower:
             if silent >= TAKEOVER_AFTER and rank > 0:  # the primary is gone: join the first backup that took over
                 self._ask_earlier(rank)
             return False
-        return True
+        if self._checked is None:  # one last question: a primary that is alive but had dropped us answers with its state
+            self._checked = now
+            self._ask(self.primary)
+            return False
+        return now - self._checked >= CHECK_GRACE
 
     def _rank(self) -> int:
         """Our place among the backups in the primary's list (0: we take over first)."""

@@ -52,6 +52,7 @@ class Replicas:
         self.n = 0                        # ops sent so far
         self.outbox: list[tuple[Hashable, list]] | None = None
         self.fenced = False
+        self.admitted = 0                 # backups sent the state so far (a backup asking again counts again)
         self._pinged = service.now()
 
     @property
@@ -175,6 +176,7 @@ class Replicas:
         link.send(0, stream.frames_of("state", self.epoch, payload, n=self.n,
                                       replicas=[*self.addresses, address]))
         self.backups.append(Backup(address, link))
+        self.admitted += 1
         log.info("shard %d: backup %s joined at op %d (version %d)", self.s.cfg.shard, address, self.n,
                  self.s.shard.version if self.s.shard is not None else 0)
 

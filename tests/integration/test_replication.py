@@ -186,27 +186,51 @@ def _failover(mode: str, optimizer: str = "sgd", workers: int = 2, drop: int = 0
     return took, _weights(backup)
 
 
-def _silence(backup: psrv.Server) -> bool:
-    """Tell the backup its primary has been silent for long (again, until it took over: a ping may come
-    between); True once it has."""
-    follower = backup._service.follower
-    if follower is None:
-        return True
-    follower.heard -= 100.0
-    return False
+def _pause(server: psrv.Server, seconds: float) -> None:
+    """Stop the shard's loop for `seconds` at its next receive, as SIGSTOP would: no ping, no answer."""
+    service = server._service
+    receive = service.transport.recv
+
+    def paused(timeout):
+        service.transport.recv = receive
+        time.sleep(seconds)
+        return receive(timeout)
+    service.transport.recv = paused
 
 
-def test_a_primary_whose_backup_took_over_is_fenced_and_stops():
-    """A primary paused past the takeover bound (here: its backup told it was silent that long) comes back
-    to a backup at a higher epoch: its next ping is refused ("fenced"), and it stops; no two primaries."""
+def test_a_paused_primary_is_replaced_and_fenced_when_it_comes_back():
+    """A primary paused past the takeover bound (and the backup's last question to it) is replaced by its
+    backup at the next epoch; when it comes back, its stream is refused ("fenced") and it stops without
+    answering: no two primaries."""
     primary = _shard("async", workers=1)
     backup = _shard("async", workers=1, backup_of=primary.address)
     try:
         _wait(lambda: _following(backup))
-        _wait(lambda: _silence(backup))
+        _pause(primary, 3.0)
+        _wait(lambda: backup._service.follower is None)
+        assert backup._service.replicas.epoch == 1 and not backup._service.replicas.fenced
         ours = primary.join(20)
         assert ours["fenced"] and ours["role"] == "primary"
-        assert backup._service.replicas.epoch == 1 and not backup._service.replicas.fenced
+    finally:
+        for s in (primary, backup):
+            s.stop()
+
+
+def test_a_live_primary_keeps_its_backup_however_long_the_backup_heard_nothing():
+    """A backup that heard nothing for long (a stall of its own, an ack its primary gave up on) asks its
+    primary before it takes over; a live primary answers with its state, and the backup follows again."""
+    primary = _shard("async", workers=1)
+    backup = _shard("async", workers=1, backup_of=primary.address)
+    try:
+        _wait(lambda: _following(backup))
+        follower = backup._service.follower
+        until = time.monotonic() + 1.5
+        while time.monotonic() < until:  # silent for long, again after each ping
+            follower.heard -= 100.0
+            time.sleep(0.01)
+        assert backup._service.follower is follower and follower.following and follower.epoch == 0
+        replicas = primary._service.replicas
+        assert replicas.admitted >= 2 and replicas.backups and not replicas.fenced  # asked again, taken again
     finally:
         for s in (primary, backup):
             s.stop()
