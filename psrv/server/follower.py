@@ -118,7 +118,7 @@ class Follower:
             if silent >= TAKEOVER_AFTER and rank > 0:  # the primary is gone: join the first backup that took over
                 self._ask_earlier(rank)
             return False
-        if self._checked is None:  # one last question: a primary that is alive but had dropped us answers with its state
+        if self._checked is None:  # one last question: a live primary that had dropped us answers with its state
             self._checked = now
             self._ask(self.primary)
             return False
