@@ -2,9 +2,10 @@
 shard, started beside its primary, named backup-K-J (shard K, backup J), each writing DIR/backup-K-J.json.
 
 A dead primary is not restarted: its backup takes over (psrv/server/follower.py) and the run goes on, and a
-new backup is started in its place, which joins whichever replica took over. At the end, a shard whose primary died has its record DIR/server-K.json written from the backup that took over,
-and summary.json's `replication` says how many replicas each shard had and every failover: when, which
-shard, the address of the new primary and the version it took over at (docs/reliability.md)."""
+new backup is started in its place, which joins whichever replica took over. At the end, a shard whose
+primary died has its record DIR/server-K.json written from the backup that took over, and summary.json's
+`replication` says how many replicas each shard had and every failover: when, which shard, the address of
+the new primary and the version it took over at (docs/reliability.md)."""
 from __future__ import annotations
 
 import dataclasses
