@@ -77,11 +77,16 @@ class ShardRestarts:
     shard ends the run, with a line saying what killed it."""
 
     def __init__(self, cfg: RunConfig, out: Path, started: float, kills: Kills,
-                 start: Callable[[int, ServerConfig, Path], None]):
+                 start: Callable[[int, ServerConfig, Path], None],
+                 replace_primary: Callable[[int], str] | None = None):
+        """`replace_primary(shard)`: with --replicas, start a backup in place of shard's dead primary (its
+        process name); experiments/replication.py."""
         self.cfg, self.out, self.started, self.kills, self.start = cfg, out, started, kills, start
+        self.replace_primary = replace_primary
         self.enabled = cfg.checkpoints.every > 0
         self.asked = bool(self.enabled or kills.todo)  # whether the summary has `faults`
         self.done: list[dict] = []
+        self.dead_replicas: list[dict] = []  # with --replicas: primaries and backups that died, not restarted
 
     def shard_settings(self, shard: int, base: ServerConfig) -> ServerConfig:
         """Shard `shard`'s config with the run's checkpoints (unchanged without them)."""
@@ -95,6 +100,15 @@ class ShardRestarts:
         failure line then says what killed it)."""
         if name.startswith("worker-") and self.kills.said(name):  # killed on purpose: the others go on
             cluster.spared.add(name)
+            return True
+        if self.cfg.cluster.replicas and name.startswith(("server-", "backup-")):  # a backup takes over, or the
+            cluster.spared.add(name)  # primary goes on without the dead backup (experiments/replication.py)
+            replaced = self.replace_primary(int(name.split("-")[1])) \
+                if name.startswith("server-") and self.replace_primary is not None else None
+            self.dead_replicas.append({"process": name, "exit_code": cluster.procs[name].returncode,
+                                       "step": worker0_steps(self.out), "replaced_by": replaced,
+                                       "wall_s": round(time.monotonic() - self.started, 3),
+                                       "cause": self.kills.said(name) or _ended(cluster.procs[name].returncode)})
             return True
         if not name.startswith("server-"):
             return False
@@ -142,6 +156,7 @@ class ShardRestarts:
         kept = [r["version"] for shard, r in records.items() if shard not in restarted]
         lost = {str(s): records[s].get("lost_clocks") for s in restarted}
         return {"kills": self.kills.done, "restarts": self.done, "checkpoint_every": self.cfg.checkpoints.every,
+                **({"dead_replicas": self.dead_replicas} if self.cfg.cluster.replicas else {}),
                 "lost_clocks": lost, "lost_clocks_total": sum(v or 0 for v in lost.values()),
                 "resumed_from": {str(s): records[s].get("resumed_from") for s in restarted},
                 "lost_updates": {str(s): max(kept) - records[s]["version"] if kept else None for s in restarted}}

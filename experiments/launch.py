@@ -17,6 +17,7 @@ from psrv.experiments.kills import Kills, ShardRestarts
 from psrv.experiments.netns import EmulatedHosts, host_traffic
 from psrv.experiments.preflight import preflight
 from psrv.experiments.progress import progress_bar
+from psrv.experiments.replication import settle as settle_replicas, start_backups, start_replacement
 from psrv.experiments.rundir import OwnedFolder
 from psrv.experiments.schedulers import check_scheduler, scheduler_hosts
 from psrv.experiments.stall import StallWatch
@@ -90,9 +91,9 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
         preflight(cfg)  # a device that is not here, a job that does not import: ValueError before any process
     rate = cfg.network.bandwidth
     check_scheduler(scheduler, metrics=metrics, bandwidth=rate)
-    if scheduler != "local" and (cfg.kill.server or cfg.kill.worker or cfg.checkpoints.every):
-        raise ValueError(f"--kill-server, --kill-worker and --checkpoint-every need --scheduler local (the launcher "
-                         f"signals and restarts its own processes); got {scheduler!r}")
+    if scheduler != "local" and (cfg.kill.server or cfg.kill.worker or cfg.checkpoints.every or cfg.cluster.replicas):
+        raise ValueError(f"--kill-server, --kill-worker, --checkpoint-every and --replicas need --scheduler local (the "
+                         f"launcher signals, restarts and pairs its own processes); got {scheduler!r}")
     if cfg.kill.worker and script is not None:
         raise ValueError("--kill-worker: a script's run needs every rank's record; kill a worker of the shipped loop")
     if rate and (metrics or script is not None):
@@ -105,7 +106,7 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
         if removed:
             say(f"{out}: removed the {len(removed)} files the run before left there ({_listed(removed)}); "
                 "this run writes its own")
-        processes = cfg.cluster.workers + (0 if cfg.is_allreduce else cfg.cluster.servers)
+        processes = cfg.cluster.workers + (0 if cfg.is_allreduce else cfg.cluster.servers * (1 + cfg.cluster.replicas))
         hosts = stack.enter_context(EmulatedHosts(processes, rate) if rate else
                                     scheduler_hosts(scheduler, processes, out=out, timeout=timeout))
         return _run(cfg, out=out, metrics=metrics, metrics_linger=metrics_linger, timeout=timeout,
@@ -125,14 +126,20 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
          hosts: EmulatedHosts | None, lock: int | None, scheduler: str) -> dict:
     write_config(out / "config.json", cfg)
     workers = cfg.cluster.workers
-    cluster = Cluster(out, processes=workers + (0 if cfg.is_allreduce else cfg.cluster.servers), hosts=hosts,
+    shards = 0 if cfg.is_allreduce else cfg.cluster.servers * (1 + cfg.cluster.replicas)  # primaries and backups
+    cluster = Cluster(out, processes=workers + shards, hosts=hosts,
                       keep_fds=() if lock is None else (lock,))
     extra = ["--metrics-port", "0", "--metrics-linger", repr(metrics_linger)] if metrics else []
     bar, interrupt, watch = None, None, None
     started = time.monotonic()
     kills = Kills(cfg, out, started)
+    backups: list[str] = []  # with --replicas: every backup started (experiments/replication.py)
+
+    def start_backup(name: str, shard: int, config: ServerConfig, tail: list[str]) -> None:
+        _start_backup(cluster, out, name, shard, config, [*tail, *extra])
     restarts = ShardRestarts(cfg, out, started, kills,
-                             start=lambda i, shard, ready: _start_server(cluster, out, i, shard, ready, extra))
+                             start=lambda i, shard, ready: _start_server(cluster, out, i, shard, ready, extra),
+                             replace_primary=lambda shard: start_replacement(cfg, out, shard, start_backup, backups))
     cluster.recover = restarts.recover
     try:
         if cfg.is_allreduce:
@@ -147,9 +154,12 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
                 watch = StallWatch(cluster, names, out, fixed=cfg.allreduce.stall_timeout)
         else:
             servers = _start_servers(cluster, cfg, out, extra, restarts.shard_settings)
+            backups += start_backups(cfg, out, start_backup)  # --replicas: experiments/replication.py
+            servers += [(name, "") for name in backups]
             start = start_torchrun_workers if launcher == "torchrun" else start_script_workers
-            names = start(cluster, cfg, out, script, servers, metrics=metrics, linger=metrics_linger) \
-                if script else _start_workers(cluster, cfg, out, [a for _, a in servers], extra)
+            primaries = [(n, a) for n, a in servers if a]
+            names = start(cluster, cfg, out, script, primaries, metrics=metrics, linger=metrics_linger) \
+                if script else _start_workers(cluster, cfg, out, [a for _, a in primaries], extra)
         steps = cfg.job.steps if script is None else script.steps
         bar = _progress(cfg, out, steps=steps, enabled=progress, on_update=on_progress)
         expected = cfg.cluster.servers + workers if metrics and not cfg.is_allreduce else 0
@@ -175,11 +185,12 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
         cluster.stop()
         network = host_traffic(cluster, cfg.network.bandwidth)
     interrupted = interrupt is not None
+    replication = {"replication": settle_replicas(cfg, out)} if cfg.cluster.replicas else {}
     # `faults`: what was killed on purpose, which shards came back, and the clocks they lost
     summary = {**build_summary(cfg, out, interrupted=interrupted, killed=len(kills.ranks)),
                **network, "config_hash": config_hash(cfg),  # which config made these results
                "launcher": launcher, "scheduler": scheduler,  # how and where it ran: not what it computed
-               **({"faults": restarts.summary(out)} if restarts.asked else {})}
+               **({"faults": restarts.summary(out)} if restarts.asked else {}), **replication}
     write_tables(out, interrupted=interrupted)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     if interrupt is not None:
@@ -226,6 +237,12 @@ def _start_server(cluster: Cluster, out: Path, shard: int, config: ServerConfig,
     path = write_config(out / f"config-server-{shard}.json", config)
     cluster.start(f"server-{shard}", server_argv(str(path), str(out), shard, ["--ready-file", str(ready), *extra]),
                   host=shard)
+
+
+def _start_backup(cluster: Cluster, out: Path, name: str, shard: int, config: ServerConfig, tail: list[str]) -> None:
+    """Start backup `name` of shard `shard` (experiments/replication.py) with `config`, beside its primary."""
+    path = write_config(out / f"config-{name}.json", config)
+    cluster.start(name, _psrv("serve", "--config", str(path), *tail), host=shard)
 
 
 def _start_workers(cluster: Cluster, cfg: RunConfig, out: Path, addresses: list[str],

@@ -205,6 +205,9 @@ def format_summary(s: dict) -> str:
         at = next(i for i, (k, _) in enumerate(rows) if k in ("eval_accuracy", "wall_seconds"))
         rows.insert(at + 1, ("diverged", f"yes: {s['diverged_why']}" if s["diverged"] else "no"))
     rows += _fault_rows(s.get("faults"))
+    if s.get("replication"):  # psrv run --replicas: experiments/replication.py
+        rows.append(("failovers", ", ".join(f"shard {f['shard']} to {f['new_primary']} at version {f['version']}"
+                                            for f in s["replication"]["failovers"]) or "none"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {fmt(v)}" for k, v in rows)
 

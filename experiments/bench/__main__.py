@@ -20,8 +20,8 @@ from typing import Callable
 
 import torch
 
-from psrv.experiments.bench import (apply, checkpoint_latency, colocated, end_to_end, memory, metrics_overhead, scaling,
-                                    wire, worker_options)
+from psrv.experiments.bench import (apply, checkpoint_latency, colocated, end_to_end, memory, metrics_overhead, replicas,
+                                    scaling, wire, worker_options)
 
 
 def machine() -> dict:
@@ -65,7 +65,9 @@ def suite(smoke: bool) -> list[tuple[str, Callable[[], list[dict]]]]:
             ("scaling", lambda: scaling.run([1, 4, 16, 32, 64], 3.0, repeats=3)),
             ("memory", lambda: memory.run(256)),
             ("metrics_overhead", lambda: metrics_overhead.run(1500, 3)),
-            ("checkpoint_latency", lambda: checkpoint_latency.run(256, 30))]
+            ("checkpoint_latency", lambda: checkpoint_latency.run(256, 30)),
+            ("replicas", lambda: [replicas.throughput(2, 100)]),
+            ("failover", lambda: [replicas.failover(20)])]
 
 
 def goal(r: dict) -> tuple[str, float] | None:
@@ -89,6 +91,10 @@ def goal(r: dict) -> tuple[str, float] | None:
         return (">=", 0.98)
     if b == "checkpoint_latency":  # push p99 while a 256 MB Adam shard checkpoints, against without
         return ("<=", 2.0) if r["size_mb"] >= 256 else None
+    if b == "replicas":  # async samples/s with --replicas 1 against 0, one host
+        return (">=", 0.85)
+    if b == "failover":  # its ratio is the median failover in seconds: "a few seconds at most"
+        return ("<=", 5.0)
     return None
 
 
@@ -126,6 +132,12 @@ def describe(r: dict) -> str:
     if b == "checkpoint_latency":
         return (f"checkpoint {r['size_mb']} MB {r['optimizer']}, {r['workers']} workers pushing: push p99 "
                 f"{r['p99_on'] * 1e3:.0f} ms during writes vs {r['p99_off'] * 1e3:.0f} ms without")
+    if b == "replicas":
+        return (f"replicas {r['job']} {r['mode']} {r['servers']}x{r['workers']}: {r['samples_per_second']:.0f} "
+                f"samples/s with --replicas 1 vs {r['baseline_samples_per_second']:.0f} without")
+    if b == "failover":
+        return (f"failover, kill -9 of a primary to the new primary's first ack, over {r['kills']} kills: median "
+                f"{r['median_seconds']:.2f} s, max {r['max_seconds']:.2f} s (ratio: the median, in seconds)")
     if r["role"] == "worker":
         return (f"memory worker {r['job']}: {r['peak_rss_bytes']/2**20:.0f} MiB vs plain torch "
                 f"{r['baseline_bytes']/2**20:.0f} MiB, in model sizes" + (f", median of {r['repeats']}" if "repeats" in r else ""))

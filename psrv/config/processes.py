@@ -108,6 +108,23 @@ def _allreduce_settings(run: RunConfig) -> None:
                           f"{run.mode!r}")
 
 
+def _backup(cfg: "ServerConfig") -> None:
+    """A backup follows its primary over zmq, and keeps no checkpoint of its own (it would write the primary's
+    file: one per shard) nor any CURVE keys (the replication link has none)."""
+    if not cfg.backup_of:
+        return
+    for entry in cfg.backup_of.split(","):  # several: a shard's replicas, whichever is its primary
+        problem = None if entry.strip().startswith("@") else address_problem(entry.strip())
+        if problem:
+            raise ConfigError("backup_of", problem)
+    for key, value, why in (("transport", cfg.transport != "zmq", "replication runs over zmq; use transport zmq"),
+                            ("checkpoint_dir", cfg.checkpoint_dir, "a backup keeps no checkpoint (it would write "
+                             "its primary's file); remove it"),
+                            ("curve_keys", cfg.curve_keys, "the replication link is not encrypted; remove it")):
+        if value:
+            raise ConfigError(key, f"with backup_of: {why}")
+
+
 def _shallow(obj: Section, cls: type) -> dict[str, Any]:
     """The fields of `obj` that `cls` also has (a section's settings, handed to a process config)."""
     names = {f.name for f in fields(cls)}
@@ -140,6 +157,7 @@ class ServerConfig(ServeSettings, ServerSettings, Consistency, Placement):
             raise ConfigError("resume", "needs checkpoint_dir (where the checkpoints are)")
         if self.curve_keys and self.transport != "zmq":
             raise ConfigError("curve_keys", "needs transport 'zmq' (torch RPC has no authentication)")
+        _backup(self)
         _one_shard_clip(self.optimizer.clip_grad_norm, self.mode, self.num_shards, "num_shards")
         _onebit_adam(self.optimizer, self.mode, self.backup_workers)
         _staleness_rule(self.optimizer, self.mode)
@@ -279,6 +297,15 @@ def _kills_and_recovery(run: RunConfig) -> None:
         if not 0 < worker[0] < run.cluster.workers:
             raise ConfigError("kill.worker", f"rank must be in 1..{run.cluster.workers - 1} (rank 0 writes the "
                                              f"final weights; cluster.workers = {run.cluster.workers}); got {worker[0]}")
+    if run.cluster.replicas:
+        if run.is_allreduce:
+            raise ConfigError("cluster.replicas", f"replicates shards; mode {run.mode!r} has none")
+        if run.cluster.transport != "zmq":
+            raise ConfigError("cluster.replicas", f"replication runs over zmq; transport "
+                              f"{run.cluster.transport!r} has none (use transport zmq)")
+        if run.checkpoints.every:
+            raise ConfigError("cluster.replicas", "and checkpoints.every are two ways to survive a dead shard; "
+                              "give one (replicas lose nothing; checkpoints lose the clocks since the last)")
     if run.checkpoints.every:
         if run.is_allreduce:
             raise ConfigError("checkpoints.every", f"checkpoints shards; mode {run.mode!r} has none")

@@ -192,8 +192,8 @@ class KillSettings(Section):
     """Processes psrv run kills on purpose, for fault experiments (experiments/kills.py)."""
 
     server: str = setting("", "SIGKILL shard SHARD's server once worker 0 has done STEP steps (seen within 10 "
-                          "steps: the workers' progress files); with --checkpoint-every it is restarted from its "
-                          "checkpoint, without it the run ends", flag="kill-server", metavar="SHARD:STEP",
+                          "steps: the workers' progress files); with --replicas its backup takes over, with "
+                          "--checkpoint-every it is restarted from its checkpoint, with neither the run ends", flag="kill-server", metavar="SHARD:STEP",
                           check=_kill_server)
     worker: str = setting("", "SIGKILL rank RANK's worker (not rank 0, which writes the final weights) once worker "
                           "0 has done STEP steps; the others go on without it after --worker-timeout, and the "
@@ -252,6 +252,11 @@ class ServeSettings(Section):
     checkpoint_every: float = setting(0.0, "seconds between checkpoints; 0: only at exit and on CHECKPOINT",
                                       minimum=0.0, metavar="SECONDS")
     resume: bool = setting(False, "restore the shard from --checkpoint-dir first")
+    backup_of: str = setting("", "serve as a backup of the shard served at ADDRESS (tcp://HOST:PORT, or @FILE: "
+                             "read from that server's --ready-file; several, comma-separated: the shard's replicas, "
+                             "whichever is its primary): it takes the shard's state, then applies the same pushes "
+                             "in the same order, and takes over when that primary falls silent "
+                             "(docs/reliability.md)", metavar="ADDRESS")
     curve_keys: str = setting("", "CURVE encryption, and admit only the clients whose public key is in DIR "
                               "(made by psrv keygen); enables CHECKPOINT and SHUTDOWN", metavar="DIR")
 
@@ -385,6 +390,9 @@ class ClusterConfig(Placement):
 
     servers: int = setting(2, "server shards", minimum=1)
     workers: int = setting(2, "workers", minimum=1)
+    replicas: int = setting(0, "backups per shard (psrv serve --backup-of): a push is acknowledged once every "
+                            "live backup holds it, and when a shard's primary dies a backup takes over with "
+                            "nothing lost (docs/reliability.md)", minimum=0)
 
 
 def _rate(value: str) -> None:

@@ -192,7 +192,7 @@ class ChunkedPushes:
         if not validate.all_finite(grad):
             push.refused = f"chunk {i} has NaN or Inf; refused with the chunks after it"
             return
-        self.s.transport.wait_sent()  # replies still reading the weights must leave before we write them
+        self.s.before_write()  # replies still reading the weights must leave before we write them
         push.scale = self.s.shard.apply_slice(grad, lo, hi, push.ctx)
         push.applied += 1
 

@@ -58,7 +58,7 @@ def take_push(s, msg: Message) -> dict:
         commit_if_ready(s)
         return info
     staleness = max(0, shard.version - msg.base_version)
-    s.transport.wait_sent()  # replies still reading the weights must leave before we write them
+    s.before_write()  # replies still reading the weights must leave before we write them
     if decision is Decision.APPLY:  # the update rule sees the push's context (psrv/server/rules)
         ctx = PushContext(msg.worker, msg.clock, msg.base_version, staleness)
         scale = shard.apply(grad, ctx) if fragment is None else s.fragments.apply(shard, fragment, grad, ctx)
@@ -81,7 +81,7 @@ def commit_if_ready(s) -> None:
     if s.shard is None or not s.controller.commit_ready():
         return
     if s.shard.accumulated or s.fragments.accumulated:
-        s.transport.wait_sent()
+        s.before_write()
         # the rule sees the mean at staleness 0 (lr scale 1); a fragment's with its own optimizer
         n = s.shard.apply_accumulated() if s.shard.accumulated else s.fragments.apply_accumulated(s.shard)
         s.stats.applied(s.shard.version, pushes=n)

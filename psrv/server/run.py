@@ -7,6 +7,7 @@ wires SIGTERM to `Server.stop` itself, through psrv.process.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -19,9 +20,11 @@ from psrv.metrics import ServerMetrics, open_metrics, start_metrics
 from psrv.rss import peak_rss_bytes
 from psrv.server.service import ShardService
 from psrv.transport import create_server
+from psrv.transport.addresses import resolve_addresses
 from psrv.atomic import write_text
 
 log = logging.getLogger("psrv.server")
+BACKUP_WAIT = 120.0  # seconds a backup waits for its primary's ready file (`--backup-of @FILE`)
 __all__ = ["Server", "serve", "start_metrics"]  # start_metrics (psrv.metrics) stays importable here for psrv.cli
 
 
@@ -41,6 +44,9 @@ class Server:
     def __init__(self, cfg: ServerConfig, *, metrics_port: int | None = None, metrics_file: Path | None = None,
                  metrics_host: str = "127.0.0.1", metrics_linger: float = 0.0):
         check_device(cfg.device, option="device")  # a ValueError that says so, not torch's AssertionError
+        if "@" in cfg.backup_of:  # a backup started beside its primary waits for its ready file
+            cfg = dataclasses.replace(cfg, backup_of=",".join(resolve_addresses(
+                cfg.backup_of.split(","), wait=BACKUP_WAIT, option="--backup-of")))
         self.cfg = cfg
         self._linger = metrics_linger if metrics_port is not None else 0.0
         self._thread: threading.Thread | None = None

@@ -27,10 +27,14 @@ from psrv.server.joining import JoinWatch
 from psrv.server.liveness import Liveness
 from psrv.server.pending import Pending, PendingPulls
 from psrv.server.persistence import AdminCheckpoints, ShardPersistence, answer_admin_checkpoints
+from psrv.server.replicated import ShardReplication
 from psrv.server.plans import Plans
 from psrv.server.pulls import PullCopies
 from psrv.server.push import commit_if_ready, take_push
 from psrv.server.queued import HeldPushes
+from psrv.server.follower import Follower
+from psrv.server.replicas import REPLICATED, Replicas
+from psrv.server import stream
 from psrv.server.shard import Shard
 from psrv.server.speeds import WorkerSpeeds
 from psrv.server.stats import ShardStats
@@ -44,7 +48,7 @@ NEEDS_ACTIVE = (MsgType.INIT, MsgType.PUSH, MsgType.PULL, MsgType.PUSH_PULL)
 PUSHES = (MsgType.PUSH, MsgType.PUSH_PULL)
 
 
-class ShardService(ShardPersistence):
+class ShardService(ShardPersistence, ShardReplication):
     def __init__(self, cfg: ServerConfig, transport: ServerTransport, *, metrics=None,
                  now: Callable[[], float] = time.monotonic, join_timeout: float | None = None):
         """`join_timeout` (default cfg.join_timeout): seconds to wait for a worker never heard from."""
@@ -78,6 +82,10 @@ class ShardService(ShardPersistence):
         self.admin_checkpoints = AdminCheckpoints()  # CHECKPOINT requests waiting for their write
         self.stopped = False
         self._last_check = now()
+        self.replicas = Replicas(self)  # this shard's backups while it is the primary (psrv/server/replicas.py)
+        # a backup follows its primary's stream until it takes over (psrv/server/follower.py)
+        self.follower = Follower(self, cfg.backup_of) if cfg.backup_of else None
+        self.failovers: list[dict] = []  # when this backup took over
         self._handlers = {
             MsgType.HELLO: self._on_hello, MsgType.INIT: self._on_init, MsgType.PUSH: self._on_push,
             MsgType.PULL: self._on_pull, MsgType.PUSH_PULL: self._on_push_pull,
@@ -105,31 +113,64 @@ class ShardService(ShardPersistence):
         log.info("shard %d/%d serving %s on %s", self.cfg.shard, self.cfg.num_shards, self.cfg.mode,
                  self.transport.address)
         while not self.finished:
-            item = self.transport.recv(poll_interval)
+            item = self.transport.recv(poll_interval if self.follower is None else min(poll_interval, 0.05))
             if item is not None:
                 self.handle(*item)
+            if self.follower is not None:  # a backup: the primary's stream decides, until it falls silent
+                if self.follower.tick():
+                    self.take_over()
+                continue
             self.check_liveness()
+            self.replicas.tick()
             if self.admin_checkpoints:
                 answer_admin_checkpoints(self)
             if self.checkpoints.due() and not self.writer.writing:
                 self.start_checkpoint()
-        if self.cfg.checkpoint_dir:
+        if self.cfg.checkpoint_dir and not self.replicas.fenced:  # a fenced primary's state is no longer the shard's
             final = self.save_checkpoint()
             if self.admin_checkpoints:
                 answer_admin_checkpoints(self, at_exit=True, final=final)
         self.transport.wait_sent(5.0)
-        return self.summary()
+        summary = self.summary()
+        self.replicas.close()
+        if self.follower is not None:
+            self.follower.close()
+        return summary
 
     def handle(self, peer: Hashable, frames: list) -> None:
-        """Handle one request; every request gets exactly one reply, now or deferred."""
+        """Handle one request; every request gets exactly one reply, now or deferred. With backups, a
+        request that can change the shard is forwarded to them, and its replies wait for their acks
+        (psrv/server/replicas.py); a backup holds a worker's request until it takes over."""
+        if stream.is_stream(frames):
+            self.on_stream(peer, frames)
+            return
+        if self.follower is not None:
+            if not self.backup_stats(peer, frames):
+                self.follower.hold(peer, frames)
+            return
+        with self.replicas.deferring():
+            msg = self._decode(peer, frames)
+            if msg is not None:
+                sent = self.replicas.send("req", frames, peer=peer) if msg.type in REPLICATED else None
+                self._serve(peer, msg, check=True)
+                self._drain()
+                self.replicas.wait(sent)
+
+    def apply(self, peer: Hashable, frames: list) -> None:
+        """Decode and serve one request its primary forwarded to this backup."""
+        msg = self._decode(peer, frames)
+        if msg is not None:
+            self._serve(peer, msg, check=True)
+            self._drain()
+
+    def _decode(self, peer: Hashable, frames: list) -> Message | None:
+        """The request `frames` hold; None, with its ERROR reply made, when they hold none."""
         try:
             self.stats.received(sum(memoryview(f).nbytes for f in frames))
-            msg = decode(frames)
+            return decode(frames)
         except Exception as exc:
             self._refuse(peer, 0, exc)
-            return
-        self._serve(peer, msg, check=True)
-        self._drain()
+            return None
 
     def _serve(self, peer: Hashable, msg: Message, *, check: bool) -> None:
         """Check (on arrival) and handle one decoded request; a refusal becomes its ERROR reply. A push
@@ -185,7 +226,18 @@ class ShardService(ShardPersistence):
         self._last_check = self.now()
         self.joins.look(self.liveness, self.controller.active)
         expired = self.liveness.expired(self.controller.active, self.pending.workers())
+        if not expired:
+            self._drain()
+            return
         unheard = self.liveness.unheard(expired)
+        with self.replicas.deferring():
+            sent = self.replicas.send("expire", workers=expired, unheard=unheard)
+            self.expire(expired, unheard)
+            self.replicas.wait(sent)
+
+    def expire(self, expired: list[int], unheard: list[int]) -> None:
+        """Workers `expired` leave the active set for silence (`unheard`: never joined); a backup does it
+        when its primary's stream says so."""
         if unheard:
             self.joins.gave_up(unheard, self.liveness, others=bool(set(self.controller.active) - set(expired)))
         for w in expired:
@@ -239,7 +291,7 @@ class ShardService(ShardPersistence):
             "last_seq": self.dedup.last_seq(msg.worker), "worker_timeout": self.cfg.worker_timeout,
             "clip_grad_norm": self.cfg.optimizer.clip_grad_norm, "onebit": onebit_adam.welcome(self.cfg.optimizer),
             "optimizer": validate.optimizer_welcome(self.cfg.optimizer),
-            "chunks": takes_chunks(self.cfg)}))
+            "chunks": takes_chunks(self.cfg), "replicas": self.replicas.addresses, "epoch": self.replicas.epoch}))
 
     def _on_init(self, peer, msg: Message) -> None:
         if "chunk" in msg.fields:  # psrv/server/chunked.py
@@ -376,10 +428,20 @@ class ShardService(ShardPersistence):
         for peer in p.peers:
             self._reply(peer, Message(MsgType.WEIGHTS, seq=p.seq, fields=fields, tensor=tensor, parts=parts))
 
+    def before_write(self) -> None:
+        """Called right before the weights are written (psrv/server/push.py, chunked.py): what still views
+        them, replies on the wire or held for the backups' acks, is sent or copied first."""
+        self.replicas.protect()
+        self.transport.wait_sent()
+
     def _reply(self, peer, msg: Message) -> None:
+        """Send a reply: at once, or once the backups hold what it acknowledges; a backup's go nowhere."""
+        if self.follower is not None:
+            return
         frames = encode(msg)
         self.stats.sent(sum(memoryview(f).nbytes for f in frames))
-        self.transport.send(peer, frames)
+        if not self.replicas.hold(peer, frames):
+            self.transport.send(peer, frames)
 
     def _check_worker(self, msg: Message) -> None:
         if not 0 <= msg.worker < self.cfg.workers:
@@ -419,4 +481,9 @@ class ShardService(ShardPersistence):
                 "checkpoints": self.checkpoints.count, "checkpoint_version": self.checkpoints.version,
                 "checkpoint_seconds": self.checkpoints.seconds, "checkpoint_writing": self.writer.writing,
                 "payload_bytes": dict(getattr(self.transport, "payload_bytes", {})),  # by data path
+                "role": "backup" if self.follower is not None else "primary",
+                "epoch": self.follower.epoch if self.follower is not None else self.replicas.epoch,
+                "address": getattr(self.transport, "address", None),
+                "backups": [b.address for b in self.replicas.backups], "failovers": self.failovers,
+                "fenced": self.replicas.fenced,
                 **self.stats.to_dict()}

@@ -62,5 +62,10 @@ class ClientTransport(abc.ABC):
     def reconnect(self, shard: int) -> None:
         """Drop the connection to `shard` and its queued messages, and connect afresh."""
 
+    def redirect(self, shard: int, address: str) -> None:
+        """Talk to `shard` at `address` from now on (another replica of it: psrv/server/replicas.py), on a
+        fresh connection. A transport that cannot says so."""
+        raise NotImplementedError(f"{type(self).__name__} cannot move a shard to another address")
+
     @abc.abstractmethod
     def close(self) -> None: ...

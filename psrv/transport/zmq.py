@@ -280,6 +280,10 @@ class ZmqClient(ClientTransport):
         self._socks[shard] = self._connect(self._addresses[shard])
         self._poller.register(self._socks[shard], zmq.POLLIN)
 
+    def redirect(self, shard: int, address: str) -> None:
+        self._addresses[shard] = address
+        self.reconnect(shard)
+
     def close(self) -> None:
         for s in self._socks:
             s.close(linger=0)

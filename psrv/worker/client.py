@@ -120,6 +120,7 @@ class PSClient:
         self._sent_init = False
         self._warned_late = False
         self.servers = list(servers)  # the shards' addresses, in shard order
+        self.replicas = [[a] for a in self.servers]  # each shard's replicas, told by WELCOME (`failover`)
         self._options = {"curve_keys": curve_keys, "curve_name": f"worker-{worker}"} if curve_keys else {}
         # the transport to the shards, on which RoundTrip sends (psrv/worker/roundtrip.py)
         self.net = net or create_client(transport, self.servers, worker=worker, world_size=world_size,
@@ -144,6 +145,9 @@ class PSClient:
             self.leave(timeout=2.0)
             raise
         self.chunked = self.push_chunk_bytes > 0 and all(w.get("chunks") for w in welcomes)
+        for s, w in enumerate(welcomes):  # a replicated shard's backups: where to go if its primary falls silent
+            if isinstance(w.get("replicas"), list):
+                self.replicas[s] = list(dict.fromkeys([self.servers[s], *map(str, w["replicas"])]))
         # A restarted worker continues after its previous life's seqs, so no push of it looks re-sent.
         self._seq = max([self._seq] + [int(w.get("last_seq", 0)) for w in welcomes])
         timeouts = [w["worker_timeout"] for w in welcomes if isinstance(w.get("worker_timeout"), (int, float))]
@@ -267,6 +271,20 @@ class PSClient:
         if self._heartbeat is not None:
             self._heartbeat.stop()
             self._heartbeat = None
+
+    def failover(self, shard: int) -> bool:
+        """Move `shard` to its next replica (RoundTrip, once a probe went unanswered): False where it has
+        none. Its backup takes over once the primary falls silent (psrv/server/follower.py), and holds what
+        reaches it before then; a request re-sent there keeps its seq, so nothing is applied twice."""
+        replicas = self.replicas[shard]
+        if len(replicas) < 2:
+            return False
+        here = replicas.index(self.servers[shard]) if self.servers[shard] in replicas else -1
+        self.servers[shard] = replicas[(here + 1) % len(replicas)]
+        log.warning("worker %d: shard %d silent at %s; trying its replica %s", self.worker, shard,
+                    replicas[here], self.servers[shard])
+        self.net.redirect(shard, self.servers[shard])
+        return True
 
     def message(self, mtype: MsgType, **kw) -> Message:
         """A request from this worker (RoundTrip's too): its id and session filled in."""

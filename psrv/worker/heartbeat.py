@@ -19,7 +19,7 @@ class Heartbeat(threading.Thread):
     def __init__(self, servers: Sequence[str], *, worker: int, interval: float, session: int = 0,
                  options: dict | None = None):
         super().__init__(name=f"psrv-heartbeat-{worker}", daemon=True)
-        self.servers = list(servers)
+        self.servers = servers  # the client's own list: a shard it moved to another replica is beaten there too
         self.worker = worker
         self.interval = max(0.05, interval)
         self.session = session  # the PSClient's: a beat keeps alive only the process that holds the rank
@@ -36,14 +36,18 @@ class Heartbeat(threading.Thread):
             self.join(timeout)
 
     def run(self) -> None:
-        net = create_client("zmq", self.servers, **self.options)  # sockets live in this thread
-        answered = [True] * len(self.servers)
+        at = list(self.servers)
+        net = create_client("zmq", at, **self.options)  # sockets live in this thread
+        answered = [True] * len(at)
         seq = 0
         try:
             while not self._stop_event.is_set():
                 seq += 1
-                for s in range(len(self.servers)):
-                    if not answered[s]:  # last beat went unanswered: the shard may have restarted
+                for s in range(len(at)):
+                    if self.servers[s] != at[s]:  # the client failed over to a replica (PSClient.failover)
+                        at[s] = self.servers[s]
+                        net.redirect(s, at[s])
+                    elif not answered[s]:  # last beat went unanswered: the shard may have restarted
                         net.reconnect(s)
                     beat = Message(MsgType.HEARTBEAT, worker=self.worker, seq=seq, session=self.session)
                     net.send(s, encode(beat))

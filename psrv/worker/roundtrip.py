@@ -1,6 +1,6 @@
 """One request to every shard and its replies, through lost messages, lost replies and restarted
 shards (PSClient's mechanics; `client` below is the psrv.worker.client.PSClient that owns it, a module
-that imports this one, used through its public face: `net`, `servers`, `timeout_option`, `message`,
+that imports this one, used through its public face: `net`, `servers`, `timeout_option`, `message`, `failover`,
 `hello_message`, `fill_push`, `receive_weights`); PSError, what an ERROR reply becomes; Reply, what a push or pull saw; and
 WireBytes, what the round trips' frames came to (PSClient.wire)."""
 from __future__ import annotations
@@ -179,10 +179,11 @@ class RoundTrip:
         for s, r in enumerate(self.replies):
             if r is not None:
                 continue
-            if self.probing[s]:  # no answer to the last probe either: start a fresh connection
+            if self.probing[s]:  # no answer to the last probe either: a fresh connection, to its next replica if any
                 log.info("worker %d: shard %d silent; reconnecting and re-sending %s seq %d",
                          self.c.worker, s, self.kind, self.seq)
-                self.net.reconnect(s)
+                if not self.c.failover(s):
+                    self.net.reconnect(s)
                 self._resend(s)
             probe = self.c.message(MsgType.HEARTBEAT, seq=self.seq, fields={"probe": self.seq})
             self._out(s, [encode(probe)])

@@ -6,7 +6,7 @@ import pytest
 from psrv.cli import build_parser
 
 SURFACE = {
-    "serve": ((), ("--backup-workers", "--bind", "--bulk", "--checkpoint-dir", "--checkpoint-every", "--clip-grad-norm", "--config",
+    "serve": ((), ("--backup-of", "--backup-workers", "--bind", "--bulk", "--checkpoint-dir", "--checkpoint-every", "--clip-grad-norm", "--config",
                    "--curve-keys", "--dc-lambda", "--device", "--dn-period", "--freeze-step", "--join-timeout",
                    "--log-level", "--lr", "--lr-decay-steps", "--lr-end-factor", "--lr-gamma", "--lr-schedule",
                    "--lr-step-size", "--max-message-bytes", "--metrics-host", "--metrics-linger", "--metrics-port",
@@ -36,7 +36,7 @@ SURFACE = {
                  "--momentum-masking", "--namespace", "--nesterov", "--net-delay-ms", "--no-error-feedback",
                  "--no-momentum-correction", "--no-overlap", "--no-progress", "--no-pull-error-feedback",
                  "--nonfinite", "--optimizer", "--out", "--outer-dtype", "--powersgd-rank", "--pull-resync",
-                 "--push-chunk-mb", "--pvc", "--request-timeout", "--scheduler", "--script",
+                 "--push-chunk-mb", "--pvc", "--replicas", "--request-timeout", "--scheduler", "--script",
                  "--seed", "--servers", "--shared-memory", "--sign-scale", "--staleness", "--stall-timeout",
                  "--steps", "--straggler", "--tensorboard", "--transient-stragglers", "--transport", "--update-rule",
                  "--wait-barrier", "--warmup-steps", "--weight-decay", "--wire-dtype", "--worker-timeout",

@@ -1,0 +1,279 @@
+"""Replicated shards (psrv/server/replicas.py, follower.py): a backup that follows its primary's stream holds
+exactly the primary's state, weights, optimizer state, clocks and exactly-once table, whether it followed
+from the first request or joined while the workers were pushing. Shards and workers are threads of the
+test process on 127.0.0.1 (what is tested is the stream, not processes; psrv run's are in
+test_run_replicas.py)."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+import psrv
+from psrv.config import OptimConfig, ServerConfig
+from psrv.server import replicas
+
+STEPS = 30
+
+
+def _shard(mode: str, *, workers: int, backup_of: str = "", optimizer: str = "sgd", drop: int = 0) -> psrv.Server:
+    optim = OptimConfig("sgd", lr=0.05, momentum=0.9) if optimizer == "sgd" else OptimConfig("adam", lr=1e-3)
+    return psrv.Server(ServerConfig(workers=workers, mode=mode, optimizer=optim, backup_of=backup_of,
+                                    worker_timeout=30.0, staleness=1 if mode == "ssp" else 0,
+                                    backup_workers=drop)).start()
+
+
+def _wait(what, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not what():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def _following(server: psrv.Server) -> bool:
+    follower = server._service.follower
+    return follower is not None and follower.following
+
+
+def _train(address: str, rank: int, workers: int, steps: int, started: threading.Event | None = None,
+           go: threading.Event | None = None) -> None:
+    """`started`: set at a third of the steps; `go`: waited for then, if given."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    init = torch.Generator().manual_seed(0)  # not the global RNG, which the other threads draw from too
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(0.3 * torch.randn(p.shape, generator=init))
+    gen = torch.Generator().manual_seed(100 + rank)
+    with psrv.Worker(model, [address], rank=rank, world_size=workers, timeout=30.0) as ps:
+        for step in range(steps):
+            x = torch.randn(16, 8, generator=gen)
+            loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
+            model.zero_grad()
+            loss.backward()
+            ps.step()
+            if started is not None and step == steps // 3:
+                started.set()
+                if go is not None:
+                    assert go.wait(60)
+
+
+def _run(address: str, workers: int, steps: int = STEPS, started: threading.Event | None = None,
+         go: threading.Event | None = None) -> list[threading.Thread]:
+    threads = [threading.Thread(target=_train, args=(address, r, workers, steps, *((started, go) if r == 0 else ())),
+                                daemon=True) for r in range(workers)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def _same(a, b, path: str = "state") -> None:
+    """Every leaf of two state dicts equal, tensors bit for bit."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b), f"{path} differs"
+    elif isinstance(a, dict):
+        assert set(a) == set(b), f"{path}: keys {sorted(a, key=str)} != {sorted(b, key=str)}"
+        for k in a:
+            _same(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), f"{path}: lengths differ"
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+@pytest.mark.parametrize("mode,workers,optimizer,drop", [("sync", 2, "sgd", 0), ("async", 2, "adam", 0),
+                                                         ("ssp", 2, "sgd", 0), ("sync", 3, "sgd", 1)])
+def test_a_backup_holds_exactly_the_primary_state(mode, workers, optimizer, drop):
+    """drop: sync's backup workers (the slowest push of each clock dropped): the same drops on the backup."""
+    primary = _shard(mode, workers=workers, optimizer=optimizer, drop=drop)
+    backup = _shard(mode, workers=workers, backup_of=primary.address, optimizer=optimizer, drop=drop)
+    try:
+        _wait(lambda: _following(backup))
+        for t in _run(primary.address, workers):
+            t.join(60)
+        ours, theirs = primary.join(30), backup.join(30)
+        assert ours["version"] > 0 and ours["backups"] == [backup.address]
+        assert theirs["role"] == "backup" and theirs["version"] == ours["version"]
+        assert theirs["dropped"] == ours["dropped"] and (sum(ours["dropped"].values()) > 0) == (drop > 0)
+        _same(primary._service.state_dict(), backup._service.state_dict())
+    finally:
+        for s in (primary, backup):
+            s.stop()
+
+
+def test_a_backup_that_joins_while_workers_push_catches_up_from_the_state():
+    primary = _shard("sync", workers=2)
+    started, go = threading.Event(), threading.Event()
+    backup = None
+    try:
+        threads = _run(primary.address, 2, steps=60, started=started, go=go)
+        assert started.wait(60)  # worker 0 waits at its step 20, worker 1 in the barrier, its pull pending
+        backup = _shard("sync", workers=2, backup_of=primary.address)
+        _wait(lambda: primary._service.replicas.joining or primary._service.replicas.backups)
+        go.set()
+        for t in threads:
+            t.join(60)
+        ours, theirs = primary.join(30), backup.join(30)
+        assert theirs["role"] == "backup" and 0 < theirs["version"] == ours["version"] == 60
+        _same(primary._service.state_dict(), backup._service.state_dict())
+    finally:
+        for s in (primary, backup):
+            if s is not None:
+                s.stop()
+
+
+def _weights(server: psrv.Server) -> torch.Tensor:
+    return server._service.shard.weights.clone()
+
+
+def test_a_sync_run_whose_primary_dies_ends_with_the_weights_of_the_run_without_it():
+    """The primary stops answering at worker 0's step 10 of 30 (its loop ends: nothing more leaves it); the
+    backup takes over and the workers re-send there. Sync's math is the same only if every acknowledged
+    update survived and none was applied twice: one lost clock moves the weights by about lr * |g|."""
+    plain = _shard("sync", workers=2)
+    for t in _run(plain.address, 2):
+        t.join(60)
+    plain.join(30)
+    took, weights = _failover("sync")
+    assert took["version"] == STEPS
+    assert torch.equal(weights, _weights(plain))
+
+
+@pytest.mark.parametrize("mode,optimizer", [("async", "adam"), ("ssp", "sgd")])
+def test_across_a_failover_every_acknowledged_push_is_applied_once_and_ssp_keeps_its_bound(mode, optimizer):
+    """Every step of psrv.Worker is a push acknowledged to it: the shard that took over applied exactly
+    that many, and under ssp (staleness 1) no pull was answered further ahead than the bound, before or
+    after the failover (the backup's counts include what it applied as a backup)."""
+    took, _ = _failover(mode, optimizer=optimizer)
+    assert took["updates_applied"] == took["version"] == 2 * STEPS
+    if mode == "ssp":
+        assert took["max_clock_gap"] <= 1
+
+
+def test_across_a_failover_sync_with_a_backup_worker_takes_every_push_once():
+    """Sync with 3 workers and backup_workers 1: each clock steps on the first 2 pushes and the third is
+    dropped as late, on the primary and then on the backup that took over; every push acknowledged to a
+    worker was taken once there, applied or dropped, none twice (a re-sent one is a duplicate)."""
+    took, _ = _failover("sync", workers=3, drop=1)
+    assert took["pushes"] == 3 * STEPS and took["dropped"]["late"] > 0
+    assert took["pushes_applied"] + took["dropped"]["late"] == took["pushes"]
+    assert took["updates_applied"] == took["version"] and took["lost_clocks"] == 0
+
+
+def _failover(mode: str, optimizer: str = "sgd", workers: int = 2, drop: int = 0) -> tuple[dict, torch.Tensor]:
+    """A run whose primary stops at worker 0's step 10: the summary of the backup that took over, and its
+    final weights."""
+    primary = _shard(mode, workers=workers, optimizer=optimizer, drop=drop)
+    backup = _shard(mode, workers=workers, backup_of=primary.address, optimizer=optimizer, drop=drop)
+    started = threading.Event()
+    try:
+        _wait(lambda: _following(backup))
+        threads = _run(primary.address, workers, started=started)
+        assert started.wait(60)
+        primary.stop()
+        primary.join(30)
+        for t in threads:
+            t.join(60)
+            assert not t.is_alive()
+        took = backup.join(30)
+    finally:
+        for s in (primary, backup):
+            s.stop()
+    assert took["role"] == "primary" and [f["epoch"] for f in took["failovers"]] == [1]
+    return took, _weights(backup)
+
+
+def _pause(server: psrv.Server, seconds: float) -> None:
+    """Stop the shard's loop for `seconds` at its next receive, as SIGSTOP would: no ping, no answer."""
+    service = server._service
+    receive = service.transport.recv
+
+    def paused(timeout):
+        service.transport.recv = receive
+        time.sleep(seconds)
+        return receive(timeout)
+    service.transport.recv = paused
+
+
+def test_a_paused_primary_is_replaced_and_fenced_when_it_comes_back():
+    """A primary paused past the takeover bound (and the backup's last question to it) is replaced by its
+    backup at the next epoch; when it comes back, its stream is refused ("fenced") and it stops without
+    answering: no two primaries."""
+    primary = _shard("async", workers=1)
+    backup = _shard("async", workers=1, backup_of=primary.address)
+    try:
+        _wait(lambda: _following(backup))
+        _pause(primary, 3.0)
+        _wait(lambda: backup._service.follower is None)
+        assert backup._service.replicas.epoch == 1 and not backup._service.replicas.fenced
+        ours = primary.join(20)
+        assert ours["fenced"] and ours["role"] == "primary"
+    finally:
+        for s in (primary, backup):
+            s.stop()
+
+
+def test_a_live_primary_keeps_its_backup_however_long_the_backup_heard_nothing():
+    """A backup that heard nothing for long (a stall of its own, an ack its primary gave up on) asks its
+    primary before it takes over; a live primary answers with its state, and the backup follows again."""
+    primary = _shard("async", workers=1)
+    backup = _shard("async", workers=1, backup_of=primary.address)
+    try:
+        _wait(lambda: _following(backup))
+        follower = backup._service.follower
+        until = time.monotonic() + 1.5
+        while time.monotonic() < until:  # silent for long, again after each ping
+            follower.heard -= 100.0
+            time.sleep(0.01)
+        assert backup._service.follower is follower and follower.following and follower.epoch == 0
+        replicas = primary._service.replicas
+        assert replicas.admitted >= 2 and replicas.backups and not replicas.fenced  # asked again, taken again
+    finally:
+        for s in (primary, backup):
+            s.stop()
+
+
+def test_a_dead_backup_is_dropped_and_the_primary_goes_on_alone(monkeypatch):
+    """A backup that stops acknowledging is dropped after ACK_TIMEOUT (shortened here); the primary, which
+    holds everything, answers on and applies every push."""
+    monkeypatch.setattr(replicas, "ACK_TIMEOUT", 0.5)
+    primary = _shard("async", workers=2)
+    backup = _shard("async", workers=2, backup_of=primary.address)
+    started = threading.Event()
+    try:
+        _wait(lambda: _following(backup))
+        threads = _run(primary.address, 2, started=started)
+        assert started.wait(60)
+        backup.stop()
+        backup.join(30)
+        for t in threads:
+            t.join(60)
+            assert not t.is_alive()
+        ours = primary.join(30)
+    finally:
+        for s in (primary, backup):
+            s.stop()
+    assert ours["backups"] == [] and not ours["fenced"] and ours["updates_applied"] == 2 * STEPS
+
+
+def test_a_backup_answers_stats_as_a_backup():
+    """psrv top and psrv admin reach a backup too: it answers STATS itself, saying it is one."""
+    from psrv.transport import create_client
+    from psrv.protocol import Message, MsgType, decode, encode
+    primary = _shard("async", workers=1)
+    backup = _shard("async", workers=1, backup_of=primary.address)
+    link = create_client("zmq", [backup.address])
+    try:
+        _wait(lambda: _following(backup))
+        link.send(0, encode(Message(MsgType.STATS, seq=7)))
+        got = link.recv(10.0)
+        assert got is not None
+        reply = decode(got[1])
+        assert reply.type is MsgType.STATS and reply.seq == 7 and reply.fields["role"] == "backup"
+    finally:
+        link.close()
+        for s in (primary, backup):
+            s.stop()
