@@ -53,7 +53,7 @@ def one_failover(folder: Path, *, steps_before: int = 20, steps_after: int = 5) 
     backup = psrv.Server(ServerConfig(workers=1, mode="async", backup_of=address)).start()
     try:
         deadline = time.monotonic() + 30
-        while backup._service.follower is None or not backup._service.follower.following:
+        while backup.service.follower is None or not backup.service.follower.following:
             if time.monotonic() > deadline:
                 raise RuntimeError("the backup did not start following")
             time.sleep(0.01)

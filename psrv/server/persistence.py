@@ -52,6 +52,29 @@ class ShardPersistence:
             return False
         return self.writer.start(self.state_dict(), version=self.shard.version)
 
+    def answer_admin_checkpoints(self, *, at_exit: bool = False, final: str | None = None) -> None:
+        """Move the CHECKPOINT requests on, from the shard's loop: answer those whose write is done, and start
+        the write the others wait for once none is in flight. `at_exit`: the loop has ended and written its
+        final checkpoint (`final`, its path, None if it failed), which answers every request still waiting."""
+        waiting, writer = self.admin_checkpoints, self.writer
+        if waiting.writing and not writer.writing:
+            self._answer_checkpoints(waiting.writing, writer.result, waiting.version)
+            waiting.writing = []
+        if at_exit:
+            self._answer_checkpoints(waiting.asked, final, self.shard.version)
+            waiting.asked = []
+        elif waiting.asked and not writer.writing:
+            waiting.version = self.shard.version
+            self.start_checkpoint()
+            waiting.writing, waiting.asked = waiting.asked, []
+
+    def _answer_checkpoints(self, requests: list[tuple], path: str | None, version: int) -> None:
+        for peer, seq in requests:
+            if path is None:
+                self._refuse(peer, seq, ProtocolError(ErrorCode.INTERNAL, "checkpoint failed; see the server's log"))
+            else:
+                self._reply(peer, Message(MsgType.OK, seq=seq, fields={"path": path, "version": version}))
+
 
 class AdminCheckpoints:
     """CHECKPOINT requests (psrv admin checkpoint) waiting for their write: `asked`, for a write not started
@@ -65,28 +88,3 @@ class AdminCheckpoints:
 
     def __bool__(self) -> bool:
         return bool(self.asked or self.writing)
-
-
-def answer_admin_checkpoints(service, *, at_exit: bool = False, final: str | None = None) -> None:
-    """Move the CHECKPOINT requests on, from the shard's loop: answer those whose write is done, and start
-    the write the others wait for once none is in flight. `at_exit`: the loop has ended and written its
-    final checkpoint (`final`, its path, None if it failed), which answers every request still waiting."""
-    waiting, writer = service.admin_checkpoints, service.writer
-    if waiting.writing and not writer.writing:
-        _answer(service, waiting.writing, writer.result, waiting.version)
-        waiting.writing = []
-    if at_exit:
-        _answer(service, waiting.asked, final, service.shard.version)
-        waiting.asked = []
-    elif waiting.asked and not writer.writing:
-        waiting.version = service.shard.version
-        service.start_checkpoint()
-        waiting.writing, waiting.asked = waiting.asked, []
-
-
-def _answer(service, requests: list[tuple], path: str | None, version: int) -> None:
-    for peer, seq in requests:
-        if path is None:
-            service._refuse(peer, seq, ProtocolError(ErrorCode.INTERNAL, "checkpoint failed; see the server's log"))
-        else:
-            service._reply(peer, Message(MsgType.OK, seq=seq, fields={"path": path, "version": version}))

@@ -72,6 +72,11 @@ class Server:
             raise
         self.address: str = transport.address
 
+    @property
+    def service(self) -> ShardService:
+        """The shard's event loop this Server runs (its state, its replication), for in-process callers."""
+        return self._service
+
     def serve(self) -> dict:
         """Serve in this thread until every worker has left or stop(); the shard's summary."""
         if self._served:

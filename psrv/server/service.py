@@ -26,7 +26,7 @@ from psrv.server.late import LateStreaks
 from psrv.server.joining import JoinWatch
 from psrv.server.liveness import Liveness
 from psrv.server.pending import Pending, PendingPulls
-from psrv.server.persistence import AdminCheckpoints, ShardPersistence, answer_admin_checkpoints
+from psrv.server.persistence import AdminCheckpoints, ShardPersistence
 from psrv.server.replicated import ShardReplication
 from psrv.server.plans import Plans
 from psrv.server.pulls import PullCopies
@@ -123,13 +123,13 @@ class ShardService(ShardPersistence, ShardReplication):
             self.check_liveness()
             self.replicas.tick()
             if self.admin_checkpoints:
-                answer_admin_checkpoints(self)
+                self.answer_admin_checkpoints()
             if self.checkpoints.due() and not self.writer.writing:
                 self.start_checkpoint()
         if self.cfg.checkpoint_dir and not self.replicas.fenced:  # a fenced primary's state is no longer the shard's
             final = self.save_checkpoint()
             if self.admin_checkpoints:
-                answer_admin_checkpoints(self, at_exit=True, final=final)
+                self.answer_admin_checkpoints(at_exit=True, final=final)
         self.transport.wait_sent(5.0)
         summary = self.summary()
         self.replicas.close()
@@ -372,7 +372,7 @@ class ShardService(ShardPersistence, ShardReplication):
             self._reply(peer, Message(MsgType.OK, seq=msg.seq, fields={"path": None, "version": 0}))
             return
         self.admin_checkpoints.asked.append((peer, msg.seq))  # written off this loop, answered when done
-        answer_admin_checkpoints(self)
+        self.answer_admin_checkpoints()
 
     # --- mechanics ------------------------------------------------------------
     def _push_or_chunk(self, msg: Message) -> dict | None:

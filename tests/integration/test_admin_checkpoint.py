@@ -25,11 +25,10 @@ def answers(svc, seq: int) -> list[Message]:
 
 def tick_until_answered(svc, seq: int, timeout: float = 30.0) -> Message:
     """Run the loop's part for CHECKPOINT requests (as ShardService.serve does each poll) until `seq` is answered."""
-    from psrv.server.persistence import answer_admin_checkpoints
     deadline = time.monotonic() + timeout
     while not answers(svc, seq):
         assert time.monotonic() < deadline, f"CHECKPOINT {seq} was not answered in {timeout} s"
-        answer_admin_checkpoints(svc)
+        svc.answer_admin_checkpoints()
         time.sleep(0.02)
     (reply,) = answers(svc, seq)
     return reply

@@ -58,7 +58,7 @@ def test_the_workers_copy_is_the_shards_mirror_and_the_run_ends_on_its_weights()
             for _ in range(4):
                 job.loss_of(job.model, next(batches)).backward()
                 ps.step()
-            service = server._service
+            service = server.service
             copy, mirror = ps._client.pull_view.copy, service.pulls.copies[0].ref
             weights = service.shard.weights
             assert torch.equal(copy, mirror)  # so copy - weights is exactly the residual the shard keeps

@@ -33,7 +33,7 @@ def _wait(what, timeout: float = 20.0) -> None:
 
 
 def _following(server: psrv.Server) -> bool:
-    follower = server._service.follower
+    follower = server.service.follower
     return follower is not None and follower.following
 
 
@@ -98,7 +98,7 @@ def test_a_backup_holds_exactly_the_primary_state(mode, workers, optimizer, drop
         assert ours["version"] > 0 and ours["backups"] == [backup.address]
         assert theirs["role"] == "backup" and theirs["version"] == ours["version"]
         assert theirs["dropped"] == ours["dropped"] and (sum(ours["dropped"].values()) > 0) == (drop > 0)
-        _same(primary._service.state_dict(), backup._service.state_dict())
+        _same(primary.service.state_dict(), backup.service.state_dict())
     finally:
         for s in (primary, backup):
             s.stop()
@@ -112,13 +112,13 @@ def test_a_backup_that_joins_while_workers_push_catches_up_from_the_state():
         threads = _run(primary.address, 2, steps=60, started=started, go=go)
         assert started.wait(60)  # worker 0 waits at its step 20, worker 1 in the barrier, its pull pending
         backup = _shard("sync", workers=2, backup_of=primary.address)
-        _wait(lambda: primary._service.replicas.joining or primary._service.replicas.backups)
+        _wait(lambda: primary.service.replicas.joining or primary.service.replicas.backups)
         go.set()
         for t in threads:
             t.join(60)
         ours, theirs = primary.join(30), backup.join(30)
         assert theirs["role"] == "backup" and 0 < theirs["version"] == ours["version"] == 60
-        _same(primary._service.state_dict(), backup._service.state_dict())
+        _same(primary.service.state_dict(), backup.service.state_dict())
     finally:
         for s in (primary, backup):
             if s is not None:
@@ -126,7 +126,7 @@ def test_a_backup_that_joins_while_workers_push_catches_up_from_the_state():
 
 
 def _weights(server: psrv.Server) -> torch.Tensor:
-    return server._service.shard.weights.clone()
+    return server.service.shard.weights.clone()
 
 
 def test_a_sync_run_whose_primary_dies_ends_with_the_weights_of_the_run_without_it():
@@ -188,7 +188,7 @@ def _failover(mode: str, optimizer: str = "sgd", workers: int = 2, drop: int = 0
 
 def _pause(server: psrv.Server, seconds: float) -> None:
     """Stop the shard's loop for `seconds` at its next receive, as SIGSTOP would: no ping, no answer."""
-    service = server._service
+    service = server.service
     receive = service.transport.recv
 
     def paused(timeout):
@@ -207,8 +207,8 @@ def test_a_paused_primary_is_replaced_and_fenced_when_it_comes_back():
     try:
         _wait(lambda: _following(backup))
         _pause(primary, 3.0)
-        _wait(lambda: backup._service.follower is None)
-        assert backup._service.replicas.epoch == 1 and not backup._service.replicas.fenced
+        _wait(lambda: backup.service.follower is None)
+        assert backup.service.replicas.epoch == 1 and not backup.service.replicas.fenced
         ours = primary.join(20)
         assert ours["fenced"] and ours["role"] == "primary"
     finally:
@@ -223,13 +223,13 @@ def test_a_live_primary_keeps_its_backup_however_long_the_backup_heard_nothing()
     backup = _shard("async", workers=1, backup_of=primary.address)
     try:
         _wait(lambda: _following(backup))
-        follower = backup._service.follower
+        follower = backup.service.follower
         until = time.monotonic() + 1.5
         while time.monotonic() < until:  # silent for long, again after each ping
             follower.heard -= 100.0
             time.sleep(0.01)
-        assert backup._service.follower is follower and follower.following and follower.epoch == 0
-        replicas = primary._service.replicas
+        assert backup.service.follower is follower and follower.following and follower.epoch == 0
+        replicas = primary.service.replicas
         assert replicas.admitted >= 2 and replicas.backups and not replicas.fenced  # asked again, taken again
     finally:
         for s in (primary, backup):

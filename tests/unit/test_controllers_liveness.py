@@ -8,7 +8,6 @@ import torch
 from psrv.config import OptimConfig, ServerConfig
 from psrv.protocol import ErrorCode, Message, MsgType, decode, encode
 from psrv.server.consistency import SSPController, SyncController
-from psrv.server.persistence import answer_admin_checkpoints
 from psrv.server.service import ShardService
 from psrv.transport.base import ServerTransport
 
@@ -233,7 +232,7 @@ def test_admin_needs_an_authenticated_transport(mtype, tmp_path):
     if mtype is MsgType.CHECKPOINT:  # written off the loop, answered once on disk (as serve() does each poll)
         assert not replies
         s.svc.writer.wait(30)
-        answer_admin_checkpoints(s.svc)
+        s.svc.answer_admin_checkpoints()
         replies = [m for _, m in s.net.out[-1:]]
     assert replies[0].type is MsgType.OK
 
