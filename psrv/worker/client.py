@@ -55,7 +55,8 @@ class PSClient:
     passes `--request-timeout`), so they point at the knob the user actually has. `compress_pull` (the same
     codec names, '': dense pulls) has each shard send the compressed change of its weights since this worker's
     copy, with the residual kept on the shard unless `pull_error_feedback` is False, and one pull in
-    `pull_resync` dense (psrv/worker/pull_view.py)."""
+    `pull_resync` dense (psrv/worker/pull_view.py); tensors under `pull_min_numel` elements (None: the
+    pushes' `compress_min_numel`) are pulled exactly."""
 
     def __init__(self, servers: Sequence[str], plan: PartitionPlan, *, worker: int, world_size: int,
                  transport: str = _PLACE.transport, timeout: float = _WORKER.request_timeout,
@@ -68,7 +69,7 @@ class PSClient:
                  bulk: bool = _PLACE.bulk == "auto", net: ClientTransport | None = None,
                  push_chunk_mb: float = _WORKER.push_chunk_mb, compress_pull: str = _WORKER.compress_pull,
                  pull_error_feedback: bool = _WORKER.pull_error_feedback, pull_resync: int = _WORKER.pull_resync,
-                 timeout_option: str = LIBRARY_OPTION):
+                 pull_min_numel: int | None = None, timeout_option: str = LIBRARY_OPTION):
         if len(servers) != plan.num_shards:
             raise ValueError(f"{len(servers)} server addresses for a plan of {plan.num_shards} shards")
         self.plan = plan
@@ -103,7 +104,8 @@ class PSClient:
         self.compress = compress  # the codec pushes run with (onebit_adam's sign where none was given)
         self.pull_view = None if not compress_pull else PullView(
             plan, compress_pull, error_feedback=pull_error_feedback, resync=pull_resync,
-            min_numel=compress_min_numel, sign_scale="l1")  # l1: sign's scale that shrinks a residual (pull_view.py)
+            min_numel=compress_min_numel if pull_min_numel is None else pull_min_numel,
+            sign_scale="l1")  # l1: sign's scale that shrinks a residual (pull_view.py)
         self.onebit: LocalMomentum | None = None  # set by hello() when the shards run onebit_adam
         self.momentum_correction, self.momentum_masking = momentum_correction, momentum_masking
         self.velocity: MomentumCorrection | None = None  # set by hello(): a lossy codec meets SGD momentum

@@ -150,6 +150,7 @@ class Worker(RecordedWorker):
                 local_steps = parse_local_steps(local_steps)
             except ValueError as exc:
                 raise ValueError(f"local_steps {exc} (None: off)") from None
+        pull_min_numel = compress_min_numel  # the pulls' own: an outer dtype's codec covers the pushes' small tensors only
         wire_dtype, compress, error_feedback, compress_min_numel = outer_wire(
             local_steps, fragments, outer_dtype, wire_dtype=wire_dtype, compress=compress,
             error_feedback=error_feedback, compress_min_numel=compress_min_numel)
@@ -175,7 +176,7 @@ class Worker(RecordedWorker):
                                 sign_scale=sign_scale,
                                 push_chunk_mb=push_chunk_mb, compress_pull=compress_pull,
                                 pull_error_feedback=pull_error_feedback, pull_resync=pull_resync,
-                                timeout_option=timeout_option,
+                                pull_min_numel=pull_min_numel, timeout_option=timeout_option,
                                 **planes(shared_memory, bulk, curve_keys))
         # Shared memory: pushes read in place. Shared from an untouched buffer, which costs no resident memory
         # (sharing a zeroed one left a freed model-sized buffer resident in the heap; docs/benchmarks.md)

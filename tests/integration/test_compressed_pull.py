@@ -72,3 +72,30 @@ def test_the_workers_copy_is_the_shards_mirror_and_the_run_ends_on_its_weights()
         model = torch.cat([p.detach().view(-1) for p in job.model.parameters()])
         assert torch.equal(model, service.shard.weights)
         assert pulled < 2.5 * 4 * model.numel()  # the first pull dense, four signs: far under five dense pulls
+
+
+def test_an_outer_dtype_leaves_the_pulls_small_tensors_exact():
+    """--outer-dtype fp4 sends every tensor through the push's codec, small ones too; the pulls keep
+    compress_min_numel: the 10-element bias is pulled as the shard's weights, the rest by its sign change."""
+    cfg = run_config({**DEFAULT, "mode": "async", "pull": "sign", "local": 2, "outer": "fp4"}, workers=1)
+    job = tiny.tiny(cfg.seed)
+    bias = job.model[-1].bias.numel()
+    assert bias < cfg.worker.compress_min_numel < job.model[-1].weight.numel()
+    with Server(cfg.server_config(0, bind="tcp://127.0.0.1:0")) as server:
+        server.start()
+        ps = Worker(job.model, [server.address], rank=0, world_size=1, timeout=30.0, local_steps=2, outer_dtype="fp4",
+                    compress_pull="sign", pull_resync=0, compress_min_numel=cfg.worker.compress_min_numel)
+        inner = torch.optim.SGD(job.model.parameters(), lr=0.05)
+        try:
+            batches = job.batches_for(rank=0, world_size=1, batch_size=16, seed=cfg.seed)
+            for _ in range(6):  # three pushes, each answered by a compressed pull
+                inner.zero_grad()
+                job.loss_of(job.model, next(batches)).backward()
+                inner.step()
+                ps.step()
+            copy, weights = ps._client.pull_view.copy, server._service.shard.weights
+            assert ps._client.pull_view.compressed_replies == 3
+            assert torch.equal(copy[-bias:], weights[-bias:])  # pulled exactly
+            assert (copy[:-bias] - weights[:-bias]).abs().max() > 0  # the rest by sign: a residual
+        finally:
+            ps.close()
