@@ -44,7 +44,12 @@ def write_atomic(path: Path, state: dict, *, bytes_per_s: float = 0.0) -> None:
     with replacing(path, "wb", durable=True) as f:
         f.write(MAGIC + bytes(32))  # the digest's place, filled in once the payload is written
         stream = _DigestingWriter(f, bytes_per_s)
-        torch.save({**state, "format": FORMAT, "written": time.time()}, stream)
+        try:
+            torch.save({**state, "format": FORMAT, "written": time.time()}, stream)
+        except RuntimeError:  # torch's zip writer reports a failed write as a stream position it did not expect
+            if stream.error is not None:
+                raise stream.error from None  # the real cause (a full disk: ENOSPC), an OSError its callers handle
+            raise
         f.seek(len(MAGIC))
         f.write(stream.digest.digest())
 
@@ -55,20 +60,29 @@ class _DigestingWriter:
     def __init__(self, f, bytes_per_s: float):
         self.f, self.bytes_per_s = f, bytes_per_s
         self.digest = hashlib.sha256()
+        self.error: OSError | None = None  # the first failed write, which torch's writer does not pass on
 
     def write(self, data) -> int:
         view = memoryview(data).cast("B")
-        for start in range(0, len(view), BLOCK):
-            block = view[start:start + BLOCK]
-            self.digest.update(block)  # hashlib and the write release the GIL for big blocks
-            self.f.write(block)
-            if self.bytes_per_s > 0:
-                self.f.flush()  # the bytes so far are in the temporary file, where a reader can see them grow
-                time.sleep(len(block) / self.bytes_per_s)
+        try:
+            for start in range(0, len(view), BLOCK):
+                block = view[start:start + BLOCK]
+                self.digest.update(block)  # hashlib and the write release the GIL for big blocks
+                self.f.write(block)
+                if self.bytes_per_s > 0:
+                    self.f.flush()  # the bytes so far are in the temporary file, where a reader can see them grow
+                    time.sleep(len(block) / self.bytes_per_s)
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
         return len(view)
 
     def flush(self) -> None:
-        self.f.flush()
+        try:
+            self.f.flush()
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
 
 
 def pace_from_env() -> float:
