@@ -168,12 +168,16 @@ class RoundTrip:
         return self.replies
 
     def _silence(self) -> str:
-        """What a timeout says: which shard at which address, and the option that sets the bound (the
-        client's `timeout_option`: the keyword or flag of the API in use)."""
+        """What a timeout says: which shard at which address, what to check, and the option that sets the
+        bound (the client's `timeout_option`: the keyword or flag of the API in use). Past HELLO the shard
+        had answered, so silence there is a dead shard or a network cut between (a partition), not one
+        never started."""
         missing = [s for s, r in enumerate(self.replies) if r is None]
         where = ", ".join(f"{self.c.servers[s]} (shard {s})" for s in missing)
+        check = "is `psrv serve` running there?" if self.kind == "HELLO" else \
+            "the shard stopped answering: is it still running, and is the network to it up?"
         return (f"worker {self.c.worker}: no reply from {where} within {self.timeout:g}s to {self.kind}; "
-                f"is `psrv serve` running there? {self.c.timeout_option} sets the bound")
+                f"{check} {self.c.timeout_option} sets the bound")
 
     def _probe_missing(self) -> None:
         for s, r in enumerate(self.replies):
