@@ -44,7 +44,7 @@ class Backup:
 
 class Replicas:
     """`service` is the ShardService (psrv/server/service.py) whose backups these are; used through its
-    public members: cfg, shard, chunks, held, pending, pulls, state_dict, transport, stopped, now."""
+    public members: cfg, shard, chunks, held, pending, pulls, fragments, state_dict, transport, stopped, now."""
 
     def __init__(self, service):
         self.s = service
@@ -172,12 +172,13 @@ class Replicas:
                 b.link.send(0, stream.frames_of("ping", self.epoch, n=self.n))
 
     def _admit(self, address: str) -> None:
-        """Send a joining backup the shard's state, with the workers' compressed-pull copies (psrv/server/
-        pulls.py: not in a checkpoint, but a backup must answer the next pull as this shard would), then
-        follow with the stream."""
+        """Send a joining backup the shard's state, with what a checkpoint leaves out but a backup must hold
+        to go on as this shard would: the workers' compressed-pull copies (psrv/server/pulls.py) and streaming
+        DiLoCo's per-fragment outer optimizers (psrv/server/fragments.py); then follow with the stream."""
         state = self.s.state_dict() if self.s.shard is not None else None
         link = create_client("zmq", [address])
-        payload = [stream.state_bytes({**state, "pulls": self.s.pulls.state_dict()})] if state is not None else []
+        extra = {"pulls": self.s.pulls.state_dict(), "fragments": self.s.fragments.state_dict()}
+        payload = [stream.state_bytes({**state, **extra})] if state is not None else []
         link.send(0, stream.frames_of("state", self.epoch, payload, n=self.n, replicas=[*self.addresses, address],
                                       pull_numbers=self.s.pulls.numbers))
         self.backups.append(Backup(address, link))

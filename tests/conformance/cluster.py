@@ -142,8 +142,10 @@ def start_backups(cfg: RunConfig, servers: list[Server]) -> list[Server]:
 
 
 def _state(server: Server) -> dict:
-    """A shard's whole state: its state_dict, and the workers' compressed-pull copies beside it."""
-    return {**server.service.state_dict(), "pulls": server.service.pulls.state_dict()}
+    """A shard's whole state: its state_dict, the workers' compressed-pull copies and the per-fragment outer
+    optimizers beside it."""
+    service = server.service
+    return {**service.state_dict(), "pulls": service.pulls.state_dict(), "fragments": service.fragments.state_dict()}
 
 
 def run(cfg: RunConfig, *, nan: bool) -> Outcome:
