@@ -33,7 +33,7 @@ CHECK_GRACE = 0.5     # a silent primary is asked to take the backup again; no s
 
 class Follower:
     """`service` is the passive ShardService (psrv/server/service.py) it feeds; used through its public
-    members: cfg, transport, load_state_dict, apply, expire, take_over, now."""
+    members: cfg, transport, shard, pulls, fragments, load_state_dict, apply, expire, take_over, now."""
 
     def __init__(self, service, primary: str):
         """`primary`: the address to follow, or several, comma-separated: the replicas of a shard, of which
@@ -70,7 +70,14 @@ class Follower:
         self.held.clear()  # the primary lives: the workers that came here go back to it
         if op == "state":
             if payload:
-                self.s.load_state_dict(stream.state_from(payload[0]), source=f"primary {self.primary}'s state")
+                state = stream.state_from(payload[0])
+                pulls, fragments = state.pop("pulls", None), state.pop("fragments", None)
+                self.s.load_state_dict(state, source=f"primary {self.primary}'s state")
+                if pulls is not None:
+                    self.s.pulls.load_state_dict(pulls, self.s.shard.size, self.s.shard.device)
+                if fragments is not None:
+                    self.s.fragments.load_state_dict(fragments, self.s.shard)
+            self.s.pulls.numbers = head.get("pull_numbers", self.s.pulls.numbers)
             self.epoch, self.expected, self.replicas = epoch, int(head["n"]) + 1, list(head.get("replicas", []))
             self.primary = self.replicas[0] if self.replicas else self.primary
             log.info("shard %d: following %s from op %d (epoch %d)", self.s.cfg.shard, self.primary,

@@ -19,6 +19,8 @@ then treats it as non-finite (--nonfinite), an empty or finite piece too.
 Every push of a sync clock must carry the same fragment (the workers sync them in one order); a push of
 another fragment, or a whole push, into a clock open with a fragment is refused, NOT_ALLOWED. The
 per-fragment optimizer states are not in the shard's checkpoint: a restored shard restarts them from zero.
+A backup that joins gets them with the shard's state (`state_dict`; psrv/server/replicas.py), so a failover
+loses none.
 """
 from __future__ import annotations
 
@@ -104,6 +106,22 @@ class FragmentShards:
         n = sub.apply_accumulated()
         self._scatter(shard, key, sub)
         return n
+
+    def state_dict(self) -> dict:
+        """Each fragment's ranges and its Shard's state_dict (its outer optimizer), and the open clock's."""
+        return {"open": None if self.open is None else [list(r) for r in self.open],
+                "fragments": [[[list(r) for r in key], sub.state_dict()] for key, sub in self._shards.items()]}
+
+    def load_state_dict(self, state: dict, shard: Shard) -> None:
+        """Take the fragments of `state` (from state_dict) in place of these, beside `shard`."""
+        subs = {}
+        for ranges, saved in state["fragments"]:
+            key = tuple((int(a), int(b)) for a, b in ranges)
+            sub = Shard(numel(key), shard.optim_cfg, device=str(shard.device))
+            sub.load_state_dict(saved)
+            subs[key] = sub
+        self._shards = subs
+        self.open = None if state["open"] is None else tuple((int(a), int(b)) for a, b in state["open"])
 
     def _sub(self, shard: Shard, key: Key) -> Shard:
         sub = self._shards.get(key)

@@ -11,7 +11,11 @@ A pull is answered dense, and the copy restarts from the weights, when the worke
 shard knows: its first pull after a HELLO (a new worker, a reconnect, a restarted shard), a copy whose
 number is not the one this shard last sent (a reply lost on the way, which the retry cannot repeat), the
 `resync`-th pull since the last dense one (0: never), and rank 0's final pull, so the run ends on the
-shard's exact weights. Every reply says the number of the copy it brings the worker to (`view`)."""
+shard's exact weights. Every reply says the number of the copy it brings the worker to (`view`).
+
+A shard's backups hold the same copies (psrv/server/replicas.py): a backup that joins gets them with the
+shard's state (`state_dict`), numbers included, and then answers the same pulls alike. They are not in a
+checkpoint: a restarted shard is another life, whose copies restart dense."""
 from __future__ import annotations
 
 import random
@@ -38,6 +42,7 @@ class WorkerCopy:
     resync: int
     dense: list[list[int]]
     among: torch.Tensor | None
+    fields: dict  # HELLO's `pull` map, as the worker sent it (a backup rebuilds the copy from it)
     ref: torch.Tensor | None = None  # the mirror of its copy (ef), or the weights last sent; None: none yet
     number: int = 0                  # the copy's number, as the last reply said it
     since_dense: int = 0             # compressed pulls since the last dense one
@@ -68,7 +73,7 @@ def _config(fields, size: int, worker: int, shard: int) -> WorkerCopy:
         for a, b in dense:
             keep[a:b] = False
         among = keep.nonzero().view(-1)
-    return WorkerCopy(codec, bool(fields.get("error_feedback", True)), resync, dense, among)
+    return WorkerCopy(codec, bool(fields.get("error_feedback", True)), resync, dense, among, dict(fields))
 
 
 class PullCopies:
@@ -99,6 +104,38 @@ class PullCopies:
 
     def forget(self, worker: int) -> None:
         self.copies.pop(worker, None)
+
+    def state_dict(self) -> dict:
+        """The copies as plain data (settings, mirror, number, pulls since dense, a random codec's stream)
+        and the last number given: what a backup needs to answer the next pull as this shard would."""
+        copies = {}
+        for worker, c in self.copies.items():
+            generator = getattr(c.codec, "generator", None)
+            copies[worker] = {"fields": c.fields, "ref": None if c.ref is None else c.ref.detach().cpu().clone(),
+                              "number": c.number, "since_dense": c.since_dense,
+                              "generator": None if generator is None else generator.get_state()}
+        return {"numbers": self._numbers, "copies": copies}
+
+    def load_state_dict(self, state: dict, size: int, device: torch.device | str = "cpu") -> None:
+        """Take the copies of `state` (from state_dict) in place of these, for a shard range of `size`."""
+        copies = {}
+        for worker, saved in state["copies"].items():
+            c = _config(saved["fields"], size, int(worker), self.shard)
+            c.ref = None if saved["ref"] is None else saved["ref"].to(device)
+            c.number, c.since_dense = int(saved["number"]), int(saved["since_dense"])
+            if saved["generator"] is not None:
+                c.codec.generator.set_state(saved["generator"])
+            copies[int(worker)] = c
+        self.copies, self._numbers = copies, int(state["numbers"])
+
+    @property
+    def numbers(self) -> int:
+        """The last copy number given (a backup that joins before any pull starts from its primary's)."""
+        return self._numbers
+
+    @numbers.setter
+    def numbers(self, value: int) -> None:
+        self._numbers = int(value)
 
     def answer(self, worker: int, weights: torch.Tensor, *, have, final: bool
                ) -> tuple[dict, torch.Tensor | None, dict | None, torch.Tensor]:

@@ -9,7 +9,9 @@ the same ShardService code on the same ops in the same order, so their weights, 
 exactly-once table equal the primary's. While a request is handled its replies are kept in `outbox`; they
 go out only once every live backup has acknowledged the op (`ack`), so no worker hears of an update that a
 backup does not hold. A backup joins by asking ("join"); it gets the shard's state_dict first, then the
-stream (psrv/server/stream.py).
+stream (psrv/server/stream.py). It is sent the state at a turn when nothing is half done: no chunked push
+half applied, no push held behind one, and no pull waiting for its answer (answering one changes state
+the backup could not replay: a compressed pull's copy, DC-ASGD's record of the weights the worker pulled).
 
 Fencing: a backup that took over (psrv/server/follower.py) has a higher epoch and answers this primary's
 stream with "fenced"; the primary then stops at once, its held replies unsent. A backup that does not
@@ -42,7 +44,7 @@ class Backup:
 
 class Replicas:
     """`service` is the ShardService (psrv/server/service.py) whose backups these are; used through its
-    public members: cfg, shard, chunks, held, state_dict, transport, stopped, now."""
+    public members: cfg, shard, chunks, held, pending, pulls, fragments, state_dict, transport, stopped, now."""
 
     def __init__(self, service):
         self.s = service
@@ -155,7 +157,7 @@ class Replicas:
 
     def tick(self) -> None:
         """Every turn of the loop: send the state to those joining, ping an idle stream, read any fencing."""
-        if self.joining and not self.s.chunks.applying and not len(self.s.held):
+        if self.joining and not self.s.chunks.applying and not len(self.s.held) and not len(self.s.pending):
             for address in self.joining:
                 self._admit(address)
             self.joining = []
@@ -170,11 +172,15 @@ class Replicas:
                 b.link.send(0, stream.frames_of("ping", self.epoch, n=self.n))
 
     def _admit(self, address: str) -> None:
+        """Send a joining backup the shard's state, with what a checkpoint leaves out but a backup must hold
+        to go on as this shard would: the workers' compressed-pull copies (psrv/server/pulls.py) and streaming
+        DiLoCo's per-fragment outer optimizers (psrv/server/fragments.py); then follow with the stream."""
         state = self.s.state_dict() if self.s.shard is not None else None
         link = create_client("zmq", [address])
-        payload = [stream.state_bytes(state)] if state is not None else []
-        link.send(0, stream.frames_of("state", self.epoch, payload, n=self.n,
-                                      replicas=[*self.addresses, address]))
+        extra = {"pulls": self.s.pulls.state_dict(), "fragments": self.s.fragments.state_dict()}
+        payload = [stream.state_bytes({**state, **extra})] if state is not None else []
+        link.send(0, stream.frames_of("state", self.epoch, payload, n=self.n, replicas=[*self.addresses, address],
+                                      pull_numbers=self.s.pulls.numbers))
         self.backups.append(Backup(address, link))
         self.admitted += 1
         log.info("shard %d: backup %s joined at op %d (version %d)", self.s.cfg.shard, address, self.n,

@@ -3,7 +3,8 @@ and how a case (one level per axis) becomes psrv's own config tree (a RunConfig,
 which combinations psrv refuses: those are not cases).
 
 Two kinds of axis. A *path* axis only moves bytes (transport, payload plane, chunked pushes, early
-sends): a case must equal, bit for bit, the same case with every path axis at its plain level. The
+sends, replicated shards): a case must equal, bit for bit, the same case with every path axis at its
+plain level. The
 others change the numbers on purpose, and each case is checked against the reference's math
 (tests/conformance/reference.py)."""
 from __future__ import annotations
@@ -22,6 +23,7 @@ AXES: dict[str, tuple] = {
     "plane": ("inline", "shm", "bulk"),
     "chunks": ("off", "on"),
     "overlap": ("on", "off"),
+    "replicas": (0, 1),  # backups per shard (cluster.replicas): each applies the primary's stream
     # numeric axes
     "shards": (1, 3),
     "wire": ("float32", "bfloat16", "float16"),
@@ -44,7 +46,7 @@ AXES: dict[str, tuple] = {
     "schedule": ("constant", "warmup_cosine"),
     "weight_decay": (0.0, 0.01),
 }
-PATH_AXES = ("transport", "plane", "chunks", "overlap")
+PATH_AXES = ("transport", "plane", "chunks", "overlap", "replicas")
 DATA_PATH = ("plane", "chunks", "wire", "codec")  # every triple of these is covered
 DEFAULT = {axis: levels[0] for axis, levels in AXES.items()}
 CODEC_SPEC = {"none": "", "topk": "topk:0.1", "randomk": "randomk:0.1", "sign": "sign", "int8": "int8"}
@@ -87,7 +89,7 @@ def run_config(case: dict, *, workers: int | None = None) -> RunConfig:
     tree = {"mode": c["mode"], "staleness": 1, "backup_workers": c["backup"], "seed": SEED,
             "cluster": {"servers": c["shards"], "workers": workers or workers_of(c), "transport": c["transport"],
                         "shared_memory": "auto" if c["plane"] == "shm" else "off",
-                        "bulk": "auto" if c["plane"] == "bulk" else "off"},
+                        "bulk": "auto" if c["plane"] == "bulk" else "off", "replicas": c["replicas"]},
             "job": {"name": JOB + ("_nan" if c["nonfinite"] != "none" else ""), "steps": STEPS, "batch_size": BATCH},
             "optimizer": optimizer, "worker": worker,
             "server": {"nonfinite": "reject" if c["nonfinite"] == "none" else c["nonfinite"], "worker_timeout": 30.0}}
@@ -131,7 +133,8 @@ def _refused_by_psrv(items: tuple) -> str | None:
 
 
 def plain_path(case: dict) -> dict:
-    """The same case with every path axis at its plain level: zmq, inline, whole pushes, early sends."""
+    """The same case with every path axis at its plain level: zmq, inline, whole pushes, early sends, no
+    backups."""
     return {**case, **{axis: AXES[axis][0] for axis in PATH_AXES}}
 
 

@@ -1,13 +1,17 @@
 """One case of the matrix run for real, in this process: every shard a psrv.Server served from a thread
 on 127.0.0.1, every worker a thread driving psrv.Worker through the loop psrv's own workers run
-(workers/loop.py: batch, loss, backward, the inner step with local steps, ps.step()).
+(workers/loop.py: batch, loss, backward, the inner step with local steps, ps.step()). With
+cluster.replicas, each shard's backups (psrv.Server threads with backup_of, as `psrv run --replicas`
+starts them) follow it before any worker starts, so every acknowledged push went through the stream.
 
 The order is fixed, so a run repeats bit for bit: in sync (without backup workers) the two workers
 run free, as the mean of two gradients does not depend on their order; everywhere else they take
 turns, one whole step each (push, apply, pull), who goes first rotating from step to step (`order`)."""
 from __future__ import annotations
 
+import dataclasses
 import threading
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -33,6 +37,19 @@ class Outcome:
     steps: dict[int, list[StepInfo]] = field(default_factory=dict)
     errors: dict[int, PSError] = field(default_factory=dict)
     early_sends: dict[int, int] = field(default_factory=dict)  # shard pushes sent during backward
+    backups: list["BackupRecord"] = field(default_factory=list)
+
+
+@dataclass
+class BackupRecord:
+    """A backup at the end of a run: its shard, address, summary and state (cluster._state), beside its
+    primary's."""
+
+    shard: int
+    address: str
+    summary: dict
+    state: dict
+    primary_state: dict
 
 
 def order(step: int, ranks: list[int]) -> list[int]:
@@ -100,9 +117,46 @@ class Handled:
         self.thread.join(TIMEOUT)
 
 
+def start_backups(cfg: RunConfig, servers: list[Server]) -> list[Server]:
+    """cfg.cluster.replicas backups of each shard, returned once each follows its primary's stream and the
+    primary counts it among its live backups (else the case would not take the replication path)."""
+    backups: list[Server] = []
+    try:
+        for shard, primary in enumerate(servers):
+            for _ in range(cfg.cluster.replicas):
+                config = cfg.server_config(shard, bind="tcp://127.0.0.1:0")
+                backups.append(Server(dataclasses.replace(config, backup_of=primary.address)).start())
+        deadline = time.monotonic() + TIMEOUT
+        for b in backups:
+            primary = servers[b.cfg.shard]
+            while not (b.service.follower is not None and b.service.follower.following
+                       and b.address in primary.service.replicas.addresses[1:]):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the backup of shard {b.cfg.shard} never followed {primary.address}")
+                time.sleep(0.01)
+    except BaseException:
+        for b in backups:
+            b.stop()
+        raise
+    return backups
+
+
+def _state(server: Server) -> dict:
+    """A shard's whole state: its state_dict, the workers' compressed-pull copies and the per-fragment outer
+    optimizers beside it."""
+    service = server.service
+    return {**service.state_dict(), "pulls": service.pulls.state_dict(), "fragments": service.fragments.state_dict()}
+
+
 def run(cfg: RunConfig, *, nan: bool) -> Outcome:
     servers = [Server(cfg.server_config(s, bind="tcp://127.0.0.1:0")).start() for s in range(cfg.cluster.servers)]
     addresses = [s.address for s in servers]
+    try:
+        backups = start_backups(cfg, servers)
+    except BaseException:
+        for s in servers:
+            s.stop()
+        raise
     n = cfg.cluster.workers
     turns = Turns(list(range(n)), cfg.job.steps, free=cfg.mode == "sync" and not cfg.backup_workers)
     ready = threading.Barrier(n, timeout=TIMEOUT)
@@ -128,8 +182,10 @@ def run(cfg: RunConfig, *, nan: bool) -> Outcome:
         t.join(TIMEOUT)
     try:
         out.shards = [s.join(TIMEOUT) for s in servers]
+        out.backups = [BackupRecord(b.cfg.shard, b.address, b.join(TIMEOUT), _state(b), _state(servers[b.cfg.shard]))
+                       for b in backups]
     finally:
-        for s in servers:
+        for s in servers + backups:
             s.stop()
     if failures:
         raise failures[0]

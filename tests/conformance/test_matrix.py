@@ -2,9 +2,12 @@
 the data-path settings and a pairwise covering array over every setting (tests/conformance/covering.py),
 each run for real (tests/conformance/cluster.py) and held against:
 
-- the plain path: a case whose transport, plane, chunking or early sends differ from the plain ones
-  must give rank 0 the very weights (bit for bit) of the same case on the plain path, and a case on
+- the plain path: a case whose transport, plane, chunking, early sends or replicas differ from the plain
+  ones must give rank 0 the very weights (bit for bit) of the same case on the plain path, and a case on
   three shards whose math is element by element those of one shard;
+- with replicas: every backup followed its primary to the end (still among its live backups, no
+  failover) and holds the primary's state leaf by leaf, bit for bit (weights, optimizer state, clocks,
+  the exactly-once table), with the primary's counts;
 - the reference (tests/conformance/reference.py; ref_streaming.py for streaming DiLoCo's fragments): the
   whole run's math, written from the papers in the test, to 1e-5;
 - the counts: every shard's pushes, pushes applied, updates and drops by reason, its staleness
@@ -26,6 +29,7 @@ from tests.conformance.cluster import Outcome, run
 from tests.conformance.covering import load
 from tests.conformance.ref_streaming import reference_of
 from tests.helpers import psrv_run
+from tests.states import assert_same_state
 
 TRIPLES, PAIRS, _ = load()
 ATOL, RTOL = 1e-5, 1e-4
@@ -73,6 +77,7 @@ def check(case: dict, got: Outcome | None = None) -> None:
     assert bool(torch.isfinite(got.params).all()), "rank 0's weights are not finite"
     gap = (got.params - want.params).abs().max().item()
     assert torch.allclose(got.params, want.params, atol=ATOL, rtol=RTOL), f"{gap:.3g} from the reference"
+    check_backups(case, got)
     plain = plain_path(case)
     if plain != case:
         base = outcome(plain, workers_of(case))
@@ -82,6 +87,19 @@ def check(case: dict, got: Outcome | None = None) -> None:
         one = outcome({**plain, "shards": 1}, workers_of(case))
         diff = (got.params - one.params).abs().max().item()
         assert torch.equal(got.params, one.params), f"{diff:.3g} from the weights of one shard"
+
+
+def check_backups(case: dict, got: Outcome) -> None:
+    """Each backup stayed live to the end of the run (its primary still lists it: never dropped for a late
+    ack, never taking over) and holds exactly its primary's state and counts."""
+    assert len(got.backups) == case["replicas"] * case["shards"], f"{len(got.backups)} backups ran"
+    for b in got.backups:
+        primary = got.shards[b.shard]
+        assert b.address in primary["backups"], f"shard {b.shard}'s primary ended with backups {primary['backups']}"
+        assert b.summary["role"] == "backup" and not b.summary["failovers"], f"shard {b.shard}: {b.summary['role']}"
+        for key in ("version", "pushes", "pushes_applied", "updates_applied", "dropped", "staleness_histogram"):
+            assert b.summary[key] == primary[key], f"shard {b.shard}'s backup: {key} {b.summary[key]} != {primary[key]}"
+        assert_same_state(b.primary_state, b.state, f"shard {b.shard}")
 
 
 def element_wise(case: dict) -> bool:

@@ -14,6 +14,7 @@ import torch
 import psrv
 from psrv.config import OptimConfig, ServerConfig
 from psrv.server import replicas
+from tests.states import assert_same_state
 
 STEPS = 30
 
@@ -38,20 +39,26 @@ def _following(server: psrv.Server) -> bool:
 
 
 def _train(address: str, rank: int, workers: int, steps: int, started: threading.Event | None = None,
-           go: threading.Event | None = None) -> None:
-    """`started`: set at a third of the steps; `go`: waited for then, if given."""
+           go: threading.Event | None = None, pull: str = "", fragments: int = 1) -> None:
+    """`started`: set at a third of the steps; `go`: waited for then, if given; `pull`: --compress-pull;
+    `fragments` > 1: streaming DiLoCo (an inner SGD step each step, a fragment pushed each step)."""
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
     init = torch.Generator().manual_seed(0)  # not the global RNG, which the other threads draw from too
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(0.3 * torch.randn(p.shape, generator=init))
     gen = torch.Generator().manual_seed(100 + rank)
-    with psrv.Worker(model, [address], rank=rank, world_size=workers, timeout=30.0) as ps:
+    inner = torch.optim.SGD(model.parameters(), lr=0.05) if fragments > 1 else None
+    streaming = {"local_steps": fragments, "fragments": fragments} if fragments > 1 else {}
+    with psrv.Worker(model, [address], rank=rank, world_size=workers, timeout=30.0, compress_pull=pull,
+                     **streaming) as ps:
         for step in range(steps):
             x = torch.randn(16, 8, generator=gen)
             loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
             model.zero_grad()
             loss.backward()
+            if inner is not None:
+                inner.step()
             ps.step()
             if started is not None and step == steps // 3:
                 started.set()
@@ -60,28 +67,13 @@ def _train(address: str, rank: int, workers: int, steps: int, started: threading
 
 
 def _run(address: str, workers: int, steps: int = STEPS, started: threading.Event | None = None,
-         go: threading.Event | None = None) -> list[threading.Thread]:
-    threads = [threading.Thread(target=_train, args=(address, r, workers, steps, *((started, go) if r == 0 else ())),
+         go: threading.Event | None = None, pull: str = "", fragments: int = 1) -> list[threading.Thread]:
+    threads = [threading.Thread(target=_train, args=(address, r, workers, steps, *((started, go) if r == 0 else
+                                                                                 (None, None)), pull, fragments),
                                 daemon=True) for r in range(workers)]
     for t in threads:
         t.start()
     return threads
-
-
-def _same(a, b, path: str = "state") -> None:
-    """Every leaf of two state dicts equal, tensors bit for bit."""
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and torch.equal(a, b), f"{path} differs"
-    elif isinstance(a, dict):
-        assert set(a) == set(b), f"{path}: keys {sorted(a, key=str)} != {sorted(b, key=str)}"
-        for k in a:
-            _same(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), f"{path}: lengths differ"
-        for i, (x, y) in enumerate(zip(a, b)):
-            _same(x, y, f"{path}[{i}]")
-    else:
-        assert a == b, f"{path}: {a!r} != {b!r}"
 
 
 @pytest.mark.parametrize("mode,workers,optimizer,drop", [("sync", 2, "sgd", 0), ("async", 2, "adam", 0),
@@ -98,18 +90,24 @@ def test_a_backup_holds_exactly_the_primary_state(mode, workers, optimizer, drop
         assert ours["version"] > 0 and ours["backups"] == [backup.address]
         assert theirs["role"] == "backup" and theirs["version"] == ours["version"]
         assert theirs["dropped"] == ours["dropped"] and (sum(ours["dropped"].values()) > 0) == (drop > 0)
-        _same(primary.service.state_dict(), backup.service.state_dict())
+        assert_same_state(primary.service.state_dict(), backup.service.state_dict())
     finally:
         for s in (primary, backup):
             s.stop()
 
 
-def test_a_backup_that_joins_while_workers_push_catches_up_from_the_state():
+@pytest.mark.parametrize("pull,fragments", [("", 1), ("randomk:0.1", 1), ("", 2)])
+def test_a_backup_that_joins_while_workers_push_catches_up_from_the_state(pull, fragments):
+    """pull: compressed pulls, whose per-worker copies (mirror, number, random-k's stream) travel with the
+    state; without them the backup would refuse the workers' next pull as from an unknown copy, and miss
+    the push that came with it. fragments: streaming DiLoCo, whose per-fragment outer optimizers (not in a
+    checkpoint) travel with the state too; without them the backup would step each fragment's momentum
+    from zero."""
     primary = _shard("sync", workers=2)
     started, go = threading.Event(), threading.Event()
     backup = None
     try:
-        threads = _run(primary.address, 2, steps=60, started=started, go=go)
+        threads = _run(primary.address, 2, steps=60, started=started, go=go, pull=pull, fragments=fragments)
         assert started.wait(60)  # worker 0 waits at its step 20, worker 1 in the barrier, its pull pending
         backup = _shard("sync", workers=2, backup_of=primary.address)
         _wait(lambda: primary.service.replicas.joining or primary.service.replicas.backups)
@@ -118,7 +116,11 @@ def test_a_backup_that_joins_while_workers_push_catches_up_from_the_state():
             t.join(60)
         ours, theirs = primary.join(30), backup.join(30)
         assert theirs["role"] == "backup" and 0 < theirs["version"] == ours["version"] == 60
-        _same(primary.service.state_dict(), backup.service.state_dict())
+        assert theirs["errors"] == ours["errors"] == 0, (theirs["errors"], ours["errors"])
+        assert_same_state(primary.service.state_dict(), backup.service.state_dict())
+        assert_same_state(primary.service.pulls.state_dict(), backup.service.pulls.state_dict(), "pulls")
+        assert_same_state(primary.service.fragments.state_dict(), backup.service.fragments.state_dict(), "fragments")
+        assert len(primary.service.fragments.state_dict()["fragments"]) == (fragments if fragments > 1 else 0)
     finally:
         for s in (primary, backup):
             if s is not None:
