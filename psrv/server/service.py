@@ -253,7 +253,7 @@ class ShardService(ShardPersistence, ShardReplication):
     def _on_hello(self, peer, msg: Message) -> None:
         _, size = validate.hello(self.cfg, msg)
         model = validate.model(msg)
-        pull = self.pulls.check(msg.worker, msg.fields.get("pull"), size)  # compressed pulls' settings
+        pull_copy = self.pulls.check(msg.worker, msg.fields.get("pull"), size)  # compressed pulls' settings
         heard = msg.worker in self.liveness.last_seen
         try:  # rank 0's plan is the shard's; another rank's model is refused by its rank (psrv/server/plans.py)
             settled = self.plans.hello(msg.worker, model, heard=heard,
@@ -268,13 +268,13 @@ class ShardService(ShardPersistence, ShardReplication):
             self.shard = Shard(size, self.cfg.optimizer, device=self.cfg.device, weights=weights)
         self.plan_hash = self.plans.hash
         for worker, refusal in settled.expelled.items():  # welcomed on another plan than rank 0's: refused now
-            for pull in [p for p in self.pending if p.worker == worker]:
-                for waiting in pull.peers:
-                    self._refuse(waiting, pull.seq, refusal)
+            for pending in [p for p in self.pending if p.worker == worker]:
+                for waiting in pending.peers:
+                    self._refuse(waiting, pending.seq, refusal)
             self.pending.drop(worker)
             self._drop_misfit(worker)
         self._claim(msg)
-        self.pulls.greet(msg.worker, pull)  # whatever copy it held is forgotten: its next pull is dense
+        self.pulls.greet(msg.worker, pull_copy)  # whatever copy it held is forgotten: its next pull is dense
         self.pending.drop(msg.worker)  # a restarted worker's old pulls
         self.chunks.forget(msg.worker)  # and its half-sent push
         self.held.drop(msg.worker)  # and the pushes it sent while another push was half applied
