@@ -16,7 +16,7 @@ from psrv.config import OptimConfig, ServerConfig
 from psrv.partition import ParamSpec, PartitionPlan
 from psrv.server.service import ShardService
 from psrv.transport import ClientTransport, create_client, create_server
-from tests.helpers import psrv_run
+from tests.threaded_run import threaded_run
 
 TIMEOUT = 3.0
 
@@ -92,8 +92,9 @@ def test_crashed_worker_rejoins_with_its_rank_from_the_current_weights(procs, tm
 @pytest.mark.timeout(240)
 def test_backup_workers_do_not_wait_for_a_straggler(tmp_path):
     """sync, 3 workers, --backup-workers 1, worker 2 four times slower: each clock is applied once
-    the first 2 gradients are in; the straggler's late ones are dropped and counted."""
-    s = psrv_run(tmp_path / "run", "--mode", "sync", "--servers", "1", "--workers", "3", "--backup-workers", "1",
+    the first 2 gradients are in; the straggler's late ones are dropped and counted. What the run
+    counts, not its processes: the run `psrv run` makes of these options, in threads of this process."""
+    s = threaded_run(tmp_path / "run", "--mode", "sync", "--servers", "1", "--workers", "3", "--backup-workers", "1",
                  "--straggler", "2:4", "--compute-ms", "15", "--steps", "30")
     assert s["pushes"] == 90 and s["dropped"] > 0 and s["updates_applied"] >= 30
     assert s["final_loss"] < s["initial_loss"]
