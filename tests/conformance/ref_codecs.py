@@ -41,10 +41,6 @@ def covered(slice_lo: int, slice_hi: int, sizes: list[int], min_numel: int) -> t
     return mask
 
 
-def _blocks(x: torch.Tensor) -> list[slice]:
-    return [slice(i, min(i + BLOCK, x.numel())) for i in range(0, x.numel(), BLOCK)]
-
-
 def received(name: str, x: torch.Tensor, cover: torch.Tensor, *, ratio: float, draw: torch.Generator | None,
              sign_scale: str = "l1") -> tuple[torch.Tensor, torch.Tensor | None]:
     """(what the shard decodes for the slice x (float32): the codec on the covered elements, x exactly on
@@ -61,19 +57,24 @@ def received(name: str, x: torch.Tensor, cover: torch.Tensor, *, ratio: float, d
         out[among] = 0.0
         out[chosen] = x[chosen]
         return out, chosen
-    for b in _blocks(x):
-        xb, cb = x[b], cover[b]
-        if not cb.any():
-            continue
-        mags = xb[cb].abs()
-        if name == "sign":
-            scale = mags.square().mean().sqrt() if sign_scale == "l2" else mags.mean()
-            value = torch.where(xb >= 0, 1.0, -1.0) * scale
-        elif name == "int8":
-            s = mags.max() / 127
-            s = torch.where(s == 0, torch.ones_like(s), s)
-            value = torch.round(xb / s).clamp(-127, 127) * s
-        else:
-            raise ValueError(name)
-        out[b] = torch.where(cb, value, xb)
-    return out, None
+    # Block by block, all blocks at once: the slice padded to whole blocks, one row each; an element
+    # not covered (or padding) takes no part in its block's scale and is received exactly.
+    n = x.numel()
+    rows = -(-n // BLOCK)
+    xb = torch.zeros(rows * BLOCK, dtype=x.dtype)
+    cb = torch.zeros(rows * BLOCK, dtype=torch.bool)
+    xb[:n], cb[:n] = x, cover
+    xb, cb = xb.view(rows, BLOCK), cb.view(rows, BLOCK)
+    mags = torch.where(cb, xb.abs(), 0.0)
+    count = cb.sum(1, keepdim=True)
+    if name == "sign":
+        scale = (mags.square().sum(1, keepdim=True) / count).sqrt() if sign_scale == "l2" else \
+            mags.sum(1, keepdim=True) / count
+        value = torch.where(xb >= 0, 1.0, -1.0) * scale
+    elif name == "int8":
+        s = mags.amax(1, keepdim=True) / 127
+        s = torch.where(s == 0, torch.ones_like(s), s)
+        value = torch.round(xb / s).clamp(-127, 127) * s
+    else:
+        raise ValueError(name)
+    return torch.where(cb, value, xb).view(-1)[:n].clone(), None
