@@ -7,6 +7,11 @@
 #   sudo deploy/netns/cluster.sh exec I CMD... # run CMD on host I
 #   sudo deploy/netns/cluster.sh down          # remove everything `up` made
 #
+# Each host gets its own /etc/hosts naming every emulated address, as IPv4 and as IPv4-mapped IPv6,
+# and a resolv.conf whose nameserver (127.0.0.1, none there) fails at once (/etc/netns/NAME/, which
+# `ip netns exec` mounts over /etc/): the hosts reach no DNS server, and a reverse lookup of a peer's
+# address (gloo's rendezvous makes one per connection) waited 10 s for the resolver each time.
+#
 # Idempotent: `up` again adds missing hosts and resets the caps. Needs root, iproute2 and, for
 # RATE, the tbf qdisc (netem is not required). docs/deploy.md walks through a run on it.
 set -euo pipefail
@@ -74,11 +79,26 @@ up() {
     ip -n "$ns" link set eth0 up
     ip -n "$ns" route replace default via "$PREFIX.1"
     set_cap "$ns" "$rate"
+    write_hosts "$ns" "$k"
     echo "$ns $PREFIX.$((10 + i))${rate:+ egress $rate}"
   done
 }
 
 # Cap namespace $1's egress at RATE $2 with tbf, or remove its cap when $2 is empty.
+write_hosts() {
+  local ns=$1 k=$2 j
+  mkdir -p "/etc/netns/$ns"
+  {
+    cat /etc/hosts
+    echo "$PREFIX.1 ${NS_PREFIX}bridge"
+    for ((j = 0; j < k; j++)); do
+      echo "$PREFIX.$((10 + j)) $(ns_name "$j")"
+      echo "::ffff:$PREFIX.$((10 + j)) $(ns_name "$j")"
+    done
+  } >"/etc/netns/$ns/hosts"
+  echo "nameserver 127.0.0.1" >"/etc/netns/$ns/resolv.conf"
+}
+
 set_cap() {
   local ns=$1 rate=${2:-}
   if [[ -n $rate ]]; then
@@ -103,6 +123,8 @@ down() {
   for ns in $(ip netns list | awk '{print $1}' | grep -E "^${NS_PREFIX}[0-9]+$" || true); do
     ip netns del "$ns"  # takes its end of the veth pair, and so the pair, with it
   done
+  rm -rf /etc/netns/"$NS_PREFIX"[0-9]*  # the hosts and resolv.conf files `up` wrote
+  rmdir /etc/netns 2>/dev/null || true  # (if nothing else is there)
   for link in $(ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1 | grep -E '^psrv-[vp][0-9]+$' || true); do
     ip link del "$link" 2>/dev/null || true
   done

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tests.helpers import psrv_run
+from tests.threaded_run import threaded_run
 
 JOB = '''"""A small BatchNorm classifier on seeded data."""
 import torch
@@ -30,7 +31,9 @@ def test_sync_ps_and_ddp_end_with_the_same_parameters_and_buffers(tmp_path):
     (tmp_path / "bn_job.py").write_text(JOB)
     common = ("--workers", "2", "--job", f"{tmp_path / 'bn_job.py'}:make", "--steps", str(STEPS),
               "--batch-size", "16", "--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9", "--seed", "0")
-    psrv_run(tmp_path / "sync", "--mode", "sync", "--servers", "1", *common, timeout=100)
+    # DDP's ranks are a process group, so `psrv run` and its processes; sync PS, what DDP is held
+    # against, is the run `psrv run` makes of the same options in threads of this process.
+    threaded_run(tmp_path / "sync", "--mode", "sync", "--servers", "1", *common, timeout=100)
     psrv_run(tmp_path / "ddp", "--mode", "ddp", *common, timeout=100)
     ps, ddp = (torch.load(tmp_path / run / "model.pt") for run in ("sync", "ddp"))
     assert list(ps) == list(ddp) and "1.running_mean" in ps and "1.num_batches_tracked" in ps

@@ -46,7 +46,7 @@ def stats(address: str) -> dict:
 def test_killed_server_resumes_from_its_checkpoint_and_the_run_completes(procs, tmp_path):
     """psrv serve x2 (sync) + psrv worker x2; kill -9 shard 1 mid-run, restart it with --resume on
     the same port. Workers are paused around the kill only to read the exact version it died at."""
-    steps, ckpt = 200, tmp_path / "ckpt"
+    steps, ckpt = 100, tmp_path / "ckpt"  # the kill comes within the first checkpoints; the rest is the way to the end
     addresses = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
 
     def serve(i: int, *extra: str) -> subprocess.Popen:

@@ -85,14 +85,15 @@ def test_the_lock_dies_with_a_killed_run_and_its_processes_stop(tmp_path):
         # its processes stop with it (they would go on writing into the folder), and the lock goes with them
         _wait_for(lambda: not any(_alive(pid, started) for pid, started in children.items()),
                   "end of the killed run's processes", 30)
+        # one worker: what is tested is that the folder is free again and a run there completes
         again = run_in_session(psrv_argv("run", "--no-progress", "--log-level", "WARNING", "--mode", "async",
-                                         "--workers", "2", "--servers", "1", "--steps", "20", "--out", str(out)),
+                                         "--workers", "1", "--servers", "1", "--steps", "20", "--out", str(out)),
                                timeout=120)
         assert again.returncode == 0, again.stdout[-3000:]
     finally:
         _stop(first, children)
     summary = json.loads((out / "summary.json").read_text())
-    assert (summary["mode"], summary["pushes"], summary["complete"]) == ("async", 40, True), summary
+    assert (summary["mode"], summary["pushes"], summary["complete"]) == ("async", 20, True), summary
 
 
 @pytest.mark.timeout(240)

@@ -58,7 +58,9 @@ def test_a_killed_shard_comes_back_from_its_checkpoint_and_the_run_finishes(tmp_
 
 
 def test_without_checkpoints_a_killed_shard_ends_the_run_with_one_line(tmp_path):
-    cfg = _config(kill={"server": "0:20"}, job={"name": "digits_mlp", "steps": 400})
+    # one shard: its death ends the run whatever their number (the other tests here need two)
+    cfg = _config(kill={"server": "0:20"}, cluster={"servers": 1, "workers": 2},
+                  job={"name": "digits_mlp", "steps": 400})
     with pytest.raises(RunFailed) as failed:
         run_local(cfg, out=tmp_path, progress=False, timeout=180)
     line = str(failed.value)
