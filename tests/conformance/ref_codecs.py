@@ -42,6 +42,10 @@ def covered(slice_lo: int, slice_hi: int, sizes: list[int], min_numel: int) -> t
     return mask
 
 
+def _blocks(x: torch.Tensor) -> list[slice]:
+    return [slice(i, min(i + BLOCK, x.numel())) for i in range(0, x.numel(), BLOCK)]
+
+
 def received(name: str, x: torch.Tensor, cover: torch.Tensor, *, ratio: float, draw: torch.Generator | None,
              sign_scale: str = "l1") -> tuple[torch.Tensor, torch.Tensor | None]:
     """(what the shard decodes for the slice x (float32): the codec on the covered elements, x exactly on
