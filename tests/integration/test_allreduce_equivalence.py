@@ -48,6 +48,7 @@ def _case(mode: str, case: str) -> RunConfig:
 def runs(tmp_path_factory):
     """(case, mode) -> (run directory, summary): each all-reduce run on the real launch path; sync PS's
     in threads (its directory holds model.pt and params.pt, as psrv run's would; no summary)."""
+    # stays slow: each all-reduce baseline is a gloo process group, one process per rank
     root = tmp_path_factory.mktemp("equivalence")
     done = {}
     for case in MOMENTUM:

@@ -46,6 +46,8 @@ def stats(address: str) -> dict:
 def test_killed_server_resumes_from_its_checkpoint_and_the_run_completes(procs, tmp_path):
     """psrv serve x2 (sync) + psrv worker x2; kill -9 shard 1 mid-run, restart it with --resume on
     the same port. Workers are paused around the kill only to read the exact version it died at."""
+    # stays slow (5 processes: 2 servers, 2 workers, the restarted server): a kill -9 and a --resume are
+    # things that happen to processes, and the restart's torch import is part of what the workers ride out
     steps, ckpt = 100, tmp_path / "ckpt"  # the kill comes within the first checkpoints; the rest is the way to the end
     addresses = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
 

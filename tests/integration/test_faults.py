@@ -65,6 +65,8 @@ def test_killed_worker_leaves_the_barrier_and_the_others_finish(procs, tmp_path)
 def test_crashed_worker_rejoins_with_its_rank_from_the_current_weights(procs, tmp_path):
     """kill -9 worker 1 of 2 (sync), start `psrv worker --rank 1` again: it says HELLO, gets the
     open clock and the current weights, trains its steps, and the run ends with both."""
+    # stays slow: worker 0 must still be training while the replacement process starts (its torch import
+    # included), so the run is long enough to outlast a start-up on a loaded machine
     steps, again = 200, 15  # worker 0 is still training when the replacement has started up
     server, address = procs.server("server", "--workers", "2", "--mode", "sync", "--worker-timeout",
                                    str(TIMEOUT), "--out", str(tmp_path / "server.json"))
@@ -195,6 +197,8 @@ def test_drops_and_duplicates_change_nothing(mode, workers, chunk_mb):
     """Each push is applied exactly once through lost and duplicated requests and lost replies; with
     chunk_mb each shard's push of 205 floats goes in 4 chunks of 64, each chunk exactly once, and
     the weights are bit for bit those of whole pushes without faults (the same math, element by element)."""
+    # stays slow in sync: a lost request is re-sent after twice the round trip's recent time, which in sync
+    # includes the barrier's wait; that is the client's own retry rule, which this test must not change
     steps = 30
     clean, clean_stats, _ = train(mode, workers, steps, faulty=False)
     lossy, lossy_stats, injected = train(mode, workers, steps, faulty=True, chunk_mb=chunk_mb)

@@ -50,6 +50,7 @@ SIGNALS = ((1, signal.SIGINT, 130), (2, signal.SIGTERM, 143))  # (rank, signal, 
 def test_an_interrupted_worker_leaves_and_keeps_its_rows(procs, tmp_path):
     """One sync cluster, three workers: rank 1 gets SIGINT, then rank 2 SIGTERM (one run for both
     signals, not one each: each victim is checked on its own, and worker 0 goes on alone after both)."""
+    # stays slow (4 processes): a signal and what a process does with it need real processes
     server, address = procs.server("server", "--workers", "3", "--mode", "sync", "--worker-timeout", TIMEOUT,
                                    "--out", str(tmp_path / "server.json"), "--log-level", "WARNING")
     common = ("--servers", address, "--world-size", "3", "--steps", str(STEPS), "--compute-ms", "10",

@@ -109,6 +109,8 @@ def hosts(tmp_path):
 
 @pytest.mark.timeout(240)
 def test_capped_worker_host_communicates_slower(cluster, hosts, tmp_path):
+    # stays slow: each namespace is a host of its own, so every shard and worker is a process in it, and a
+    # push through the 200 Mbit/s cap takes over a second by construction
     shards = [f"tcp://{H0}:{5555 + i}" for i in range(2)]
     for i, address in enumerate(shards):
         hosts.start(0, f"server-{i}", "serve", "--bind", address, "--shard", str(i), "--num-shards", "2",
@@ -157,6 +159,7 @@ def test_psrv_run_on_capped_emulated_hosts(no_cluster, tmp_path):
     second, longer than the client's first probe (1 s), and yet no request is sent twice (a probe's
     answer queued behind the weights once made the client re-send every push); each process's bytes
     are measured at its own host's interface, at least what the client counted."""
+    # stays slow: the ~34 MB model through a 200 Mbit/s cap is the point (pushes longer than the first probe)
     from tests.helpers import psrv_run
     s = psrv_run(tmp_path / "ps", "--job", "synthetic_mlp", "--mode", "sync", "--workers", "2", "--servers", "1",
                  "--steps", "3", "--bandwidth", CAP, timeout=200)

@@ -63,6 +63,8 @@ def _wait_for(what: str, ready, hosts: Hosts, timeout: float) -> None:
 
 @pytest.mark.timeout(120)
 def test_a_worker_cut_off_by_the_network_ends_with_one_line_and_the_barrier_goes_on(three_hosts, tmp_path):
+    # stays slow: it waits out the cut-off worker's --request-timeout and the shard's --worker-timeout, the
+    # bounds it checks, with processes on three emulated hosts
     hosts, address = three_hosts, f"tcp://{H0}:5555"
     hosts.start(0, "server", "serve", "--bind", address, "--shard", "0", "--num-shards", "1", "--workers", "2",
                 "--mode", "sync", "--worker-timeout", str(WORKER_TIMEOUT),

@@ -74,6 +74,7 @@ def _settings(report: Path) -> list[str]:
 
 
 def test_experiment_under_slurm_equals_local(slurm_node, tmp_path):
+    # stays slow: every process is a real SLURM job step (the point), and the same spec runs locally beside it
     env = dict(slurm_node.env)
     watch = _StepWatch(env)
     started = time.monotonic()
