@@ -163,8 +163,11 @@ class RoundTrip:
         if self.chunky:  # every push or INIT payload of it answered: their transient memory may go
             self.net.idle()
         if self.payload and not self.resent:  # a decaying maximum: it follows a slower link at once and a
-            # faster one gradually; a round trip that re-sent is left out, or each loss would lengthen the next wait
-            self.c.recent_seconds = max(0.8 * self.c.recent_seconds, time.monotonic() - started)
+            # faster one gradually; a round trip that re-sent is left out, or each loss would lengthen the next wait.
+            # The time a shard held the request on purpose (`waited`: a sync barrier, the SSP bound) is not the
+            # link's: counted in, one slow clock made every later lost request wait seconds before its probe.
+            held = max((r.fields.get("waited", 0.0) for r in self.replies), default=0.0)
+            self.c.recent_seconds = max(0.8 * self.c.recent_seconds, time.monotonic() - started - held)
         return self.replies
 
     def _silence(self) -> str:

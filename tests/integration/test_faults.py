@@ -197,8 +197,6 @@ def test_drops_and_duplicates_change_nothing(mode, workers, chunk_mb):
     """Each push is applied exactly once through lost and duplicated requests and lost replies; with
     chunk_mb each shard's push of 205 floats goes in 4 chunks of 64, each chunk exactly once, and
     the weights are bit for bit those of whole pushes without faults (the same math, element by element)."""
-    # stays slow in sync: a lost request is re-sent after twice the round trip's recent time, which in sync
-    # includes the barrier's wait; that is the client's own retry rule, which this test must not change
     steps = 30
     clean, clean_stats, _ = train(mode, workers, steps, faulty=False)
     lossy, lossy_stats, injected = train(mode, workers, steps, faulty=True, chunk_mb=chunk_mb)
