@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from psrv.codecs import make
+from psrv.codecs import make, parse
 from psrv.codecs.pull import encode_pull, make_pull_codec
 from psrv.codecs.push import PushEncoder, dense_ranges
 from psrv.partition import PartitionPlan
@@ -50,7 +50,7 @@ def wire_bytes(worker, plan: PartitionPlan, *, seed: int = 0) -> WireBytes:
 def _pushes(worker, plan: PartitionPlan, grad: torch.Tensor, seed: int) -> tuple[float, ...]:
     codec = make(worker.compress, seed=seed)
     if codec is None:
-        dtype = CASTS[worker.compress or worker.wire_dtype]
+        dtype = CASTS[parse(worker.compress)[0] if worker.compress else worker.wire_dtype]  # fp16: float16
         return tuple(float(frame_bytes(Message(MsgType.PUSH_PULL, tensor=grad[lo:hi].to(dtype))))
                      for lo, hi in plan.ranges)
     encoder = PushEncoder(codec, plan, error_feedback=False, min_numel=worker.compress_min_numel)

@@ -37,12 +37,12 @@ def layout(codec: str, n: int) -> int:
             "float32": 4 * n, "bfloat16": 2 * n, "float16": 2 * n}[codec]
 
 
-@pytest.mark.parametrize("codec", ["topk:0.01", "randomk:0.05", "sign", "int8", "fp4", "bfloat16"])
+@pytest.mark.parametrize("codec", ["topk:0.01", "randomk:0.05", "sign", "int8", "fp4", "bfloat16", "fp16"])
 def test_push_and_pull_bytes_are_the_codecs_layout(plan, codec):
-    push_key = {"wire_dtype": codec} if codec == "bfloat16" else {"compress": codec}
+    push_key = {"wire_dtype": codec} if codec == "bfloat16" else {"compress": codec}  # fp16: the compress alias
     net = network(plan, compress_min_numel=0, compress_pull=codec, pull_resync=0, **push_key)
     for s, (lo, hi) in enumerate(plan.ranges):
-        payload = layout(codec, hi - lo)
+        payload = layout("float16" if codec == "fp16" else codec, hi - lo)
         assert 0 < net.push_bytes[s] - payload < HEADER
         assert 0 < net.reply_bytes[s] - payload < HEADER
 
