@@ -51,8 +51,8 @@ def fit(cfg: SimulationConfig, steps: list[dict[str, str]]) -> dict[str, float]:
     model_ms = max(0.0, 1000 * (statistics.fmean(undisturbed) + gap) - cfg.faults.compute_ms)
     from psrv.experiments.simulate.network import NetworkModel, job_plan
     plan, _ = job_plan(cfg.job.name, seed=cfg.seed, shards=cfg.cluster.servers)
-    network = NetworkModel.of(cfg.simulate, plan)
-    on_links = 2 * sum(network.transfer)  # a push and its reply, each crossing both links' bandwidth once
+    network = NetworkModel.of(cfg.simulate, plan, cfg.worker, seed=cfg.seed)
+    on_links = sum(network.push_transfer) + sum(network.reply_transfer)  # a push and its reply, each crossing both links' bandwidth once
     latency_ms = max(0.0, 1000 * (statistics.fmean(comm) - on_links) / 2)
     return {"model_ms": model_ms, "latency_ms": latency_ms}
 

@@ -40,12 +40,12 @@ class Recorded:
 class Cluster:
     def __init__(self, *, workers: int, shards: int, mode: str, staleness: int, backup_workers: int,
                  steps: int, local_steps: int, compute: list[list[float]], latency: float,
-                 transfer: tuple[float, ...], server_seconds: float, sample: int, batch_size: int,
+                 push_transfer: tuple[float, ...], reply_transfer: tuple[float, ...], server_seconds: float, sample: int, batch_size: int,
                  learner=None):
         self.n, self.s, self.steps, self.h = workers, shards, steps, local_steps
         self.controllers = [make_controller(mode, workers, staleness=staleness, backup_workers=backup_workers)
                             for _ in range(shards)]
-        self.compute, self.latency, self.transfer = compute, latency, transfer
+        self.compute, self.latency = compute, latency
         self.server_seconds, self.sample, self.batch_size = server_seconds, sample, batch_size
         self.learner = learner
         self.version = [0] * shards
@@ -62,7 +62,7 @@ class Cluster:
         self.pushed_at = [0.0] * workers
         self.step_stale = [0] * workers
         self.round_compute = [0.0] * workers
-        self.shards = [(tx, ctrl, waiting) for tx, ctrl, waiting in zip(transfer, self.controllers, self.waiting)]
+        self.shards = list(zip(push_transfer, reply_transfer, self.controllers, self.waiting))  # a push's and a reply's seconds on a link
         self.heap: list[tuple[float, int]] = []
         self.leaving: list[tuple[int, float]] = []             # workers done, their LEAVE not yet handled
         self.rec = Recorded(dropped=[0] * shards)
@@ -105,7 +105,7 @@ class Cluster:
         self.pushed_at[w], self.replies[w], self.held[w], self.reply_at[w] = t, self.s, 0.0, t
         self.step_stale[w] = 0
         sent = t
-        for s, (tx, ctrl, waiting) in enumerate(self.shards):
+        for s, (tx, rtx, ctrl, waiting) in enumerate(self.shards):
             start, sent = sent, sent + tx                       # the worker's link, one slice after another
             arrive = start + lat
             if in_free[s] > arrive:                             # the shard's link, first come first served
@@ -143,7 +143,7 @@ class Cluster:
                 bases[pw][s] = version[s]
                 if learner is not None:
                     learner.answered(s, pw)
-                out = (th if th > out_free[s] else out_free[s]) + tx
+                out = (th if th > out_free[s] else out_free[s]) + rtx
                 out_free[s] = out
                 if th - since > held[pw]:
                     held[pw] = th - since
@@ -160,7 +160,7 @@ class Cluster:
         """Answer every held pull of shard `s` the controller allows at `t`. pull_ready is monotone in
         the pull's clock for every controller, so the held pulls are kept by clock and the first one
         not ready ends the scan."""
-        tx, ctrl, waiting = self.shards[s]
+        _, rtx, ctrl, waiting = self.shards[s]
         lat, ready, gaps, version, learner = self.latency, ctrl.pull_ready, self.rec.clock_gap, self.version[s], self.learner
         held, reply_at, clocks, replies, out_free = self.held, self.reply_at, self.clock, self.replies, self.out_free
         while waiting and ready(waiting[0][1], waiting[0][0]):
@@ -169,7 +169,7 @@ class Cluster:
             self.base[w][s] = version
             if learner is not None:
                 learner.answered(s, w)
-            out = (t if t > out_free[s] else out_free[s]) + tx
+            out = (t if t > out_free[s] else out_free[s]) + rtx
             out_free[s] = out
             if t - since > held[w]:
                 held[w] = t - since

@@ -8,10 +8,12 @@ from psrv.config.base import default_of, leaves, section
 from psrv.config.sections import SimulateSettings
 
 # The settings of a run the simulator models (a key, or a section ending in '.'); the others (where
-# tensors live, the transport, the wire, timeouts, codecs, the all-reduce baselines) it does not:
+# tensors live, the transport, timeouts, error feedback's effect on learning, the all-reduce baselines) it does not:
 # `psrv simulate` has no option for them and refuses them set in a --config file.
 SIMULATED = ("mode", "staleness", "backup_workers", "seed", "cluster.servers", "cluster.workers", "job.",
-             "optimizer.", "worker.local_steps", "worker.inner_optimizer", "worker.inner_lr", "faults.compute_ms",
+             "optimizer.", "worker.local_steps", "worker.wire_dtype", "worker.compress", "worker.compress_min_numel",
+             "worker.compress_pull", "worker.pull_error_feedback", "worker.pull_resync", "worker.fragments",
+             "worker.outer_dtype", "worker.inner_optimizer", "worker.inner_lr", "faults.compute_ms",
              "faults.straggler", "faults.transient_stragglers", "simulate.")
 
 
@@ -41,6 +43,10 @@ class SimulationConfig(RunConfig):
         if self.simulate.level == "learning" and self.optimizer.name == "onebit_adam":
             raise ConfigError("simulate.level", "learning with onebit_adam (workers' momenta, compressed) is not "
                               "simulated; use level 'timing'")
+        w = self.worker
+        if self.simulate.level == "learning" and (w.compress or w.compress_pull or w.wire_dtype != "float32"):
+            raise ConfigError("simulate.level", "learning with compressed pushes or pulls (their loss of precision) "
+                              "is not simulated; use level 'timing', where they set the bytes")
         if self.simulate.level == "learning" and self.worker.local_updates:
             raise ConfigError("simulate.level", "learning with local steps (an inner optimizer per worker) is not "
                               "simulated; use level 'timing' or local_steps 1")

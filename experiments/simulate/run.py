@@ -19,7 +19,7 @@ def simulate(cfg: SimulationConfig, *, out: str | Path | None = None) -> dict:
     learning level, params.pt (the final flat weights)."""
     sim, n = cfg.simulate, cfg.cluster.workers
     plan, job = job_plan(cfg.job.name, seed=cfg.seed, shards=cfg.cluster.servers)
-    network = NetworkModel.of(sim, plan)
+    network = NetworkModel.of(sim, plan, cfg.worker, seed=cfg.seed)
     model = ComputeModel(sim, cfg.faults, seed=cfg.seed)
     started = time.perf_counter()
     compute = [model.times(w, cfg.job.steps) for w in range(n)]
@@ -28,8 +28,9 @@ def simulate(cfg: SimulationConfig, *, out: str | Path | None = None) -> dict:
         from psrv.experiments.simulate.learning import Learner
         learner = Learner(cfg, job, plan)
     cluster = Cluster(workers=n, shards=cfg.cluster.servers, mode=cfg.mode, staleness=cfg.staleness,
-                      backup_workers=cfg.backup_workers, steps=cfg.job.steps, local_steps=cfg.worker.local_steps,
-                      compute=compute, latency=network.latency, transfer=network.transfer,
+                      backup_workers=cfg.backup_workers, steps=cfg.job.steps, local_steps=pushes_every(cfg.worker),
+                      compute=compute, latency=network.latency, push_transfer=network.push_transfer,
+                      reply_transfer=network.reply_transfer,
                       server_seconds=sim.server_ms / 1000.0, sample=sim.sample_workers,
                       batch_size=cfg.job.batch_size, learner=learner)
     rec = cluster.run()
@@ -48,6 +49,12 @@ def simulate(cfg: SimulationConfig, *, out: str | Path | None = None) -> dict:
             import torch
             torch.save(learner.final_weights, Path(out) / "params.pt")
     return summary
+
+
+def pushes_every(worker) -> int:
+    """The steps between a worker's pushes: H with local steps, H/F under streaming DiLoCo's F fragments
+    (one fragment a push; its reply is not overlapped with the next steps here: the worker waits for it)."""
+    return worker.local_steps // worker.fragments
 
 
 def summarise(cfg: SimulationConfig, rec: Recorded, *, learner, plan_total: int, network: NetworkModel,
@@ -82,7 +89,8 @@ def summarise(cfg: SimulationConfig, rec: Recorded, *, learner, plan_total: int,
         "compute_seconds": rec.compute, "communication_seconds": rec.communication,
         "staleness_histogram": {str(k): v for k, v in sorted(rec.staleness.items())},
         "clock_gap_histogram": {str(k): v for k, v in sorted(rec.clock_gap.items())},
-        "parameters": plan_total, "message_bytes": list(network.shard_bytes),
+        "parameters": plan_total, "message_bytes": list(network.push_bytes),
+        "reply_bytes": list(network.reply_bytes),
         "sampled_workers": min(cfg.simulate.sample_workers, cfg.cluster.workers),
         "simulator_seconds": elapsed,
     }

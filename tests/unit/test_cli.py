@@ -45,13 +45,15 @@ SURFACE = {
                                "--tensorboard")),
     "top": ((), ("--interval", "--log-level", "--once", "--servers", "--timeout")),
     "simulate": ((), ("--backup-workers", "--bandwidth-gbps", "--batch-size", "--calibrate", "--clip-grad-norm",
+                      "--compress", "--compress-min-numel", "--compress-pull",
                       "--compute", "--compute-csv", "--compute-ms", "--config", "--dc-lambda", "--dn-period",
-                      "--eval-every", "--freeze-step", "--inner-lr", "--inner-optimizer", "--job", "--latency-ms", "--level",
+                      "--eval-every", "--fragments", "--freeze-step", "--inner-lr", "--inner-optimizer", "--job", "--latency-ms", "--level",
                       "--local-steps", "--log-level", "--lognormal-sigma", "--lr", "--lr-decay-steps",
                       "--lr-end-factor", "--lr-gamma", "--lr-schedule", "--lr-step-size", "--mode", "--model-ms",
-                      "--momentum", "--nesterov", "--optimizer", "--out", "--sample-workers", "--seed", "--server-ms",
+                      "--momentum", "--nesterov", "--no-pull-error-feedback", "--optimizer", "--out", "--outer-dtype",
+                      "--pull-resync", "--sample-workers", "--seed", "--server-ms",
                       "--servers", "--spec", "--staleness", "--steps", "--straggler", "--transient-stragglers", "--update-rule",
-                      "--warmup-steps", "--weight-decay", "--workers")),
+                      "--warmup-steps", "--weight-decay", "--wire-dtype", "--workers")),
 }
 
 
