@@ -125,6 +125,7 @@ def test_pairs(case):
 def test_rpc_pairs(case, tmp_path, monkeypatch):
     """torch RPC needs a process per member of its world: these run as `psrv run --transport rpc`, the
     shipped worker loop in its own processes, against the in-process run of the same case over zmq."""
+    # stays slow (seconds a case): one RPC world per process, each importing torch; 12 cases cover the pairs
     config = tmp_path / "config.json"
     config.write_text(json.dumps(to_dict(run_config(case))))
     out = tmp_path / "run"

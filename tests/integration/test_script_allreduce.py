@@ -38,6 +38,7 @@ def _rows(out: Path) -> list[dict]:
 
 @pytest.mark.timeout(300)
 def test_one_script_trains_to_the_same_weights_under_sync_ddp_and_zero1(tmp_path):
+    # stays slow (3 runs of psrv run, 7 processes): a user's script under each launcher is a process by nature
     summaries = {}
     for mode in ("sync", "ddp", "zero1"):
         servers = ("--servers", "1") if mode == "sync" else ()  # sync clips at its one server

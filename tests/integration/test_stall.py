@@ -60,6 +60,7 @@ def _the_line(err: str) -> str:
 
 @pytest.mark.timeout(240)
 def test_a_stopped_ddp_rank_ends_the_run_within_the_default_bound(tmp_path):
+    # stays slow: it waits out the default bound (a few times the slowest step, at least seconds), the thing it checks
     code, took, err = _stop_rank_partway(tmp_path, 1, "--mode", "ddp", "--workers", "2", "--steps", "100000",
                                          "--compute-ms", "5")
     line = _the_line(err)
