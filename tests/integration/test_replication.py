@@ -170,22 +170,29 @@ def _failover(mode: str, optimizer: str = "sgd", workers: int = 2, drop: int = 0
     final weights."""
     primary = _shard(mode, workers=workers, optimizer=optimizer, drop=drop)
     backup = _shard(mode, workers=workers, backup_of=primary.address, optimizer=optimizer, drop=drop)
+    took = _stop_one_midway(primary, backup, stop=primary, workers=workers)
+    assert took["role"] == "primary" and [f["epoch"] for f in took["failovers"]] == [1]
+    return took, _weights(backup)
+
+
+def _stop_one_midway(primary: psrv.Server, backup: psrv.Server, *, stop: psrv.Server, workers: int) -> dict:
+    """Workers train against `primary` (with `backup` following); `stop` (one of the two) stops at worker 0's
+    step 10, the workers finish, and the other's summary is returned."""
+    other = backup if stop is primary else primary
     started = threading.Event()
     try:
         _wait(lambda: _following(backup))
         threads = _run(primary.address, workers, started=started)
         assert started.wait(60)
-        primary.stop()
-        primary.join(30)
+        stop.stop()
+        stop.join(30)
         for t in threads:
             t.join(60)
             assert not t.is_alive()
-        took = backup.join(30)
+        return other.join(30)
     finally:
         for s in (primary, backup):
             s.stop()
-    assert took["role"] == "primary" and [f["epoch"] for f in took["failovers"]] == [1]
-    return took, _weights(backup)
 
 
 def _pause(server: psrv.Server, seconds: float) -> None:
@@ -244,20 +251,7 @@ def test_a_dead_backup_is_dropped_and_the_primary_goes_on_alone(monkeypatch):
     monkeypatch.setattr(replicas, "ACK_TIMEOUT", 0.5)
     primary = _shard("async", workers=2)
     backup = _shard("async", workers=2, backup_of=primary.address)
-    started = threading.Event()
-    try:
-        _wait(lambda: _following(backup))
-        threads = _run(primary.address, 2, started=started)
-        assert started.wait(60)
-        backup.stop()
-        backup.join(30)
-        for t in threads:
-            t.join(60)
-            assert not t.is_alive()
-        ours = primary.join(30)
-    finally:
-        for s in (primary, backup):
-            s.stop()
+    ours = _stop_one_midway(primary, backup, stop=backup, workers=2)
     assert ours["backups"] == [] and not ours["fenced"] and ours["updates_applied"] == 2 * STEPS
 
 
