@@ -106,9 +106,11 @@ def kept_runs(run: str | Path, wanted: RunConfig) -> list[Path]:
             if path.is_dir() and why_changed(path, wanted) is None]
 
 
-def default_out(spec_path: str | Path) -> Path:
-    """runs/<the spec file's name without .toml>: a copied spec never shares the original's folder."""
-    return Path("runs") / Path(spec_path).stem
+def default_out(spec_path: str | Path, profile: str | None = None) -> Path:
+    """runs/<the spec file's name without .toml>, and -PROFILE run as a profile: a copied spec never shares the
+    original's folder, nor a profile the spec's."""
+    stem = Path(spec_path).stem
+    return Path("runs") / (f"{stem}-{profile}" if profile else stem)
 
 
 def recorded_specs(out: str | Path) -> list[Path]:

@@ -48,7 +48,8 @@ def versions() -> dict[str, str]:
 
 
 def run_experiment(spec_path: str | Path, *, out: str | Path | None = None,
-                   tensorboard: str | Path | None = None, scheduler: str = "local") -> int:
+                   tensorboard: str | Path | None = None, scheduler: str = "local",
+                   profile: str | None = None) -> int:
     """Run (or resume) the experiment SPEC into `out`; 0 if every run finished, 1 if any failed.
 
     Runs go to DIR/<variant>/rep-<k>. A finished run whose stored config is the one the spec now asks for is
@@ -60,17 +61,20 @@ def run_experiment(spec_path: str | Path, *, out: str | Path | None = None,
     `tensorboard` (or the spec's key of that name): every finished run's TensorBoard events go to
     TB/<spec name>/<variant>/seed-<seed>, a run finished earlier included (it is not run again for them).
 
+    `profile` runs the spec as its [profiles.PROFILE] table says (experiments/spec.py `with_profile`), into
+    runs/<stem>-PROFILE by default.
+
     `scheduler` starts every run's processes (experiments/schedulers.py); it is not part of a run's config,
     so a run finished under another scheduler is reused.
     """
-    spec = load_spec(spec_path)
+    spec = load_spec(spec_path, profile)
     for variant in spec.variants:
         check_scheduler(scheduler, bandwidth=variant.config.network.bandwidth)
     if tensorboard is not None:  # the command line's folder over the spec's, in what every run stores
         spec = spec.with_settings(tensorboard=str(tensorboard))
     skipped = _absent_devices(spec, spec_path)
     chosen = out is not None
-    out = Path(out) if chosen else default_out(spec_path)
+    out = Path(out) if chosen else default_out(spec_path, profile)
     if (out / RUN_LOCK).exists() or (out / "config.json").exists():
         raise ValueError(f"{out} is a `psrv run`'s folder, not an experiment's; pass --out with another folder")
     with OwnedFolder(out, what="psrv experiment", lock=EXPERIMENT_LOCK, announce=False) as owned:

@@ -21,7 +21,8 @@ from psrv.config.base import setting
 RESERVED_NAMES = ("plots", "runs.csv", "summary.csv", "report.md")
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _RUN_KEYS = tuple(f.name for f in fields(RunConfig) if f.name != "seed")  # a spec gives seeds instead
-_TOP_KEYS = ("name", "description", "seeds", "target", "variants", *_RUN_KEYS)
+_TOP_KEYS = ("name", "description", "seeds", "target", "variants", "profiles", *_RUN_KEYS)
+_PROFILE_KEYS = ("description", "target", "only", "variant", *_RUN_KEYS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -232,9 +233,61 @@ def _with_script(where: str, cfg: RunConfig, given: Mapping[str, Any]) -> RunCon
     return cfg
 
 
-def spec_from_dict(raw: Mapping[str, Any]) -> ExperimentSpec:
-    """Build and validate a spec from parsed TOML (the layout docs/experiments.md describes)."""
+def profile_names(raw: Mapping[str, Any]) -> tuple[str, ...]:
+    """The names of a parsed spec's [profiles.NAME] tables."""
+    return tuple(_table("profiles", raw.get("profiles", {})))
+
+
+def with_profile(raw: Mapping[str, Any], profile: str) -> dict[str, Any]:
+    """The parsed spec `raw` as its [profiles.PROFILE] table says: the same variants on another job.
+
+    A profile gives run keys laid over the spec's own (job, optimizer, network, ...), a `target` in place of
+    the spec's, `only` (the variants it runs, by name; default all) and `variant.NAME` tables laid over that
+    variant's own keys. The result is named NAME-PROFILE, so its runs and report never pass for the spec's."""
+    where = f"profiles.{profile}"
+    profiles = _table("profiles", raw.get("profiles", {}))
+    if profile not in profiles:
+        names = ", ".join(profiles) or "none"
+        raise ConfigError("profiles", f"no profile {profile!r}; this spec's profiles: {names}")
+    table = dict(_table(where, profiles[profile]))
+    _check_keys(where, table, _PROFILE_KEYS)
+    variants = raw.get("variants")
+    if not isinstance(variants, list):
+        return dict(raw)  # spec_from_dict names the missing [[variants]]
+    names = [v.get("name") if isinstance(v, dict) else None for v in variants]
+    only = table.pop("only", None)
+    if only is not None:
+        if not isinstance(only, list) or not only or not all(isinstance(n, str) for n in only):
+            raise ConfigError(f"{where}.only", f"a list of variant names; got {only!r}")
+        for name in only:
+            if name not in names:
+                raise ConfigError(f"{where}.only", f"no variant {name!r} (give each variant a name); variants: "
+                                  f"{', '.join(str(n) for n in names)}")
+    per_variant = dict(_table(f"{where}.variant", table.pop("variant", {})))
+    for name in per_variant:
+        if name not in names:
+            raise ConfigError(f"{where}.variant.{name}", f"no variant of that name; variants: "
+                              f"{', '.join(str(n) for n in names)}")
+        _check_keys(f"{where}.variant.{name}", _table(f"{where}.variant.{name}", per_variant[name]), _RUN_KEYS)
+    out = {key: value for key, value in raw.items() if key not in ("profiles", "variants")}
+    out["name"] = f"{raw.get('name', '')}-{profile}"
+    description = table.pop("description", "")
+    if description:
+        out["description"] = description
+    if "target" in table:
+        out["target"] = table.pop("target")
+    out.update(merge({k: raw[k] for k in _RUN_KEYS if k in raw}, table))
+    out["variants"] = [merge(v, per_variant.get(n, {})) for v, n in zip(variants, names)
+                       if only is None or n in only]
+    return out
+
+
+def spec_from_dict(raw: Mapping[str, Any], profile: str | None = None) -> ExperimentSpec:
+    """Build and validate a spec from parsed TOML (the layout docs/experiments.md describes), as its
+    [profiles.PROFILE] table says where `profile` is given."""
     _check_keys("", raw, _TOP_KEYS)
+    if profile is not None:
+        raw = with_profile(raw, profile)
     for key, hint in (("name", "the experiment's name"), ("target", "a [target] table with eval_loss, "
                       "eval_accuracy, or metric and value"), ("variants", "[[variants]] tables, each with a mode")):
         if key not in raw:
@@ -262,8 +315,9 @@ def spec_from_dict(raw: Mapping[str, Any]) -> ExperimentSpec:
                           description=description)
 
 
-def load_spec(path: str | Path) -> ExperimentSpec:
-    """Read and validate a TOML spec; any mistake raises ConfigError (a ValueError) naming file and key."""
+def load_spec(path: str | Path, profile: str | None = None) -> ExperimentSpec:
+    """Read and validate a TOML spec (as its [profiles.PROFILE] says, where given); any mistake raises
+    ConfigError (a ValueError) naming file and key."""
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -272,6 +326,6 @@ def load_spec(path: str | Path) -> ExperimentSpec:
     except tomllib.TOMLDecodeError as err:
         raise ValueError(f"{path}: not valid TOML: {err}") from None
     try:
-        return spec_from_dict(raw)
+        return spec_from_dict(raw, profile)
     except ConfigError as err:
         raise err.within(str(path)) from None

@@ -22,6 +22,11 @@ def add(sub) -> None:
                    help="also write TensorBoard event files under DIR/<spec name>/<variant>/seed-<seed> (the "
                    "spec's key `tensorboard` says the same; this overrides it); a finished run gets its files "
                    "without being run again")
+    e.add_argument("--profile", default=None, metavar="NAME",
+                   help="run SPEC as its [profiles.NAME] table says: the same variants on another job (its keys "
+                   "laid over the spec's, its own target, `only` some variants); the results go to "
+                   "runs/<SPEC name>-NAME by default, e.g. --profile digits_cnn with "
+                   "experiments/specs/network.toml")
     scheduler_args(e)
     log_level(e, "WARNING")
 
@@ -35,10 +40,12 @@ def command(a: argparse.Namespace) -> int:
         from psrv.experiments.kubernetes import experiment_manifests, to_yaml
         from psrv.experiments.provenance import default_out
         from psrv.experiments.spec import load_spec
-        folder = (a.out or default_out(a.spec)).name
-        print(to_yaml(experiment_manifests(load_spec(a.spec), folder, kubernetes), kubernetes), end="")
+        folder = (a.out or default_out(a.spec, a.profile)).name
+        spec = load_spec(a.spec, a.profile)
+        print(to_yaml(experiment_manifests(spec, folder, kubernetes), kubernetes), end="")
         return 0
     from psrv.experiments.runner import run_experiment
     from psrv.process import interrupt_on_signals
     interrupt_on_signals()  # SIGTERM as Ctrl-C: the run in progress stops in order and keeps what ran
-    return run_experiment(a.spec, out=a.out, tensorboard=a.tensorboard, scheduler=a.scheduler)
+    return run_experiment(a.spec, out=a.out, tensorboard=a.tensorboard, scheduler=a.scheduler,
+                          profile=a.profile)

@@ -41,7 +41,7 @@ SURFACE = {
                  "--steps", "--straggler", "--tensorboard", "--transient-stragglers", "--transport", "--update-rule",
                  "--wait-barrier", "--warmup-steps", "--weight-decay", "--wire-dtype", "--worker-timeout",
                  "--workers")),
-    "experiment": (("spec",), ("--dry-run", "--image", "--log-level", "--namespace", "--out", "--pvc", "--scheduler",
+    "experiment": (("spec",), ("--dry-run", "--image", "--log-level", "--namespace", "--out", "--profile", "--pvc", "--scheduler",
                                "--tensorboard")),
     "top": ((), ("--interval", "--log-level", "--once", "--servers", "--timeout")),
     "simulate": ((), ("--backup-workers", "--bandwidth-gbps", "--batch-size", "--calibrate", "--clip-grad-norm",
