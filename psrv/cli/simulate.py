@@ -28,9 +28,16 @@ def add(sub) -> None:
     m.add_argument("--calibrate", action="store_true", help="first run the same setting for real (psrv run, in "
                    "DIR/real), take the job's compute and the message time from it, simulate it at the learning level "
                    "(DIR/simulated) and print how far apart they are (DIR/calibration.json)")
+    m.add_argument("--against", type=Path, metavar="RUN_DIR", help="simulate a real run made already (its "
+                   "config.json; a run on emulated hosts gives its bandwidth to every link), each step's compute one "
+                   "of its own steps, the latency --latency-ms, and print the steady samples/s of both: the "
+                   "simulator's byte model against a network-bound run (DIR/against.json). Of the other options only "
+                   "--latency-ms, --server-ms and --out go with it")
 
 
 def command(a: argparse.Namespace) -> int:
+    if a.against is not None:
+        return _against(a)
     if a.spec is not None:
         if given(a) or a.config or a.calibrate:
             raise ValueError("--spec: the spec holds the whole setting; give only --out with it")
@@ -53,4 +60,18 @@ def command(a: argparse.Namespace) -> int:
     print(format_summary(summary))
     print(f"wait_fraction  {summary['wait_fraction']:.4g}\nsimulated in   {summary['simulator_seconds']:.3g}s")
     print(f"\nwrote {a.out}/summary.json, steps.csv, evals.csv, config.json, plots (all simulated)")
+    return 0
+
+
+def _against(a: argparse.Namespace) -> int:
+    extra = {k for k in given(a).get("simulate", {}) if k not in ("latency_ms", "server_ms")}
+    if a.spec or a.config or a.calibrate or extra or set(given(a)) - {"simulate"}:
+        raise ValueError("--against: the run's config.json holds the setting; give only --latency-ms, "
+                         "--server-ms and --out with it")
+    import torch
+    torch.set_num_threads(1)
+    from psrv.experiments.simulate.against import against, format_against
+    result = against(a.against, out=a.out, **given(a).get("simulate", {}))
+    print(format_against(result))
+    print(f"\nwrote {a.out}/against.json and the simulated run")
     return 0

@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 
 from psrv.codecs.base import part
-from psrv.codecs.scale_blocks import ChunkedCodec, DenseDecoded, chunk_param, chunks, covered, expand, per_chunk
+from psrv.codecs.scale_blocks import (ChunkedCodec, DenseDecoded, chunk_param, chunks, covered, divide_chunks, per_chunk,
+                                      scale_chunks_)
 
 LEVELS = 7  # q in [-7, 7]
 
@@ -41,7 +42,7 @@ class Fp4(ChunkedCodec):
         x, _ = covered(x, among, self.chunk)
         scales = per_chunk(x.abs(), self.chunk, lambda rows: rows.amax(dim=1)) / LEVELS  # amax keeps a NaN
         scales = torch.where(scales == 0, 1.0, scales)
-        q = torch.round(x / expand(scales, self.chunk, n)).clamp_(-LEVELS, LEVELS)
+        q = torch.round(divide_chunks(x, scales, self.chunk)).clamp_(-LEVELS, LEVELS)
         q = torch.nan_to_num(q, nan=0.0)  # the non-finite scale already marks the push
         return {"q": pack(q), "scales": scales}
 
@@ -52,5 +53,5 @@ class Fp4(ChunkedCodec):
         scales = part(parts, "scales", torch.float32, chunks(n, chunk))
 
         def fill(out: torch.Tensor) -> None:
-            out.copy_(unpack(q, n).to(out.device)).mul_(expand(scales.to(out.device), chunk, n))
+            scale_chunks_(out.copy_(unpack(q, n).to(out.device)), scales.to(out.device), chunk)
         return DenseDecoded(fill, [scales])

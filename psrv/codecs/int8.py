@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 
 from psrv.codecs.base import part
-from psrv.codecs.scale_blocks import ChunkedCodec, DenseDecoded, chunk_param, chunks, covered, expand, per_chunk
+from psrv.codecs.scale_blocks import (ChunkedCodec, DenseDecoded, chunk_param, chunks, covered, divide_chunks, per_chunk,
+                                      scale_chunks_)
 
 
 class Int8(ChunkedCodec):
@@ -20,7 +21,7 @@ class Int8(ChunkedCodec):
         x, _ = covered(x, among, self.chunk)
         scales = per_chunk(x.abs(), self.chunk, lambda rows: rows.amax(dim=1)) / 127  # amax keeps a NaN
         scales = torch.where(scales == 0, 1.0, scales)  # an all-zero chunk; NaN and Inf stay as they are
-        q = torch.round(x / expand(scales, self.chunk, n)).clamp_(-127, 127).to(torch.int8)
+        q = torch.round(divide_chunks(x, scales, self.chunk)).clamp_(-127, 127).to(torch.int8)
         return {"q": q, "scales": scales}
 
     @staticmethod
@@ -30,5 +31,5 @@ class Int8(ChunkedCodec):
         scales = part(parts, "scales", torch.float32, chunks(n, chunk))
 
         def fill(out: torch.Tensor) -> None:
-            out.copy_(q.to(out.device)).mul_(expand(scales.to(out.device), chunk, n))
+            scale_chunks_(out.copy_(q.to(out.device)), scales.to(out.device), chunk)
         return DenseDecoded(fill, [scales])

@@ -20,10 +20,38 @@ def chunks(n: int, chunk: int) -> int:
 
 
 def per_chunk(x: torch.Tensor, chunk: int, reduce: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """reduce(rows) over x cut into rows of `chunk` elements, the last padded with zeros: one value per chunk."""
+    """reduce(rows) over x cut into rows of `chunk` elements, the last padded with zeros: one value per chunk.
+    Only a short last chunk is copied to pad it; the whole chunks are a view of x."""
     n = x.numel()
-    padded = torch.nn.functional.pad(x, (0, chunks(n, chunk) * chunk - n)).view(-1, chunk)
-    return reduce(padded)
+    whole = n // chunk * chunk
+    rows = reduce(x[:whole].view(-1, chunk))
+    if n == whole:
+        return rows
+    last = torch.nn.functional.pad(x[whole:], (0, chunk - (n - whole))).view(1, chunk)
+    return torch.cat([rows, reduce(last)])
+
+
+def scale_chunks_(out: torch.Tensor, scales: torch.Tensor, chunk: int) -> torch.Tensor:
+    """out *= its chunk's scale, element by element, in place: what multiplying by each scale repeated over its
+    chunk gives, without making that n-element expansion."""
+    n = out.numel()
+    whole = n // chunk * chunk
+    out[:whole].view(-1, chunk).mul_(scales[: whole // chunk, None])
+    if n > whole:
+        out[whole:].mul_(scales[whole // chunk])
+    return out
+
+
+def divide_chunks(x: torch.Tensor, scales: torch.Tensor, chunk: int) -> torch.Tensor:
+    """x / its chunk's scale, element by element (a new tensor): x divided by each scale repeated over
+    its chunk, without making that expansion."""
+    n = x.numel()
+    whole = n // chunk * chunk
+    out = torch.empty_like(x)
+    torch.div(x[:whole].view(-1, chunk), scales[: whole // chunk, None], out=out[:whole].view(-1, chunk))
+    if n > whole:
+        torch.div(x[whole:], scales[whole // chunk], out=out[whole:])
+    return out
 
 
 def covered(x: torch.Tensor, among: torch.Tensor | None, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,11 +67,6 @@ def covered(x: torch.Tensor, among: torch.Tensor | None, chunk: int) -> tuple[to
     keep = torch.zeros(n, dtype=torch.bool, device=x.device)
     keep[among] = True
     return torch.where(keep, x, 0.0), per_chunk(keep.to(torch.float32), chunk, lambda rows: rows.sum(dim=1))
-
-
-def expand(scales: torch.Tensor, chunk: int, n: int) -> torch.Tensor:
-    """Each chunk's scale repeated over its elements: n values."""
-    return scales.repeat_interleave(chunk)[:n] if n else scales[:0]
 
 
 def chunk_param(params: dict) -> int:

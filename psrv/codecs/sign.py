@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 from psrv.codecs.base import part
-from psrv.codecs.scale_blocks import CHUNK, ChunkedCodec, DenseDecoded, chunk_param, chunks, covered, expand, per_chunk
+from psrv.codecs.scale_blocks import (CHUNK, ChunkedCodec, DenseDecoded, chunk_param, chunks, covered, per_chunk,
+                                      scale_chunks_)
 
 
 SCALES = ("l2", "l1")
@@ -48,7 +49,24 @@ class Sign(ChunkedCodec):
         scales = part(parts, "scales", torch.float32, chunks(n, chunk))
 
         def fill(out: torch.Tensor) -> None:
-            signs = torch.from_numpy(np.unpackbits(bits.numpy(), count=n, bitorder="little"))
-            out.copy_(signs.to(out.device, torch.float32).mul_(2).sub_(1))  # 1 -> +1, 0 -> -1
-            out.mul_(expand(scales.to(out.device), chunk, n))
+            if out.device.type == "cpu":
+                unpack_signs(bits, n, out)
+            else:
+                out.copy_(unpack_signs(bits, n, torch.empty(n)))
+            scale_chunks_(out, scales.to(out.device), chunk)
         return DenseDecoded(fill, [scales])
+
+
+# byte b -> its 8 bits as +1.0 (set) or -1.0, least significant first (packbits' little bit order)
+_SIGNS = torch.from_numpy(np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1,
+                                        bitorder="little").astype(np.float32) * 2 - 1)
+
+
+def unpack_signs(bits: torch.Tensor, n: int, out: torch.Tensor) -> torch.Tensor:
+    """The n signs packed in `bits`, +1.0 or -1.0, written into `out` (float32, CPU): each byte looks up its
+    8 signs at once, one pass over out, not an unpacked byte per element first."""
+    whole = n // 8
+    torch.index_select(_SIGNS, 0, bits[:whole].long(), out=out[: whole * 8].view(whole, 8))
+    if n > whole * 8:
+        out[whole * 8:].copy_(_SIGNS[int(bits[whole])][: n - whole * 8])
+    return out

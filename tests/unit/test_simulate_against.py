@@ -1,0 +1,76 @@
+"""`psrv simulate --against RUN_DIR`: the simulator's prediction of a real run made already, from the run's own
+setting, compute and (on emulated hosts) bandwidth, with no latency fitted to the run."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from psrv.cli.main import main
+from psrv.experiments.collect import read_csv
+from psrv.experiments.simulate.against import gbps, simulation_of, steady_rate
+from tests.threaded_run import threaded_run
+
+
+def test_rates_read_as_tc_reads_them() -> None:
+    assert (gbps("200mbit"), gbps("1gbit"), gbps("500kbit")) == (0.2, 1.0, 0.0005)
+
+
+def test_the_steady_rate_leaves_each_worker_s_first_step_out() -> None:
+    rows = [{"worker": w, "wall_time": t, "batch_size": "32"} for w, t in
+            (("0", "1.0"), ("1", "2.0"), ("0", "3.0"), ("1", "4.0"), ("0", "6.0"))]
+    assert steady_rate(rows) == 3 * 32 / (6.0 - 2.0)  # from the slowest first step's end: 3 steps of 32 in 4 s
+    assert steady_rate(rows[:2]) is None  # first steps only
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("against") / "run"
+    threaded_run(out, "--job", "synthetic_mlp", "--mode", "sync", "--servers", "1", "--workers", "2", "--steps", "4",
+                 "--optimizer", "sgd", "--lr", "0.05", "--compress", "sign", "--compress-pull", "sign", timeout=120)
+    return out
+
+
+def _capped(run_dir: Path, tmp_path: Path, rate: str) -> Path:
+    """The same run's folder, its config saying it ran with each host's egress capped at `rate`."""
+    copy = tmp_path / f"run-{rate}"
+    shutil.copytree(run_dir, copy)
+    cfg = json.loads((copy / "config.json").read_text())
+    cfg["network"] = {"bandwidth": rate}
+    (copy / "config.json").write_text(json.dumps(cfg))
+    return copy
+
+
+def test_the_setting_is_the_run_s_own(run_dir: Path, tmp_path: Path) -> None:
+    cfg, dropped = simulation_of(_capped(run_dir, tmp_path, "200mbit"))
+    assert (cfg.mode, cfg.cluster.workers, cfg.job.name, cfg.job.steps) == ("sync", 2, "synthetic_mlp", 4)
+    assert (cfg.worker.compress, cfg.worker.compress_pull) == ("sign", "sign")
+    assert cfg.simulate.bandwidth_gbps == 0.2 and cfg.simulate.compute == "steps.csv"
+    assert cfg.simulate.level == "timing" and cfg.simulate.latency_ms == 0.1
+    assert "network.bandwidth" in dropped and cfg.network.bandwidth == ""
+
+
+def test_a_capped_run_is_predicted_slower_by_its_bytes(run_dir: Path, tmp_path: Path, capsys) -> None:
+    """The same steps on 10 Gbit/s links and on 200 Mbit/s ones: only the links differ, so the slower prediction
+    is the byte model's. Sign both ways moves about 2 x 1 MB a step per worker (8.4M parameters at a bit):
+    at 25 MB/s that is tens of ms a step, against well under one at 10 Gbit/s."""
+    fast = tmp_path / "fast"
+    assert main(["simulate", "--against", str(run_dir), "--out", str(fast)]) == 0
+    slow = tmp_path / "slow"
+    assert main(["simulate", "--against", str(_capped(run_dir, tmp_path, "200mbit")), "--out", str(slow)]) == 0
+    assert "steady samples/s: real" in capsys.readouterr().out
+    got = {name: json.loads((d / "against.json").read_text())["steady_samples_per_second"]
+           for name, d in (("fast", fast), ("slow", slow))}
+    assert got["fast"]["real"] == got["slow"]["real"] == steady_rate(read_csv(run_dir / "steps.csv"))
+    assert got["slow"]["simulated"] == steady_rate(read_csv(slow / "steps.csv"))
+    per_step = {k: 64 / v["simulated"] for k, v in got.items()}  # 2 workers x 32 samples
+    assert per_step["slow"] - per_step["fast"] > 0.02
+
+
+def test_other_options_are_refused_with_against(run_dir: Path, tmp_path: Path, capsys) -> None:
+    assert main(["simulate", "--against", str(run_dir), "--workers", "4", "--out", str(tmp_path / "x")]) == 2
+    assert "--against: the run's config.json holds the setting" in capsys.readouterr().err
+    assert main(["simulate", "--against", str(tmp_path), "--out", str(tmp_path / "y")]) == 2
+    assert "not a finished run's folder" in capsys.readouterr().err
