@@ -379,9 +379,6 @@ class WorkerSettings(Section):
                               "(one fragment every H/F inner steps)")
         if self.compress or self.wire_dtype != "float32":
             raise ConfigError("fragments", "pushes with outer_dtype; remove compress and wire_dtype")
-        if self.compress_pull:
-            raise ConfigError("fragments", "pulls each fragment's weights dense (a compressed pull is the change of "
-                              "the whole shard since the worker's copy); remove compress_pull")
 
 
 @dataclass(frozen=True, kw_only=True)

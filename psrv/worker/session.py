@@ -164,9 +164,6 @@ class Worker(RecordedWorker):
         self._flat = FlatModel(model, grads=False)  # the flat gradient is placed below
         self.plan = PartitionPlan.from_module(model, len(servers))
         pieces = Fragments(self.plan, fragments) if fragments > 1 else None  # ValueError: more than the tensors
-        if pieces is not None and compress_pull:
-            raise ValueError("fragments pull each fragment's weights dense (a compressed pull is the change of the "
-                             "whole shard since this worker's copy); leave compress_pull unset")
         self._readiness: ShardReadiness | None = None  # made after HELLO, which says the mode
         self._client = PSClient(servers, self.plan, worker=self.rank, world_size=self.world_size,
                                 transport=transport, timeout=timeout, curve_keys=curve_keys, wire_dtype=wire_dtype,
