@@ -134,3 +134,9 @@ def test_streaming_diloco_with_compressed_fragment_pulls_equals_the_reference_in
     assert torch.allclose(got, want, atol=1e-5, rtol=0), f"{(got - want).abs().max():.3g} from the reference"
     dense = reference_of(_longer({**case, "pull": "none", "ef": "on"}), nan=False).run().params
     assert (want - dense).abs().max() > 1e-4  # the comparison above would see dense pulls
+
+
+def test_a_backup_keeps_the_same_fragment_mirrors_as_its_primary():
+    """--replicas 1 on 3 shards: each backup answers the fragment pulls as its primary does and ends with its
+    state leaf by leaf, the copies' mirrors and which fragments they know included (check_backups)."""
+    check({**DEFAULT, "mode": "async", "replicas": 1, "shards": 3, "local": 2, "fragments": 2, "pull": "sign"})
