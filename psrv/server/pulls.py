@@ -58,7 +58,7 @@ class WorkerCopy:
     whole: bool = False              # ref mirrors the copy everywhere (a whole dense pull made it so)
     known: set = field(default_factory=set)    # fragments (their keys) whose part of ref mirrors the copy
     since: dict = field(default_factory=dict)  # per fragment: its compressed pulls since its last dense one
-    pieces: dict = field(default_factory=dict)  # per fragment: (its dense ranges, its covered positions)
+    pieces: dict = field(default_factory=dict)  # per fragment: its ranges sent exactly (gathered order)
 
     def lost_track(self) -> None:
         """Nothing of ref mirrors the worker's copy any more (a HELLO, a lost reply)."""
@@ -124,7 +124,8 @@ class PullCopies:
 
     def state_dict(self) -> dict:
         """The copies as plain data (settings, mirror, number, pulls since dense, a random codec's stream, which
-        fragments' parts the mirror knows and their pulls since dense) and the last number given: what a backup needs to answer the next pull as this shard would."""
+        fragments' parts the mirror knows and their pulls since dense) and the last number given: what a
+        backup needs to answer the next pull as this shard would."""
         copies = {}
         for worker, c in self.copies.items():
             generator = getattr(c.codec, "generator", None)
