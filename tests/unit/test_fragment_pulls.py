@@ -172,3 +172,42 @@ def test_after_a_hello_a_fragment_pull_is_dense_and_a_backup_answers_alike():
 def test_the_dense_ranges_within_a_fragment_are_in_its_gathered_coordinates():
     assert within([[0, 4], [10, 12], [20, 30]], ((2, 11), (20, 25))) == [[0, 2], [8, 14]]
     assert within([[0, 4]], ((5, 9),)) == []
+
+
+def test_a_lost_fragment_reply_is_answered_dense_on_the_retry_through_the_real_client():
+    """One async shard and a real PSClient in this thread (tests/inproc.py), streaming DiLoCo's fragment pushes
+    (StreamingOuter) with sign pulls: one WEIGHTS reply lost, the client's retry (same request) is applied
+    once and answered dense, the other fragment's next pull too, and the copy and the mirror stay equal bit
+    for bit."""
+    from psrv.config import OptimConfig, ServerConfig
+    from psrv.worker.streaming import StreamingOuter
+    from tests.inproc import InProcess
+    plan = PartitionPlan(PLAN.params, 1)
+    cluster = InProcess([ServerConfig(shard=0, num_shards=1, workers=1, mode="async",
+                                      optimizer=OptimConfig("sgd", lr=0.5))])
+    client = cluster.client(0, plan, compress_pull="sign", pull_resync=0, compress_min_numel=100, retry_interval=0.02)
+    welcome = client.hello()
+    params = torch.randn(N, generator=torch.Generator().manual_seed(1))
+    client.init(params.clone())
+    client.first_pull(welcome, out=params)
+    outer = StreamingOuter(client, params, params.clone(), Fragments(plan, 2))
+    service, send = cluster.services[0], cluster.services[0].transport.send
+    lost = []
+
+    def lose_one_weights_reply(peer, frames):
+        if not lost and outer.pushes == 3 and decode(frames).type is MsgType.WEIGHTS:
+            lost.append(frames)
+            return
+        send(peer, frames)
+    service.transport.send = lose_one_weights_reply
+    gen = torch.Generator().manual_seed(2)
+    for clock in range(6):
+        params.sub_(0.01 * torch.randn(N, generator=gen))  # the inner steps
+        dense = client.pull_view.dense_replies
+        outer.send(clock)
+        outer.merge()
+        # the lost one's retry comes dense, and the other fragment's next pull: the shard lost track of the copy
+        assert client.pull_view.dense_replies == dense + (clock in (3, 4))
+    assert lost and service.shard.version == 6  # the re-sent push was applied once
+    assert client.pull_view.compressed_replies == 4
+    assert torch.equal(client.pull_view.copy, service.pulls.copies[0].ref)
