@@ -9,8 +9,10 @@ the shard's size, once per shard when the model is built, and weighed as the sum
 - replies: the shard's range in float32, or with `compress_pull` the average pull: one dense in
   `pull_resync` (0: none), the others compressed with the shard's `pull_error_feedback` setting;
 - streaming DiLoCo (`fragments` F, `outer_dtype`): a push of one fragment, as `outer_dtype` encodes it, and
-  its reply, that fragment's weights in float32; the fragments differ in size, so each message is the
-  average over the F fragments (a push every H/F steps, experiments/simulate/run.py)."""
+  its reply, that fragment's weights in float32, or with `compress_pull` the average pull of the fragment
+  (one dense in `pull_resync` of its own pulls, the others its compressed change, small tensors exact as the
+  shard sends them, psrv/server/pulls.py); the fragments differ in size, so each message is the average over
+  the F fragments (a push every H/F steps, experiments/simulate/run.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -105,5 +107,20 @@ def _streaming(worker, plan: PartitionPlan, vector: torch.Tensor) -> WireBytes:
             else:
                 tensor = tensor.to(cast)
             push[s] += frame_bytes(Message(MsgType.PUSH_PULL, fields=fields, tensor=tensor, parts=parts))
-            reply[s] += frame_bytes(Message(MsgType.WEIGHTS, tensor=delta[a:b]))
+            reply[s] += _fragment_reply(worker, plan, frags, f, s, delta[a:b])
     return WireBytes(push=tuple(p / frags.count for p in push), reply=tuple(r / frags.count for r in reply))
+
+
+def _fragment_reply(worker, plan: PartitionPlan, frags, f: int, s: int, weights: torch.Tensor) -> float:
+    """The average reply to a pull of fragment f from shard s (`weights`: its piece there)."""
+    from psrv.server.pulls import within
+    dense = float(frame_bytes(Message(MsgType.WEIGHTS, tensor=weights)))
+    if not worker.compress_pull or not weights.numel():  # a fragment with no piece here: answered dense, empty
+        return dense
+    codec = make_pull_codec(worker.compress_pull, seed=0).for_shard(s)
+    ranges = within(dense_ranges(plan, s, worker.compress_min_numel), tuple(map(tuple, frags.shard_ranges(f, s))))
+    fields, parts = encode_pull(codec, torch.zeros_like(weights), weights, ef=worker.pull_error_feedback,
+                                dense=ranges, among=_covered(ranges, weights.numel()))
+    compressed = frame_bytes(Message(MsgType.WEIGHTS, fields={"view": 0, "pull_codec": fields}, parts=parts))
+    resync = worker.pull_resync
+    return compressed if resync == 0 else (dense + (resync - 1) * compressed) / resync

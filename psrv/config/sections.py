@@ -300,10 +300,10 @@ class WorkerSettings(Section):
     compress_min_numel: int = setting(1024, "with --compress, tensors of fewer elements (biases, norms) are "
                                       "pushed dense", minimum=0, metavar="N")
     compress_pull: str = setting("", "pull codec (the same names as --compress; docs/compression.md): each shard sends "
-                                 "the compressed change of its weights since this worker's copy, keeping the residual "
-                                 "per worker (one float32 copy of the shard each), so the copy drifts from the weights "
-                                 "by that residual only; tensors under --compress-min-numel travel exactly. '' : dense "
-                                 "pulls", check=_compress, metavar="CODEC")
+                                 "the compressed change of its weights since this worker's copy (with --fragments, of the "
+                                 "fragment's weights), keeping the residual per worker (one float32 copy of the shard "
+                                 "each), so the copy drifts from the weights by that residual only; tensors under "
+                                 "--compress-min-numel travel exactly. '' : dense pulls", check=_compress, metavar="CODEC")
     pull_error_feedback: bool = setting(True, "turn off the shards' error feedback of --compress-pull (default: "
                                         "what a pull left out rides with the next; off: it is lost until a resync)",
                                         flag="no-pull-error-feedback")
@@ -329,8 +329,9 @@ class WorkerSettings(Section):
                              "tensors split into F strided fragments (fragment f: tensors f, f+F, f+2F, ... in the "
                              "model's order) and one fragment is pushed every H/F inner steps, in turn, so each is "
                              "synced once per H steps; its answer is merged one inner step later, mixed half and "
-                             "half with the local weights, while the worker computes (1: plain DiLoCo, the whole "
-                             "model every H steps; docs/compression.md, \"Streaming DiLoCo\")", minimum=1,
+                             "half with the local weights, while the worker computes; --compress-pull compresses "
+                             "each fragment's answer (1: plain DiLoCo, the whole model every H steps; "
+                             "docs/compression.md, \"Streaming DiLoCo\")", minimum=1,
                              metavar="F")
     outer_dtype: str = setting("float32", "the pushed pseudo-gradients (outer gradients) on the wire: bfloat16, or "
                                "int8 / fp4 (a 4-bit integer, two per byte) with a float32 scale per 1024 elements "
@@ -379,9 +380,6 @@ class WorkerSettings(Section):
                               "(one fragment every H/F inner steps)")
         if self.compress or self.wire_dtype != "float32":
             raise ConfigError("fragments", "pushes with outer_dtype; remove compress and wire_dtype")
-        if self.compress_pull:
-            raise ConfigError("fragments", "pulls each fragment's weights dense (a compressed pull is the change of "
-                              "the whole shard since the worker's copy); remove compress_pull")
 
 
 @dataclass(frozen=True, kw_only=True)

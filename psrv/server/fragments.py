@@ -9,7 +9,9 @@ paper every fragment has its outer optimizer to itself, so an outer Nesterov mom
 when that fragment is synced, never on another's clock. A step gathers the fragment's weights into its
 Shard, steps it with the push (async, ssp: `apply`; sync: the clock's mean, `apply_accumulated`) and
 scatters them back; the shard's version counts every fragment step. The reply of a push_pull carries the
-fragment's weights only (`weights`), so a fragment push and its pull each move 1/F of the model.
+fragment's weights only (`weights`), or under compressed pulls their compressed change since the worker's
+copy of them (psrv/server/pulls.py `answer_fragment`), so a fragment push and its pull each move 1/F of the
+model.
 
 A fragment may have no piece in a shard: that shard gets an empty push, stepped as an empty update so its
 version moves with the others'. So that every shard decides alike on a non-finite push, the worker marks a

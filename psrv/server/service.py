@@ -416,15 +416,17 @@ class ShardService(ShardPersistence, ShardReplication):
         waited = self.now() - p.received
         self.stats.answered(waited=waited, gap=gap)
         # the weights, or under compressed pulls their change since the worker's copy: the version it brings it to
-        extra, tensor, parts, held = self.pulls.answer(p.worker, self.shard.weights, have=p.view, final=p.final)
-        if self.cfg.mode != "sync":  # a sync clock's mean has no one worker's pulled weights
-            self.shard.pulled(p.worker, held)
+        if p.fragment is None:
+            extra, tensor, parts, held = self.pulls.answer(p.worker, self.shard.weights, have=p.view, final=p.final)
+            if self.cfg.mode != "sync":  # a sync clock's mean has no one worker's pulled weights
+                self.shard.pulled(p.worker, held)
+        else:  # streaming DiLoCo: that fragment's weights, or their change since the worker's copy of them
+            extra, tensor, parts = self.pulls.answer_fragment(p.worker, self.shard.weights, p.fragment,
+                                                              have=p.view, final=p.final)
         fields = {"version": self.shard.version, "clock": self.controller.next_clock(p.worker),
                   "waited": waited, "gap": gap, **extra}
         if p.push is not None:
             fields["push"] = p.push
-        if p.fragment is not None:  # streaming DiLoCo: that fragment's weights, dense (compressed pulls refuse fragments)
-            tensor, parts = self.fragments.weights(self.shard, p.fragment), None
         for peer in p.peers:
             self._reply(peer, Message(MsgType.WEIGHTS, seq=p.seq, fields=fields, tensor=tensor, parts=parts))
 

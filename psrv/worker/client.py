@@ -167,7 +167,7 @@ class PSClient:
     def pull(self, *, clock: int, out: torch.Tensor, final: bool = False) -> Reply:
         """Weights for `clock` copied into `out`; blocks while the shard's controller holds them back."""
         fields = {"final": True} if final else {}
-        msgs = [self.message(MsgType.PULL, clock=clock, fields={**fields, **self._held(s)})
+        msgs = [self.message(MsgType.PULL, clock=clock, fields={**fields, **self.pull_fields(s)})
                 for s in range(len(self.ranges))]
         return self.receive_weights(out, lambda: self._round_trip(msgs))
 
@@ -183,7 +183,7 @@ class PSClient:
         why = (f"worker {self.worker}: rank 0 never sent the initial weights within {self.timeout:g}s "
                f"(is rank 0 running? {self.timeout_option} sets the bound)")
         self._seq += 1
-        msgs = [self.message(MsgType.PULL, clock=clock, fields=self._held(s)) for s in range(len(self.ranges))]
+        msgs = [self.message(MsgType.PULL, clock=clock, fields=self.pull_fields(s)) for s in range(len(self.ranges))]
         rt = RoundTrip(self, msgs, self._seq, self.timeout, limit=self.timeout, why=why)
         return self.receive_weights(out, rt.run)
 
@@ -220,10 +220,10 @@ class PSClient:
             rt.send(s)
         return rt
 
-    def finish_round(self, rt: RoundTrip) -> tuple[Reply, list[torch.Tensor]]:
-        """Wait for `rt`'s answers (send_round's): the Reply, and each shard's tensor as it came."""
+    def finish_round(self, rt: RoundTrip) -> tuple[Reply, list[Message]]:
+        """Wait for `rt`'s answers (send_round's): the Reply, and each shard's reply as it came."""
         replies = rt.run()
-        return self._summarise(replies, [r.fields.get("push", {}) for r in replies]), [r.tensor for r in replies]
+        return self._summarise(replies, [r.fields.get("push", {}) for r in replies]), replies
 
     def share(self, tensor: torch.Tensor) -> torch.Tensor:
         """`tensor`'s values where the transport sends them without a copy (shared memory: a shard on
@@ -323,8 +323,9 @@ class PSClient:
             fields["pull"] = self.pull_view.hello_fields(shard)
         return self.message(MsgType.HELLO, fields=fields)
 
-    def _held(self, shard: int) -> dict:
-        """The fields a pull from `shard` carries under compressed pulls: the copy this worker holds."""
+    def pull_fields(self, shard: int) -> dict:
+        """The fields a pull from `shard` carries under compressed pulls: the copy this worker holds (streaming
+        DiLoCo's fragment pulls carry them too)."""
         return {} if self.pull_view is None else self.pull_view.request(shard)
 
     def _pushes(self, mtype: MsgType, grad: torch.Tensor, clock: int, *, cast: bool = True) -> list[Message]:
@@ -348,7 +349,7 @@ class PSClient:
                              fields=self._pulling(mtype, s)) for s, (lo, hi) in enumerate(self.ranges)]
 
     def _pulling(self, mtype: MsgType, shard: int) -> dict:
-        return self._held(shard) if mtype is MsgType.PUSH_PULL else {}
+        return self.pull_fields(shard) if mtype is MsgType.PUSH_PULL else {}
 
     def fill_push(self, grad: torch.Tensor, shard: int, msg: Message) -> None:
         """Fill shard's push message from `grad` (PushPull's too, shard by shard): its slice of the wire

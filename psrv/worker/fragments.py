@@ -51,6 +51,10 @@ class Fragments:
         lo = self.plan.ranges[shard][0]
         return [[a - lo, b - lo] for a, b in self._shard[f][shard]]
 
+    def pieces(self, f: int, shard: int) -> Ranges:
+        """Fragment f's pieces in `shard`, as global [start, stop) ranges of the flat vector."""
+        return list(self._shard[f][shard])
+
     def gather(self, f: int, flat: torch.Tensor) -> torch.Tensor:
         """Fragment f's elements of `flat`, in order, as one new tensor."""
         return torch.cat([flat[a:b] for a, b in self.ranges[f]])

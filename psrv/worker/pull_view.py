@@ -5,7 +5,11 @@ The copy is a float32 buffer of the model's size beside the model (local steps m
 away from what was pulled, so the model cannot hold it): one more copy of the weights in memory. HELLO tells
 each shard the codec, error feedback, the resync period and the ranges of small tensors sent exactly;
 every pull says which copy this worker holds (the number the shard's last reply gave it, 0: none), so a
-shard that lost track (a reply lost on the way, a restart, a re-HELLO) answers dense."""
+shard that lost track (a reply lost on the way, a restart, a re-HELLO) answers dense.
+
+Streaming DiLoCo's fragment pulls (`take_fragment`) bring one fragment's part of the copy up to date: its
+elements in this shard, gathered in order, take the change (or the weights, when it comes dense), and go
+back to their places in the copy."""
 from __future__ import annotations
 
 import torch
@@ -66,3 +70,26 @@ class PullView:
         self.numbers[shard] = int(reply.fields.get("view", 0))
         if reply.tensor is None or reply.tensor.data_ptr() != out.data_ptr():
             out.copy_(mine, non_blocking=out.is_cuda)
+
+    def take_fragment(self, shard: int, reply: Message, pieces: list[tuple[int, int]]) -> torch.Tensor:
+        """Shard's reply to a fragment pull into the copy; `pieces`: the fragment's global [start, stop) ranges
+        in this shard, in order. Returns the fragment's new values there (a new tensor, gathered's layout)."""
+        mine = torch.cat([self.copy[a:b] for a, b in pieces]) if pieces else self.copy[:0].clone()
+        codec = reply.fields.get("pull_codec")
+        if codec is None:
+            if reply.tensor is None or reply.tensor.numel() != mine.numel():
+                got = None if reply.tensor is None else reply.tensor.numel()
+                raise RuntimeError(f"shard {shard} answered a fragment pull of {mine.numel()} elements with {got}")
+            mine.copy_(reply.tensor)
+            self.dense_replies += 1
+        else:
+            if self.numbers[shard] == 0 or reply.fields.get("view") is None:
+                raise RuntimeError(f"shard {shard} sent a compressed pull for a copy this worker does not hold")
+            decode_pull(codec, reply.parts or {}, mine.numel()).apply_to(mine)
+            self.compressed_replies += 1
+        self.numbers[shard] = int(reply.fields.get("view", 0))
+        at = 0
+        for a, b in pieces:
+            self.copy[a:b].copy_(mine[at:at + b - a])
+            at += b - a
+        return mine

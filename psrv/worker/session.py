@@ -104,7 +104,8 @@ class Worker(RecordedWorker):
     `compress_pull` (the same names; '' : dense pulls) has each shard send the compressed change of its weights
     since this worker's copy, the residual kept on the shard (off with `pull_error_feedback=False`), one pull in
     `pull_resync` dense (0: only on a reconnect or a restarted shard); the final pull is dense
-    (psrv/codecs/pull.py, docs/compression.md).
+    (psrv/codecs/pull.py, docs/compression.md). With `fragments`, each fragment's answer is the compressed
+    change of that fragment's weights, and the resync period counts each fragment's own pulls.
 
     `shared_memory` ('auto' or 'off') moves tensors through shared memory to shards on this host; `bulk`
     ('auto' or 'off') over a plain TCP connection to the others, where no `curve_keys` are given
@@ -164,9 +165,6 @@ class Worker(RecordedWorker):
         self._flat = FlatModel(model, grads=False)  # the flat gradient is placed below
         self.plan = PartitionPlan.from_module(model, len(servers))
         pieces = Fragments(self.plan, fragments) if fragments > 1 else None  # ValueError: more than the tensors
-        if pieces is not None and compress_pull:
-            raise ValueError("fragments pull each fragment's weights dense (a compressed pull is the change of the "
-                             "whole shard since this worker's copy); leave compress_pull unset")
         self._readiness: ShardReadiness | None = None  # made after HELLO, which says the mode
         self._client = PSClient(servers, self.plan, worker=self.rank, world_size=self.world_size,
                                 transport=transport, timeout=timeout, curve_keys=curve_keys, wire_dtype=wire_dtype,

@@ -16,6 +16,10 @@ the paper's mixing (its eq. for overlapped merges), α = 1/2: a plain replacemen
 the inner step taken meanwhile, and the paper finds mixing no worse with τ = 1. `outer_dtype` quantises Δ_f
 for the wire (bfloat16, or int8 / fp4 with a float32 scale per 1024 elements, psrv/codecs, no error
 feedback); the servers dequantise and average in float32.
+
+Under compressed pulls (`compress_pull`, psrv/worker/pull_view.py) θ'_global,f comes as the compressed change
+of f's weights since this worker's copy of them, with the residual kept on each shard (psrv/server/pulls.py):
+θ'_global,f is then f's part of the copy, brought up to date.
 """
 from __future__ import annotations
 
@@ -60,7 +64,8 @@ class StreamingOuter:
         marked = {} if finite(delta) else {"nonfinite": True}  # every shard refuses or drops it alike
         msgs = []
         for s, (a, b) in enumerate(frags.bounds[f]):
-            fields, tensor, parts = {"fragment": frags.shard_ranges(f, s), **marked}, delta[a:b].cpu(), None
+            fields = {"fragment": frags.shard_ranges(f, s), **marked, **self.client.pull_fields(s)}
+            tensor, parts = delta[a:b].cpu(), None
             if self.codec is not None and b > a:
                 parts = {k: v.detach().cpu().contiguous() for k, v in self.codec.encode(tensor, None).items()}
                 fields["codec"], tensor = {"name": self.codec.name, **self.codec.params(), "n": b - a}, None
@@ -74,9 +79,13 @@ class StreamingOuter:
     def merge(self) -> Reply:
         """Wait for the fragment in flight's answer and mix it into the model (module docstring)."""
         (f, rt), self._flight = self._flight, None
-        reply, tensors = self.client.finish_round(rt)
-        frags = self.fragments
-        fresh = torch.cat([t.to(self.params.device, torch.float32) for t in tensors])  # a copy: frames may be reused
+        reply, replies = self.client.finish_round(rt)
+        frags, view = self.fragments, self.client.pull_view
+        if view is None:  # a copy: frames may be reused
+            fresh = torch.cat([r.tensor.to(self.params.device, torch.float32) for r in replies])
+        else:
+            fresh = torch.cat([view.take_fragment(s, r, frags.pieces(f, s)) for s, r in enumerate(replies)])
+            fresh = fresh.to(self.params.device)
         local = frags.gather(f, self.params).mul_(MIX).add_(fresh, alpha=1 - MIX)
         frags.scatter(f, local, self.params)
         frags.scatter(f, fresh, self.pulled)

@@ -12,13 +12,17 @@ tests/conformance/cluster.py fixes.
   once its clock is stepped), and is merged at the worker's next step: local_f <- local_f / 2 + answer / 2,
   and the answer becomes f's base. Its push's staleness is what that step reports.
 - A refused push (--nonfinite reject) surfaces at that next step: the worker stops there.
+- Compressed pulls (DoubleSqueeze, Tang et al. 2019; DORE, Liu et al. 2020), per fragment: the answer is the
+  worker's copy of f brought to copy_f + C(w_f - r_f), per shard piece of f with the pulls' codec (small
+  tensors exactly), where r_f is the shards' mirror of that copy with error feedback and the fragment's
+  weights last sent without; every PULL_RESYNC-th pull of a fragment, counted per fragment, is dense.
 """
 from __future__ import annotations
 
 import torch
 from torch.nn.utils import vector_to_parameters
 
-from tests.conformance.ref_codecs import received
+from tests.conformance.ref_codecs import covered, received
 from tests.conformance.ref_optim import ServerMath
 from tests.conformance.reference import CAST, Expected, Reference, _Worker
 from tests.conformance.cluster import order
@@ -39,8 +43,11 @@ class StreamingReference(Reference):
                        for ix in self.index]  # each shard's piece of the fragment vector
         self.maths = [ServerMath(self.o, self.server.w[ix], workers=self.n, mode=self.mode) for ix in self.index]
         self.k = 0  # the shards' version: updates of any fragment
+        whole = covered(0, at, self.sizes, w.compress_min_numel)
+        self.cover = [whole[ix] for ix in self.index]  # the pulls' codec covers these elements of each fragment
         for wk in self.workers:
             wk.flight, wk.pushes, wk.refused_now = None, 0, False
+            wk.fragment_since = [0] * self.fragments  # compressed pulls of each fragment since its last dense one
 
     def weights(self) -> torch.Tensor:
         w = self.server.w.clone()
@@ -84,7 +91,24 @@ class StreamingReference(Reference):
         return f, out, True
 
     def _answer(self, wk: _Worker, f: int, staleness: int) -> None:
-        wk.flight = (f, self.maths[f].w.clone(), staleness, self.k)
+        wk.flight = (f, self._fragment_pull(wk, f), staleness, self.k)
+
+    def _fragment_pull(self, wk: _Worker, f: int) -> torch.Tensor:
+        """What the answer to wk's pull of fragment f brings: its weights, or the worker's copy of them brought
+        up to date by the compressed change (module docstring)."""
+        w, cfg, ix = self.maths[f].w, self.cfg.worker, self.index[f]
+        if not cfg.compress_pull or cfg.pull_resync and wk.fragment_since[f] + 1 >= cfg.pull_resync:
+            wk.ref[ix], wk.fragment_since[f] = w, 0
+            return w.clone()
+        name, _, ratio = cfg.compress_pull.partition(":")
+        copy, ref = wk.pulled[ix].clone(), wk.ref[ix]
+        for a, b in self.pieces[f]:
+            sent, _ = received(name, w[a:b] - ref[a:b], self.cover[f][a:b], ratio=float(ratio or 0), draw=None,
+                               sign_scale="l1")
+            copy[a:b] += sent
+        wk.ref[ix] = copy if cfg.pull_error_feedback else w
+        wk.fragment_since[f] += 1
+        return copy
 
     def _apply_fragment(self, f: int, g: torch.Tensor, *, worker: int | None, staleness: int, pushes: int) -> None:
         self.maths[f].step(g, worker=worker, staleness=staleness)

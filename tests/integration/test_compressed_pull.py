@@ -2,7 +2,9 @@
 fixed-order runs of its tiny job): top-k at ratio 1 gives the dense pulls' weights bit for bit under every
 mode; error feedback on both sides (the worker's push residual, the shard's pull residual) equals the
 single-process reference of DoubleSqueeze/DORE to 1e-5 in sync; the worker's copy is the shard's mirror
-bit for bit mid-run, and rank 0 ends on the shard's exact weights."""
+bit for bit mid-run, and rank 0 ends on the shard's exact weights. The same for streaming DiLoCo's fragment
+pulls: top-k at ratio 1 is dense bit for bit, and the system equals the streaming reference with compressed
+fragment pulls (tests/conformance/ref_streaming.py) to 1e-5 in sync."""
 from __future__ import annotations
 
 import pytest
@@ -14,6 +16,7 @@ from psrv.worker import Worker
 from tests.conformance import job as tiny
 from tests.conformance.axes import DEFAULT, run_config
 from tests.conformance.cluster import run
+from tests.conformance.ref_streaming import reference_of
 from tests.conformance.test_matrix import check
 
 
@@ -99,3 +102,41 @@ def test_an_outer_dtype_leaves_the_pulls_small_tensors_exact():
             assert (copy[:-bias] - weights[:-bias]).abs().max() > 0  # the rest by sign: a residual
         finally:
             ps.close()
+
+
+def _longer(case: dict, *, pull: str | None = None) -> RunConfig:
+    """A streaming DiLoCo case of the matrix run longer, with a larger outer lr, so that how its pulls were
+    compressed shows in the final weights far above 1e-5 (at the matrix's 4 steps it stays under)."""
+    tree = to_dict(run_config(case))
+    tree["job"]["steps"], tree["optimizer"]["lr"], tree["worker"]["inner_lr"] = 12, 0.5, 0.1
+    if pull is not None:
+        tree["worker"]["compress_pull"] = pull
+    return from_dict(RunConfig, tree)
+
+
+@pytest.mark.parametrize("mode, shards", [("sync", 1), ("async", 2), ("ssp", 1)])
+def test_fragment_pulls_of_topk_at_ratio_one_equal_dense_fragment_pulls_bit_for_bit(mode, shards):
+    case = {**DEFAULT, "mode": mode, "shards": shards, "local": 2, "fragments": 2, "outer": "int8"}
+    dense = run(_longer(case), nan=False).params
+    identity = run(_longer(case, pull="topk:1"), nan=False).params
+    assert torch.equal(identity, dense), f"{(identity - dense).abs().max():.3g} from dense fragment pulls"
+
+
+@pytest.mark.parametrize("pull, ef", [("sign", "on"), ("topk", "on"), ("sign", "off")])
+def test_streaming_diloco_with_compressed_fragment_pulls_equals_the_reference_in_sync(pull, ef):
+    """2 workers, 2 fragments pushed in turn, each fragment's pulls compressed with the shard's residual (its
+    third pull a resync): the system's weights equal the single-process reference's to 1e-5, where dense
+    pulls would end far from them."""
+    case = {**DEFAULT, "mode": "sync", "local": 2, "fragments": 2, "pull": pull, "ef": ef}
+    cfg = _longer(case)
+    got = run(cfg, nan=False).params
+    want = reference_of(cfg, nan=False).run().params
+    assert torch.allclose(got, want, atol=1e-5, rtol=0), f"{(got - want).abs().max():.3g} from the reference"
+    dense = reference_of(_longer({**case, "pull": "none", "ef": "on"}), nan=False).run().params
+    assert (want - dense).abs().max() > 1e-4  # the comparison above would see dense pulls
+
+
+def test_a_backup_keeps_the_same_fragment_mirrors_as_its_primary():
+    """--replicas 1 on 3 shards: each backup answers the fragment pulls as its primary does and ends with its
+    state leaf by leaf, the copies' mirrors and which fragments they know included (check_backups)."""
+    check({**DEFAULT, "mode": "async", "replicas": 1, "shards": 3, "local": 2, "fragments": 2, "pull": "sign"})

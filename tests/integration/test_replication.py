@@ -96,13 +96,13 @@ def test_a_backup_holds_exactly_the_primary_state(mode, workers, optimizer, drop
             s.stop()
 
 
-@pytest.mark.parametrize("pull,fragments", [("", 1), ("randomk:0.1", 1), ("", 2)])
+@pytest.mark.parametrize("pull,fragments", [("", 1), ("randomk:0.1", 1), ("", 2), ("randomk:0.1", 2)])
 def test_a_backup_that_joins_while_workers_push_catches_up_from_the_state(pull, fragments):
     """pull: compressed pulls, whose per-worker copies (mirror, number, random-k's stream) travel with the
     state; without them the backup would refuse the workers' next pull as from an unknown copy, and miss
     the push that came with it. fragments: streaming DiLoCo, whose per-fragment outer optimizers (not in a
     checkpoint) travel with the state too; without them the backup would step each fragment's momentum
-    from zero."""
+    from zero. Both: which fragments each mirror knows and their pulls since dense travel as well."""
     primary = _shard("sync", workers=2)
     started, go = threading.Event(), threading.Event()
     backup = None

@@ -1,6 +1,6 @@
 """psrv simulate's network model weighs each push and reply as the real system sends it: the codecs' parts
 (against their documented layouts and the real encoders), the compressed pulls' average with their dense
-resyncs, streaming DiLoCo's fragment pushes; and a bandwidth-bound run speeds up by the bytes it saves."""
+resyncs, streaming DiLoCo's fragment pushes and compressed fragment pulls; and a bandwidth-bound run speeds up by the bytes it saves."""
 import math
 
 import pytest
@@ -77,6 +77,22 @@ def test_streaming_diloco_pushes_one_fragment_of_the_model_each_push(plan):
     assert sum(quarter.push_bytes) == pytest.approx(body / 4, abs=SHARDS * HEADER)
     assert sum(quarter.reply_bytes) == pytest.approx(body / 4, abs=SHARDS * HEADER)
     assert sum(int8.push_bytes) == pytest.approx(plan.total / 4, abs=SHARDS * HEADER + 4 * 4 * SHARDS)
+
+
+@pytest.mark.parametrize("codec", ["sign", "int8", "topk:0.01"])
+def test_a_fragments_compressed_pull_is_its_codecs_layout_over_the_fragments_piece(plan, codec):
+    """A fragment pull from a shard sends the codec over that fragment's piece there; the reply is the
+    average over the F fragments, with one dense in pull_resync of each fragment's pulls."""
+    from psrv.worker.fragments import Fragments
+    pieces = [[b - a for a, b in bounds] for bounds in Fragments(plan, 4).bounds]  # per fragment, per shard
+    streaming = {"local_steps": 8, "fragments": 4, "compress_pull": codec, "compress_min_numel": 0}
+    net = network(plan, pull_resync=0, **streaming)
+    for s in range(SHARDS):
+        assert net.reply_bytes[s] == pytest.approx(sum(layout(codec, p[s]) for p in pieces) / 4, abs=HEADER)
+    dense = network(plan, local_steps=8, fragments=4).reply_bytes
+    every4 = network(plan, pull_resync=4, **streaming).reply_bytes
+    assert every4 == pytest.approx([(d + 3 * c) / 4 for d, c in zip(dense, net.reply_bytes)])
+    assert sum(net.reply_bytes) < sum(dense) / 3
 
 
 def run(**worker) -> dict:
