@@ -259,6 +259,9 @@ class ServeSettings(Section):
                              "(docs/reliability.md)", metavar="ADDRESS")
     curve_keys: str = setting("", "CURVE encryption, and admit only the clients whose public key is in DIR "
                               "(made by psrv keygen); enables CHECKPOINT and SHUTDOWN", metavar="DIR")
+    replicas: int = setting(0, "transport rpc only: the backups per shard (psrv serve --backup-of) in the job's "
+                            "RPC world, which is fixed when it forms; every server of the job says the same number "
+                            "(workers and backups read it at the rendezvous)", minimum=0, metavar="R")
 
 
 @dataclass(frozen=True, kw_only=True)

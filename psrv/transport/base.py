@@ -32,6 +32,12 @@ class ServerTransport(abc.ABC):
         shared memory: psrv/transport/shm.py); by default `tensor` itself."""
         return tensor
 
+    def link(self, address: str) -> "ClientTransport":
+        """A line from this shard to another replica of it at `address`, for the replication stream
+        (psrv/server/replicas.py, follower.py): a client transport whose one peer, shard 0, is that replica,
+        answering on its own server transport. A transport that cannot says so."""
+        raise NotImplementedError(f"{type(self).__name__} cannot link replicas of a shard")
+
     @abc.abstractmethod
     def close(self) -> None: ...
 
