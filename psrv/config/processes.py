@@ -112,10 +112,10 @@ def _backup(cfg: "ServerConfig") -> None:
     """A backup follows its primary on the shard's own transport, and keeps no checkpoint of its own (it would
     write the primary's file: one per shard) nor any CURVE keys (the replication link has none). Over torch RPC
     it joins its primary's world, which is fixed when it forms: it follows one address, a primary of its own
-    shard around the same rendezvous, and the world's size counts it (`replicas`)."""
-    if cfg.replicas and cfg.transport != "rpc":
-        raise ConfigError("replicas", "sizes a torch RPC world (transport rpc); a zmq backup joins its primary by "
-                                      "itself (psrv serve --backup-of): remove it")
+    shard around the same rendezvous, and the world's size counts it (`rpc_backups`)."""
+    if cfg.rpc_backups and cfg.transport != "rpc":
+        raise ConfigError("rpc_backups", "sizes a torch RPC world (transport rpc); a zmq backup joins its primary "
+                                         "by itself (psrv serve --backup-of): remove it")
     if not cfg.backup_of:
         return
     entries = [entry.strip() for entry in cfg.backup_of.split(",")]
@@ -149,8 +149,8 @@ def _rpc_backup(cfg: "ServerConfig", entries: list[str]) -> None:
         raise ConfigError("backup_of", f"a backup of shard {cfg.shard} follows rpc://HOST:PORT/server-{cfg.shard} "
                                        f"(shard is {cfg.shard}); got {entries[0]!r}")
     if cfg.bind.removeprefix("rpc://") != master:
-        raise ConfigError("bind", f"a backup joins its primary's RPC world: bind rpc://{master}, the rendezvous "
-                                  f"{entries[0]!r} names; got {cfg.bind!r}")
+        raise ConfigError("bind", f"a backup joins its primary's RPC world, around the rendezvous {entries[0]!r} "
+                                  f"names: bind rpc://{master} (psrv serve --rpc-master {master}); got {cfg.bind!r}")
 
 
 def _shallow(obj: Section, cls: type) -> dict[str, Any]:
@@ -296,9 +296,9 @@ class RunConfig(Trackers, Seeded, Consistency):
     def server_config(self, shard: int, *, bind: str) -> ServerConfig:
         """Shard `shard`'s config: this run's consistency, optimizer and server settings (over torch RPC, the
         backups per shard its world holds)."""
-        rpc_replicas = {"replicas": self.cluster.replicas} if self.cluster.transport == "rpc" else {}
+        rpc_backups = {"rpc_backups": self.cluster.replicas} if self.cluster.transport == "rpc" else {}
         return ServerConfig(shard=shard, num_shards=self.cluster.servers, workers=self.cluster.workers,
-                            bind=bind, optimizer=self.optimizer, **rpc_replicas, **_shallow(self, Consistency),
+                            bind=bind, optimizer=self.optimizer, **rpc_backups, **_shallow(self, Consistency),
                             **_shallow(self.cluster, Placement), **_shallow(self.server, ServerSettings))
 
     def worker_config(self, rank: int, *, servers: tuple[str, ...]) -> WorkerConfig:

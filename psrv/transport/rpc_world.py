@@ -3,7 +3,7 @@
 Server shards are ranks 0..S-1 ("server-<i>"), workers S..S+N-1 ("worker-<r>"), and with R replicas
 per shard their backups S+N.. ("backup-<i>-<j>", j = 1..R; psrv/server/follower.py); shard 0 hosts the
 rendezvous (a TCPStore) at the --rpc-master address and sets the world's shape there. A torch RPC world
-is fixed when it forms, so every member must know its size first: the servers are given R (`replicas`),
+is fixed when it forms, so every member must know its size first: the servers are given R (`psrv serve --rpc-backups`),
 and a worker or a backup reads it from the rendezvous before it joins (`place`); a backup claims its j
 there too, so `psrv serve --backup-of` needs no number of its own. Used by psrv.transport.torch_rpc only.
 """

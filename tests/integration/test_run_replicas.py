@@ -70,13 +70,13 @@ def test_replicas_refuse_what_they_do_not_support_in_one_line(more, message):
     ({"backup_of": "tcp://127.0.0.1:5555", "transport": "rpc", "bind": "rpc://127.0.0.1:5556"},
      "backup_of: with transport rpc: follow rpc://HOST:PORT/server-0"),
     ({"backup_of": "rpc://127.0.0.1:5555/server-0", "transport": "rpc", "bind": "rpc://127.0.0.1:5556"},
-     r"bind: a backup joins its primary's RPC world: bind rpc://127.0.0.1:5555"),
+     r"bind: a backup joins its primary's RPC world, .* bind rpc://127.0.0.1:5555 \(psrv serve --rpc-master"),
     ({"backup_of": "rpc://127.0.0.1:5555/server-1", "transport": "rpc", "bind": "rpc://127.0.0.1:5555",
       "num_shards": 2}, "backup_of: a backup of shard 0 follows rpc://HOST:PORT/server-0"),
     ({"backup_of": "rpc://127.0.0.1:5555/server-0,rpc://127.0.0.1:5555/server-0", "transport": "rpc",
       "bind": "rpc://127.0.0.1:5555"}, "backup_of: over transport rpc a backup follows one primary"),
     ({"backup_of": "rpc://127.0.0.1:5555/server-0"}, "backup_of: an rpc:// primary is followed over transport rpc"),
-    ({"replicas": 1}, "replicas: sizes a torch RPC world"),
+    ({"rpc_backups": 1}, "rpc_backups: sizes a torch RPC world"),
 ])
 def test_a_backup_refuses_what_it_cannot_follow_with_in_one_line(more, message):
     with pytest.raises(ConfigError, match=message):
