@@ -68,6 +68,11 @@ class ClientTransport(abc.ABC):
     def reconnect(self, shard: int) -> None:
         """Drop the connection to `shard` and its queued messages, and connect afresh."""
 
+    def replicas(self, shard: int) -> list[str]:
+        """The addresses of `shard`'s backups this transport knows without asking the shard (a fixed RPC world
+        names them); WELCOME tells the others. None by default."""
+        return []
+
     def redirect(self, shard: int, address: str) -> None:
         """Talk to `shard` at `address` from now on (another replica of it: psrv/server/replicas.py), on a
         fresh connection. A transport that cannot says so."""

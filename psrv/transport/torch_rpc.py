@@ -292,6 +292,11 @@ class RpcClient(ClientTransport):
     def reconnect(self, shard: int) -> None:
         """Nothing to do: TensorPipe keeps one pipe per peer and reports a lost peer on the future."""
 
+    def replicas(self, shard: int) -> list[str]:
+        """`shard`'s backups, named by the world's shape whether or not they follow their primary yet."""
+        w = self._world
+        return [w.address_of(w.name(w.backup_rank(shard, j))) for j in range(1, (w.replicas or 0) + 1)]
+
     def redirect(self, shard: int, address: str) -> None:
         """Send `shard`'s requests to the replica at `address` (rpc://HOST:PORT/backup-I-J, from WELCOME)."""
         self._servers[shard] = member_of(address)
