@@ -5,6 +5,8 @@ and returns a future; the loop's reply completes that future, so a deferred repl
 pull) is just a future completed later. The msgpack header travels as bytes and the tensor as a
 torch tensor (TensorPipe moves it without pickling); RPC pickles everything else, so this
 transport is for trusted networks only (docs/transports.md). Who is who: psrv.transport.rpc_world.
+A replicated shard's primary and backups talk the same way, each as the other's client (RpcLink, made
+by RpcServer.link), and a worker is redirected to a backup by its name in the world.
 """
 from __future__ import annotations
 
