@@ -154,7 +154,9 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
                 watch = StallWatch(cluster, names, out, fixed=cfg.allreduce.stall_timeout)
         else:
             servers = _start_servers(cluster, cfg, out, extra, restarts.shard_settings)
-            backups += start_backups(cfg, out, start_backup)  # --replicas: experiments/replication.py
+            rendezvous = servers[0][1].rsplit("/", 1)[0] if cfg.cluster.transport == "rpc" else ""  # rpc://HOST:PORT
+            backups += start_backups(cfg, out, start_backup,  # --replicas: experiments/replication.py
+                                     **({"bind": rendezvous} if rendezvous else {}))
             servers += [(name, "") for name in backups]
             start = start_torchrun_workers if launcher == "torchrun" else start_script_workers
             primaries = [(n, a) for n, a in servers if a]

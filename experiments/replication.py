@@ -2,7 +2,8 @@
 shard, started beside its primary, named backup-K-J (shard K, backup J), each writing DIR/backup-K-J.json.
 
 A dead primary is not restarted: its backup takes over (psrv/server/follower.py) and the run goes on, and a
-new backup is started in its place, which joins whichever replica took over. At the end, a shard whose
+new backup is started in its place, which joins whichever replica took over (not over torch RPC, whose world
+is fixed when it forms: the backups join it as backup-K-J, and the shard goes on with one replica fewer). At the end, a shard whose
 primary died has its record DIR/server-K.json written from the backup that took over, and summary.json's
 `replication` says how many replicas each shard had and every failover: when, which shard, the address of
 the new primary and the version it took over at (docs/reliability.md)."""
@@ -10,11 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from pathlib import Path
 from typing import Callable
 
 from psrv.atomic import write_json
 from psrv.config import RunConfig, ServerConfig
+
+log = logging.getLogger("psrv.run")
 
 
 def backup_names(cfg: RunConfig) -> list[tuple[int, str]]:
@@ -22,23 +26,29 @@ def backup_names(cfg: RunConfig) -> list[tuple[int, str]]:
     return [(k, f"backup-{k}-{j}") for k in range(cfg.cluster.servers) for j in range(1, cfg.cluster.replicas + 1)]
 
 
-def start_backups(cfg: RunConfig, out: Path, start: Callable[[str, int, ServerConfig, list[str]], None]) -> list[str]:
+def start_backups(cfg: RunConfig, out: Path, start: Callable[[str, int, ServerConfig, list[str]], None], *,
+                  bind: str = "tcp://127.0.0.1:0") -> list[str]:
     """Start every shard's backups: each follows the address in its primary's ready file (DIR/server-K.addr)
-    and announces its own in DIR/backup-K-J.addr; `start(name, shard, config, argv tail)` starts one."""
+    and announces its own in DIR/backup-K-J.addr; `start(name, shard, config, argv tail)` starts one. `bind`:
+    where a backup serves (over torch RPC the run's rendezvous, rpc://HOST:PORT, whose world it joins)."""
     names = []
     for shard, name in backup_names(cfg):
-        config = dataclasses.replace(cfg.server_config(shard, bind="tcp://127.0.0.1:0"),
-                                     backup_of=f"@{out / f'server-{shard}.addr'}")
+        config = dataclasses.replace(cfg.server_config(shard, bind=bind), backup_of=f"@{out / f'server-{shard}.addr'}")
         start(name, shard, config, ["--out", str(out / f"{name}.json"), "--ready-file", str(out / f"{name}.addr")])
         names.append(name)
     return names
 
 
 def start_replacement(cfg: RunConfig, out: Path, shard: int,
-                      start: Callable[[str, int, ServerConfig, list[str]], None], names: list[str]) -> str:
+                      start: Callable[[str, int, ServerConfig, list[str]], None], names: list[str]) -> str | None:
     """A backup in place of shard's dead primary, so the shard keeps cfg.cluster.replicas backups: it asks each
     of the shard's backups in turn until the one that took over sends it the state (`--backup-of` with
-    their ready files, comma-separated). Its name is appended to `names`, and returned."""
+    their ready files, comma-separated). Its name is appended to `names`, and returned. None over torch RPC,
+    whose world is fixed when it forms: the shard goes on with one replica fewer."""
+    if cfg.cluster.transport == "rpc":
+        log.warning("shard %d: its primary died; a torch RPC world takes no new member, so no backup replaces it "
+                    "(the shard goes on with one replica fewer)", shard)
+        return None
     taken = [n for n in names if n.startswith(f"backup-{shard}-")]
     name = f"backup-{shard}-{len(taken) + 1}"
     replicas = ",".join(f"@{out / f'{n}.addr'}" for n in taken)

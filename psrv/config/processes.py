@@ -109,20 +109,48 @@ def _allreduce_settings(run: RunConfig) -> None:
 
 
 def _backup(cfg: "ServerConfig") -> None:
-    """A backup follows its primary over zmq, and keeps no checkpoint of its own (it would write the primary's
-    file: one per shard) nor any CURVE keys (the replication link has none)."""
+    """A backup follows its primary on the shard's own transport, and keeps no checkpoint of its own (it would
+    write the primary's file: one per shard) nor any CURVE keys (the replication link has none). Over torch RPC
+    it joins its primary's world, which is fixed when it forms: it follows one address, a primary of its own
+    shard around the same rendezvous, and the world's size counts it (`rpc_backups`)."""
+    if cfg.rpc_backups and cfg.transport != "rpc":
+        raise ConfigError("rpc_backups", "sizes a torch RPC world (transport rpc); a zmq backup joins its primary "
+                                         "by itself (psrv serve --backup-of): remove it")
     if not cfg.backup_of:
         return
-    for entry in cfg.backup_of.split(","):  # several: a shard's replicas, whichever is its primary
-        problem = None if entry.strip().startswith("@") else address_problem(entry.strip())
+    entries = [entry.strip() for entry in cfg.backup_of.split(",")]
+    for entry in entries:  # several: a shard's replicas, whichever is its primary
+        problem = None if entry.startswith("@") else address_problem(entry)
         if problem:
             raise ConfigError("backup_of", problem)
-    for key, value, why in (("transport", cfg.transport != "zmq", "replication runs over zmq; use transport zmq"),
-                            ("checkpoint_dir", cfg.checkpoint_dir, "a backup keeps no checkpoint (it would write "
+    for key, value, why in (("checkpoint_dir", cfg.checkpoint_dir, "a backup keeps no checkpoint (it would write "
                              "its primary's file); remove it"),
                             ("curve_keys", cfg.curve_keys, "the replication link is not encrypted; remove it")):
         if value:
             raise ConfigError(key, f"with backup_of: {why}")
+    if cfg.transport == "rpc":
+        _rpc_backup(cfg, entries)
+    elif any(entry.startswith("rpc://") for entry in entries):
+        raise ConfigError("backup_of", "an rpc:// primary is followed over transport rpc: add transport rpc")
+
+
+def _rpc_backup(cfg: "ServerConfig", entries: list[str]) -> None:
+    """Over torch RPC a backup follows one primary, its own shard's, in the world its bind names."""
+    if len(entries) > 1:
+        raise ConfigError("backup_of", "over transport rpc a backup follows one primary (a torch RPC world takes no "
+                                       "replacement backup, which would follow several replicas)")
+    if entries[0].startswith("@"):  # a ready file: checked once read (psrv/server/run.py)
+        return
+    master, _, member = entries[0].removeprefix("rpc://").partition("/")
+    if not entries[0].startswith("rpc://"):
+        raise ConfigError("backup_of", f"with transport rpc: follow rpc://HOST:PORT/server-{cfg.shard}; "
+                                       f"got {entries[0]!r}")
+    if member != f"server-{cfg.shard}":
+        raise ConfigError("backup_of", f"a backup of shard {cfg.shard} follows rpc://HOST:PORT/server-{cfg.shard} "
+                                       f"(shard is {cfg.shard}); got {entries[0]!r}")
+    if cfg.bind.removeprefix("rpc://") != master:
+        raise ConfigError("bind", f"a backup joins its primary's RPC world, around the rendezvous {entries[0]!r} "
+                                  f"names: bind rpc://{master} (psrv serve --rpc-master {master}); got {cfg.bind!r}")
 
 
 def _shallow(obj: Section, cls: type) -> dict[str, Any]:
@@ -266,9 +294,11 @@ class RunConfig(Trackers, Seeded, Consistency):
         return self.mode not in MODES
 
     def server_config(self, shard: int, *, bind: str) -> ServerConfig:
-        """Shard `shard`'s config: this run's consistency, optimizer and server settings."""
+        """Shard `shard`'s config: this run's consistency, optimizer and server settings (over torch RPC, the
+        backups per shard its world holds)."""
+        rpc_backups = {"rpc_backups": self.cluster.replicas} if self.cluster.transport == "rpc" else {}
         return ServerConfig(shard=shard, num_shards=self.cluster.servers, workers=self.cluster.workers,
-                            bind=bind, optimizer=self.optimizer, **_shallow(self, Consistency),
+                            bind=bind, optimizer=self.optimizer, **rpc_backups, **_shallow(self, Consistency),
                             **_shallow(self.cluster, Placement), **_shallow(self.server, ServerSettings))
 
     def worker_config(self, rank: int, *, servers: tuple[str, ...]) -> WorkerConfig:
@@ -300,9 +330,6 @@ def _kills_and_recovery(run: RunConfig) -> None:
     if run.cluster.replicas:
         if run.is_allreduce:
             raise ConfigError("cluster.replicas", f"replicates shards; mode {run.mode!r} has none")
-        if run.cluster.transport != "zmq":
-            raise ConfigError("cluster.replicas", f"replication runs over zmq; transport "
-                              f"{run.cluster.transport!r} has none (use transport zmq)")
         if run.checkpoints.every:
             raise ConfigError("cluster.replicas", "and checkpoints.every are two ways to survive a dead shard; "
                               "give one (replicas lose nothing; checkpoints lose the clocks since the last)")

@@ -252,13 +252,18 @@ class ServeSettings(Section):
     checkpoint_every: float = setting(0.0, "seconds between checkpoints; 0: only at exit and on CHECKPOINT",
                                       minimum=0.0, metavar="SECONDS")
     resume: bool = setting(False, "restore the shard from --checkpoint-dir first")
-    backup_of: str = setting("", "serve as a backup of the shard served at ADDRESS (tcp://HOST:PORT, or @FILE: "
+    backup_of: str = setting("", "serve as a backup of the shard served at ADDRESS (tcp://HOST:PORT, with "
+                             "transport rpc rpc://HOST:PORT/server-K around this server's --rpc-master, or @FILE: "
                              "read from that server's --ready-file; several, comma-separated: the shard's replicas, "
                              "whichever is its primary): it takes the shard's state, then applies the same pushes "
                              "in the same order, and takes over when that primary falls silent "
                              "(docs/reliability.md)", metavar="ADDRESS")
     curve_keys: str = setting("", "CURVE encryption, and admit only the clients whose public key is in DIR "
                               "(made by psrv keygen); enables CHECKPOINT and SHUTDOWN", metavar="DIR")
+    rpc_backups: int = setting(0, "transport rpc only: the backups per shard (psrv serve --backup-of; psrv run "
+                               "--replicas) in the job's RPC world, which is fixed when it forms; every server of the "
+                               "job says the same number (workers and backups read it at the rendezvous)", minimum=0,
+                               metavar="R")
 
 
 @dataclass(frozen=True, kw_only=True)

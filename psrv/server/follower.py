@@ -21,7 +21,6 @@ import time
 from typing import Hashable
 
 from psrv.server import stream
-from psrv.transport import create_client
 
 log = logging.getLogger("psrv.server")
 
@@ -41,7 +40,7 @@ class Follower:
         self.s = service
         self.candidates = primary.split(",")  # whom to ask to join, in turn, until one sends its state
         self.primary = self.candidates[0]
-        self.link = create_client("zmq", [self.primary])
+        self.link = service.transport.link(self.primary)  # on the shard's own transport
         self.epoch = 0
         self.expected: int | None = None  # the next op's number; None until the state came
         self.replicas: list[str] = []
@@ -148,7 +147,7 @@ class Follower:
         """Say "join" to `target` (a fresh link where it is another than the last one asked)."""
         if target != self.primary:
             self.link.close()
-            self.primary, self.link = target, create_client("zmq", [target])
+            self.primary, self.link = target, self.s.transport.link(target)
         self.link.send(0, stream.frames_of("join", self.epoch, address=self.s.transport.address))
 
     def close(self) -> None:

@@ -27,7 +27,7 @@ from typing import Hashable
 
 from psrv.protocol import MsgType
 from psrv.server import stream
-from psrv.transport import ClientTransport, create_client
+from psrv.transport import ClientTransport
 
 log = logging.getLogger("psrv.server")
 
@@ -176,7 +176,7 @@ class Replicas:
         to go on as this shard would: the workers' compressed-pull copies (psrv/server/pulls.py) and streaming
         DiLoCo's per-fragment outer optimizers (psrv/server/fragments.py); then follow with the stream."""
         state = self.s.state_dict() if self.s.shard is not None else None
-        link = create_client("zmq", [address])
+        link = self.s.transport.link(address)
         extra = {"pulls": self.s.pulls.state_dict(), "fragments": self.s.fragments.state_dict()}
         payload = [stream.state_bytes({**state, **extra})] if state is not None else []
         link.send(0, stream.frames_of("state", self.epoch, payload, n=self.n, replicas=[*self.addresses, address],

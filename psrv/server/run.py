@@ -64,6 +64,8 @@ class Server:
                                       workers=cfg.workers, max_message_bytes=cfg.max_message_bytes,
                                       shared_memory=cfg.shared_memory == "auto",
                                       bulk=cfg.bulk == "auto" and not cfg.curve_keys,
+                                      **({"replicas": cfg.rpc_backups, "backup": bool(cfg.backup_of)}
+                                         if cfg.transport == "rpc" else {}),  # its place in the RPC world
                                       **({"curve_keys": cfg.curve_keys} if cfg.curve_keys else {}))
             self._transport_off.callback(transport.close)
             self._service = ShardService(cfg, transport, metrics=metrics)

@@ -32,6 +32,12 @@ class ServerTransport(abc.ABC):
         shared memory: psrv/transport/shm.py); by default `tensor` itself."""
         return tensor
 
+    def link(self, address: str) -> "ClientTransport":
+        """A line from this shard to another replica of it at `address`, for the replication stream
+        (psrv/server/replicas.py, follower.py): a client transport whose one peer, shard 0, is that replica,
+        answering on its own server transport. A transport that cannot says so."""
+        raise NotImplementedError(f"{type(self).__name__} cannot link replicas of a shard")
+
     @abc.abstractmethod
     def close(self) -> None: ...
 
@@ -61,6 +67,11 @@ class ClientTransport(abc.ABC):
     @abc.abstractmethod
     def reconnect(self, shard: int) -> None:
         """Drop the connection to `shard` and its queued messages, and connect afresh."""
+
+    def replicas(self, shard: int) -> list[str]:
+        """The addresses of `shard`'s backups this transport knows without asking the shard (a fixed RPC world
+        names them); WELCOME tells the others. None by default."""
+        return []
 
     def redirect(self, shard: int, address: str) -> None:
         """Talk to `shard` at `address` from now on (another replica of it: psrv/server/replicas.py), on a

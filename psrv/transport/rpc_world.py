@@ -1,11 +1,17 @@
 """The RPC world of one job: who is who, the rendezvous (with timeouts and clear errors), join, leave.
 
-Server shards are ranks 0..S-1 ("server-<i>"), workers S..S+N-1 ("worker-<r>"); shard 0 hosts
-the rendezvous (a TCPStore) at the --rpc-master address. Used by psrv.transport.torch_rpc only.
+Server shards are ranks 0..S-1 ("server-<i>"), workers S..S+N-1 ("worker-<r>"), and with R replicas
+per shard their backups S+N.. ("backup-<i>-<j>", j = 1..R; psrv/server/follower.py); shard 0 hosts the
+rendezvous (a TCPStore) at the --rpc-master address and sets the world's shape there. A torch RPC world
+is fixed when it forms, so every member must know its size first: the servers are given R (`psrv serve --rpc-backups`),
+and a worker or a backup reads it from the rendezvous before it joins (`place`); a backup claims its j
+there too, so `psrv serve --backup-of` needs no number of its own. Used by psrv.transport.torch_rpc only.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
+import re
 import time
 import warnings
 from dataclasses import dataclass
@@ -27,6 +33,7 @@ class RpcWorld:
     master: str
     servers: int
     workers: int
+    replicas: int | None = 0  # backups per shard; None: not known yet, read at the rendezvous (place)
 
     def __post_init__(self) -> None:
         host, _, port = self.master.rpartition(":")
@@ -34,16 +41,48 @@ class RpcWorld:
             raise ValueError(f"RPC master must look like HOST:PORT (e.g. 127.0.0.1:29500); got {self.master!r}")
         if self.servers < 1 or self.workers < 1:
             raise ValueError(f"an RPC world needs >= 1 server and >= 1 worker; got {self.servers}, {self.workers}")
+        if self.replicas is not None and self.replicas < 0:
+            raise ValueError(f"an RPC world's replicas per shard must be >= 0; got {self.replicas}")
 
     @property
     def size(self) -> int:
-        return self.servers + self.workers
+        return self.servers + self.workers + self.servers * (self.replicas or 0)
+
+    @property
+    def shape(self) -> str:
+        """The shape shard 0 sets at the rendezvous and every member checks: 'S,N,R'."""
+        return f"{self.servers},{self.workers},{self.replicas or 0}"
 
     def name(self, rank: int) -> str:
-        return f"server-{rank}" if rank < self.servers else f"worker-{rank - self.servers}"
+        if rank < self.servers:
+            return f"server-{rank}"
+        if rank < self.servers + self.workers:
+            return f"worker-{rank - self.servers}"
+        shard, j = divmod(rank - self.servers - self.workers, self.replicas or 1)
+        return f"backup-{shard}-{j + 1}"
+
+    def backup_rank(self, shard: int, j: int) -> int:
+        """The rank of shard `shard`'s j-th backup (j = 1..replicas)."""
+        return self.servers + self.workers + shard * (self.replicas or 0) + j - 1
 
     def address(self, shard: int) -> str:
         return f"rpc://{self.master}/server-{shard}"
+
+    def address_of(self, name: str) -> str:
+        """A member's address, as a shard's replicas are told to workers (WELCOME's `replicas`)."""
+        return f"rpc://{self.master}/{name}"
+
+
+_MEMBER = re.compile(r"(server-[0-9]+|backup-[0-9]+-[0-9]+)")
+
+
+def member_of(address: str) -> str:
+    """The member a replica's address names: 'rpc://host:port/backup-0-1' -> 'backup-0-1'."""
+    name = urlparse(address).path.strip("/")
+    if not address.startswith("rpc://") or not _MEMBER.fullmatch(name):
+        raise ValueError(f"an RPC replica's address is rpc://HOST:PORT/server-I or rpc://HOST:PORT/backup-I-J; "
+                         f"got {address!r}")
+    return name
 
 
 def parse_master(bind: str) -> str:
@@ -80,7 +119,7 @@ def _rendezvous(url: str, **_: Any):
     u = urlparse(url)
     q = dict(parse_qsl(u.query))
     rank, size = int(q["rank"]), int(q["world_size"])
-    world = RpcWorld(u.netloc, int(q["servers"]), int(q["workers"]))
+    world = RpcWorld(u.netloc, int(q["servers"]), int(q["workers"]), int(q["replicas"]))
     timeout = float(q["timeout"])
     me = world.name(rank)
     try:
@@ -93,16 +132,17 @@ def _rendezvous(url: str, **_: Any):
         raise TimeoutError(f"{me}: no RPC rendezvous at {world.master} within {timeout:.0f}s; it is hosted "
                            f"by server shard 0 (psrv serve --shard 0 --transport rpc --rpc-master "
                            f"{world.master}): is it running, and is the address right?") from None
-    shape = f"{world.servers},{world.workers}"
+    shape = world.shape
     if rank == 0:
         store.set("psrv/world", shape)
     master_shape = store.get("psrv/world").decode()
     if master_shape != shape:
-        s, n = master_shape.split(",")
-        flags = "--num-shards, --workers" if rank < world.servers else "the number of --servers, --world-size"
-        _fail(store, f"RPC world mismatch: server shard 0 was started for {s} shard(s) and {n} worker(s) "
-              f"(--num-shards, --workers), but {me} for {world.servers} and {world.workers} ({flags}); "
-              "start every process of the job with the same numbers")
+        s, n, r = master_shape.split(",")
+        flags = "--num-shards, --workers, --replicas" if rank < world.servers or rank >= world.servers + \
+            world.workers else "the number of --servers, --world-size"
+        _fail(store, f"RPC world mismatch: server shard 0 was started for {s} shard(s), {n} worker(s) and {r} "
+              f"backup(s) per shard (--num-shards, --workers, --replicas), but {me} for {world.servers}, "
+              f"{world.workers} and {world.replicas} ({flags}); start every process of the job with the same numbers")
     if store.add(f"psrv/rank/{rank}", 1) > 1:
         _fail(store, f"two processes joined the RPC world as {me}: every worker needs its own --rank")
     store.add("psrv/joined", 1)
@@ -112,13 +152,51 @@ def _rendezvous(url: str, **_: Any):
             raise ValueError(store.get("psrv/error").decode())
         if time.monotonic() > deadline:
             missing = [world.name(r) for r in range(size) if not store.check([f"psrv/rank/{r}"])]
+            backups = f" + {world.servers * world.replicas} backups" if world.replicas else ""
             raise TimeoutError(f"{me}: only {joined} of {size} RPC members ({world.servers} servers + "
-                               f"{world.workers} workers) joined at {world.master} within {timeout:.0f}s; "
+                               f"{world.workers} workers{backups}) joined at {world.master} within {timeout:.0f}s; "
                                f"missing: {', '.join(missing)}; start them, or check --num-shards, "
                                "--workers and --world-size")
         time.sleep(0.05)
     yield store, rank, size
     raise RuntimeError("psrv's RPC world cannot re-rendezvous; restart the job")
+
+
+def _shard0_store(world: RpcWorld, me: str, timeout: float) -> tuple[dist.Store, RpcWorld]:
+    """A client of shard 0's rendezvous store, once shard 0 has set the world's shape there; and the world
+    with that shape's replicas (a worker or a backup reads them before it joins: `place`)."""
+    host, _, port = world.master.rpartition(":")
+    try:
+        store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout),
+                              wait_for_workers=False)
+        s, n, r = store.get("psrv/world").decode().split(",")
+    except RuntimeError:  # c10d's DistNetworkError / DistStoreError: no store, or no shape within the timeout
+        raise TimeoutError(f"{me}: no RPC rendezvous at {world.master} within {timeout:.0f}s; it is hosted by "
+                           f"server shard 0 (psrv serve --shard 0 --transport rpc --rpc-master {world.master}): "
+                           "is it running, and is the address right?") from None
+    if (int(s), int(n)) != (world.servers, world.workers):  # said to every member waiting, as _rendezvous does
+        flags = "the number of --servers, --world-size" if me.startswith("worker") else "--num-shards, --workers"
+        _fail(store, f"RPC world mismatch: server shard 0 was started for {s} shard(s) and {n} worker(s) "
+              f"(--num-shards, --workers), but {me} for {world.servers} and {world.workers} ({flags}); start "
+              "every process of the job with the same numbers")
+    return store, dataclasses.replace(world, replicas=int(r))
+
+
+def place_worker(world: RpcWorld, worker: int, *, timeout: float) -> tuple[RpcWorld, int]:
+    """(the world with its replicas read from the rendezvous, worker `worker`'s rank)."""
+    _, world = _shard0_store(world, f"worker-{worker}", timeout)
+    return world, world.servers + worker
+
+
+def place_backup(world: RpcWorld, shard: int, *, timeout: float) -> tuple[RpcWorld, int]:
+    """(the world, the rank of the next free backup of `shard`), claimed at the rendezvous: ValueError once
+    the shard has the replicas shard 0 was started for."""
+    store, world = _shard0_store(world, f"a backup of shard {shard}", timeout)
+    j = store.add(f"psrv/backups/{shard}", 1)
+    if j > world.replicas:
+        _fail(store, f"shard {shard} has {world.replicas} backup(s) in this RPC world (--replicas of server shard "
+              f"0), and one more was started (psrv serve --backup-of); start as many as --replicas says")
+    return world, world.backup_rank(shard, j)
 
 
 def join(world: RpcWorld, rank: int, *, init_timeout: float, shutdown_timeout: float) -> None:
@@ -128,7 +206,7 @@ def join(world: RpcWorld, rank: int, *, init_timeout: float, shutdown_timeout: f
     except RuntimeError:  # registered by an earlier join in this process
         pass
     url = (f"{SCHEME}://{world.master}?servers={world.servers}&workers={world.workers}"
-           f"&timeout={init_timeout}")
+           f"&replicas={world.replicas or 0}&timeout={init_timeout}")
     options = rpc.TensorPipeRpcBackendOptions(init_method=url, rpc_timeout=shutdown_timeout)
     log.info("%s joining the RPC world of %d at %s", world.name(rank), world.size, world.master)
     with warnings.catch_warnings():  # torch's own use of a gloo group inside init_rpc warns about itself

@@ -160,6 +160,10 @@ class ZmqServer(ServerTransport):
             self._trackers.pop()
         return True
 
+    def link(self, address: str) -> ClientTransport:
+        """A line to another replica of this shard (the replication stream): a plain DEALER to `address`."""
+        return ZmqClient([address])
+
     def close(self) -> None:
         self._sock.close(linger=200)  # the last answers (a LEAVE's OK) still go out; a dead peer costs 0.2s
         for plane in self._planes:

@@ -122,11 +122,13 @@ class PSClient:
         self._sent_init = False
         self._warned_late = False
         self.servers = list(servers)  # the shards' addresses, in shard order
-        self.replicas = [[a] for a in self.servers]  # each shard's replicas, told by WELCOME (`failover`)
         self._options = {"curve_keys": curve_keys, "curve_name": f"worker-{worker}"} if curve_keys else {}
         # the transport to the shards, on which RoundTrip sends (psrv/worker/roundtrip.py)
         self.net = net or create_client(transport, self.servers, worker=worker, world_size=world_size,
                                         shared_memory=shared_memory, bulk=bulk, **self._options)
+        # each shard's replicas (`failover`): told by WELCOME, and those the transport knows from the start (the
+        # backups of a fixed RPC world, which may join their primary only after this worker's HELLO)
+        self.replicas = [[a, *self.net.replicas(s)] for s, a in enumerate(self.servers)]
         # zmq sockets are not thread-safe: the heartbeat thread opens its own (rpc has one world per process)
         self._heartbeat_on = heartbeat and transport == "zmq"
         self._heartbeat: Heartbeat | None = None
@@ -149,7 +151,7 @@ class PSClient:
         self.chunked = self.push_chunk_bytes > 0 and all(w.get("chunks") for w in welcomes)
         for s, w in enumerate(welcomes):  # a replicated shard's backups: where to go if its primary falls silent
             if isinstance(w.get("replicas"), list):
-                self.replicas[s] = list(dict.fromkeys([self.servers[s], *map(str, w["replicas"])]))
+                self.replicas[s] = list(dict.fromkeys([self.servers[s], *map(str, w["replicas"]), *self.replicas[s]]))
         # A restarted worker continues after its previous life's seqs, so no push of it looks re-sent.
         self._seq = max([self._seq] + [int(w.get("last_seq", 0)) for w in welcomes])
         timeouts = [w["worker_timeout"] for w in welcomes if isinstance(w.get("worker_timeout"), (int, float))]
