@@ -45,7 +45,7 @@ SURFACE = {
     "experiment": (("spec",), ("--dry-run", "--image", "--log-level", "--namespace", "--out", "--profile", "--pvc", "--scheduler",
                                "--tensorboard")),
     "top": ((), ("--interval", "--log-level", "--once", "--servers", "--timeout")),
-    "simulate": ((), ("--backup-workers", "--bandwidth-gbps", "--batch-size", "--calibrate", "--clip-grad-norm",
+    "simulate": ((), ("--against", "--backup-workers", "--bandwidth-gbps", "--batch-size", "--calibrate", "--clip-grad-norm",
                       "--compress", "--compress-min-numel", "--compress-pull",
                       "--compute", "--compute-csv", "--compute-ms", "--config", "--dc-lambda", "--dn-period",
                       "--eval-every", "--fragments", "--freeze-step", "--inner-lr", "--inner-optimizer", "--job", "--latency-ms", "--level",
