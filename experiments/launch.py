@@ -17,7 +17,7 @@ from psrv.experiments.kills import Kills, ShardRestarts
 from psrv.experiments.netns import EmulatedHosts, host_traffic
 from psrv.experiments.preflight import preflight
 from psrv.experiments.progress import progress_bar
-from psrv.experiments.replication import settle as settle_replicas, start_backups, start_replacement
+from psrv.experiments.replication import settle as settle_replicas, start_backups, start_replacement, wait_following
 from psrv.experiments.rundir import OwnedFolder
 from psrv.experiments.schedulers import check_scheduler, scheduler_hosts
 from psrv.experiments.stall import StallWatch
@@ -158,6 +158,8 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
             backups += start_backups(cfg, out, start_backup,  # --replicas: experiments/replication.py
                                      **({"bind": rendezvous} if rendezvous else {}))
             servers += [(name, "") for name in backups]
+            if backups and not rendezvous:  # over zmq; an RPC world forms only once the workers join it too
+                wait_following(cluster, out, backups)
             start = start_torchrun_workers if launcher == "torchrun" else start_script_workers
             primaries = [(n, a) for n, a in servers if a]
             names = start(cluster, cfg, out, script, primaries, metrics=metrics, linger=metrics_linger) \

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -34,9 +35,26 @@ def start_backups(cfg: RunConfig, out: Path, start: Callable[[str, int, ServerCo
     names = []
     for shard, name in backup_names(cfg):
         config = dataclasses.replace(cfg.server_config(shard, bind=bind), backup_of=f"@{out / f'server-{shard}.addr'}")
+        (out / f"{name}.addr").unlink(missing_ok=True)
         start(name, shard, config, ["--out", str(out / f"{name}.json"), "--ready-file", str(out / f"{name}.addr")])
         names.append(name)
     return names
+
+
+def wait_following(cluster, out: Path, names: list[str], timeout: float = 120.0) -> None:
+    """Return once every backup in `names` follows its primary (it writes DIR/<name>.addr then, psrv/server/run.py),
+    so the workers started next are welcomed with every replica and none joins late: a worker told of no backup
+    has nowhere to fail over to, and a backup that joins after the first pushes counts fewer than its primary.
+    RunFailed (cluster.check) if a process dies meanwhile; RuntimeError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    waiting = [n for n in names if not (out / f"{n}.addr").exists()]
+    while waiting:
+        cluster.check()
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{', '.join(waiting)} did not follow its primary within {timeout:g}s; see "
+                               f"{out / (waiting[0] + '.log')}")
+        time.sleep(0.05)
+        waiting = [n for n in waiting if not (out / f"{n}.addr").exists()]
 
 
 def start_replacement(cfg: RunConfig, out: Path, shard: int,

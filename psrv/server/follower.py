@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Hashable
+from typing import Callable, Hashable
 
 from psrv.server import stream
 
@@ -47,6 +47,7 @@ class Follower:
         self.heard = service.now()
         self._asked = -float("inf")
         self._said = service.now()  # when we last said we still wait to join (every JOIN_NOTICE seconds)
+        self.on_following: Callable[[], None] | None = None  # called once, when the primary's state came
         self._checked: float | None = None  # when we asked a silent primary to take us again, before taking over
         self.held: list[tuple[Hashable, list]] = []  # workers' requests while we follow
 
@@ -82,6 +83,9 @@ class Follower:
             log.info("shard %d: following %s from op %d (epoch %d)", self.s.cfg.shard, self.primary,
                      self.expected - 1, epoch)
             self._say(peer, "ack", n=self.expected - 1)
+            if self.on_following is not None:
+                self.on_following, announce = None, self.on_following
+                announce()
             return
         if not self.following:
             return  # ops before our state: it is on its way

@@ -34,6 +34,7 @@ log = logging.getLogger("psrv.server")
 REPLICATED = (MsgType.HELLO, MsgType.INIT, MsgType.PUSH, MsgType.PULL, MsgType.PUSH_PULL, MsgType.LEAVE)
 ACK_TIMEOUT = 5.0   # seconds a primary waits for a backup's ack before it goes on without that backup
 PING_EVERY = 0.2    # an idle stream carries a ping this often: the backups' sign that the primary lives
+AWAIT_BACKUPS = 60.0  # seconds a primary told of its backups (rpc_backups) holds the workers' requests for them
 
 
 @dataclass
@@ -56,6 +57,12 @@ class Replicas:
         self.fenced = False
         self.admitted = 0                 # backups sent the state so far (a backup asking again counts again)
         self._pinged = service.now()
+        # Over torch RPC a primary knows how many backups its world holds (`rpc_backups`): the workers' requests
+        # wait until they have joined (at most AWAIT_BACKUPS s), so none joins after the first pushes and every
+        # replica counts what its primary counts. Over zmq `psrv run` starts the workers once the backups follow.
+        self.expected = 0 if service.cfg.backup_of else int(getattr(service.cfg, "rpc_backups", 0) or 0)
+        self.early: list[tuple[Hashable, list]] = []
+        self._started = service.now()
 
     @property
     def addresses(self) -> list[str]:
@@ -148,6 +155,21 @@ class Replicas:
             self.backups.remove(b)
         b.link.close()
 
+    def awaiting(self, peer: Hashable, frames: list) -> bool:
+        """True, keeping the request to answer later, while this primary waits for its expected backups."""
+        if not self.expected or len(self.backups) >= self.expected or self._late():
+            return False
+        self.early.append((peer, frames))
+        return True
+
+    def _late(self) -> bool:
+        late = self.s.now() - self._started > AWAIT_BACKUPS
+        if late and self.expected:
+            log.warning("shard %d: %d of %d backups joined within %gs; serving without the others",
+                        self.s.cfg.shard, len(self.backups), self.expected, AWAIT_BACKUPS)
+            self.expected = 0
+        return late
+
     def join(self, address: str) -> None:
         """A backup asked to follow this shard: it gets the state at the next turn when nothing is half done."""
         for b in [b for b in self.backups if b.address == address]:  # joining again: from the state
@@ -161,6 +183,10 @@ class Replicas:
             for address in self.joining:
                 self._admit(address)
             self.joining = []
+        if self.early and (len(self.backups) >= self.expected or self._late()):
+            early, self.early = self.early, []
+            for peer, frames in early:  # the requests that waited for the backups, in the order they came
+                self.s.handle(peer, frames)
         for b in list(self.backups):
             got = b.link.recv(0)
             while got is not None and not self.fenced:

@@ -149,13 +149,17 @@ def serve(cfg: ServerConfig, *, metrics_port: int | None = None, metrics_file: P
     """Bind, announce the address, serve in this thread (any thread); returns the shard's summary once
     every worker has left or the server was stopped.
 
-    Once bound, the address is written to `ready_file` (atomically) and `on_ready(server)` is called
+    Once bound (a backup: once it follows its primary), the address is written to `ready_file` (atomically) and `on_ready(server)` is called
     before serving: it may read `server.address` and keep `server.stop` (psrv serve hands it to
     psrv.process.stop_on_signals). The metrics arguments are Server's.
     """
     with Server(cfg, metrics_port=metrics_port, metrics_file=metrics_file, metrics_host=metrics_host,
                 metrics_linger=metrics_linger) as server:
-        if ready_file is not None:
+        follower = server.service.follower
+        if ready_file is not None and follower is not None:  # a backup is ready once it follows its primary: a
+            address = server.address                         # launcher starting workers after it, they hear of it
+            follower.on_following = lambda: write_text(ready_file, address)
+        elif ready_file is not None:
             write_text(ready_file, server.address)
         if on_ready is not None:
             on_ready(server)

@@ -148,6 +148,8 @@ class ShardService(ShardPersistence, ShardReplication):
             if not self.backup_stats(peer, frames):
                 self.follower.hold(peer, frames)
             return
+        if self.replicas.awaiting(peer, frames):  # a primary waiting for the backups its RPC world holds
+            return
         with self.replicas.deferring():
             msg = self._decode(peer, frames)
             if msg is not None:

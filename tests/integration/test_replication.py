@@ -273,3 +273,32 @@ def test_a_backup_answers_stats_as_a_backup():
         link.close()
         for s in (primary, backup):
             s.stop()
+
+
+def test_a_backup_announces_its_address_only_once_it_follows(tmp_path):
+    """`psrv run` starts the workers once each backup's ready file is there (experiments/replication.py
+    wait_following): it must mean the backup follows, or a worker welcomed before the backup joined is told of
+    no replica to fail over to, and the backup counts fewer pushes than its primary. The backup here is bound
+    and asking to join an address where its primary does not serve yet."""
+    from psrv.atomic import write_text
+    from psrv.experiments.cluster import free_port
+    from psrv.server.run import serve
+    address = f"tcp://127.0.0.1:{free_port()}"
+    primary_file, backup_file, started = tmp_path / "server-0.addr", tmp_path / "backup-0-1.addr", []
+    write_text(primary_file, address)
+    cfg = ServerConfig(workers=1, mode="async", backup_of=f"@{primary_file}")
+    thread = threading.Thread(target=serve, args=(cfg,), kwargs={"ready_file": backup_file, "on_ready": started.append},
+                              daemon=True)
+    thread.start()
+    _wait(lambda: started)
+    time.sleep(1.0)  # bound, and asking to join every 0.5 s
+    assert not backup_file.exists() and not _following(started[0])
+    primary = psrv.Server(ServerConfig(workers=1, mode="async", bind=address)).start()
+    try:
+        _wait(lambda: backup_file.exists())
+        assert _following(started[0]) and backup_file.read_text() == started[0].address
+        assert primary.service.replicas.addresses == [primary.address, started[0].address]
+    finally:
+        started[0].stop()
+        primary.stop()
+        thread.join(timeout=20)
