@@ -110,11 +110,13 @@ def test_prometheus_scrape_matches_the_run_summary(tmp_path, prometheus_for):
     # Prometheus first: file_sd watches for targets.json, which psrv run writes as processes start.
     prom = prometheus_for(run / "prometheus.yml")
 
-    # A few seconds of training, so that rate() sees several 1 s scrapes while it runs: the emulated
-    # compute keeps it that long on a fast machine too (400 plain steps took under a second on one).
+    # About 10 s of training, so that rate() sees several 1 s scrapes while it runs: the emulated compute
+    # keeps it that long on a fast machine too (400 plain steps took under a second on one). It must outlast
+    # prometheus.yml's 5 s file_sd refresh: under load the workers were once found only after they had
+    # trained (4 s then), and every recorded rate was 0.
     steps = 400
     s = psrv_run(run, "--metrics", "--metrics-linger", "4", "--steps", str(steps), "--servers", "2", "--workers", "2",
-                 "--mode", "async", "--compute-ms", "10", timeout=100)
+                 "--mode", "async", "--compute-ms", "25", timeout=100)
     targets = json.loads((run / "targets.json").read_text())
     assert sorted(g["labels"]["role"] for g in targets) == ["server", "worker"]
     assert sum(len(g["targets"]) for g in targets) == 4
