@@ -150,3 +150,13 @@ def in_spawned_process(fn, *args, timeout: float = 120.0):
 
 def _pickled_call(fn, args):
     return pickle.dumps(fn(*args))  # plain pickle: tensors copied, no file descriptors shared
+
+
+def weight_walk(n: int, steps: int, seed: int = 0):
+    """n weights that move a little every step, as training moves them: `steps` of them, seeded."""
+    import torch  # here: most users of this module start processes and need no torch
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, generator=gen)
+    for _ in range(steps):
+        w = w - 0.01 * torch.randn(n, generator=gen)
+        yield w

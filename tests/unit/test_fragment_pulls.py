@@ -13,6 +13,7 @@ from psrv.protocol import Message, MsgType, decode, encode
 from psrv.server.pulls import PullCopies, within
 from psrv.worker.fragments import Fragments
 from psrv.worker.pull_view import PullView
+from tests.helpers import weight_walk
 
 # tensors of 1500, 8, 1200, 900 and 6 elements in two shards; the 8 and 6 travel exactly (min_numel 100)
 PLAN = PartitionPlan(tuple(ParamSpec(n, (k,)) for n, k in zip("abcde", (1500, 8, 1200, 900, 6))), 2)
@@ -57,11 +58,7 @@ def _wire(fields, tensor, parts) -> Message:
 
 
 def _walk(steps: int, seed: int = 0):
-    gen = torch.Generator().manual_seed(seed)
-    w = torch.randn(N, generator=gen)
-    for _ in range(steps):
-        w = w - 0.01 * torch.randn(N, generator=gen)
-        yield w
+    return weight_walk(N, steps, seed)
 
 
 @pytest.mark.parametrize("spec", ["sign", "topk:0.05", "int8"])

@@ -12,6 +12,7 @@ from psrv.partition import ParamSpec, PartitionPlan
 from psrv.protocol import Message, MsgType, ProtocolError, decode, encode
 from psrv.server.pulls import PullCopies
 from psrv.worker.pull_view import PullView
+from tests.helpers import weight_walk
 
 PLAN = PartitionPlan((ParamSpec("w", (3000,)), ParamSpec("b", (10,))), 1)  # b travels exactly (min_numel 100)
 N = PLAN.total
@@ -35,12 +36,7 @@ def _pull(copies: PullCopies, view: PullView, weights: torch.Tensor, *, final: b
 
 
 def _walk(steps: int, seed: int = 0):
-    """Weights that move a little every step, as training moves them."""
-    gen = torch.Generator().manual_seed(seed)
-    w = torch.randn(N, generator=gen)
-    for _ in range(steps):
-        w = w - 0.01 * torch.randn(N, generator=gen)
-        yield w
+    return weight_walk(N, steps, seed)
 
 
 @pytest.mark.parametrize("spec", ["sign", "topk:0.05", "randomk:0.05", "int8", "bfloat16"])
