@@ -6,6 +6,7 @@ is measured, never guessed. A request left unanswered is probed and, if the shar
 holds it, re-sent with the SAME seq (the shard applies a push at most once); a shard that
 forgot this worker (restarted, or dropped it for silence) is greeted again first. Every request
 carries this process's random session id, so a second live process with the same rank is refused.
+A push's messages, cast or compressed shard by shard, are made by PushMessages (psrv/worker/push_messages.py).
 """
 from __future__ import annotations
 
@@ -19,11 +20,12 @@ import torch
 from psrv.config.base import defaults_of
 from psrv.config.sections import Placement, WorkerSettings
 from psrv.codecs import CASTS, make as make_codec
-from psrv.codecs.push import PushEncoder, finite
+from psrv.codecs.push import PushEncoder
 from psrv.worker.heartbeat import Heartbeat
 from psrv.worker.momentum_correction import MomentumCorrection, from_welcomes as velocity_from
 from psrv.worker.onebit import LocalMomentum, from_welcomes, momentum_encoder
 from psrv.worker.pull_view import PullView
+from psrv.worker.push_messages import PushMessages
 from psrv.protocol import ErrorCode, Message, MsgType
 from psrv.partition import PartitionPlan
 from psrv.protocol.codec import DTYPES
@@ -35,7 +37,7 @@ log = logging.getLogger("psrv.worker.client")
 _WORKER, _PLACE = defaults_of(WorkerSettings), defaults_of(Placement)  # the keywords' defaults: one source
 
 
-class PSClient:
+class PSClient(PushMessages):
     """`timeout`: seconds without any sign of life from a shard before giving up; `retry_interval`:
     first wait before probing an unanswered request (doubling up to 8x). `wire_dtype`: the dtype
     gradients travel as (bfloat16/float16 halve the push; the shards apply them in float32).
@@ -329,81 +331,6 @@ class PSClient:
         """The fields a pull from `shard` carries under compressed pulls: the copy this worker holds (streaming
         DiLoCo's fragment pulls carry them too)."""
         return {} if self.pull_view is None else self.pull_view.request(shard)
-
-    def _pushes(self, mtype: MsgType, grad: torch.Tensor, clock: int, *, cast: bool = True) -> list[Message]:
-        """One message per shard with its slice of `grad` in the wire dtype, or compressed. cast=False
-        leaves the slices to be filled (cast or encoded) later, shard by shard (`fill_push`)."""
-        if self.encoder is not None:  # onebit_adam's warm-up pushes the gradient dense
-            self.encoder.forget()  # a push round that failed (an ERROR) settles nothing now
-            if self.velocity is not None:
-                self.velocity.forget()
-            dense = self.onebit is not None and not self.onebit.is_momentum(clock)
-            msgs = [self.message(mtype, clock=clock, base_version=self.versions[s], fields=self._pulling(mtype, s),
-                                 tensor=grad[lo:hi] if dense else None) for s, (lo, hi) in enumerate(self.ranges)]
-            for s, m in enumerate(msgs if cast else []):
-                self.fill_push(grad, s, m)
-            return msgs
-        if grad.dtype != self.wire_dtype:  # one cast into a buffer kept across steps, no allocation
-            if self._wire is None or self._wire.shape != grad.shape or self._wire.device != grad.device:
-                self._wire = torch.empty_like(grad, dtype=self.wire_dtype)
-            grad = self._wire.copy_(grad) if cast else self._wire
-        return [self.message(mtype, clock=clock, base_version=self.versions[s], tensor=grad[lo:hi],
-                             fields=self._pulling(mtype, s)) for s, (lo, hi) in enumerate(self.ranges)]
-
-    def _pulling(self, mtype: MsgType, shard: int) -> dict:
-        return self.pull_fields(shard) if mtype is MsgType.PUSH_PULL else {}
-
-    def fill_push(self, grad: torch.Tensor, shard: int, msg: Message) -> None:
-        """Fill shard's push message from `grad` (PushPull's too, shard by shard): its slice of the wire
-        buffer (a no-op when grad is already wire dtype), or its compressed parts (the residual they leave
-        waits for the shard's answer, `_settle`). Under onebit_adam the local momentum takes the slice
-        first, and after the freeze is what is encoded. A slice with NaN or Inf goes raw (`_raw`) and moves
-        no worker state."""
-        lo, hi = self.ranges[shard]
-        if (self.encoder is not None or self.onebit is not None) and not finite(grad[lo:hi]):
-            self._raw(grad, shard, msg)
-            return
-        if self.onebit is not None:
-            grad = self.onebit.take(grad, lo, hi, msg)
-            if grad is None:
-                return  # the dense gradient, already in msg
-        if self.velocity is not None:
-            grad, msg.fields = self.velocity.direction(grad, self._at, shard), {**msg.fields, "velocity": True}
-        if self.encoder is not None:
-            codec, msg.parts = self.encoder.encode(grad, shard, msg.clock)
-            msg.fields = {**msg.fields, **codec}
-            if self.velocity is not None:
-                self.velocity.mask(shard, self.encoder.chosen[shard])
-        elif grad.dtype != self.wire_dtype:
-            self._wire[lo:hi].copy_(grad[lo:hi])
-
-    def _raw(self, grad: torch.Tensor, shard: int, msg: Message) -> None:
-        """A non-finite slice, as it is: float32, uncompressed, whole (never in chunks), with the push's
-        other fields (onebit_adam's `momentum` where the clock wants it), so the shard's --nonfinite
-        policy decides (ERROR NONFINITE, or dropped "nonfinite"). No residual or momentum takes it: one
-        NaN would otherwise stay in them and spoil every later push."""
-        lo, hi = self.ranges[shard]
-        log.warning("worker %d: NaN or Inf in the gradient for shard %d at clock %d; pushed uncompressed, its "
-                    "error feedback and momentum left as they were", self.worker, shard, msg.clock)
-        msg.tensor, msg.parts = grad[lo:hi].float(), None
-        if self.onebit is not None:
-            self.onebit.mark(msg)
-        if self.velocity is not None:
-            msg.fields = {**msg.fields, "velocity": True}
-            self.velocity.forget(shard)
-        if self.encoder is not None:
-            self.encoder.forget(shard)
-
-    def _settle(self, pushes: list[dict]) -> None:
-        """Each shard's answer to our push (its push info; a pull's answer has none) settles the residual
-        that push left: kept where the push was applied, forgotten where it was dropped."""
-        if self.encoder is None:
-            return
-        for s, p in enumerate(pushes):
-            if "version" in p:
-                self.encoder.settle(s, applied="dropped" not in p)
-                if self.velocity is not None:
-                    self.velocity.settle(s, applied="dropped" not in p)
 
     def receive_weights(self, out: torch.Tensor, run: Callable[[], list[Message]]) -> Reply:
         """run() (a round trip answered with weights; PushPull's too) with each shard's weights put in its slice
