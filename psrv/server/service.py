@@ -2,7 +2,9 @@
 
 One thread owns the shard, so a read-modify-write of the parameters is never split.
 Blocked pulls are kept as pending replies and answered when the controller allows. A push is
-taken whole (psrv/server/push.py) or in chunks (psrv/server/chunked.py).
+taken whole (psrv/server/push.py) or in chunks (psrv/server/chunked.py). Its parts, mixins of ShardService:
+who works with the shard (psrv/server/membership.py), how pulls are answered (psrv/server/pull_answers.py),
+its state and checkpoints (psrv/server/persistence.py) and its replication (psrv/server/replicated.py).
 """
 from __future__ import annotations
 
@@ -15,22 +17,24 @@ import torch
 from psrv.checkpoint import Checkpointer
 from psrv.config import ServerConfig
 from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError, decode, encode
-from psrv.server import onebit_adam, validate
+from psrv.server import validate
 from psrv.server.checkpointing import BackgroundCheckpoints
-from psrv.server.chunked import ChunkedPushes, takes_chunks
+from psrv.server.chunked import ChunkedPushes
 from psrv.server.consistency import make_controller
 from psrv.server.dedup import Dedup
-from psrv.server.fragments import FragmentShards, fragment_key
+from psrv.server.fragments import FragmentShards
 from psrv.server.identity import Sessions
 from psrv.server.late import LateStreaks
 from psrv.server.joining import JoinWatch
 from psrv.server.liveness import Liveness
-from psrv.server.pending import Pending, PendingPulls
+from psrv.server.membership import ShardMembership
+from psrv.server.pending import PendingPulls
 from psrv.server.persistence import AdminCheckpoints, ShardPersistence
 from psrv.server.replicated import ShardReplication
 from psrv.server.plans import Plans
+from psrv.server.pull_answers import PullAnswers
 from psrv.server.pulls import PullCopies
-from psrv.server.push import commit_if_ready, take_push
+from psrv.server.push import take_push
 from psrv.server.queued import HeldPushes
 from psrv.server.follower import Follower
 from psrv.server.replicas import REPLICATED, Replicas
@@ -44,11 +48,10 @@ from psrv.transport.base import ServerTransport
 log = logging.getLogger("psrv.server")
 ADMIN = (MsgType.SHUTDOWN, MsgType.CHECKPOINT)
 ANONYMOUS = (MsgType.STATS, *ADMIN)             # no worker id needed
-NEEDS_ACTIVE = (MsgType.INIT, MsgType.PUSH, MsgType.PULL, MsgType.PUSH_PULL)
 PUSHES = (MsgType.PUSH, MsgType.PUSH_PULL)
 
 
-class ShardService(ShardPersistence, ShardReplication):
+class ShardService(ShardMembership, PullAnswers, ShardPersistence, ShardReplication):
     def __init__(self, cfg: ServerConfig, transport: ServerTransport, *, metrics=None,
                  now: Callable[[], float] = time.monotonic, join_timeout: float | None = None):
         """`join_timeout` (default cfg.join_timeout): seconds to wait for a worker never heard from."""
@@ -219,82 +222,7 @@ class ShardService(ShardPersistence, ShardReplication):
             fields = {"code": int(ErrorCode.INTERNAL), "message": f"{type(exc).__name__}: {exc}"}
         self._reply(peer, Message(MsgType.ERROR, seq=seq, fields=fields))
 
-    def check_liveness(self) -> None:
-        """Workers silent for worker_timeout, or never heard from for join_timeout, leave the active set;
-        barriers stop waiting for them. The ones not joined are named (psrv/server/joining.py)."""
-        self.liveness.look()
-        if self.now() - self._last_check < 0.05:
-            return
-        self._last_check = self.now()
-        self.joins.look(self.liveness, self.controller.active)
-        expired = self.liveness.expired(self.controller.active, self.pending.workers())
-        if not expired:
-            self._drain()
-            return
-        unheard = self.liveness.unheard(expired)
-        with self.replicas.deferring():
-            sent = self.replicas.send("expire", workers=expired, unheard=unheard)
-            self.expire(expired, unheard)
-            self.replicas.wait(sent)
-
-    def expire(self, expired: list[int], unheard: list[int]) -> None:
-        """Workers `expired` leave the active set for silence (`unheard`: never joined); a backup does it
-        when its primary's stream says so."""
-        if unheard:
-            self.joins.gave_up(unheard, self.liveness, others=bool(set(self.controller.active) - set(expired)))
-        for w in expired:
-            if w not in unheard:
-                log.warning("shard %d: worker %d silent for %.1fs, removed from the active set",
-                            self.cfg.shard, w, self.liveness.silent(w))
-            self.stats.lost_workers.append(w)
-            self.liveness.lost.add(w)
-            self._remove(w)
-        self._drain()
-
     # --- handlers -------------------------------------------------------------
-    def _on_hello(self, peer, msg: Message) -> None:
-        _, size = validate.hello(self.cfg, msg)
-        model = validate.model(msg)
-        pull_copy = self.pulls.check(msg.worker, msg.fields.get("pull"), size)  # compressed pulls' settings
-        heard = msg.worker in self.liveness.last_seen
-        try:  # rank 0's plan is the shard's; another rank's model is refused by its rank (psrv/server/plans.py)
-            settled = self.plans.hello(msg.worker, model, heard=heard,
-                                       initialised=self.shard is not None and self.shard.initialised)
-        except ProtocolError:
-            if not heard:  # never joined: no barrier waits for it to
-                self._drop_misfit(msg.worker)
-            raise
-        if settled.build:  # the first HELLO, or rank 0's with another plan than the one the empty shard was built on
-            # shared memory: sent by place. Shared from an untouched buffer, which costs no resident memory
-            weights = self.transport.share(torch.empty(size, dtype=torch.float32, device=self.cfg.device))
-            self.shard = Shard(size, self.cfg.optimizer, device=self.cfg.device, weights=weights)
-        self.plan_hash = self.plans.hash
-        for worker, refusal in settled.expelled.items():  # welcomed on another plan than rank 0's: refused now
-            for pending in [p for p in self.pending if p.worker == worker]:
-                for waiting in pending.peers:
-                    self._refuse(waiting, pending.seq, refusal)
-            self.pending.drop(worker)
-            self._drop_misfit(worker)
-        self._claim(msg)
-        self.pulls.greet(msg.worker, pull_copy)  # whatever copy it held is forgotten: its next pull is dense
-        self.pending.drop(msg.worker)  # a restarted worker's old pulls
-        self.chunks.forget(msg.worker)  # and its half-sent push
-        self.held.drop(msg.worker)  # and the pushes it sent while another push was half applied
-        if msg.worker in self.liveness.left or msg.worker not in self.controller.active:
-            if msg.worker in self.liveness.lost:
-                log.info("shard %d: worker %d rejoined", self.cfg.shard, msg.worker)
-            self.liveness.rejoined(msg.worker)
-            self.controller.join(msg.worker)
-            self.stats.membership(self.controller.active, {})
-        self._reply(peer, Message(MsgType.WELCOME, seq=msg.seq, fields={
-            "shard": self.cfg.shard, "mode": self.cfg.mode, "staleness": self.cfg.staleness,
-            "version": self.shard.version, "clock": self.controller.next_clock(msg.worker),
-            "initialised": self.shard.initialised, "size": self.shard.size,
-            "last_seq": self.dedup.last_seq(msg.worker), "worker_timeout": self.cfg.worker_timeout,
-            "clip_grad_norm": self.cfg.optimizer.clip_grad_norm, "onebit": onebit_adam.welcome(self.cfg.optimizer),
-            "optimizer": validate.optimizer_welcome(self.cfg.optimizer),
-            "chunks": takes_chunks(self.cfg), "replicas": self.replicas.addresses, "epoch": self.replicas.epoch}))
-
     def _on_init(self, peer, msg: Message) -> None:
         if "chunk" in msg.fields:  # psrv/server/chunked.py
             fields = self.chunks.take_init(msg)
@@ -320,45 +248,6 @@ class ShardService(ShardPersistence, ShardReplication):
         info = {**pushed, **self.speeds.fastest(self.controller.active)}
         self._reply(peer, Message(MsgType.OK, seq=msg.seq, fields=info))
         self._release()
-
-    def _on_pull(self, peer, msg: Message, push: dict | None = None, clock: int | None = None) -> None:
-        shard = self.ready_shard(msg, need_init=False)
-        self.pulls.expect(msg)
-        final = bool(msg.fields.get("final"))
-        fragment = fragment_key(msg, shard.size)
-        self.pending.add(peer, worker=msg.worker, seq=msg.seq, clock=msg.clock if clock is None else clock,
-                         final=final, received=self.now(), push=push, view=msg.fields.get("view", 0),
-                         fragment=fragment)
-        if final:  # it pushes no more: a rejoined worker still behind must not wait for it
-            self.controller.finish(msg.worker)
-            commit_if_ready(self)
-        self._release()
-
-    def _on_push_pull(self, peer, msg: Message) -> None:
-        self.pulls.expect(msg)  # before the push: a re-sent one after the HELLO is applied once
-        self.speeds.report(msg.worker, msg.fields)
-        pushed = self._push_or_chunk(msg)
-        if pushed is None:  # a chunk, not the push's last: its pull is registered with the last
-            return
-        info = {**pushed, **self.speeds.fastest(self.controller.active)}
-        self._on_pull(peer, msg, push=info, clock=msg.clock + 1)
-
-    def _on_heartbeat(self, peer, msg: Message) -> None:
-        """A beat from the worker's heartbeat thread, or a client's probe: do we still hold its
-        request `probe` (a deferred pull)? If not, the client re-sends it."""
-        fields = {"active": msg.worker in self.controller.active}
-        probe = msg.fields.get("probe")
-        if probe is None:
-            self.liveness.seen(msg.worker, heartbeat=True)
-        else:
-            fields.update(probe=probe, holding=self.pending.holding(msg.worker, probe)
-                          or self.held.holding(msg.worker, probe))
-        self._reply(peer, Message(MsgType.OK, seq=msg.seq, fields=fields))
-
-    def _on_leave(self, peer, msg: Message) -> None:
-        self.liveness.left.add(msg.worker)
-        self._remove(msg.worker)
-        self._reply(peer, Message(MsgType.OK, seq=msg.seq))
 
     def _on_stats(self, peer, msg: Message) -> None:
         self._reply(peer, Message(MsgType.STATS, seq=msg.seq, fields=self.summary()))
@@ -386,52 +275,6 @@ class ShardService(ShardPersistence, ShardReplication):
         self.dedup.record(msg.worker, msg.seq, info)
         return info
 
-    def _remove(self, worker: int) -> None:
-        self.chunks.forget(worker)
-        self.pulls.forget(worker)
-        self.held.drop(worker)
-        self.controller.leave(worker)
-        self.speeds.forget(worker)
-        self.stats.membership(self.controller.active, {})
-        self.stats.departed(worker)
-        self.pending.drop(worker)
-        commit_if_ready(self)
-        self._release()
-
-    def _drop_misfit(self, worker: int) -> None:
-        """A worker refused for its model leaves the active set, as with LEAVE, so no barrier waits for it;
-        unless it is the last one there, whose leaving would end the shard."""
-        if self.controller.active - {worker}:
-            self._remove(worker)
-
-    def _release(self) -> None:
-        """Answer every pending pull the controller now allows."""
-        if self.shard is not None and self.shard.initialised and not self.chunks.applying:  # none half applied
-            self.pending.release(self._ready, self._answer)
-
-    def _ready(self, p: Pending) -> bool:
-        ready = self.controller.pull_ready(p.worker, p.clock)
-        return ready and (not p.final or self.controller.active <= {p.worker})
-
-    def _answer(self, p: Pending) -> None:
-        gap = self.controller.clock_gap(p.clock)
-        waited = self.now() - p.received
-        self.stats.answered(waited=waited, gap=gap)
-        # the weights, or under compressed pulls their change since the worker's copy: the version it brings it to
-        if p.fragment is None:
-            extra, tensor, parts, held = self.pulls.answer(p.worker, self.shard.weights, have=p.view, final=p.final)
-            if self.cfg.mode != "sync":  # a sync clock's mean has no one worker's pulled weights
-                self.shard.pulled(p.worker, held)
-        else:  # streaming DiLoCo: that fragment's weights, or their change since the worker's copy of them
-            extra, tensor, parts = self.pulls.answer_fragment(p.worker, self.shard.weights, p.fragment,
-                                                              have=p.view, final=p.final)
-        fields = {"version": self.shard.version, "clock": self.controller.next_clock(p.worker),
-                  "waited": waited, "gap": gap, **extra}
-        if p.push is not None:
-            fields["push"] = p.push
-        for peer in p.peers:
-            self._reply(peer, Message(MsgType.WEIGHTS, seq=p.seq, fields=fields, tensor=tensor, parts=parts))
-
     def before_write(self) -> None:
         """Called right before the weights are written (psrv/server/push.py, chunked.py): what still views
         them, replies on the wire or held for the backups' acks, is sent or copied first."""
@@ -446,25 +289,6 @@ class ShardService(ShardPersistence, ShardReplication):
         self.stats.sent(sum(memoryview(f).nbytes for f in frames))
         if not self.replicas.hold(peer, frames):
             self.transport.send(peer, frames)
-
-    def _check_worker(self, msg: Message) -> None:
-        if not 0 <= msg.worker < self.cfg.workers:
-            raise ProtocolError(ErrorCode.NOT_ALLOWED,
-                                f"worker id {msg.worker} outside [0, {self.cfg.workers}) (--workers)")
-        if msg.type in NEEDS_ACTIVE and msg.worker in self.plans.refused:  # another model than rank 0's
-            raise self.plans.refused[msg.worker]
-        if msg.type is not MsgType.HELLO:  # a HELLO claims its rank once its plan is checked (_on_hello)
-            self._claim(msg)
-        if msg.type in NEEDS_ACTIVE:
-            self.dedup.note(msg.worker, msg.seq)
-        if msg.type in NEEDS_ACTIVE and self.shard is not None and msg.worker not in self.controller.active:
-            why = "left" if msg.worker in self.liveness.left else "was dropped after silence"
-            raise HelloAgain(f"worker {msg.worker} {why}; send HELLO to rejoin")
-
-    def _claim(self, msg: Message) -> None:
-        """msg's process holds its rank (RANK_IN_USE while another live one does); heard from now."""
-        self.sessions.check(msg, active=msg.worker in self.controller.active, silent=self.liveness.silent(msg.worker))
-        self.liveness.seen(msg.worker)
 
     def ready_shard(self, msg: Message, *, need_init: bool) -> Shard:
         """The shard `msg` may touch: HelloAgain before any HELLO, NOT_ALLOWED before INIT where it needs weights."""
