@@ -2,9 +2,10 @@
 and world size from the environment where they are not given (PSRV_SERVERS, RANK and WORLD_SIZE, as torchrun
 sets the last two; an address `@FILE` waits for a server's ready file), the clip agreed with the shards'
 WELCOME, and the payload planes' 'auto'/'off' as PSClient's flags (psrv/worker/session.py uses them), and
-the all-reduce mode a run asks for (PSRV_MODE)."""
+the all-reduce mode a run asks for (PSRV_MODE); and the keywords psrv.Worker(...) shows (`constructor_signature`)."""
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Sequence
 
@@ -75,3 +76,9 @@ def allreduce_mode() -> str | None:
     all-reduce worker (psrv/worker/allreduce.py); None for a parameter-server mode or none set."""
     mode = os.environ.get("PSRV_MODE", "").strip()
     return mode if mode in ALLREDUCE_MODES else None
+
+
+def constructor_signature(cls: type) -> inspect.Signature:
+    """cls(...)'s signature as its __init__ declares it (without self)."""
+    signature = inspect.signature(cls.__init__)
+    return signature.replace(parameters=list(signature.parameters.values())[1:])

@@ -10,7 +10,8 @@ Local SGD / DiLoCo: `psrv.Worker(model, local_steps=H)` with the user's own (inn
 `opt.step()` then `ps.step()` every step, and every H-th `ps.step()` pushes w_pulled - w_now
 (`fragments=F`: streaming DiLoCo, one fragment every H/F steps; `outer_dtype`: those pushes quantised).
 
-Clocks, versions, the partition plan and the flat buffers stay inside.
+Clocks, versions, the partition plan and the flat buffers stay inside. Its parts, mixins of psrv.Worker: the
+local steps' rounds (psrv/worker/local_rounds.py) and its compression's state (psrv/worker/compression_state.py).
 """
 from __future__ import annotations
 
@@ -25,9 +26,11 @@ import torch
 from psrv.config.base import defaults_of
 from psrv.config.sections import Placement, WorkerSettings
 from psrv.worker.client import PSClient
+from psrv.worker.compression_state import CompressionState
 from psrv.clip import clip_flat_
 from psrv.worker.flat import FlatModel
-from psrv.worker.keywords import allreduce_mode, clip_of, env, planes, servers_of
+from psrv.worker.keywords import allreduce_mode, clip_of, constructor_signature, env, planes, servers_of
+from psrv.worker.local_rounds import LocalRounds
 from psrv.local_period import LocalPeriod, fastest_of, parse_local_steps
 from psrv.worker.overlap import ShardReadiness
 from psrv.partition import PartitionPlan
@@ -44,7 +47,7 @@ log = logging.getLogger("psrv.worker")
 _WORKER, _PLACE = defaults_of(WorkerSettings), defaults_of(Placement)  # the keywords' defaults
 
 
-class Worker(RecordedWorker):
+class Worker(LocalRounds, CompressionState, RecordedWorker):
     """One worker of a parameter-server cluster, driving `model` (an nn.Module, float32 parameters on
     one device). The constructor says HELLO to every shard, sends the initial weights when it is
     rank 0 (shards already initialised keep theirs), and pulls the first weights into the model,
@@ -278,16 +281,6 @@ class Worker(RecordedWorker):
             self._period.returned(time.perf_counter())
         return info
 
-    @property
-    def next_local_steps(self) -> int | None:
-        """With local_steps: the inner steps of the round under way (under 'auto:H', planned by speed)."""
-        return self._period.h if self._period is not None else None
-
-    @property
-    def inner_steps_per_push(self) -> list[int]:
-        """With local_steps: the inner steps each push carried (under 'auto:H', each round's H_i)."""
-        return list(self._period.history) if self._period is not None else []
-
     def close(self) -> None:
         """End this worker: rank 0 first pulls the final weights into the model (answered once every
         other worker has left, so they hold every worker's last push), then every worker leaves."""
@@ -316,49 +309,6 @@ class Worker(RecordedWorker):
         self._evals.run(self.steps, between_steps=False)  # rank 0's final weights, after LEAVE: no one waits
         self._save()
 
-    def state_dict(self) -> dict:
-        """What this worker carries between steps that the servers do not hold: its step count, the
-        error-feedback residuals of a compressed push, onebit_adam's momentum and momentum correction's
-        velocity ({"steps", "compress", "onebit", "velocity"}: None where not used)."""
-        encoder, onebit, velocity = self._client.encoder, self._client.onebit, self._client.velocity
-        return {"steps": self.steps, "compress": None if encoder is None else encoder.state_dict(),
-                "onebit": None if onebit is None else onebit.state_dict(),
-                "velocity": None if velocity is None else velocity.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Carry on from `state` (a state_dict of a worker of this model and codec); ValueError where
-        it does not fit (another model's residuals, a codec or onebit_adam's momentum on one side only)."""
-        encoder, saved = self._client.encoder, state.get("compress")
-        if (encoder is None) != (saved is None):
-            raise ValueError("the state was saved " + ("without" if saved is None else "with") +
-                             " a push codec, and this worker runs " + ("with" if saved is None else "without") + " one")
-        onebit, momentum = self._client.onebit, state.get("onebit")
-        if (onebit is None) != (momentum is None):
-            raise ValueError("the state was saved " + ("without" if momentum is None else "with") +
-                             " onebit_adam's local momentum, and the shards run " + ("it" if momentum is None else "another optimizer"))
-        velocity, saved_velocity = self._client.velocity, state.get("velocity")
-        if (velocity is None) != (saved_velocity is None):
-            raise ValueError("the state was saved " + ("without" if saved_velocity is None else "with") +
-                             " momentum correction's velocity, and this worker runs " +
-                             ("with" if saved_velocity is None else "without") + " it")
-        if velocity is not None:
-            velocity.load_state_dict(saved_velocity)
-        if onebit is not None:
-            onebit.load_state_dict(momentum)
-        if encoder is not None:
-            encoder.load_state_dict(saved)
-        self.steps = int(state.get("steps", self.steps))
-
-    def compression(self) -> dict:
-        """{"compress": the codec's name as given, "error_feedback": whether residuals are kept (a lossy codec only),
-        "compress_pull": the pull codec ('': dense pulls),
-        "momentum_correction": whether this worker keeps the velocity (psrv/worker/momentum_correction.py)}."""
-        encoder = self._client.encoder
-        view = self._client.pull_view
-        return {"compress": self._client.compress, "error_feedback": encoder is not None and encoder.error is not None,
-                "compress_pull": "" if view is None else view.spec,
-                "momentum_correction": self._client.velocity is not None}
-
     def described(self) -> dict:
         """What a worker record says of this worker before it trains (psrv/worker/steplog.py RECORD)."""
         return {"rank": self.rank, "world_size": self.world_size, "parameters": self._flat.params.numel(),
@@ -374,11 +324,6 @@ class Worker(RecordedWorker):
             "outer_dtype": self.outer_dtype}
         return {"early_sends": self.early_sends, **self.wire_bytes(), **local}
 
-    def wire_bytes(self) -> dict:
-        """Bytes this worker's client sent and received (psrv/worker/roundtrip.py WireBytes): bytes_pushed,
-        bytes_pulled, bytes_sent, bytes_received, dense_push_bytes and compression_ratio."""
-        return self._client.wire.to_dict()
-
     # --- mechanics ----------------------------------------------------------
     def _arm(self) -> None:
         if self._readiness is not None:
@@ -393,52 +338,6 @@ class Worker(RecordedWorker):
     def _ready(self, shard: int) -> None:
         """Shard's slice of the gradient is final (during backward): send it now."""
         self._begin().ready(shard)
-
-    def _local_step(self, t0: float, loss, batch_size) -> StepInfo:
-        """An inner step that pushes nothing: the caller's optimizer has stepped the model."""
-        self._flat.zero_grad()
-        info = StepInfo(step=self.steps, clock=self._clock, version=self._version, staleness=0, waited=0.0,
-                        seconds=time.perf_counter() - t0, pushed=False)
-        self.steps += 1
-        self._logged(info, loss, batch_size, t0)
-        self._period.returned(time.perf_counter())
-        return info
-
-    def _streaming_step(self, t0: float, loss, batch_size) -> StepInfo:
-        """Streaming DiLoCo's step() (psrv/worker/streaming.py): merge the fragment pushed at the last
-        step() (its answer arrived while the caller's inner step ran, or is waited for now), then push the
-        next fragment if H/F inner steps have passed since the last push, without waiting for it."""
-        try:
-            reply = self._stream.merge() if self._stream.in_flight else None
-            if reply is not None:
-                self._clock, self._version = reply.clock, min(reply.versions)
-            self._flat.zero_grad()
-            pushed = self._period.stepped(t0)
-            if pushed:
-                self._stream.send(self._clock)
-                self._period.pushed(None)
-        except BaseException:
-            self._abandon()
-            raise
-        info = StepInfo(step=self.steps, clock=self._clock, version=self._version,
-                        staleness=reply.staleness if reply else 0, waited=reply.waited if reply else 0.0,
-                        seconds=time.perf_counter() - t0, pushed=pushed)
-        self.steps += 1
-        self._logged(info, loss, batch_size, t0)
-        self._period.returned(time.perf_counter())
-        return info
-
-    def _settle_stream(self) -> None:
-        """close() under streaming DiLoCo: merge the fragment in flight; inner steps taken since the last push
-        push the next fragment in turn, waited for (as plain DiLoCo's close() pushes a last, shorter round)."""
-        if self._stream.in_flight:
-            reply = self._stream.merge()
-            self._clock, self._version = reply.clock, min(reply.versions)
-        if self._period.pending:
-            self._stream.send(self._clock)
-            self._period.pushed(None)
-            reply = self._stream.merge()
-            self._clock, self._version = reply.clock, min(reply.versions)
 
     def _logged(self, info: StepInfo, loss, batch_size, started: float) -> None:
         """The step's row in the step log, if one is kept: compute since the previous step() returned."""
@@ -490,12 +389,6 @@ class Worker(RecordedWorker):
                 self._log.save(self._log.record(interrupted=True, **self.totals()))
 
 
-def _constructor_signature(cls: type) -> inspect.Signature:
-    """cls(...)'s signature as its __init__ declares it (without self)."""
-    signature = inspect.signature(cls.__init__)
-    return signature.replace(parameters=list(signature.parameters.values())[1:])
-
-
 # What psrv.Worker(...) takes, for help(), editors and inspect: its constructor's keywords, not __new__'s
 # (*args, **keywords), which only hands them over to the all-reduce worker under an all-reduce run.
-Worker.__signature__ = _constructor_signature(Worker)
+Worker.__signature__ = constructor_signature(Worker)
