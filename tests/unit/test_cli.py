@@ -47,7 +47,7 @@ SURFACE = {
     "top": ((), ("--interval", "--log-level", "--once", "--servers", "--timeout")),
     "simulate": ((), ("--against", "--backup-workers", "--bandwidth-gbps", "--batch-size", "--calibrate", "--clip-grad-norm",
                       "--compress", "--compress-min-numel", "--compress-pull",
-                      "--compute", "--compute-csv", "--compute-ms", "--config", "--dc-lambda", "--dn-period",
+                      "--codec-cost", "--compute", "--compute-csv", "--compute-ms", "--config", "--dc-lambda", "--dn-period",
                       "--eval-every", "--fragments", "--freeze-step", "--inner-lr", "--inner-optimizer", "--job", "--latency-ms", "--level",
                       "--local-steps", "--log-level", "--lognormal-sigma", "--lr", "--lr-decay-steps",
                       "--lr-end-factor", "--lr-gamma", "--lr-schedule", "--lr-step-size", "--mode", "--model-ms",
