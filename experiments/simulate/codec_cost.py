@@ -43,8 +43,11 @@ def codec_cost(mode: str, worker, plan, *, seed: int = 0) -> CodecCost:
         return CodecCost.none(plan.num_shards)
     key = (_settings(worker), tuple(plan.ranges), seed)
     if key not in _CACHE:
-        from psrv.experiments.simulate.codec_timing import measure
-        _CACHE[key] = measure(worker, plan, seed=seed)
+        if worker.fragments > 1 or worker.outer_dtype != "float32":  # streaming DiLoCo, as wire.py tells it
+            from psrv.experiments.simulate.codec_timing_streaming import measure_streaming as measure
+        else:
+            from psrv.experiments.simulate.codec_timing import measure
+        _CACHE[key] = CodecCost(*measure(worker, plan, seed=seed))
     return _CACHE[key]
 
 

@@ -25,7 +25,6 @@ import torch
 
 from psrv.codecs import make, parse
 from psrv.codecs.push import PushEncoder
-from psrv.experiments.simulate.codec_cost import CodecCost
 from psrv.partition import PartitionPlan
 from psrv.protocol import Message, MsgType
 
@@ -45,19 +44,21 @@ def best_of(op, repeats: int = REPEATS) -> float:
     return least
 
 
-def measure(worker, plan: PartitionPlan, *, seed: int = 0) -> CodecCost:
-    """Time the real operations (module docstring) on a random vector of the plan's size."""
-    with _one_thread():
-        vector = torch.randn(plan.total, generator=torch.Generator().manual_seed(seed))
-        if worker.fragments > 1 or worker.outer_dtype != "float32":
-            from psrv.experiments.simulate.codec_timing_streaming import streaming_cost
-            return streaming_cost(worker, plan, vector)
+def measure(worker, plan: PartitionPlan, *, seed: int = 0) -> tuple[tuple[float, ...], ...]:
+    """Time the real operations (module docstring) on a random vector of the plan's size: CodecCost's fields
+    (worker_push, worker_pull, shard_push, shard_pull), in order."""
+    with one_thread():
+        vector = random_vector(plan, seed)
         worker_push, shard_push = _push_costs(worker, plan, vector, seed)
         worker_pull, shard_pull = _pull_costs(worker, plan, vector)
-    return CodecCost(worker_push, worker_pull, shard_push, shard_pull)
+    return worker_push, worker_pull, shard_push, shard_pull
 
 
-class _one_thread:
+def random_vector(plan: PartitionPlan, seed: int) -> torch.Tensor:
+    return torch.randn(plan.total, generator=torch.Generator().manual_seed(seed))
+
+
+class one_thread:
     """torch on one thread while timing (a run's processes share the cores), the setting restored after."""
 
     def __enter__(self) -> None:

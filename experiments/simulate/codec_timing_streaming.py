@@ -7,13 +7,19 @@ from __future__ import annotations
 
 import torch
 
-from psrv.experiments.simulate.codec_cost import CodecCost
-from psrv.experiments.simulate.codec_timing import best_of, compressed_share, greeted, pull_view, shard_decode
+from psrv.experiments.simulate.codec_timing import (best_of, compressed_share, greeted, one_thread, pull_view,
+                                                    random_vector, shard_decode)
 from psrv.partition import PartitionPlan
 from psrv.protocol import Message, MsgType
 
 
-def streaming_cost(worker, plan: PartitionPlan, vector: torch.Tensor) -> CodecCost:
+def measure_streaming(worker, plan: PartitionPlan, *, seed: int = 0) -> tuple[tuple[float, ...], ...]:
+    """CodecCost's fields (worker_push, worker_pull, shard_push, shard_pull) of one fragment push, averaged."""
+    with one_thread():
+        return _streaming_cost(worker, plan, random_vector(plan, seed))
+
+
+def _streaming_cost(worker, plan: PartitionPlan, vector: torch.Tensor) -> tuple[tuple[float, ...], ...]:
     from psrv.worker.fragments import Fragments
     from psrv.worker.streaming import CODECS
     frags = Fragments(plan, worker.fragments)
@@ -47,8 +53,8 @@ def streaming_cost(worker, plan: PartitionPlan, vector: torch.Tensor) -> CodecCo
                 shard_pull[s] += shard
                 worker_pull[s] += took
     share = compressed_share(worker.pull_resync)
-    return CodecCost(tuple(c / frags.count for c in worker_push), tuple(share * c / frags.count for c in worker_pull),
-                     tuple(c / frags.count for c in shard_push), tuple(share * c / frags.count for c in shard_pull))
+    return (tuple(c / frags.count for c in worker_push), tuple(share * c / frags.count for c in worker_pull),
+            tuple(c / frags.count for c in shard_push), tuple(share * c / frags.count for c in shard_pull))
 
 
 def _fragment_pull(view, copies, frags, f: int, s: int, weights: torch.Tensor) -> tuple[float, float]:
