@@ -84,6 +84,7 @@ def against(run_dir: str | Path, *, out: str | Path, **simulate: object) -> dict
     result = {"run": str(run_dir), "bandwidth_gbps": cfg.simulate.bandwidth_gbps,
               "latency_ms": cfg.simulate.latency_ms, "not_simulated": dropped,
               "codec_cost": cfg.simulate.codec_cost, "codec_cost_ms": summary["codec_cost_ms"],
+              "codec_cost_load_average": summary["codec_cost_load_average"],
               "steady_samples_per_second": {"real": real, "simulated": simulated, "relative": relative,
                                             "agrees": None if relative is None else abs(relative) <= WITHIN}}
     (out / "against.json").write_text(json.dumps(result, indent=1))
@@ -99,7 +100,7 @@ def format_against(result: dict) -> str:
              f"(within {WITHIN:.0%}: {row['agrees']})",
              f"links {result['bandwidth_gbps']:g} Gbit/s, latency {result['latency_ms']:g} ms; compute: the run's "
              "own steps"]
-    lines.append(format_codec_cost(result["codec_cost"], result["codec_cost_ms"]))
+    lines.append(format_codec_cost(result["codec_cost"], result["codec_cost_ms"], result.get("codec_cost_load_average")))
     if result["not_simulated"]:
         lines.append("not simulated (left at defaults): " + ", ".join(result["not_simulated"]))
     return "\n".join(lines)

@@ -8,7 +8,8 @@ so the model follows the codecs as they change, as wire.py's bytes do. "off": no
 bytes alone. Importing this module imports no torch (the simulator's core does not need it)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 MODES = ("measured", "off")
 _CACHE: dict[tuple, "CodecCost"] = {}
@@ -22,6 +23,7 @@ class CodecCost:
     worker_pull: tuple[float, ...]   # its decode of the shard's reply (compressed pulls)
     shard_push: tuple[float, ...]    # the shard's decode of one push
     shard_pull: tuple[float, ...]    # the shard's encode of one reply (compressed pulls), per worker
+    load_average: float | None = field(default=None, compare=False)  # the machine's (1 min) when measured
 
     @classmethod
     def none(cls, shards: int) -> "CodecCost":
@@ -47,7 +49,7 @@ def codec_cost(mode: str, worker, plan, *, seed: int = 0) -> CodecCost:
             from psrv.experiments.simulate.codec_timing_streaming import measure_streaming as measure
         else:
             from psrv.experiments.simulate.codec_timing import measure
-        _CACHE[key] = CodecCost(*measure(worker, plan, seed=seed))
+        _CACHE[key] = CodecCost(*measure(worker, plan, seed=seed), load_average=os.getloadavg()[0])
     return _CACHE[key]
 
 
@@ -56,11 +58,13 @@ def _settings(worker) -> tuple:
             worker.pull_error_feedback, worker.pull_resync, worker.fragments, worker.outer_dtype)
 
 
-def format_codec_cost(mode: str, ms: dict[str, list[float]]) -> str:
-    """One line of what the codecs were charged (as_ms's dict), ms per message, summed over the shards."""
+def format_codec_cost(mode: str, ms: dict[str, list[float]], load_average: float | None = None) -> str:
+    """One line of what the codecs were charged (as_ms's dict), ms per message, summed over the shards, and the
+    load the machine had while they were timed (a loaded machine's memory is slower: docs/simulator.md)."""
     if mode == "off":
         return "codec cost: off (bytes alone)"
     total = {k: sum(v) for k, v in ms.items()}
+    load = "" if load_average is None else f" (timed at load average {load_average:.2f} on {os.cpu_count()} cores)"
     return (f"codec cost ({mode}), ms per message, all shards: worker encodes its push {total['worker_push']:.3g}, "
             f"decodes a reply {total['worker_pull']:.3g}; shard decodes a push {total['shard_push']:.3g}, "
-            f"encodes a reply {total['shard_pull']:.3g}")
+            f"encodes a reply {total['shard_pull']:.3g}{load}")

@@ -97,6 +97,7 @@ def summarise(cfg: SimulationConfig, rec: Recorded, *, learner, plan_total: int,
         "reply_bytes": list(network.reply_bytes),
         "codec_cost": cfg.simulate.codec_cost,
         "codec_cost_ms": (codec or CodecCost.none(cfg.cluster.servers)).as_ms(),
+        "codec_cost_load_average": codec.load_average if codec is not None else None,
         "sampled_workers": min(cfg.simulate.sample_workers, cfg.cluster.workers),
         "simulator_seconds": elapsed,
     }

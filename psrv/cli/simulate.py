@@ -60,7 +60,7 @@ def command(a: argparse.Namespace) -> int:
     print(format_summary(summary))
     print(f"wait_fraction  {summary['wait_fraction']:.4g}\nsimulated in   {summary['simulator_seconds']:.3g}s")
     from psrv.experiments.simulate.codec_cost import format_codec_cost
-    print(format_codec_cost(summary["codec_cost"], summary["codec_cost_ms"]))
+    print(format_codec_cost(summary["codec_cost"], summary["codec_cost_ms"], summary["codec_cost_load_average"]))
     print(f"\nwrote {a.out}/summary.json, steps.csv, evals.csv, config.json, plots (all simulated)")
     return 0
 
