@@ -12,7 +12,8 @@ from psrv.experiments.simulate.config import NOT_SIMULATED, SimulationConfig
 def add(sub) -> None:
     m = sub.add_parser("simulate", help="simulate a run of N workers and S shards (discrete events)",
                        description="Simulate `psrv run` with psrv's own consistency controllers and update rules "
-                       "driven by modelled compute and network time; write DIR/summary.json (simulated: true), "
+                       "driven by modelled compute and network time and the codecs' CPU time (--codec-cost); write "
+                       "DIR/summary.json (simulated: true), "
                        "steps.csv (the sampled workers), evals.csv and plots. --level learning also trains the "
                        "job's model on real gradients applied in the simulated order. --calibrate runs the real "
                        "run too and compares (docs/simulator.md). Example: psrv simulate --mode ssp --staleness 2 "
