@@ -60,7 +60,7 @@ def _settings(worker) -> tuple:
 
 def format_codec_cost(mode: str, ms: dict[str, list[float]], load_average: float | None = None) -> str:
     """One line of what the codecs were charged (as_ms's dict), ms per message, summed over the shards, and the
-    load the machine had while they were timed (a loaded machine's memory is slower: docs/simulator.md)."""
+    load the machine had while they were timed (docs/simulator.md)."""
     if mode == "off":
         return "codec cost: off (bytes alone)"
     total = {k: sum(v) for k, v in ms.items()}
