@@ -3,6 +3,12 @@ real code a run executes, timed on a random vector of the shard's actual size on
 REPEATS timings of the thread's CPU time on one thread (the cost on a core of its own; about a second in all for an 8.4M-element shard
 with sign both ways).
 
+The allocator matters: psrv's entry points (psrv serve, worker, run, and psrv simulate, which times these)
+tune glibc's malloc to reuse freed big buffers (psrv/process.py tune_malloc). Without that, every fresh
+buffer over 32 MiB maps new pages and faults each one in: an 8.4M-element shard's encode or decode then
+costs about 2.5 times its CPU time in a real shard or worker (worker push 135 against 55 ms, a shard's
+reply 130 against 53 ms, here). A caller from Python times what its own process's allocator gives.
+
 - a worker's push to shard s: PushEncoder.encode with error feedback and its settle (psrv/codecs/push.py),
   or a cast to wire_dtype; streaming DiLoCo: the outer dtype's encode of the fragment (psrv/worker/streaming.py);
 - a shard's push: the push validated and decoded (psrv/server/validate.py), checked finite and added into the
@@ -28,7 +34,7 @@ from psrv.codecs.push import PushEncoder
 from psrv.partition import PartitionPlan
 from psrv.protocol import Message, MsgType
 
-REPEATS = 3          # timings of each operation; the least is kept
+REPEATS = 5          # timings of each operation; the least is kept
 SIGN_SCALE = "l2"    # sign_scale 'auto' outside onebit_adam; the cost does not depend on the rule
 CASTS = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 

@@ -37,6 +37,8 @@ def add(sub) -> None:
 
 
 def command(a: argparse.Namespace) -> int:
+    from psrv.process import tune_malloc
+    tune_malloc()  # the allocator psrv serve and psrv worker run with: the codecs are timed under it
     if a.against is not None:
         return _against(a)
     if a.spec is not None:
