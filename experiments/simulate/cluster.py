@@ -5,9 +5,9 @@ shard service asks it (psrv/server/service.py): push -> APPLY / ACCUMULATE / DRO
 one update, pull_ready -> a held pull is answered. The simulator only adds time: compute, the network
 model, the shard's handling time and the codecs' CPU time (experiments/simulate/codec_cost.py: a worker
 encodes its pushes one shard after another and decodes its replies one at a time; a shard decodes each push
-and encodes each worker's reply on its one thread, in turn). A shard's link is first come first served and every worker's
-messages cross it in the order they were sent, so a push is handled (at its own, later time) in the
-event that sends it, and the heap holds one event per worker: its next push.
+and encodes each worker's reply on its one thread, in turn). A shard's link is first come first served and
+every worker's messages cross it in the order they were sent, so a push is handled (at its own, later time)
+in the event that sends it, and the heap holds one event per worker: its next push.
 
 A learner (experiments/simulate/learning.py) may ride along: it computes each push's gradient on the
 weights the worker pulled and applies it on a real psrv Shard, in the order simulated here."""
@@ -123,7 +123,7 @@ class Cluster:
             if sent + lat > arrive:
                 arrive = sent + lat
             in_free[s] = arrive
-            th = (arrive if arrive > busy[s] else busy[s]) + server + unpack[s]  # the shard's thread, one push at a time
+            th = (arrive if arrive > busy[s] else busy[s]) + server + unpack[s]  # the shard's thread, a push at a time
             busy[s] = th
             decision = ctrl.push(w, clock)
             if decision is DROP:

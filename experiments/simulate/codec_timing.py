@@ -1,7 +1,7 @@
 """The codecs' CPU time measured (experiments/simulate/codec_cost.py's "measured"): each operation is the
 real code a run executes, timed on a random vector of the shard's actual size on this machine, the least of
-REPEATS timings of the thread's CPU time on one thread (the cost on a core of its own; about a second in all for an 8.4M-element shard
-with sign both ways).
+REPEATS timings of the thread's CPU time with torch on one thread (the cost on a core of its own; about a
+second in all for an 8.4M-element shard with sign both ways).
 
 The allocator matters: psrv's entry points (psrv serve, worker, run, and psrv simulate, which times these)
 tune glibc's malloc to reuse freed big buffers (psrv/process.py tune_malloc). Without that, every fresh
@@ -39,11 +39,14 @@ SIGN_SCALE = "l2"    # sign_scale 'auto' outside onebit_adam; the cost does not 
 CASTS = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def best_of(op, repeats: int = REPEATS) -> float:
+def best_of(op, repeats: int = REPEATS, *, before=None) -> float:
     """The least of `repeats` timings of op(), seconds of this thread's CPU (not wall time: on a shared machine
-    the time other processes take the core would count): the cost where nothing else takes the core."""
+    the time other processes take the core would count): the cost where nothing else takes the core.
+    `before()`, untimed, runs ahead of each."""
     least = math.inf
     for _ in range(repeats):
+        if before is not None:
+            before()
         start = time.thread_time()
         op()
         least = min(least, time.thread_time() - start)
@@ -83,6 +86,7 @@ def _push_costs(worker, plan: PartitionPlan, grad: torch.Tensor, seed: int) -> t
         if name not in CASTS:
             return (0.0,) * shards, (0.0,) * shards
         return tuple(best_of(lambda: grad[lo:hi].to(CASTS[name])) for lo, hi in plan.ranges), (0.0,) * shards
+    # error feedback on, the worker's default (the simulator does not model turning it off)
     encoder = PushEncoder(codec, plan, error_feedback=True, min_numel=worker.compress_min_numel)
     worker_push, shard_push = [], []
     for s, (lo, hi) in enumerate(plan.ranges):
@@ -118,10 +122,9 @@ def _pull_costs(worker, plan: PartitionPlan, weights: torch.Tensor) -> tuple[tup
         w, change, out, reply = weights[lo:hi].clone(), 1e-3 * torch.randn(hi - lo), torch.empty(hi - lo), []
 
         def answer() -> None:
-            w.add_(change)  # the weights moved since the last pull
             fields, _, parts, _ = copies.answer(0, w, have=copies.copies[0].number, final=False)
             reply[:] = [Message(MsgType.WEIGHTS, fields=fields, parts=parts)]
-        shard_pull.append(best_of(answer))
+        shard_pull.append(best_of(answer, before=lambda: w.add_(change)))  # the weights moved since the last pull
         view.take(s, held, out)
         worker_pull.append(best_of(lambda: view.take(s, reply[0], out)))
     compressed = compressed_share(worker.pull_resync)

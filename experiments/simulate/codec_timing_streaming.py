@@ -63,9 +63,8 @@ def _fragment_pull(view, copies, frags, f: int, s: int, weights: torch.Tensor) -
     w, change, reply = weights.clone(), 1e-3 * torch.randn(weights.numel()), []
 
     def answer() -> None:
-        w.add_(change)
         fields, _, parts = copies.answer_fragment(0, w, key, have=copies.copies[0].number, final=False)
         reply[:] = [Message(MsgType.WEIGHTS, fields=fields, parts=parts)]
-    shard = best_of(answer)
+    shard = best_of(answer, before=lambda: w.add_(change))  # the weights moved since the last pull
     pieces = frags.pieces(f, s)
     return shard, best_of(lambda: view.take_fragment(s, reply[0], pieces))
