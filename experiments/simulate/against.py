@@ -6,7 +6,9 @@ live, timeouts: experiments/simulate/config.py) is left at its default and named
 emulated hosts (`network.bandwidth`, e.g. 200mbit) gives every simulated link that bandwidth. Each simulated
 step's compute is one of the real run's steps (`--compute steps.csv`); the message latency is the simulator's
 setting (`--latency-ms`, not fitted from the run's communication time, which would absorb what the byte model
-misses). So the communication the simulation predicts comes from the sizes of the messages alone.
+misses). So the communication the simulation predicts comes from the sizes of the messages and, with
+`--codec-cost measured` (the default), the codecs' CPU time as timed on this machine (codec_cost.py), not from
+the run's own communication time.
 
 Compared: samples/s over the steady steps, from the end of each worker's first step (which also pays for
 connecting and the first dense pull) to the last step's end, in the real and the simulated steps.csv alike."""
@@ -20,6 +22,7 @@ from pathlib import Path
 from psrv.config import RunConfig, from_dict, to_dict
 from psrv.config.base import default_of, leaves
 from psrv.experiments.collect import read_csv
+from psrv.experiments.simulate.codec_cost import format_codec_cost
 from psrv.experiments.simulate.config import SimulationConfig, is_simulated
 
 WITHIN = 0.20  # the agreement issue asks of a network-bound run's samples/s
@@ -75,11 +78,13 @@ def against(run_dir: str | Path, *, out: str | Path, **simulate: object) -> dict
     if not (run_dir / "steps.csv").exists() or not (run_dir / "config.json").exists():
         raise ValueError(f"--against {run_dir}: not a finished run's folder (no steps.csv and config.json there)")
     cfg, dropped = simulation_of(run_dir, **simulate)
-    run_simulation(cfg, out=out)
+    summary = run_simulation(cfg, out=out)
     real, simulated = steady_rate(read_csv(run_dir / "steps.csv")), steady_rate(read_csv(out / "steps.csv"))
     relative = None if not real or simulated is None else (simulated - real) / real
     result = {"run": str(run_dir), "bandwidth_gbps": cfg.simulate.bandwidth_gbps,
               "latency_ms": cfg.simulate.latency_ms, "not_simulated": dropped,
+              "codec_cost": cfg.simulate.codec_cost, "codec_cost_ms": summary["codec_cost_ms"],
+              "codec_cost_load_average": summary["codec_cost_load_average"],
               "steady_samples_per_second": {"real": real, "simulated": simulated, "relative": relative,
                                             "agrees": None if relative is None else abs(relative) <= WITHIN}}
     (out / "against.json").write_text(json.dumps(result, indent=1))
@@ -95,6 +100,7 @@ def format_against(result: dict) -> str:
              f"(within {WITHIN:.0%}: {row['agrees']})",
              f"links {result['bandwidth_gbps']:g} Gbit/s, latency {result['latency_ms']:g} ms; compute: the run's "
              "own steps"]
+    lines.append(format_codec_cost(result["codec_cost"], result["codec_cost_ms"], result.get("codec_cost_load_average")))
     if result["not_simulated"]:
         lines.append("not simulated (left at defaults): " + ", ".join(result["not_simulated"]))
     return "\n".join(lines)

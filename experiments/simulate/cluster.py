@@ -3,9 +3,11 @@
 Each shard holds psrv's own consistency controller (psrv/server/consistency), asked exactly as the
 shard service asks it (psrv/server/service.py): push -> APPLY / ACCUMULATE / DROP, commit_ready ->
 one update, pull_ready -> a held pull is answered. The simulator only adds time: compute, the network
-model and the shard's handling time. A shard's link is first come first served and every worker's
-messages cross it in the order they were sent, so a push is handled (at its own, later time) in the
-event that sends it, and the heap holds one event per worker: its next push.
+model, the shard's handling time and the codecs' CPU time (experiments/simulate/codec_cost.py: a worker
+encodes its pushes one shard after another and decodes its replies one at a time; a shard decodes each push
+and encodes each worker's reply on its one thread, in turn). A shard's link is first come first served and
+every worker's messages cross it in the order they were sent, so a push is handled (at its own, later time)
+in the event that sends it, and the heap holds one event per worker: its next push.
 
 A learner (experiments/simulate/learning.py) may ride along: it computes each push's gradient on the
 weights the worker pulled and applies it on a real psrv Shard, in the order simulated here."""
@@ -16,6 +18,7 @@ from heapq import heappop, heappush
 from collections import Counter
 from dataclasses import dataclass, field
 
+from psrv.experiments.simulate.codec_cost import CodecCost
 from psrv.server.consistency import Decision, make_controller
 
 APPLY, ACCUMULATE, DROP = Decision.APPLY, Decision.ACCUMULATE, Decision.DROP
@@ -41,7 +44,7 @@ class Cluster:
     def __init__(self, *, workers: int, shards: int, mode: str, staleness: int, backup_workers: int,
                  steps: int, local_steps: int, compute: list[list[float]], latency: float,
                  push_transfer: tuple[float, ...], reply_transfer: tuple[float, ...], server_seconds: float, sample: int, batch_size: int,
-                 learner=None):
+                 learner=None, codec: CodecCost | None = None):
         self.n, self.s, self.steps, self.h = workers, shards, steps, local_steps
         self.controllers = [make_controller(mode, workers, staleness=staleness, backup_workers=backup_workers)
                             for _ in range(shards)]
@@ -63,6 +66,9 @@ class Cluster:
         self.step_stale = [0] * workers
         self.round_compute = [0.0] * workers
         self.shards = list(zip(push_transfer, reply_transfer, self.controllers, self.waiting))  # a push's and a reply's seconds on a link
+        codec = codec or CodecCost.none(shards)  # the codecs' seconds per message and shard
+        self.encode, self.decode = codec.worker_push, codec.worker_pull
+        self.unpack, self.pack = codec.shard_push, codec.shard_pull
         self.heap: list[tuple[float, int]] = []
         self.leaving: list[tuple[int, float]] = []             # workers done, their LEAVE not yet handled
         self.rec = Recorded(dropped=[0] * shards)
@@ -101,12 +107,15 @@ class Cluster:
         learner, version, in_free, busy = self.learner, self.version, self.in_free, self.busy
         gaps, bases, out_free, held, reply_at = self.rec.clock_gap, self.base, self.out_free, self.held, self.reply_at
         clocks, replies = self.clock, self.replies
+        encode, unpack, pack, decode = self.encode, self.unpack, self.pack, self.decode
         grad = learner.gradient(w, self.done[w]) if learner is not None else None
         self.pushed_at[w], self.replies[w], self.held[w], self.reply_at[w] = t, self.s, 0.0, t
         self.step_stale[w] = 0
-        sent = t
+        sent = encoded = t
         for s, (tx, rtx, ctrl, waiting) in enumerate(self.shards):
-            start, sent = sent, sent + tx                       # the worker's link, one slice after another
+            encoded += encode[s]                                # the worker encodes one slice after another
+            start = encoded if encoded > sent else sent
+            sent = start + tx                                   # the worker's link, one slice after another
             arrive = start + lat
             if in_free[s] > arrive:                             # the shard's link, first come first served
                 arrive = in_free[s]
@@ -114,7 +123,7 @@ class Cluster:
             if sent + lat > arrive:
                 arrive = sent + lat
             in_free[s] = arrive
-            th = (arrive if arrive > busy[s] else busy[s]) + server  # the shard's thread, one push at a time
+            th = (arrive if arrive > busy[s] else busy[s]) + server + unpack[s]  # the shard's thread, a push at a time
             busy[s] = th
             decision = ctrl.push(w, clock)
             if decision is DROP:
@@ -143,12 +152,13 @@ class Cluster:
                 bases[pw][s] = version[s]
                 if learner is not None:
                     learner.answered(s, pw)
-                out = (th if th > out_free[s] else out_free[s]) + rtx
+                packed = (th if th > busy[s] else busy[s]) + pack[s]  # its reply encoded, one at a time
+                busy[s] = packed
+                out = (packed if packed > out_free[s] else out_free[s]) + rtx
                 out_free[s] = out
                 if th - since > held[pw]:
                     held[pw] = th - since
-                if out + lat > reply_at[pw]:
-                    reply_at[pw] = out + lat
+                reply_at[pw] = (out + lat if out + lat > reply_at[pw] else reply_at[pw]) + decode[s]
                 nxt = ctrl.next_clock(pw)
                 if nxt > clocks[pw]:
                     clocks[pw] = nxt
@@ -169,12 +179,14 @@ class Cluster:
             self.base[w][s] = version
             if learner is not None:
                 learner.answered(s, w)
-            out = (t if t > out_free[s] else out_free[s]) + rtx
+            packed = t
+            if self.pack[s]:  # its reply encoded on the shard's thread, after what it is doing
+                packed = self.busy[s] = (t if t > self.busy[s] else self.busy[s]) + self.pack[s]
+            out = (packed if packed > out_free[s] else out_free[s]) + rtx
             out_free[s] = out
             if t - since > held[w]:
                 held[w] = t - since
-            if out + lat > reply_at[w]:
-                reply_at[w] = out + lat
+            reply_at[w] = (out + lat if out + lat > reply_at[w] else reply_at[w]) + self.decode[s]
             nxt = ctrl.next_clock(w)  # the client takes the largest any shard names
             if nxt > clocks[w]:
                 clocks[w] = nxt

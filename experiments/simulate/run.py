@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 from psrv.experiments.simulate.cluster import Cluster, Recorded
+from psrv.experiments.simulate.codec_cost import CodecCost, codec_cost
 from psrv.experiments.simulate.compute import ComputeModel
 from psrv.experiments.simulate.config import SimulationConfig
 from psrv.experiments.simulate.network import NetworkModel, job_plan
@@ -21,6 +22,7 @@ def simulate(cfg: SimulationConfig, *, out: str | Path | None = None) -> dict:
     plan, job = job_plan(cfg.job.name, seed=cfg.seed, shards=cfg.cluster.servers)
     network = NetworkModel.of(sim, plan, cfg.worker, seed=cfg.seed)
     model = ComputeModel(sim, cfg.faults, seed=cfg.seed)
+    codec = codec_cost(sim.codec_cost, cfg.worker, plan, seed=cfg.seed)  # timed before the clock starts
     started = time.perf_counter()
     compute = [model.times(w, cfg.job.steps) for w in range(n)]
     learner = None
@@ -32,12 +34,13 @@ def simulate(cfg: SimulationConfig, *, out: str | Path | None = None) -> dict:
                       compute=compute, latency=network.latency, push_transfer=network.push_transfer,
                       reply_transfer=network.reply_transfer,
                       server_seconds=sim.server_ms / 1000.0, sample=sim.sample_workers,
-                      batch_size=cfg.job.batch_size, learner=learner)
+                      batch_size=cfg.job.batch_size, learner=learner, codec=codec)
     rec = cluster.run()
     if learner is not None:
         learner.finish(max(rec.end, default=0.0))
     elapsed = time.perf_counter() - started
-    summary = summarise(cfg, rec, learner=learner, plan_total=plan.total, network=network, elapsed=elapsed)
+    summary = summarise(cfg, rec, learner=learner, plan_total=plan.total, network=network, elapsed=elapsed,
+                        codec=codec)
     log.info("simulated %d pushes in %.2fs", rec.pushes, elapsed)
     if summary["diverged"]:
         log.warning("the simulated training diverged (%s, N=%d): %s; summary.json says diverged: true",
@@ -58,9 +61,10 @@ def pushes_every(worker) -> int:
 
 
 def summarise(cfg: SimulationConfig, rec: Recorded, *, learner, plan_total: int, network: NetworkModel,
-              elapsed: float) -> dict:
+              elapsed: float, codec: CodecCost | None = None) -> dict:
     """summary.json of a simulated run: the keys a real run's has (README.md), where the simulation
-    measures them, and the simulator's own (level, wait_fraction, histograms, simulator_seconds)."""
+    measures them, and the simulator's own (level, wait_fraction, histograms, codec_cost_ms: what the codecs
+    were charged per message and shard, simulator_seconds)."""
     wall = max(max(rec.end, default=0.0), 1e-12)
     samples = cfg.cluster.workers * cfg.job.steps * cfg.job.batch_size
     stale = sum(k * v for k, v in rec.staleness.items())
@@ -91,6 +95,9 @@ def summarise(cfg: SimulationConfig, rec: Recorded, *, learner, plan_total: int,
         "clock_gap_histogram": {str(k): v for k, v in sorted(rec.clock_gap.items())},
         "parameters": plan_total, "message_bytes": list(network.push_bytes),
         "reply_bytes": list(network.reply_bytes),
+        "codec_cost": cfg.simulate.codec_cost,
+        "codec_cost_ms": (codec or CodecCost.none(cfg.cluster.servers)).as_ms(),
+        "codec_cost_load_average": codec.load_average if codec is not None else None,
         "sampled_workers": min(cfg.simulate.sample_workers, cfg.cluster.workers),
         "simulator_seconds": elapsed,
     }

@@ -12,7 +12,8 @@ from psrv.experiments.simulate.config import NOT_SIMULATED, SimulationConfig
 def add(sub) -> None:
     m = sub.add_parser("simulate", help="simulate a run of N workers and S shards (discrete events)",
                        description="Simulate `psrv run` with psrv's own consistency controllers and update rules "
-                       "driven by modelled compute and network time; write DIR/summary.json (simulated: true), "
+                       "driven by modelled compute and network time and the codecs' CPU time (--codec-cost); write "
+                       "DIR/summary.json (simulated: true), "
                        "steps.csv (the sampled workers), evals.csv and plots. --level learning also trains the "
                        "job's model on real gradients applied in the simulated order. --calibrate runs the real "
                        "run too and compares (docs/simulator.md). Example: psrv simulate --mode ssp --staleness 2 "
@@ -31,11 +32,13 @@ def add(sub) -> None:
     m.add_argument("--against", type=Path, metavar="RUN_DIR", help="simulate a real run made already (its "
                    "config.json; a run on emulated hosts gives its bandwidth to every link), each step's compute one "
                    "of its own steps, the latency --latency-ms, and print the steady samples/s of both: the "
-                   "simulator's byte model against a network-bound run (DIR/against.json). Of the other options only "
-                   "--latency-ms, --server-ms and --out go with it")
+                   "simulator's byte and codec-cost model against a network-bound run (DIR/against.json). Of the other "
+                   "options only --latency-ms, --server-ms, --codec-cost and --out go with it")
 
 
 def command(a: argparse.Namespace) -> int:
+    from psrv.process import tune_malloc
+    tune_malloc()  # the allocator psrv serve and psrv worker run with: the codecs are timed under it
     if a.against is not None:
         return _against(a)
     if a.spec is not None:
@@ -59,15 +62,17 @@ def command(a: argparse.Namespace) -> int:
     summary = simulate(cfg, out=a.out)
     print(format_summary(summary))
     print(f"wait_fraction  {summary['wait_fraction']:.4g}\nsimulated in   {summary['simulator_seconds']:.3g}s")
+    from psrv.experiments.simulate.codec_cost import format_codec_cost
+    print(format_codec_cost(summary["codec_cost"], summary["codec_cost_ms"], summary["codec_cost_load_average"]))
     print(f"\nwrote {a.out}/summary.json, steps.csv, evals.csv, config.json, plots (all simulated)")
     return 0
 
 
 def _against(a: argparse.Namespace) -> int:
-    extra = {k for k in given(a).get("simulate", {}) if k not in ("latency_ms", "server_ms")}
+    extra = {k for k in given(a).get("simulate", {}) if k not in ("latency_ms", "server_ms", "codec_cost")}
     if a.spec or a.config or a.calibrate or extra or set(given(a)) - {"simulate"}:
         raise ValueError("--against: the run's config.json holds the setting; give only --latency-ms, "
-                         "--server-ms and --out with it")
+                         "--server-ms, --codec-cost and --out with it")
     import torch
     torch.set_num_threads(1)
     from psrv.experiments.simulate.against import against, format_against

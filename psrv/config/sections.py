@@ -284,6 +284,7 @@ class NetworkSettings(Section):
 
 SIM_LEVELS = ("timing", "learning")
 COMPUTE_DISTS = ("constant", "lognormal", "steps.csv")
+CODEC_COSTS = ("measured", "off")  # experiments/simulate/codec_cost.py
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -305,6 +306,10 @@ class SimulateSettings(Section):
     bandwidth_gbps: float = setting(10.0, "bandwidth of every link, Gbit/s: a worker's own, and each server's, "
                                     "shared by all its workers' messages", minimum=0.0, above=True)
     server_ms: float = setting(0.0, "a shard's time to handle one push (one at a time), ms", minimum=0.0)
+    codec_cost: str = setting("measured", "the codecs' CPU time (compressed pushes and pulls, streaming DiLoCo's "
+                              "outer dtype): measured (each encode and decode timed once on this machine with the "
+                              "real codecs at the shard's size, charged to the worker or shard that does it, in "
+                              "turn) or off (the bytes alone)", choices=CODEC_COSTS)
     sample_workers: int = setting(8, "the first K workers' every step goes into steps.csv", minimum=1,
                                   metavar="K")
 

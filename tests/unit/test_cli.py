@@ -46,7 +46,7 @@ SURFACE = {
                                "--tensorboard")),
     "top": ((), ("--interval", "--log-level", "--once", "--servers", "--timeout")),
     "simulate": ((), ("--against", "--backup-workers", "--bandwidth-gbps", "--batch-size", "--calibrate", "--clip-grad-norm",
-                      "--compress", "--compress-min-numel", "--compress-pull",
+                      "--codec-cost", "--compress", "--compress-min-numel", "--compress-pull",
                       "--compute", "--compute-csv", "--compute-ms", "--config", "--dc-lambda", "--dn-period",
                       "--eval-every", "--fragments", "--freeze-step", "--inner-lr", "--inner-optimizer", "--job", "--latency-ms", "--level",
                       "--local-steps", "--log-level", "--lognormal-sigma", "--lr", "--lr-decay-steps",

@@ -74,3 +74,17 @@ def test_other_options_are_refused_with_against(run_dir: Path, tmp_path: Path, c
     assert "--against: the run's config.json holds the setting" in capsys.readouterr().err
     assert main(["simulate", "--against", str(tmp_path), "--out", str(tmp_path / "y")]) == 2
     assert "not a finished run's folder" in capsys.readouterr().err
+
+
+def test_the_codec_cost_is_charged_and_written_unless_off(run_dir: Path, tmp_path: Path, capsys) -> None:
+    """Sign both ways: the codecs' measured ms go into against.json and the printout; --codec-cost off predicts
+    from the bytes alone, faster."""
+    got = {}
+    for mode in ("measured", "off"):
+        assert main(["simulate", "--against", str(run_dir), "--codec-cost", mode, "--out", str(tmp_path / mode)]) == 0
+        got[mode] = json.loads((tmp_path / mode / "against.json").read_text())
+    out = capsys.readouterr().out
+    assert "codec cost (measured), ms per message" in out and "codec cost: off (bytes alone)" in out
+    assert got["measured"]["codec_cost_ms"]["shard_pull"][0] > 0 and got["off"]["codec_cost_ms"]["shard_pull"] == [0.0]
+    rates = {k: v["steady_samples_per_second"]["simulated"] for k, v in got.items()}
+    assert rates["measured"] < rates["off"]

@@ -96,11 +96,13 @@ def test_a_fragments_compressed_pull_is_its_codecs_layout_over_the_fragments_pie
 
 
 def run(**worker) -> dict:
-    """A sync run bound by a 1 Mbit/s network: 0.1 ms of compute a step, no latency."""
+    """A sync run bound by a 1 Mbit/s network: 0.1 ms of compute a step, no latency, the bytes alone (no codec cost:
+    tests/unit/test_simulate_codec_cost.py)."""
     return simulate(from_dict(SimulationConfig, {
         "mode": "sync", "job": {"steps": 40}, "cluster": {"workers": 2, "servers": 1}, "worker": worker,
         "faults": {"compute_ms": 0.0},
-        "simulate": {"bandwidth_gbps": 0.001, "latency_ms": 0.0, "model_ms": 0.1, "server_ms": 0.0}}))
+        "simulate": {"bandwidth_gbps": 0.001, "latency_ms": 0.0, "model_ms": 0.1, "server_ms": 0.0,
+                                   "codec_cost": "off"}}))
 
 
 def test_a_bandwidth_bound_run_speeds_up_by_the_bytes_it_saves():
