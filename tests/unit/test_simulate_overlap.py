@@ -110,3 +110,35 @@ def test_a_runs_records_say_whether_its_compute_holds_the_encodes(tmp_path):
     assert compute_holds_encodes(steps)
     (tmp_path / "worker-1.json").write_text(json.dumps({"pushes": 6, "early_sends": 0}))
     assert not compute_holds_encodes(steps)
+
+
+def _run_folder(folder, *, early_sends: int | None):
+    """A finished 2-shard run's folder as psrv run writes it: sign both ways on digits_cnn, every step's
+    compute 10 ms, and (unless None) worker records counting `early_sends` each for 4 pushes."""
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "mode": "sync", "seed": 0, "job": {"name": "digits_cnn", "steps": 4, "batch_size": 32},
+        "cluster": {"servers": 2, "workers": 2}, "worker": {"compress": "sign", "compress_pull": "sign"}}))
+    rows = ["wall_time,worker,step,loss,staleness,compute_seconds,communication_seconds,wait_seconds,batch_size,pushed"]
+    rows += [f"{0.02 * (s + 1):.6f},{w},{s},1.0,0,0.01,0.01,0.0,32,True" for s in range(4) for w in (0, 1)]
+    (folder / "steps.csv").write_text("\n".join(rows) + "\n")
+    for rank in (0, 1) if early_sends is not None else ():
+        (folder / f"worker-{rank}.json").write_text(json.dumps({"pushes": 4, "early_sends": early_sends}))
+    return folder
+
+
+def test_against_a_run_whose_compute_holds_its_encodes_keeps_that_compute(tmp_path, capsys):
+    """--against: a run whose workers sent every slice during backward is simulated with its own step compute
+    (the encodes taken out and put back in place); one without such records is charged the encodes on top."""
+    from psrv.cli.main import main
+    computes = {}
+    for name, early in (("held", 8), ("not-held", None)):
+        out = tmp_path / f"sim-{name}"
+        assert main(["simulate", "--against", str(_run_folder(tmp_path / name, early_sends=early)),
+                     "--forward-fraction", "0.5", "--out", str(out)]) == 0
+        computes[name] = [float(r.split(",")[5]) for r in (out / "steps.csv").read_text().splitlines()[1:]]
+    encodes = sum(json.loads((tmp_path / "sim-held" / "against.json").read_text())["codec_cost_ms"]["worker_push"])
+    assert encodes > 0
+    assert computes["held"] == pytest.approx([0.01] * 8, rel=1e-9)
+    assert computes["not-held"] == pytest.approx([0.01 + encodes / 1000] * 8, rel=1e-9)
+    assert "steady samples/s" in capsys.readouterr().out
