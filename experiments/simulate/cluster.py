@@ -4,7 +4,8 @@ Each shard holds psrv's own consistency controller (psrv/server/consistency), as
 shard service asks it (psrv/server/service.py): push -> APPLY / ACCUMULATE / DROP, commit_ready ->
 one update, pull_ready -> a held pull is answered. The simulator only adds time: compute, the network
 model, the shard's handling time and the codecs' CPU time (experiments/simulate/codec_cost.py: a worker
-encodes its pushes one shard after another and decodes its replies one at a time; a shard decodes each push
+encodes its pushes one shard after another, after its compute or, with overlap, between the parts of backward
+that finish each slice (experiments/simulate/overlap.py), and decodes its replies one at a time; a shard decodes each push
 and encodes each worker's reply on its one thread, in turn). A shard's link is first come first served and
 every worker's messages cross it in the order they were sent, so a push is handled (at its own, later time)
 in the event that sends it, and the heap holds one event per worker: its next push.
@@ -44,7 +45,8 @@ class Cluster:
     def __init__(self, *, workers: int, shards: int, mode: str, staleness: int, backup_workers: int,
                  steps: int, local_steps: int, compute: list[list[float]], latency: float,
                  push_transfer: tuple[float, ...], reply_transfer: tuple[float, ...], server_seconds: float, sample: int, batch_size: int,
-                 learner=None, codec: CodecCost | None = None):
+                 learner=None, codec: CodecCost | None = None,
+                 ready: list[tuple[int, float]] | None = None, compute_holds_encodes: bool = False):
         self.n, self.s, self.steps, self.h = workers, shards, steps, local_steps
         self.controllers = [make_controller(mode, workers, staleness=staleness, backup_workers=backup_workers)
                             for _ in range(shards)]
@@ -69,6 +71,14 @@ class Cluster:
         codec = codec or CodecCost.none(shards)  # the codecs' seconds per message and shard
         self.encode, self.decode = codec.worker_push, codec.worker_pull
         self.unpack, self.pack = codec.shard_push, codec.shard_pull
+        self.overlapping = ready is not None  # slices sent during backward (experiments/simulate/overlap.py)
+        self.encoding = sum(self.encode)      # a worker's encodes of one push, all shards
+        self.in_compute = self.encoding if compute_holds_encodes else 0.0  # already inside a step's compute
+        self.started = [0.0] * workers        # when the pushing step's compute began
+        self.pure = [0.0] * workers           # its compute without the encodes (0 without overlap)
+        ready = ready if ready is not None else [(s, 0.0) for s in range(shards)]
+        gaps = [f - before for (_, f), before in zip(ready, [0.0] + [f for _, f in ready])]
+        self.order = [(s, gap, *self.shards[s]) for (s, _), gap in zip(ready, gaps)]  # in sending order
         self.heap: list[tuple[float, int]] = []
         self.leaving: list[tuple[int, float]] = []             # workers done, their LEAVE not yet handled
         self.rec = Recorded(dropped=[0] * shards)
@@ -96,24 +106,45 @@ class Cluster:
         for step in range(first, last - 1):
             t += times[step]
             self._row(w, step, t, times[step], 0.0, 0.0, None)
+        self.done[w] = last - 1
+        if self.overlapping:
+            self._start_push(w, t, times[last - 1])
+            self.rec.compute += sum(times[first:last - 1]) + self.round_compute[w]
+            return
         self.rec.compute += sum(times[first:last])
         self.round_compute[w] = times[last - 1]
-        self.done[w] = last - 1
         heapq.heappush(self.heap, (t + times[last - 1], w))
 
+    def _start_push(self, w: int, t: float, compute: float) -> None:
+        """With overlap: worker `w` begins at `t` the step it pushes, `compute` seconds drawn for it; its
+        event is its first slice's send (after forward, part of backward and that slice's encode). The step's
+        compute is as the real worker records it: forward, backward and every slice's encode."""
+        pure = compute - self.in_compute if compute > self.in_compute else 0.0
+        self.started[w], self.pure[w] = t, pure
+        self.round_compute[w] = pure + self.encoding
+        first, gap = self.order[0][:2]
+        heapq.heappush(self.heap, (t + gap * pure + self.encode[first], w))
+
     def _push(self, t: float, w: int) -> None:
-        """Worker `w` finished computing at `t` and sends each shard its slice (one PUSH_PULL each)."""
+        """Worker `w` sends each shard its slice (one PUSH_PULL each): without overlap, all after its compute,
+        which ended at `t`; with overlap, each as backward finishes it (its first at `t`), the slices' encodes
+        on the worker's thread between the parts of backward."""
         clock, base, lat, server = self.clock[w], self.base[w], self.latency, self.server_seconds
         learner, version, in_free, busy = self.learner, self.version, self.in_free, self.busy
         gaps, bases, out_free, held, reply_at = self.rec.clock_gap, self.base, self.out_free, self.held, self.reply_at
         clocks, replies = self.clock, self.replies
         encode, unpack, pack, decode = self.encode, self.unpack, self.pack, self.decode
         grad = learner.gradient(w, self.done[w]) if learner is not None else None
+        pure = self.pure[w]
+        if self.overlapping:                                    # step() is called after the last slice's encode
+            sent = encoded = self.started[w]
+            t = encoded + pure + self.encoding
+        else:
+            sent = encoded = t
         self.pushed_at[w], self.replies[w], self.held[w], self.reply_at[w] = t, self.s, 0.0, t
         self.step_stale[w] = 0
-        sent = encoded = t
-        for s, (tx, rtx, ctrl, waiting) in enumerate(self.shards):
-            encoded += encode[s]                                # the worker encodes one slice after another
+        for s, gap, tx, rtx, ctrl, waiting in self.order:
+            encoded += gap * pure + encode[s]                   # backward up to this slice, then its encode
             start = encoded if encoded > sent else sent
             sent = start + tx                                   # the worker's link, one slice after another
             arrive = start + lat

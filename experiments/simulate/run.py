@@ -10,6 +10,7 @@ from psrv.experiments.simulate.codec_cost import CodecCost, codec_cost
 from psrv.experiments.simulate.compute import ComputeModel
 from psrv.experiments.simulate.config import SimulationConfig
 from psrv.experiments.simulate.network import NetworkModel, job_plan
+from psrv.experiments.simulate.overlap import compute_holds_encodes, overlaps, ready_order
 
 log = logging.getLogger("psrv.simulate")
 
@@ -34,7 +35,9 @@ def simulate(cfg: SimulationConfig, *, out: str | Path | None = None) -> dict:
                       compute=compute, latency=network.latency, push_transfer=network.push_transfer,
                       reply_transfer=network.reply_transfer,
                       server_seconds=sim.server_ms / 1000.0, sample=sim.sample_workers,
-                      batch_size=cfg.job.batch_size, learner=learner, codec=codec)
+                      batch_size=cfg.job.batch_size, learner=learner, codec=codec,
+                      ready=ready_order(plan, sim.forward_fraction) if overlaps(cfg) else None,
+                      compute_holds_encodes=sim.compute == "steps.csv" and compute_holds_encodes(sim.compute_csv))
     rec = cluster.run()
     if learner is not None:
         learner.finish(max(rec.end, default=0.0))

@@ -33,7 +33,7 @@ def add(sub) -> None:
                    "config.json; a run on emulated hosts gives its bandwidth to every link), each step's compute one "
                    "of its own steps, the latency --latency-ms, and print the steady samples/s of both: the "
                    "simulator's byte and codec-cost model against a network-bound run (DIR/against.json). Of the other "
-                   "options only --latency-ms, --server-ms, --codec-cost and --out go with it")
+                   "options only --latency-ms, --server-ms, --codec-cost, --forward-fraction and --out go with it")
 
 
 def command(a: argparse.Namespace) -> int:
@@ -69,10 +69,11 @@ def command(a: argparse.Namespace) -> int:
 
 
 def _against(a: argparse.Namespace) -> int:
-    extra = {k for k in given(a).get("simulate", {}) if k not in ("latency_ms", "server_ms", "codec_cost")}
+    extra = {k for k in given(a).get("simulate", {}) if k not in ("latency_ms", "server_ms", "codec_cost",
+                                                                        "forward_fraction")}
     if a.spec or a.config or a.calibrate or extra or set(given(a)) - {"simulate"}:
         raise ValueError("--against: the run's config.json holds the setting; give only --latency-ms, "
-                         "--server-ms, --codec-cost and --out with it")
+                         "--server-ms, --codec-cost, --forward-fraction and --out with it")
     import torch
     torch.set_num_threads(1)
     from psrv.experiments.simulate.against import against, format_against

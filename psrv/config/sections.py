@@ -310,6 +310,11 @@ class SimulateSettings(Section):
                               "outer dtype): measured (each encode and decode timed once on this machine with the "
                               "real codecs at the shard's size, charged to the worker or shard that does it, in "
                               "turn) or off (the bytes alone)", choices=CODEC_COSTS)
+    forward_fraction: float = setting(1 / 3, "with overlap (several shards), the share of a step's compute "
+                                      "before backward starts; backward then finishes the shards' slices, last "
+                                      "layers first, in proportion to their parameters, and each is encoded and "
+                                      "sent as it is finished (backward computes two gradients per layer to "
+                                      "forward's one: synthetic_mlp measures 0.33-0.35)", minimum=0.0, maximum=1.0)
     sample_workers: int = setting(8, "the first K workers' every step goes into steps.csv", minimum=1,
                                   metavar="K")
 
