@@ -7,7 +7,8 @@ that reaches it (a worker that lost the primary) is held. Each op is acknowledge
 it is applied: the backup then holds it, and applies the ops in the order they came.
 
 Takeover: the primary pings an idle stream every psrv/server/replicas.py PING_EVERY seconds; once nothing
-came from it for TAKEOVER_AFTER seconds, the backup asks it once more to take it ("join": a primary that is
+came from it for the transport's `silence_tolerance` seconds (1 s over ZeroMQ, longer over torch RPC,
+psrv/transport/torch_rpc.py), the backup asks it once more to take it ("join": a primary that is
 alive but had dropped this backup, for a late ack, answers with its state, and the backup follows again);
 with no answer within CHECK_GRACE seconds the backup becomes the primary at the next epoch, answers the held
 requests, and refuses the old primary's stream from then on ("fenced"), so the old one, if it was only
@@ -24,7 +25,6 @@ from psrv.server import stream
 
 log = logging.getLogger("psrv.server")
 
-TAKEOVER_AFTER = 1.0  # seconds of silence from the primary before a backup takes over
 JOIN_EVERY = 0.5      # a backup not yet following says "join" this often
 JOIN_NOTICE = 10.0    # and says in the log that it still waits this often
 CHECK_GRACE = 0.5     # a silent primary is asked to take the backup again; no state within this: take over
@@ -122,10 +122,10 @@ class Follower:
                 log.warning("shard %d: this backup has waited %.0fs to join its primary at %s; is `psrv serve` "
                             "running there?", self.s.cfg.shard, now - self.heard, self.primary)
             return False
-        silent = now - self.heard
+        silent, after = now - self.heard, self.s.transport.silence_tolerance
         rank = self._rank()
-        if silent < TAKEOVER_AFTER * (rank + 1):
-            if silent >= TAKEOVER_AFTER and rank > 0:  # the primary is gone: join the first backup that took over
+        if silent < after * (rank + 1):
+            if silent >= after and rank > 0:  # the primary is gone: join the first backup that took over
                 self._ask_earlier(rank)
             return False
         if self._checked is None:  # one last question: a live primary that had dropped us answers with its state

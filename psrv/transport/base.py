@@ -12,6 +12,9 @@ class ServerTransport(abc.ABC):
     """One shard's endpoint: receives requests from any worker and replies to a peer."""
 
     address: str  # the address workers connect to (port resolved)
+    # seconds a replica's stream may go quiet on this transport before a backup counts its primary gone
+    # (psrv/server/follower.py); the primary pings an idle stream every 0.2 s
+    silence_tolerance: float = 1.0
 
     @abc.abstractmethod
     def recv(self, timeout: float) -> tuple[Hashable, list] | None:

@@ -88,6 +88,11 @@ class RpcServer(ServerTransport):
     at the rendezvous; its requests wait in the inbox until its service reads them.
     """
 
+    # A backup over RPC waits as long for its primary as the primary waits for its acks (replicas.py
+    # ACK_TIMEOUT): on 2 busy cores the ops and pings of a live primary to a backup that had just joined
+    # reached it more than 1.5 s late, and at ZeroMQ's 1 s the backup took over a primary nobody had killed.
+    silence_tolerance = 5.0
+
     def __init__(self, bind: str, *, shard: int = 0, num_shards: int = 1, workers: int = 1, replicas: int = 0,
                  backup: bool = False, max_message_bytes: int = -1, init_timeout: float = INIT_TIMEOUT,
                  shutdown_timeout: float = SHUTDOWN_TIMEOUT, curve_keys: str = ""):
