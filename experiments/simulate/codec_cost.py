@@ -41,7 +41,7 @@ def codec_cost(mode: str, worker, plan, *, seed: int = 0) -> CodecCost:
     PartitionPlan); 'off': none. Measured once per setting, plan and seed in a process."""
     if mode not in MODES:
         raise ValueError(f"codec_cost must be one of {', '.join(MODES)}; got {mode!r}")
-    if mode == "off":
+    if mode == "off" or _dense(worker):  # nothing to time: no torch import, no vector of the model's size
         return CodecCost.none(plan.num_shards)
     key = (_settings(worker), tuple(plan.ranges), seed)
     if key not in _CACHE:
@@ -51,6 +51,12 @@ def codec_cost(mode: str, worker, plan, *, seed: int = 0) -> CodecCost:
             from psrv.experiments.simulate.codec_timing import measure
         _CACHE[key] = CodecCost(*measure(worker, plan, seed=seed), load_average=os.getloadavg()[0])
     return _CACHE[key]
+
+
+def _dense(worker) -> bool:
+    """Float32 both ways, no codec, no cast, no streaming: a setting whose messages no codec touches."""
+    return (not worker.compress and not worker.compress_pull and worker.wire_dtype == "float32"
+            and worker.fragments == 1 and worker.outer_dtype == "float32")
 
 
 def _settings(worker) -> tuple:
