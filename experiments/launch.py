@@ -17,7 +17,8 @@ from psrv.experiments.kills import Kills, ShardRestarts
 from psrv.experiments.netns import EmulatedHosts, host_traffic
 from psrv.experiments.preflight import preflight
 from psrv.experiments.progress import progress_bar
-from psrv.experiments.replication import settle as settle_replicas, start_backups, start_replacement, wait_following
+from psrv.experiments.replication import (StartupRestarts, replicated, settle as settle_replicas,
+                                          start_backups, start_replacement, wait_following)
 from psrv.experiments.rundir import OwnedFolder
 from psrv.experiments.schedulers import check_scheduler, scheduler_hosts
 from psrv.experiments.stall import StallWatch
@@ -129,6 +130,8 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
     shards = 0 if cfg.is_allreduce else cfg.cluster.servers * (1 + cfg.cluster.replicas)  # primaries and backups
     cluster = Cluster(out, processes=workers + shards, hosts=hosts,
                       keep_fds=() if lock is None else (lock,))
+    # every process records its history there (docs/history.md), and a shard obeys the faults a nemesis writes
+    cluster.env.update({"PSRV_HISTORY": str(out / "history"), "PSRV_FAULTS": str(out / "faults")})
     extra = ["--metrics-port", "0", "--metrics-linger", repr(metrics_linger)] if metrics else []
     bar, interrupt, watch = None, None, None
     started = time.monotonic()
@@ -153,13 +156,22 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
             if scheduler == "local":  # a rank with no step for the bound ends the run (experiments/stall.py)
                 watch = StallWatch(cluster, names, out, fixed=cfg.allreduce.stall_timeout)
         else:
-            servers = _start_servers(cluster, cfg, out, extra, restarts.shard_settings)
+            settings = lambda i, c: replicated(cfg, out, restarts.shard_settings(i, c))  # noqa: E731
+            servers = _start_servers(cluster, cfg, out, extra, settings)
             rendezvous = servers[0][1].rsplit("/", 1)[0] if cfg.cluster.transport == "rpc" else ""  # rpc://HOST:PORT
             backups += start_backups(cfg, out, start_backup,  # --replicas: experiments/replication.py
                                      **({"bind": rendezvous} if rendezvous else {}))
             servers += [(name, "") for name in backups]
             if backups and not rendezvous:  # over zmq; an RPC world forms only once the workers join it too
+                def restart_shard(shard: int) -> None:  # before the workers: its replicas start again, whole
+                    _start_server(cluster, out, shard, settings(shard, cfg.server_config(
+                        shard, bind=f"tcp://{cluster.address(shard)}:0")), out / f"server-{shard}.addr", extra)
+                    start_backups(cfg, out, start_backup, shards=[shard])
+                startup = StartupRestarts(out, restart_shard)
+                cluster.recover = startup.recover
                 wait_following(cluster, out, backups)
+                cluster.recover = restarts.recover
+                restarts.dead_replicas += startup.done
             start = start_torchrun_workers if launcher == "torchrun" else start_script_workers
             primaries = [(n, a) for n, a in servers if a]
             names = start(cluster, cfg, out, script, primaries, metrics=metrics, linger=metrics_linger) \

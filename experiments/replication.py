@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shutil
+import signal
 import time
 from pathlib import Path
 from typing import Callable
@@ -22,19 +24,31 @@ from psrv.config import RunConfig, ServerConfig
 log = logging.getLogger("psrv.run")
 
 
+WITNESS = "witness"  # the run folder's witness directory: every replica's epochs (psrv/server/replication/witness.py)
+
+
+def replicated(cfg: RunConfig, out: Path, config: ServerConfig) -> ServerConfig:
+    """A shard process's config with the run's witness, where the run has replicas (unchanged otherwise)."""
+    return dataclasses.replace(config, witness=str(out / WITNESS)) if cfg.cluster.replicas else config
+
+
 def backup_names(cfg: RunConfig) -> list[tuple[int, str]]:
     """(shard, process name) of every backup the run starts."""
     return [(k, f"backup-{k}-{j}") for k in range(cfg.cluster.servers) for j in range(1, cfg.cluster.replicas + 1)]
 
 
 def start_backups(cfg: RunConfig, out: Path, start: Callable[[str, int, ServerConfig, list[str]], None], *,
-                  bind: str = "tcp://127.0.0.1:0") -> list[str]:
-    """Start every shard's backups: each follows the address in its primary's ready file (DIR/server-K.addr)
-    and announces its own in DIR/backup-K-J.addr; `start(name, shard, config, argv tail)` starts one. `bind`:
-    where a backup serves (over torch RPC the run's rendezvous, rpc://HOST:PORT, whose world it joins)."""
+                  bind: str = "tcp://127.0.0.1:0", shards: list[int] | None = None) -> list[str]:
+    """Start every shard's backups (or those of `shards`): each follows the address in its primary's ready file
+    (DIR/server-K.addr) and announces its own in DIR/backup-K-J.addr; `start(name, shard, config, argv tail)`
+    starts one. `bind`: where a backup serves (over torch RPC the run's rendezvous, rpc://HOST:PORT, whose world
+    it joins)."""
     names = []
     for shard, name in backup_names(cfg):
-        config = dataclasses.replace(cfg.server_config(shard, bind=bind), backup_of=f"@{out / f'server-{shard}.addr'}")
+        if shards is not None and shard not in shards:
+            continue
+        config = dataclasses.replace(replicated(cfg, out, cfg.server_config(shard, bind=bind)),
+                                     backup_of=f"@{out / f'server-{shard}.addr'}")
         (out / f"{name}.addr").unlink(missing_ok=True)
         start(name, shard, config, ["--out", str(out / f"{name}.json"), "--ready-file", str(out / f"{name}.addr")])
         names.append(name)
@@ -54,7 +68,44 @@ def wait_following(cluster, out: Path, names: list[str], timeout: float = 120.0)
             raise RuntimeError(f"{', '.join(waiting)} did not follow its primary within {timeout:g}s; see "
                                f"{out / (waiting[0] + '.log')}")
         time.sleep(0.05)
-        waiting = [n for n in waiting if not (out / f"{n}.addr").exists()]
+        waiting = [n for n in names if not (out / f"{n}.addr").exists()]  # a shard started again waits anew
+
+
+class StartupRestarts:
+    """A replica that dies before the workers start (killed while the backups were still joining, a crash at
+    start-up) restarts its whole shard: nothing was acknowledged yet, so its replicas start afresh, with a
+    fresh witness, and lose nothing; at most MAX_STARTS times per shard. Used as the cluster's `recover` until
+    every backup follows (wait_following); `restart(shard)` starts shard K's primary and backups again."""
+
+    MAX_STARTS = 3
+
+    def __init__(self, out: Path, restart: Callable[[int], None]):
+        self.out, self.restart = out, restart
+        self.done: list[dict] = []
+
+    def recover(self, cluster, name: str) -> bool:
+        if not name.startswith(("server-", "backup-")):
+            return False
+        shard = int(name.split("-")[1])
+        if sum(1 for r in self.done if r["shard"] == shard) >= self.MAX_STARTS:
+            return False
+        code = cluster.procs[name].returncode
+        group = [n for n in cluster.procs if n == f"server-{shard}" or n.startswith(f"backup-{shard}-")]
+        for n in group:  # the shard's other replicas stop too: it starts again whole
+            proc = cluster.procs[n]
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+            log_file = self.out / f"{n}.log"
+            if log_file.exists():
+                log_file.rename(self.out / f"{n}.log.start{len(self.done) + 1}")
+            (self.out / f"{n}.addr").unlink(missing_ok=True)
+        shutil.rmtree(self.out / WITNESS / f"shard-{shard}", ignore_errors=True)
+        log.warning("%s died before the workers started (%s); shard %d starts again, with nothing lost", name,
+                    f"signal {-code}" if code < 0 else f"exit code {code}", shard)
+        self.done.append({"process": name, "shard": shard, "exit_code": code, "before_workers": True})
+        self.restart(shard)
+        return True
 
 
 def start_replacement(cfg: RunConfig, out: Path, shard: int,
@@ -70,7 +121,8 @@ def start_replacement(cfg: RunConfig, out: Path, shard: int,
     taken = [n for n in names if n.startswith(f"backup-{shard}-")]
     name = f"backup-{shard}-{len(taken) + 1}"
     replicas = ",".join(f"@{out / f'{n}.addr'}" for n in taken)
-    config = dataclasses.replace(cfg.server_config(shard, bind="tcp://127.0.0.1:0"), backup_of=replicas)
+    config = dataclasses.replace(replicated(cfg, out, cfg.server_config(shard, bind="tcp://127.0.0.1:0")),
+                                 backup_of=replicas)
     start(name, shard, config, ["--out", str(out / f"{name}.json"), "--ready-file", str(out / f"{name}.addr")])
     names.append(name)
     return name
@@ -87,14 +139,24 @@ def _records(out: Path, pattern: str) -> list[dict]:
 
 
 def settle(cfg: RunConfig, out: Path) -> dict:
-    """After the run: DIR/server-K.json for each shard whose primary died, from the backup that took over
-    (the last to, where several did); summary.json's `replication`."""
+    """After the run, each shard's record DIR/server-K.json is the record of the replica that served it last: the
+    primary of its highest epoch that was not fenced (a backup that took over, or the first primary). A first
+    primary replaced meanwhile (killed, or paused and fenced: its own record counts what it applied until then)
+    keeps its record as DIR/replaced-server-K.json. Returns summary.json's `replication`."""
     backups = _records(out, "backup-*-*.json")
     failovers = sorted(({"shard": b["shard"], "new_primary": b.get("address"), **f}
                         for b in backups for f in b.get("failovers", [])), key=lambda f: f["at"])
     for shard in range(cfg.cluster.servers):
-        took = [b for b in backups if b["shard"] == shard and b.get("failovers")]
-        if took and not (out / f"server-{shard}.json").exists():
-            record = max(took, key=lambda b: b["epoch"])
-            write_json(out / f"server-{shard}.json", {**record, "took_over": True})
+        own = out / f"server-{shard}.json"
+        first = _records(out, own.name)
+        served = [r for r in first + [b for b in backups if b["shard"] == shard]
+                  if r.get("role") == "primary" and not r.get("fenced")]
+        if not served:
+            continue
+        last = max(served, key=lambda r: r.get("epoch", 0))
+        if first and last is first[0]:
+            continue
+        if first:
+            own.rename(out / f"replaced-server-{shard}.json")
+        write_json(own, {**last, "took_over": True})
     return {"replicas": cfg.cluster.replicas, "failovers": failovers}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 from pathlib import Path
 
@@ -35,14 +36,19 @@ def command(a: argparse.Namespace) -> int:
     unused_staleness(a, cfg.mode)
     # torch only now: a mistake in the options above is refused without the seconds its import takes
     from psrv.device import check_device
+    from psrv.history import History
     from psrv.process import stop_on_signals, tune_malloc
+    from psrv.server.faults import InjectedFaults
     from psrv.server.run import serve
     check_device(cfg.device)
     tune_malloc()
+    faults = os.environ.get("PSRV_FAULTS")  # a nemesis's injected faults (psrv run's DIR/faults)
     # SIGTERM ends the loop cleanly (the shard writes its final checkpoint), as systemd, k8s and psrv run expect
     summary = serve(cfg, metrics_port=a.metrics_port, metrics_file=metrics_file(a), metrics_host=a.metrics_host,
                     metrics_linger=a.metrics_linger, ready_file=a.ready_file,
-                    on_ready=lambda server: stop_on_signals(server.stop, (signal.SIGTERM, signal.SIGINT)))
+                    on_ready=lambda server: stop_on_signals(server.stop, (signal.SIGTERM, signal.SIGINT)),
+                    history=History.from_env(f"shard-{cfg.shard}"),
+                    faults=InjectedFaults(Path(faults) / f"{os.getpid()}.json") if faults else None)
     if a.out:
         write_json(a.out, summary)
     return 0

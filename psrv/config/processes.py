@@ -14,6 +14,7 @@ from psrv.config.address_form import address_problem, check_shard_addresses
 from psrv.config.base import ConfigError, Section, section, setting
 from psrv.config.optimizer import STALENESS_RULES, VELOCITY_RULES, GradClip, OptimConfig
 from psrv.config.sections import Trackers
+from psrv.timeouts import Timeouts
 from psrv.config.sections import (MODES, AllReduceSettings, ClusterConfig, Consistency, FaultConfig, JobConfig,
                                   KillSettings, NetworkSettings, Placement, RecoverySettings, Seeded, ServerSettings,
                                   ServeSettings, WorkerSettings, parse_kill)
@@ -132,6 +133,9 @@ def _backup(cfg: "ServerConfig") -> None:
         _rpc_backup(cfg, entries)
     elif any(entry.startswith("rpc://") for entry in entries):
         raise ConfigError("backup_of", "an rpc:// primary is followed over transport rpc: add transport rpc")
+    if not cfg.witness:
+        raise ConfigError("witness", "is needed with backup_of: a directory this backup and its primary both reach, "
+                                     "where the shard's epochs are claimed (docs/reliability.md, \"Fencing\")")
 
 
 def _rpc_backup(cfg: "ServerConfig", entries: list[str]) -> None:
@@ -163,6 +167,10 @@ def _shallow(obj: Section, cls: type) -> dict[str, Any]:
 class ServerConfig(ServeSettings, ServerSettings, Consistency, Placement):
     """One shard: which one, how many in all, its workers, its address, and the settings it holds."""
 
+    def timeouts(self, transport_floor: float = 0.0) -> Timeouts:
+        """Its failover timeouts, all from failure_bound (psrv/timeouts.py)."""
+        return Timeouts(self.failure_bound, self.worker_timeout, transport_floor)
+
     shard: int = setting(0, "this shard's index", minimum=0)
     num_shards: int = setting(1, "number of shards in all", minimum=1)
     workers: int = setting(1, "number of workers N this shard serves", minimum=1)
@@ -186,6 +194,10 @@ class ServerConfig(ServeSettings, ServerSettings, Consistency, Placement):
         if self.curve_keys and self.transport != "zmq":
             raise ConfigError("curve_keys", "needs transport 'zmq' (torch RPC has no authentication)")
         _backup(self)
+        try:
+            self.timeouts().check()
+        except ValueError as exc:
+            raise ConfigError("failure_bound", str(exc)) from None
         _one_shard_clip(self.optimizer.clip_grad_norm, self.mode, self.num_shards, "num_shards")
         _onebit_adam(self.optimizer, self.mode, self.backup_workers)
         _staleness_rule(self.optimizer, self.mode)

@@ -225,6 +225,12 @@ class ServerSettings(Section):
 
     worker_timeout: float = setting(10.0, "seconds of silence before a worker leaves the active set",
                                     minimum=0.1)
+    failure_bound: float = setting(1.0, "seconds of silence after which a replica of a shard counts as failed; "
+                                   "every failover timeout derives from it (psrv/timeouts.py): the primary pings its "
+                                   "backups every bound/10, a backup takes over after bound/2 without a word, a "
+                                   "primary drops a backup that has not acknowledged for 2 x bound, a worker probes a "
+                                   "silent replicated shard after bound/5 and tries its next replica after 3 x "
+                                   "bound/5; must stay below --worker-timeout / 2", minimum=0.05, metavar="SECONDS")
     join_timeout: float = setting(120.0, "seconds a shard waits for a worker it has never heard from (its first "
                                   "HELLO) before it goes on without it: a sync barrier waits this long for a rank "
                                   "that never starts; a HELLO later brings it back", minimum=0.1, metavar="SECONDS")
@@ -249,6 +255,10 @@ class ServeSettings(Section):
                              "whichever is its primary): it takes the shard's state, then applies the same pushes "
                              "in the same order, and takes over when that primary falls silent "
                              "(docs/reliability.md)", metavar="ADDRESS")
+    witness: str = setting("", "a replicated shard's witness: a directory its primary and every backup reach (on "
+                           "several hosts, a shared filesystem), where each change of the shard's epoch is claimed "
+                           "(one file per epoch; docs/reliability.md); needed with --backup-of, and by the primary "
+                           "a backup joins (psrv run --replicas gives DIR/witness)", metavar="DIR")
     curve_keys: str = setting("", "CURVE encryption, and admit only the clients whose public key is in DIR "
                               "(made by psrv keygen); enables CHECKPOINT and SHUTDOWN", metavar="DIR")
     rpc_backups: int = setting(0, "transport rpc only: the backups per shard (psrv serve --backup-of; psrv run "

@@ -168,6 +168,8 @@ class ChunkedPushes:
         stats = self.s.stats
         stats.pushed(time.perf_counter() - push.started, None)
         stats.drop("partial")
+        self.s.history.record("drop", w=worker, seq=push.seq, clock=push.ctx.clock, epoch=self.s.epoch,
+                              why="partial", applied_chunks=push.applied)
         if push.applied:
             self.s.shard.end_slices()
             stats.partial()

@@ -44,3 +44,10 @@ class Sessions:
         why = "was silent for %.1fs" % silent if active else "is gone"
         log.info("shard %d: a new process takes rank %d over (the previous one %s)", self.shard, w, why)
         self._held[w] = sid
+
+    def state_dict(self) -> dict:
+        return {int(w): int(sid) for w, sid in self._held.items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Who holds each rank, as a backup takes it from its primary's state."""
+        self._held = {int(w): int(sid) for w, sid in state.items()}

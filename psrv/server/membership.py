@@ -52,14 +52,14 @@ class ShardMembership:
                             self.cfg.shard, w, self.liveness.silent(w))
             self.stats.lost_workers.append(w)
             self.liveness.lost.add(w)
-            self._remove(w)
+            self._remove(w, what="lost")
         self._drain()
 
     def _on_hello(self, peer, msg: Message) -> None:
         _, size = validate.hello(self.cfg, msg)
         model = validate.model(msg)
         pull_copy = self.pulls.check(msg.worker, msg.fields.get("pull"), size)  # compressed pulls' settings
-        heard = msg.worker in self.liveness.last_seen
+        heard = msg.worker in self.liveness.last_seen if self.judged is None else bool(self.judged["heard"])
         try:  # rank 0's plan is the shard's; another rank's model is refused by its rank (psrv/server/plans.py)
             settled = self.plans.hello(msg.worker, model, heard=heard,
                                        initialised=self.shard is not None and self.shard.initialised)
@@ -88,12 +88,14 @@ class ShardMembership:
                 log.info("shard %d: worker %d rejoined", self.cfg.shard, msg.worker)
             self.liveness.rejoined(msg.worker)
             self.controller.join(msg.worker)
+            self.history.record("member", w=msg.worker, what="join", epoch=self.epoch)
             self.stats.membership(self.controller.active, {})
         self._reply(peer, Message(MsgType.WELCOME, seq=msg.seq, fields={
             "shard": self.cfg.shard, "mode": self.cfg.mode, "staleness": self.cfg.staleness,
             "version": self.shard.version, "clock": self.controller.next_clock(msg.worker),
             "initialised": self.shard.initialised, "size": self.shard.size,
             "last_seq": self.dedup.last_seq(msg.worker), "worker_timeout": self.cfg.worker_timeout,
+            "failure_bound": self.cfg.failure_bound,
             "clip_grad_norm": self.cfg.optimizer.clip_grad_norm, "onebit": onebit_adam.welcome(self.cfg.optimizer),
             "optimizer": validate.optimizer_welcome(self.cfg.optimizer),
             "chunks": takes_chunks(self.cfg), "replicas": self.replicas.addresses, "epoch": self.replicas.epoch}))
@@ -112,10 +114,12 @@ class ShardMembership:
 
     def _on_leave(self, peer, msg: Message) -> None:
         self.liveness.left.add(msg.worker)
-        self._remove(msg.worker)
+        self._remove(msg.worker, what="leave")
         self._reply(peer, Message(MsgType.OK, seq=msg.seq))
 
-    def _remove(self, worker: int) -> None:
+    def _remove(self, worker: int, *, what: str) -> None:
+        if worker in self.controller.active:
+            self.history.record("member", w=worker, what=what, epoch=self.epoch)
         self.chunks.forget(worker)
         self.pulls.forget(worker)
         self.held.drop(worker)
@@ -131,7 +135,7 @@ class ShardMembership:
         """A worker refused for its model leaves the active set, as with LEAVE, so no barrier waits for it;
         unless it is the last one there, whose leaving would end the shard."""
         if self.controller.active - {worker}:
-            self._remove(worker)
+            self._remove(worker, what="misfit")
 
     def _check_worker(self, msg: Message) -> None:
         if not 0 <= msg.worker < self.cfg.workers:
@@ -149,5 +153,6 @@ class ShardMembership:
 
     def _claim(self, msg: Message) -> None:
         """msg's process holds its rank (RANK_IN_USE while another live one does); heard from now."""
-        self.sessions.check(msg, active=msg.worker in self.controller.active, silent=self.liveness.silent(msg.worker))
+        silent = self.liveness.silent(msg.worker) if self.judged is None else float(self.judged["silent"])
+        self.sessions.check(msg, active=msg.worker in self.controller.active, silent=silent)
         self.liveness.seen(msg.worker)

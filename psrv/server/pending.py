@@ -59,3 +59,18 @@ class PendingPulls:
             if ready(p):
                 del self._items[key]
                 answer(p)
+
+    def state_dict(self) -> list[dict]:
+        """The pulls waiting, without their connections (a replica that takes them over is answered on the
+        connections the workers send them on again)."""
+        return [{"worker": p.worker, "seq": p.seq, "clock": p.clock, "final": p.final, "push": p.push,
+                 "view": p.view, "fragment": None if p.fragment is None else [list(r) for r in p.fragment]}
+                for p in self._items.values()]
+
+    def load_state_dict(self, state: list[dict], *, received: float) -> None:
+        self._items = {}
+        for p in state:
+            fragment = None if p["fragment"] is None else tuple(tuple(int(x) for x in r) for r in p["fragment"])
+            self._items[int(p["worker"]), int(p["seq"])] = Pending(
+                [], int(p["worker"]), int(p["seq"]), int(p["clock"]), bool(p["final"]), received, p["push"],
+                p["view"], fragment)

@@ -23,6 +23,8 @@ class PullAnswers:
                          final=final, received=self.now(), push=push, view=msg.fields.get("view", 0),
                          fragment=fragment)
         if final:  # it pushes no more: a rejoined worker still behind must not wait for it
+            if msg.worker in self.controller.active and msg.worker not in self.controller.finishing:
+                self.history.record("member", w=msg.worker, what="finish", epoch=self.epoch)
             self.controller.finish(msg.worker)
             commit_if_ready(self)
         self._release()
@@ -58,8 +60,13 @@ class PullAnswers:
             extra, tensor, parts = self.pulls.answer_fragment(p.worker, self.shard.weights, p.fragment,
                                                               have=p.view, final=p.final)
         fields = {"version": self.shard.version, "clock": self.controller.next_clock(p.worker),
-                  "waited": waited, "gap": gap, **extra}
+                  "waited": waited, "gap": gap, "epoch": self.replicas.epoch, **extra}
+        notes = [("answer", {"w": p.worker, "seq": p.seq, "clock": p.clock, "version": self.shard.version,
+                             "epoch": self.replicas.epoch})]
         if p.push is not None:
             fields["push"] = p.push
+            notes.append(("ack", {"w": p.worker, "seq": p.seq, "epoch": self.replicas.epoch,
+                                  "version": p.push.get("version"), "dropped": p.push.get("dropped")}))
         for peer in p.peers:
-            self._reply(peer, Message(MsgType.WEIGHTS, seq=p.seq, fields=fields, tensor=tensor, parts=parts))
+            self._reply(peer, Message(MsgType.WEIGHTS, seq=p.seq, fields=fields, tensor=tensor, parts=parts), notes)
+            notes = None  # recorded once, however many connections the pull came on

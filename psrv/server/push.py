@@ -88,4 +88,8 @@ def commit_if_ready(s) -> None:
     else:
         log.warning("shard %d: clock %d had no finite gradient; moving on without a step",
                     s.cfg.shard, s.controller.next_clock(-1))
+    c = s.controller
+    s.history.record("commit", clock=c.next_clock(-1), version=s.shard.version, epoch=s.epoch,
+                     pushed=sorted(c.arrived - c.voided), arrived=sorted(c.arrived), pushing=sorted(c.pushing()),
+                     active=sorted(c.active), need=c.needed())
     s.controller.committed()

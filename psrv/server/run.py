@@ -18,6 +18,8 @@ from psrv.config import ServerConfig
 from psrv.device import check_device
 from psrv.metrics import ServerMetrics, open_metrics, start_metrics
 from psrv.rss import peak_rss_bytes
+from psrv.history import History
+from psrv.server.faults import InjectedFaults
 from psrv.server.service import ShardService
 from psrv.transport import create_server
 from psrv.transport.addresses import resolve_addresses
@@ -38,11 +40,13 @@ class Server:
     making the Server waits for the whole RPC world to join.
 
     With `metrics_port`, /metrics is served (port 0: a free port, written to `metrics_file`) and
-    kept up `metrics_linger` seconds after the end so a last scrape sees the final counts.
+    kept up `metrics_linger` seconds after the end so a last scrape sees the final counts. `history`: where
+    the shard records its events (docs/history.md); `faults`: a nemesis's injected faults (psrv/server/faults.py).
     """
 
     def __init__(self, cfg: ServerConfig, *, metrics_port: int | None = None, metrics_file: Path | None = None,
-                 metrics_host: str = "127.0.0.1", metrics_linger: float = 0.0):
+                 metrics_host: str = "127.0.0.1", metrics_linger: float = 0.0, history: History | None = None,
+                 faults: InjectedFaults | None = None):
         check_device(cfg.device, option="device")  # a ValueError that says so, not torch's AssertionError
         if "@" in cfg.backup_of:  # a backup started beside its primary waits for its ready file
             cfg = dataclasses.replace(cfg, backup_of=",".join(resolve_addresses(
@@ -68,7 +72,7 @@ class Server:
                                          if cfg.transport == "rpc" else {}),  # its place in the RPC world
                                       **({"curve_keys": cfg.curve_keys} if cfg.curve_keys else {}))
             self._transport_off.callback(transport.close)
-            self._service = ShardService(cfg, transport, metrics=metrics)
+            self._service = ShardService(cfg, transport, metrics=metrics, history=history, faults=faults)
         except BaseException:  # a failure half-way releases what was already made
             self.close()
             raise
@@ -145,16 +149,17 @@ class Server:
 
 def serve(cfg: ServerConfig, *, metrics_port: int | None = None, metrics_file: Path | None = None,
           metrics_host: str = "127.0.0.1", metrics_linger: float = 0.0, ready_file: Path | None = None,
-          on_ready: Callable[[Server], None] | None = None) -> dict:
+          on_ready: Callable[[Server], None] | None = None, history: History | None = None,
+          faults: InjectedFaults | None = None) -> dict:
     """Bind, announce the address, serve in this thread (any thread); returns the shard's summary once
     every worker has left or the server was stopped.
 
     Once bound (a backup: once it follows its primary), the address is written to `ready_file` (atomically) and `on_ready(server)` is called
     before serving: it may read `server.address` and keep `server.stop` (psrv serve hands it to
-    psrv.process.stop_on_signals). The metrics arguments are Server's.
+    psrv.process.stop_on_signals). The metrics, history and faults arguments are Server's.
     """
     with Server(cfg, metrics_port=metrics_port, metrics_file=metrics_file, metrics_host=metrics_host,
-                metrics_linger=metrics_linger) as server:
+                metrics_linger=metrics_linger, history=history, faults=faults) as server:
         follower = server.service.follower
         if ready_file is not None and follower is not None:  # a backup is ready once it follows its primary: a
             address = server.address                         # launcher starting workers after it, they hear of it

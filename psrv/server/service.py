@@ -4,7 +4,8 @@ One thread owns the shard, so a read-modify-write of the parameters is never spl
 Blocked pulls are kept as pending replies and answered when the controller allows. A push is
 taken whole (psrv/server/push.py) or in chunks (psrv/server/chunked.py). Its parts, mixins of ShardService:
 who works with the shard (psrv/server/membership.py), how pulls are answered (psrv/server/pull_answers.py),
-its state and checkpoints (psrv/server/persistence.py) and its replication (psrv/server/replicated.py).
+its state and checkpoints (psrv/server/persistence.py) and its replication (psrv/server/replication/).
+Every push it applies, acknowledges or answers is recorded in its history (psrv/history.py, docs/history.md).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 
 from psrv.checkpoint import Checkpointer
 from psrv.config import ServerConfig
+from psrv.history import History
 from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError, decode, encode
 from psrv.server import validate
 from psrv.server.checkpointing import BackgroundCheckpoints
@@ -30,15 +32,17 @@ from psrv.server.liveness import Liveness
 from psrv.server.membership import ShardMembership
 from psrv.server.pending import PendingPulls
 from psrv.server.persistence import AdminCheckpoints, ShardPersistence
-from psrv.server.replicated import ShardReplication
+from psrv.server.replication.service import ShardReplication
 from psrv.server.plans import Plans
 from psrv.server.pull_answers import PullAnswers
 from psrv.server.pulls import PullCopies
 from psrv.server.push import take_push
 from psrv.server.queued import HeldPushes
-from psrv.server.follower import Follower
-from psrv.server.replicas import REPLICATED, Replicas
-from psrv.server import stream
+from psrv.server.faults import InjectedFaults
+from psrv.server.replica_state import ReplicaState
+from psrv.server.replication.follower import Follower
+from psrv.server.replication.primary import REPLICATED, Replicas
+from psrv.server.replication import stream
 from psrv.server.shard import Shard
 from psrv.server.speeds import WorkerSpeeds
 from psrv.server.stats import ShardStats
@@ -51,14 +55,21 @@ ANONYMOUS = (MsgType.STATS, *ADMIN)             # no worker id needed
 PUSHES = (MsgType.PUSH, MsgType.PUSH_PULL)
 
 
-class ShardService(ShardMembership, PullAnswers, ShardPersistence, ShardReplication):
+class ShardService(ShardMembership, PullAnswers, ShardPersistence, ShardReplication, ReplicaState):
     def __init__(self, cfg: ServerConfig, transport: ServerTransport, *, metrics=None,
-                 now: Callable[[], float] = time.monotonic, join_timeout: float | None = None):
-        """`join_timeout` (default cfg.join_timeout): seconds to wait for a worker never heard from."""
+                 now: Callable[[], float] = time.monotonic, join_timeout: float | None = None,
+                 history: History | None = None, faults: InjectedFaults | None = None):
+        """`join_timeout` (default cfg.join_timeout): seconds to wait for a worker never heard from.
+        `history`: where its events go (docs/history.md; default nowhere); `faults`: a nemesis's injected
+        faults it obeys (psrv/server/faults.py; default none)."""
         self.cfg = cfg
         self.transport = transport
         self.metrics = metrics
         self.now = now
+        self.history = history or History.off()
+        self.faults = faults
+        self.timing = cfg.timeouts(transport.silence_tolerance)  # failover timeouts (psrv/timeouts.py)
+        self.judged: dict | None = None  # the primary's judgement of time for the request in hand (handle)
         self.controller = make_controller(cfg.mode, cfg.workers, staleness=cfg.staleness,
                                           backup_workers=cfg.backup_workers)
         self.stats = ShardStats(metrics=metrics)
@@ -85,10 +96,14 @@ class ShardService(ShardMembership, PullAnswers, ShardPersistence, ShardReplicat
         self.admin_checkpoints = AdminCheckpoints()  # CHECKPOINT requests waiting for their write
         self.stopped = False
         self._last_check = now()
-        self.replicas = Replicas(self)  # this shard's backups while it is the primary (psrv/server/replicas.py)
-        # a backup follows its primary's stream until it takes over (psrv/server/follower.py)
+        # this shard's backups while it is the primary; a backup follows its primary's stream until it takes
+        # over (psrv/server/replication/)
+        self.replicas = Replicas(self)
         self.follower = Follower(self, cfg.backup_of) if cfg.backup_of else None
         self.failovers: list[dict] = []  # when this backup took over
+        self.history.start("backup" if cfg.backup_of else "primary", shard=cfg.shard, address=transport.address)
+        if self.follower is None:
+            self.replicas.begin()  # epoch 0 on the witness, if the shard has one
         self._handlers = {
             MsgType.HELLO: self._on_hello, MsgType.INIT: self._on_init, MsgType.PUSH: self._on_push,
             MsgType.PULL: self._on_pull, MsgType.PUSH_PULL: self._on_push_pull,
@@ -120,8 +135,10 @@ class ShardService(ShardMembership, PullAnswers, ShardPersistence, ShardReplicat
             if item is not None:
                 self.handle(*item)
             if self.follower is not None:  # a backup: the primary's stream decides, until it falls silent
+                if self.follower.refused:
+                    raise ValueError(self.follower.refused)
                 if self.follower.tick():
-                    self.take_over()
+                    self.try_take_over()
                 continue
             self.check_liveness()
             self.replicas.tick()
@@ -129,6 +146,8 @@ class ShardService(ShardMembership, PullAnswers, ShardPersistence, ShardReplicat
                 self.answer_admin_checkpoints()
             if self.checkpoints.due() and not self.writer.writing:
                 self.start_checkpoint()
+        if self.follower is None and not self.controller.active:
+            self.replicas.finish()
         if self.cfg.checkpoint_dir and not self.replicas.fenced:  # a fenced primary's state is no longer the shard's
             final = self.save_checkpoint()
             if self.admin_checkpoints:
@@ -156,17 +175,37 @@ class ShardService(ShardMembership, PullAnswers, ShardPersistence, ShardReplicat
         with self.replicas.deferring():
             msg = self._decode(peer, frames)
             if msg is not None:
-                sent = self.replicas.send("req", frames, peer=peer) if msg.type in REPLICATED else None
-                self._serve(peer, msg, check=True)
-                self._drain()
+                self.judged = self._judge(msg) if msg.type in REPLICATED else None
+                sent = self.replicas.send("req", frames, peer=peer, judged=self.judged) \
+                    if msg.type in REPLICATED else None
+                try:
+                    self._serve(peer, msg, check=True)
+                    self._drain()
+                finally:
+                    self.judged = None
                 self.replicas.wait(sent)
 
-    def apply(self, peer: Hashable, frames: list) -> None:
-        """Decode and serve one request its primary forwarded to this backup."""
+    def _judge(self, msg: Message) -> dict:
+        """What handling `msg` reads of time, judged once by the primary and sent with it in the stream, so its
+        backups decide alike (a second process claiming a live rank is refused by both): how long the worker
+        has been silent, and whether it was ever heard from."""
+        return {"silent": self.liveness.silent(msg.worker), "heard": msg.worker in self.liveness.last_seen}
+
+    def apply(self, peer: Hashable, frames: list, *, judged: dict | None = None) -> None:
+        """Decode and serve one request its primary forwarded to this backup, with the primary's `judged`."""
         msg = self._decode(peer, frames)
         if msg is not None:
-            self._serve(peer, msg, check=True)
-            self._drain()
+            self.judged = judged
+            try:
+                self._serve(peer, msg, check=True)
+                self._drain()
+            finally:
+                self.judged = None
+
+    def pause(self, seconds: float) -> None:
+        """Stop this loop for `seconds` (a nemesis's late ack, psrv/server/faults.py)."""
+        log.warning("shard %d: stalled %.2fs on purpose (an injected fault)", self.cfg.shard, seconds)
+        time.sleep(seconds)
 
     def _decode(self, peer: Hashable, frames: list) -> Message | None:
         """The request `frames` hold; None, with its ERROR reply made, when they hold none."""
@@ -245,8 +284,8 @@ class ShardService(ShardMembership, PullAnswers, ShardPersistence, ShardReplicat
         pushed = self._push_or_chunk(msg)
         if pushed is None:  # a chunk, not the push's last: the push is answered once, at its end
             return
-        info = {**pushed, **self.speeds.fastest(self.controller.active)}
-        self._reply(peer, Message(MsgType.OK, seq=msg.seq, fields=info))
+        info = {**pushed, **self.speeds.fastest(self.controller.active), "epoch": self.replicas.epoch}
+        self._reply(peer, Message(MsgType.OK, seq=msg.seq, fields=info), [self.acked(msg, info)])
         self._release()
 
     def _on_stats(self, peer, msg: Message) -> None:
@@ -271,9 +310,21 @@ class ShardService(ShardMembership, PullAnswers, ShardPersistence, ShardReplicat
         return self.chunks.take(msg) if "chunk" in msg.fields else take_push(self, msg)
 
     def record_answer(self, msg: Message, info: dict) -> dict:
-        """`info`, push `msg`'s answer, recorded so a re-send of it is answered alike (psrv/server/dedup.py)."""
+        """`info`, push `msg`'s answer, recorded so a re-send of it is answered alike (psrv/server/dedup.py),
+        and in the history as applied or dropped (docs/history.md)."""
         self.dedup.record(msg.worker, msg.seq, info)
+        why = info.get("dropped") or ("invalid" if "refused" in info else None)
+        where = {"w": msg.worker, "seq": msg.seq, "clock": msg.clock, "epoch": self.epoch}
+        if why:
+            self.history.record("drop", **where, why=why)
+        else:
+            self.history.record("apply", **where, version=info.get("version"))
         return info
+
+    @property
+    def epoch(self) -> int:
+        """The epoch this replica serves or follows (0 without replication)."""
+        return self.follower.epoch if self.follower is not None else self.replicas.epoch
 
     def before_write(self) -> None:
         """Called right before the weights are written (psrv/server/push.py, chunked.py): what still views
@@ -281,14 +332,26 @@ class ShardService(ShardMembership, PullAnswers, ShardPersistence, ShardReplicat
         self.replicas.protect()
         self.transport.wait_sent()
 
-    def _reply(self, peer, msg: Message) -> None:
-        """Send a reply: at once, or once the backups hold what it acknowledges; a backup's go nowhere."""
+    def _reply(self, peer, msg: Message, notes: list[tuple[str, dict]] | None = None) -> None:
+        """Send a reply: at once, or once the backups hold what it acknowledges; a backup's go nowhere.
+        `notes`: the history's events for it (a push acknowledged, a pull answered), recorded as it leaves."""
         if self.follower is not None:
             return
         frames = encode(msg)
         self.stats.sent(sum(memoryview(f).nbytes for f in frames))
-        if not self.replicas.hold(peer, frames):
-            self.transport.send(peer, frames)
+        if not self.replicas.hold(peer, frames, notes):
+            self.sent(peer, frames, notes)
+
+    def sent(self, peer, frames: list, notes: list[tuple[str, dict]] | None) -> None:
+        """A reply leaves now: its events are recorded first (docs/history.md)."""
+        for ev, fields in notes or ():
+            self.history.record(ev, **fields)
+        self.transport.send(peer, frames)
+
+    def acked(self, msg: Message, info: dict) -> tuple[str, dict]:
+        """The history's event for push `msg` acknowledged with `info` (its answer)."""
+        return ("ack", {"w": msg.worker, "seq": msg.seq, "epoch": self.replicas.epoch,
+                        "version": info.get("version"), "dropped": info.get("dropped")})
 
     def ready_shard(self, msg: Message, *, need_init: bool) -> Shard:
         """The shard `msg` may touch: HelloAgain before any HELLO, NOT_ALLOWED before INIT where it needs weights."""
@@ -310,7 +373,7 @@ class ShardService(ShardMembership, PullAnswers, ShardPersistence, ShardReplicat
                 "checkpoint_seconds": self.checkpoints.seconds, "checkpoint_writing": self.writer.writing,
                 "payload_bytes": dict(getattr(self.transport, "payload_bytes", {})),  # by data path
                 "role": "backup" if self.follower is not None else "primary",
-                "epoch": self.follower.epoch if self.follower is not None else self.replicas.epoch,
+                "epoch": self.epoch,
                 "address": getattr(self.transport, "address", None),
                 "backups": [b.address for b in self.replicas.backups], "failovers": self.failovers,
                 "fenced": self.replicas.fenced,

@@ -102,6 +102,24 @@ class ShardStats:
         if self.metrics:
             self.metrics.forget_worker(worker)
 
+    # --- a backup's copy (psrv/server/replica_state.py) -----------------------
+    COUNTS = ("pushes", "pulls", "updates_applied", "pushes_applied", "partially_applied", "duplicates", "errors",
+              "bytes_in", "bytes_out", "max_clock_gap", "wait_seconds")
+
+    def state_dict(self) -> dict:
+        return {**{k: getattr(self, k) for k in self.COUNTS}, "dropped": dict(self.dropped),
+                "staleness": dict(self.staleness), "lost_workers": list(self.lost_workers),
+                "lr_scale": {float(k): v for k, v in self.lr_scale.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        """The counters a primary had when it sent its state: a backup's counts go on from them."""
+        for k in self.COUNTS:
+            setattr(self, k, type(getattr(self, k))(state[k]))
+        self.dropped = collections.Counter(state["dropped"])
+        self.staleness = collections.Counter({int(k): v for k, v in state["staleness"].items()})
+        self.lost_workers = list(state["lost_workers"])
+        self.lr_scale = collections.Counter({float(k): v for k, v in state["lr_scale"].items()})
+
     # --- summaries ----------------------------------------------------------
     @property
     def max_staleness(self) -> int:

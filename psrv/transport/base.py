@@ -12,9 +12,9 @@ class ServerTransport(abc.ABC):
     """One shard's endpoint: receives requests from any worker and replies to a peer."""
 
     address: str  # the address workers connect to (port resolved)
-    # seconds a replica's stream may go quiet on this transport before a backup counts its primary gone
-    # (psrv/server/follower.py); the primary pings an idle stream every 0.2 s
-    silence_tolerance: float = 1.0
+    # the least silence of a replica's stream on this transport that may count its primary gone (a floor under
+    # the failure bound's own: psrv/timeouts.py)
+    silence_tolerance: float = 0.0
 
     @abc.abstractmethod
     def recv(self, timeout: float) -> tuple[Hashable, list] | None:

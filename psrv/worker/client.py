@@ -18,6 +18,8 @@ from typing import Callable, Sequence
 import torch
 
 from psrv.config.base import defaults_of
+from psrv.history import History
+from psrv.timeouts import Timeouts
 from psrv.config.sections import Placement, WorkerSettings
 from psrv.codecs import CASTS, make as make_codec
 from psrv.codecs.push import PushEncoder
@@ -80,6 +82,9 @@ class PSClient(PushMessages):
         self.world_size = world_size
         self.timeout = timeout
         self.timeout_option = timeout_option  # what the messages about `timeout` call it (RoundTrip)
+        # every push sent and acknowledged, for psrv check (docs/history.md), where PSRV_HISTORY says
+        self.history = History.from_env(f"worker-{worker}")
+        self.history.start("worker", w=worker)
         self.retry_interval = retry_interval
         self.recent_seconds = 0.0  # how long this client's round trips with a payload take lately (RoundTrip)
         self.ranges = plan.ranges
@@ -154,6 +159,10 @@ class PSClient(PushMessages):
         for s, w in enumerate(welcomes):  # a replicated shard's backups: where to go if its primary falls silent
             if isinstance(w.get("replicas"), list):
                 self.replicas[s] = list(dict.fromkeys([self.servers[s], *map(str, w["replicas"]), *self.replicas[s]]))
+        bounds = [float(w["failure_bound"]) for s, w in enumerate(welcomes)
+                  if len(self.replicas[s]) > 1 and isinstance(w.get("failure_bound"), (int, float))]
+        if bounds:  # a replicated shard's silence is probed within its failure bound (psrv/timeouts.py)
+            self.retry_interval = min(self.retry_interval, Timeouts(min(bounds), 0.0).probe_after)
         # A restarted worker continues after its previous life's seqs, so no push of it looks re-sent.
         self._seq = max([self._seq] + [int(w.get("last_seq", 0)) for w in welcomes])
         timeouts = [w["worker_timeout"] for w in welcomes if isinstance(w.get("worker_timeout"), (int, float))]
@@ -254,6 +263,7 @@ class PSClient(PushMessages):
     def close(self) -> None:
         self._stop_heartbeat()
         self.net.close()
+        self.history.close()
 
     def __enter__(self) -> "PSClient":
         return self

@@ -119,6 +119,8 @@ class RoundTrip:
                 lo, hi = self.c.ranges[s]
                 fragment = self.msgs[s].fields.get("fragment")  # streaming DiLoCo: that fragment's elements only
                 self.c.wire.dense_pushed += 4 * (hi - lo if fragment is None else sum(b - a for a, b in fragment))
+                self.c.history.record("push", w=self.c.worker, seq=self.seq, shard=s, clock=self.msgs[s].clock,
+                                      to=self.c.servers[s])
             self._out(s, self.frames[s], push=self.pushing)
 
     def _out(self, s: int, messages: list[list], *, push: bool = False) -> None:
@@ -246,7 +248,19 @@ class RoundTrip:
                 return True
             raise PSError(s, f.get("code", ErrorCode.INTERNAL), f.get("message", ""), fields=f)
         self.replies[s] = reply
+        self._record(s, reply)
         return True
+
+    def _record(self, s: int, reply: Message) -> None:
+        """The answer from shard s in the history (docs/history.md): a push acknowledged, weights taken."""
+        f, history = reply.fields, self.c.history
+        where = {"w": self.c.worker, "seq": self.seq, "shard": s}
+        if self.pushing:
+            push = f if reply.type is MsgType.OK else f.get("push", {})
+            history.record("ack", **where, epoch=f.get("epoch", 0), version=push.get("version"),
+                           dropped=push.get("dropped"), **{"from": self.c.servers[s]})
+        if reply.type is MsgType.WEIGHTS:
+            history.record("pull", **where, clock=self.msgs[s].clock, version=f.get("version"), epoch=f.get("epoch", 0))
 
 
 class PushPull:

@@ -10,6 +10,7 @@ turns, one whole step each (push, apply, pull), who goes first rotating from ste
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -117,7 +118,7 @@ class Handled:
         self.thread.join(TIMEOUT)
 
 
-def start_backups(cfg: RunConfig, servers: list[Server]) -> list[Server]:
+def start_backups(cfg: RunConfig, servers: list[Server], witness: str) -> list[Server]:
     """cfg.cluster.replicas backups of each shard, returned once each follows its primary's stream and the
     primary counts it among its live backups (else the case would not take the replication path)."""
     backups: list[Server] = []
@@ -125,7 +126,7 @@ def start_backups(cfg: RunConfig, servers: list[Server]) -> list[Server]:
         for shard, primary in enumerate(servers):
             for _ in range(cfg.cluster.replicas):
                 config = cfg.server_config(shard, bind="tcp://127.0.0.1:0")
-                backups.append(Server(dataclasses.replace(config, backup_of=primary.address)).start())
+                backups.append(Server(dataclasses.replace(config, backup_of=primary.address, witness=witness)).start())
         deadline = time.monotonic() + TIMEOUT
         for b in backups:
             primary = servers[b.cfg.shard]
@@ -149,13 +150,17 @@ def _state(server: Server) -> dict:
 
 
 def run(cfg: RunConfig, *, nan: bool) -> Outcome:
-    servers = [Server(cfg.server_config(s, bind="tcp://127.0.0.1:0")).start() for s in range(cfg.cluster.servers)]
+    witness = tempfile.TemporaryDirectory(prefix="psrv-witness-")  # the shards' epochs, with replicas
+    on = {"witness": witness.name} if cfg.cluster.replicas else {}
+    servers = [Server(dataclasses.replace(cfg.server_config(s, bind="tcp://127.0.0.1:0"), **on)).start()
+               for s in range(cfg.cluster.servers)]
     addresses = [s.address for s in servers]
     try:
-        backups = start_backups(cfg, servers)
+        backups = start_backups(cfg, servers, witness.name)
     except BaseException:
         for s in servers:
             s.stop()
+        witness.cleanup()
         raise
     n = cfg.cluster.workers
     turns = Turns(list(range(n)), cfg.job.steps, free=cfg.mode == "sync" and not cfg.backup_workers)
@@ -187,6 +192,7 @@ def run(cfg: RunConfig, *, nan: bool) -> Outcome:
     finally:
         for s in servers + backups:
             s.stop()
+        witness.cleanup()
     if failures:
         raise failures[0]
     if any(t.is_alive() for t in threads):

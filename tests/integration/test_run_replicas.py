@@ -39,7 +39,7 @@ def test_a_killed_primary_loses_nothing_the_run_ends_with_the_weights_of_the_run
     [kill] = summary["faults"]["kills"]
     assert kill["process"] == "server-0" and kill["killed"] and 30 <= kill["step"] < STEPS
     [failover] = summary["replication"]["failovers"]
-    assert failover["shard"] == 0 and failover["epoch"] == 1 and failover["version"] >= kill["step"] - 1
+    assert failover["shard"] == 0 and failover["epoch"] == 2 and failover["version"] >= kill["step"] - 1
     assert summary["complete"] and summary["updates_applied"] == STEPS and summary["faults"]["restarts"] == []
     [dead] = summary["faults"]["dead_replicas"]  # a new backup started in its place, to follow the new primary;
     # none over torch RPC, whose world is fixed when it forms
@@ -77,6 +77,7 @@ def test_replicas_refuse_what_they_do_not_support_in_one_line(more, message):
       "bind": "rpc://127.0.0.1:5555"}, "backup_of: over transport rpc a backup follows one primary"),
     ({"backup_of": "rpc://127.0.0.1:5555/server-0"}, "backup_of: an rpc:// primary is followed over transport rpc"),
     ({"rpc_backups": 1}, "rpc_backups: sizes a torch RPC world"),
+    ({"backup_of": "tcp://127.0.0.1:5555"}, "witness: is needed with backup_of"),
 ])
 def test_a_backup_refuses_what_it_cannot_follow_with_in_one_line(more, message):
     with pytest.raises(ConfigError, match=message):

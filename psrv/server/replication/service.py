@@ -1,0 +1,99 @@
+"""A shard's replication, as ShardService (psrv/server/service.py) takes part in it: the stream's messages
+it receives (a backup's "join", its primary's ops), a backup's answer to STATS, and a backup's takeover
+(docs/reliability.md, "Replicated shards"; the two halves: primary.py, follower.py). A mixin of
+ShardService, whose attributes it reads: cfg, transport, replicas, follower, failovers, liveness,
+controller, shard, now, summary, handle, history."""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Hashable
+
+from psrv.protocol import Message, MsgType, ProtocolError, decode, encode
+from psrv.server.replication import stream
+
+log = logging.getLogger("psrv.server")
+
+
+class ShardReplication:
+    def on_stream(self, peer: Hashable, frames: list) -> None:
+        """A replication message: a backup asking to join (we are the primary), or the primary's stream (we
+        follow it); a stream reaching a primary comes from one this shard has replaced, and is fenced."""
+        try:
+            head, payload = stream.read(frames)
+        except ValueError as exc:
+            log.warning("shard %d: ignored a malformed replication message: %s", self.cfg.shard, exc)
+            return
+        if head["op"] == "join":
+            if self.follower is None and not self.replicas.fenced:
+                self.replicas.join(str(head.get("address", "")))
+        elif self.follower is not None:
+            self.follower.on_stream(peer, head, payload)
+        elif head["op"] in ("ack", "gap", "fenced"):
+            return
+        elif head["epoch"] < self.replicas.epoch:  # an older primary's stream: the shard is ours now
+            self.transport.send(peer, stream.frames_of("fenced", self.replicas.epoch))
+        else:  # a stream of our epoch or a later one, from another primary: we may be the stale one
+            latest = self.replicas.witness.latest() if self.replicas.witness is not None else None
+            if latest is not None and latest.epoch > self.replicas.epoch:
+                self.replicas.fence(latest.epoch, f"{latest.primary} (witness: {latest.why})")
+
+    def backup_stats(self, peer: Hashable, frames: list) -> bool:
+        """A backup answers STATS itself (psrv top, psrv admin), role "backup"; True if `frames` was one."""
+        try:
+            msg = decode(frames)
+        except ProtocolError:
+            return False
+        if msg.type is not MsgType.STATS:
+            return False
+        self.transport.send(peer, encode(Message(MsgType.STATS, seq=msg.seq, fields=self.summary())))
+        return True
+
+    def try_take_over(self) -> None:
+        """The primary has been silent past the bound: claim the next epoch on the witness. Won: this backup
+        is the primary. Lost, or the witness has moved on without us (the primary dropped us, another backup
+        took over): join whoever serves now."""
+        f = self.follower
+        try:
+            latest = f.witness.latest()
+        except OSError as exc:
+            log.error("shard %d: could not read the witness %s (%s); still following", self.cfg.shard,
+                      f.witness.dir, exc)
+            f.heard = self.now()
+            return
+        if latest is not None and latest.finished:
+            log.info("shard %d: the shard finished (every worker left); this backup ends", self.cfg.shard)
+            self.stopped = True
+            return
+        if latest is None or latest.epoch != f.epoch or self.transport.address not in latest.backups:
+            f.lost_place(latest.primary if latest is not None else f.primary)
+            return
+        try:
+            won, latest = f.witness.claim(latest.taken_over_by(
+                self.transport.address, why=f"take over from {latest.primary}, silent {self.now() - f.heard:.2f}s"))
+        except OSError as exc:
+            log.error("shard %d: could not claim the shard on the witness %s (%s); still following",
+                      self.cfg.shard, f.witness.dir, exc)
+            f.heard = self.now() - self.timing.silence / 2  # try again soon
+            return
+        if won:
+            self._take_over(latest)
+        else:
+            f.lost_place(latest.primary)
+
+    def _take_over(self, config) -> None:
+        """This backup is the shard's primary at `config`'s epoch: the workers' requests it held are answered
+        now, and each worker has a full worker_timeout to find it."""
+        f, self.follower = self.follower, None
+        f.close()
+        self.replicas.serve_as(config)
+        silent = self.now() - f.heard
+        self.liveness.look()  # the time it followed is no one's silence
+        self.liveness.restart_clocks(self.controller.active)
+        self.failovers.append({"epoch": config.epoch, "from": f.primary, "at": time.time(),
+                               "silent_s": round(silent, 3), "version": self.shard.version if self.shard else 0})
+        log.warning("shard %d: primary %s silent for %.2fs; this backup (%s) takes over at epoch %d, version %d",
+                    self.cfg.shard, f.primary, silent, self.transport.address, config.epoch,
+                    self.shard.version if self.shard else 0)
+        for peer, frames in f.held:
+            self.handle(peer, frames)

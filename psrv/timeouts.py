@@ -1,0 +1,48 @@
+"""Every failover timeout from one failure bound F (`--failure-bound`, docs/reliability.md "Timeouts"), and the
+order they must keep: a replica's peers count it failed after silence of about F, and a worker must not be
+dropped from a shard while it is finding the shard's next primary."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    bound: float                  # F
+    worker: float                 # --worker-timeout: a shard drops a worker silent this long
+    transport_floor: float = 0.0  # a transport's own least silence (torch RPC's first ops arrive late)
+
+    @property
+    def ping_every(self) -> float:
+        """A primary pings an idle replication stream this often."""
+        return self.bound / 10
+
+    @property
+    def silence(self) -> float:
+        """A backup claims the shard after this long without a word from its primary."""
+        return max(self.bound / 2, self.transport_floor)
+
+    @property
+    def ack_timeout(self) -> float:
+        """A primary drops (at a new epoch, psrv/server/replication/witness.py) a backup silent this long on an op."""
+        return max(2 * self.bound, self.transport_floor)
+
+    @property
+    def probe_after(self) -> float:
+        """A worker probes a replicated shard that has not answered this long (then its next replica after
+        twice as long again without an answer to the probe)."""
+        return self.bound / 5
+
+    def check(self) -> None:
+        """ValueError, naming the settings, when the order fails: a worker dropped while it fails over."""
+        failover = self.silence + 3 * self.probe_after
+        if not failover < self.worker / 2:
+            raise ValueError(f"--failure-bound {self.bound:g}s makes a failover take up to {failover:g}s, which must "
+                             f"stay below half of --worker-timeout ({self.worker:g}s): a shard would drop workers "
+                             f"busy finding its next primary; lower --failure-bound or raise --worker-timeout")
+
+    def line(self) -> str:
+        """The derived timeouts in their order, as psrv run and psrv serve print them at start."""
+        return (f"timeouts from --failure-bound {self.bound:g}s: ping every {self.ping_every:g}s < backup takes over "
+                f"after {self.silence:g}s < worker probes at {self.probe_after:g}s, next replica at "
+                f"{3 * self.probe_after:g}s < ack timeout {self.ack_timeout:g}s < --worker-timeout {self.worker:g}s")

@@ -1,0 +1,160 @@
+"""Replicated shards under the faults a review found them losing updates or hanging under (docs/reliability.md,
+"Faults"): a backup its live primary dropped for a late ack, two backups taking over at once, a rank claimed
+twice, a backup that joins mid-run, and a primary paused until it is fenced. Each of these failed on the design
+before the witness (psrv/server/replication/witness.py). Shards and workers are threads of this process
+(tests/replica_cluster.py); a late ack is the backup's own loop stalled before it acknowledges, as a starved
+host's would be."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from psrv.worker.client import PSClient, PSError
+from psrv.partition import PartitionPlan
+from psrv.protocol import ErrorCode
+from tests.replica_cluster import STEPS, following, model, run_workers, shard, wait_for
+from tests.states import assert_same_state
+
+
+def _stall_before_op(server, *, op: int, seconds: float) -> list[float]:
+    """The backup `server`'s loop stalls `seconds` when the primary's op number `op` reaches it, before it
+    acknowledges it; the list returned gets the time it stalled."""
+    follower = server.service.follower
+    on_stream, stalled = follower.on_stream, []
+
+    def late(peer, head, payload):
+        if head.get("op") == "req" and head.get("n") == op and not stalled:
+            stalled.append(time.monotonic())
+            time.sleep(seconds)
+        return on_stream(peer, head, payload)
+    follower.on_stream = late
+    return stalled
+
+
+@pytest.mark.parametrize("mode", ["ssp", "sync"])
+def test_a_backup_dropped_for_a_late_ack_joins_again_and_never_takes_over_a_live_primary(mode, tmp_path):
+    """The backup's loop stalls 1 s on an op mid-run; the primary gives it up after its ack timeout (0.5 s here)
+    and goes on without it only once the witness has it at a new epoch. The backup, back, finds the epoch moved
+    on and asks to join again, and is taken back with the state while a pull is pending (worker 0 held at its
+    step 10, worker 1 waiting at the barrier or the bound). Before the witness the primary dropped it on its
+    own and took it back only with no pull pending; the backup took over 0.5 s later with the primary alive,
+    and ssp lost an acknowledged update while sync hung."""
+    primary = shard(mode, workers=2, witness=tmp_path, failure_bound=0.25)
+    backup = shard(mode, workers=2, witness=tmp_path, failure_bound=0.25, backup_of=primary.address)
+    started, go = threading.Event(), threading.Event()
+    try:
+        wait_for(lambda: following(backup))
+        stalled = _stall_before_op(backup, op=12, seconds=1.0)
+        threads = run_workers(primary.address, 2, started=started, go=go)
+        replicas = primary.service.replicas
+        wait_for(lambda: stalled and started.is_set() and replicas.admitted >= 2 and replicas.backups
+                 and following(backup))
+        assert len(primary.service.pending) > 0 or mode == "ssp"  # taken back with a pull waiting (sync: rank 1's)
+        go.set()
+        for t in threads:
+            t.join(60)
+            assert not t.is_alive()
+        ours, theirs = primary.join(30), backup.join(30)
+    finally:
+        go.set()
+        for s in (primary, backup):
+            s.stop()
+    assert not ours["fenced"] and theirs["role"] == "backup" and theirs["failovers"] == []
+    expected = STEPS if mode == "sync" else 2 * STEPS
+    assert ours["updates_applied"] == ours["version"] == theirs["version"] == expected
+    assert ours["backups"] == [backup.address] and ours["epoch"] == 3  # 1 its join, 2 its drop, 3 its join again
+    assert_same_state(primary.service.state_dict(), backup.service.state_dict())
+
+
+def test_two_backups_of_a_dead_primary_elect_one_and_the_other_follows_it(tmp_path):
+    """With two backups, the primary stopped at worker 0's step 10: both find it silent, one wins the next epoch
+    on the witness, the other joins it; the run ends with every clock once. Before the witness both took over
+    at epoch 1, the second fenced the first, and the workers hung."""
+    primary = shard("sync", workers=2, witness=tmp_path)
+    backups = [shard("sync", workers=2, witness=tmp_path, backup_of=primary.address) for _ in range(2)]
+    started, go = threading.Event(), threading.Event()
+    try:
+        wait_for(lambda: all(following(b) for b in backups) and len(primary.service.replicas.backups) == 2)
+        threads = run_workers(primary.address, 2, started=started, go=go)
+        assert started.wait(60)
+        primary.stop()
+        primary.join(30)
+        wait_for(lambda: len([b for b in backups if b.service.follower is None]) == 1  # one won the epoch ...
+                 and all(following(b) for b in backups if b.service.follower is not None)  # ... the other follows it
+                 and len(next(b for b in backups if b.service.follower is None).service.replicas.backups) == 1)
+        go.set()
+        for t in threads:
+            t.join(60)
+            assert not t.is_alive()
+        records = [b.join(30) for b in backups]
+    finally:
+        go.set()
+        for s in (primary, *backups):
+            s.stop()
+    took = [r for r in records if r["failovers"]]
+    assert len(took) == 1, [r["failovers"] for r in records]
+    assert took[0]["version"] == took[0]["updates_applied"] == STEPS and not took[0]["fenced"]
+    other = records[1 - records.index(took[0])]
+    assert other["role"] == "backup" and other["version"] == STEPS  # it followed the new primary to the end
+
+
+def test_a_rank_claimed_twice_is_refused_alike_by_the_primary_and_its_backup(tmp_path):
+    """A second process claiming rank 1 while rank 1's first process trains (a requeued job whose old process
+    still runs) is refused RANK_IN_USE by the primary, and by the backup alike: the primary's judgement of the
+    rank's silence travels with the forwarded HELLO. Before, the backup judged from its own clock, which never
+    sees heartbeats, handed the second process the rank, and its state went apart from its primary's."""
+    primary = shard("sync", workers=2, witness=tmp_path)
+    backup = shard("sync", workers=2, witness=tmp_path, backup_of=primary.address)
+    started, go = threading.Event(), threading.Event()
+    try:
+        wait_for(lambda: following(backup))
+        threads = run_workers(primary.address, 2, started=started, go=go)
+        assert started.wait(60)
+        time.sleep(0.3)  # rank 1 waits at the barrier: heard 0.3 s ago, by the primary only
+        plan = PartitionPlan.from_module(model(), 1)  # rank 1's model: refused for its rank, not its plan
+        second = PSClient([primary.address], plan, worker=1, world_size=2, timeout=5.0, heartbeat=False)
+        try:
+            with pytest.raises(PSError) as refused:  # one HELLO (PSClient.hello says it again for 31 s)
+                second._round_trip([second.hello_message(0)])
+        finally:
+            second.close()
+        assert refused.value.code is ErrorCode.RANK_IN_USE
+        go.set()
+        for t in threads:
+            t.join(60)
+            assert not t.is_alive()
+        ours, theirs = primary.join(30), backup.join(30)
+    finally:
+        go.set()
+        for s in (primary, backup):
+            s.stop()
+    assert theirs["version"] == ours["version"] == STEPS
+    assert_same_state(primary.service.state_dict(), backup.service.state_dict())
+
+
+def test_a_backup_that_joins_mid_run_counts_what_its_primary_counted(tmp_path):
+    """A backup started while the workers push receives the counters with the state, so its record (the shard's,
+    if it takes over) counts the whole run. Before, it counted from 0: 76 pushes against 120."""
+    primary = shard("async", workers=2, witness=tmp_path)
+    started, go = threading.Event(), threading.Event()
+    backup = None
+    try:
+        threads = run_workers(primary.address, 2, steps=60, started=started, go=go)
+        assert started.wait(60)
+        backup = shard("async", workers=2, witness=tmp_path, backup_of=primary.address)
+        wait_for(lambda: following(backup))
+        go.set()
+        for t in threads:
+            t.join(60)
+            assert not t.is_alive()
+        ours, theirs = primary.join(30), backup.join(30)
+    finally:
+        go.set()
+        for s in (primary, backup):
+            if s is not None:
+                s.stop()
+    counts = ("pushes", "pulls", "updates_applied", "pushes_applied", "duplicates", "dropped", "staleness_histogram")
+    assert {k: theirs[k] for k in counts} == {k: ours[k] for k in counts}
+    assert theirs["pushes"] == 120
