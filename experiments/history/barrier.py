@@ -3,7 +3,7 @@ workers still pushing as `need` says (fewer only once every one of them is in), 
 from __future__ import annotations
 
 from psrv.experiments.history.reading import Event
-from psrv.experiments.history.replay import Membership
+from psrv.experiments.history.replay import VOID_DROPS, Membership
 from psrv.experiments.history.result import Violation
 
 
@@ -18,7 +18,7 @@ class Barrier:
         self.shard, self.backup_workers = shard, backup_workers
         self.members = Membership(workers)
         self.accumulated: list[Event] = []   # `apply` events since the last commit
-        self.voided: dict[int, set[int]] = {}  # clock -> workers whose push was dropped as non-finite
+        self.voided: dict[int, set[int]] = {}  # clock -> workers whose push came with no gradient (VOID_DROPS)
         self.committed: dict[int, Event] = {}
         self.commits = 0
         self.found: list[Violation] = []
@@ -27,7 +27,7 @@ class Barrier:
         self.members.see(e)
         if e.ev == "apply":
             self.accumulated.append(e)
-        elif e.ev == "drop" and e["why"] == "nonfinite":
+        elif e.ev == "drop" and e["why"] in VOID_DROPS:
             self.voided.setdefault(e["clock"], set()).add(e["w"])
         elif e.ev == "commit":
             self._commit(e)
@@ -58,9 +58,10 @@ class Barrier:
                        f"accumulated the pushes of {_names(pushers)} for it")
         m = self.members
         pushing = m.pushing()
-        if "active" in e.fields and set(e["active"]) != m.active:
-            self._flag(e, f"the commit of clock {c} says {_names(e['active'])} are active, but the lineage's "
-                       f"`member` events make them {_names(m.active)}")
+        for key, rebuilt in (("active", m.active), ("pushing", pushing)):  # where the commit says them
+            if key in e.fields and set(e[key]) != rebuilt:
+                self._flag(e, f"the commit of clock {c} says {_names(e[key])} are {key}, but the lineage's "
+                           f"`member` events make them {_names(rebuilt)}")
         expect = max(1, len(pushing) - self.backup_workers)
         if need != expect:
             self._flag(e, f"the commit of clock {c} waited for {need} pushes, but with {_names(pushing)} still "

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from psrv.experiments.history.reading import Event
 
-# drops the controller saw (its clock moved): "late" (a finished clock's), "nonfinite" (--nonfinite skip).
-# "invalid" (--nonfinite reject) is refused before the controller: the worker's clock stays.
-COUNTED_DROPS = ("late", "nonfinite")
+# A drop the controller never saw: "invalid", a whole push refused as non-finite (--nonfinite reject) before it
+# reached the controller, so its worker's clock stays. Every other drop ("late", "nonfinite" under --nonfinite
+# skip, "partial": a chunked push given up) went through Controller.push, and its worker's clock moved.
+UNSEEN_DROP = "invalid"
+# pushes that reached a sync clock without a gradient: they fill no quorum, but their worker is done with it
+VOID_DROPS = ("nonfinite", "partial")
 
 
 class Membership:
@@ -24,12 +27,13 @@ class Membership:
                 self.active.add(w)
                 self.finishing.discard(w)
                 self.clocks.setdefault(w, 0)
-            elif what in ("leave", "lost"):
+            elif what == "finish":
+                if w in self.active:
+                    self.finishing.add(w)
+            else:  # "leave", "lost" (silent), "misfit" (refused for its model): out of the active set
                 self.active.discard(w)
                 self.finishing.discard(w)
-            elif what == "finish" and w in self.active:
-                self.finishing.add(w)
-        elif e.ev == "apply" or (e.ev == "drop" and e["why"] in COUNTED_DROPS):
+        elif e.ev == "apply" or (e.ev == "drop" and e["why"] != UNSEEN_DROP):
             # Controller.push: a worker's clock is the steps it pushed, max(old, clock + 1)
             self.clocks[e["w"]] = max(self.clocks.get(e["w"], 0), e["clock"] + 1)
 

@@ -19,7 +19,8 @@ DESCRIPTION = (
     "exactly the pushes it needs and each clock commits once; (4) ssp: no pull is answered beyond the staleness "
     "bound; (5) summary.json's and server-K.json's pushes, updates_applied and version equal what the lineages "
     "hold. Prints the first violation (file:line, the rule, the event) or the counts checked. Exit status: 0 "
-    "clean, 1 a rule broken, 2 nothing to check (not a run folder, no history, a corrupt one). "
+    "clean, 1 a rule broken, 2 nothing to check (not a run folder, no history, a corrupt one); --log-level INFO "
+    "lists every violation. "
     "Example: psrv check runs/default")
 
 

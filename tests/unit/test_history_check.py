@@ -154,6 +154,15 @@ def test_an_old_primary_acknowledging_what_the_new_one_does_not_hold_is_a_split_
     assert {v.rule for v in check_run(tmp_path).violations} == {1, 2}  # and the worker's write is lost
 
 
+def test_two_backups_taking_over_one_epoch_is_a_split_brain(tmp_path):
+    run = RunFolder(tmp_path, mode="async")
+    run.replica(0, "primary", A)
+    b, c = run.replica(0, "backup", B), run.replica(0, "backup", C)
+    b("epoch", epoch=1, role="primary", primary=B)
+    line = c("epoch", epoch=1, role="primary", primary=C)
+    assert "two primaries in one epoch" in only(check_run(tmp_path), 2, c.file, line).message
+
+
 def test_a_worker_taking_an_answer_from_an_older_epoch_after_a_newer_one(tmp_path):
     run = RunFolder(tmp_path, mode="async")
     w0 = run.worker(0)
