@@ -5,12 +5,12 @@ import argparse
 import logging
 import sys
 
-from psrv.cli import admin, experiment, keygen, run, serve, simulate, top, worker
+from psrv.cli import admin, check, experiment, keygen, run, serve, simulate, top, worker
 from psrv.config.cli_args import PREFIX, read_config_file
 
 EPILOG = "Docs: README.md (quick start), docs/architecture.md, docs/experiments.md."
 COMMANDS = {"serve": serve, "worker": worker, "keygen": keygen, "admin": admin, "run": run, "experiment": experiment,
-            "simulate": simulate, "top": top}  # in the order --help lists them
+            "simulate": simulate, "top": top, "check": check}  # in the order --help lists them
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -45,6 +45,7 @@ SURFACE = {
     "experiment": (("spec",), ("--dry-run", "--image", "--log-level", "--namespace", "--out", "--profile", "--pvc", "--scheduler",
                                "--tensorboard")),
     "top": ((), ("--interval", "--log-level", "--once", "--servers", "--timeout")),
+    "check": (("run",), ("--log-level",)),
     "simulate": ((), ("--against", "--backup-workers", "--bandwidth-gbps", "--batch-size", "--calibrate", "--clip-grad-norm",
                       "--codec-cost", "--compress", "--compress-min-numel", "--compress-pull",
                       "--compute", "--compute-csv", "--compute-ms", "--config", "--dc-lambda", "--dn-period",
