@@ -69,10 +69,12 @@ def take_push(s, msg: Message) -> dict:
             shard.accumulate(grad, momentum=onebit_adam.is_momentum(msg))
         else:
             s.fragments.accumulate(shard, fragment, grad)
+        s.took(msg, version=shard.version)  # in the history before the clock it may close (docs/history.md)
         commit_if_ready(s)
     s.stats.pushed(time.perf_counter() - started, staleness)
     s.stats.membership(s.controller.active, {msg.worker: s.controller.clocks[msg.worker]})
-    return s.record_answer(msg, {"version": shard.version, "staleness": staleness})
+    return s.record_answer(msg, {"version": shard.version, "staleness": staleness},
+                           recorded=decision is not Decision.APPLY)
 
 
 def commit_if_ready(s) -> None:

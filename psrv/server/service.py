@@ -309,17 +309,22 @@ class ShardService(ShardMembership, PullAnswers, ShardPersistence, ShardReplicat
         """A whole push's answer; a chunk's (psrv/server/chunked.py) once its push is whole, else None."""
         return self.chunks.take(msg) if "chunk" in msg.fields else take_push(self, msg)
 
-    def record_answer(self, msg: Message, info: dict) -> dict:
+    def record_answer(self, msg: Message, info: dict, *, recorded: bool = False) -> dict:
         """`info`, push `msg`'s answer, recorded so a re-send of it is answered alike (psrv/server/dedup.py),
-        and in the history as applied or dropped (docs/history.md)."""
+        and in the history as applied or dropped unless `recorded` already (docs/history.md)."""
         self.dedup.record(msg.worker, msg.seq, info)
-        why = info.get("dropped") or ("invalid" if "refused" in info else None)
+        if not recorded:
+            self.took(msg, why=info.get("dropped") or ("invalid" if "refused" in info else None),
+                      version=info.get("version"))
+        return info
+
+    def took(self, msg: Message, *, why: str | None = None, version: int | None = None) -> None:
+        """Push `msg` in the history: applied (sync: into its clock's sum), or dropped for `why`."""
         where = {"w": msg.worker, "seq": msg.seq, "clock": msg.clock, "epoch": self.epoch}
         if why:
             self.history.record("drop", **where, why=why)
         else:
-            self.history.record("apply", **where, version=info.get("version"))
-        return info
+            self.history.record("apply", **where, version=version)
 
     @property
     def epoch(self) -> int:
