@@ -2,6 +2,7 @@
 to the processes their targets are at that moment, healed when they have lasted, and recorded."""
 from __future__ import annotations
 
+import logging
 import os
 import random
 import time
@@ -15,6 +16,8 @@ from psrv.experiments.nemesis.faults import NotDone
 from psrv.experiments.nemesis.record import Record
 from psrv.experiments.nemesis.schedule import Planned, Timeline
 from psrv.experiments.nemesis.targets import configuration
+
+log = logging.getLogger("psrv.run")
 
 
 class Nemesis:
@@ -64,12 +67,15 @@ class Nemesis:
             pids = [os.getpid() if n == "launcher" else cluster.procs[n].pid for n in named]
             heal = self._fault(cluster, planned, named, more)
         except NotDone as why:
-            self.record.fault(kind=planned.kind, target=planned.target, at=str(planned.at),
-                              duration=planned.duration, processes=named, pids=pids, step=step, done=False,
-                              why=str(why), **more)
+            entry = self.record.fault(kind=planned.kind, target=planned.target, at=str(planned.at),
+                                      duration=planned.duration, processes=named, pids=pids, step=step, done=False,
+                                      why=str(why), **more)
+            log.warning("nemesis: fault %d, %s, not done: %s", entry["id"], planned, why)
             return
         entry = self.record.fault(kind=planned.kind, target=planned.target, at=str(planned.at),
                                   duration=planned.duration, processes=named, pids=pids, step=step, done=True, **more)
+        log.info("nemesis: fault %d, %s: %s (pid %s) at worker 0's step %d", entry["id"], planned,
+                 ", ".join(named) or "DIR/checkpoints", ", ".join(map(str, pids)) or "-", step)
         if planned.kind == "pause" and named == ["launcher"]:
             time.sleep(planned.duration)  # the launcher's own loop stops here
             self.record.healed(entry, step=worker0_steps(self.out))
@@ -86,6 +92,9 @@ class Nemesis:
         procs = [cluster.procs[n] for n in named]
         if kind == "kill":
             faults.kill(procs[0])
+            name = named[0]  # its failure line, should the run end of it, says who killed it
+            cluster.explain.setdefault(name, lambda code: f"{name} {self.said(name)}; its output: "
+                                                          f"{self.out / f'{name}.log'}")
             return None
         if kind == "pause":
             paused = next((e for _, e, _ in self.healing if e["kind"] == "pause" and e["processes"] == named), None)
@@ -93,7 +102,7 @@ class Nemesis:
                 raise NotDone(f"paused already by fault {paused['id']}")
             return faults.pause(procs[0])
         if kind == "late_ack":
-            more["file"] = str(faults.late_ack(self.out, procs[0].pid, fault=len(self.record.faults) + 1,
+            more["file"] = str(faults.late_ack(self.out, procs[0].pid, fault=self.record.next_id,
                                                seconds=planned.duration))
             return None
         hosts = [cluster.host_of.get(n) for n in named]  # partition

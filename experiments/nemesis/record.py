@@ -20,6 +20,11 @@ class Record:
         self.path, self.started = out / JOURNAL, started
         self.faults: list[dict] = []
 
+    @property
+    def next_id(self) -> int:
+        """The number the next fault gets."""
+        return len(self.faults) + 1
+
     def _now(self, step: int) -> dict:
         now = time.monotonic()
         return {"wall_s": round(now - self.started, 3), "t": now, "step": step}
@@ -34,7 +39,7 @@ class Record:
     def fault(self, *, kind: str, target: str, at: str, duration: float, processes: list[str],
               pids: list[int], step: int, done: bool, why: str = "", **more) -> dict:
         """A fault done (or not: `why`), now; its entry, which `healed` completes."""
-        entry = {"id": len(self.faults) + 1, "kind": kind, "target": target, "at": at, "processes": processes,
+        entry = {"id": self.next_id, "kind": kind, "target": target, "at": at, "processes": processes,
                  "pids": pids, "duration_s": duration, **self._now(step), "done": done,
                  **({"why": why} if why else {}), **more}
         self.faults.append(entry)
@@ -45,7 +50,8 @@ class Record:
         """Fault `entry` undone now (a process continued, routes removed, the disk freed); `why`: why it could
         not be (the process had ended meanwhile, ...)."""
         now = self._now(step)
-        entry.update({f"healed_{k}": v for k, v in now.items()}, healed=why is None, **({"heal_why": why} if why else {}))
+        entry.update({f"healed_{k}": v for k, v in now.items()}, healed=why is None,
+                     **({"heal_why": why} if why else {}))
         self._append({"ev": "healed", "id": entry["id"], **now, "healed": why is None,
                       **({"why": why} if why else {})})
 

@@ -21,7 +21,8 @@ def check_launch(cfg: RunConfig, *, scheduler: str, metrics: bool, script) -> No
     if not kinds:
         return
     if scheduler != "local":
-        raise ValueError(f"--nemesis needs --scheduler local (the launcher signals its own processes); got {scheduler!r}")
+        raise ValueError(f"--nemesis needs --scheduler local (the launcher signals its own processes); got "
+                         f"{scheduler!r}")
     if "partition" in kinds:
         why = unavailable()
         why = f"making them {why}" if why else (f"they are up already ({NS_PREFIX}*, {BRIDGE}): another run holds "

@@ -137,7 +137,8 @@ def _drawn(words: list[str]) -> Drawn:
         if kind == "partition" and len(usable) < 2:
             raise ValueError("partition draws two different targets: list two or more that are not the launcher")
         if kind not in ("disk_full", "partition") and not usable:
-            raise ValueError(f"{kind} has no TARGET it can be done to" + (" (a backup:K)" if kind == "late_ack" else ""))
+            raise ValueError(f"{kind} has no TARGET it can be done to" +
+                             (" (a backup:K)" if kind == "late_ack" else ""))
     for t in targets:
         if not any(fits(k, t) for k in kinds if k != "disk_full"):
             raise ValueError(f"no KIND listed can be done to {t}")
@@ -212,11 +213,12 @@ def _schedule(text: str) -> None:
 class NemesisSettings(Section):
     """Faults psrv run makes on a schedule, seeded and recorded in DIR/nemesis.jsonl (experiments/nemesis)."""
 
-    schedule: str = setting("", "faults on a schedule: 'KIND TARGET at (step N | Ns) [for Ds]' or 'every Ts [exp|fixed] "
-                            "KIND[,KIND...] on TARGET[,TARGET...] [for Ds] [seed S]', clauses joined by ';'; KIND: kill, "
-                            "pause, partition (needs root), late_ack, disk_full (needs root); TARGET: primary:K, "
-                            "backup:K, worker:R, launcher; time from worker 0's first step (docs/reliability.md, "
-                            "'The nemesis'); '' : none", flag="nemesis", metavar="SPEC", check=_schedule)
+    schedule: str = setting("", "faults on a schedule: 'KIND TARGET at (step N | Ns) [for Ds]' or 'every Ts "
+                            "[exp|fixed] KIND[,KIND...] on TARGET[,TARGET...] [for Ds] [seed S]', clauses joined by "
+                            "';'; KIND: kill, pause, partition (needs root), late_ack, disk_full (needs root); "
+                            "TARGET: primary:K, backup:K, worker:R, launcher; time from worker 0's first step "
+                            "(docs/reliability.md, 'The nemesis'); '' : none", flag="nemesis", metavar="SPEC",
+                            check=_schedule)
     disk_mb: int = setting(256, "with disk_full in the schedule: the size of the tmpfs mounted at DIR/checkpoints, "
                            "in MiB, which disk_full fills", minimum=1, flag="nemesis-disk-mb", metavar="MIB")
 

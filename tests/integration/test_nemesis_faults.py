@@ -82,6 +82,8 @@ def test_a_kill_ends_the_process_and_a_fault_on_it_later_is_not_done(cluster, tm
     assert kill["done"] and kill["pids"] == [proc.pid]
     assert not pause["done"] and pause["why"] == "worker-1 had ended already (exit code -9)"
     assert nemesis.said("worker-1").startswith("was killed by the nemesis (fault 1: kill worker:1 at step 10")
+    assert cluster.failure("worker-1").startswith("worker-1 was killed by the nemesis (fault 1: kill worker:1 at "
+                                                  "step 10, SIGKILL at worker 0's step 10); its output: ")
 
 
 @pytest.mark.timeout(30)

@@ -71,7 +71,8 @@ def test_bad_forms_are_one_line_naming_the_form(text, why):
     ({"schedule": "pause worker:2 at 3s for 1s"}, r"^nemesis\.schedule: worker:2: rank must be in 0\.\.1"),
     ({"schedule": "pause primary:2 at 3s for 1s"}, r"^nemesis\.schedule: primary:2: shard must be in 0\.\.1"),
     ({"schedule": "kill backup:0 at 3s"}, r"^nemesis\.schedule: backup:0: the run has no backups"),
-    ({"schedule": "disk_full at 3s for 1s"}, r"^nemesis\.schedule: disk_full fills DIR/checkpoints, .*--checkpoint-every"),
+    ({"schedule": "disk_full at 3s for 1s"},
+     r"^nemesis\.schedule: disk_full fills DIR/checkpoints, .*--checkpoint-every"),
     ({"schedule": "pause at"}, r"^nemesis\.schedule: no time after 'at' in 'pause at'; a clause looks like"),
     ({"disk_mb": 64}, r"^nemesis\.disk_mb: sizes the tmpfs disk_full fills; the schedule has none"),
 ])
