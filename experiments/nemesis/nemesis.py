@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import subprocess
 import time
 from pathlib import Path
 
@@ -63,10 +64,11 @@ class Nemesis:
         pids: list[int] = []
         more: dict = {}
         try:
-            named = [self._process(cluster, t) for t in planned.targets]
-            pids = [os.getpid() if n == "launcher" else cluster.procs[n].pid for n in named]
+            for target in planned.targets:
+                named.append(self._process(cluster, target))
+                pids.append(os.getpid() if named[-1] == "launcher" else cluster.procs[named[-1]].pid)
             heal = self._fault(cluster, planned, named, more)
-        except NotDone as why:
+        except (NotDone, OSError, subprocess.SubprocessError) as why:  # a failed `ip` or write: said, not raised
             entry = self.record.fault(kind=planned.kind, target=planned.target, at=str(planned.at),
                                       duration=planned.duration, processes=named, pids=pids, step=step, done=False,
                                       why=str(why), **more)
