@@ -110,6 +110,9 @@ def _check(cfg: RunConfig, options: KubernetesOptions) -> None:
         raise ValueError(f"--transport {cfg.cluster.transport}: the Kubernetes manifests carry zmq only")
     if cfg.network.bandwidth:
         raise ValueError("network.bandwidth: emulated hosts are local; pods have the cluster's own network")
+    if cfg.nemesis.schedule:
+        raise ValueError("--nemesis: the local launcher does the faults to its own processes; pods run without it "
+                         "(--scheduler local)")
     if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", options.namespace) or len(options.namespace) > 63:
         raise ValueError(f"--namespace {options.namespace!r}: must be a DNS label (lowercase letters, digits, '-')")
     if options.pvc and not re.fullmatch(r"[a-z0-9]([-.a-z0-9]*[a-z0-9])?", options.pvc):

@@ -14,6 +14,7 @@ from psrv.config.base import config_hash
 
 from psrv.experiments.cluster import Cluster, RunFailed, RunInterrupted, free_port
 from psrv.experiments.kills import Kills, ShardRestarts
+from psrv.experiments.nemesis import Nemesis, check_launch as check_nemesis, checkpoint_disk, needs_hosts
 from psrv.experiments.netns import EmulatedHosts, host_traffic
 from psrv.experiments.preflight import preflight
 from psrv.experiments.progress import progress_bar
@@ -92,6 +93,7 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
         preflight(cfg)  # a device that is not here, a job that does not import: ValueError before any process
     rate = cfg.network.bandwidth
     check_scheduler(scheduler, metrics=metrics, bandwidth=rate)
+    check_nemesis(cfg, scheduler=scheduler, metrics=metrics, script=script)  # experiments/nemesis: root, hosts
     if scheduler != "local" and (cfg.kill.server or cfg.kill.worker or cfg.checkpoints.every or cfg.cluster.replicas):
         raise ValueError(f"--kill-server, --kill-worker, --checkpoint-every and --replicas need --scheduler local (the "
                          f"launcher signals, restarts and pairs its own processes); got {scheduler!r}")
@@ -108,8 +110,9 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
             say(f"{out}: removed the {len(removed)} files the run before left there ({_listed(removed)}); "
                 "this run writes its own")
         processes = cfg.cluster.workers + (0 if cfg.is_allreduce else cfg.cluster.servers * (1 + cfg.cluster.replicas))
-        hosts = stack.enter_context(EmulatedHosts(processes, rate) if rate else
+        hosts = stack.enter_context(EmulatedHosts(processes, rate) if rate or needs_hosts(cfg) else
                                     scheduler_hosts(scheduler, processes, out=out, timeout=timeout))
+        stack.enter_context(checkpoint_disk(cfg, out))  # a tmpfs at DIR/checkpoints for the nemesis's disk_full
         return _run(cfg, out=out, metrics=metrics, metrics_linger=metrics_linger, timeout=timeout,
                     progress=progress, on_progress=on_progress, script=script, launcher=launcher, hosts=hosts,
                     lock=folder.fd, scheduler=scheduler)
@@ -136,6 +139,7 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
     bar, interrupt, watch = None, None, None
     started = time.monotonic()
     kills = Kills(cfg, out, started)
+    nemesis = Nemesis(cfg, out, started)  # --nemesis: faults on a schedule (experiments/nemesis)
     backups: list[str] = []  # with --replicas: every backup started (experiments/replication.py)
 
     def start_backup(name: str, shard: int, config: ServerConfig, tail: list[str]) -> None:
@@ -184,11 +188,13 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
         def tick() -> None:
             bar.tick()
             kills.tick(cluster)
+            nemesis.tick(cluster)
             if watch is not None:
                 watch.check()
             if found[0] < expected:  # processes announce their /metrics ports as they start
                 found[0] = write_targets(out)
         cluster.wait(names, timeout=timeout, tick=tick)
+        nemesis.heal()  # a shard still paused would not end
         if script is not None:
             check_records(out, workers, script, rank_output(out, launcher))
         cluster.wait([n for n, _ in servers], timeout=60)
@@ -198,6 +204,7 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
     finally:
         if bar is not None:
             bar.close()
+        nemesis.heal()
         cluster.stop()
         network = host_traffic(cluster, cfg.network.bandwidth)
     interrupted = interrupt is not None
@@ -206,7 +213,8 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
     summary = {**build_summary(cfg, out, interrupted=interrupted, killed=len(kills.ranks)),
                **network, "config_hash": config_hash(cfg),  # which config made these results
                "launcher": launcher, "scheduler": scheduler,  # how and where it ran: not what it computed
-               **({"faults": restarts.summary(out)} if restarts.asked else {}), **replication}
+               **({"faults": {**restarts.summary(out), **({"nemesis": nemesis.summary()} if nemesis.asked else {})}}
+                  if restarts.asked or nemesis.asked else {}), **replication}
     write_tables(out, interrupted=interrupted)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     if interrupt is not None:

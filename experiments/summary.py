@@ -213,11 +213,18 @@ def format_summary(s: dict) -> str:
 
 
 def _fault_rows(faults: dict | None) -> list[tuple[str, str]]:
-    """What --kill-server killed, which shards --checkpoint-every brought back, and what they lost."""
+    """What --kill-server killed, which shards --checkpoint-every brought back, what they lost, and what the
+    nemesis did."""
     if not faults:
         return []
     killed = ", ".join(f"{k['process']} at worker 0's step {k['step']}" for k in faults["kills"] if k["killed"])
     resumed, updates = faults.get("resumed_from", {}), faults.get("lost_updates", {})
     restarted = ", ".join(f"{r['process']} from version {resumed.get(str(r['shard']))}" for r in faults["restarts"])
     lost = ", ".join(f"shard {s}: {n} clocks, {updates.get(s)} updates" for s, n in faults["lost_clocks"].items())
-    return [("killed", killed or "none"), ("restarted", restarted or "none"), ("lost", lost or "none")]
+    rows = [("killed", killed or "none"), ("restarted", restarted or "none"), ("lost", lost or "none")]
+    nemesis = faults.get("nemesis")  # --nemesis: experiments/nemesis
+    if nemesis:
+        kinds = ", ".join(f"{kind} {n['done']}" for kind, n in nemesis["by_kind"].items() if n["done"])
+        rows.append(("nemesis", f"{nemesis['done']} faults done{f' ({kinds})' if kinds else ''}, "
+                                f"{nemesis['not_done']} not done: {nemesis['journal']}"))
+    return rows

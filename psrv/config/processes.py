@@ -12,6 +12,7 @@ from typing import Any
 from psrv.codec_names import CASTS, LOSSY_NAMES
 from psrv.config.address_form import address_problem, check_shard_addresses
 from psrv.config.base import ConfigError, Section, section, setting
+from psrv.config.nemesis import NemesisSettings, check_nemesis
 from psrv.config.optimizer import STALENESS_RULES, VELOCITY_RULES, GradClip, OptimConfig
 from psrv.config.sections import Trackers
 from psrv.timeouts import Timeouts
@@ -250,11 +251,13 @@ class RunConfig(Trackers, Seeded, Consistency):
     network: NetworkSettings = section(NetworkSettings)
     kill: KillSettings = section(KillSettings)
     checkpoints: RecoverySettings = section(RecoverySettings)
+    nemesis: NemesisSettings = section(NemesisSettings)
 
     def validate(self) -> None:
         super().validate()
         _allreduce_settings(self)
         _kills_and_recovery(self)
+        check_nemesis(self)
         n = self.cluster.workers
         if self.backup_workers >= n:
             raise ConfigError("backup_workers", f"must be < cluster.workers ({n}); got {self.backup_workers}")

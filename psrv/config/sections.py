@@ -1,6 +1,7 @@
 """The sections of the config tree: every setting psrv has, each declared once with its default,
-bounds and help, but the optimizer's (OptimConfig and GradClip: psrv/config/optimizer.py) and the
-worker's (WorkerSettings: psrv/config/worker_settings.py, re-exported here with its names). The process
+bounds and help, but the optimizer's (OptimConfig and GradClip: psrv/config/optimizer.py), the
+worker's (WorkerSettings: psrv/config/worker_settings.py, re-exported here with its names) and the
+nemesis's (NemesisSettings, with its schedule's text form: psrv/config/nemesis.py). The process
 configs and a run (psrv/config/processes.py) are composed of these."""
 from __future__ import annotations
 

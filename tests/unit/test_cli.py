@@ -34,7 +34,7 @@ SURFACE = {
                  "--join-timeout", "--kill-server", "--kill-worker", "--launcher", "--local-steps", "--log-level",
                  "--lr", "--lr-decay-steps", "--lr-end-factor", "--lr-gamma", "--lr-schedule", "--lr-step-size",
                  "--max-message-bytes", "--metrics", "--metrics-linger", "--mode", "--momentum",
-                 "--momentum-masking", "--namespace", "--nesterov", "--net-delay-ms", "--no-error-feedback",
+                 "--momentum-masking", "--namespace", "--nemesis", "--nemesis-disk-mb", "--nesterov", "--net-delay-ms", "--no-error-feedback",
                  "--no-momentum-correction", "--no-overlap", "--no-progress", "--no-pull-error-feedback",
                  "--nonfinite", "--optimizer", "--out", "--outer-dtype", "--powersgd-rank", "--pull-resync",
                  "--push-chunk-mb", "--pvc", "--replicas", "--request-timeout", "--scheduler", "--script",

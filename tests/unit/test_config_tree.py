@@ -33,12 +33,13 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     "ddp_comm_hook": {"mode": "ddp"}, "wait_barrier": {"mode": "ddp"}, "stall_timeout": {"mode": "ddp"},
     "freeze_step": {"mode": "sync", "optimizer": {"name": "onebit_adam"}},
     "powersgd_rank": {"mode": "ddp", "allreduce": {"ddp_comm_hook": "powersgd"}},
-    "script_args": {"job": {"script": SCRIPT}}, "script_sha256": {"job": {"script": SCRIPT}}}
+    "script_args": {"job": {"script": SCRIPT}}, "script_sha256": {"job": {"script": SCRIPT}},
+    "disk_mb": {"nemesis": {"schedule": "disk_full at 5s for 1s"}, "checkpoints": {"every": 1.0}}}
 OTHER = {"worker.compress": "topk:0.01", "worker.compress_pull": "sign", "mode": "sync", "cluster.device": "cuda:1", "job.name": "synthetic_mlp", "faults.straggler": "1:2",
          "faults.transient_stragglers": "0.1:4", "optimizer.momentum": 0.5, "optimizer.betas": (0.8, 0.99),
          "optimizer.dc_lambda": 0.5, "worker.inner_lr": 0.01, "tensorboard": "runs/tb", "network.bandwidth": "200mbit",
          "job.script": SCRIPT, "job.script_args": ("--epochs", "2"), "job.script_sha256": "0" * 64,
-         "kill.server": "1:5", "kill.worker": "1:5"}
+         "kill.server": "1:5", "kill.worker": "1:5", "nemesis.schedule": "pause worker:1 at step 5 for 1s"}
 
 
 def _nest(key: str, value: Any) -> dict[str, Any]:

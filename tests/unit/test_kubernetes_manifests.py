@@ -245,6 +245,8 @@ def test_names_are_dns_labels_that_fit_and_stay_apart():
     (["run", "--pvc", "c"], "--pvc: only with --scheduler kubernetes"),
     (["run", "--scheduler", "kubernetes", "--dry-run", "--device", "cuda:1"], "each pod is given one GPU"),
     (["run", "--scheduler", "kubernetes", "--dry-run", "--transport", "rpc"], "zmq only"),
+    (["run", "--scheduler", "kubernetes", "--dry-run", "--nemesis", "pause worker:1 at 1s for 1s"],
+     "--nemesis: the local launcher does the faults"),
     (["run", "--scheduler", "kubernetes", "--dry-run", "--namespace", "Lab_1"], "--namespace 'Lab_1'"),
 ])
 def test_bad_scheduler_options_are_one_line_errors(argv, message):
