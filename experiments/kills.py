@@ -67,7 +67,12 @@ class Kills:
         return "" if kill is None else f"was killed by {kill['option']} (SIGKILL at worker 0's step {kill['step']})"
 
 
+FENCED = 3  # psrv serve's exit status when another replica took its shard over (psrv/cli/serve.py)
+
+
 def _ended(code: int) -> str:
+    if code == FENCED:
+        return "was fenced: another replica took its shard over (exit code 3)"
     return f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
 
 
@@ -78,11 +83,11 @@ class ShardRestarts:
 
     def __init__(self, cfg: RunConfig, out: Path, started: float, kills: Kills,
                  start: Callable[[int, ServerConfig, Path], None],
-                 replace_primary: Callable[[int], str] | None = None):
-        """`replace_primary(shard)`: with --replicas, start a backup in place of shard's dead primary (its
-        process name); experiments/replication.py."""
+                 replace_replica: Callable[[int], str | None] | None = None):
+        """`replace_replica(shard)`: with --replicas, start a backup in place of a dead replica of shard (its
+        process name; None where none can be); experiments/replication.py."""
         self.cfg, self.out, self.started, self.kills, self.start = cfg, out, started, kills, start
-        self.replace_primary = replace_primary
+        self.replace_replica = replace_replica
         self.enabled = cfg.checkpoints.every > 0
         self.asked = bool(self.enabled or kills.todo)  # whether the summary has `faults`
         self.done: list[dict] = []
@@ -103,8 +108,7 @@ class ShardRestarts:
             return True
         if self.cfg.cluster.replicas and name.startswith(("server-", "backup-")):  # a backup takes over, or the
             cluster.spared.add(name)  # primary goes on without the dead backup (experiments/replication.py)
-            replaced = self.replace_primary(int(name.split("-")[1])) \
-                if name.startswith("server-") and self.replace_primary is not None else None
+            replaced = self.replace_replica(int(name.split("-")[1])) if self.replace_replica is not None else None
             self.dead_replicas.append({"process": name, "exit_code": cluster.procs[name].returncode,
                                        "step": worker0_steps(self.out), "replaced_by": replaced,
                                        "wall_s": round(time.monotonic() - self.started, 3),

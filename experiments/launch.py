@@ -142,11 +142,15 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
     nemesis = Nemesis(cfg, out, started)  # --nemesis: faults on a schedule (experiments/nemesis)
     backups: list[str] = []  # with --replicas: every backup started (experiments/replication.py)
 
-    def start_backup(name: str, shard: int, config: ServerConfig, tail: list[str]) -> None:
-        _start_backup(cluster, out, name, shard, config, [*tail, *extra])
+    def start_backup(name: str, shard: int, host: int, config: ServerConfig, tail: list[str]) -> None:
+        _start_backup(cluster, out, name, host, config, [*tail, *extra])
+
+    def bind(host: int) -> str:  # a backup's own address (its emulated host's, else 127.0.0.1)
+        return f"tcp://{cluster.address(host)}:0"
     restarts = ShardRestarts(cfg, out, started, kills,
                              start=lambda i, shard, ready: _start_server(cluster, out, i, shard, ready, extra),
-                             replace_primary=lambda shard: start_replacement(cfg, out, shard, start_backup, backups))
+                             replace_replica=lambda shard: start_replacement(cfg, out, shard, start_backup, backups,
+                                                                             bind=bind))
     cluster.recover = restarts.recover
     try:
         if cfg.is_allreduce:
@@ -164,13 +168,13 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
             servers = _start_servers(cluster, cfg, out, extra, settings)
             rendezvous = servers[0][1].rsplit("/", 1)[0] if cfg.cluster.transport == "rpc" else ""  # rpc://HOST:PORT
             backups += start_backups(cfg, out, start_backup,  # --replicas: experiments/replication.py
-                                     **({"bind": rendezvous} if rendezvous else {}))
+                                     bind=(lambda host: rendezvous) if rendezvous else bind)
             servers += [(name, "") for name in backups]
             if backups and not rendezvous:  # over zmq; an RPC world forms only once the workers join it too
                 def restart_shard(shard: int) -> None:  # before the workers: its replicas start again, whole
                     _start_server(cluster, out, shard, settings(shard, cfg.server_config(
                         shard, bind=f"tcp://{cluster.address(shard)}:0")), out / f"server-{shard}.addr", extra)
-                    start_backups(cfg, out, start_backup, shards=[shard])
+                    start_backups(cfg, out, start_backup, bind=bind, shards=[shard])
                 startup = StartupRestarts(out, restart_shard)
                 cluster.recover = startup.recover
                 wait_following(cluster, out, backups)
@@ -263,10 +267,11 @@ def _start_server(cluster: Cluster, out: Path, shard: int, config: ServerConfig,
                   host=shard)
 
 
-def _start_backup(cluster: Cluster, out: Path, name: str, shard: int, config: ServerConfig, tail: list[str]) -> None:
-    """Start backup `name` of shard `shard` (experiments/replication.py) with `config`, beside its primary."""
+def _start_backup(cluster: Cluster, out: Path, name: str, host: int, config: ServerConfig, tail: list[str]) -> None:
+    """Start backup `name` (experiments/replication.py) with `config`, on `host` (its own emulated host, where the
+    run has them)."""
     path = write_config(out / f"config-{name}.json", config)
-    cluster.start(name, _psrv("serve", "--config", str(path), *tail), host=shard)
+    cluster.start(name, _psrv("serve", "--config", str(path), *tail), host=host)
 
 
 def _start_workers(cluster: Cluster, cfg: RunConfig, out: Path, addresses: list[str],

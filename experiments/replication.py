@@ -37,20 +37,32 @@ def backup_names(cfg: RunConfig) -> list[tuple[int, str]]:
     return [(k, f"backup-{k}-{j}") for k in range(cfg.cluster.servers) for j in range(1, cfg.cluster.replicas + 1)]
 
 
-def start_backups(cfg: RunConfig, out: Path, start: Callable[[str, int, ServerConfig, list[str]], None], *,
-                  bind: str = "tcp://127.0.0.1:0", shards: list[int] | None = None) -> list[str]:
+def backup_host(cfg: RunConfig, shard: int, j: int) -> int:
+    """The host (experiments/cluster.py, an emulated one with --bandwidth or a partition) of shard K's backup J:
+    one of its own, after the primaries' and the workers', so a partition can cut it from its primary; a
+    replacement (J > R) takes the place of backup ((J - 1) mod R) + 1."""
+    c = cfg.cluster
+    return c.servers + c.workers + shard * c.replicas + (j - 1) % c.replicas
+
+
+Start = Callable[[str, int, int, ServerConfig, list[str]], None]  # (name, shard, host, config, argv tail)
+
+
+def start_backups(cfg: RunConfig, out: Path, start: Start, *, bind: Callable[[int], str],
+                  shards: list[int] | None = None) -> list[str]:
     """Start every shard's backups (or those of `shards`): each follows the address in its primary's ready file
-    (DIR/server-K.addr) and announces its own in DIR/backup-K-J.addr; `start(name, shard, config, argv tail)`
-    starts one. `bind`: where a backup serves (over torch RPC the run's rendezvous, rpc://HOST:PORT, whose world
-    it joins)."""
+    (DIR/server-K.addr) and announces its own in DIR/backup-K-J.addr; `start` starts one. `bind(host)`: where a
+    backup on that host serves (over torch RPC the run's rendezvous, rpc://HOST:PORT, whose world it joins)."""
     names = []
     for shard, name in backup_names(cfg):
         if shards is not None and shard not in shards:
             continue
-        config = dataclasses.replace(replicated(cfg, out, cfg.server_config(shard, bind=bind)),
+        host = backup_host(cfg, shard, int(name.rsplit("-", 1)[1]))
+        config = dataclasses.replace(replicated(cfg, out, cfg.server_config(shard, bind=bind(host))),
                                      backup_of=f"@{out / f'server-{shard}.addr'}")
         (out / f"{name}.addr").unlink(missing_ok=True)
-        start(name, shard, config, ["--out", str(out / f"{name}.json"), "--ready-file", str(out / f"{name}.addr")])
+        start(name, shard, host, config, ["--out", str(out / f"{name}.json"), "--ready-file",
+                                          str(out / f"{name}.addr")])
         names.append(name)
     return names
 
@@ -108,22 +120,29 @@ class StartupRestarts:
         return True
 
 
-def start_replacement(cfg: RunConfig, out: Path, shard: int,
-                      start: Callable[[str, int, ServerConfig, list[str]], None], names: list[str]) -> str | None:
-    """A backup in place of shard's dead primary, so the shard keeps cfg.cluster.replicas backups: it asks each
-    of the shard's backups in turn until the one that took over sends it the state (`--backup-of` with
-    their ready files, comma-separated). Its name is appended to `names`, and returned. None over torch RPC,
-    whose world is fixed when it forms: the shard goes on with one replica fewer."""
+MAX_REPLACEMENTS = 50  # a shard whose replicas keep dying (a crash at start-up) goes on with fewer, not a loop
+
+
+def start_replacement(cfg: RunConfig, out: Path, shard: int, start: Start, names: list[str], *,
+                      bind: Callable[[int], str]) -> str | None:
+    """A backup in place of one of shard's replicas that died (its primary or a backup), so the shard keeps
+    cfg.cluster.replicas backups: it asks the primary the shard's witness names to take it, from its state. Its
+    name is appended to `names`, and returned. None over torch RPC, whose world is fixed when it forms, and
+    after MAX_REPLACEMENTS: the shard goes on with one replica fewer."""
     if cfg.cluster.transport == "rpc":
-        log.warning("shard %d: its primary died; a torch RPC world takes no new member, so no backup replaces it "
+        log.warning("shard %d: a replica died; a torch RPC world takes no new member, so no backup replaces it "
                     "(the shard goes on with one replica fewer)", shard)
         return None
     taken = [n for n in names if n.startswith(f"backup-{shard}-")]
-    name = f"backup-{shard}-{len(taken) + 1}"
-    replicas = ",".join(f"@{out / f'{n}.addr'}" for n in taken)
-    config = dataclasses.replace(replicated(cfg, out, cfg.server_config(shard, bind="tcp://127.0.0.1:0")),
-                                 backup_of=replicas)
-    start(name, shard, config, ["--out", str(out / f"{name}.json"), "--ready-file", str(out / f"{name}.addr")])
+    if len(taken) >= cfg.cluster.replicas + MAX_REPLACEMENTS:
+        log.warning("shard %d: %d replicas replaced already; this one is not", shard, MAX_REPLACEMENTS)
+        return None
+    j = len(taken) + 1
+    name, host = f"backup-{shard}-{j}", backup_host(cfg, shard, j)
+    candidates = ",".join(f"@{out / f'{n}.addr'}" for n in [f"server-{shard}", *taken])  # the witness says which
+    config = dataclasses.replace(replicated(cfg, out, cfg.server_config(shard, bind=bind(host))),
+                                 backup_of=candidates)
+    start(name, shard, host, config, ["--out", str(out / f"{name}.json"), "--ready-file", str(out / f"{name}.addr")])
     names.append(name)
     return name
 

@@ -13,6 +13,9 @@ from psrv.config.address_form import RPC_SCHEMES, address_problem
 from psrv.config.cli_args import add_config_arguments, config_from_args
 
 
+FENCED = 3  # the exit status of a primary another replica took the shard over from (docs/reliability.md)
+
+
 def add(sub) -> None:
     s = sub.add_parser("serve", help="run one server shard", description="Serve one shard of the parameters. "
                        "Exits 0 once all --workers have left. Example: psrv serve --bind tcp://0.0.0.0:5555 "
@@ -51,7 +54,7 @@ def command(a: argparse.Namespace) -> int:
                     faults=InjectedFaults(Path(faults) / f"{os.getpid()}.json") if faults else None)
     if a.out:
         write_json(a.out, summary)
-    return 0
+    return FENCED if summary.get("fenced") else 0  # another replica took this shard over (its log says which)
 
 
 def _rpc_bind(master: str) -> str:

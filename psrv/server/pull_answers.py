@@ -60,7 +60,7 @@ class PullAnswers:
             extra, tensor, parts = self.pulls.answer_fragment(p.worker, self.shard.weights, p.fragment,
                                                               have=p.view, final=p.final)
         fields = {"version": self.shard.version, "clock": self.controller.next_clock(p.worker),
-                  "waited": waited, "gap": gap, "epoch": self.replicas.epoch, **extra}
+                  "waited": waited, "gap": gap, **self.replicas.said(), **extra}
         notes = [("answer", {"w": p.worker, "seq": p.seq, "clock": p.clock, "version": self.shard.version,
                              "epoch": self.replicas.epoch})]
         if p.push is not None:

@@ -284,7 +284,7 @@ class ShardService(ShardMembership, PullAnswers, ShardPersistence, ShardReplicat
         pushed = self._push_or_chunk(msg)
         if pushed is None:  # a chunk, not the push's last: the push is answered once, at its end
             return
-        info = {**pushed, **self.speeds.fastest(self.controller.active), "epoch": self.replicas.epoch}
+        info = {**pushed, **self.speeds.fastest(self.controller.active), **self.replicas.said()}
         self._reply(peer, Message(MsgType.OK, seq=msg.seq, fields=info), [self.acked(msg, info)])
         self._release()
 

@@ -302,6 +302,13 @@ class PSClient(PushMessages):
         self.net.redirect(shard, self.servers[shard])
         return True
 
+    def heard_replicas(self, shard: int, addresses: list) -> None:
+        """A reply named `shard`'s replicas now: its primary, then its backups; two older ones stay, last (a
+        failover it has not heard of yet may have gone to one of them)."""
+        if addresses and addresses != self.replicas[shard][:len(addresses)]:
+            known = list(dict.fromkeys([*map(str, addresses), *self.replicas[shard]]))
+            self.replicas[shard] = known[:len(addresses) + 2]
+
     def message(self, mtype: MsgType, **kw) -> Message:
         """A request from this worker (RoundTrip's too): its id and session filled in."""
         return Message(mtype, worker=self.worker, session=self.session, **kw)

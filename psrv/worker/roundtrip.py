@@ -1,7 +1,7 @@
 """One request to every shard and its replies, through lost messages, lost replies and restarted
 shards (PSClient's mechanics; `client` below is the psrv.worker.client.PSClient that owns it, a module
 that imports this one, used through its public face: `net`, `servers`, `timeout_option`, `message`, `failover`,
-`hello_message`, `fill_push`, `receive_weights`); PSError, what an ERROR reply becomes; Reply, what a push or pull saw; and
+`heard_replicas`, `hello_message`, `fill_push`, `receive_weights`); PSError, what an ERROR reply becomes; Reply, what a push or pull saw; and
 WireBytes, what the round trips' frames came to (PSClient.wire)."""
 from __future__ import annotations
 
@@ -249,6 +249,8 @@ class RoundTrip:
             raise PSError(s, f.get("code", ErrorCode.INTERNAL), f.get("message", ""), fields=f)
         self.replies[s] = reply
         self._record(s, reply)
+        if isinstance(reply.fields.get("replicas"), list):  # the shard's replicas now (failovers, replacements)
+            self.c.heard_replicas(s, reply.fields["replicas"])
         return True
 
     def _record(self, s: int, reply: Message) -> None:

@@ -75,6 +75,11 @@ class Replicas:
         """This shard's replicas as workers are told them (WELCOME's `replicas`): this one, then its backups."""
         return [self.s.transport.address, *(b.address for b in self.backups)]
 
+    def said(self) -> dict:
+        """What every push and pull answer says of the shard's replication: its epoch, and with a witness the
+        replicas serving it now, so a worker follows the shard through failovers and replacements."""
+        return {"epoch": self.epoch, **({"replicas": self.addresses} if self.witness is not None else {})}
+
     # --- the configuration ------------------------------------------------------
     def begin(self) -> None:
         """A primary started with a witness claims epoch 0; ValueError if the shard already has one."""
