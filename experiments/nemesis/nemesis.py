@@ -19,6 +19,7 @@ from psrv.experiments.nemesis.schedule import Planned, Timeline
 from psrv.experiments.nemesis.targets import configuration
 
 log = logging.getLogger("psrv.run")
+WAIT_FOR_BACKUP = 60.0  # seconds a fault on a primary waits for its shard to have a backup (Nemesis._survivable)
 
 
 class Nemesis:
@@ -37,6 +38,7 @@ class Nemesis:
         self.rng = random.Random(f"psrv-nemesis:{cfg.seed}:backups")  # which of shard K's backups backup:K is
         self.first_step: float | None = None  # time.monotonic() of the tick that first saw a step of worker 0
         self.healing: list[tuple[float, dict, faults.Heal]] = []  # (when, its record, its heal)
+        self.waiting: list[tuple[float, Planned]] = []  # faults on a primary, held until its shard has a backup
 
     def tick(self, cluster) -> None:
         if not self.asked:
@@ -46,8 +48,30 @@ class Nemesis:
             self.first_step = now
         self._heal(now, step)
         seconds = None if self.first_step is None else now - self.first_step
-        for planned in self.timeline.due(seconds=seconds, step=step):
-            self._do(cluster, planned, step)
+        held, self.waiting = self.waiting, []
+        for planned in [p for _, p in held] + self.timeline.due(seconds=seconds, step=step):
+            if self._survivable(cluster, planned) or self._gave_up(held, planned, now):
+                self._do(cluster, planned, step)
+            else:
+                self.waiting.append((next((t for t, p in held if p is planned), now), planned))
+
+    def _survivable(self, cluster, planned: Planned) -> bool:
+        """A fault on a shard's replica waits until the shard has a live backup: a primary's, so that one can take
+        over, as a Jepsen nemesis keeps a majority up (a fault no replication survives tests nothing: a
+        replacement backup still importing torch after the last failover, say); a backup's, so there is one to
+        hit (the last one hit may be rejoining)."""
+        for target in planned.targets:
+            if target.role not in ("primary", "backup"):
+                continue
+            config = configuration(self.out, target.index)
+            if not any(n in cluster.procs and cluster.procs[n].poll() is None for n in config.backups):
+                return False
+        return True
+
+    def _gave_up(self, held: list, planned: Planned, now: float) -> bool:
+        """Held longer than WAIT_FOR_BACKUP: done anyway (the record says the shard had no backup)."""
+        since = next((t for t, p in held if p is planned), now)
+        return now - since > WAIT_FOR_BACKUP
 
     def heal(self) -> None:
         """Heal every fault still on (the run is ending: a paused process must take its SIGTERM)."""
