@@ -25,6 +25,8 @@ class PullAnswers:
         if final:  # it pushes no more: a rejoined worker still behind must not wait for it
             self.controller.finish(msg.worker)
             commit_if_ready(self)
+        else:  # the clock it pushes next: a sync joiner counts from there
+            self.controller.expect(msg.worker, msg.clock if clock is None else clock)
         self._release()
 
     def _on_push_pull(self, peer, msg: Message) -> None:

@@ -77,7 +77,8 @@ def take_push(s, msg: Message) -> dict:
 
 def commit_if_ready(s) -> None:
     """Sync: apply the open clock once the controller says it is complete; a clock whose every push
-    was dropped as non-finite moves on without a step (nothing to average)."""
+    was dropped as non-finite, or that no worker is left to push while a joiner waits past it, moves on
+    without a step (nothing to average)."""
     if s.shard is None or not s.controller.commit_ready():
         return
     if s.shard.accumulated or s.fragments.accumulated:
@@ -86,6 +87,6 @@ def commit_if_ready(s) -> None:
         n = s.shard.apply_accumulated() if s.shard.accumulated else s.fragments.apply_accumulated(s.shard)
         s.stats.applied(s.shard.version, pushes=n)
     else:
-        log.warning("shard %d: clock %d had no finite gradient; moving on without a step",
-                    s.cfg.shard, s.controller.next_clock(-1))
+        log.warning("shard %d: clock %d had no finite gradient (or no worker left to push it); moving on "
+                    "without a step", s.cfg.shard, s.controller.next_clock(-1))
     s.controller.committed()
