@@ -79,7 +79,7 @@ class WorkerRestarts:
                 f"{name} (rank {rank}) {c}; it was restarted {n} times already, the most --restart-workers "
                 f"{self.limit} allows; its output: {self.out / f'{name}.log'}")
             return False
-        steps = _lived(self.out, name)
+        steps, step0 = _lived(self.out, name), worker0_steps(self.out)  # before its progress file moves aside
         for r in self.done:  # the life that died had joined if it wrote its progress file
             if r["process"] == name and r["joined"] is None:
                 r["joined"] = steps is not None
@@ -89,7 +89,7 @@ class WorkerRestarts:
             if (self.out / kept).exists():
                 (self.out / kept).rename(self.out / f"{kept}.{lives + 1}")
         cluster.start(name, list(old.args))  # its command line as launched (experiments/launch.py worker_argv)
-        self.done.append({"process": name, "rank": rank, **_how(code), "step": worker0_steps(self.out),
+        self.done.append({"process": name, "rank": rank, **_how(code), "step": step0,
                           "rank_steps": steps, "wall_s": round(time.monotonic() - self.started, 3),
                           "cause": cause, "life": lives + 2, "joined": None})
         return True
