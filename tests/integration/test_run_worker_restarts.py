@@ -8,11 +8,14 @@ import json
 import re
 
 import pytest
+import torch
+from torch.nn.utils import parameters_to_vector
 
 from psrv.config import RunConfig, from_dict
 from psrv.experiments.cluster import RunFailed
 from psrv.experiments.launch import run_local
 from psrv.experiments.summary import format_summary
+from psrv.workers.jobs import load_job
 
 H, CLOCKS = 20, 5
 STEPS = H * CLOCKS
@@ -67,6 +70,24 @@ def test_a_killed_worker_comes_back_runs_to_the_end_and_never_holds_the_survivor
     assert after < first_round / 4  # and nothing of its first round: it pushes the clock after the open one
     table = format_summary(summary)
     assert re.search(r"^restarted +worker-1 at worker 0's step \d+$", table, re.M)
+
+
+@pytest.mark.timeout(120)
+def test_rank_0_comes_back_too_and_still_writes_the_final_weights(tmp_path):
+    summary = run_local(_config(kill={"worker": "0:20"}, restarts={"workers": 1}), out=tmp_path,
+                        progress=False, timeout=90)
+    [restart] = summary["faults"]["worker_restarts"]
+    assert restart["rank"] == 0 and restart["joined"] and restart["step"] >= 20
+    record = json.loads((tmp_path / "worker-0.json").read_text())
+    first = record["step_log"][0]["step"]
+    assert 0 < first < STEPS and record["step_log"][-1]["step"] == STEPS - 1
+    job = load_job("digits_mlp", seed=0)  # the run's initial weights: the job's, seeded; rank 0 sent them
+    assert [e["step"] for e in record["evals"]] == [0, STEPS]
+    assert summary["initial_loss"] == pytest.approx(job.evaluate_on(job.model, device=torch.device("cpu"))["loss"])
+    final = torch.load(tmp_path / "params.pt")  # written by the restarted rank 0 after every worker's last push
+    assert final.shape == parameters_to_vector(job.model.parameters()).shape
+    assert json.loads((tmp_path / "server-0.json").read_text())["updates_applied"] == CLOCKS
+    assert summary["final_loss"] < summary["initial_loss"]
 
 
 CRASHING = """
