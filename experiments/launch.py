@@ -15,6 +15,7 @@ from psrv.config.base import config_hash
 from psrv.experiments.cluster import Cluster, RunFailed, RunInterrupted, free_port
 from psrv.experiments.kills import Kills, ShardRestarts
 from psrv.experiments.nemesis import Nemesis, check_launch as check_nemesis, checkpoint_disk, needs_hosts
+from psrv.experiments.worker_restarts import WorkerRestarts
 from psrv.experiments.netns import EmulatedHosts, host_traffic
 from psrv.experiments.preflight import preflight
 from psrv.experiments.progress import progress_bar
@@ -99,6 +100,9 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
                          f"launcher signals, restarts and pairs its own processes); got {scheduler!r}")
     if cfg.kill.worker and script is not None:
         raise ValueError("--kill-worker: a script's run needs every rank's record; kill a worker of the shipped loop")
+    if cfg.restarts.workers and (script is not None or scheduler != "local"):
+        raise ValueError("--restart-workers restarts the shipped loop's workers (psrv worker) under --scheduler local; "
+                         "a script's and a scheduler's workers are not restarted here")
     if rate and (metrics or script is not None):
         raise ValueError(f"network.bandwidth {rate}: " + ("--metrics serves each process's /metrics on its own "
                          "emulated host, out of Prometheus's reach" if metrics else "a script's workers run on "
@@ -151,7 +155,8 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
                              start=lambda i, shard, ready: _start_server(cluster, out, i, shard, ready, extra),
                              replace_replica=lambda shard: start_replacement(cfg, out, shard, start_backup, backups,
                                                                              bind=bind))
-    cluster.recover = restarts.recover
+    workers_back = WorkerRestarts(cfg, out, started, kills)  # --restart-workers: experiments/worker_restarts.py
+    cluster.recover = workers_back.recover_or(restarts.recover)
     try:
         if cfg.is_allreduce:
             servers = []
@@ -176,9 +181,9 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
                         shard, bind=f"tcp://{cluster.address(shard)}:0")), out / f"server-{shard}.addr", extra)
                     start_backups(cfg, out, start_backup, bind=bind, shards=[shard])
                 startup = StartupRestarts(out, restart_shard)
-                cluster.recover = startup.recover
+                recover, cluster.recover = cluster.recover, startup.recover
                 wait_following(cluster, out, backups)
-                cluster.recover = restarts.recover
+                cluster.recover = recover
                 restarts.dead_replicas += startup.done
             start = start_torchrun_workers if launcher == "torchrun" else start_script_workers
             primaries = [(n, a) for n, a in servers if a]
@@ -193,6 +198,7 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
             bar.tick()
             kills.tick(cluster)
             nemesis.tick(cluster)
+            workers_back.tick(cluster)
             if watch is not None:
                 watch.check()
             if found[0] < expected:  # processes announce their /metrics ports as they start
@@ -214,11 +220,12 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
     interrupted = interrupt is not None
     replication = {"replication": settle_replicas(cfg, out)} if cfg.cluster.replicas else {}
     # `faults`: what was killed on purpose, which shards came back, and the clocks they lost
-    summary = {**build_summary(cfg, out, interrupted=interrupted, killed=len(kills.ranks)),
+    summary = {**build_summary(cfg, out, interrupted=interrupted, killed=workers_back.missing(kills.ranks)),
                **network, "config_hash": config_hash(cfg),  # which config made these results
                "launcher": launcher, "scheduler": scheduler,  # how and where it ran: not what it computed
-               **({"faults": {**restarts.summary(out), **({"nemesis": nemesis.summary()} if nemesis.asked else {})}}
-                  if restarts.asked or nemesis.asked else {}), **replication}
+               **({"faults": {**restarts.summary(out), **workers_back.summary(),
+                              **({"nemesis": nemesis.summary()} if nemesis.asked else {})}}
+                  if restarts.asked or workers_back.enabled or nemesis.asked else {}), **replication}
     write_tables(out, interrupted=interrupted)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     if interrupt is not None:

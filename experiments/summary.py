@@ -40,7 +40,8 @@ def _transport(cfg: RunConfig) -> str:
 def build_summary(cfg: RunConfig, out: Path, *, interrupted: bool = False, killed: int = 0) -> dict:
     """The run's summary (keys documented in README.md) from worker-*.json and server-*.json.
 
-    A finished run must have every worker's record but those of the `killed` ranks (psrv run --kill-worker). An `interrupted` one is summarised from whatever
+    A finished run must have every worker's record but those of the `killed` ranks (psrv run --kill-worker, not
+    restarted; experiments/worker_restarts.py). An `interrupted` one is summarised from whatever
     records there are (a worker stopped before it wrote one has none; an interrupted worker's holds the
     steps it did): `complete` is then False and `steps_done` counts the worker steps that ran.
 
@@ -213,13 +214,15 @@ def format_summary(s: dict) -> str:
 
 
 def _fault_rows(faults: dict | None) -> list[tuple[str, str]]:
-    """What --kill-server killed, which shards --checkpoint-every brought back, what they lost, and what the
-    nemesis did."""
+    """What --kill-server and --kill-worker killed, which shards --checkpoint-every and workers --restart-workers
+    brought back, what the shards lost, and what the nemesis did."""
     if not faults:
         return []
     killed = ", ".join(f"{k['process']} at worker 0's step {k['step']}" for k in faults["kills"] if k["killed"])
     resumed, updates = faults.get("resumed_from", {}), faults.get("lost_updates", {})
-    restarted = ", ".join(f"{r['process']} from version {resumed.get(str(r['shard']))}" for r in faults["restarts"])
+    restarted = ", ".join([f"{r['process']} from version {resumed.get(str(r['shard']))}" for r in faults["restarts"]]
+                          + [f"{r['process']} at worker 0's step {r['step']}" + ("" if r["joined"] else " (too late to join)")
+                             for r in faults.get("worker_restarts", [])])
     lost = ", ".join(f"shard {s}: {n} clocks, {updates.get(s)} updates" for s, n in faults["lost_clocks"].items())
     rows = [("killed", killed or "none"), ("restarted", restarted or "none"), ("lost", lost or "none")]
     nemesis = faults.get("nemesis")  # --nemesis: experiments/nemesis

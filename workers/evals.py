@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 
+import torch
+
 _log = logging.getLogger("psrv.worker")
 
 
@@ -17,6 +19,31 @@ def record_eval(job, model, device, log, *, step: int) -> dict[str, float]:
     log.evaluated(step, metrics)
     _log.info("eval at step %d: %s", step, "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
     return metrics
+
+
+def record_initial(job, model, device, log, *, initial: torch.Tensor | None) -> None:
+    """The step-0 evaluation: of `model` as it is (a worker there from the start holds the initial weights), or
+    where rank 0 joined a run under way, of `initial`, the flat initial weights, put in the model for it."""
+    if initial is None:
+        record_eval(job, model, device, log, step=0)
+        return
+    params = list(model.parameters())
+    current = torch.cat([p.detach().reshape(-1) for p in params])
+    _load(params, initial)
+    try:
+        record_eval(job, model, device, log, step=0)
+    finally:
+        _load(params, current)
+
+
+def _load(params: list, flat: torch.Tensor) -> None:
+    """`flat` into `params` in place (they may be views of psrv.Worker's flat buffer, which
+    torch.nn.utils.vector_to_parameters would replace, not fill)."""
+    offset = 0
+    with torch.no_grad():
+        for p in params:
+            p.copy_(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
 
 
 def record_final(job, model, device, log, *, step: int) -> None:

@@ -21,13 +21,14 @@ def make_inner_optimizer(cfg: WorkerSettings, params) -> torch.optim.Optimizer:
 
 
 def inner_steps(cfg: WorkerSettings, steps: int, ps) -> Iterator[int]:
-    """The step indices a worker runs: `steps` of them; under local_steps 'auto:H' (dynamic local
-    updates), until it has pushed ceil(steps / H) times, so every worker runs the same number of
-    rounds and the fastest takes `steps` inner steps (each round's H_i is never above H)."""
+    """The step indices a worker runs: from `ps.start_step` (0, or the run's step at the clock a restarted or
+    late worker joined at) to `steps`, so every worker ends with the run; under local_steps 'auto:H' (dynamic
+    local updates), until the run has pushed ceil(steps / H) rounds (this worker's from `ps.start_clock`), so
+    every worker ends at the same round and the fastest takes `steps` inner steps (each round's H_i <= H)."""
     if not isinstance(cfg.local_steps, str):
-        yield from range(steps)
+        yield from range(ps.start_step, steps)
         return
-    rounds, step = -(-steps // cfg.local_steps_base), 0
+    rounds, step = -(-steps // cfg.local_steps_base) - ps.start_clock, ps.start_step
     while len(ps.inner_steps_per_push) < rounds:
         yield step
         step += 1

@@ -17,7 +17,7 @@ from psrv.config import WorkerConfig
 from psrv.worker import Worker
 from psrv.worker.steplog import StepLog
 from psrv.workers.faults import FaultInjector
-from psrv.workers.evals import record_eval, record_final
+from psrv.workers.evals import record_eval, record_final, record_initial
 from psrv.workers.jobs import batch_size_of, load_job
 from psrv.workers.local_steps import inner_steps, make_inner_optimizer
 
@@ -36,7 +36,8 @@ class TrainingInterrupted(KeyboardInterrupt):
 
 
 def train(cfg: WorkerConfig, *, log: StepLog | None = None, progress=None) -> dict:
-    """Train cfg.job.steps steps against the servers; return this worker's record (psrv/worker/steplog.py
+    """Train until the run's step cfg.job.steps against the servers (from the step of the shards' clock where
+    a restarted or late worker joins: psrv.Worker's `start_step`); return this worker's record (psrv/worker/steplog.py
     RECORD), which `log` (default: one that writes nothing) has saved, with the final weights beside it:
     `final_params` (the flat vector) and `final_state` (model.state_dict()). `progress(step)` is called
     after each step. Raises TrainingInterrupted (a KeyboardInterrupt, after LEAVE) on Ctrl-C.
@@ -62,6 +63,8 @@ def train(cfg: WorkerConfig, *, log: StepLog | None = None, progress=None) -> di
     # Before the Worker: torch.optim's constructor imports torch._dynamo, and that import once the RPC
     # transport has joined its world leaves the shards unreachable ("server-0 is not serving").
     inner = make_inner_optimizer(cfg, model.parameters()) if cfg.local_updates else None
+    # rank 0's initial weights (the job's, seeded), the run's step-0 evaluation should it join a run under way
+    initial = parameters_to_vector(model.parameters()).detach().clone() if cfg.rank == 0 else None
     try:
         # Early sends would beat injected compute and network delays, so faults turn the overlap off.
         # A timeout's messages name the command line's flag for it, which is what this loop's user has.
@@ -70,7 +73,8 @@ def train(cfg: WorkerConfig, *, log: StepLog | None = None, progress=None) -> di
         log.describe(**ps.described())
         with ps:
             if cfg.rank == 0:
-                record_eval(job, model, device, log, step=0)
+                record_initial(job, model, device, log, initial=None if ps.start_step == 0 else initial)
+            initial = None
             log.loop_began()
             for step in inner_steps(cfg, cfg.job.steps, ps):  # range(steps) but under local_steps auto
                 t0 = time.perf_counter()

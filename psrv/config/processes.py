@@ -17,8 +17,8 @@ from psrv.config.optimizer import STALENESS_RULES, VELOCITY_RULES, GradClip, Opt
 from psrv.config.sections import Trackers
 from psrv.timeouts import Timeouts
 from psrv.config.sections import (MODES, AllReduceSettings, ClusterConfig, Consistency, FaultConfig, JobConfig,
-                                  KillSettings, NetworkSettings, Placement, RecoverySettings, Seeded, ServerSettings,
-                                  ServeSettings, WorkerSettings, parse_kill)
+                                  KillSettings, NetworkSettings, Placement, RecoverySettings, RestartSettings, Seeded,
+                                  ServerSettings, ServeSettings, WorkerSettings, parse_kill)
 
 
 def _one_shard_clip(clip: float, mode: str, shards: int, shards_key: str) -> None:
@@ -252,6 +252,7 @@ class RunConfig(Trackers, Seeded, Consistency):
     kill: KillSettings = section(KillSettings)
     checkpoints: RecoverySettings = section(RecoverySettings)
     nemesis: NemesisSettings = section(NemesisSettings)
+    restarts: RestartSettings = section(RestartSettings)
 
     def validate(self) -> None:
         super().validate()
@@ -325,8 +326,8 @@ class RunConfig(Trackers, Seeded, Consistency):
 
 
 def _kills_and_recovery(run: RunConfig) -> None:
-    """A kill names a shard or a worker the run has and can lose; restarting a shard needs servers on zmq (a torch RPC world
-    cannot take a restarted member back)."""
+    """A kill names a shard or a worker the run has and can lose (rank 0 only if it comes back); restarting a shard
+    or a worker needs zmq (a torch RPC world cannot take a restarted member back) and a worker a mode with shards."""
     server = parse_kill(run.kill.server, first="SHARD")
     if server is not None:
         if run.is_allreduce:
@@ -339,9 +340,18 @@ def _kills_and_recovery(run: RunConfig) -> None:
         if run.is_allreduce:
             raise ConfigError("kill.worker", f"mode {run.mode!r} cannot lose a rank (its collectives wait for every "
                                              "rank); kill a worker of sync, async or ssp")
-        if not 0 < worker[0] < run.cluster.workers:
-            raise ConfigError("kill.worker", f"rank must be in 1..{run.cluster.workers - 1} (rank 0 writes the "
-                                             f"final weights; cluster.workers = {run.cluster.workers}); got {worker[0]}")
+        lowest = 0 if run.restarts.workers else 1  # rank 0 writes the final weights: killed, it must come back
+        if not lowest <= worker[0] < run.cluster.workers:
+            raise ConfigError("kill.worker", f"rank must be in {lowest}..{run.cluster.workers - 1} (rank 0 writes the "
+                                             "final weights: killed only with restarts.workers; cluster.workers = "
+                                             f"{run.cluster.workers}); got {worker[0]}")
+    if run.restarts.workers:
+        if run.is_allreduce:
+            raise ConfigError("restarts.workers", f"mode {run.mode!r} cannot take a rank back (its collectives wait "
+                                                  "for every rank); restart workers of sync, async or ssp")
+        if run.cluster.transport != "zmq":
+            raise ConfigError("restarts.workers", "restarts a worker with its rank, which needs transport 'zmq' "
+                                                  "(a torch RPC world takes no one back)")
     if run.cluster.replicas:
         if run.is_allreduce:
             raise ConfigError("cluster.replicas", f"replicates shards; mode {run.mode!r} has none")

@@ -187,9 +187,10 @@ class KillSettings(Section):
                           "steps: the workers' progress files); with --replicas its backup takes over, with "
                           "--checkpoint-every it is restarted from its checkpoint, with neither the run ends", flag="kill-server", metavar="SHARD:STEP",
                           check=_kill_server)
-    worker: str = setting("", "SIGKILL rank RANK's worker (not rank 0, which writes the final weights) once worker "
-                          "0 has done STEP steps; the others go on without it after --worker-timeout, and the "
-                          "summary counts the steps it did not write", flag="kill-worker", metavar="RANK:STEP",
+    worker: str = setting("", "SIGKILL rank RANK's worker once worker 0 has done STEP steps; the others go on "
+                          "without it after --worker-timeout; with --restart-workers it comes back, else the summary "
+                          "counts the steps it did not write (rank 0, which writes the final weights, only with "
+                          "--restart-workers)", flag="kill-worker", metavar="RANK:STEP",
                           check=_kill_worker)
 
 
@@ -201,6 +202,16 @@ class RecoverySettings(Section):
                            "dies is restarted from it with --resume on its address, and the summary counts the "
                            "clocks lost (0: no checkpoints; a dead shard ends the run)", minimum=0.0,
                            flag="checkpoint-every", metavar="SECONDS")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RestartSettings(Section):
+    """How psrv run brings back a worker that died (experiments/worker_restarts.py, docs/reliability.md)."""
+
+    workers: int = setting(0, "restart a worker that dies (--kill-worker, a crash, a kill from outside) with its "
+                           "rank, at most N times per rank; it rejoins at the shards' clock and runs to the run's end "
+                           "(0: a worker killed on purpose is left behind, any other death ends the run)",
+                           minimum=0, flag="restart-workers", metavar="N")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -22,17 +22,18 @@ class Sessions:
         self.timeout = timeout
         self._held: dict[int, int] = {}  # rank -> session
 
-    def check(self, msg: Message, *, active: bool, silent: float) -> None:
+    def check(self, msg: Message, *, active: bool, silent: float) -> bool:
         """Let `msg` through, or raise: RANK_IN_USE while the rank's holder is alive (active and
         heard from within worker_timeout); HelloAgain for another request of a new process once
-        the holder is gone, so it says HELLO and takes the rank over."""
+        the holder is gone, so it says HELLO and takes the rank over. True when `msg` is that HELLO:
+        a new process took the rank over from another one."""
         w, sid = msg.worker, msg.session
         held = self._held.get(w)
         if not sid or held == sid:
-            return
+            return False
         if held is None:
             self._held[w] = sid
-            return
+            return False
         alive = active and silent <= self.timeout
         if alive:  # the service logs the refusal as a warning
             raise ProtocolError(ErrorCode.RANK_IN_USE,
@@ -44,6 +45,7 @@ class Sessions:
         why = "was silent for %.1fs" % silent if active else "is gone"
         log.info("shard %d: a new process takes rank %d over (the previous one %s)", self.shard, w, why)
         self._held[w] = sid
+        return True
 
     def state_dict(self) -> dict:
         return {int(w): int(sid) for w, sid in self._held.items()}

@@ -78,7 +78,9 @@ class ShardMembership:
                     self._refuse(waiting, pending.seq, refusal)
             self.pending.drop(worker)
             self._drop_misfit(worker)
-        self._claim(msg)
+        took_over = self._claim(msg)
+        if took_over and msg.worker in self.controller.active:  # its old process died (silent): it starts anew
+            self._remove(msg.worker)
         self.pulls.greet(msg.worker, pull_copy)  # whatever copy it held is forgotten: its next pull is dense
         self.pending.drop(msg.worker)  # a restarted worker's old pulls
         self.chunks.forget(msg.worker)  # and its half-sent push
@@ -151,8 +153,11 @@ class ShardMembership:
             why = "left" if msg.worker in self.liveness.left else "was dropped after silence"
             raise HelloAgain(f"worker {msg.worker} {why}; send HELLO to rejoin")
 
-    def _claim(self, msg: Message) -> None:
-        """msg's process holds its rank (RANK_IN_USE while another live one does); heard from now."""
+    def _claim(self, msg: Message) -> bool:
+        """msg's process holds its rank (RANK_IN_USE while another live one does); heard from now. True: a
+        HELLO of a new process that took the rank over from a silent one. The silence is the primary's
+        judgement where this is a backup applying its stream (ShardService.judged)."""
         silent = self.liveness.silent(msg.worker) if self.judged is None else float(self.judged["silent"])
-        self.sessions.check(msg, active=msg.worker in self.controller.active, silent=silent)
+        took_over = self.sessions.check(msg, active=msg.worker in self.controller.active, silent=silent)
         self.liveness.seen(msg.worker)
+        return took_over

@@ -27,6 +27,8 @@ class PullAnswers:
                 self.history.record("member", w=msg.worker, what="finish", epoch=self.epoch)
             self.controller.finish(msg.worker)
             commit_if_ready(self)
+        else:  # the clock it pushes next: a sync joiner counts from there
+            self.controller.expect(msg.worker, msg.clock if clock is None else clock)
         self._release()
 
     def _on_push_pull(self, peer, msg: Message) -> None:

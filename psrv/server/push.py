@@ -79,7 +79,8 @@ def take_push(s, msg: Message) -> dict:
 
 def commit_if_ready(s) -> None:
     """Sync: apply the open clock once the controller says it is complete; a clock whose every push
-    was dropped as non-finite moves on without a step (nothing to average)."""
+    was dropped as non-finite, or that no worker is left to push while a joiner waits past it, moves on
+    without a step (nothing to average)."""
     if s.shard is None or not s.controller.commit_ready():
         return
     if s.shard.accumulated or s.fragments.accumulated:
@@ -88,8 +89,8 @@ def commit_if_ready(s) -> None:
         n = s.shard.apply_accumulated() if s.shard.accumulated else s.fragments.apply_accumulated(s.shard)
         s.stats.applied(s.shard.version, pushes=n)
     else:
-        log.warning("shard %d: clock %d had no finite gradient; moving on without a step",
-                    s.cfg.shard, s.controller.next_clock(-1))
+        log.warning("shard %d: clock %d had no finite gradient (or no worker left to push it); moving on "
+                    "without a step", s.cfg.shard, s.controller.next_clock(-1))
     c = s.controller
     s.history.record("commit", clock=c.next_clock(-1), version=s.shard.version, epoch=s.epoch,
                      pushed=sorted(c.arrived - c.voided), arrived=sorted(c.arrived), pushing=sorted(c.pushing()),

@@ -111,7 +111,7 @@ class AllReduceWorker(RecordedWorker):
             self._open = False
             self._teardown()
             raise
-        self.steps = 0
+        self.steps = self.start_step = self.start_clock = 0  # as psrv.Worker's: every rank is there from the start
         self.updates_applied = 0  # optimizer steps that ran
         self._log = step_log if step_log is not None else StepLog.from_env(rank=self.rank)
         self._beacon = self._log.beacon if self._log is not None else StepBeacon(None)

@@ -185,10 +185,12 @@ class PSClient(PushMessages):
         return self.receive_weights(out, lambda: self._round_trip(msgs))
 
     def first_pull(self, welcomes: list[dict], *, out: torch.Tensor) -> Reply:
-        """The first weights after hello(). Where a shard has none yet (WELCOME's `initialised`) and
-        this client sent no INIT, that is rank 0's to send: say so, and wait at most `timeout` seconds."""
+        """The first weights after hello(), for the latest clock a shard's WELCOME said. Where a shard has none
+        yet (WELCOME's `initialised`) and this client sent no INIT, that is rank 0's to send: say so, and wait
+        at most `timeout` seconds."""
         waiting = [] if self._sent_init else [s for s, w in enumerate(welcomes) if not w.get("initialised")]
-        clock = welcomes[0].get("clock", 0)
+        # the latest clock a shard welcomed us at: a sync shard that welcomed a joiner earlier counts it from there
+        clock = max((w.get("clock", 0) for w in welcomes), default=0)
         if not waiting:
             return self.pull(clock=clock, out=out)
         log.info("worker %d: waiting for rank 0's initial weights (INIT) from shard(s) %s, at most %gs",

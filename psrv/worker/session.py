@@ -115,6 +115,13 @@ class Worker(LocalRounds, CompressionState, RecordedWorker):
     (psrv/transport/plane.py). zmq only. `push_chunk_mb` (0: off): a push bigger than that goes in
     chunks that async and ssp shards apply as they arrive (psrv/server/chunked.py).
 
+    A worker that joins a run under way (restarted with its rank, or started late) starts at the shards'
+    clock: `start_clock` is the clock it pushes first (sync: the one after the clock open when it joined, so
+    the others never wait for its start-up; async and ssp: its own pushes so far) and `start_step` that
+    clock's step (clock x H with local_steps, x H/F with fragments), where `steps` starts. A loop that runs
+    `while ps.steps < steps` therefore ends with the run, not `steps` steps after it joined (0 and 0 for a
+    worker there from the start).
+
     `step_log` (psrv/worker/steplog.py) keeps this worker's step rows and writes its record at close();
     None: the one `psrv run --script` asks for through the environment, where it does.
 
@@ -185,7 +192,7 @@ class Worker(LocalRounds, CompressionState, RecordedWorker):
         self._flat.place_grads(self._client.share(torch.empty_like(params)).zero_())
         self._pushing: PushPull | None = None
         self._open = True
-        self.steps = 0
+        self.steps = self.start_step = self.start_clock = 0  # set from the shards' clock after the first pull
         self.early_sends = 0  # shard pushes sent while backward was still running
         self.local_steps = local_steps
         self._period = LocalPeriod(local_steps if pieces is None else local_steps // fragments) \
@@ -213,11 +220,14 @@ class Worker(LocalRounds, CompressionState, RecordedWorker):
                 self._client.init(self._flat.params.cpu())
             first = self._client.first_pull(welcomes, out=self._flat.params)
             self._clock, self._version = first.clock, min(first.versions)
+            # a worker (re)joining a run under way starts at the shards' clock: its steps count from there
+            self.start_clock = self._clock
+            self.steps = self.start_step = self._clock * (self._period.base if self._period is not None else 1)
             if local_steps is not None:
                 self._pulled = self._flat.params.clone()
             if pieces is not None:
                 self._stream = StreamingOuter(self._client, self._flat.params, self._pulled, pieces, outer_dtype,
-                                              norms=self.pseudo_grad_norms)
+                                              norms=self.pseudo_grad_norms, pushes=self.start_clock)
         except KeyboardInterrupt:
             self._abandon()
             raise
@@ -232,7 +242,7 @@ class Worker(LocalRounds, CompressionState, RecordedWorker):
         if self._log is not None:
             self._log.describe(**self.described())
         self._evals.log = self._log
-        self._evals.run(0)  # the first weights, before any step
+        self._evals.run(self.steps)  # the first weights, before any step of this worker
         self._returned = time.perf_counter()  # a logged step's compute: from here to its step() call
 
     @classmethod

@@ -140,7 +140,10 @@ class StepLog:
         self.fields.update(fields)
 
     def loop_began(self) -> None:
+        """The step loop starts (the worker has joined): the progress file says 0 steps from here on."""
         self._loop[0] = time.time()
+        if self.files.progress is not None:
+            self.files.progress.write_text(str(len(self.rows)))
 
     def loop_ended(self) -> None:
         if self._loop[0] is not None and self._loop[1] is None:

@@ -43,11 +43,13 @@ class StreamingOuter:
     into the model (`params`) and the weights last synced (`pulled`), both flat float32 vectors."""
 
     def __init__(self, client, params: torch.Tensor, pulled: torch.Tensor, fragments: Fragments,
-                 outer_dtype: str = "float32", *, norms: list[float] | None = None):
+                 outer_dtype: str = "float32", *, norms: list[float] | None = None, pushes: int = 0):
+        """`pushes`: the fragment pushes the run made before this worker joined (its first clock): the
+        next fragment is that count's, so a rejoiner pushes the fragment the others push at that clock."""
         self.client, self.params, self.pulled, self.fragments = client, params, pulled, fragments
         self.codec = CODECS[outer_dtype]() if outer_dtype in CODECS else None
         self.cast = torch.bfloat16 if outer_dtype == "bfloat16" else None
-        self.pushes = 0  # fragment pushes sent: the next is fragment pushes % F
+        self.pushes = pushes  # fragment pushes sent (from the run's start): the next is fragment pushes % F
         self.norms = [] if norms is None else norms  # each push's pseudo-gradient norm, appended
         self._flight: tuple[int, RoundTrip] | None = None
 

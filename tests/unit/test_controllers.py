@@ -108,3 +108,70 @@ def test_the_slowest_clock_is_kept_right_through_pushes_joins_and_leaves(seed):
         elif w in c.active:
             c.push(w, c.clocks[w] + rng.choice([0, 0, 1, 3]) - 1)   # repeats, steps and jumps
         assert c.min_clock() == min((c.clocks[a] for a in c.active), default=0)
+
+
+# --- a worker that (re)joins a sync run under way ---------------------------------------------
+def test_sync_a_rejoiner_is_not_waited_for_at_the_open_clock_but_is_at_the_next():
+    c = make_controller("sync", 3)
+    c.leave(2)                                         # worker 2 died
+    c.push(0, 0)
+    c.join(2)                                          # its restart says HELLO while clock 0 is open
+    assert c.next_clock(2) == 1                        # WELCOME: push clock 1 first, once clock 0's weights exist
+    assert not c.pull_ready(2, 1)
+    c.push(1, 0)
+    assert c.commit_ready()                            # clock 0 did not wait for the rejoiner
+    c.committed()
+    assert c.pull_ready(2, 1) and c.next_clock(2) == 1
+    c.push(0, 1)
+    c.push(1, 1)
+    assert not c.commit_ready()                        # clock 1 waits for it
+    assert c.push(2, 1) is Decision.ACCUMULATE and c.commit_ready()
+
+
+def test_sync_a_joiner_counts_from_the_clock_it_pulls_when_another_shard_welcomed_it_later():
+    c = make_controller("sync", 2)
+    c.leave(1)
+    c.join(1)                                          # this shard: clock 0 open, so 1 first
+    c.expect(1, 2)                                     # another shard had committed clock 0 already: it pulls 2
+    c.push(0, 0)
+    c.committed()
+    c.push(0, 1)
+    assert c.commit_ready()                            # clock 1, which it never pushes, is not held for it
+    c.committed()
+    c.push(0, 2)
+    assert not c.commit_ready() and c.next_clock(1) == 2
+
+
+def test_sync_a_worker_joining_alone_counts_at_once_and_one_left_alone_with_it_moves_on():
+    c = make_controller("sync", 2)
+    c.finish(0)                                        # worker 0 did its last push and awaits its final pull
+    c.leave(1)
+    c.join(1)
+    assert c.next_clock(1) == 0 and c.pushing() == {1}  # no one else pushes the open clock: it counts now
+    d = make_controller("sync", 2)
+    d.leave(1)
+    d.join(1)                                          # clock 0 open; worker 0 pushes it, the joiner starts at 1
+    d.leave(0)                                         # ... but worker 0 dies before pushing it
+    assert d.commit_ready()                            # the empty clock ends (no step), so the joiner's pull is answered
+    d.committed()
+    assert d.pull_ready(1, 1) and d.pushing() == {1}
+
+
+def test_sync_backup_workers_count_a_joiner_only_from_its_clock():
+    c = make_controller("sync", 3, backup_workers=1)
+    c.leave(2)
+    c.join(2)
+    assert c.needed() == 1                             # 2 pushing, 1 backup: the joiner is no straggler yet
+    c.push(0, 0)
+    assert c.commit_ready()
+    c.committed()
+    assert c.needed() == 2
+
+
+def test_sync_a_joiner_survives_a_checkpoint():
+    c = make_controller("sync", 2)
+    c.leave(1)
+    c.join(1)
+    d = make_controller("sync", 2)
+    d.load_state_dict(c.state_dict())
+    assert d.next_clock(1) == 1 and d.pushing() == {0}

@@ -43,11 +43,11 @@ class Shard:
         self.svc = ShardService(self.cfg, self.net, now=lambda: self.t, join_timeout=60.0)
         self.seqs = {}
 
-    def req(self, mtype, worker=0, *, peer=None, seq=None, clock=0, tensor=None, **fields):
+    def req(self, mtype, worker=0, *, peer=None, seq=None, clock=0, tensor=None, session=0, **fields):
         if seq is None:
             seq = self.seqs[worker] = self.seqs.get(worker, 0) + 1
         n = len(self.net.out)
-        msg = Message(mtype, worker=worker, seq=seq, clock=clock, fields=fields, tensor=tensor)
+        msg = Message(mtype, worker=worker, seq=seq, clock=clock, fields=fields, tensor=tensor, session=session)
         self.svc.handle(peer or f"peer-{worker}".encode(), encode(msg))
         self.svc.check_liveness()
         return [m for _, m in self.net.out[n:]]
@@ -120,7 +120,7 @@ def test_time_the_shard_itself_was_busy_is_nobodys_silence():
     assert s.svc.controller.active == {0, 1}
 
 
-def test_dropped_worker_is_asked_to_hello_again_and_rejoins_at_the_open_clock():
+def test_dropped_worker_is_asked_to_hello_again_and_rejoins_after_the_open_clock():
     s = Shard(workers=2).start()
     s.tick(2.0)
     s.req(MsgType.HEARTBEAT, 0)
@@ -131,8 +131,34 @@ def test_dropped_worker_is_asked_to_hello_again_and_rejoins_at_the_open_clock():
     (err,) = s.req(MsgType.PUSH, 1, clock=0, tensor=g(1))
     assert err.type is MsgType.ERROR and err.fields["hello"] and err.fields["code"] == ErrorCode.NOT_ALLOWED
     (welcome,) = s.req(MsgType.HELLO, 1, plan_hash="p", total=SIZE, num_shards=1, shard=0, world_size=2)
-    assert welcome.fields["clock"] == 2 and welcome.fields["version"] == 2
+    # worker 0 pushes the open clock 2: the rejoiner counts from clock 3, whose weights it pulls first
+    assert welcome.fields["clock"] == 3 and welcome.fields["version"] == 2
     assert welcome.fields["last_seq"] >= 1 and s.svc.controller.active == {0, 1}
+
+
+def test_a_restarted_worker_never_holds_the_open_clock_and_is_waited_for_from_the_next():
+    """A new process of rank 1 takes the rank over (its old one silent) in the middle of clock 1: worker 0's
+    push of clock 1 is applied without it; its first pull gets clock 2's weights, and clock 2 waits for it."""
+    s = Shard(workers=2, timeout=3.0)
+    hello = {"plan_hash": "p", "total": SIZE, "num_shards": 1, "shard": 0, "world_size": 2}
+    for w in (0, 1):
+        s.req(MsgType.HELLO, w, session=10 + w, **hello)
+    s.req(MsgType.INIT, 0, session=10, tensor=torch.zeros(SIZE))
+    s.req(MsgType.PUSH_PULL, 0, session=10, clock=0, tensor=g(1))
+    s.req(MsgType.PUSH_PULL, 1, session=11, clock=0, tensor=g(1))  # clock 0 committed; worker 1's process dies
+    s.tick(2.0)
+    s.req(MsgType.HEARTBEAT, 0, session=10)
+    s.tick(0.9)
+    s.req(MsgType.HEARTBEAT, 0, session=10)
+    s.t += 0.2                                    # rank 1 silent 3.1s: past worker_timeout, not yet looked at
+    (welcome,) = s.req(MsgType.HELLO, 1, session=99, **hello)
+    assert welcome.fields["clock"] == 2 and s.svc.controller.active == {0, 1}
+    assert s.req(MsgType.PULL, 1, session=99, clock=2) == []  # clock 1's weights do not exist yet
+    answers = s.req(MsgType.PUSH_PULL, 0, session=10, clock=1, tensor=g(3))  # applied at once: no wait for rank 1
+    assert sorted(m.fields["clock"] for m in answers) == [2, 2] and s.svc.shard.version == 2
+    assert s.req(MsgType.PUSH_PULL, 0, session=10, clock=2, tensor=g(1)) == []  # clock 2 waits for the rejoiner
+    assert len(s.req(MsgType.PUSH_PULL, 1, session=99, clock=2, tensor=g(3))) == 2 and s.svc.shard.version == 3
+    assert torch.equal(s.weights, -g(1 + 3 + 2))              # clock 2 is the mean of both
 
 
 def test_ssp_minimum_clock_ignores_a_lost_worker():

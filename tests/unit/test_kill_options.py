@@ -1,5 +1,6 @@
-"""--kill-server, --kill-worker and --checkpoint-every (spec keys kill.server, kill.worker, checkpoints.every): their form and what a run
-must have for them, refused in one line naming the option."""
+"""--kill-server, --kill-worker, --checkpoint-every and --restart-workers (spec keys kill.server, kill.worker,
+checkpoints.every, restarts.workers): their form and what a run must have for them, refused in one line naming the
+option."""
 from __future__ import annotations
 
 import pytest
@@ -30,6 +31,9 @@ def test_the_form_is_index_colon_step():
     ({"checkpoints": {"every": 1.0}, "mode": "fsdp"}, r"^checkpoints\.every: checkpoints shards; mode 'fsdp'"),
     ({"checkpoints": {"every": 1.0}, "cluster": {"transport": "rpc"}}, r"^checkpoints\.every: .*transport 'zmq'"),
     ({"checkpoints": {"every": -1.0}}, r"^checkpoints\.every: must be >= 0"),
+    ({"restarts": {"workers": 1}, "mode": "ddp"}, r"^restarts\.workers: mode 'ddp' cannot take a rank back"),
+    ({"restarts": {"workers": 1}, "cluster": {"transport": "rpc"}}, r"^restarts\.workers: .*transport 'zmq'"),
+    ({"restarts": {"workers": -1}}, r"^restarts\.workers: must be >= 0"),
 ])
 def test_a_spec_is_refused_naming_the_key(data, message):
     with pytest.raises(ConfigError, match=message):
@@ -42,3 +46,10 @@ def test_the_command_line_reads_the_same_settings_and_names_its_flags():
     assert (cfg.kill.server, cfg.kill.worker, cfg.checkpoints.every) == ("1:50", "1:20", 2.0)
     with pytest.raises(ValueError, match=r"^--kill-server: shard must be in 0\.\.1"):
         config_from_args(RunConfig, build_parser().parse_args(["run", "--kill-server", "5:50"]))
+
+
+def test_rank_0_may_be_killed_only_when_it_comes_back():
+    cfg = from_dict(RunConfig, {"kill": {"worker": "0:10"}, "restarts": {"workers": 2}})
+    assert (cfg.kill.worker, cfg.restarts.workers) == ("0:10", 2)
+    args = build_parser().parse_args(["run", "--kill-worker", "1:20", "--restart-workers", "3"])
+    assert config_from_args(RunConfig, args).restarts.workers == 3

@@ -40,6 +40,9 @@ class Controller:
         self.clocks.setdefault(worker, 0)
         self._recount()
 
+    def expect(self, worker: int, clock: int) -> None:
+        """`worker` pulls the weights for `clock`, the next it pushes (sync: where a joiner starts to count)."""
+
     def finish(self, worker: int) -> None:
         """`worker` pushes no more (its final pull came): barriers stop counting on it."""
         if worker in self.active:

@@ -1,5 +1,7 @@
 """BSP: gradients of clock c are buffered; when every active worker's (or N-b with backup
-workers) is in, the shard applies their mean as ONE step and pulls for c+1 are answered."""
+workers) is in, the shard applies their mean as ONE step and pulls for c+1 are answered. A worker that
+(re)joins while others push the open clock counts from the clock after it (`joining`), so they never wait
+for its start-up and first round."""
 from psrv.server.consistency.base import Controller, Decision
 
 
@@ -16,12 +18,35 @@ class SyncController(Controller):
         self.voided: set[int] = set()  # arrived with no gradient (non-finite, skipped): not in the quorum
         self.resumed = False          # restored from a checkpoint: workers may be ahead of us
         self.skipped = 0              # clocks lost to a restore (their updates are gone)
+        self.joining: dict[int, int] = {}  # a (re)joined worker -> the first clock the barrier waits for it, > open
 
     def _decide(self, worker: int, clock: int) -> Decision:
         if clock != self.open_clock or worker in self.arrived:
             return Decision.DROP
         self.arrived.add(worker)
         return Decision.ACCUMULATE
+
+    def join(self, worker: int) -> None:
+        """`worker` (re)joins: while others push the open clock it counts from the clock after it, whose
+        weights (the open clock's commit) it pulls first, so its start-up never holds them; alone, at once."""
+        self.joining.pop(worker, None)
+        super().join(worker)
+        if self.pushing() - {worker}:
+            self.joining[worker] = self.open_clock + 1
+
+    def leave(self, worker: int) -> None:
+        self.joining.pop(worker, None)
+        super().leave(worker)
+
+    def expect(self, worker: int, clock: int) -> None:
+        """`worker` pulls for `clock`, the first it will push: a joiner counts from there (another shard
+        may have welcomed it a clock later than this one), so no shard waits for a clock it skips."""
+        if worker in self.joining and clock > self.joining[worker]:
+            self.joining[worker] = clock
+
+    def pushing(self) -> set[int]:
+        """The workers the open clock's barrier waits for: active, not finished, not joining a later clock."""
+        return super().pushing() - self.joining.keys()
 
     def needed(self) -> int:
         return max(1, len(self.pushing()) - self.backup_workers)
@@ -32,8 +57,8 @@ class SyncController(Controller):
         # clock before the others' gradients of it are in.
         # A voided push (non-finite, skipped) is no gradient: it never fills a backup quorum, but its
         # worker is done with the clock, so it never holds the clock either.
-        if not self.arrived:
-            return False
+        if not self.arrived:  # no gradient: only a clock no one is left to push, a joiner waiting past it, ends
+            return bool(self.joining) and not self.pushing()
         return len((self.arrived - self.voided) & self.pushing()) >= self.needed() or self.pushing() <= self.arrived
 
     def void(self, worker: int) -> None:
@@ -43,12 +68,13 @@ class SyncController(Controller):
         self.open_clock += 1
         self.arrived = set()
         self.voided = set()
+        self.joining = {w: c for w, c in self.joining.items() if c > self.open_clock}  # the rest count now
 
     def pull_ready(self, worker: int, clock: int) -> bool:
         return clock <= self.open_clock
 
     def next_clock(self, worker: int) -> int:
-        return self.open_clock
+        return self.joining.get(worker, self.open_clock)
 
     def catch_up(self, clock: int) -> int:
         # Only a shard restored from a checkpoint can see a clock it never opened: the others
@@ -56,12 +82,14 @@ class SyncController(Controller):
         if not self.resumed or clock <= self.open_clock:
             return 0
         skipped, self.open_clock, self.arrived, self.voided = clock - self.open_clock, clock, set(), set()
+        self.joining = {w: c for w, c in self.joining.items() if c > self.open_clock}
         self.skipped += skipped
         return skipped
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "open_clock": self.open_clock, "arrived": sorted(self.arrived),
-                "voided": sorted(self.voided), "skipped": self.skipped}
+                "voided": sorted(self.voided), "skipped": self.skipped,
+                "joining": {int(w): int(c) for w, c in self.joining.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
@@ -69,4 +97,5 @@ class SyncController(Controller):
         self.arrived = {int(w) for w in state["arrived"]}
         self.voided = {int(w) for w in state.get("voided", [])}
         self.skipped = int(state.get("skipped", 0))
+        self.joining = {int(w): int(c) for w, c in state.get("joining", {}).items()}
         self.resumed = True

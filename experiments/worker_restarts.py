@@ -1,0 +1,132 @@
+"""Workers psrv run brings back (`--restart-workers N`, spec key restarts.workers): a worker that dies during the
+run (`--kill-worker`, a crash, a kill from outside) is started again with its rank, its exact command line, and
+its dead life's log kept as DIR/worker-R.log.1 (.2, ...). It rejoins at the shards' clock and runs to the run's
+end (psrv.Worker `start_step`); summary.json's `faults.worker_restarts` lists each restart (docs/reliability.md)."""
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Callable
+
+from psrv.config import RunConfig
+from psrv.experiments.kills import Kills, worker0_steps
+
+BAD_INPUT = 2  # psrv's exit code for a ValueError (psrv/cli/main.py): a restart would fail alike
+
+
+def _how(code: int) -> dict:
+    """A dead process's exit code, and the signal's name where a signal killed it."""
+    if code >= 0:
+        return {"exit_code": code, "signal": None}
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    return {"exit_code": code, "signal": name}
+
+
+def _lived(out: Path, name: str) -> int | None:
+    """The steps a worker's life logged as its progress file last said (every 10 steps; psrv/worker/steplog.py)."""
+    try:
+        return int((out / f"{name}.progress").read_text() or 0)
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+class WorkerRestarts:
+    """Restarts dead workers, at most cfg.restarts.workers times per rank; `done` records each restart. A
+    worker that exits with psrv's bad-input code 2 is not restarted (it would fail alike), nor one that dies
+    once every shard has ended (the run's training is over: nothing to rejoin). Those deaths, and every death
+    with restarts off, go to `fallback` (experiments/kills.py ShardRestarts.recover: a worker killed on
+    purpose is left behind, any other ends the run)."""
+
+    def __init__(self, cfg: RunConfig, out: Path, started: float, kills: Kills):
+        self.out, self.started, self.kills = out, started, kills
+        self.limit = cfg.restarts.workers
+        self.servers = [f"server-{i}" for i in range(0 if cfg.is_allreduce else cfg.cluster.servers)]
+        self.done: list[dict] = []
+
+    @property
+    def enabled(self) -> bool:
+        return self.limit > 0
+
+    def recover_or(self, fallback: Callable) -> Callable:
+        """The cluster's `recover` (experiments/cluster.py): a worker this can restart comes back, the rest go to
+        `fallback`."""
+        def recover(cluster, name: str) -> bool:
+            if self._restartable(cluster, name):
+                return self._restart(cluster, name)
+            if name.startswith("worker-") and int(name.split("-", 1)[1]) in self.ranks:  # a later life: not spared
+                return False
+            return fallback(cluster, name)
+        return recover
+
+    def _restartable(self, cluster, name: str) -> bool:
+        if not self.enabled or not name.startswith("worker-") or cluster.procs[name].returncode == BAD_INPUT:
+            return False
+        return any(cluster.procs[s].poll() is None for s in self.servers if s in cluster.procs)
+
+    def _restart(self, cluster, name: str) -> bool:
+        old = cluster.procs[name]
+        rank, code = int(name.split("-", 1)[1]), old.returncode
+        lives = sum(1 for r in self.done if r["rank"] == rank)
+        killed = any(k.get("pid") == old.pid for k in self.kills.done)  # this life, not an earlier one
+        cause = (self.kills.said(name) if killed else "") or (
+            f"was killed by signal {-code}" if code < 0 else f"exited with code {code}")
+        if lives >= self.limit:
+            cluster.explain[name] = lambda _code, c=cause, n=lives: (
+                f"{name} (rank {rank}) {c}; it was restarted {n} times already, the most --restart-workers "
+                f"{self.limit} allows; its output: {self.out / f'{name}.log'}")
+            return False
+        steps, step0 = _lived(self.out, name), worker0_steps(self.out)  # before its progress file moves aside
+        for r in self.done:  # the life that died had joined if it wrote its progress file
+            if r["process"] == name and r["joined"] is None:
+                r["joined"] = steps is not None
+        # the dead life's log, progress and (SIGTERMed) record stay; the new life's progress file appears once it
+        # has joined (its step loop began: psrv/worker/steplog.py)
+        for kept in (f"{name}.log", f"{name}.progress", f"{name}.json"):
+            if (self.out / kept).exists():
+                (self.out / kept).rename(self.out / f"{kept}.{lives + 1}")
+        cluster.start(name, list(old.args))  # its command line as launched (experiments/launch.py worker_argv)
+        self.done.append({"process": name, "rank": rank, **_how(code), "step": step0,
+                          "rank_steps": steps, "wall_s": round(time.monotonic() - self.started, 3),
+                          "cause": cause, "life": lives + 2, "joined": None})
+        return True
+
+    def tick(self, cluster) -> None:
+        """At the launcher's ticks: once every shard has ended, a restarted life that never joined (no progress
+        file) can join nothing: it is stopped (SIGTERM), left out of the run (no record), `joined` False."""
+        waiting = [r for r in self.done if r["joined"] is None]
+        if not waiting or any(cluster.procs[s].poll() is None for s in self.servers if s in cluster.procs):
+            return
+        for r in waiting:
+            name = r["process"]
+            r["joined"] = (self.out / f"{name}.progress").exists()
+            if not r["joined"] and cluster.procs[name].poll() is None:
+                cluster.spared.add(name)
+                cluster.procs[name].terminate()
+
+    @property
+    def ranks(self) -> set[int]:
+        """The ranks restarted at least once."""
+        return {r["rank"] for r in self.done}
+
+    def missing(self, killed: set[int]) -> int:
+        """How many ranks write no record: those `killed` on purpose and not restarted, and those whose last
+        restart never joined (the run ended first)."""
+        last = {r["rank"]: r for r in self._settled()}
+        return len(killed - set(last)) + sum(1 for r in last.values() if not r["joined"])
+
+    def _settled(self) -> list[dict]:
+        """The restarts, each life's `joined` known by now (the run is over)."""
+        for r in self.done:
+            if r["joined"] is None:
+                r["joined"] = (self.out / f"{r['process']}.progress").exists()
+        return self.done
+
+    def summary(self) -> dict:
+        """summary.json's `faults` keys for workers: each restart (rank, exit_code and signal, worker 0's `step`
+        and the dead life's own `rank_steps` as last written, `wall_s` since the launch, `cause`, the new `life`,
+        whether it `joined`: False when the run ended before it could)."""
+        return {"worker_restarts": self._settled(), "restart_workers": self.limit}
