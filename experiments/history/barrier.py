@@ -31,6 +31,7 @@ class Barrier:
             self.voided.setdefault(e["clock"], set()).add(e["w"])
         elif e.ev == "commit":
             self._commit(e)
+            self.members.committed(e["clock"])
             self.accumulated, self.voided = [], {}
 
     def _flag(self, e: Event, message: str) -> None:

@@ -19,6 +19,7 @@ class Membership:
         self.active: set[int] = set(range(workers))  # every worker of the run is active from the start
         self.finishing: set[int] = set()
         self.clocks: dict[int, int] = {w: 0 for w in range(workers)}
+        self.joining: dict[int, int] = {}  # sync: a (re)joined worker -> the first clock its barrier counts it
 
     def see(self, e: Event) -> None:
         if e.ev == "member":
@@ -27,19 +28,30 @@ class Membership:
                 self.active.add(w)
                 self.finishing.discard(w)
                 self.clocks.setdefault(w, 0)
+                self.joining.pop(w, None)
+                if e.fields.get("from_clock") is not None:
+                    self.joining[w] = e["from_clock"]
+            elif what == "expect":  # its first pull named a later clock (SyncController.expect)
+                if w in self.joining:
+                    self.joining[w] = max(self.joining[w], e["from_clock"])
             elif what == "finish":
                 if w in self.active:
                     self.finishing.add(w)
             else:  # "leave", "lost" (silent), "misfit" (refused for its model): out of the active set
                 self.active.discard(w)
                 self.finishing.discard(w)
+                self.joining.pop(w, None)
         elif e.ev == "apply" or (e.ev == "drop" and e["why"] != UNSEEN_DROP):
             # Controller.push: a worker's clock is the steps it pushed, max(old, clock + 1)
             self.clocks[e["w"]] = max(self.clocks.get(e["w"], 0), e["clock"] + 1)
 
     def pushing(self) -> set[int]:
-        """The workers a sync barrier waits for: active, final pull not yet sent."""
-        return self.active - self.finishing
+        """The workers a sync barrier waits for: active, final pull not yet sent, not joining a later clock."""
+        return self.active - self.finishing - self.joining.keys()
+
+    def committed(self, clock: int) -> None:
+        """Sync's clock `clock` committed: a joiner counted from the next one counts from now on."""
+        self.joining = {w: c for w, c in self.joining.items() if c > clock + 1}
 
     def slowest(self) -> tuple[int, int | None]:
         """The lowest clock of an active worker and that worker (0 and None with none active, as pull_ready)."""

@@ -110,6 +110,13 @@ def _allreduce_settings(run: RunConfig) -> None:
                           f"{run.mode!r}")
 
 
+def _timeouts(timeouts: Timeouts) -> None:
+    try:
+        timeouts.check()
+    except ValueError as exc:
+        raise ConfigError("failure_bound", str(exc)) from None
+
+
 def _backup(cfg: "ServerConfig") -> None:
     """A backup follows its primary on the shard's own transport, and keeps no checkpoint of its own (it would
     write the primary's file: one per shard) nor any CURVE keys (the replication link has none). Over torch RPC
@@ -195,10 +202,8 @@ class ServerConfig(ServeSettings, ServerSettings, Consistency, Placement):
         if self.curve_keys and self.transport != "zmq":
             raise ConfigError("curve_keys", "needs transport 'zmq' (torch RPC has no authentication)")
         _backup(self)
-        try:
-            self.timeouts().check()
-        except ValueError as exc:
-            raise ConfigError("failure_bound", str(exc)) from None
+        if self.witness:  # replicated: its failovers must not outlast a worker's timeout
+            _timeouts(self.timeouts())
         _one_shard_clip(self.optimizer.clip_grad_norm, self.mode, self.num_shards, "num_shards")
         _onebit_adam(self.optimizer, self.mode, self.backup_workers)
         _staleness_rule(self.optimizer, self.mode)
@@ -259,6 +264,8 @@ class RunConfig(Trackers, Seeded, Consistency):
         _allreduce_settings(self)
         _kills_and_recovery(self)
         check_nemesis(self)
+        if self.cluster.replicas:
+            _timeouts(Timeouts(self.server.failure_bound, self.server.worker_timeout))
         n = self.cluster.workers
         if self.backup_workers >= n:
             raise ConfigError("backup_workers", f"must be < cluster.workers ({n}); got {self.backup_workers}")

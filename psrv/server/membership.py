@@ -80,7 +80,7 @@ class ShardMembership:
             self._drop_misfit(worker)
         took_over = self._claim(msg)
         if took_over and msg.worker in self.controller.active:  # its old process died (silent): it starts anew
-            self._remove(msg.worker)
+            self._remove(msg.worker, what="lost")
         self.pulls.greet(msg.worker, pull_copy)  # whatever copy it held is forgotten: its next pull is dense
         self.pending.drop(msg.worker)  # a restarted worker's old pulls
         self.chunks.forget(msg.worker)  # and its half-sent push
@@ -90,7 +90,8 @@ class ShardMembership:
                 log.info("shard %d: worker %d rejoined", self.cfg.shard, msg.worker)
             self.liveness.rejoined(msg.worker)
             self.controller.join(msg.worker)
-            self.history.record("member", w=msg.worker, what="join", epoch=self.epoch)
+            self.history.record("member", w=msg.worker, what="join", epoch=self.epoch,
+                                from_clock=self.controller.counted_from(msg.worker))
             self.stats.membership(self.controller.active, {})
         self._reply(peer, Message(MsgType.WELCOME, seq=msg.seq, fields={
             "shard": self.cfg.shard, "mode": self.cfg.mode, "staleness": self.cfg.staleness,

@@ -28,7 +28,11 @@ class PullAnswers:
             self.controller.finish(msg.worker)
             commit_if_ready(self)
         else:  # the clock it pushes next: a sync joiner counts from there
+            was = self.controller.counted_from(msg.worker)
             self.controller.expect(msg.worker, msg.clock if clock is None else clock)
+            if self.controller.counted_from(msg.worker) != was:
+                self.history.record("member", w=msg.worker, what="expect", epoch=self.epoch,
+                                    from_clock=self.controller.counted_from(msg.worker))
         self._release()
 
     def _on_push_pull(self, peer, msg: Message) -> None:

@@ -48,6 +48,10 @@ class Controller:
         if worker in self.active:
             self.finishing.add(worker)
 
+    def counted_from(self, worker: int) -> int | None:
+        """The first clock whose barrier waits for a worker that (re)joined, where that is later than now; None."""
+        return None
+
     def pushing(self) -> set[int]:
         """The workers a barrier waits for: active and not finished."""
         return self.active - self.finishing

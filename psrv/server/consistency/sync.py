@@ -44,6 +44,9 @@ class SyncController(Controller):
         if worker in self.joining and clock > self.joining[worker]:
             self.joining[worker] = clock
 
+    def counted_from(self, worker: int) -> int | None:
+        return self.joining.get(worker)
+
     def pushing(self) -> set[int]:
         """The workers the open clock's barrier waits for: active, not finished, not joining a later clock."""
         return super().pushing() - self.joining.keys()
