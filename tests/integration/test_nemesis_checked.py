@@ -12,11 +12,12 @@ import torch
 from psrv.experiments.history import check_run
 from tests.helpers import psrv_run
 
-# a step of about 20 ms: the faults land between worker 0's steps 30 and 210 of 300, and the backup that replaces
-# the fenced primary (its process imports torch) has joined before the kill
-SCHEDULE = ("pause backup:0 at step 30 for 1s; late_ack backup:0 at step 60 for 1s; "
-            "pause primary:0 at step 90 for 1s; kill primary:0 at step 210")
-JOB = ("--servers", "1", "--workers", "2", "--steps", "300", "--compute-ms", "20", "--failure-bound", "0.4",
+# A step of about 20 ms. The kill comes first: the backup takes over, and the next faults, on a backup, wait (the
+# nemesis holds a fault until the shard has a live backup) for the replacement the launcher starts (a process that
+# imports torch: seconds), then the primary is paused past the takeover bound and fenced.
+SCHEDULE = ("kill primary:0 at step 30; pause backup:0 at step 60 for 1s; late_ack backup:0 at step 90 for 1s; "
+            "pause primary:0 at step 120 for 1s")
+JOB = ("--servers", "1", "--workers", "2", "--steps", "600", "--compute-ms", "20", "--failure-bound", "0.4",
        "--optimizer", "sgd", "--momentum", "0.9")
 
 
@@ -34,10 +35,10 @@ def test_every_history_holds_under_pauses_a_late_ack_and_a_kill(mode, replicas, 
                        "--replicas", str(replicas), "--nemesis", SCHEDULE, timeout=150)
     faults = summary["faults"]["nemesis"]["faults"]
     assert [(f["kind"], f["target"], f["done"] or f["why"]) for f in faults] == [
-        ("pause", "backup:0", True), ("late_ack", "backup:0", True), ("pause", "primary:0", True),
-        ("kill", "primary:0", True)], faults
+        ("kill", "primary:0", True), ("pause", "backup:0", True), ("late_ack", "backup:0", True),
+        ("pause", "primary:0", True)], faults
     result = check_run(tmp_path)
     assert result.ok, result.line()
-    assert result.counts.acknowledged == 2 * 300 and result.counts.epochs >= 4  # a join, a takeover, ...
+    assert result.counts.acknowledged == 2 * 600 and result.counts.epochs >= 4  # a join, a takeover, ...
     if mode == "sync":
         assert torch.equal(torch.load(tmp_path / "params.pt"), request.getfixturevalue("fault_free"))

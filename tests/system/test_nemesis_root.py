@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from psrv.config import RunConfig, from_dict
 from psrv.experiments.cluster import Cluster
@@ -146,3 +147,27 @@ def test_without_root_a_partition_and_disk_full_are_refused_in_one_line(tmp_path
                                                                                         "HOME": str(tmp_path)})
     assert (done.returncode, done.stderr.strip(), done.stdout) == (2, line, "")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_partition_between_a_primary_and_its_only_backup_splits_no_brain(mode, tmp_path):
+    """A live primary and its only backup cut apart (each on its emulated host, both still reaching the workers'):
+    the backup hears nothing and claims the shard on the witness, the primary's ack waits end in a claim too;
+    one wins, the other is fenced or dropped, and the run finishes with every acknowledged push applied once in
+    the final lineage and one primary per epoch (the checker). Sync ends with the weights of the run without it."""
+    _skip_unless_netns()
+    from psrv.experiments.history import check_run
+    from tests.helpers import psrv_run
+    job = ("--mode", mode, "--servers", "1", "--replicas", "1", "--workers", "2", "--steps", "400",
+           "--compute-ms", "20", "--optimizer", "sgd", "--momentum", "0.9")
+    summary = psrv_run(tmp_path / "cut", *job, "--nemesis", "partition primary:0/backup:0 at step 40 for 3s",
+                       timeout=140)
+    [fault] = summary["faults"]["nemesis"]["faults"]
+    assert fault["done"] and fault["healed"], fault
+    result = check_run(tmp_path / "cut")
+    assert result.ok, result.line()
+    assert result.counts.acknowledged == 2 * 400 and result.counts.epochs >= 3  # a claim was made on the cut
+    if mode == "sync":
+        psrv_run(tmp_path / "plain", *job, timeout=140)
+        assert torch.equal(torch.load(tmp_path / "cut" / "params.pt"), torch.load(tmp_path / "plain" / "params.pt"))
