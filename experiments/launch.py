@@ -225,7 +225,8 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
                "launcher": launcher, "scheduler": scheduler,  # how and where it ran: not what it computed
                **({"faults": {**restarts.summary(out), **workers_back.summary(),
                               **({"nemesis": nemesis.summary()} if nemesis.asked else {})}}
-                  if restarts.asked or workers_back.enabled or nemesis.asked else {}), **replication}
+                  if restarts.asked or restarts.dead_replicas or workers_back.enabled or nemesis.asked else {}),
+               **replication}
     write_tables(out, interrupted=interrupted)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     if interrupt is not None:

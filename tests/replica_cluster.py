@@ -14,12 +14,12 @@ STEPS = 30
 
 
 def shard(mode: str, *, workers: int, witness, backup_of: str = "", optimizer: str = "sgd",
-           drop: int = 0, failure_bound: float = 1.0) -> psrv.Server:
+           drop: int = 0, failure_bound: float = 1.0, worker_timeout: float = 30.0) -> psrv.Server:
     """`witness`: the shard's witness directory (tmp_path), which every replica of it is given."""
     optim = OptimConfig("sgd", lr=0.05, momentum=0.9) if optimizer == "sgd" else OptimConfig("adam", lr=1e-3)
     return psrv.Server(ServerConfig(workers=workers, mode=mode, optimizer=optim, backup_of=backup_of,
                                     witness=str(witness), failure_bound=failure_bound,
-                                    worker_timeout=30.0, staleness=1 if mode == "ssp" else 0,
+                                    worker_timeout=worker_timeout, staleness=1 if mode == "ssp" else 0,
                                     backup_workers=drop)).start()
 
 
@@ -33,6 +33,18 @@ def wait_for(what, timeout: float = 20.0) -> None:
 def following(server: psrv.Server) -> bool:
     follower = server.service.follower
     return follower is not None and follower.following
+
+
+def stall(server: psrv.Server, seconds: float) -> None:
+    """Stop the shard's loop for `seconds` at its next receive, as SIGSTOP would: no ping, no answer, no ack."""
+    service = server.service
+    receive = service.transport.recv
+
+    def stalled(timeout):
+        service.transport.recv = receive
+        time.sleep(seconds)
+        return receive(timeout)
+    service.transport.recv = stalled
 
 
 def model() -> torch.nn.Module:

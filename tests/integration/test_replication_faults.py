@@ -14,7 +14,7 @@ import pytest
 from psrv.worker.client import PSClient, PSError
 from psrv.partition import PartitionPlan
 from psrv.protocol import ErrorCode
-from tests.replica_cluster import STEPS, following, model, run_workers, shard, wait_for
+from tests.replica_cluster import STEPS, following, model, run_workers, shard, stall, wait_for
 from tests.states import assert_same_state
 
 
@@ -69,9 +69,10 @@ def test_a_backup_dropped_for_a_late_ack_joins_again_and_never_takes_over_a_live
 
 
 def test_two_backups_of_a_dead_primary_elect_one_and_the_other_follows_it(tmp_path):
-    """With two backups, the primary stopped at worker 0's step 10: both find it silent, one wins the next epoch
-    on the witness, the other joins it; the run ends with every clock once. Before the witness both took over
-    at epoch 1, the second fenced the first, and the workers hung."""
+    """With two backups, the primary stopped at worker 0's step 10 while the first backup's own loop stalls 3 s:
+    the second finds the primary silent first and takes the next epoch on the witness; the first, back, finds the
+    epoch taken and joins it; the run ends with every clock once. Before the witness each backup took over on
+    its own say, both at epoch 1, the second fenced the first, and the workers hung."""
     primary = shard("sync", workers=2, witness=tmp_path)
     backups = [shard("sync", workers=2, witness=tmp_path, backup_of=primary.address) for _ in range(2)]
     started, go = threading.Event(), threading.Event()
@@ -79,6 +80,7 @@ def test_two_backups_of_a_dead_primary_elect_one_and_the_other_follows_it(tmp_pa
         wait_for(lambda: all(following(b) for b in backups) and len(primary.service.replicas.backups) == 2)
         threads = run_workers(primary.address, 2, started=started, go=go)
         assert started.wait(60)
+        stall(backups[0], 3.0)
         primary.stop()
         primary.join(30)
         wait_for(lambda: len([b for b in backups if b.service.follower is None]) == 1  # one won the epoch ...
@@ -101,22 +103,25 @@ def test_two_backups_of_a_dead_primary_elect_one_and_the_other_follows_it(tmp_pa
 
 
 def test_a_rank_claimed_twice_is_refused_alike_by_the_primary_and_its_backup(tmp_path):
-    """A second process claiming rank 1 while rank 1's first process trains (a requeued job whose old process
-    still runs) is refused RANK_IN_USE by the primary, and by the backup alike: the primary's judgement of the
-    rank's silence travels with the forwarded HELLO. Before, the backup judged from its own clock, which never
-    sees heartbeats, handed the second process the rank, and its state went apart from its primary's."""
-    primary = shard("sync", workers=2, witness=tmp_path)
-    backup = shard("sync", workers=2, witness=tmp_path, backup_of=primary.address)
+    """A second process claiming rank 1 while rank 1's first process lives (a requeued job whose old process
+    still runs) is refused RANK_IN_USE by the primary, and by the backup alike. Rank 1 waits at the barrier past
+    --worker-timeout (1 s here) while worker 0 is held: the primary hears its heartbeats, the backup sees only
+    the forwarded requests, so by its own clock the rank is silent. The primary's judgement of the silence now
+    travels with the forwarded HELLO; before, the backup judged from its own clock, handed the second process
+    the rank, and its state went apart from its primary's."""
+    primary = shard("sync", workers=2, witness=tmp_path, failure_bound=0.25, worker_timeout=1.0)
+    backup = shard("sync", workers=2, witness=tmp_path, failure_bound=0.25, worker_timeout=1.0,
+                   backup_of=primary.address)
     started, go = threading.Event(), threading.Event()
     try:
         wait_for(lambda: following(backup))
         threads = run_workers(primary.address, 2, started=started, go=go)
         assert started.wait(60)
-        time.sleep(0.3)  # rank 1 waits at the barrier: heard 0.3 s ago, by the primary only
+        time.sleep(2.0)  # rank 1 at the barrier: heard by the primary (heartbeats), not by its backup
         plan = PartitionPlan.from_module(model(), 1)  # rank 1's model: refused for its rank, not its plan
         second = PSClient([primary.address], plan, worker=1, world_size=2, timeout=5.0, heartbeat=False)
         try:
-            with pytest.raises(PSError) as refused:  # one HELLO (PSClient.hello says it again for 31 s)
+            with pytest.raises(PSError) as refused:  # one HELLO (PSClient.hello says it again for 2 s more)
                 second._round_trip([second.hello_message(0)])
         finally:
             second.close()
