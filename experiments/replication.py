@@ -165,6 +165,12 @@ def settle(cfg: RunConfig, out: Path) -> dict:
     backups = _records(out, "backup-*-*.json")
     failovers = sorted(({"shard": b["shard"], "new_primary": b.get("address"), **f}
                         for b in backups for f in b.get("failovers", [])), key=lambda f: f["at"])
+    epochs = {str(k): _epochs(out / WITNESS / f"shard-{k}") for k in range(cfg.cluster.servers)}
+    recorded = {(f["shard"], f["epoch"]) for f in failovers}  # a replica killed after it took over wrote no record
+    failovers += [{"shard": int(k), "new_primary": e["primary"], "epoch": e["epoch"], "at": e["at"], "why": e["why"]}
+                  for k, shard in epochs.items() for e in shard
+                  if e["why"].startswith("take over") and (int(k), e["epoch"]) not in recorded]
+    failovers.sort(key=lambda f: f["at"])
     for shard in range(cfg.cluster.servers):
         own = out / f"server-{shard}.json"
         first = _records(out, own.name)
@@ -178,4 +184,16 @@ def settle(cfg: RunConfig, out: Path) -> dict:
         if first:
             own.rename(out / f"replaced-server-{shard}.json")
         write_json(own, {**last, "took_over": True})
-    return {"replicas": cfg.cluster.replicas, "failovers": failovers}
+    return {"replicas": cfg.cluster.replicas, "failovers": failovers,
+            "epochs": {k: len(v) for k, v in epochs.items()}, "witness": str(out / WITNESS)}
+
+
+def _epochs(folder: Path) -> list[dict]:
+    """A shard's configurations as its witness holds them (psrv/server/replication/witness.py), in epoch order."""
+    found = []
+    for path in folder.glob("epoch-*.json"):
+        try:
+            found.append(json.loads(path.read_text()))
+        except ValueError:
+            continue
+    return sorted(found, key=lambda e: e["epoch"])

@@ -207,7 +207,8 @@ def format_summary(s: dict) -> str:
         rows.insert(at + 1, ("diverged", f"yes: {s['diverged_why']}" if s["diverged"] else "no"))
     rows += _fault_rows(s.get("faults"))
     if s.get("replication"):  # psrv run --replicas: experiments/replication.py
-        rows.append(("failovers", ", ".join(f"shard {f['shard']} to {f['new_primary']} at version {f['version']}"
+        rows.append(("failovers", ", ".join(f"shard {f['shard']} to {f['new_primary']} at epoch {f['epoch']}"
+                                            + (f", version {f['version']}" if "version" in f else "")
                                             for f in s["replication"]["failovers"]) or "none"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {fmt(v)}" for k, v in rows)

@@ -50,7 +50,7 @@ def test_a_killed_primary_loses_nothing_the_run_ends_with_the_weights_of_the_run
     print(f"\nprimary killed at worker 0's step {kill['step']}; backup took over at version {failover['version']}; "
           f"max |difference| of the final weights: {(killed - plain).abs().max().item():g}")
     assert torch.equal(killed, plain)
-    assert f"shard 0 to {failover['new_primary']} at version {failover['version']}" in format_summary(summary)
+    assert f"shard 0 to {failover['new_primary']} at epoch 2, version {failover['version']}" in format_summary(summary)
 
 
 @pytest.mark.parametrize("more,message", [
