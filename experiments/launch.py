@@ -95,6 +95,8 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
     rate = cfg.network.bandwidth
     check_scheduler(scheduler, metrics=metrics, bandwidth=rate)
     check_nemesis(cfg, scheduler=scheduler, metrics=metrics, script=script)  # experiments/nemesis: root, hosts
+    if cfg.cluster.replicas:  # the failover timeouts, all from --failure-bound (psrv/timeouts.py)
+        say(cfg.server_config(0, bind="tcp://127.0.0.1:0").timeouts().line())
     if scheduler != "local" and (cfg.kill.server or cfg.kill.worker or cfg.checkpoints.every or cfg.cluster.replicas):
         raise ValueError(f"--kill-server, --kill-worker, --checkpoint-every and --replicas need --scheduler local (the "
                          f"launcher signals, restarts and pairs its own processes); got {scheduler!r}")

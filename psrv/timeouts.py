@@ -42,7 +42,10 @@ class Timeouts:
                              f"busy finding its next primary; lower --failure-bound or raise --worker-timeout")
 
     def line(self) -> str:
-        """The derived timeouts in their order, as psrv run and psrv serve print them at start."""
-        return (f"timeouts from --failure-bound {self.bound:g}s: ping every {self.ping_every:g}s < backup takes over "
-                f"after {self.silence:g}s < worker probes at {self.probe_after:g}s, next replica at "
-                f"{3 * self.probe_after:g}s < ack timeout {self.ack_timeout:g}s < --worker-timeout {self.worker:g}s")
+        """The derived timeouts and the order checked, as psrv run and psrv serve print them at start."""
+        failover = self.silence + 3 * self.probe_after
+        return (f"timeouts from --failure-bound {self.bound:g}s: the primary pings every {self.ping_every:g}s, a "
+                f"backup takes over after {self.silence:g}s of silence, a worker probes after {self.probe_after:g}s "
+                f"and tries the next replica {3 * self.probe_after:g}s later, a backup is dropped after "
+                f"{self.ack_timeout:g}s without an ack; a failover ({failover:g}s) < --worker-timeout / 2 "
+                f"({self.worker / 2:g}s)")

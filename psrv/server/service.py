@@ -130,6 +130,8 @@ class ShardService(ShardMembership, PullAnswers, ShardPersistence, ShardReplicat
         end (also when stopped by SIGTERM), waited for."""
         log.info("shard %d/%d serving %s on %s", self.cfg.shard, self.cfg.num_shards, self.cfg.mode,
                  self.transport.address)
+        if self.cfg.witness:
+            log.info("shard %d: %s", self.cfg.shard, self.timing.line())
         while not self.finished:
             item = self.transport.recv(poll_interval if self.follower is None else min(poll_interval, 0.05))
             if item is not None:
