@@ -46,6 +46,6 @@ class Timeouts:
         failover = self.silence + 3 * self.probe_after
         return (f"timeouts from --failure-bound {self.bound:g}s: the primary pings every {self.ping_every:g}s, a "
                 f"backup takes over after {self.silence:g}s of silence, a worker probes after {self.probe_after:g}s "
-                f"and tries the next replica {3 * self.probe_after:g}s later, a backup is dropped after "
+                f"and tries the next replica at {3 * self.probe_after:g}s, a backup is dropped after "
                 f"{self.ack_timeout:g}s without an ack; a failover ({failover:g}s) < --worker-timeout / 2 "
                 f"({self.worker / 2:g}s)")
