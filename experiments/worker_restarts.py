@@ -44,7 +44,7 @@ class WorkerRestarts:
     def __init__(self, cfg: RunConfig, out: Path, started: float, kills: Kills):
         self.out, self.started, self.kills = out, started, kills
         self.limit = cfg.restarts.workers
-        self.servers = [f"server-{i}" for i in range(0 if cfg.is_allreduce else cfg.cluster.servers)]
+        self.servers = (0 if cfg.is_allreduce else cfg.cluster.servers) > 0  # whether the run has shards
         self.done: list[dict] = []
 
     @property
@@ -65,7 +65,12 @@ class WorkerRestarts:
     def _restartable(self, cluster, name: str) -> bool:
         if not self.enabled or not name.startswith("worker-") or cluster.procs[name].returncode == BAD_INPUT:
             return False
-        return any(cluster.procs[s].poll() is None for s in self.servers if s in cluster.procs)
+        return self._shards_live(cluster)
+
+    def _shards_live(self, cluster) -> bool:
+        """Whether a shard process (a primary or a backup that may have taken over) still runs."""
+        return self.servers and any(p.poll() is None for n, p in cluster.procs.items()
+                                    if n.startswith(("server-", "backup-")))
 
     def _restart(self, cluster, name: str) -> bool:
         old = cluster.procs[name]
@@ -88,7 +93,8 @@ class WorkerRestarts:
         for kept in (f"{name}.log", f"{name}.progress", f"{name}.json"):
             if (self.out / kept).exists():
                 (self.out / kept).rename(self.out / f"{kept}.{lives + 1}")
-        cluster.start(name, list(old.args))  # its command line as launched (experiments/launch.py worker_argv)
+        # its command line as launched (experiments/launch.py worker_argv); the shards hand it the rank at once
+        cluster.start(name, list(old.args), env={"PSRV_PREDECESSOR_DEAD": "1"})
         self.done.append({"process": name, "rank": rank, **_how(code), "step": step0,
                           "rank_steps": steps, "wall_s": round(time.monotonic() - self.started, 3),
                           "cause": cause, "life": lives + 2, "joined": None})
@@ -98,7 +104,7 @@ class WorkerRestarts:
         """At the launcher's ticks: once every shard has ended, a restarted life that never joined (no progress
         file) can join nothing: it is stopped (SIGTERM), left out of the run (no record), `joined` False."""
         waiting = [r for r in self.done if r["joined"] is None]
-        if not waiting or any(cluster.procs[s].poll() is None for s in self.servers if s in cluster.procs):
+        if not waiting or self._shards_live(cluster):
             return
         for r in waiting:
             name = r["process"]

@@ -56,16 +56,17 @@ class Nemesis:
                 self.waiting.append((next((t for t, p in held if p is planned), now), planned))
 
     def _survivable(self, cluster, planned: Planned) -> bool:
-        """A fault on a shard's replica waits until the shard has a live backup: a primary's, so that one can take
-        over, as a Jepsen nemesis keeps a majority up (a fault no replication survives tests nothing: a
-        replacement backup still importing torch after the last failover, say); a backup's, so there is one to
-        hit (the last one hit may be rejoining)."""
+        """With replicas, a kill or pause of a shard's primary waits until the shard has a live backup to take
+        over, as a Jepsen nemesis keeps a majority up: a fault no replication survives tests nothing (a
+        replacement backup still importing torch after the last failover, say); a fault on a backup waits for
+        one to hit (the last one hit may be rejoining). Without replicas nothing waits."""
+        if not self.cfg.cluster.replicas or planned.kind == "partition":
+            return True
         for target in planned.targets:
-            if target.role not in ("primary", "backup"):
-                continue
-            config = configuration(self.out, target.index)
-            if not any(n in cluster.procs and cluster.procs[n].poll() is None for n in config.backups):
-                return False
+            if target.role == "backup" or (target.role == "primary" and planned.kind in ("kill", "pause")):
+                config = configuration(self.out, target.index)
+                if not any(n in cluster.procs and cluster.procs[n].poll() is None for n in config.backups):
+                    return False
         return True
 
     def _gave_up(self, held: list, planned: Planned, now: float) -> bool:

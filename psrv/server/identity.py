@@ -34,7 +34,10 @@ class Sessions:
         if held is None:
             self._held[w] = sid
             return False
-        alive = active and silent <= self.timeout
+        # a launcher that saw the holder's process die says so in the new process's HELLO (psrv run's worker
+        # restarts): the rank is free at once, not after worker_timeout of silence
+        dead = msg.type is MsgType.HELLO and msg.fields.get("predecessor_dead") is True
+        alive = active and silent <= self.timeout and not dead
         if alive:  # the service logs the refusal as a warning
             raise ProtocolError(ErrorCode.RANK_IN_USE,
                                 f"rank {w} is already in use by another live worker (heard {silent:.1f}s "
@@ -42,7 +45,7 @@ class Sessions:
                                 fields={"worker_timeout": self.timeout, "heard": silent})
         if msg.type is not MsgType.HELLO:
             raise HelloAgain(f"rank {w} is held by another (silent) process; send HELLO to take it over")
-        why = "was silent for %.1fs" % silent if active else "is gone"
+        why = "died, its launcher says" if dead else "was silent for %.1fs" % silent if active else "is gone"
         log.info("shard %d: a new process takes rank %d over (the previous one %s)", self.shard, w, why)
         self._held[w] = sid
         return True

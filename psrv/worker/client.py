@@ -11,6 +11,7 @@ A push's messages, cast or compressed shard by shard, are made by PushMessages (
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import time
 from typing import Callable, Sequence
@@ -34,6 +35,8 @@ from psrv.protocol.codec import DTYPES
 from psrv.worker.roundtrip import PSError, PushPull, Reply, RoundTrip, WireBytes
 from psrv.worker.waiting import LIBRARY_OPTION
 from psrv.transport import ClientTransport, create_client
+
+PREDECESSOR_DEAD = "PSRV_PREDECESSOR_DEAD"  # set by psrv run for a worker it restarted
 
 log = logging.getLogger("psrv.worker.client")
 _WORKER, _PLACE = defaults_of(WorkerSettings), defaults_of(Placement)  # the keywords' defaults: one source
@@ -85,6 +88,9 @@ class PSClient(PushMessages):
         # every push sent and acknowledged, for psrv check (docs/history.md), where PSRV_HISTORY says
         self.history = History.from_env(f"worker-{worker}")
         self.history.start("worker", w=worker)
+        # psrv run restarted this rank and saw its last process die (experiments/worker_restarts.py): the shards
+        # hand it the rank at once instead of after --worker-timeout of the dead one's silence
+        self.predecessor_dead = os.environ.get(PREDECESSOR_DEAD) == "1"
         self.retry_interval = retry_interval
         self.recent_seconds = 0.0  # how long this client's round trips with a payload take lately (RoundTrip)
         self.ranges = plan.ranges
@@ -344,6 +350,8 @@ class PSClient(PushMessages):
             fields["layout"] = self._layout
         if self.pull_view is not None:
             fields["pull"] = self.pull_view.hello_fields(shard)
+        if self.predecessor_dead:
+            fields["predecessor_dead"] = True
         return self.message(MsgType.HELLO, fields=fields)
 
     def pull_fields(self, shard: int) -> dict:

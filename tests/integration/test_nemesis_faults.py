@@ -97,7 +97,8 @@ def test_primary_k_is_the_process_the_witness_latest_epoch_names(cluster, tmp_pa
     nemesis.tick(cluster)  # no witness yet: server-0
     witness = tmp_path / "witness" / "shard-0"
     witness.mkdir(parents=True)
-    (witness / "epoch-1.json").write_text(json.dumps({"epoch": 1, "primary": "tcp://127.0.0.1:5001", "backups": []}))
+    (witness / "epoch-1.json").write_text(json.dumps({"epoch": 1, "primary": "tcp://127.0.0.1:5001",
+                                                     "backups": ["tcp://127.0.0.1:5000"]}))  # server-0 follows it
     _step(tmp_path, 20)
     nemesis.tick(cluster)  # the backup took over at epoch 1
     nemesis.heal()

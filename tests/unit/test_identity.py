@@ -87,6 +87,19 @@ def test_a_restarted_process_takes_the_rank_over_after_silence_or_leave():
     assert s.hello(1, FIRST).type is MsgType.WELCOME  # after LEAVE anyone may have it
 
 
+def test_a_process_whose_launcher_saw_the_last_one_die_takes_the_rank_at_once():
+    """psrv run restarts a dead worker with PSRV_PREDECESSOR_DEAD (experiments/worker_restarts.py): its HELLO says
+    so, and the rank is its at once, the dead one's clock dropped (a sync barrier stops waiting for it), not after
+    --worker-timeout of silence; a HELLO without it is still refused."""
+    s = started()
+    s.advance(1.0)
+    assert s.hello(1, TWIN).fields["code"] == ErrorCode.RANK_IN_USE
+    taken = s.req(MsgType.HELLO, 1, TWIN, plan_hash="p", total=SIZE, num_shards=1, shard=0, world_size=2,
+                  predecessor_dead=True)
+    assert taken.type is MsgType.WELCOME and 1 in s.svc.controller.active
+    assert s.req(MsgType.HEARTBEAT, 1, FIRST).fields["code"] == ErrorCode.RANK_IN_USE  # the dead one's, if it came
+
+
 def test_requests_without_a_session_are_not_checked():
     s = started()
     assert s.req(MsgType.HEARTBEAT, 1, 0).type is MsgType.OK
