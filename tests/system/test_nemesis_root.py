@@ -171,3 +171,22 @@ def test_a_partition_between_a_primary_and_its_only_backup_splits_no_brain(mode,
     if mode == "sync":
         psrv_run(tmp_path / "plain", *job, timeout=140)
         assert torch.equal(torch.load(tmp_path / "cut" / "params.pt"), torch.load(tmp_path / "plain" / "params.pt"))
+
+
+@pytest.mark.timeout(150)
+def test_a_full_disk_during_checkpoints_changes_no_weight(tmp_path):
+    """sync with checkpoints every 0.3 s while the disk holding them is full for 2 s (a tmpfs the nemesis fills):
+    the writes fail with ENOSPC and are said in the shard's log, training goes on, and the weights are those of
+    the run without it, bit for bit (a checkpoint is a copy: its write never touches the shard)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the nemesis mounts a tmpfs at DIR/checkpoints")
+    from tests.helpers import psrv_run
+    job = ("--mode", "sync", "--servers", "1", "--workers", "2", "--steps", "200", "--compute-ms", "20",
+           "--optimizer", "sgd", "--momentum", "0.9", "--checkpoint-every", "0.3")
+    summary = psrv_run(tmp_path / "full", *job, "--nemesis", "disk_full at step 40 for 2s", "--nemesis-disk-mb", "16",
+                       timeout=140)
+    [fault] = summary["faults"]["nemesis"]["faults"]
+    assert fault["done"] and fault["healed"], fault
+    assert "No space left on device" in (tmp_path / "full" / "server-0.log").read_text()
+    psrv_run(tmp_path / "plain", *job, timeout=140)
+    assert torch.equal(torch.load(tmp_path / "full" / "params.pt"), torch.load(tmp_path / "plain" / "params.pt"))
