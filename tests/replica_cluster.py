@@ -89,3 +89,12 @@ def run_workers(address: str, workers: int, steps: int = STEPS, started: threadi
     for t in threads:
         t.start()
     return threads
+
+
+def finish(threads: list[threading.Thread], go: threading.Event, *servers: psrv.Server) -> list[dict]:
+    """Let the held workers go, wait for every one to end, then return each shard's summary, in order."""
+    go.set()
+    for t in threads:
+        t.join(60)
+        assert not t.is_alive(), f"{t.name} still running"
+    return [s.join(30) for s in servers]

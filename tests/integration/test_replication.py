@@ -15,7 +15,8 @@ import psrv
 from psrv.config import ServerConfig
 from tests.states import assert_same_state
 
-from tests.replica_cluster import STEPS, following as _following, run_workers as _run, shard as _shard, wait_for as _wait
+from tests.replica_cluster import (STEPS, following as _following, run_workers as _run, shard as _shard, stall as _stall,
+                                   wait_for as _wait)
 
 @pytest.mark.parametrize("mode,workers,optimizer,drop", [("sync", 2, "sgd", 0), ("async", 2, "adam", 0),
                                                          ("ssp", 2, "sgd", 0), ("sync", 3, "sgd", 1)])
@@ -136,18 +137,6 @@ def _stop_one_midway(primary: psrv.Server, backup: psrv.Server, *, stop: psrv.Se
             s.stop()
 
 
-def _pause(server: psrv.Server, seconds: float) -> None:
-    """Stop the shard's loop for `seconds` at its next receive, as SIGSTOP would: no ping, no answer."""
-    service = server.service
-    receive = service.transport.recv
-
-    def paused(timeout):
-        service.transport.recv = receive
-        time.sleep(seconds)
-        return receive(timeout)
-    service.transport.recv = paused
-
-
 def test_a_paused_primary_is_replaced_and_fenced_when_it_comes_back(tmp_path):
     """A primary paused past the takeover bound (and the backup's last question to it) is replaced by its
     backup at the next epoch; when it comes back, its stream is refused ("fenced") and it stops without
@@ -156,7 +145,7 @@ def test_a_paused_primary_is_replaced_and_fenced_when_it_comes_back(tmp_path):
     backup = _shard("async", workers=1, backup_of=primary.address, witness=tmp_path)
     try:
         _wait(lambda: _following(backup))
-        _pause(primary, 3.0)
+        _stall(primary, 3.0)
         _wait(lambda: backup.service.follower is None)
         assert backup.service.replicas.epoch == 2 and not backup.service.replicas.fenced
         ours = primary.join(20)

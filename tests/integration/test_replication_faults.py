@@ -14,7 +14,7 @@ import pytest
 from psrv.worker.client import PSClient, PSError
 from psrv.partition import PartitionPlan
 from psrv.protocol import ErrorCode
-from tests.replica_cluster import STEPS, following, model, run_workers, shard, stall, wait_for
+from tests.replica_cluster import STEPS, finish, following, model, run_workers, shard, stall, wait_for
 from tests.states import assert_same_state
 
 
@@ -52,11 +52,7 @@ def test_a_backup_dropped_for_a_late_ack_joins_again_and_never_takes_over_a_live
         wait_for(lambda: stalled and started.is_set() and replicas.admitted >= 2 and replicas.backups
                  and following(backup))
         assert len(primary.service.pending) > 0 or mode == "ssp"  # taken back with a pull waiting (sync: rank 1's)
-        go.set()
-        for t in threads:
-            t.join(60)
-            assert not t.is_alive()
-        ours, theirs = primary.join(30), backup.join(30)
+        ours, theirs = finish(threads, go, primary, backup)
     finally:
         go.set()
         for s in (primary, backup):
@@ -86,11 +82,7 @@ def test_two_backups_of_a_dead_primary_elect_one_and_the_other_follows_it(tmp_pa
         wait_for(lambda: len([b for b in backups if b.service.follower is None]) == 1  # one won the epoch ...
                  and all(following(b) for b in backups if b.service.follower is not None)  # ... the other follows it
                  and len(next(b for b in backups if b.service.follower is None).service.replicas.backups) == 1)
-        go.set()
-        for t in threads:
-            t.join(60)
-            assert not t.is_alive()
-        records = [b.join(30) for b in backups]
+        records = finish(threads, go, *backups)
     finally:
         go.set()
         for s in (primary, *backups):
@@ -126,11 +118,7 @@ def test_a_rank_claimed_twice_is_refused_alike_by_the_primary_and_its_backup(tmp
         finally:
             second.close()
         assert refused.value.code is ErrorCode.RANK_IN_USE
-        go.set()
-        for t in threads:
-            t.join(60)
-            assert not t.is_alive()
-        ours, theirs = primary.join(30), backup.join(30)
+        ours, theirs = finish(threads, go, primary, backup)
     finally:
         go.set()
         for s in (primary, backup):
@@ -150,11 +138,7 @@ def test_a_backup_that_joins_mid_run_counts_what_its_primary_counted(tmp_path):
         assert started.wait(60)
         backup = shard("async", workers=2, witness=tmp_path, backup_of=primary.address)
         wait_for(lambda: following(backup))
-        go.set()
-        for t in threads:
-            t.join(60)
-            assert not t.is_alive()
-        ours, theirs = primary.join(30), backup.join(30)
+        ours, theirs = finish(threads, go, primary, backup)
     finally:
         go.set()
         for s in (primary, backup):
