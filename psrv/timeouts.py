@@ -11,6 +11,7 @@ class Timeouts:
     bound: float                  # F
     worker: float                 # --worker-timeout: a shard drops a worker silent this long
     transport_floor: float = 0.0  # a transport's own least silence (torch RPC's first ops arrive late)
+    request: float | None = None  # --request-timeout: a worker gives up on a silent shard (where known: psrv run)
 
     @property
     def ping_every(self) -> float:
@@ -40,6 +41,9 @@ class Timeouts:
             raise ValueError(f"--failure-bound {self.bound:g}s makes a failover take up to {failover:g}s, which must "
                              f"stay below half of --worker-timeout ({self.worker:g}s): a shard would drop workers "
                              f"busy finding its next primary; lower --failure-bound or raise --worker-timeout")
+        if self.request is not None and not self.worker < self.request:
+            raise ValueError(f"--request-timeout {self.request:g}s must exceed --worker-timeout {self.worker:g}s: a "
+                             f"worker would give up on a shard that has not yet given up on a silent worker")
 
     def line(self) -> str:
         """The derived timeouts and the order checked, as psrv run and psrv serve print them at start."""

@@ -265,7 +265,8 @@ class RunConfig(Trackers, Seeded, Consistency):
         _kills_and_recovery(self)
         check_nemesis(self)
         if self.cluster.replicas:
-            _timeouts(Timeouts(self.server.failure_bound, self.server.worker_timeout))
+            _timeouts(Timeouts(self.server.failure_bound, self.server.worker_timeout,
+                               request=self.worker.request_timeout))
         n = self.cluster.workers
         if self.backup_workers >= n:
             raise ConfigError("backup_workers", f"must be < cluster.workers ({n}); got {self.backup_workers}")
