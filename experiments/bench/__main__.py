@@ -139,7 +139,8 @@ def describe(r: dict) -> str:
                 f"samples/s with --replicas 1 vs {r['baseline_samples_per_second']:.0f} without")
     if b == "chaos":
         return (f"chaos {r['mode']} {r['job']}, {r['workers']} workers, {r['servers']} shards, --replicas {r['replicas']}: "
-                f"{r['faults']} faults in {r['wall_seconds'] / 60:.0f} min, {r['violations']} violations; goodput "
+                f"{r['faults']} faults" + (f" in {r['wall_seconds'] / 60:.0f} min" if r["wall_seconds"] else "") +
+                (f", run FAILED ({r['failed']})" if r.get("failed") else "") + f", {r['violations']} violations; goodput "
                 f"{r['samples_per_second']:.0f} vs {r['baseline_samples_per_second']:.0f} useful samples/s (ratio)")
     if b == "failover":
         return (f"failover, kill -9 of a primary to the new primary's first ack, over {r['kills']} kills: median "

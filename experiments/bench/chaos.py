@@ -57,7 +57,7 @@ def run(out: Path, *, minutes: float, baseline_minutes: float, every: float, dur
         partition: bool = True, say=print) -> dict:
     """The baseline, then the chaos run, in out/baseline and out/chaos; their row (also out/chaos.json)."""
     from psrv.experiments.goodput import baseline as measure_baseline
-    from psrv.experiments.launch import run_local
+    from psrv.experiments.launch import RunFailed, run_local
     why_not = partition_why_not() if partition else "left out (--no-partition)"
     kinds = KINDS + (() if why_not else ("partition",))
     chaos = schedule(every=every, duration=duration, kinds=kinds, seed=seed, law=law)
@@ -73,18 +73,44 @@ def run(out: Path, *, minutes: float, baseline_minutes: float, every: float, dur
     steps = max(50, round(pace * minutes * 60))
     say(f"chaos: the baseline made {base['samples_per_second']:.0f} useful samples/s; the chaos run: {steps} steps "
         f"per worker, {chaos} -> {out / 'chaos'}" + (f" (partition: {why_not})" if why_not else ""))
-    summary = run_local(config(steps=steps, nemesis=chaos, **shape), out=out / "chaos", progress=False,
-                        baseline=out / "baseline", timeout=max(1800.0, minutes * 60 * 4))
-    row = _row(summary, schedule=chaos, minutes=minutes, partition=why_not or "drawn", **shape)
+    cfg, failed = config(steps=steps, nemesis=chaos, **shape), None
+    try:
+        summary = run_local(cfg, out=out / "chaos", progress=False, baseline=out / "baseline",
+                            timeout=max(1800.0, minutes * 60 * 4))
+    except RunFailed as exc:  # what it recorded until then still says where the time went, and what was lost
+        failed = str(exc).splitlines()[0]
+        say(f"chaos: the run failed: {failed}; goodput and the check from what it recorded")
+        summary = post_mortem(cfg, out / "chaos", base)
+    row = _row(summary, schedule=chaos, minutes=minutes, partition=why_not or "drawn", failed=failed, **shape)
     write(out / "chaos.json", row)
     return row
 
 
-def _row(summary: dict, *, schedule: str, minutes: float, partition: str, **shape) -> dict:
+def post_mortem(cfg: RunConfig, run: Path, base: dict) -> dict:
+    """A failed run's summary as far as its folder tells: the nemesis's faults from DIR/nemesis.jsonl, the history
+    checker's verdict (without the records a finished run writes) and goodput to where it stopped."""
+    from psrv.experiments.goodput import faults_done, goodput
+    from psrv.experiments.history import HistoryError, check_run
+    from psrv.experiments.nemesis.record import JOURNAL, Record
+    from psrv.experiments.replication import settle
+    record = Record(run, 0.0)
+    record.faults = [e for e in map(json.loads, (run / JOURNAL).read_text().splitlines()) if e["ev"] == "fault"]
+    nemesis = record.summary(schedule=cfg.nemesis.schedule, seed=cfg.seed, not_reached=[])
+    out: dict = {"mode": cfg.mode, "job": cfg.job.name, "wall_seconds": None, "faults": {"nemesis": nemesis}}
+    settle(cfg, run)  # server-K.json: the record of the replica that served the shard last, as a finished run has
+    try:
+        out["history_check"] = check_run(run).to_dict()
+        out["goodput"] = goodput(run, cfg, faults_done(out["faults"], 0.0), base)
+    except HistoryError as exc:
+        out.setdefault("history_check", {"ok": None, "error": str(exc)})
+    return out
+
+
+def _row(summary: dict, *, schedule: str, minutes: float, partition: str, failed: str | None, **shape) -> dict:
     nemesis, g = summary["faults"]["nemesis"], summary.get("goodput") or {}
     check = summary.get("history_check") or {}
     return {"bench": "chaos", "mode": summary["mode"], "job": summary["job"], **shape, "minutes": minutes,
-            "schedule": schedule, "partition": partition, "wall_seconds": summary["wall_seconds"],
+            "schedule": schedule, "partition": partition, "failed": failed, "wall_seconds": summary["wall_seconds"],
             "faults": nemesis["done"], "not_done": nemesis["not_done"], "by_kind": nemesis["by_kind"],
             "by_target": nemesis["by_target"], "violations": len(check.get("violations", [])) if "ok" in check else None,
             "history_check": check.get("error") or ("clean" if check.get("ok") else (check.get("violations") or ["?"])[0]),
@@ -105,7 +131,9 @@ def write(path: Path, row: dict) -> None:
 
 
 def report(row: dict) -> str:
-    lines = [f"faults done     {row['faults']} ({row['not_done']} not done); partition: {row['partition']}",
+    lines = [f"run             " + (f"FAILED: {row['failed']}" if row["failed"] else
+                                 f"finished in {row['wall_seconds']:.0f} s of training"),
+             f"faults done     {row['faults']} ({row['not_done']} not done); partition: {row['partition']}",
              "by kind         " + ", ".join(f"{k} {v['done']}" for k, v in row["by_kind"].items()),
              "by target       " + ", ".join(f"{k} {v['done']}" for k, v in sorted(row["by_target"].items())),
              f"history check   {row['history_check']}",
@@ -115,7 +143,8 @@ def report(row: dict) -> str:
              f"fault cost      {row['fault_cost_s']} s of a {row['span_s']} s span ({row['before_faults_s']} s before "
              "the first fault)"]
     for name, c in (row["cost_by_kind_target"] or {}).items():
-        lines.append(f"  {name:<22} {c['faults']:>4} faults, mean {c['mean_s']} s, total {c['cost_s']} s")
+        lines.append(f"  {name:<26} {c['faults']:>4} faults, mean {c['mean_s']} s over the {c['costed']} costed, "
+                     f"total {c['cost_s']} s")
     lines.append(f"final loss      {row['final_loss']}, accuracy {row['eval_accuracy']}")
     return "\n".join(lines)
 
@@ -140,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
               seed=a.seed, law=a.law, partition=not a.no_partition, say=lambda s: print(s, file=sys.stderr))
     print(report(row))
     print(f"\nwrote {a.out / 'chaos.json'}", file=sys.stderr)
-    return 0 if row["violations"] == 0 and row["goodput"] is not None else 1
+    return 0 if row["violations"] == 0 and row["goodput"] is not None and not row["failed"] else 1
 
 
 if __name__ == "__main__":

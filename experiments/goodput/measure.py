@@ -82,13 +82,14 @@ def role(target: str) -> str:
 
 
 def by(rows: list[dict], key) -> dict[str, dict]:
-    """Faults grouped by key(row): how many, and the total and mean of the costs known."""
+    """Faults grouped by key(row): how many, how many have a cost (not after the span, a baseline given), and
+    those costs' total and mean."""
     groups: dict[str, list[dict]] = {}
     for r in rows:
         groups.setdefault(key(r), []).append(r)
     out = {}
     for name, group in sorted(groups.items()):
         costs = [r["cost_s"] for r in group if r["cost_s"] is not None]
-        out[name] = {"faults": len(group), "cost_s": round(sum(costs), 3) if costs else None,
+        out[name] = {"faults": len(group), "costed": len(costs), "cost_s": round(sum(costs), 3) if costs else None,
                      "mean_s": round(sum(costs) / len(costs), 3) if costs else None}
     return out
