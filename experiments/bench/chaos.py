@@ -77,6 +77,8 @@ def run(out: Path, *, minutes: float, baseline_minutes: float, every: float, dur
     try:
         summary = run_local(cfg, out=out / "chaos", progress=False, baseline=out / "baseline",
                             timeout=max(1800.0, minutes * 60 * 4))
+        if summary.get("final_loss") is None:  # rank 0 died and its restart never joined: no final weights
+            failed = "rank 0 wrote no record (no params.pt): it died and came back too late to join"
     except RunFailed as exc:  # what it recorded until then still says where the time went, and what was lost
         failed = str(exc).splitlines()[0]
         say(f"chaos: the run failed: {failed}; goodput and the check from what it recorded")
