@@ -167,3 +167,26 @@ def test_psrv_run_prints_goodput_the_losses_the_costs_and_the_check():
     assert lines["samples lost"].strip() == "64 (2 steps: 2 unacknowledged, 0 dropped, 0 acknowledged)"
     assert lines["fault cost"].strip() == "10.0 s of 100.0 s; mean per fault: kill 2.50 s"
     assert lines["history check"].strip() == "clean"
+
+
+def test_make_chaos_draws_every_kind_on_every_target_and_reports_a_failed_run():
+    from psrv.config.nemesis import parse_schedule
+    from psrv.experiments.bench.chaos import _row, report, schedule
+    text = schedule(every=7, duration=2, kinds=("kill", "pause", "late_ack"), seed=3)
+    clause, = parse_schedule(text)
+    assert (clause.every, clause.law, clause.kinds) == (7.0, "fixed", ("kill", "pause", "late_ack"))
+    assert [str(t) for t in clause.targets] == ["primary:*", "backup:*", "worker:*", "launcher"]
+    summary = {"mode": "async", "job": "digits_mlp", "wall_seconds": None, "final_loss": None,
+               "faults": {"nemesis": {"done": 2, "not_done": 1, "by_kind": {"kill": {"done": 2, "not_done": 1}},
+                                      "by_target": {"worker:*": {"done": 2, "not_done": 1}}}},
+               "history_check": {"ok": True, "violations": []},
+               "goodput": {"goodput": 0.8, "samples_per_second": 80.0, "baseline": {"samples_per_second": 100.0},
+                           "end_to_end": {"goodput": 0.7}, "samples": {"lost": 0, "twice": 0}, "lost": {},
+                           "fault_cost_s": 2.0, "span_s": 10.0, "before_faults_s": 0.0,
+                           "by_kind_target": {"kill worker": {"faults": 2, "costed": 2, "mean_s": 1.0, "cost_s": 2.0}}}}
+    row = _row(summary, schedule=text, minutes=1, partition="drawn", failed="worker-0 exited with code 1",
+               workers=8, servers=2, replicas=2, compute_ms=100.0, seed=3)
+    assert (row["violations"], row["goodput"], row["ratio"], row["faults"]) == (0, 0.8, 0.8, 2)
+    shown = report(row)
+    assert "FAILED: worker-0 exited with code 1" in shown and "history check   clean" in shown
+    assert "kill worker" in shown and "mean 1.0 s over the 2 costed" in shown
