@@ -9,7 +9,7 @@ STAMP   := $(VENV)/.installed
 # the emulated hosts' fixed names in tests/system/test_netns.py). TEST_JOBS=0 runs them in this process.
 TEST_JOBS ?= 2
 
-.PHONY: run test bench bench-smoke setup clean
+.PHONY: run test bench bench-smoke chaos setup clean
 
 setup: $(STAMP)
 
@@ -32,6 +32,11 @@ bench: setup
 
 bench-smoke: setup
 	$(BIN)/python -m psrv.experiments.bench --smoke
+
+# A long run under a seeded nemesis against its fault-free baseline (about 30 minutes; not in `make test` or
+# `make bench`): faults by kind and target, the history checker's verdict, goodput. CHAOS_ARGS="--minutes 3": short.
+chaos: setup
+	$(BIN)/python -m psrv.experiments.bench.chaos $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

@@ -13,6 +13,7 @@ from psrv.config import RunConfig, ServerConfig, to_dict
 from psrv.config.base import config_hash
 
 from psrv.experiments.cluster import Cluster, RunFailed, RunInterrupted, free_port
+from psrv.experiments.goodput import baseline as goodput_baseline, reckon
 from psrv.experiments.kills import Kills, ShardRestarts
 from psrv.experiments.nemesis import Nemesis, check_launch as check_nemesis, checkpoint_disk, needs_hosts
 from psrv.experiments.worker_restarts import WorkerRestarts
@@ -68,14 +69,15 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
               timeout: float = 1800.0, progress: bool = True,
               on_progress: Callable[[int], None] | None = None, script: Script | None = None,
               launcher: str = "psrv", say: Callable[[str], None] = log.info, owner: OwnedFolder | None = None,
-              scheduler: str = "local") -> dict:
+              scheduler: str = "local", baseline: Path | None = None) -> dict:
     """Run `cfg` on a local cluster; write DIR/config.json (the resolved config), summary.json, steps.csv,
     evals.csv, and return the summary. `metrics`: every process serves /metrics (DIR/targets.json).
     `script`: the workers are that script (a user's loop on psrv.Worker, experiments/script.py), not the
     shipped loop over cfg.job. `launcher` (experiments/torchrun.py LAUNCHERS): how the script's workers are
     started, one process per rank ("psrv") or all as one torchrun process ("torchrun"). `scheduler`: where
     the processes start (experiments/schedulers.py; "slurm": each a job step of one SLURM allocation, DIR on
-    a filesystem its nodes share). summary.json says which launcher and scheduler; neither is part of the
+    a filesystem its nodes share). `baseline`: a finished fault-free run's folder, whose useful samples/s the
+    summary's `goodput` is measured against (experiments/goodput; psrv run --goodput-baseline). summary.json says which launcher and scheduler; neither is part of the
     config or its hash, since the run computes the same.
 
     DIR is this run's alone while it runs (experiments/rundir.py): a folder another run owns is refused
@@ -109,6 +111,9 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
         raise ValueError(f"network.bandwidth {rate}: " + ("--metrics serves each process's /metrics on its own "
                          "emulated host, out of Prometheus's reach" if metrics else "a script's workers run on "
                          "127.0.0.1") + "; run without one of them")
+    if baseline is not None and Path(baseline).resolve() == Path(out).resolve():
+        raise ValueError(f"--goodput-baseline {baseline} is this run's own folder; name a finished fault-free run's")
+    base = None if baseline is None else goodput_baseline(Path(baseline), cfg)  # measured now: a bad one fails first
     owned = contextlib.nullcontext(owner) if owner is not None else OwnedFolder(out, what="psrv run")
     with owned as folder, contextlib.ExitStack() as stack:
         removed = folder.clear()
@@ -121,7 +126,7 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
         stack.enter_context(checkpoint_disk(cfg, out))  # a tmpfs at DIR/checkpoints for the nemesis's disk_full
         return _run(cfg, out=out, metrics=metrics, metrics_linger=metrics_linger, timeout=timeout,
                     progress=progress, on_progress=on_progress, script=script, launcher=launcher, hosts=hosts,
-                    lock=folder.fd, scheduler=scheduler)
+                    lock=folder.fd, scheduler=scheduler, base=base)
 
 
 def _listed(names: list[str], limit: int = 6) -> str:
@@ -133,7 +138,7 @@ def _listed(names: list[str], limit: int = 6) -> str:
 
 def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, timeout: float, progress: bool,
          on_progress: Callable[[int], None] | None, script: Script | None, launcher: str,
-         hosts: EmulatedHosts | None, lock: int | None, scheduler: str) -> dict:
+         hosts: EmulatedHosts | None, lock: int | None, scheduler: str, base: dict | None = None) -> dict:
     write_config(out / "config.json", cfg)
     workers = cfg.cluster.workers
     shards = 0 if cfg.is_allreduce else cfg.cluster.servers * (1 + cfg.cluster.replicas)  # primaries and backups
@@ -231,6 +236,9 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
                **replication}
     write_tables(out, interrupted=interrupted)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    if not interrupted and (summary.get("faults") or base is not None):  # goodput and the history's verdict
+        summary.update(reckon(cfg, out, summary, base=base, started=started))
+        (out / "summary.json").write_text(json.dumps(summary, indent=1))
     if interrupt is not None:
         raise RunInterrupted(summary, interrupt) from None
     return summary

@@ -210,6 +210,7 @@ def format_summary(s: dict) -> str:
         rows.append(("failovers", ", ".join(f"shard {f['shard']} to {f['new_primary']} at epoch {f['epoch']}"
                                             + (f", version {f['version']}" if "version" in f else "")
                                             for f in s["replication"]["failovers"]) or "none"))
+    rows += _goodput_rows(s.get("goodput"), s.get("history_check"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {fmt(v)}" for k, v in rows)
 
@@ -232,3 +233,34 @@ def _fault_rows(faults: dict | None) -> list[tuple[str, str]]:
         rows.append(("nemesis", f"{nemesis['done']} faults done{f' ({kinds})' if kinds else ''}, "
                                 f"{nemesis['not_done']} not done: {nemesis['journal']}"))
     return rows
+
+
+def _goodput_rows(g: dict | None, check: dict | None) -> list[tuple[str, str]]:
+    """The goodput block (experiments/goodput) and the history checker's verdict, one line each."""
+    rows = []
+    if g is not None and "error" in g:
+        rows.append(("goodput", f"n/a: {g['error']}"))
+    elif g is not None:
+        base = g["baseline"]
+        rate = "n/a" if g["samples_per_second"] is None else f"{g['samples_per_second']:.0f}"
+        whole = (g["end_to_end"] or {}).get("goodput")
+        rows.append(("goodput", f"{rate} useful samples/s, no baseline (--goodput-baseline DIR)" if base is None else
+                     f"{_share(g['goodput'])}: {rate} useful samples/s against {base['samples_per_second']:.0f} "
+                     f"({base['run']}); end to end {_share(whole)}"))
+        lost, twice = g["lost"], g["twice"]
+        rows.append(("samples lost", f"{g['samples']['lost']} ({g['steps']['lost']} steps: {lost['unacknowledged']} "
+                                     f"unacknowledged, {lost['dropped']} dropped, {lost['acknowledged']} acknowledged)"))
+        rows.append(("samples twice", f"{g['samples']['twice']} ({twice['applied_twice']} steps applied twice, "
+                                      f"{twice['redone']} redone)"))
+        if g["fault_cost_s"] is not None:
+            kinds = ", ".join(f"{k} {v['mean_s']:.2f} s" for k, v in g["by_kind"].items() if v["mean_s"] is not None)
+            rows.append(("fault cost", f"{g['fault_cost_s']:.1f} s of {g['span_s']:.1f} s"
+                                       + (f"; mean per fault: {kinds}" if kinds else "")))
+    if check is not None:
+        rows.append(("history check", check["error"] if "error" in check else "clean" if check["ok"] else
+                     f"{len(check['violations'])} violations: {check['violations'][0]}"))
+    return rows
+
+
+def _share(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"

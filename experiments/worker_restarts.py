@@ -4,13 +4,16 @@ its dead life's log kept as DIR/worker-R.log.1 (.2, ...). It rejoins at the shar
 end (psrv.Worker `start_step`); summary.json's `faults.worker_restarts` lists each restart (docs/reliability.md)."""
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
 from typing import Callable
 
+from psrv.atomic import write_json
 from psrv.config import RunConfig
 from psrv.experiments.kills import Kills, worker0_steps
+from psrv.experiments.nemesis.targets import configuration
 
 BAD_INPUT = 2  # psrv's exit code for a ValueError (psrv/cli/main.py): a restart would fail alike
 
@@ -34,6 +37,26 @@ def _lived(out: Path, name: str) -> int | None:
         return None
 
 
+def _shards_alive(cluster) -> bool:
+    """Whether some replica of some shard still runs: a first primary (server-K), or with --replicas a backup
+    (backup-K-J), which may have taken its shard over: a run whose first primaries all died goes on."""
+    return any(p.poll() is None for n, p in cluster.procs.items() if n.startswith(("server-", "backup-")))
+
+
+def _to_primaries(out: Path, argv: list[str], shards: int) -> None:
+    """Point a worker's config (`--config FILE` in its argv) at each shard's current primary, the witness's latest
+    (experiments/nemesis/targets.py), as @DIR/<name>.addr: a new life knows a shard's other replicas only from the
+    WELCOME of one that answers, and the first primary it was started with may be dead or fenced by now."""
+    path = Path(argv[argv.index("--config") + 1])
+    cfg = json.loads(path.read_text())
+    servers = list(cfg["servers"])
+    for k in range(shards):
+        primary = configuration(out, k).primary
+        if primary is not None and (out / f"{primary}.addr").exists():
+            servers[k] = f"@{out / f'{primary}.addr'}"
+    write_json(path, {**cfg, "servers": servers})
+
+
 class WorkerRestarts:
     """Restarts dead workers, at most cfg.restarts.workers times per rank; `done` records each restart. A
     worker that exits with psrv's bad-input code 2 is not restarted (it would fail alike), nor one that dies
@@ -44,7 +67,7 @@ class WorkerRestarts:
     def __init__(self, cfg: RunConfig, out: Path, started: float, kills: Kills):
         self.out, self.started, self.kills = out, started, kills
         self.limit = cfg.restarts.workers
-        self.servers = (0 if cfg.is_allreduce else cfg.cluster.servers) > 0  # whether the run has shards
+        self.replicated = cfg.cluster.servers if cfg.cluster.replicas else 0  # shards whose primary may move
         self.done: list[dict] = []
 
     @property
@@ -65,12 +88,7 @@ class WorkerRestarts:
     def _restartable(self, cluster, name: str) -> bool:
         if not self.enabled or not name.startswith("worker-") or cluster.procs[name].returncode == BAD_INPUT:
             return False
-        return self._shards_live(cluster)
-
-    def _shards_live(self, cluster) -> bool:
-        """Whether a shard process (a primary or a backup that may have taken over) still runs."""
-        return self.servers and any(p.poll() is None for n, p in cluster.procs.items()
-                                    if n.startswith(("server-", "backup-")))
+        return _shards_alive(cluster)
 
     def _restart(self, cluster, name: str) -> bool:
         old = cluster.procs[name]
@@ -93,6 +111,8 @@ class WorkerRestarts:
         for kept in (f"{name}.log", f"{name}.progress", f"{name}.json"):
             if (self.out / kept).exists():
                 (self.out / kept).rename(self.out / f"{kept}.{lives + 1}")
+        if self.replicated:
+            _to_primaries(self.out, list(old.args), self.replicated)
         # its command line as launched (experiments/launch.py worker_argv); the shards hand it the rank at once
         cluster.start(name, list(old.args), env={"PSRV_PREDECESSOR_DEAD": "1"})
         self.done.append({"process": name, "rank": rank, **_how(code), "step": step0,
@@ -102,16 +122,16 @@ class WorkerRestarts:
 
     def tick(self, cluster) -> None:
         """At the launcher's ticks: once every shard has ended, a restarted life that never joined (no progress
-        file) can join nothing: it is stopped (SIGTERM), left out of the run (no record), `joined` False."""
+        file) can join nothing: it is stopped (SIGKILL), left out of the run (no record), `joined` False."""
         waiting = [r for r in self.done if r["joined"] is None]
-        if not waiting or self._shards_live(cluster):
+        if not waiting or _shards_alive(cluster):
             return
         for r in waiting:
             name = r["process"]
             r["joined"] = (self.out / f"{name}.progress").exists()
             if not r["joined"] and cluster.procs[name].poll() is None:
                 cluster.spared.add(name)
-                cluster.procs[name].terminate()
+                cluster.procs[name].kill()  # SIGTERM would have it write a record of its 0 steps
 
     @property
     def ranks(self) -> set[int]:

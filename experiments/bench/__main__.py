@@ -95,6 +95,8 @@ def goal(r: dict) -> tuple[str, float] | None:
         return (">=", 0.85)
     if b == "failover":  # its ratio is the median failover in seconds: "a few seconds at most"
         return ("<=", 5.0)
+    if b == "chaos":  # goodput under a fault every 7 s against the fault-free run (make chaos, experiments/bench/chaos.py)
+        return (">=", 0.95)
     return None
 
 
@@ -135,6 +137,11 @@ def describe(r: dict) -> str:
     if b == "replicas":
         return (f"replicas {r['job']} {r['mode']} {r['servers']}x{r['workers']}: {r['samples_per_second']:.0f} "
                 f"samples/s with --replicas 1 vs {r['baseline_samples_per_second']:.0f} without")
+    if b == "chaos":
+        return (f"chaos {r['mode']} {r['job']}, {r['workers']} workers, {r['servers']} shards, --replicas {r['replicas']}: "
+                f"{r['faults']} faults" + (f" in {r['wall_seconds'] / 60:.0f} min" if r["wall_seconds"] else "") +
+                (f", run FAILED ({r['failed']})" if r.get("failed") else "") + f", {r['violations']} violations; goodput "
+                f"{r['samples_per_second']:.0f} vs {r['baseline_samples_per_second']:.0f} useful samples/s (ratio)")
     if b == "failover":
         return (f"failover, kill -9 of a primary to the new primary's first ack, over {r['kills']} kills: median "
                 f"{r['median_seconds']:.2f} s, max {r['max_seconds']:.2f} s (ratio: the median, in seconds)")

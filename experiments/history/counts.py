@@ -5,7 +5,8 @@ What they count (psrv/server/stats.py, experiments/summary.py): a shard's `pushe
 applied or dropped, each once; `updates_applied` its optimizer steps (async and ssp: one per push applied; sync:
 one per clock committed with a gradient in it); `version` the version after its last step. summary.json's
 `pushes` are the workers' steps that pushed, so every one of them settled once on each shard: it is held against
-shard 0's, and only for a complete run that killed no worker (the summary leaves a killed rank's steps out)."""
+shard 0's, and only for a complete run in which no worker life died (--kill-worker, the nemesis's kill, a restart:
+the summary leaves out the steps of a life that wrote no record)."""
 from __future__ import annotations
 
 import json
@@ -49,6 +50,13 @@ def _differs(file: str, key: str, said, lineage: str, holds) -> Violation:
     return Violation(5, file, None, f"`{key}` is {said}, but {lineage} holds {holds}")
 
 
+def _lost_a_life(faults: dict) -> bool:
+    """Whether a worker life ended without its record: one the nemesis killed, or any that psrv run restarted."""
+    nemesis = (faults.get("nemesis") or {}).get("faults", [])
+    return bool(faults.get("worker_restarts")) or any(
+        f["kind"] == "kill" and f["done"] and f["target"].startswith("worker") for f in nemesis)
+
+
 def check(run: Path, cfg: RunConfig, shards: dict[int, ShardHistory]) -> tuple[list[Violation], list[str]]:
     """The differences, and the comparisons skipped with why."""
     found, skipped = [], []
@@ -74,9 +82,9 @@ def check(run: Path, cfg: RunConfig, shards: dict[int, ShardHistory]) -> tuple[l
     if "updates_applied_per_shard" in summary and summary["updates_applied_per_shard"] != per_shard:
         found.append(_differs("summary.json", "updates_applied_per_shard", summary["updates_applied_per_shard"],
                               "the shards' final lineages", per_shard))
-    if not summary.get("complete", True) or cfg.kill.worker:
-        skipped.append("summary.json `pushes`: the run was interrupted or killed a worker, and the summary "
-                       "leaves out the steps it did not record")
+    if not summary.get("complete", True) or cfg.kill.worker or _lost_a_life(summary.get("faults") or {}):
+        skipped.append("summary.json `pushes`: the run was interrupted or a worker died (killed, or restarted), and "
+                       "the summary leaves out the steps it did not record")
     elif "pushes" in summary and summary["pushes"] != have[0].pushes:
         found.append(_differs("summary.json", "pushes", summary["pushes"], first, have[0].pushes))
     return found, skipped

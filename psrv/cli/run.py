@@ -26,6 +26,9 @@ def add(sub) -> None:
     r.add_argument("--metrics-linger", type=float, default=0.0,
                    help="with --metrics: keep /metrics up this many seconds after the end")
     r.add_argument("--out", type=Path, default=Path("runs/latest"), help="output directory (default: %(default)s)")
+    r.add_argument("--goodput-baseline", type=Path, metavar="DIR", help="a finished fault-free run of the same job "
+                   "(its folder): summary.json's `goodput` divides this run's useful samples/s by its, and costs each "
+                   "fault in seconds (docs/reliability.md, 'Goodput'). Not part of config.json or its hash")
     r.add_argument("--no-progress", action="store_true", help="no progress: without it, a bar redrawn in place "
                    "on a terminal, and where stderr is a log or a pipe a plain line each tenth of the run (or "
                    "minute) instead of redraws")
@@ -74,6 +77,7 @@ def command(a: argparse.Namespace) -> int:
     try:
         summary = run_local(cfg, out=a.out, metrics=a.metrics, metrics_linger=a.metrics_linger,
                             progress=not a.no_progress, script=script, launcher=a.launcher, scheduler=a.scheduler,
+                            baseline=a.goodput_baseline,
                             say=lambda line: print(line, file=sys.stderr))  # an earlier run's files removed
     except RunFailed as exc:
         print(f"psrv run failed: {exc}", file=sys.stderr)

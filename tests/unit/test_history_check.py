@@ -239,6 +239,23 @@ def test_a_summary_count_that_differs_from_the_lineage(tmp_path):
     assert "`updates_applied` is 3, but shard 0's final lineage" in first.message and "holds 2" in first.message
 
 
+@pytest.mark.parametrize("faults", [
+    {"nemesis": {"faults": [{"kind": "kill", "target": "worker:1", "done": True}]}},
+    {"worker_restarts": [{"rank": 1, "joined": True}]}])
+def test_the_summarys_pushes_are_not_held_against_the_lineage_once_a_worker_life_died(tmp_path, faults):
+    run = RunFolder(tmp_path, mode="async")
+    w0, w1, p = run.worker(0), run.worker(1), run.replica(0, "primary", A)
+    run.step(w0, p, seq=1, clock=0)
+    run.step(w1, p, seq=1, clock=0)  # a life killed after this step: it wrote no record, the summary lacks its step
+    run.record("server-0", pushes=2, updates_applied=2, version=2)
+    run.record("summary", complete=True, pushes=1, updates_applied=2, updates_applied_per_shard=[2])
+    assert not check_run(tmp_path).ok  # without a word of a death, the summary's count is wrong
+    run.record("summary", complete=True, pushes=1, updates_applied=2, updates_applied_per_shard=[2], faults=faults)
+    result = check_run(tmp_path)
+    assert result.ok, result.line()
+    assert any(s.startswith("summary.json `pushes`: ") for s in result.skipped)
+
+
 def test_a_server_record_whose_pushes_leave_out_the_dropped_ones(tmp_path):
     run = RunFolder(tmp_path, mode="async")
     w0, p = run.worker(0), run.replica(0, "primary", A)
