@@ -91,7 +91,8 @@ def train(cfg: WorkerConfig, *, log: StepLog | None = None, progress=None) -> di
                 log.row(step=step, loss=loss, compute_seconds=t1 - t0,
                         communication_seconds=max(0.0, t2 - t1 - info.waited),
                         wait_seconds=min(info.waited, t2 - t1), batch_size=batch_size_of(batch),
-                        staleness=info.staleness, pushed=info.pushed)  # with local steps, every H-th pushes
+                        staleness=info.staleness, pushed=info.pushed,  # with local steps, every H-th pushes
+                        answered=info.answered)  # fragments: an earlier push's staleness, into its row
                 if inner is not None and info.pushed:
                     log.pushed_round(ps.pseudo_grad_norms[-1], ps.next_local_steps)
                 if progress is not None:

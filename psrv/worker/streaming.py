@@ -51,14 +51,15 @@ class StreamingOuter:
         self.cast = torch.bfloat16 if outer_dtype == "bfloat16" else None
         self.pushes = pushes  # fragment pushes sent (from the run's start): the next is fragment pushes % F
         self.norms = [] if norms is None else norms  # each push's pseudo-gradient norm, appended
-        self._flight: tuple[int, RoundTrip] | None = None
+        self._flight: tuple[int, RoundTrip, int | None] | None = None  # fragment, round trip, the pushing step
 
     @property
     def in_flight(self) -> bool:
         return self._flight is not None
 
-    def send(self, clock: int) -> None:
-        """Push the next fragment's pseudo-gradient at `clock` and return at once (merge() takes the answer)."""
+    def send(self, clock: int, *, step: int | None) -> None:
+        """Push the next fragment's pseudo-gradient at `clock` and return at once (merge() takes the answer).
+        `step`: the step whose row the push is (None: close()'s last push, which has no row)."""
         assert self._flight is None, "a fragment push is in flight: merge() it first"
         frags, f = self.fragments, self.pushes % self.fragments.count
         delta = frags.gather(f, self.pulled).sub_(frags.gather(f, self.params))
@@ -75,12 +76,13 @@ class StreamingOuter:
                 tensor = tensor.to(self.cast)
             msgs.append(self.client.message(MsgType.PUSH_PULL, clock=clock, base_version=self.client.versions[s],
                                             fields=fields, tensor=tensor, parts=parts))
-        self._flight = (f, self.client.send_round(msgs))
+        self._flight = (f, self.client.send_round(msgs), step)
         self.pushes += 1
 
-    def merge(self) -> Reply:
-        """Wait for the fragment in flight's answer and mix it into the model (module docstring)."""
-        (f, rt), self._flight = self._flight, None
+    def merge(self) -> tuple[Reply, int | None]:
+        """Wait for the fragment in flight's answer and mix it into the model (module docstring); the answer
+        and the step that pushed it (send's `step`), whose row its staleness belongs to."""
+        (f, rt, step), self._flight = self._flight, None
         reply, replies = self.client.finish_round(rt)
         frags, view = self.fragments, self.client.pull_view
         if view is None:  # a copy: frames may be reused
@@ -91,7 +93,7 @@ class StreamingOuter:
         local = frags.gather(f, self.params).mul_(MIX).add_(fresh, alpha=1 - MIX)
         frags.scatter(f, local, self.params)
         frags.scatter(f, fresh, self.pulled)
-        return reply
+        return reply, step
 
 
 def outer_wire(local_steps: int | str | None, fragments: int, outer_dtype: str, *, wire_dtype: str, compress: str,
