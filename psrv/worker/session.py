@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import math
 import time
 from typing import Sequence
 
@@ -368,6 +369,10 @@ class Worker(LocalRounds, CompressionState, RecordedWorker):
         if self._pulled is not None:  # the pseudo-gradient w_pulled - w_now goes where the gradient would
             torch.sub(self._pulled, self._flat.params, out=self._flat.grads)
             self.pseudo_grad_norms.append(float(self._flat.grads.norm()))
+            if not math.isfinite(self.pseudo_grad_norms[-1]):  # the pull below brings back finite weights
+                log.warning("worker %d: the push at step %d has NaN or Inf (an inner step on a non-finite gradient); "
+                            "the shards' --nonfinite decides, and this worker goes on from the weights it pulls",
+                            self.rank, self.steps)
         if self._clip_here:  # no early sends then: the whole gradient is here
             clip_flat_(self._flat.grads, self.clip_grad_norm)
         pushing, self._pushing = self._begin(), None

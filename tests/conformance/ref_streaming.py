@@ -13,6 +13,9 @@ tests/conformance/cluster.py fixes.
   and the answer becomes f's base. Its push's staleness is its pushing step's row's, filled in then (or at the
   end, close()'s merge); a step that pushes nothing has 0, and a push never answered (refused) None.
 - A refused push (--nonfinite reject) surfaces at that next step: the worker stops there.
+- A worker whose weights have NaN or Inf anywhere at a push (an inner step on a NaN gradient) pushes its
+  fragment as it is (non-finite where the NaN reached it) and restarts every fragment from its last sync, so
+  one NaN costs one push.
 - Compressed pulls (DoubleSqueeze, Tang et al. 2019; DORE, Liu et al. 2020), per fragment: the answer is the
   worker's copy of f brought to copy_f + C(w_f - r_f), per shard piece of f with the pulls' codec (small
   tensors exactly), where r_f is the shards' mirror of that copy with error feedback and the fragment's
@@ -82,8 +85,10 @@ class StreamingReference(Reference):
         wk.pushes += 1
         wk.row = len(self.step_staleness[wk.rank]) - 1  # this step's row: its staleness comes with the answer
         self.step_staleness[wk.rank][wk.row] = None
-        ix = self.index[f]
-        d = wk.pulled[ix] - wk.flat()[ix]
+        ix, local = self.index[f], wk.flat()
+        d = wk.pulled[ix] - local[ix]
+        if not bool(torch.isfinite(local).all()):  # NaN anywhere: every fragment restarts from its last sync
+            vector_to_parameters(wk.pulled.clone(), wk.model.parameters())
         if not bool(torch.isfinite(d).all()):
             return f, d, False
         if self.outer in ("float32", "bfloat16"):
