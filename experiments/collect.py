@@ -4,6 +4,10 @@ Reads DIR/<variant>/rep-<k>/{summary.json,steps.csv,evals.csv}; writes DIR/<vari
 and evals.csv (all repeats, with a `repeat` column), DIR/runs.csv (one row per run) and
 DIR/summary.csv (one row per variant: mean and sample std over repeats). Only the repeats the spec
 has (rep-0 .. rep-<seeds - 1>) are read; runs kept aside (rep-<k>.replaced-<hash>) never are.
+
+A repeat whose held-out loss is NaN or Inf, at the end or at any evaluation, **diverged**: it counts among
+the repeats (and in `diverged`), its non-finite values make a mean over repeats no number (empty, never the
+mean of the others), and it never reached the target, even where an evaluation met it before it diverged.
 """
 
 from __future__ import annotations
@@ -34,8 +38,8 @@ METRICS = ("wall_seconds", "samples_per_second", "final_loss", "eval_accuracy", 
 _FROM_SUMMARY = ("wall_seconds", "samples_per_second", "final_loss", "eval_accuracy",
                  "updates_applied", "mean_staleness", "max_staleness",
                  "bytes_per_sample", "compression_ratio")  # the workers' measured wire bytes (docs/compression.md)
-RUN_COLUMNS = ("variant", "repeat", "mode", "staleness", "reached_target", *METRICS, "config_hash")
-SUMMARY_COLUMNS = ("variant", "mode", "staleness", "repeats", "target_reached",
+RUN_COLUMNS = ("variant", "repeat", "mode", "staleness", "reached_target", "diverged", *METRICS, "config_hash")
+SUMMARY_COLUMNS = ("variant", "mode", "staleness", "repeats", "diverged", "target_reached",
                    *(name for metric in METRICS for name in (metric, f"{metric}_std")))
 _REP_RE = re.compile(r"rep-([0-9]+)")
 SKIPPED_FILE = "skipped.txt"  # DIR/<variant>/skipped.txt: why the runner did not run that variant here
@@ -112,13 +116,23 @@ def _cell(value: Any) -> str:
 
 def number(text: Any) -> float | None:
     """A CSV cell or JSON value as a float; empty, missing, non-numeric or NaN -> None."""
-    if text is None or text == "" or isinstance(text, bool):
-        return None
+    value = measured(text)
+    return None if value is None or math.isnan(value) else value
+
+
+def measured(value: Any) -> float | None:
+    """A JSON value or CSV cell as a float, NaN and Inf kept (a diverged run's loss is a measurement, not a
+    missing value); empty, missing or non-numeric -> None."""
     try:
-        value = float(text)
+        return None if value is None or isinstance(value, bool) else float(value)
     except (TypeError, ValueError):
         return None
-    return None if math.isnan(value) else value
+
+
+def diverged(summary: dict, evals: list[dict[str, str]]) -> bool:
+    """A run diverged: its final held-out loss (summary.json) or any evaluation's (evals.csv) is NaN or Inf."""
+    losses = map(measured, [summary.get("final_loss"), *(row.get("eval_loss") for row in evals)])
+    return any(v is not None and not math.isfinite(v) for v in losses)
 
 
 def merge_variant(out_dir: str | Path, variant: str,
@@ -167,6 +181,7 @@ class RunMetrics:
     variant: str
     repeat: int
     values: dict[str, float | None]
+    diverged: bool = False
 
     @property
     def reached_target(self) -> bool:
@@ -178,14 +193,16 @@ def run_metrics(path: str | Path, target: TargetSpec, *, variant: str = "",
     """Read one finished run directory and compute its metrics."""
     path = Path(path)
     summary = json.loads((path / "summary.json").read_text())
-    values: dict[str, float | None] = {key: number(summary.get(key)) for key in _FROM_SUMMARY}
+    values: dict[str, float | None] = {key: measured(summary.get(key)) for key in _FROM_SUMMARY}
     reported = summary.get("eval_metrics") or {}
     if target.metric is not None and reported and target.metric not in reported:
         raise ValueError(f"the target's metric {target.metric!r} is not among the metrics job "
                          f"{summary.get('job')!r} reports ({', '.join(sorted(reported))}); see {path / 'summary.json'}")
-    values["final_target_metric"] = number(reported.get(target.metric)) if target.metric else None
+    values["final_target_metric"] = measured(reported.get(target.metric)) if target.metric else None
     lower = target.lower(summary.get("metric"), summary.get("lower_is_better")) if target.metric else None
-    values["time_to_target_seconds"] = time_to_target(read_csv(path / "evals.csv"), target, lower=lower)
+    evals = read_csv(path / "evals.csv")
+    lost = diverged(summary, evals)  # a target met before it diverged is not reached
+    values["time_to_target_seconds"] = None if lost else time_to_target(evals, target, lower=lower)
     values["wait_fraction"] = wait_fraction(read_csv(path / "steps.csv"))
     steps, wall = number(summary.get("steps")), values["wall_seconds"]
     values["seconds_per_step"] = wall / steps if wall is not None and steps else None
@@ -193,12 +210,13 @@ def run_metrics(path: str | Path, target: TargetSpec, *, variant: str = "",
     values["busiest_bytes_in_per_step"] = top["in"] if top else None
     values["busiest_bytes_out_per_step"] = top["out"] if top else None
     values["server_own_bytes_per_step"] = top.get("own_count") if top else None  # in + out, with the start
-    return RunMetrics(variant=variant, repeat=repeat, values=values)
+    return RunMetrics(variant=variant, repeat=repeat, values=values, diverged=lost)
 
 
 @dataclass(frozen=True)
 class Stat:
-    """Mean and sample standard deviation over repeats; std is None with fewer than 2 values."""
+    """Mean and sample standard deviation over repeats; std is None with fewer than 2 values. A NaN or Inf
+    among them (a diverged repeat's loss) makes both None: no mean of the others stands for them all."""
 
     mean: float | None
     std: float | None
@@ -206,7 +224,7 @@ class Stat:
     @classmethod
     def of(cls, values: list[float | None]) -> Stat:
         known = [v for v in values if v is not None]
-        if not known:
+        if not known or not all(math.isfinite(v) for v in known):
             return cls(None, None)
         return cls(statistics.fmean(known), statistics.stdev(known) if len(known) > 1 else None)
 
@@ -221,10 +239,11 @@ class VariantSummary:
     repeats: int
     target_reached: int
     stats: dict[str, Stat]
+    diverged: int = 0  # of the repeats
 
     def row(self) -> dict[str, Any]:
         row: dict[str, Any] = {"variant": self.variant, "mode": self.mode,
-                               "staleness": self.staleness, "repeats": self.repeats,
+                               "staleness": self.staleness, "repeats": self.repeats, "diverged": self.diverged,
                                "target_reached": self.target_reached}
         for metric, stat in self.stats.items():
             row[metric], row[f"{metric}_std"] = stat.mean, stat.std
@@ -232,13 +251,15 @@ class VariantSummary:
 
 
 def aggregate(variant: Variant, runs: list[RunMetrics]) -> VariantSummary:
-    """Mean and spread over repeats; time to target is empty unless every repeat reached it."""
+    """Mean and spread over repeats; time to target is empty unless every repeat reached it (a diverged
+    repeat never did); a metric with a diverged repeat's NaN or Inf among its values is empty (Stat.of)."""
     stats = {metric: Stat.of([run.values[metric] for run in runs]) for metric in METRICS}
     reached = sum(run.reached_target for run in runs)
     if reached < len(runs):
         stats["time_to_target_seconds"] = Stat(None, None)
     return VariantSummary(variant=variant.name, mode=variant.mode, staleness=variant.staleness,
-                          repeats=len(runs), target_reached=reached, stats=stats)
+                          repeats=len(runs), target_reached=reached, stats=stats,
+                          diverged=sum(run.diverged for run in runs))
 
 
 def collect(out_dir: str | Path, spec: ExperimentSpec) -> list[VariantSummary]:
@@ -256,6 +277,7 @@ def collect(out_dir: str | Path, spec: ExperimentSpec) -> list[VariantSummary]:
                         len(runs), spec.repeats)
         run_rows += [{"variant": variant.name, "repeat": run.repeat, "mode": variant.mode,
                       "staleness": variant.staleness, "reached_target": int(run.reached_target),
+                      "diverged": int(run.diverged),
                       **run.values, "config_hash": stored_hash(path)} for run, (_, path) in zip(runs, repeats)]
         summaries.append(aggregate(variant, runs))
     _write_csv(out / "runs.csv", RUN_COLUMNS, run_rows)
@@ -277,5 +299,6 @@ def read_summary(out_dir: str | Path) -> list[VariantSummary]:
         summaries.append(VariantSummary(
             variant=row["variant"], mode=row["mode"],
             staleness=None if staleness is None else int(staleness),
-            repeats=int(row["repeats"]), target_reached=int(row["target_reached"]), stats=stats))
+            repeats=int(row["repeats"]), target_reached=int(row["target_reached"]), stats=stats,
+            diverged=int(number(row.get("diverged")) or 0)))  # a summary.csv from before the column: 0
     return summaries

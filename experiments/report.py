@@ -29,8 +29,14 @@ def _fmt(stat: Stat, digits: int = 4) -> str:
     return f"{text} ± {_num(stat.std, 2)}" if stat.std is not None else text
 
 
+def _lost(s: VariantSummary, stat: Stat, digits: int = 4) -> str:
+    """A quality metric's cell: its mean ± std, or where a diverged repeat's NaN left none, which diverged."""
+    return f"diverged ({s.diverged}/{s.repeats})" if stat.mean is None and s.diverged else _fmt(stat, digits)
+
+
 def _table(summaries: list[VariantSummary], metric: str | None = None) -> list[str]:
-    """The summary table; `metric` (the target's, when not accuracy) takes the accuracy column's place."""
+    """The summary table; `metric` (the target's, when not accuracy) takes the accuracy column's place. A
+    diverged repeat is counted and named (docs/experiments.md, "Diverged repeats")."""
     quality = metric if metric and metric != "accuracy" else None
     head = ["variant", "mode", "s", "repeats", "wall s", "samples/s", "final loss", quality or "accuracy",
             "time to target s", "updates", "mean stale", "max stale", "wait frac"]
@@ -38,11 +44,14 @@ def _table(summaries: list[VariantSummary], metric: str | None = None) -> list[s
     for s in summaries:
         st = s.stats
         stale = "n/a" if s.mode not in MODES else None  # all-reduce has no staleness, not a staleness of 0
+        lost = f"; {s.diverged} diverged" if s.diverged else ""
         ttt = "no runs" if not s.repeats else _fmt(st["time_to_target_seconds"]) \
-            if s.target_reached == s.repeats else f"not reached ({s.target_reached}/{s.repeats})"
+            if s.target_reached == s.repeats else f"not reached ({s.target_reached}/{s.repeats}{lost})"
         cells = [f"`{s.variant}`", s.mode, "" if s.staleness is None else str(s.staleness),
-                 str(s.repeats), _fmt(st["wall_seconds"]), _fmt(st["samples_per_second"]),
-                 _fmt(st["final_loss"]), _fmt(st["final_target_metric" if quality else "eval_accuracy"], 3), ttt,
+                 f"{s.repeats} ({s.diverged} diverged)" if s.diverged else str(s.repeats),
+                 _fmt(st["wall_seconds"]), _fmt(st["samples_per_second"]),
+                 _lost(s, st["final_loss"]),
+                 _lost(s, st["final_target_metric"], 3) if quality else _fmt(st["eval_accuracy"], 3), ttt,
                  _fmt(st["updates_applied"]), stale or _fmt(st["mean_staleness"], 3),
                  stale or _fmt(st["max_staleness"], 3), _fmt(st["wait_fraction"], 3)]
         lines.append("| " + " | ".join(cells) + " |")

@@ -66,7 +66,9 @@ def build_summary(cfg: RunConfig, out: Path, *, interrupted: bool = False, kille
     # DDP has no staleness and no clock gap to measure (every rank steps on the same all-reduced
     # gradient): they are None there, not a 0 that reads like a measurement.
     measured = not cfg.is_allreduce
-    staleness = [r["staleness"] for r in rows if r.get("pushed", True)] if measured else []  # pushes only
+    # pushes only; a fragment push never answered (an interrupted worker's last) has None: not measured
+    staleness = [r["staleness"] for r in rows if r.get("pushed", True) and r["staleness"] is not None] \
+        if measured else []
     samples = None if any(w["samples"] is None for w in workers) else sum(w["samples"] for w in workers)
     ended = {"complete": False, "interrupted": True, "steps_done": len(rows)} if interrupted else {"complete": True}
     summary = {

@@ -3,7 +3,8 @@ its lead over the runner-up is larger than the spread of the repeats.
 
 The rule: with means m1 < m2 and sample standard deviations s1, s2 over repeats, the first is a clear
 winner when m2 - m1 > s1 + s2 (the mean ± std intervals do not overlap). One repeat has no spread, so it
-never names a winner. A variant that reached the target in every repeat beats one that did not.
+never names a winner. A variant that reached the target in every repeat beats one that did not; a repeat
+that diverged (its held-out loss NaN or Inf) never reached it (experiments/collect.py).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def _shown(stat: Stat) -> str:
 def winner_lines(summaries: list[VariantSummary], target: str) -> list[str]:
     """One paragraph: the winner (or that there is none), the order, and who missed the target."""
     reached = sorted((s for s in summaries if _ttt(s).mean is not None), key=lambda s: _ttt(s).mean)
-    missed = [f"`{s.variant}` ({s.target_reached}/{s.repeats} repeats)"
+    missed = [f"`{s.variant}` ({s.target_reached}/{s.repeats} repeats{f', {s.diverged} diverged' if s.diverged else ''})"
               for s in summaries if _ttt(s).mean is None and s.repeats]
     empty = [f"`{s.variant}`" for s in summaries if not s.repeats]
     tail = [f"No finished runs: {', '.join(empty)}."] if empty else []

@@ -175,12 +175,17 @@ class WorkerMetrics:
         if row["loss"] is not None:
             self.loss.set(row["loss"])
         if row.get("pushed", True):  # a local step (--local-steps) pushed nothing: no staleness
-            self.staleness.observe(row["staleness"])
+            if row["staleness"] is not None:  # a fragment push's comes with its answer: observe_staleness
+                self.staleness.observe(row["staleness"])
             self.pushes.inc()
         self.compute_seconds.inc(compute)
         self.communication_seconds.inc(comm)
         self.wait_seconds.inc(wait)
         self.step_seconds.observe(compute + comm + wait)
+
+    def observe_staleness(self, staleness: int) -> None:
+        """A fragment push (streaming DiLoCo) was answered after its step's row: its staleness."""
+        self.staleness.observe(staleness)
 
     def observe_round(self, pseudo_grad_norm: float, next_local_steps: int) -> None:
         """A round of local steps was pushed (--local-steps): its pseudo-gradient's norm, and the

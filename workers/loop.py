@@ -15,6 +15,7 @@ from torch.nn.utils import parameters_to_vector
 
 from psrv.config import WorkerConfig
 from psrv.worker import Worker
+from psrv.worker.inner_step import inner_step
 from psrv.worker.steplog import StepLog
 from psrv.workers.faults import FaultInjector
 from psrv.workers.evals import record_eval, record_final, record_initial
@@ -81,8 +82,8 @@ def train(cfg: WorkerConfig, *, log: StepLog | None = None, progress=None) -> di
                 batch = next(batches)
                 loss = job.loss_of(model, batch)
                 loss.backward()  # psrv.Worker sends each shard's gradient as soon as it is final
-                if inner is not None:
-                    inner.step()  # local steps: the inner step; ps.step() pushes every cfg.local_steps
+                if inner is not None:  # local steps: the inner step; ps.step() pushes every cfg.local_steps
+                    inner_step(inner)  # a NaN gradient leaves the inner optimizer's state as it was
                 faults.compute(step, time.perf_counter() - t0)
                 t1 = time.perf_counter()
                 faults.before_send()
@@ -91,7 +92,8 @@ def train(cfg: WorkerConfig, *, log: StepLog | None = None, progress=None) -> di
                 log.row(step=step, loss=loss, compute_seconds=t1 - t0,
                         communication_seconds=max(0.0, t2 - t1 - info.waited),
                         wait_seconds=min(info.waited, t2 - t1), batch_size=batch_size_of(batch),
-                        staleness=info.staleness, pushed=info.pushed)  # with local steps, every H-th pushes
+                        staleness=info.staleness, pushed=info.pushed,  # with local steps, every H-th pushes
+                        answered=info.answered)  # fragments: an earlier push's staleness, into its row
                 if inner is not None and info.pushed:
                     log.pushed_round(ps.pseudo_grad_norms[-1], ps.next_local_steps)
                 if progress is not None:

@@ -20,9 +20,9 @@ then treats it as non-finite (--nonfinite), an empty or finite piece too.
 
 Every push of a sync clock must carry the same fragment (the workers sync them in one order); a push of
 another fragment, or a whole push, into a clock open with a fragment is refused, NOT_ALLOWED. The
-per-fragment optimizer states are not in the shard's checkpoint: a restored shard restarts them from zero.
-A backup that joins gets them with the shard's state (`state_dict`; psrv/server/replicas.py), so a failover
-loses none.
+per-fragment optimizer states are in the shard's state (`state_dict`, psrv/server/snapshot.py), so a checkpoint
+holds them (a --resume goes on with each fragment's lr schedule) and a backup that joins gets them, so a
+failover loses none.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ from. state_dict and load_state_dict compose and rebuild its parts (psrv/server/
 checkpoint is copied on the loop and written by a thread (psrv/server/checkpointing.py), the final one
 waited for; so is one a CHECKPOINT request asks for (AdminCheckpoints), answered when its write is done.
 A mixin of ShardService, whose attributes it reads: cfg, shard, plan_hash, plans, controller,
-dedup, liveness, transport, stats, writer, now, resumed_from, stopped, admin_checkpoints, and its
+dedup, liveness, fragments, transport, stats, writer, now, resumed_from, stopped, admin_checkpoints, and its
 `_reply` and `_refuse`."""
 from __future__ import annotations
 
@@ -22,14 +22,14 @@ class ShardPersistence:
         if self.shard is None:
             raise ValueError("a shard has no state before its first HELLO (which brings its size)")
         return snapshot.compose(self.cfg, snapshot.Parts(self.plan_hash, self.shard, self.controller,
-                                                         self.dedup, self.liveness))
+                                                         self.dedup, self.liveness, self.fragments))
 
     def load_state_dict(self, state: dict, *, source: str = "state dict") -> None:
         """Carry on from `state` (a state_dict of this job's shard): every part is built and checked
         first, then swapped in at once; CheckpointError, with nothing changed, if it does not fit."""
         fresh = Liveness(timeout=self.liveness.timeout, join_timeout=self.liveness.join_timeout, now=self.now)
         parts = snapshot.build(state, self.cfg, liveness=fresh, source=source)
-        self.plan_hash, self.shard, self.controller, self.dedup, self.liveness = parts
+        self.plan_hash, self.shard, self.controller, self.dedup, self.liveness, self.fragments = parts
         self.plans.resumed(self.plan_hash)
         self.shard.param.data = self.transport.share(self.shard.param.data)
         self.resumed_from = self.shard.version

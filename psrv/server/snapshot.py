@@ -4,21 +4,28 @@ The dict's keys: the job it belongs to (JOB_KEYS), "plan_hash" and "size" (the p
 hash, this shard's length), then each part's own state_dict: "shard_state" (Shard: parameters,
 optimizer state, version, the open clock's sum, the update rule's state: DC-ASGD's pulled weights
 per worker and its mean square), "controller" (active set, clocks, sync's open
-clock), "dedup" (each worker's last accepted push and its answer), "liveness" (who left, who was lost).
+clock), "dedup" (each worker's last accepted push and its answer), "liveness" (who left, who was lost),
+"fragments" (streaming DiLoCo's per-fragment outer optimizers: each one's state, version and so its lr
+schedule; psrv/server/fragments.py). A checkpoint written before it held "fragments" loads with none: each
+fragment's optimizer then starts afresh at its next push (its state zero, its schedule at update 0), and the
+shard says so in one log line.
 """
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, NamedTuple
 
 from psrv.checkpoint import CheckpointError
 from psrv.server.consistency import Controller, make_controller
 from psrv.server.dedup import Dedup
+from psrv.server.fragments import FragmentShards
 from psrv.server.liveness import Liveness
 from psrv.server.shard import Shard
 
 if TYPE_CHECKING:
     from psrv.config import ServerConfig
 
+log = logging.getLogger("psrv.server")
 JOB_KEYS = ("shard", "num_shards", "workers", "mode", "optimizer")
 
 
@@ -30,6 +37,7 @@ class Parts(NamedTuple):
     controller: Controller
     dedup: Dedup
     liveness: Liveness
+    fragments: FragmentShards
 
 
 def job(cfg: "ServerConfig") -> dict:
@@ -41,7 +49,8 @@ def job(cfg: "ServerConfig") -> dict:
 def compose(cfg: "ServerConfig", parts: Parts) -> dict:
     return {**job(cfg), "plan_hash": parts.plan_hash, "size": parts.shard.size,
             "shard_state": parts.shard.state_dict(), "controller": parts.controller.state_dict(),
-            "dedup": parts.dedup.state_dict(), "liveness": parts.liveness.state_dict()}
+            "dedup": parts.dedup.state_dict(), "liveness": parts.liveness.state_dict(),
+            "fragments": parts.fragments.state_dict()}
 
 
 def build(state: dict, cfg: "ServerConfig", *, liveness: Liveness, source: str) -> Parts:
@@ -66,7 +75,13 @@ def build(state: dict, cfg: "ServerConfig", *, liveness: Liveness, source: str) 
         dedup = Dedup()
         dedup.load_state_dict(state["dedup"])
         liveness.load_state_dict(state["liveness"])
+        fragments = FragmentShards()
+        if "fragments" in state:
+            fragments.load_state_dict(state["fragments"], shard)
+        else:
+            log.info("shard %d: %s holds no per-fragment outer optimizers (written before they were kept): "
+                     "under streaming DiLoCo each fragment's optimizer and lr schedule start afresh", cfg.shard, source)
     except (AttributeError, KeyError, TypeError, ValueError, RuntimeError) as exc:
         raise CheckpointError(f"{source} is incomplete or inconsistent: {type(exc).__name__}: {exc}") from None
     liveness.restart_clocks(controller.active)
-    return Parts(plan_hash, shard, controller, dedup, liveness)
+    return Parts(plan_hash, shard, controller, dedup, liveness, fragments)

@@ -3,7 +3,8 @@ local_rounds.py and its compression's state in compression_state.py), what its k
 environment and the shards (keywords.py) and what its step() returns (step_info.py), the client that
 talks to every shard (client.py), its push messages (push_messages.py) and its round trips
 (roundtrip.py), the admin client (admin.py), the flat buffers (flat.py), overlap with backward
-(overlap.py), the step record (steplog.py), the heartbeat (heartbeat.py), and the worker's halves of
+(overlap.py), the step record (steplog.py), the heartbeat (heartbeat.py), local steps' inner step that a
+NaN gradient does not poison (inner_step.py), and the worker's halves of
 1-bit Adam (onebit.py) and momentum correction (momentum_correction.py).
 
 `Worker` and `StepInfo` are imported on first use, so importing one of these modules does not import

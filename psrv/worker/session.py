@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import math
 import time
 from typing import Sequence
 
@@ -199,6 +200,7 @@ class Worker(LocalRounds, CompressionState, RecordedWorker):
             if local_steps is not None else None
         self.fragments, self.outer_dtype = fragments, outer_dtype
         self._stream: StreamingOuter | None = None  # fragments > 1: streaming DiLoCo
+        self._answered_at_close: list[tuple[int, int]] = []  # its fragment push close() merged: (step, staleness)
         self.pseudo_grad_norms: list[float] = []  # one per push with local_steps
         self._pulled: torch.Tensor | None = None  # the weights last pulled (local_steps)
         try:
@@ -327,11 +329,14 @@ class Worker(LocalRounds, CompressionState, RecordedWorker):
 
     def totals(self) -> dict:
         """What a worker record counts of this worker at its end: early sends, the wire bytes and, with
-        local steps, each push's pseudo-gradient norm and inner steps."""
+        local steps, each push's pseudo-gradient norm and inner steps; with fragments, `answered`: the
+        staleness of the fragment push close() merged, for its step's row (StepLog.record)."""
         local = {} if self.local_steps is None else {
             "local_steps": self.local_steps, "pseudo_grad_norms": list(self.pseudo_grad_norms),
             "inner_steps_per_push": self.inner_steps_per_push, "fragments": self.fragments,
             "outer_dtype": self.outer_dtype}
+        if self._stream is not None:
+            local["answered"] = list(self._answered_at_close)
         return {"early_sends": self.early_sends, **self.wire_bytes(), **local}
 
     # --- mechanics ----------------------------------------------------------
@@ -355,7 +360,7 @@ class Worker(LocalRounds, CompressionState, RecordedWorker):
             self._log.row(step=info.step, loss=loss, compute_seconds=max(0.0, started - self._returned),
                           communication_seconds=max(0.0, info.seconds - info.waited),
                           wait_seconds=min(info.waited, info.seconds), batch_size=batch_size,
-                          staleness=info.staleness, pushed=info.pushed)
+                          staleness=info.staleness, pushed=info.pushed, answered=info.answered)
         if self._evals.due(self.steps):
             self._evals.run(self.steps)
         self._returned = time.perf_counter()
@@ -364,6 +369,10 @@ class Worker(LocalRounds, CompressionState, RecordedWorker):
         if self._pulled is not None:  # the pseudo-gradient w_pulled - w_now goes where the gradient would
             torch.sub(self._pulled, self._flat.params, out=self._flat.grads)
             self.pseudo_grad_norms.append(float(self._flat.grads.norm()))
+            if not math.isfinite(self.pseudo_grad_norms[-1]):  # the pull below brings back finite weights
+                log.warning("worker %d: the push at step %d has NaN or Inf (an inner step on a non-finite gradient); "
+                            "the shards' --nonfinite decides, and this worker goes on from the weights it pulls",
+                            self.rank, self.steps)
         if self._clip_here:  # no early sends then: the whole gradient is here
             clip_flat_(self._flat.grads, self.clip_grad_norm)
         pushing, self._pushing = self._begin(), None

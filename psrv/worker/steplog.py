@@ -36,7 +36,9 @@ ROW = {  # a step-log row's columns; staleness and pushed only where a step push
     "worker": "the rank",
     "step": "the step's index (an inner step's, with local steps)",
     "loss": "the training loss of the step's batch; None where the loop did not say",
-    "staleness": "PS workers: the push's worst staleness (shard version applied - version computed on)",
+    "staleness": "PS workers: the push's worst staleness (shard version applied - version computed on); 0 where "
+                 "the step pushed nothing; a fragment push's (streaming DiLoCo) is filled in when its answer "
+                 "is merged, a step later or at close(), and stays None where it never came",
     "compute_seconds": "forward and backward (and emulated compute)",
     "communication_seconds": "sending, the update and the pull (all-reduce: the collective and the step)",
     "wait_seconds": "held back for the other workers (sync barrier, SSP bound, the slowest rank)",
@@ -150,8 +152,11 @@ class StepLog:
             self._loop[1] = time.time()
 
     def row(self, *, step: int, loss, compute_seconds: float, communication_seconds: float,
-            wait_seconds: float, batch_size: int | None, **pushes) -> dict:
-        """Log a step: `pushes` are staleness and pushed, where the step pushes to shards."""
+            wait_seconds: float, batch_size: int | None, answered: tuple[int, int] | None = None,
+            **pushes) -> dict:
+        """Log a step: `pushes` are staleness and pushed, where the step pushes to shards; `answered`
+        (StepInfo.answered): (step, staleness) of an earlier fragment push answered in this one, written
+        into that step's row."""
         if isinstance(loss, torch.Tensor):
             loss = loss.detach().item()
         given = {"wall_time": time.time(), "worker": self.rank, "step": step,
@@ -166,7 +171,17 @@ class StepLog:
             self.metrics.observe_step(row)
         if self.files.progress is not None and len(self.rows) % _EVERY == 0:
             self.files.progress.write_text(str(len(self.rows)))
+        if answered is not None:
+            self._answered(*answered)
         return row
+
+    def _answered(self, step: int, staleness: int) -> None:
+        """The push of `step`'s row was answered (a fragment push's answer, merged later): its staleness."""
+        row = next((r for r in reversed(self.rows) if r["step"] == step), None)
+        if row is not None and row.get("staleness", 0) is None:
+            row["staleness"] = staleness
+            if self.metrics is not None:
+                self.metrics.observe_staleness(staleness)
 
     def pushed_round(self, pseudo_grad_norm: float, next_local_steps: int) -> None:
         """Local steps: a round was pushed (for the metrics)."""
@@ -184,8 +199,11 @@ class StepLog:
         """An evaluation between steps took `seconds`: train_seconds leaves them out."""
         self.fields["eval_seconds"] += seconds
 
-    def record(self, *, interrupted: bool = False, **fields) -> dict:
-        """The record: the fields described, `fields` (declared in RECORD), and what the rows say."""
+    def record(self, *, interrupted: bool = False, answered: list[tuple[int, int]] = (), **fields) -> dict:
+        """The record: the fields described, `fields` (declared in RECORD), and what the rows say, with the
+        staleness of the fragment pushes `answered` at close() (psrv.Worker.totals()) in their rows."""
+        for step, staleness in answered:
+            self._answered(step, staleness)
         rows = self.rows
         sizes = {r["batch_size"] for r in rows}
         known = None not in sizes  # samples only when every step said its batch size
@@ -198,7 +216,7 @@ class StepLog:
                   "train_seconds": max(0.0, (ended or time.time()) - began - self.fields["eval_seconds"]),
                   "wall_seconds": time.time() - self.started, "max_rss_bytes": peak_rss_bytes()}
         if "plan_hash" in self.fields:  # a PS worker's
-            record["max_staleness"] = max((r["staleness"] for r in rows), default=0)
+            record["max_staleness"] = max((r["staleness"] for r in rows if r["staleness"] is not None), default=0)
         if "pseudo_grad_norms" in fields:
             record.update(pushes=len(fields["pseudo_grad_norms"]), inner_steps=len(rows))
         record.update(fields)

@@ -20,8 +20,14 @@ feedback); the servers dequantise and average in float32.
 Under compressed pulls (`compress_pull`, psrv/worker/pull_view.py) θ'_global,f comes as the compressed change
 of f's weights since this worker's copy of them, with the residual kept on each shard (psrv/server/pulls.py):
 θ'_global,f is then f's part of the copy, brought up to date.
+
+A model with NaN or Inf at a fragment push (an inner step on a non-finite gradient) pushes that fragment
+marked non-finite (the shards' --nonfinite decides) and restarts every fragment from its weights last synced,
+saying so in one log line: else the other fragments' next pushes, and every merge (half NaN), would be NaN too.
 """
 from __future__ import annotations
+
+import logging
 
 import torch
 
@@ -34,6 +40,7 @@ from psrv.worker.fragments import Fragments
 from psrv.local_period import base_steps
 from psrv.worker.roundtrip import Reply, RoundTrip
 
+log = logging.getLogger("psrv.worker")
 MIX = 0.5  # α: the local weights' share in a merged fragment
 CODECS = {"int8": Int8, "fp4": Fp4}
 
@@ -51,19 +58,21 @@ class StreamingOuter:
         self.cast = torch.bfloat16 if outer_dtype == "bfloat16" else None
         self.pushes = pushes  # fragment pushes sent (from the run's start): the next is fragment pushes % F
         self.norms = [] if norms is None else norms  # each push's pseudo-gradient norm, appended
-        self._flight: tuple[int, RoundTrip] | None = None
+        self._flight: tuple[int, RoundTrip, int | None] | None = None  # fragment, round trip, the pushing step
 
     @property
     def in_flight(self) -> bool:
         return self._flight is not None
 
-    def send(self, clock: int) -> None:
-        """Push the next fragment's pseudo-gradient at `clock` and return at once (merge() takes the answer)."""
+    def send(self, clock: int, *, step: int | None) -> None:
+        """Push the next fragment's pseudo-gradient at `clock` and return at once (merge() takes the answer).
+        `step`: the step whose row the push is (None: close()'s last push, which has no row)."""
         assert self._flight is None, "a fragment push is in flight: merge() it first"
         frags, f = self.fragments, self.pushes % self.fragments.count
         delta = frags.gather(f, self.pulled).sub_(frags.gather(f, self.params))
         self.norms.append(float(delta.norm()))
         marked = {} if finite(delta) else {"nonfinite": True}  # every shard refuses or drops it alike
+        restart = bool(marked) or not finite(self.params)  # NaN or Inf anywhere: every fragment's next push too
         msgs = []
         for s, (a, b) in enumerate(frags.bounds[f]):
             fields = {"fragment": frags.shard_ranges(f, s), **marked, **self.client.pull_fields(s)}
@@ -75,12 +84,18 @@ class StreamingOuter:
                 tensor = tensor.to(self.cast)
             msgs.append(self.client.message(MsgType.PUSH_PULL, clock=clock, base_version=self.client.versions[s],
                                             fields=fields, tensor=tensor, parts=parts))
-        self._flight = (f, self.client.send_round(msgs))
+        self._flight = (f, self.client.send_round(msgs), step)
         self.pushes += 1
+        if restart:  # one NaN costs this push alone (docs/compression.md, "A non-finite gradient")
+            log.warning("worker %d: the model has NaN or Inf at fragment %d's push (step %s)%s; every fragment "
+                        "restarts from its weights last synced", self.client.worker, f, step,
+                        ": the push is marked non-finite and the shards' --nonfinite decides" if marked else "")
+            self.params.copy_(self.pulled)
 
-    def merge(self) -> Reply:
-        """Wait for the fragment in flight's answer and mix it into the model (module docstring)."""
-        (f, rt), self._flight = self._flight, None
+    def merge(self) -> tuple[Reply, int | None]:
+        """Wait for the fragment in flight's answer and mix it into the model (module docstring); the answer
+        and the step that pushed it (send's `step`), whose row its staleness belongs to."""
+        (f, rt, step), self._flight = self._flight, None
         reply, replies = self.client.finish_round(rt)
         frags, view = self.fragments, self.client.pull_view
         if view is None:  # a copy: frames may be reused
@@ -91,7 +106,7 @@ class StreamingOuter:
         local = frags.gather(f, self.params).mul_(MIX).add_(fresh, alpha=1 - MIX)
         frags.scatter(f, local, self.params)
         frags.scatter(f, fresh, self.pulled)
-        return reply
+        return reply, step
 
 
 def outer_wire(local_steps: int | str | None, fragments: int, outer_dtype: str, *, wire_dtype: str, compress: str,

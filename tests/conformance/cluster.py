@@ -23,7 +23,8 @@ from psrv.worker.client import PSError
 from psrv.config import RunConfig
 from psrv.protocol import MsgType
 from psrv.server.run import Server
-from psrv.worker import StepInfo, Worker
+from psrv.worker import Worker
+from psrv.worker.steplog import StepLog
 from tests.conformance import job as tiny
 
 TIMEOUT = 60.0
@@ -31,11 +32,12 @@ TIMEOUT = 60.0
 
 @dataclass
 class Outcome:
-    """What a run left: rank 0's final weights, each shard's summary, each worker's steps and errors."""
+    """What a run left: rank 0's final weights, each shard's summary, each worker's step rows
+    (psrv/worker/steplog.py ROW, as its record holds them) and errors."""
 
     params: torch.Tensor
     shards: list[dict]
-    steps: dict[int, list[StepInfo]] = field(default_factory=dict)
+    steps: dict[int, list[dict]] = field(default_factory=dict)
     errors: dict[int, PSError] = field(default_factory=dict)
     early_sends: dict[int, int] = field(default_factory=dict)  # shard pushes sent during backward
     backups: list["BackupRecord"] = field(default_factory=list)
@@ -206,6 +208,7 @@ def _worker(cfg: RunConfig, rank: int, job, addresses: list[str], *, turns: Turn
     model = job.model
     batches = job.batches_for(rank=rank, world_size=w.world_size, batch_size=w.job.batch_size, seed=cfg.seed)
     inner = torch.optim.SGD(model.parameters(), lr=w.inner_lr) if w.local_updates else None
+    log = StepLog()  # the rows, with each fragment push's staleness once answered
     ps = Worker(model, w.servers, rank=rank, world_size=w.world_size, transport=w.transport,
                 timeout=w.request_timeout, wire_dtype=w.wire_dtype, overlap=w.overlap,
                 clip_grad_norm=w.clip_grad_norm, local_steps=w.local_steps if w.local_updates else None,
@@ -214,8 +217,9 @@ def _worker(cfg: RunConfig, rank: int, job, addresses: list[str], *, turns: Turn
                 momentum_correction=w.momentum_correction, momentum_masking=w.momentum_masking,
                 compress_warmup=w.compress_warmup, sign_scale=w.sign_scale,
                 shared_memory=w.shared_memory, bulk=w.bulk, push_chunk_mb=w.push_chunk_mb,
-                compress_pull=w.compress_pull, pull_error_feedback=w.pull_error_feedback, pull_resync=w.pull_resync)
-    steps = out.steps.setdefault(rank, [])
+                compress_pull=w.compress_pull, pull_error_feedback=w.pull_error_feedback, pull_resync=w.pull_resync,
+                step_log=log)
+    out.steps[rank] = log.rows
     # a push may wait for the next worker's (sync with backup workers); a fragment push (streaming DiLoCo)
     # returns before it is handled: either way the turn passes once the shards have handled it
     streaming = w.fragments > 1
@@ -231,7 +235,7 @@ def _worker(cfg: RunConfig, rank: int, job, addresses: list[str], *, turns: Turn
             pushes = not w.local_updates or (step + 1) % (w.local_steps // w.fragments) == 0
             handled = Handled(addresses, turns, ticket) if hand_off and pushes else None
             try:
-                steps.append(ps.step())
+                ps.step()
             except PSError as exc:  # refused (--nonfinite reject): psrv.Worker has left its shards
                 out.errors[rank] = exc
                 return parameters_to_vector(model.parameters()).detach().clone()

@@ -10,8 +10,12 @@ tests/conformance/cluster.py fixes.
   absmax per block of 1024 from the piece's start, ref_codecs.py); no error feedback.
 - The answer is f's servers' weights when the push's pull is answered (at once in async and ssp; in sync
   once its clock is stepped), and is merged at the worker's next step: local_f <- local_f / 2 + answer / 2,
-  and the answer becomes f's base. Its push's staleness is what that step reports.
+  and the answer becomes f's base. Its push's staleness is its pushing step's row's, filled in then (or at the
+  end, close()'s merge); a step that pushes nothing has 0, and a push never answered (refused) None.
 - A refused push (--nonfinite reject) surfaces at that next step: the worker stops there.
+- A worker whose weights have NaN or Inf anywhere at a push (an inner step on a NaN gradient) pushes its
+  fragment as it is (non-finite where the NaN reached it) and restarts every fragment from its last sync, so
+  one NaN costs one push.
 - Compressed pulls (DoubleSqueeze, Tang et al. 2019; DORE, Liu et al. 2020), per fragment: the answer is the
   worker's copy of f brought to copy_f + C(w_f - r_f), per shard piece of f with the pulls' codec (small
   tensors exactly), where r_f is the shards' mirror of that copy with error feedback and the fragment's
@@ -62,25 +66,29 @@ class StreamingReference(Reference):
             for p in wk.model.parameters():
                 p.add_(p.grad, alpha=-self.inner_lr)
 
-    def _merge(self, wk: _Worker) -> int:
-        """The answer of the worker's last push mixed in; the staleness that push reports."""
+    def _merge(self, wk: _Worker) -> None:
+        """The answer of the worker's last push mixed in; its staleness into its pushing step's row."""
         if wk.flight is None:
-            return 0
-        f, answer, staleness, base = wk.flight
+            return
+        f, answer, staleness, base, row = wk.flight
+        self.step_staleness[wk.rank][row] = staleness
         wk.flight = None
         ix, local = self.index[f], wk.flat()
         local[ix] = local[ix].mul(0.5).add(answer, alpha=0.5)
         vector_to_parameters(local, wk.model.parameters())
         wk.pulled[ix] = answer
         wk.base = base
-        return staleness
 
     def _delta(self, wk: _Worker) -> tuple[int, torch.Tensor, bool]:
         """(the fragment pushed, what the shards receive, finite)."""
         f = wk.pushes % self.fragments
         wk.pushes += 1
-        ix = self.index[f]
-        d = wk.pulled[ix] - wk.flat()[ix]
+        wk.row = len(self.step_staleness[wk.rank]) - 1  # this step's row: its staleness comes with the answer
+        self.step_staleness[wk.rank][wk.row] = None
+        ix, local = self.index[f], wk.flat()
+        d = wk.pulled[ix] - local[ix]
+        if not bool(torch.isfinite(local).all()):  # NaN anywhere: every fragment restarts from its last sync
+            vector_to_parameters(wk.pulled.clone(), wk.model.parameters())
         if not bool(torch.isfinite(d).all()):
             return f, d, False
         if self.outer in ("float32", "bfloat16"):
@@ -91,7 +99,7 @@ class StreamingReference(Reference):
         return f, out, True
 
     def _answer(self, wk: _Worker, f: int, staleness: int) -> None:
-        wk.flight = (f, self._fragment_pull(wk, f), staleness, self.k)
+        wk.flight = (f, self._fragment_pull(wk, f), staleness, self.k, wk.row)
 
     def _fragment_pull(self, wk: _Worker, f: int) -> torch.Tensor:
         """What the answer to wk's pull of fragment f brings: its weights, or the worker's copy of them brought
@@ -123,7 +131,8 @@ class StreamingReference(Reference):
         if wk.refused_now:
             wk.alive = False
             return False
-        self.step_staleness[wk.rank].append(self._merge(wk))
+        self._merge(wk)
+        self.step_staleness[wk.rank].append(0)
         return True
 
     # --- the run ---------------------------------------------------------------------------
@@ -139,6 +148,9 @@ class StreamingReference(Reference):
                 for rank in order(step, [w.rank for w in self.workers]):
                     if rank in by_rank and by_rank[rank].alive:
                         self._turn(by_rank[rank], step)
+        for wk in self.workers:  # close(): the answer in flight
+            if wk.alive and not wk.refused_now:
+                self._merge(wk)
         lr_scales = sum((m.lr_scales for m in self.maths), start=type(self.maths[0].lr_scales)())
         return Expected(self.weights(), {**self.counts, "dropped": dict(self.counts["dropped"])}, self.hist,
                         self.step_staleness, self.refused, dict(lr_scales))

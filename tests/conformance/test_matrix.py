@@ -14,12 +14,12 @@ each run for real (tests/conformance/cluster.py) and held against:
 - the counts: every shard's pushes, pushes applied, updates and drops by reason, its staleness
   histogram and the lr scale its update rule gave each update, equal to the reference's recount of the
   same run, the summary's own sums consistent
-  (pushes = applied + dropped), and every step's staleness as the worker saw it.
+  (pushes = applied + dropped), and every step's staleness as the worker's step rows hold it (a fragment
+  push's in its own row, once answered).
 """
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -73,7 +73,7 @@ def check(case: dict, got: Outcome | None = None) -> None:
     if case["plane"] != "inline":  # the plane must really have carried the tensors, or the case tests nothing
         carried = [s.get("payload_bytes", {}).get(case["plane"], 0) for s in got.shards]
         assert all(carried), f"the {case['plane']} plane carried {carried} bytes per shard"
-    seen = {r: [i.staleness for i in infos] for r, infos in got.steps.items()}
+    seen = {r: [row["staleness"] for row in rows] for r, rows in got.steps.items()}
     assert seen == {r: v for r, v in want.step_staleness.items()}, f"step staleness {seen} != {want.step_staleness}"
     assert bool(torch.isfinite(got.params).all()), "rank 0's weights are not finite"
     gap = (got.params - want.params).abs().max().item()
@@ -134,10 +134,7 @@ def test_rpc_pairs(case, tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     psrv_run(out, "--config", str(config), timeout=100)
     shards = [json.loads((out / f"server-{s}.json").read_text()) for s in range(case["shards"])]
-    steps = {}
-    for r in range(workers_of(case)):
-        rows = json.loads((out / f"worker-{r}.json").read_text())["step_log"]
-        steps[r] = [SimpleNamespace(staleness=row["staleness"]) for row in rows]
+    steps = {r: json.loads((out / f"worker-{r}.json").read_text())["step_log"] for r in range(workers_of(case))}
     backups = [BackupRecord(shard=b["shard"], address=b["address"], summary=b, state=None, primary_state=None)
                for b in map(json.loads, (p.read_text() for p in sorted(out.glob("backup-*-*.json"))))]
     check(case, Outcome(params=torch.load(out / "params.pt"), shards=shards, steps=steps, backups=backups))

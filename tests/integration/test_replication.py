@@ -42,8 +42,8 @@ def test_a_backup_holds_exactly_the_primary_state(mode, workers, optimizer, drop
 def test_a_backup_that_joins_while_workers_push_catches_up_from_the_state(pull, fragments, tmp_path):
     """pull: compressed pulls, whose per-worker copies (mirror, number, random-k's stream) travel with the
     state; without them the backup would refuse the workers' next pull as from an unknown copy, and miss
-    the push that came with it. fragments: streaming DiLoCo, whose per-fragment outer optimizers (not in a
-    checkpoint) travel with the state too; without them the backup would step each fragment's momentum
+    the push that came with it. fragments: streaming DiLoCo, whose per-fragment outer optimizers (in the
+    checkpoint state) travel with the state too; without them the backup would step each fragment's momentum
     from zero. Both: which fragments each mirror knows and their pulls since dense travel as well."""
     primary = _shard("sync", workers=2, witness=tmp_path)
     started, go = threading.Event(), threading.Event()

@@ -4,6 +4,9 @@ inner steps by its own outer Nesterov, its answer mixed half and half into the l
 later; the pseudo-gradients quantised as the outer dtype says); --fragments 1 --outer-dtype float32 is plain
 DiLoCo bit for bit; async local SGD with delayed Nesterov learns with fragments. Runs in threads
 (tests/threaded_run.py): these are about what is computed, not about processes."""
+import json
+from collections import Counter
+
 import pytest
 import torch
 
@@ -137,3 +140,19 @@ def test_bad_combinations_are_refused_in_one_line():
         psrv.Worker(torch.nn.Linear(2, 1), ["tcp://127.0.0.1:9"], rank=0, world_size=1, local_steps=4, fragments=4)
     with pytest.raises(ValueError, match=r"^fragments 3 must divide local_steps 4"):
         psrv.Worker(torch.nn.Linear(2, 1), ["tcp://127.0.0.1:9"], rank=0, world_size=1, local_steps=4, fragments=3)
+
+
+@pytest.mark.timeout(60)
+def test_each_fragment_push_has_its_staleness_in_its_own_row(tmp_path):
+    # H/F = 2: a fragment push's answer is merged at the next step, which pushes nothing. Its staleness once
+    # landed on that step's row, and the summary (pushing rows only) said 0 beside a shard histogram of mean 0.9.
+    summary = threaded_run(tmp_path, "--job", "tests/conformance/job.py:tiny", "--mode", "async", "--workers", "2",
+                           "--servers", "1", "--steps", "16", "--batch-size", "16", "--local-steps", "4",
+                           "--fragments", "2", "--inner-optimizer", "sgd", "--inner-lr", "0.05")
+    hist = Counter({int(k): v for k, v in json.loads((tmp_path / "server-0.json").read_text())["staleness_histogram"].items()})
+    rows = [r for w in range(2) for r in json.loads((tmp_path / f"worker-{w}.json").read_text())["step_log"]]
+    assert max(hist) > 0, hist  # two workers pushing in turn: a push is stale by the other's
+    assert Counter(r["staleness"] for r in rows if r["pushed"]) == hist  # 16 steps: every push has a row
+    assert all(r["staleness"] == 0 for r in rows if not r["pushed"]), rows
+    assert summary["max_staleness"] == max(hist), summary
+    assert summary["mean_staleness"] == pytest.approx(sum(k * v for k, v in hist.items()) / 16), summary

@@ -104,7 +104,7 @@ def test_a_service_carries_on_from_its_state_dict_exactly(mode, optim):
 def test_a_state_dict_is_plain_data_that_survives_torch_save():
     state = trained("sync", ADAM).svc.state_dict()
     assert set(state) == {"shard", "num_shards", "workers", "mode", "optimizer", "plan_hash", "size",
-                          "shard_state", "controller", "dedup", "liveness"}
+                          "shard_state", "controller", "dedup", "liveness", "fragments"}
     import io
     buf = io.BytesIO()
     torch.save(state, buf)
