@@ -71,6 +71,9 @@ def build_summary(cfg: RunConfig, out: Path, *, interrupted: bool = False, kille
         if measured else []
     samples = None if any(w["samples"] is None for w in workers) else sum(w["samples"] for w in workers)
     ended = {"complete": False, "interrupted": True, "steps_done": len(rows)} if interrupted else {"complete": True}
+    if not interrupted and not cfg.job.script and not rank0:  # its last life never joined (killed, restarted late)
+        ended = {"complete": False, "interrupted": False, "steps_done": len(rows),
+                 "cause": "rank 0 wrote no record (so no params.pt): it died and was not brought back in time"}
     summary = {
         **ended,
         "mode": cfg.mode, "staleness": cfg.staleness if cfg.mode == "ssp" else 0, "transport": _transport(cfg),
@@ -198,6 +201,8 @@ def format_summary(s: dict) -> str:
         return "n/a" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
     local = ("inner_steps", "pushes_per_sample", "pseudo_grad_norm")  # shown for local-steps runs only
     rows = [(k, s.get(k)) for k in keys if k in s or k not in local]
+    if s.get("cause"):  # a run that ended without what it should have written says so first
+        rows.insert(0, ("incomplete", s["cause"]))
     if s.get("eval_accuracy") is None and s.get("eval_metrics"):  # a job without accuracy: no n/a line
         rows = [row for row in rows if row[0] != "eval_accuracy"]
     at = next(i for i, (k, _) in enumerate(rows) if k == "final_loss") + 1

@@ -13,7 +13,7 @@ from typing import Callable
 from psrv.atomic import write_json
 from psrv.config import RunConfig
 from psrv.experiments.kills import Kills, worker0_steps
-from psrv.experiments.nemesis.targets import configuration
+from psrv.experiments.nemesis.targets import configuration, latest
 
 BAD_INPUT = 2  # psrv's exit code for a ValueError (psrv/cli/main.py): a restart would fail alike
 
@@ -55,6 +55,17 @@ def _to_primaries(out: Path, argv: list[str], shards: int) -> None:
         if primary is not None and (out / f"{primary}.addr").exists():
             servers[k] = f"@{out / f'{primary}.addr'}"
     write_json(path, {**cfg, "servers": servers})
+
+
+def _replicas(out: Path, shards: int) -> dict[str, list[str]]:
+    """Each shard's replicas as its witness names them now, primary first (psrv/worker/client.py reads them from
+    PSRV_REPLICAS): a new life whose HELLO finds the primary it was given dead tries the others."""
+    known = {}
+    for k in range(shards):
+        config = latest(out, k)
+        if config is not None and config.get("primary"):
+            known[str(k)] = [config["primary"], *config.get("backups", [])]
+    return known
 
 
 class WorkerRestarts:
@@ -111,10 +122,11 @@ class WorkerRestarts:
         for kept in (f"{name}.log", f"{name}.progress", f"{name}.json"):
             if (self.out / kept).exists():
                 (self.out / kept).rename(self.out / f"{kept}.{lives + 1}")
+        env = {"PSRV_PREDECESSOR_DEAD": "1"}  # the shards hand it the rank at once (psrv/server/identity.py)
         if self.replicated:
             _to_primaries(self.out, list(old.args), self.replicated)
-        # its command line as launched (experiments/launch.py worker_argv); the shards hand it the rank at once
-        cluster.start(name, list(old.args), env={"PSRV_PREDECESSOR_DEAD": "1"})
+            env["PSRV_REPLICAS"] = json.dumps(_replicas(self.out, self.replicated))  # where to go if that one dies
+        cluster.start(name, list(old.args), env=env)  # its command line as launched (launch.py worker_argv)
         self.done.append({"process": name, "rank": rank, **_how(code), "step": step0,
                           "rank_steps": steps, "wall_s": round(time.monotonic() - self.started, 3),
                           "cause": cause, "life": lives + 2, "joined": None})

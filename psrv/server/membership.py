@@ -112,7 +112,7 @@ class ShardMembership:
             self.liveness.seen(msg.worker, heartbeat=True)
         else:
             fields.update(probe=probe, holding=self.pending.holding(msg.worker, probe)
-                          or self.held.holding(msg.worker, probe))
+                          or self.held.holding(msg.worker, probe), **self.replicas.said())  # its replicas now
         self._reply(peer, Message(MsgType.OK, seq=msg.seq, fields=fields))
 
     def _on_leave(self, peer, msg: Message) -> None:

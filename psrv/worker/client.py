@@ -10,6 +10,7 @@ A push's messages, cast or compressed shard by shard, are made by PushMessages (
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
@@ -37,6 +38,7 @@ from psrv.worker.waiting import LIBRARY_OPTION
 from psrv.transport import ClientTransport, create_client
 
 PREDECESSOR_DEAD = "PSRV_PREDECESSOR_DEAD"  # set by psrv run for a worker it restarted
+REPLICAS = "PSRV_REPLICAS"  # and each shard's replicas then, {shard: [address, ...]}, as JSON
 
 log = logging.getLogger("psrv.worker.client")
 _WORKER, _PLACE = defaults_of(WorkerSettings), defaults_of(Placement)  # the keywords' defaults: one source
@@ -142,6 +144,9 @@ class PSClient(PushMessages):
         # each shard's replicas (`failover`): told by WELCOME, and those the transport knows from the start (the
         # backups of a fixed RPC world, which may join their primary only after this worker's HELLO)
         self.replicas = [[a, *self.net.replicas(s)] for s, a in enumerate(self.servers)]
+        for s, addresses in json.loads(os.environ.get(REPLICAS, "{}")).items():  # psrv run's restarted worker
+            if 0 <= int(s) < len(self.replicas):
+                self.replicas[int(s)] = list(dict.fromkeys([*self.replicas[int(s)], *map(str, addresses)]))
         # zmq sockets are not thread-safe: the heartbeat thread opens its own (rpc has one world per process)
         self._heartbeat_on = heartbeat and transport == "zmq"
         self._heartbeat: Heartbeat | None = None

@@ -227,6 +227,8 @@ class RoundTrip:
             return False
         if reply.type is MsgType.OK and "probe" in reply.fields:
             self.probing[s] = False
+            if isinstance(reply.fields.get("replicas"), list):  # a request held long follows the shard's replicas
+                self.c.heard_replicas(s, reply.fields["replicas"])
             if not reply.fields.get("holding"):  # the request, or its answer, was lost
                 self._resend(s)
             return True

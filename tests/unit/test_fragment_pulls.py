@@ -201,7 +201,7 @@ def test_a_lost_fragment_reply_is_answered_dense_on_the_retry_through_the_real_c
     for clock in range(6):
         params.sub_(0.01 * torch.randn(N, generator=gen))  # the inner steps
         dense = client.pull_view.dense_replies
-        outer.send(clock)
+        outer.send(clock, step=clock)
         outer.merge()
         # the lost one's retry comes dense, and the other fragment's next pull: the shard lost track of the copy
         assert client.pull_view.dense_replies == dense + (clock in (3, 4))
