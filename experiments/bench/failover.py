@@ -23,19 +23,22 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from psrv.config import ServerConfig
 from psrv.server.replication.witness import Witness
 
 P99_GOAL = 2.0  # seconds; the median's goal is the row's (experiments/bench/__main__.py)
-PRELOAD = ["torch", "psrv.cli.main", "psrv.server.run"]  # what every replica would import, once for all
+PRELOAD = ["torch", "psrv.server.run"]  # what every replica would import, once for all
 
 
-def _replica(argv: list[str], log_path: str) -> None:
-    """A forked `psrv serve` (the forkserver's child): its output to `log_path`."""
+def _replica(cfg: ServerConfig, ready: Path, log_path: str) -> None:
+    """A forked replica (the forkserver's child) serving as `psrv serve` does (psrv.server.run.serve): its log
+    to `log_path`, its address to `ready` once bound (a backup's: once it follows)."""
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
-    from psrv.cli.main import main
-    os._exit(main(argv))
+    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s {os.getpid()} %(levelname)s %(name)s: %(message)s")
+    from psrv.server.run import serve
+    serve(cfg, ready_file=ready)
 
 
 class _Moves(logging.Handler):
@@ -73,10 +76,9 @@ class Shard:
         self.started += 1
         name = f"replica-{self.started}"
         ready = self.folder / f"{name}.addr"
-        argv = ["serve", "--bind", "tcp://127.0.0.1:0", "--workers", "1", "--mode", "async", "--witness",
-                str(self.folder / "witness"), "--failure-bound", f"{self.bound:g}", "--ready-file", str(ready),
-                "--log-level", "WARNING", *(["--backup-of", backup_of] if backup_of else [])]
-        proc = self.ctx.Process(target=_replica, args=(argv, str(self.folder / f"{name}.log")), daemon=True)
+        cfg = ServerConfig(workers=1, mode="async", witness=str(self.folder / "witness"), failure_bound=self.bound,
+                           backup_of=backup_of)
+        proc = self.ctx.Process(target=_replica, args=(cfg, ready, str(self.folder / f"{name}.log")), daemon=True)
         proc.start()
         deadline = time.monotonic() + 60
         while not (ready.exists() and ready.read_text().strip()):
