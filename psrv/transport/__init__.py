@@ -36,14 +36,16 @@ def create_server(name: str, bind: str, *, shard: int = 0, num_shards: int = 1, 
 
 
 def create_client(name: str, addresses: Sequence[str], *, worker: int = 0, world_size: int = 1,
-                  shared_memory: bool = False, bulk: bool = False, **options: Any) -> ClientTransport:
+                  shared_memory: bool = False, bulk: bool = False, watch: bool = False,
+                  **options: Any) -> ClientTransport:
     """A client transport connected to every shard address, in shard order; `worker` of `world_size`
     names it in an RPC world (zmq needs no names). zmq only: `shared_memory` and `bulk` offer those
-    payload planes to every shard, which picks one or none."""
+    payload planes to every shard, which picks one or none; `watch` tells when a shard's connection breaks
+    (ClientTransport.down)."""
     _check(name)
     if name == "zmq":
         from psrv.transport.zmq import ZmqClient
-        return ZmqClient(addresses, planes=_client_planes(shared_memory, bulk, addresses), **options)
+        return ZmqClient(addresses, planes=_client_planes(shared_memory, bulk, addresses), watch=watch, **options)
     from psrv.transport.torch_rpc import RpcClient
     return RpcClient(addresses, worker=worker, world_size=world_size, **options)
 

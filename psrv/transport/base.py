@@ -67,6 +67,12 @@ class ClientTransport(abc.ABC):
     def idle(self) -> None:
         """Every request sent so far is answered: memory held for payloads in flight may go."""
 
+    def down(self, shard: int) -> bool:
+        """Whether the connection to `shard` broke and has not come back (its process ended: a kill -9
+        closes its sockets at once), where the transport can tell; a recv waiting then returns None at once.
+        A hint: False where it cannot tell (a partition, a paused process: the client's probes find those)."""
+        return False
+
     @abc.abstractmethod
     def reconnect(self, shard: int) -> None:
         """Drop the connection to `shard` and its queued messages, and connect afresh."""

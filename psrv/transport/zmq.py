@@ -14,6 +14,7 @@ import zmq
 from psrv.transport.curve import client_keys, server_pair, start_authenticator
 from psrv.transport.base import ClientTransport, ServerTransport
 from psrv.transport.plane import MIN_BYTES, OFFER, PAYLOAD, RESET, ClientPlane, ServerPlane, is_mark
+from psrv.transport.zmq_watch import Watch
 
 
 RECEIVE_QUEUE = 4  # messages per peer a shard's socket receives ahead of its loop
@@ -176,11 +177,12 @@ class ZmqServer(ServerTransport):
 
 class ZmqClient(ClientTransport):
     """`curve_keys` + `curve_name`: connect with CURVE as that client (e.g. worker-3, admin). `planes`:
-    the payload planes offered to every shard (the shard picks one, or none)."""
+    the payload planes offered to every shard (the shard picks one, or none). `watch`: say when a shard's
+    connection breaks (down; psrv/transport/zmq_watch.py), and return from recv at once when one does."""
 
     def __init__(self, addresses: Sequence[str], *, context: zmq.Context | None = None,
                  socket_options: dict[int, Any] | None = None, curve_keys: str = "", curve_name: str = "",
-                 planes: Sequence[ClientPlane] = ()):
+                 planes: Sequence[ClientPlane] = (), watch: bool = False):
         self._ctx = context or zmq.Context.instance()
         self._addresses = list(addresses)
         self._planes = {p.name: p for p in planes}
@@ -194,8 +196,11 @@ class ZmqClient(ClientTransport):
                                   zmq.CURVE_SECRETKEY: secret})
         self._socks: list[zmq.Socket] = [self._connect(a) for a in self._addresses]
         self._poller = zmq.Poller()
-        for s in self._socks:
+        self._watch = Watch(self._poller) if watch else None
+        for shard, s in enumerate(self._socks):
             self._poller.register(s, zmq.POLLIN)
+            if self._watch is not None:
+                self._watch.add(shard, s)
 
     def _connect(self, address: str) -> zmq.Socket:
         sock = self._ctx.socket(zmq.DEALER)
@@ -240,12 +245,18 @@ class ZmqClient(ClientTransport):
             events = dict(self._poller.poll(int(max(0.0, deadline - time.monotonic()) * 1000)))
             if not events:
                 return None
+            broke = self._watch is not None and self._watch.read(events)
             for shard, sock in enumerate(self._socks):
                 if sock in events:
                     frames = sock.recv_multipart(copy=False)
                     got = self._unplaned(shard, frames) if is_mark(frames[0]) else [f.buffer for f in frames]
                     if got is not None:
                         return shard, got
+            if broke:  # the caller looks at down() now
+                return None
+
+    def down(self, shard: int) -> bool:
+        return self._watch is not None and self._watch.down(shard)
 
     def _unplaned(self, shard: int, frames: list) -> list | None:
         """A PAYLOAD message as [header, payload]; None for the plane's own messages (an OFFER's answer,
@@ -279,17 +290,23 @@ class ZmqClient(ClientTransport):
     def reconnect(self, shard: int) -> None:
         self._drop_plane(shard)
         old = self._socks[shard]
+        if self._watch is not None:
+            self._watch.remove(shard, old)
         self._poller.unregister(old)
         old.close(linger=0)
         self._socks[shard] = self._connect(self._addresses[shard])
         self._poller.register(self._socks[shard], zmq.POLLIN)
+        if self._watch is not None:
+            self._watch.add(shard, self._socks[shard])
 
     def redirect(self, shard: int, address: str) -> None:
         self._addresses[shard] = address
         self.reconnect(shard)
 
     def close(self) -> None:
-        for s in self._socks:
+        for shard, s in enumerate(self._socks):
+            if self._watch is not None:
+                self._watch.remove(shard, s)
             s.close(linger=0)
         for plane in self._planes.values():
             plane.close()
