@@ -131,7 +131,8 @@ class ShardService(ShardMembership, PullAnswers, ShardPersistence, ShardReplicat
         log.info("shard %d/%d serving %s on %s", self.cfg.shard, self.cfg.num_shards, self.cfg.mode,
                  self.transport.address)
         while not self.finished:
-            item = self.transport.recv(poll_interval if self.follower is None else min(poll_interval, 0.05))
+            item = self.transport.recv(poll_interval if self.follower is None else
+                                       min(poll_interval, 0.05, self.follower.due()))
             if item is not None:
                 self.handle(*item)
             if self.follower is not None:  # a backup: the primary's stream decides, until it falls silent
