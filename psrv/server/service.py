@@ -177,14 +177,13 @@ class ShardService(ShardMembership, PullAnswers, ShardPersistence, ShardReplicat
             msg = self._decode(peer, frames)
             if msg is not None:
                 self.judged = self._judge(msg) if msg.type in REPLICATED else None
-                sent = self.replicas.send("req", frames, peer=peer, judged=self.judged) \
-                    if msg.type in REPLICATED else None
+                if msg.type in REPLICATED:
+                    self.replicas.send("req", frames, peer=peer, judged=self.judged)
                 try:
                     self._serve(peer, msg, check=True)
                     self._drain()
                 finally:
                     self.judged = None
-                self.replicas.wait(sent)
 
     def _judge(self, msg: Message) -> dict:
         """What handling `msg` reads of time, judged once by the primary and sent with it in the stream, so its
@@ -202,6 +201,7 @@ class ShardService(ShardMembership, PullAnswers, ShardPersistence, ShardReplicat
                 self._drain()
             finally:
                 self.judged = None
+            self.held.keep()  # its payload is the primary's forward slot, written again once this loop moves on
 
     def pause(self, seconds: float) -> None:
         """Stop this loop for `seconds` (a nemesis's late ack, psrv/server/faults.py)."""

@@ -30,7 +30,8 @@ def create_server(name: str, bind: str, *, shard: int = 0, num_shards: int = 1, 
     bind = check_address(bind, option="bind", bind=True, schemes=schemes_of(name))
     if name == "zmq":
         from psrv.transport.zmq import ZmqServer
-        return ZmqServer(bind, planes=_server_planes(shared_memory, bulk, bind, options), **options)
+        return ZmqServer(bind, planes=_server_planes(shared_memory, bulk, bind, options),
+                         link_planes=lambda: _link_planes(shared_memory), **options)
     from psrv.transport.torch_rpc import RpcServer
     return RpcServer(bind, shard=shard, num_shards=num_shards, workers=workers, **options)
 
@@ -59,6 +60,18 @@ def _server_planes(shared_memory: bool, bulk: bool, bind: str, options: dict) ->
         from psrv.transport.bulk import BulkServerPlane
         planes.append(BulkServerPlane(bind, max_bytes=options.get("max_message_bytes", -1)))  # on the bind's host
     return planes
+
+
+LINK_SLOTS = 4  # forwarded payloads in flight to a backup on this host that each keep a slot (the rest go inline)
+
+
+def _link_planes(shared_memory: bool) -> list:
+    """A replica link's planes (ZmqServer.link): shared memory to a backup on this host, where the shard takes it
+    from its workers; more slots than a worker's, as a primary forwards a push's chunks back to back."""
+    if not shared_memory:
+        return []
+    from psrv.transport.shm import ShmClientPlane
+    return [ShmClientPlane(slots=LINK_SLOTS)]
 
 
 def _client_planes(shared_memory: bool, bulk: bool, addresses: Sequence[str]) -> list:

@@ -48,6 +48,10 @@ class ServerTransport(abc.ABC):
 class ClientTransport(abc.ABC):
     """A worker's endpoints, one per shard, addressed by shard index."""
 
+    # whether messages sent to one shard reach it in the order sent (zmq: one connection each); where not (torch
+    # RPC's calls are served by a pool of threads), a sender that needs the order waits for each answer
+    in_order: bool = False
+
     @abc.abstractmethod
     def send(self, shard: int, frames: Sequence[Any]) -> None: ...
 
