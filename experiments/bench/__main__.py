@@ -67,7 +67,7 @@ def suite(smoke: bool) -> list[tuple[str, Callable[[], list[dict]]]]:
             ("memory", lambda: memory.run(256)),
             ("metrics_overhead", lambda: metrics_overhead.run(1500, 3)),
             ("checkpoint_latency", lambda: checkpoint_latency.run(256, 30)),
-            ("replicas", lambda: [replicas.throughput(2, 100)]),
+            ("replicas", lambda: [replicas.throughput(3, 100)]),
             ("failover", lambda: [failover.run(100)])]
 
 
@@ -134,8 +134,10 @@ def describe(r: dict) -> str:
         return (f"checkpoint {r['size_mb']} MB {r['optimizer']}, {r['workers']} workers pushing: push p99 "
                 f"{r['p99_on'] * 1e3:.0f} ms during writes vs {r['p99_off'] * 1e3:.0f} ms without")
     if b == "replicas":
+        spread = (f" (spread {r['spread'][0]:.0f} to {r['spread'][1]:.0f} vs {r['baseline_spread'][0]:.0f} to "
+                  f"{r['baseline_spread'][1]:.0f})" if "baseline_spread" in r else "")
         return (f"replicas {r['job']} {r['mode']} {r['servers']}x{r['workers']}: {r['samples_per_second']:.0f} "
-                f"samples/s with --replicas 1 vs {r['baseline_samples_per_second']:.0f} without")
+                f"samples/s with --replicas 1 vs {r['baseline_samples_per_second']:.0f} without{spread}")
     if b == "failover":
         bound = f", --failure-bound {r['failure_bound']:g}" if "failure_bound" in r else ""  # (older rows: 1 s)
         spread = (f"p90 {r['p90_seconds']:.2f}, p99 {r['p99_seconds']:.2f}, min {r['min_seconds']:.2f}, "

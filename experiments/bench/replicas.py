@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 from pathlib import Path
@@ -39,7 +40,10 @@ def throughput(repeats: int, steps: int, job: str = "synthetic_mlp") -> dict:
     base, with_ = statistics.median(rates[0]), statistics.median(rates[1])
     return {"bench": "replicas", "job": job, "mode": "async", "servers": 2, "workers": 2, "steps": steps,
             "repeats": repeats, "samples_per_second": with_, "baseline_samples_per_second": base,
-            "ratio": with_ / base, "spread": [min(rates[1]), max(rates[1])]}
+            "ratio": with_ / base, "spread": [min(rates[1]), max(rates[1])],
+            "baseline_spread": [min(rates[0]), max(rates[0])],
+            "ratios": [w / b for w, b in zip(rates[1], rates[0])],  # each repeat's pair, run back to back
+            "load_average": list(os.getloadavg())}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -62,8 +66,10 @@ def main(argv: list[str] | None = None) -> None:
     if a.throughput:
         rows.append(throughput(a.throughput, a.steps))
         r = rows[-1]
-        print(f"async 2x2 with --replicas 1: {r['samples_per_second']:.0f} samples/s vs "
-              f"{r['baseline_samples_per_second']:.0f} without, {r['ratio']:.2f}x")
+        print(f"async 2x2 with --replicas 1: {r['samples_per_second']:.0f} samples/s (spread {r['spread'][0]:.0f} to "
+              f"{r['spread'][1]:.0f}) vs {r['baseline_samples_per_second']:.0f} without ({r['baseline_spread'][0]:.0f} "
+              f"to {r['baseline_spread'][1]:.0f}), {r['ratio']:.2f}x; each repeat's pair: "
+              f"{', '.join(f'{x:.2f}' for x in r['ratios'])} (load average {r['load_average'][0]:.1f})")
     if a.out:
         a.out.write_text(json.dumps(rows, indent=1))
 
