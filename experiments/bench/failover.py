@@ -115,6 +115,7 @@ def run(kills: int, *, bound: float = 1.0, steps_between: int = 5) -> dict:
     import torch
 
     import psrv
+    load = os.getloadavg()[0]
     moves = _Moves()
     client_log = logging.getLogger("psrv.worker.client")
     client_log.addHandler(moves)
@@ -147,7 +148,7 @@ def run(kills: int, *, bound: float = 1.0, steps_between: int = 5) -> dict:
         finally:
             client_log.removeHandler(moves)
             shard.close()
-    return row(measured, bound=bound)
+    return {**row(measured, bound=bound), "load_average_at_start": load}
 
 
 def _quantile(xs: list[float], q: float) -> float:

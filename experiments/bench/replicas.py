@@ -29,6 +29,7 @@ def throughput(repeats: int, steps: int, job: str = "synthetic_mlp") -> dict:
     """samples/s of an async run with --replicas 1 against the same run without, medians of `repeats`."""
     from psrv.experiments.launch import run_local
     rates: dict[int, list[float]] = {0: [], 1: []}
+    load = os.getloadavg()[0]  # before its own processes (4 to 6 of them) add theirs
     with tempfile.TemporaryDirectory(prefix="psrv-replicas-") as d:
         for rep in range(repeats):
             for replicas in (0, 1):
@@ -43,7 +44,7 @@ def throughput(repeats: int, steps: int, job: str = "synthetic_mlp") -> dict:
             "ratio": with_ / base, "spread": [min(rates[1]), max(rates[1])],
             "baseline_spread": [min(rates[0]), max(rates[0])],
             "ratios": [w / b for w, b in zip(rates[1], rates[0])],  # each repeat's pair, run back to back
-            "load_average": list(os.getloadavg())}
+            "load_average_at_start": load, "load_average": list(os.getloadavg())}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -69,7 +70,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"async 2x2 with --replicas 1: {r['samples_per_second']:.0f} samples/s (spread {r['spread'][0]:.0f} to "
               f"{r['spread'][1]:.0f}) vs {r['baseline_samples_per_second']:.0f} without ({r['baseline_spread'][0]:.0f} "
               f"to {r['baseline_spread'][1]:.0f}), {r['ratio']:.2f}x; each repeat's pair: "
-              f"{', '.join(f'{x:.2f}' for x in r['ratios'])} (load average {r['load_average'][0]:.1f})")
+              f"{', '.join(f'{x:.2f}' for x in r['ratios'])} (load average {r['load_average_at_start']:.1f} at the start, "
+              f"{r['load_average'][0]:.1f} at the end)")
     if a.out:
         a.out.write_text(json.dumps(rows, indent=1))
 
