@@ -37,9 +37,8 @@ class ShardMembership:
             return
         unheard = self.liveness.unheard(expired)
         with self.replicas.deferring():
-            sent = self.replicas.send("expire", workers=expired, unheard=unheard)
+            self.replicas.send("expire", workers=expired, unheard=unheard)
             self.expire(expired, unheard)
-            self.replicas.wait(sent)
 
     def expire(self, expired: list[int], unheard: list[int]) -> None:
         """Workers `expired` leave the active set for silence (`unheard`: never joined); a backup does it

@@ -133,7 +133,8 @@ class ShardService(ShardMembership, PullAnswers, ShardPersistence, ShardReplicat
         if self.cfg.witness:
             log.info("shard %d: %s", self.cfg.shard, self.timing.line())
         while not self.finished:
-            item = self.transport.recv(poll_interval if self.follower is None else min(poll_interval, 0.05))
+            item = self.transport.recv(poll_interval if self.follower is None else
+                                       min(poll_interval, 0.05, self.follower.due()))
             if item is not None:
                 self.handle(*item)
             if self.follower is not None:  # a backup: the primary's stream decides, until it falls silent
@@ -178,14 +179,13 @@ class ShardService(ShardMembership, PullAnswers, ShardPersistence, ShardReplicat
             msg = self._decode(peer, frames)
             if msg is not None:
                 self.judged = self._judge(msg) if msg.type in REPLICATED else None
-                sent = self.replicas.send("req", frames, peer=peer, judged=self.judged) \
-                    if msg.type in REPLICATED else None
+                if msg.type in REPLICATED:
+                    self.replicas.send("req", frames, peer=peer, judged=self.judged)
                 try:
                     self._serve(peer, msg, check=True)
                     self._drain()
                 finally:
                     self.judged = None
-                self.replicas.wait(sent)
 
     def _judge(self, msg: Message) -> dict:
         """What handling `msg` reads of time, judged once by the primary and sent with it in the stream, so its
@@ -203,6 +203,7 @@ class ShardService(ShardMembership, PullAnswers, ShardPersistence, ShardReplicat
                 self._drain()
             finally:
                 self.judged = None
+            self.held.keep()  # its payload is the primary's forward slot, written again once this loop moves on
 
     def pause(self, seconds: float) -> None:
         """Stop this loop for `seconds` (a nemesis's late ack, psrv/server/faults.py)."""

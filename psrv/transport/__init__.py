@@ -30,20 +30,23 @@ def create_server(name: str, bind: str, *, shard: int = 0, num_shards: int = 1, 
     bind = check_address(bind, option="bind", bind=True, schemes=schemes_of(name))
     if name == "zmq":
         from psrv.transport.zmq import ZmqServer
-        return ZmqServer(bind, planes=_server_planes(shared_memory, bulk, bind, options), **options)
+        return ZmqServer(bind, planes=_server_planes(shared_memory, bulk, bind, options),
+                         link_planes=lambda: _link_planes(shared_memory), **options)
     from psrv.transport.torch_rpc import RpcServer
     return RpcServer(bind, shard=shard, num_shards=num_shards, workers=workers, **options)
 
 
 def create_client(name: str, addresses: Sequence[str], *, worker: int = 0, world_size: int = 1,
-                  shared_memory: bool = False, bulk: bool = False, **options: Any) -> ClientTransport:
+                  shared_memory: bool = False, bulk: bool = False, watch: bool = False,
+                  **options: Any) -> ClientTransport:
     """A client transport connected to every shard address, in shard order; `worker` of `world_size`
     names it in an RPC world (zmq needs no names). zmq only: `shared_memory` and `bulk` offer those
-    payload planes to every shard, which picks one or none."""
+    payload planes to every shard, which picks one or none; `watch` tells when a shard's connection breaks
+    (ClientTransport.down)."""
     _check(name)
     if name == "zmq":
         from psrv.transport.zmq import ZmqClient
-        return ZmqClient(addresses, planes=_client_planes(shared_memory, bulk, addresses), **options)
+        return ZmqClient(addresses, planes=_client_planes(shared_memory, bulk, addresses), watch=watch, **options)
     from psrv.transport.torch_rpc import RpcClient
     return RpcClient(addresses, worker=worker, world_size=world_size, **options)
 
@@ -57,6 +60,18 @@ def _server_planes(shared_memory: bool, bulk: bool, bind: str, options: dict) ->
         from psrv.transport.bulk import BulkServerPlane
         planes.append(BulkServerPlane(bind, max_bytes=options.get("max_message_bytes", -1)))  # on the bind's host
     return planes
+
+
+LINK_SLOTS = 4  # forwarded payloads in flight to a backup on this host that each keep a slot (the rest go inline)
+
+
+def _link_planes(shared_memory: bool) -> list:
+    """A replica link's planes (ZmqServer.link): shared memory to a backup on this host, where the shard takes it
+    from its workers; more slots than a worker's, as a primary forwards a push's chunks back to back."""
+    if not shared_memory:
+        return []
+    from psrv.transport.shm import ShmClientPlane
+    return [ShmClientPlane(slots=LINK_SLOTS)]
 
 
 def _client_planes(shared_memory: bool, bulk: bool, addresses: Sequence[str]) -> list:

@@ -48,6 +48,10 @@ class ServerTransport(abc.ABC):
 class ClientTransport(abc.ABC):
     """A worker's endpoints, one per shard, addressed by shard index."""
 
+    # whether messages sent to one shard reach it in the order sent (zmq: one connection each); where not (torch
+    # RPC's calls are served by a pool of threads), a sender that needs the order waits for each answer
+    in_order: bool = False
+
     @abc.abstractmethod
     def send(self, shard: int, frames: Sequence[Any]) -> None: ...
 
@@ -66,6 +70,12 @@ class ClientTransport(abc.ABC):
 
     def idle(self) -> None:
         """Every request sent so far is answered: memory held for payloads in flight may go."""
+
+    def down(self, shard: int) -> bool:
+        """Whether the connection to `shard` broke and has not come back (its process ended: a kill -9
+        closes its sockets at once), where the transport can tell; a recv waiting then returns None at once.
+        A hint: False where it cannot tell (a partition, a paused process: the client's probes find those)."""
+        return False
 
     @abc.abstractmethod
     def reconnect(self, shard: int) -> None:

@@ -49,8 +49,10 @@ __all__ = ["ShmClientPlane", "ShmServerPlane", "boot_id"]
 class ShmClientPlane(ClientPlane):
     name = "shm"
 
-    def __init__(self):
+    def __init__(self, *, slots: int = PushSlots.MAX_SLOTS):
+        """`slots`: payloads in flight to a shard that each keep a push slot; more go inline."""
         self._identity = Identity()
+        self._slots = slots
         self._push: dict[int, PushSlots] = {}
         self._pulls = Peers()
         self._counters: dict[int, tuple] = {}  # shard -> (readers map, my index)
@@ -85,7 +87,7 @@ class ShmClientPlane(ClientPlane):
             return msgpack.packb(self._grads.describe(where, payload.nbytes))
         slots = self._push.get(shard)
         if slots is None:
-            slots = self._push[shard] = PushSlots(shard)
+            slots = self._push[shard] = PushSlots(shard, most=self._slots)
         written = slots.write(payload)
         return None if written is None else msgpack.packb(written)
 

@@ -102,15 +102,16 @@ class PushSlots:
 
     MAX_SLOTS = 2
 
-    def __init__(self, shard: int):
+    def __init__(self, shard: int, *, most: int = MAX_SLOTS):
         self._name = f"push-{shard}"
         self._slots: list[Slot] = []
+        self._most = most
 
     def write(self, payload: memoryview) -> dict | None:
         n = payload.nbytes
         free = [s for s in self._slots if s.free()]
         slot = next((s for s in free if s.size - HEADER >= n), None)
-        if slot is None and not free and len(self._slots) >= self.MAX_SLOTS:
+        if slot is None and not free and len(self._slots) >= self._most:
             return None
         if slot is None:
             if free:  # too small: a bigger one in its place

@@ -1,4 +1,4 @@
-"""ZeroMQ transport: a ROUTER per shard on the server, a DEALER per shard on the worker.
+"""ZeroMQ transport: a ROUTER per shard on the server, a DEALER per shard on the worker (psrv/transport/zmq_client.py).
 
 Big messages are cheapest with the allocator tuned by psrv.process.tune_malloc, which psrv's own
 entry points call; a library user may call it too (it is process-wide, so it is never done here).
@@ -6,14 +6,17 @@ entry points call; a library user may call it too (it is process-wide, so it is 
 from __future__ import annotations
 
 import time
-from typing import Any, Hashable, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 import msgpack
 import zmq
 
-from psrv.transport.curve import client_keys, server_pair, start_authenticator
+from psrv.transport.curve import server_pair, start_authenticator
 from psrv.transport.base import ClientTransport, ServerTransport
-from psrv.transport.plane import MIN_BYTES, OFFER, PAYLOAD, RESET, ClientPlane, ServerPlane, is_mark
+from psrv.transport.plane import OFFER, PAYLOAD, RESET, ClientPlane, ServerPlane, is_mark
+from psrv.transport.zmq_client import ZmqClient, big
+
+__all__ = ["ZmqClient", "ZmqServer"]
 
 
 RECEIVE_QUEUE = 4  # messages per peer a shard's socket receives ahead of its loop
@@ -24,18 +27,16 @@ def _resolve_bind(bind: str) -> str:
     return bind[:-2] + ":*" if bind.endswith(":0") else bind
 
 
-def _big(frames: Sequence[Any]) -> bool:
-    return len(frames) == 2 and memoryview(frames[1]).nbytes >= MIN_BYTES
-
-
 class ZmqServer(ServerTransport):
     """With `curve_keys` (a `psrv keygen` directory) every connection is CURVE-encrypted and only
     allow-listed clients get through; `authenticated` then tells the service so. `planes`: the payload
     planes (psrv/transport/plane.py) this shard answers offers for, in order of preference."""
 
     def __init__(self, bind: str, *, max_message_bytes: int = -1, context: zmq.Context | None = None,
-                 curve_keys: str = "", planes: Sequence[ServerPlane] = ()):
+                 curve_keys: str = "", planes: Sequence[ServerPlane] = (),
+                 link_planes: Callable[[], Sequence[ClientPlane]] = tuple):
         self._planes = list(planes)
+        self._link_planes = link_planes  # a link's planes (link): a backup on this host is sent the stream by shm
         self._peer_plane: dict[bytes, ServerPlane] = {}
         self.payload_bytes = {"inline": 0, **{p.name: 0 for p in self._planes}}  # tensor bytes by the path they took
         self._own_ctx = bool(curve_keys) and context is None  # one ZAP handler per context
@@ -91,12 +92,12 @@ class ZmqServer(ServerTransport):
 
     def _planed(self, peer: bytes, frames: list) -> tuple[Hashable, list] | None:
         mark = frames[1].bytes
-        if mark == PAYLOAD and len(frames) == 4:
+        if mark == PAYLOAD and len(frames) >= 4:  # [peer, PAYLOAD, header frames..., descriptor]
             plane = self._peer_plane.get(peer)
-            payload = None if plane is None else plane.take(peer, frames[3].bytes)
+            payload = None if plane is None else plane.take(peer, frames[-1].bytes)
             if payload is not None:
                 self.payload_bytes[plane.name] += payload.nbytes
-                return peer, [frames[2].buffer, payload]
+                return peer, [*(f.buffer for f in frames[2:-1]), payload]
         elif mark == OFFER and len(frames) == 3:
             self._answer(peer, frames[2])
             return None
@@ -135,17 +136,17 @@ class ZmqServer(ServerTransport):
     def send(self, peer: Hashable, frames: Sequence[Any]) -> None:
         self._written()
         plane = self._peer_plane.get(peer) if self._peer_plane else None
-        if plane is not None and _big(frames):
-            descriptor = plane.put(peer, memoryview(frames[1]))
+        if plane is not None and big(frames):
+            descriptor = plane.put(peer, memoryview(frames[-1]))
             if descriptor is not None:
-                self.payload_bytes[plane.name] += memoryview(frames[1]).nbytes
-                self._sock.send_multipart([peer, PAYLOAD, frames[0], descriptor])
+                self.payload_bytes[plane.name] += memoryview(frames[-1]).nbytes
+                self._sock.send_multipart([peer, PAYLOAD, *frames[:-1], descriptor])
                 return
         if len(frames) == 2:
             self.payload_bytes["inline"] += memoryview(frames[1]).nbytes
-        big = len(frames) > 1 and memoryview(frames[-1]).nbytes >= zmq.COPY_THRESHOLD
-        tracker = self._sock.send_multipart([peer, *frames], copy=False, track=big)
-        if big:
+        tracked = len(frames) > 1 and memoryview(frames[-1]).nbytes >= zmq.COPY_THRESHOLD
+        tracker = self._sock.send_multipart([peer, *frames], copy=False, track=tracked)
+        if tracked:
             self._trackers.append(tracker)
 
     def wait_sent(self, timeout: float = 30.0) -> bool:
@@ -161,8 +162,12 @@ class ZmqServer(ServerTransport):
         return True
 
     def link(self, address: str) -> ClientTransport:
-        """A line to another replica of this shard (the replication stream): a plain DEALER to `address`."""
-        return ZmqClient([address])
+        """A line to another replica of this shard (the replication stream): a DEALER to `address` offering the
+        planes this shard's workers may use (a backup on this host then reads each forwarded payload from shared
+        memory, one memcpy, not a TCP round of the kernel's). A payload that goes inline is copied when sent,
+        as is one a plane takes: the caller may change or release its buffer at once (the shard does, at its
+        next receive, psrv/transport/shm.py), without waiting for the backup's ack."""
+        return ZmqClient([address], planes=self._link_planes(), link=True)
 
     def close(self) -> None:
         self._sock.close(linger=200)  # the last answers (a LEAVE's OK) still go out; a dead peer costs 0.2s
@@ -172,124 +177,3 @@ class ZmqServer(ServerTransport):
             self._auth.stop()
         if self._own_ctx:
             self._ctx.term()
-
-
-class ZmqClient(ClientTransport):
-    """`curve_keys` + `curve_name`: connect with CURVE as that client (e.g. worker-3, admin). `planes`:
-    the payload planes offered to every shard (the shard picks one, or none)."""
-
-    def __init__(self, addresses: Sequence[str], *, context: zmq.Context | None = None,
-                 socket_options: dict[int, Any] | None = None, curve_keys: str = "", curve_name: str = "",
-                 planes: Sequence[ClientPlane] = ()):
-        self._ctx = context or zmq.Context.instance()
-        self._addresses = list(addresses)
-        self._planes = {p.name: p for p in planes}
-        self._plane: list[ClientPlane | None] = [None] * len(self._addresses)  # chosen by each shard
-        self._offered = [False] * len(self._addresses)
-        self._into: list[memoryview | None] = [None] * len(self._addresses)
-        self._options = dict(socket_options or {})
-        if curve_keys:
-            server_public, public, secret = client_keys(curve_keys, curve_name)
-            self._options.update({zmq.CURVE_SERVERKEY: server_public, zmq.CURVE_PUBLICKEY: public,
-                                  zmq.CURVE_SECRETKEY: secret})
-        self._socks: list[zmq.Socket] = [self._connect(a) for a in self._addresses]
-        self._poller = zmq.Poller()
-        for s in self._socks:
-            self._poller.register(s, zmq.POLLIN)
-
-    def _connect(self, address: str) -> zmq.Socket:
-        sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        for opt, value in self._options.items():
-            sock.setsockopt(opt, value)
-        sock.connect(address)
-        return sock
-
-    def send(self, shard: int, frames: Sequence[Any]) -> None:
-        """Never blocks: with no usable connection (a CURVE handshake refused, a full queue) the
-        message is dropped, and the client's retry sends it again on a fresh connection."""
-        if self._planes and not self._offered[shard]:
-            self._offered[shard] = True
-            offer = {name: p.offer(shard) for name, p in self._planes.items()}
-            self._send(shard, [OFFER, msgpack.packb(offer)])
-        plane = self._plane[shard]
-        descriptor = plane.put(shard, memoryview(frames[1])) if plane is not None and _big(frames) else None
-        self._send(shard, frames if descriptor is None else [PAYLOAD, frames[0], descriptor])
-
-    def _send(self, shard: int, frames: Sequence[Any]) -> None:
-        try:
-            self._socks[shard].send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
-        except zmq.Again:
-            pass
-
-    def share(self, tensor):
-        for plane in self._planes.values():
-            tensor = plane.share(tensor)
-        return tensor
-
-    def receive_into(self, shard: int, buffer: memoryview | None) -> None:
-        self._into[shard] = buffer
-
-    def idle(self) -> None:
-        for plane in self._planes.values():
-            plane.idle()
-
-    def recv(self, timeout: float) -> tuple[int, list] | None:
-        deadline = time.monotonic() + timeout
-        while True:
-            events = dict(self._poller.poll(int(max(0.0, deadline - time.monotonic()) * 1000)))
-            if not events:
-                return None
-            for shard, sock in enumerate(self._socks):
-                if sock in events:
-                    frames = sock.recv_multipart(copy=False)
-                    got = self._unplaned(shard, frames) if is_mark(frames[0]) else [f.buffer for f in frames]
-                    if got is not None:
-                        return shard, got
-
-    def _unplaned(self, shard: int, frames: list) -> list | None:
-        """A PAYLOAD message as [header, payload]; None for the plane's own messages (an OFFER's answer,
-        a RESET) and for a payload its plane could not read whole (dropped, as a lost message is)."""
-        mark, plane = frames[0].bytes, self._plane[shard]
-        if mark == PAYLOAD and len(frames) == 3 and plane is not None:
-            into = self._into[shard]
-            payload = plane.take(shard, frames[2].bytes, into)
-            if payload is not None and payload is into:
-                self._into[shard] = None
-            return None if payload is None else [frames[1].buffer, payload]
-        if mark == OFFER and len(frames) == 2:
-            try:
-                answer = msgpack.unpackb(frames[1].bytes, raw=False)
-                chosen = self._planes.get(answer.get("plane") or "")
-                mine = answer[chosen.name] if chosen is not None else None
-            except Exception:  # an answer that makes no sense: no plane, everything inline
-                chosen, mine = None, None
-            if isinstance(mine, dict):
-                chosen.accept(shard, mine)
-                self._plane[shard] = chosen
-            return None
-        self._drop_plane(shard)  # RESET, or a payload with no plane: offer again with the next message
-        return None
-
-    def _drop_plane(self, shard: int) -> None:
-        if self._plane[shard] is not None:
-            self._plane[shard].reset(shard)
-        self._plane[shard], self._offered[shard], self._into[shard] = None, False, None
-
-    def reconnect(self, shard: int) -> None:
-        self._drop_plane(shard)
-        old = self._socks[shard]
-        self._poller.unregister(old)
-        old.close(linger=0)
-        self._socks[shard] = self._connect(self._addresses[shard])
-        self._poller.register(self._socks[shard], zmq.POLLIN)
-
-    def redirect(self, shard: int, address: str) -> None:
-        self._addresses[shard] = address
-        self.reconnect(shard)
-
-    def close(self) -> None:
-        for s in self._socks:
-            s.close(linger=0)
-        for plane in self._planes.values():
-            plane.close()

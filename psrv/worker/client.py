@@ -140,7 +140,7 @@ class PSClient(PushMessages):
         self._options = {"curve_keys": curve_keys, "curve_name": f"worker-{worker}"} if curve_keys else {}
         # the transport to the shards, on which RoundTrip sends (psrv/worker/roundtrip.py)
         self.net = net or create_client(transport, self.servers, worker=worker, world_size=world_size,
-                                        shared_memory=shared_memory, bulk=bulk, **self._options)
+                                        shared_memory=shared_memory, bulk=bulk, watch=True, **self._options)
         # each shard's replicas (`failover`): told by WELCOME, and those the transport knows from the start (the
         # backups of a fixed RPC world, which may join their primary only after this worker's HELLO)
         self.replicas = [[a, *self.net.replicas(s)] for s, a in enumerate(self.servers)]
@@ -301,16 +301,17 @@ class PSClient(PushMessages):
             self._heartbeat.stop()
             self._heartbeat = None
 
-    def failover(self, shard: int) -> bool:
-        """Move `shard` to its next replica (RoundTrip, once a probe went unanswered): False where it has
-        none. Its backup takes over once the primary falls silent (psrv/server/follower.py), and holds what
-        reaches it before then; a request re-sent there keeps its seq, so nothing is applied twice."""
+    def failover(self, shard: int, *, why: str = "silent") -> bool:
+        """Move `shard` to its next replica (RoundTrip, once a probe went unanswered or the connection broke):
+        False where it has none. Its backup takes over once the primary falls silent (psrv/server/follower.py),
+        and holds what reaches it before then; a request re-sent there keeps its seq, so nothing is applied
+        twice."""
         replicas = self.replicas[shard]
         if len(replicas) < 2:
             return False
         here = replicas.index(self.servers[shard]) if self.servers[shard] in replicas else -1
         self.servers[shard] = replicas[(here + 1) % len(replicas)]
-        log.warning("worker %d: shard %d silent at %s; trying its replica %s", self.worker, shard,
+        log.warning("worker %d: shard %d %s at %s; trying its replica %s", self.worker, shard, why,
                     replicas[here], self.servers[shard])
         self.net.redirect(shard, self.servers[shard])
         return True

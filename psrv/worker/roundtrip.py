@@ -159,6 +159,9 @@ class RoundTrip:
                 interval = min(interval * 2, max(8 * self.c.retry_interval, recent))
                 check_at = now + interval
                 continue
+            if self._move_broken():  # its probes start afresh there: the backup takes over within the bound
+                interval = max(self.c.retry_interval, recent)
+                check_at = now + interval
             got = self.net.recv(min(deadline, check_at, bound, notice.due if notice else math.inf) - now)
             if got is not None and self._take(*got):
                 deadline = time.monotonic() + self.timeout
@@ -183,6 +186,18 @@ class RoundTrip:
             "the shard stopped answering: is it still running, and is the network to it up?"
         return (f"worker {self.c.worker}: no reply from {where} within {self.timeout:g}s to {self.kind}; "
                 f"{check} {self.c.timeout_option} sets the bound")
+
+    def _move_broken(self) -> bool:
+        """Move each unanswered shard whose connection broke (its process ended: the transport says so at once,
+        psrv/transport/base.py `down`) to its next replica now, not once a probe went unanswered, and re-send
+        there, same seq; True if one moved. Its backup holds the request until it takes over, then answers."""
+        moved = False
+        for s, r in enumerate(self.replies):
+            if r is None and self.net.down(s) and self.c.failover(s, why="connection broke"):
+                self.probing[s] = False
+                self._resend(s)
+                moved = True
+        return moved
 
     def _probe_missing(self) -> None:
         for s, r in enumerate(self.replies):

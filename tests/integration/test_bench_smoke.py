@@ -1,6 +1,7 @@
 """`python -m psrv.experiments.bench --smoke`: every benchmark still runs, fast, and yields a finite ratio."""
 import json
 import math
+import statistics
 import sys
 import time
 
@@ -8,7 +9,8 @@ import pytest
 
 from tests.helpers import run_in_session
 
-KINDS = {"wire", "colocated", "apply", "end_to_end", "scaling", "memory", "metrics_overhead", "worker_options"}
+KINDS = {"wire", "colocated", "apply", "end_to_end", "scaling", "memory", "metrics_overhead", "worker_options",
+         "failover"}
 
 
 @pytest.mark.timeout(200)
@@ -60,5 +62,8 @@ def recomputed(r: dict, results: list[dict]) -> float:
         return (r["peak_rss_bytes"] - r["baseline_bytes"]) / r["model_bytes"]
     if b == "memory":
         return r["peak_rss_bytes"] / r["baseline_bytes"]
+    if b == "failover":  # the median of its kills, in seconds
+        assert len(r["seconds"]) == r["kills"] and r["min_seconds"] <= r["p99_seconds"] <= r["max_seconds"], r
+        return statistics.median(r["seconds"])
     assert b == "scaling", b
     return r["updates_per_second"] / max(x["updates_per_second"] for x in results if x["bench"] == "scaling")

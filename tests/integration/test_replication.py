@@ -5,6 +5,7 @@ test process on 127.0.0.1 (what is tested is the stream, not processes; psrv run
 test_run_replicas.py)."""
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -107,11 +108,25 @@ def test_across_a_failover_sync_with_a_backup_worker_takes_every_push_once(tmp_p
     assert took["updates_applied"] == took["version"] and took["lost_clocks"] == 0
 
 
-def _failover(tmp_path, mode: str, optimizer: str = "sgd", workers: int = 2, drop: int = 0) -> tuple[dict, torch.Tensor]:
+def test_a_worker_moves_to_the_backup_when_its_primary_connection_breaks_not_after_its_probes(tmp_path, caplog):
+    """A primary whose process ends (here its loop and socket) breaks the workers' connections: they re-send to
+    the backup at once (it holds the requests until it takes over), not once a probe went unanswered (3/5 of the
+    bound, 1.2 s here, after the backup's 1 s); every push is still applied once."""
+    caplog.set_level(logging.WARNING, logger="psrv.worker.client")
+    took, _ = _failover(tmp_path, "async", workers=1, failure_bound=2.0)
+    assert took["updates_applied"] == STEPS
+    moves = [r.getMessage() for r in caplog.records if "trying its replica" in r.getMessage()]
+    assert moves and all("connection broke" in m for m in moves), moves
+
+
+def _failover(tmp_path, mode: str, optimizer: str = "sgd", workers: int = 2, drop: int = 0,
+              failure_bound: float = 1.0) -> tuple[dict, torch.Tensor]:
     """A run whose primary stops at worker 0's step 10: the summary of the backup that took over, and its
     final weights."""
-    primary = _shard(mode, workers=workers, optimizer=optimizer, drop=drop, witness=tmp_path)
-    backup = _shard(mode, workers=workers, backup_of=primary.address, optimizer=optimizer, drop=drop, witness=tmp_path)
+    primary = _shard(mode, workers=workers, optimizer=optimizer, drop=drop, witness=tmp_path,
+                     failure_bound=failure_bound)
+    backup = _shard(mode, workers=workers, backup_of=primary.address, optimizer=optimizer, drop=drop, witness=tmp_path,
+                    failure_bound=failure_bound)
     took = _stop_one_midway(primary, backup, stop=primary, workers=workers)
     assert took["role"] == "primary" and [f["epoch"] for f in took["failovers"]] == [2]  # 0 start, 1 its join
     return took, _weights(backup)

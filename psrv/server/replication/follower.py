@@ -150,9 +150,16 @@ class Follower:
                 log.warning("shard %d: this backup has waited %.0fs to join its primary at %s; is `psrv serve` "
                             "running there?", self.s.cfg.shard, now - self.heard, self.primary)
             return False
+        return now - self.heard >= self._bound()
+
+    def _bound(self) -> float:
         backups = self.replicas[1:]
         rank = backups.index(self.address) if self.address in backups else 0
-        return now - self.heard >= self.s.timing.silence * (1 + 0.5 * rank)  # the first backup claims first
+        return self.s.timing.silence * (1 + 0.5 * rank)  # the first backup claims first
+
+    def due(self) -> float:
+        """Seconds until tick() may claim the shard (the loop waits no longer than that for a message)."""
+        return max(0.0, self.heard + self._bound() - self.s.now()) if self.following else JOIN_EVERY
 
     def lost_place(self, primary: str) -> None:
         """The witness gave the shard to `primary` at a later epoch than ours: follow it again, from its state."""

@@ -6,9 +6,10 @@ PUSH_PULL, LEAVE) is forwarded to each backup as its own frames, in the order th
 as it starts on one, so the acks travel while it works), and so is each decision the primary takes on its
 own (workers dropped for silence), with the judgement of time a request's handling needs (a worker's
 silence). The backups run the same ShardService code on the same ops in the same order, so their state
-equals the primary's. While a request is handled its replies are kept in `outbox`; they leave only once
-every backup of the configuration has acknowledged the op, so no worker hears of an update a backup does
-not hold.
+equals the primary's. Replies are kept in `outbox` while a request is handled and leave only once every
+backup of the configuration has acknowledged every op sent so far (acks are cumulative), so no worker hears
+of an update a backup does not hold; an op that made no reply (a push's chunk but its last) is not waited for
+by itself, so a chunked push's chunks go back to back and their acks are waited for once.
 
 Every change of the configuration is a claim on the shard's witness (psrv/server/replication/witness.py):
 a backup that asks to join is added at the next epoch, then sent the state; one that does not acknowledge
@@ -40,6 +41,7 @@ RETRY_CLAIM = 0.5     # seconds between claims on a witness that could not be wr
 class Backup:
     address: str
     link: ClientTransport
+    acked: int = 0  # the last op it acknowledged: it holds every op up to that one
 
 
 class Replicas:
@@ -54,6 +56,7 @@ class Replicas:
         self.backups: list[Backup] = []   # the configuration's backups, each sent the state
         self.joining: list[str] = []      # backups that asked to join: added once nothing is half done
         self.n = 0                        # ops sent so far
+        self.unacked: int | None = None   # the last op sent whose acks no reply has waited for yet (settle)
         self.outbox: list[tuple[Hashable, list, dict | None]] | None = None
         self.fenced = False
         self.admitted = 0                 # backups sent the state so far (a backup asking again counts again)
@@ -118,8 +121,8 @@ class Replicas:
     # --- replies held for the backups' acks -------------------------------------
     @contextlib.contextmanager
     def deferring(self):
-        """Hold the replies made inside the block until the block's ops are acknowledged, then send them
-        (none once fenced). Without backups replies go out at once, as they always did."""
+        """Hold the replies made inside the block until every op sent is acknowledged, then send them (none
+        once fenced). Without backups replies go out at once, as they always did."""
         if not self.backups:
             yield
             return
@@ -128,12 +131,16 @@ class Replicas:
             yield
         finally:
             held, self.outbox = self.outbox, None
+            if held and not self.fenced:
+                self.settle()
             for peer, frames, note in held if not self.fenced else ():
                 self.s.sent(peer, frames, note)
 
     def hold(self, peer: Hashable, frames: list, note: dict | None) -> bool:
-        """Keep a reply for the end of `deferring` (True), or leave it to be sent now (False)."""
+        """Keep a reply for the end of `deferring` (True), or leave it to be sent now (False), once every backup
+        holds every op sent so far."""
         if self.outbox is None:
+            self.settle()
             return False
         self.outbox.append((peer, frames, note))
         return True
@@ -146,29 +153,30 @@ class Replicas:
                 self.outbox[i] = (peer, [frames[0], *(bytes(memoryview(f)) for f in frames[1:])], note)
 
     # --- the stream ---------------------------------------------------------------
-    def send(self, op: str, payload: list | tuple = (), **fields) -> int | None:
-        """Send op to every backup without waiting: its number, for wait(); None without backups. The
-        primary applies the op meanwhile, so the backups' acks travel while it works."""
+    def send(self, op: str, payload: list | tuple = (), **fields) -> None:
+        """Send op to every backup without waiting: the primary applies it meanwhile, so the acks travel while
+        it works, and the next reply to leave waits for them (settle)."""
         if not self.backups:
-            return None
+            return
+        if not all(b.link.in_order for b in self.backups):  # (torch RPC) op n+1 could overtake op n: one at a time
+            self.settle()
         self.n += 1
         frames = stream.frames_of(op, self.epoch, payload, n=self.n, **fields)
         for b in self.backups:
             b.link.send(0, frames)
         self._pinged = self.s.now()
-        return self.n
+        self.unacked = self.n
 
-    def wait(self, n: int | None) -> None:
-        """Until every backup acknowledged op n, or was dropped at a new epoch, or this primary was fenced."""
-        if n is None:
-            return
-        for b in list(self.backups):
+    def settle(self) -> None:
+        """Until every backup acknowledged every op sent so far, was dropped at a new epoch, or we were fenced."""
+        n, self.unacked = self.unacked, None
+        for b in list(self.backups) if n is not None else ():
             self._await(b, n)
 
     def _await(self, b: Backup, n: int) -> None:
         bound = self.s.timing.ack_timeout
         deadline = time.monotonic() + bound
-        while not self.fenced and b in self.backups:
+        while not self.fenced and b in self.backups and b.acked < n:
             got = b.link.recv(max(0.0, deadline - time.monotonic()))
             if got is not None:
                 if self._answer(b, got[1], n):
@@ -193,7 +201,9 @@ class Replicas:
             if self._drop(b, why=f"drop {b.address}: it missed op {head.get('n')}"):
                 self.join(b.address)
             return b not in self.backups
-        return head["op"] == "ack" and int(head.get("n", -1)) >= n
+        if head["op"] == "ack":
+            b.acked = max(b.acked, int(head.get("n", -1)))
+        return b.acked >= n
 
     def _drop(self, b: Backup, *, why: str) -> bool:
         """Backup b leaves the configuration at a claimed epoch; False if no claim could be made (or we were
