@@ -25,8 +25,9 @@ class Timeouts:
 
     @property
     def ack_timeout(self) -> float:
-        """A primary drops (at a new epoch, psrv/server/replication/witness.py) a backup silent this long on an op."""
-        return max(2 * self.bound, self.transport_floor)
+        """A primary drops (at a new epoch, psrv/server/replication/witness.py) a backup silent this long on an op
+        (every push waits for every backup's ack, so this is what a stalled backup costs the shard at most)."""
+        return max(self.bound, self.transport_floor)
 
     @property
     def probe_after(self) -> float:
@@ -41,9 +42,10 @@ class Timeouts:
             raise ValueError(f"--failure-bound {self.bound:g}s makes a failover take up to {failover:g}s, which must "
                              f"stay below half of --worker-timeout ({self.worker:g}s): a shard would drop workers "
                              f"busy finding its next primary; lower --failure-bound or raise --worker-timeout")
-        if self.request is not None and not self.worker < self.request:
-            raise ValueError(f"--request-timeout {self.request:g}s must exceed --worker-timeout {self.worker:g}s: a "
-                             f"worker would give up on a shard that has not yet given up on a silent worker")
+        if self.request is not None and not failover < self.request:
+            raise ValueError(f"--request-timeout {self.request:g}s must exceed a failover ({failover:g}s with "
+                             f"--failure-bound {self.bound:g}s): a worker would give up on a shard while its backup "
+                             f"takes over")
 
     def line(self) -> str:
         """The derived timeouts and the order checked, as psrv run and psrv serve print them at start."""

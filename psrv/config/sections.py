@@ -240,7 +240,7 @@ class ServerSettings(Section):
     failure_bound: float = setting(1.0, "seconds of silence after which a replica of a shard counts as failed; "
                                    "every failover timeout derives from it (psrv/timeouts.py): the primary pings its "
                                    "backups every bound/10, a backup takes over after bound/2 without a word, a "
-                                   "primary drops a backup that has not acknowledged for 2 x bound, a worker probes a "
+                                   "primary drops a backup that has not acknowledged for one bound (at once if its process ended), a worker probes a "
                                    "silent replicated shard after bound/5 and tries its next replica after 3 x "
                                    "bound/5; must stay below --worker-timeout / 2", minimum=0.05, metavar="SECONDS")
     join_timeout: float = setting(120.0, "seconds a shard waits for a worker it has never heard from (its first "

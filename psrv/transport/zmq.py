@@ -167,7 +167,7 @@ class ZmqServer(ServerTransport):
         memory, one memcpy, not a TCP round of the kernel's). A payload that goes inline is copied when sent,
         as is one a plane takes: the caller may change or release its buffer at once (the shard does, at its
         next receive, psrv/transport/shm.py), without waiting for the backup's ack."""
-        return ZmqClient([address], planes=self._link_planes(), link=True)
+        return ZmqClient([address], planes=self._link_planes(), link=True, watch=True)  # a broken one is seen
 
     def close(self) -> None:
         self._sock.close(linger=200)  # the last answers (a LEAVE's OK) still go out; a dead peer costs 0.2s

@@ -41,8 +41,8 @@ def test_a_backup_dropped_for_a_late_ack_joins_again_and_never_takes_over_a_live
     step 10, worker 1 waiting at the barrier or the bound). Before the witness the primary dropped it on its
     own and took it back only with no pull pending; the backup took over 0.5 s later with the primary alive,
     and ssp lost an acknowledged update while sync hung."""
-    primary = shard(mode, workers=2, witness=tmp_path, failure_bound=0.25)
-    backup = shard(mode, workers=2, witness=tmp_path, failure_bound=0.25, backup_of=primary.address)
+    primary = shard(mode, workers=2, witness=tmp_path, failure_bound=0.5)
+    backup = shard(mode, workers=2, witness=tmp_path, failure_bound=0.5, backup_of=primary.address)
     started, go = threading.Event(), threading.Event()
     try:
         wait_for(lambda: following(backup))

@@ -174,19 +174,37 @@ class Replicas:
             self._await(b, n)
 
     def _await(self, b: Backup, n: int) -> None:
+        """Until backup b acknowledged op n; dropped at a new epoch if it does not within the ack timeout, or at
+        once if its connection broke (its process ended: a kill -9 closes its sockets at once). The other
+        backups are pinged meanwhile: a backup that hears nothing while its primary waits on another would
+        take the shard over from a live primary."""
         bound = self.s.timing.ack_timeout
         deadline = time.monotonic() + bound
         while not self.fenced and b in self.backups and b.acked < n:
-            got = b.link.recv(max(0.0, deadline - time.monotonic()))
-            if got is not None:
-                if self._answer(b, got[1], n):
-                    return
-                continue
-            log.warning("shard %d: backup %s did not acknowledge op %d within %gs; dropping it at the next epoch",
-                        self.s.cfg.shard, b.address, n, bound)
-            if self._drop(b, why=f"drop {b.address}: no ack of op {n} within {bound:g}s"):
+            if b.link.down(0):
+                why = "its connection broke (its process ended)"
+            else:
+                self._ping()
+                got = b.link.recv(max(0.0, min(deadline - time.monotonic(), self.s.timing.ping_every)))
+                if got is not None:
+                    if self._answer(b, got[1], n):
+                        return
+                    continue
+                if time.monotonic() < deadline:
+                    continue
+                why = f"no ack of op {n} within {bound:g}s"
+            log.warning("shard %d: backup %s: %s; dropping it at the next epoch", self.s.cfg.shard, b.address, why)
+            if self._drop(b, why=f"drop {b.address}: {why}"):
                 return
             deadline = time.monotonic() + RETRY_CLAIM  # the witness was out of reach: wait for the ack on
+
+    def _ping(self) -> None:
+        """A ping to every backup where the stream has been quiet for ping_every (the backups' sign that the
+        primary lives): from the loop's tick, and inside a wait for acks, where the tick does not run."""
+        if self.backups and self.s.now() - self._pinged >= self.s.timing.ping_every:
+            self._pinged = self.s.now()
+            for b in self.backups:
+                b.link.send(0, stream.frames_of("ping", self.epoch, n=self.n))
 
     def _answer(self, b: Backup, frames: list, n: int) -> bool:
         """Take one answer of backup b; True once it acknowledged op n (or is no longer waited for)."""
@@ -269,10 +287,7 @@ class Replicas:
             while got is not None and not self.fenced and b in self.backups:
                 self._answer(b, got[1], self.n + 1)
                 got = b.link.recv(0) if b in self.backups else None
-        if self.backups and self.s.now() - self._pinged >= self.s.timing.ping_every:
-            self._pinged = self.s.now()
-            for b in self.backups:
-                b.link.send(0, stream.frames_of("ping", self.epoch, n=self.n))
+        self._ping()
 
     def _admit(self, address: str) -> bool:
         """Add a joining backup at a new epoch and send it the shard's state with what a checkpoint leaves out
