@@ -1,0 +1,57 @@
+"""`make gpu-check` (experiments/bench/gpu_check.py) on a machine without CUDA: every GPU part says in one line that
+it was skipped for lack of CUDA, nothing passes for it, and it exits 0; a rehearsal runs a GPU part on the CPU and
+says its figures are not a GPU's. On a machine with CUDA these skip: there the check itself measures."""
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from psrv.experiments.bench import gpu_check
+from tests.helpers import run_in_session
+
+ROOT = Path(__file__).resolve().parents[2]
+no_cuda_here = pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA, make gpu-check measures, for minutes")
+
+
+@no_cuda_here
+@pytest.mark.timeout(90)
+def test_without_cuda_each_gpu_part_is_one_skipped_line_and_it_exits_0(tmp_path):
+    proc = run_in_session([sys.executable, "-m", "psrv.experiments.bench.gpu_check", "--out", str(tmp_path)], timeout=60)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    skipped = {m.group(1): line for line in proc.stdout.splitlines() if (m := re.match(r"SKIPPED (\w+): ", line))}
+    assert set(skipped) == set(gpu_check.PARTS), proc.stdout
+    for part, line in skipped.items():
+        assert "for lack of CUDA" in line and f"torch {torch.__version__}" in line, line
+    assert not re.search(r"\bpass(ed)?\b|\bmet\b", proc.stdout, re.IGNORECASE), proc.stdout  # a skip is never a pass
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["results"] == [] and sorted(doc["said"]) == sorted(skipped.values())
+    assert "gpu" not in doc["machine"] and doc["rehearsal"] is False and doc["work"] is None
+    collected = doc["tests"]["gpu-marked, collected"]  # the GPU tests import and collect; each skips itself
+    assert collected["returncode"] == 0 and re.fullmatch(r"\d+ skipped in [\d.]+s", collected["summary"]), collected
+    assert "needs CUDA" in (tmp_path / "pytest-gpu.txt").read_text()
+    report = (tmp_path / "results.md").read_text()
+    assert all(f"- {line}" in report for line in skipped.values()) and "| figure |" not in report
+
+
+@no_cuda_here
+def test_a_rehearsal_runs_a_gpu_part_on_the_cpu_and_says_its_figures_are_not_a_gpus(tmp_path, capsys):
+    assert gpu_check.main(["--out", str(tmp_path), "--rehearse", "--parts", "apply"]) == 0
+    doc = json.loads((tmp_path / "results.json").read_text())
+    rows = doc["results"]
+    assert {(r["optimizer"], r["grad"]) for r in rows} == {(o, g) for o in ("sgd", "adam") for g in ("device", "host")}
+    for r in rows:
+        assert r["device"] == "cpu" and "goal" not in r, r  # no GPU goal is judged on the CPU's figures
+        assert r["ratio"] == pytest.approx(r["bytes_per_second"] / r["copy_bytes_per_second"], rel=1e-12), r
+    assert (tmp_path / "results.md").read_text().startswith("**REHEARSAL on the CPU: these are not GPU figures.**")
+    assert doc["said"] == [] and list(doc["part_seconds"]) == ["apply"]
+
+
+def test_the_gpu_test_selection_names_every_test_file_with_a_gpu_mark_or_a_cuda_branch():
+    this = Path(__file__).relative_to(ROOT).as_posix()  # its own branch only skips it where CUDA is
+    found = {p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "tests").rglob("test_*.py"))
+             if re.search(r"mark\.gpu|cuda\.is_available|cuda\.device_count", p.read_text())} - {this}
+    assert found == set(gpu_check.GPU_TEST_FILES)
+    assert all((ROOT / path).is_file() for path in gpu_check.SUITE_NEEDS.values())
