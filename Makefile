@@ -9,7 +9,7 @@ STAMP   := $(VENV)/.installed
 # the emulated hosts' fixed names in tests/system/test_netns.py). TEST_JOBS=0 runs them in this process.
 TEST_JOBS ?= 2
 
-.PHONY: run test bench bench-smoke chaos setup clean
+.PHONY: run test bench bench-smoke chaos gpu-check gpu-prepare setup clean
 
 setup: $(STAMP)
 
@@ -37,6 +37,18 @@ bench-smoke: setup
 # `make bench`): faults by kind and target, the history checker's verdict, goodput. CHAOS_ARGS="--minutes 3": short.
 chaos: setup
 	$(BIN)/python -m psrv.experiments.bench.chaos $(CHAOS_ARGS)
+
+# psrv's GPU paths measured on a machine with CUDA (about 9 minutes; not in `make test` or `make bench`; docs/benchmarks.md,
+# "GPU"): the GPU tests, a GPU0 shard's step against a device copy, host<->device copies, GPU workers' samples/s against
+# DDP, placement.toml's GPU0 rows, then the whole suite. Without CUDA each GPU part is one SKIPPED line (seconds).
+# GPU_CHECK_ARGS="--rehearse": without CUDA, the GPU parts run on the CPU at tiny sizes (their code runs; no GPU figure).
+GPU_OUT ?= bench/gpu
+gpu-check: setup
+	$(BIN)/python -m psrv.experiments.bench.gpu_check --out $(GPU_OUT) $(GPU_CHECK_ARGS)
+
+# The wheels a lent GPU machine lacks, into .whl/ (carried by the device call), and that one call, printed.
+gpu-prepare:
+	PY=$(PY) deploy/gpu/prepare.sh
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info
