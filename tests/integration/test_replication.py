@@ -226,3 +226,25 @@ def test_a_backup_announces_its_address_only_once_it_follows(tmp_path):
         started[0].stop()
         primary.stop()
         thread.join(timeout=20)
+
+
+def test_a_join_said_before_the_backup_was_added_changes_nothing(tmp_path):
+    """A backup says "join" every 0.25 s until the state comes, so joins queue while its primary starts and cross
+    the state on the way: one of an epoch before the backup's admission is stale, and must not add it again (a
+    second admission drops it from the replicas the workers are told, and sends the state again)."""
+    from psrv.server.replication import stream
+    from psrv.transport import create_client
+    primary = _shard("async", workers=1, witness=tmp_path)
+    backup = _shard("async", workers=1, backup_of=primary.address, witness=tmp_path)
+    link = create_client("zmq", [primary.address])
+    try:
+        _wait(lambda: _following(backup))
+        replicas = primary.service.replicas
+        epoch = replicas.epoch
+        link.send(0, stream.frames_of("join", 0, address=backup.address))
+        time.sleep(0.5)
+        assert (replicas.admitted, replicas.epoch, replicas.addresses) == (1, epoch, [primary.address, backup.address])
+    finally:
+        link.close()
+        for s in (backup, primary):
+            s.stop()

@@ -42,6 +42,7 @@ class Backup:
     address: str
     link: ClientTransport
     acked: int = 0  # the last op it acknowledged: it holds every op up to that one
+    since: int = 0  # the epoch at which it was added: a "join" it said before that is stale
 
 
 class Replicas:
@@ -257,14 +258,19 @@ class Replicas:
             self.expected = 0
         return late
 
-    def join(self, address: str) -> None:
+    def join(self, address: str, epoch: int = 0) -> None:
         """A backup asked to follow this shard: it is added, and sent the state, at the next turn when nothing
-        is half done (it asks again every little while until then, and is always answered)."""
+        is half done (it asks again every little while until then, and is always answered). A backup already
+        added asks again only if it lost track of the stream, from the epoch it was added at or a later one; a
+        "join" of an earlier epoch was said before it was added (queued while this primary started, or crossing
+        its state) and changes nothing."""
         if self.witness is None or self.config is None:
             link = self.s.transport.link(address)
             link.send(0, stream.frames_of("refused", self.epoch, why=f"shard {self.s.cfg.shard}'s primary at "
                                           f"{self.s.transport.address} has no --witness"))
             link.close()
+            return
+        if any(b.address == address and epoch < b.since for b in self.backups):
             return
         if address not in self.joining:
             self.joining.append(address)
@@ -301,10 +307,10 @@ class Replicas:
         state = self.s.replica_state()
         link = self.s.transport.link(address)
         payload = [stream.state_bytes(state)] if state is not None else []
+        self.backups.append(Backup(address, link, since=self.epoch))  # listed before it can say it follows
         self.s.history.record("sent_state", to=address, n=self.n, epoch=self.epoch)
-        link.send(0, stream.frames_of("state", self.epoch, payload, n=self.n, replicas=[*self.addresses, address],
+        link.send(0, stream.frames_of("state", self.epoch, payload, n=self.n, replicas=self.addresses,
                                       pull_numbers=self.s.pulls.numbers))
-        self.backups.append(Backup(address, link))
         self.admitted += 1
         log.info("shard %d: backup %s joined at op %d (epoch %d, version %d)", self.s.cfg.shard, address, self.n,
                  self.epoch, self.s.shard.version if self.s.shard is not None else 0)

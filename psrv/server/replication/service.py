@@ -26,7 +26,7 @@ class ShardReplication:
             return
         if head["op"] == "join":
             if self.follower is None and not self.replicas.fenced:
-                self.replicas.join(str(head.get("address", "")))
+                self.replicas.join(str(head.get("address", "")), int(head.get("epoch", 0)))
         elif self.follower is not None:
             self.follower.on_stream(peer, head, payload)
         elif head["op"] in ("ack", "gap", "fenced"):
