@@ -35,6 +35,13 @@ class Timeouts:
         twice as long again without an answer to the probe)."""
         return self.bound / 5
 
+    @property
+    def fenced_linger(self) -> float:
+        """A fenced primary answers NOT_PRIMARY (naming the shard's replicas now) this long before it ends: a worker
+        tries each replica it knows (at most five) after 3F/5 without an answer, so one that knew of no other live
+        replica comes back here within 3F and hears where the shard went."""
+        return 5 * self.bound
+
     def check(self) -> None:
         """ValueError, naming the settings, when the order fails: a worker dropped while it fails over."""
         failover = self.silence + 3 * self.probe_after

@@ -107,7 +107,7 @@ class Server:
 
     def stop(self) -> None:
         """End serving soon (within the loop's poll interval), cleanly: the final checkpoint is written."""
-        self._service.stopped = True
+        self._service.stop()
 
     def start(self) -> "Server":
         """Serve from a daemon thread; join() waits for it and returns the summary."""

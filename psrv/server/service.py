@@ -149,6 +149,8 @@ class ShardService(ShardMembership, PullAnswers, ShardPersistence, ShardReplicat
                 self.answer_admin_checkpoints()
             if self.checkpoints.due() and not self.writer.writing:
                 self.start_checkpoint()
+        if self.replicas.fenced:
+            self.linger_fenced()
         if self.follower is None and not self.controller.active:
             self.replicas.finish()
         if self.cfg.checkpoint_dir and not self.replicas.fenced:  # a fenced primary's state is no longer the shard's
@@ -161,6 +163,11 @@ class ShardService(ShardMembership, PullAnswers, ShardPersistence, ShardReplicat
         if self.follower is not None:
             self.follower.close()
         return summary
+
+    def stop(self) -> None:
+        """End serving soon (Server.stop, a signal): a fenced primary ends its linger too."""
+        self.stopped = True
+        self.replicas.linger_until = -float("inf")
 
     def handle(self, peer: Hashable, frames: list) -> None:
         """Handle one request; every request gets exactly one reply, now or deferred. With backups, a

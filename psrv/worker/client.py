@@ -316,6 +316,18 @@ class PSClient(PushMessages):
         self.net.redirect(shard, self.servers[shard])
         return True
 
+    def moved(self, shard: int, addresses: list) -> bool:
+        """A fenced primary said `addresses` serve `shard` now (NOT_PRIMARY): move to their primary; False if that
+        is where this worker already is."""
+        self.heard_replicas(shard, addresses)
+        if str(addresses[0]) == self.servers[shard]:
+            return False
+        log.warning("worker %d: shard %d's replica %s was fenced; going to its primary %s", self.worker, shard,
+                    self.servers[shard], addresses[0])
+        self.servers[shard] = str(addresses[0])
+        self.net.redirect(shard, self.servers[shard])
+        return True
+
     def heard_replicas(self, shard: int, addresses: list) -> None:
         """A reply named `shard`'s replicas now: its primary, then its backups; two older ones stay, last (a
         failover it has not heard of yet may have gone to one of them)."""

@@ -253,6 +253,11 @@ class RoundTrip:
             return True
         if reply.type is MsgType.ERROR:
             f = reply.fields
+            if f.get("code") == ErrorCode.NOT_PRIMARY and f.get("replicas"):
+                if self.c.moved(s, f["replicas"]):  # a fenced primary named who serves the shard now: ask there
+                    self.probing[s] = False
+                    self._resend(s)
+                return True
             if f.get("hello") and self.kind != "HELLO":
                 if not self.greeting[s]:
                     self.hellos[s] += 1

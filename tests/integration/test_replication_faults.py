@@ -147,3 +147,28 @@ def test_a_backup_that_joins_mid_run_counts_what_its_primary_counted(tmp_path):
     counts = ("pushes", "pulls", "updates_applied", "pushes_applied", "duplicates", "dropped", "staleness_histogram")
     assert {k: theirs[k] for k in counts} == {k: ours[k] for k in counts}
     assert theirs["pushes"] == 120
+
+
+def test_a_worker_that_knew_of_no_live_replica_is_sent_on_by_the_fenced_primary(tmp_path):
+    """The worker was welcomed before the backup joined, and hears of no replica before the primary pauses past
+    the takeover bound with its push in hand (a backup that joins just before a pause: seen in CI under the
+    nemesis). The backup takes over; the primary, back, is fenced and answers NOT_PRIMARY naming it, and the
+    worker goes there: every push applied once, and the run ends. Without the answer the worker knew only the
+    fenced primary, and waited for it until its request timeout."""
+    primary = shard("async", workers=1, witness=tmp_path)
+    started, go = threading.Event(), threading.Event()
+    threads = run_workers(primary.address, 1, started=started, go=go)
+    backup = None
+    try:
+        assert started.wait(30)
+        backup = shard("async", workers=1, backup_of=primary.address, witness=tmp_path)
+        wait_for(lambda: following(backup))
+        stall(primary, 3.0)
+        time.sleep(0.1)  # the stall begins at the primary's next receive: the push the worker sends now
+        theirs = finish(threads, go, backup)[0]
+        ours = primary.join(30)
+    finally:
+        for s in (primary, backup):
+            if s is not None:
+                s.stop()
+    assert ours["fenced"] and theirs["failovers"] and theirs["updates_applied"] == theirs["version"] == STEPS

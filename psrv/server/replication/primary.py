@@ -14,7 +14,9 @@ by itself, so a chunked push's chunks go back to back and their acks are waited 
 Every change of the configuration is a claim on the shard's witness (psrv/server/replication/witness.py):
 a backup that asks to join is added at the next epoch, then sent the state; one that does not acknowledge
 within `ack_timeout` is dropped at the next epoch, and only then does the primary go on without it. A claim
-lost means another replica took the shard over: this primary is fenced and stops, its held replies unsent.
+lost means another replica took the shard over: this primary is fenced and stops, its held replies unsent
+(for a little while it answers every worker's request NOT_PRIMARY, naming who serves the shard now:
+service.py linger_fenced).
 So a primary never acknowledges alone on its own say, and a backup it dropped cannot take over.
 """
 from __future__ import annotations
@@ -60,6 +62,7 @@ class Replicas:
         self.unacked: int | None = None   # the last op sent whose acks no reply has waited for yet (settle)
         self.outbox: list[tuple[Hashable, list, dict | None]] | None = None
         self.fenced = False
+        self.linger_until = -float("inf")  # once fenced: until when it tells workers where the shard went
         self.admitted = 0                 # backups sent the state so far (a backup asking again counts again)
         self._pinged = service.now()
         self._blocked_until = -float("inf")  # after a claim the witness could not take: when to try again
@@ -240,6 +243,7 @@ class Replicas:
                   "without answering", self.s.cfg.shard, by, epoch, self.epoch)
         self.s.history.record("fenced", epoch=epoch, by=by)
         self.fenced = True
+        self.linger_until = self.s.now() + self.s.timing.fenced_linger
         self.s.stopped = True
 
     # --- joining ------------------------------------------------------------------

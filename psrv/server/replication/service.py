@@ -9,7 +9,7 @@ import logging
 import time
 from typing import Hashable
 
-from psrv.protocol import Message, MsgType, ProtocolError, decode, encode
+from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError, decode, encode
 from psrv.server.replication import stream
 
 log = logging.getLogger("psrv.server")
@@ -97,3 +97,31 @@ class ShardReplication:
                     self.shard.version if self.shard else 0)
         for peer, frames in f.held:
             self.handle(peer, frames)
+
+    def linger_fenced(self) -> None:
+        """A fenced primary, before it ends, answers every worker's request for `fenced_linger` seconds with
+        NOT_PRIMARY naming the replicas the witness gives the shard now (nothing applied, nothing acknowledged):
+        a worker whose request waited here while a backup joined and took over knows of no other live replica,
+        and would otherwise look for the shard where it no longer is."""
+        r = self.replicas
+        while self.now() < r.linger_until:
+            item = self.transport.recv(min(0.05, max(0.0, r.linger_until - self.now())))
+            if item is None or stream.is_stream(item[1]):
+                continue
+            peer, frames = item
+            try:
+                msg = decode(frames)
+            except ProtocolError:
+                continue
+            if msg.type is MsgType.STATS:
+                self.transport.send(peer, encode(Message(MsgType.STATS, seq=msg.seq, fields=self.summary())))
+                continue
+            try:
+                latest = r.witness.latest()
+            except OSError:
+                latest = None
+            replicas = [latest.primary, *latest.backups] if latest is not None and latest.primary else []
+            self.transport.send(peer, encode(Message(MsgType.ERROR, seq=msg.seq, fields={
+                "code": int(ErrorCode.NOT_PRIMARY), "replicas": replicas,
+                "message": f"shard {self.cfg.shard}: this replica ({self.transport.address}) was fenced; the shard "
+                           f"is served by {replicas[0] if replicas else 'no replica the witness names'}"})))
