@@ -123,7 +123,9 @@ def test_a_stragglers_delay_is_the_others_wait(runs, mode):
     fast, slow = ([r for r in json.loads((out / f"worker-{rank}.json").read_text())["step_log"] if r["step"]]
                   for rank in (0, 1))  # step 0: lazy set-up
     wait = statistics.median(r["wait_seconds"] for r in fast)
-    assert wait > 0.015 and wait > 3 * statistics.median(r["communication_seconds"] for r in fast)
+    # the delay is 20 ms a step; counted as communication instead, wait would be about 0 and communication above
+    # it (a factor of 3 over the all-reduce's own time failed once under CI's load: 22 ms against 3 x 8 ms)
+    assert wait > 0.015 and wait > statistics.median(r["communication_seconds"] for r in fast)
     assert statistics.median(r["wait_seconds"] for r in slow) < wait / 3  # the straggler itself barely waits
 
 
