@@ -317,13 +317,13 @@ class PSClient(PushMessages):
         return True
 
     def moved(self, shard: int, addresses: list) -> bool:
-        """A fenced primary said `addresses` serve `shard` now (NOT_PRIMARY): move to their primary; False if that
-        is where this worker already is."""
+        """A replica that does not serve `shard` (a backup, a fenced primary) said `addresses` do (NOT_PRIMARY):
+        move to their primary; False if that is where this worker already is."""
         self.heard_replicas(shard, addresses)
         if str(addresses[0]) == self.servers[shard]:
             return False
-        log.warning("worker %d: shard %d's replica %s was fenced; going to its primary %s", self.worker, shard,
-                    self.servers[shard], addresses[0])
+        log.info("worker %d: shard %d's replica %s does not serve it; going to its primary %s", self.worker, shard,
+                 self.servers[shard], addresses[0])
         self.servers[shard] = str(addresses[0])
         self.net.redirect(shard, self.servers[shard])
         return True

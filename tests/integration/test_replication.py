@@ -248,3 +248,28 @@ def test_a_join_said_before_the_backup_was_added_changes_nothing(tmp_path):
         link.close()
         for s in (backup, primary):
             s.stop()
+
+
+def test_a_backup_sends_a_worker_back_to_its_live_primary(tmp_path):
+    """A worker whose primary stalled on a backup's late ack tries the next replica after 3F/5: a backup whose
+    primary lives answers it NOT_PRIMARY naming the primary (nothing applied), so the worker goes back at once
+    instead of waiting there and at every other replica in turn (the chaos run: a 2 s late ack stopped every
+    worker about 2.5 s, then half of them for 1.5 s more)."""
+    from psrv.protocol import ErrorCode, Message, MsgType, decode, encode
+    from psrv.transport import create_client
+    primary = _shard("async", workers=1, witness=tmp_path)
+    backup = _shard("async", workers=1, backup_of=primary.address, witness=tmp_path)
+    link = create_client("zmq", [backup.address])
+    try:
+        _wait(lambda: _following(backup))
+        link.send(0, encode(Message(MsgType.HEARTBEAT, worker=0, seq=5, fields={"probe": 5})))
+        got = link.recv(5.0)
+        assert got is not None, "the backup held the request"
+        reply = decode(got[1])
+        assert (reply.type, reply.seq, reply.fields["code"]) == (MsgType.ERROR, 5, ErrorCode.NOT_PRIMARY)
+        assert reply.fields["replicas"][0] == primary.address
+        assert backup.service.shard is None or backup.service.shard.version == 0
+    finally:
+        link.close()
+        for s in (backup, primary):
+            s.stop()

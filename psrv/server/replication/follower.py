@@ -3,8 +3,11 @@ state, then apply its stream in order, and take the shard over when the primary 
 (docs/reliability.md, "Replicated shards").
 
 While it follows, the backup's ShardService is passive: it starts no timer of its own (no worker is
-dropped for silence except as the primary's stream says), its replies go nowhere, and a worker's request
-that reaches it (a worker that lost the primary) is held. Each op is acknowledged when it arrives, before
+dropped for silence except as the primary's stream says), and its replies go nowhere. A worker's request that
+reaches it (a worker that lost the primary) is answered NOT_PRIMARY, naming the primary, while the primary
+lives (heard within half the takeover bound, its connection whole): a worker whose primary was busy waiting
+for a stalled backup's ack goes back at once instead of trying every replica in turn. Otherwise it is held,
+and answered if this backup takes over. Each op is acknowledged when it arrives, before
 it is applied: the backup then holds it, and applies the ops in the order they came.
 
 Who the primary is, and whether this backup may take over, is the witness's to say
@@ -61,8 +64,25 @@ class Follower:
         return self.expected is not None
 
     def hold(self, peer: Hashable, frames: list) -> None:
-        """A worker's request while we follow: answered if we take over (the primary may be gone)."""
-        self.held.append((peer, [bytes(memoryview(f)) for f in frames]))
+        """A worker's request while we follow: sent back to a live primary, else answered if we take over."""
+        if self.primary_live():
+            self.s.not_primary(peer, frames, self.replicas or [self.primary], "a backup")
+        else:
+            self.held.append((peer, [bytes(memoryview(f)) for f in frames]))
+
+    def primary_live(self) -> bool:
+        """Following a primary heard from within half the takeover bound, whose connection has not broken (a
+        killed primary's breaks at once)."""
+        if not self.following:
+            return False
+        self.link.recv(0)  # reads the link's connection events: nothing else comes on it while we follow
+        return not self.link.down(0) and self.s.now() - self.heard < self.s.timing.silence / 2
+
+    def _send_back(self) -> None:
+        """The primary was heard again: the workers' requests held meanwhile go back to it."""
+        held, self.held = self.held, []
+        for peer, frames in held:
+            self.s.not_primary(peer, frames, self.replicas or [self.primary], "a backup")
 
     def on_stream(self, peer: Hashable, head: dict, payload: list) -> None:
         """One message of the primary's stream, acknowledged and applied in order."""
@@ -81,7 +101,7 @@ class Follower:
         if epoch > self.epoch and not self._confirm(epoch):
             return
         self.heard = self.s.now()
-        self.held.clear()  # the primary lives: the workers that came here go back to it
+        self._send_back()  # the primary lives: the workers that came here go back to it
         if op == "ping":
             self._say(peer, "ack", n=self.expected - 1)
             return
@@ -111,7 +131,7 @@ class Follower:
         self.epoch, self.expected, self.replicas = epoch, int(head["n"]) + 1, replicas
         self.primary = replicas[0] if replicas else self.primary
         self.heard = self.s.now()
-        self.held.clear()
+        self._send_back()
         self.s.history.record("state", **{"from": self.primary}, n=self.expected - 1, epoch=epoch)
         self.s.history.record("epoch", epoch=epoch, role="backup", primary=self.primary)
         log.info("shard %d: following %s from op %d (epoch %d)", self.s.cfg.shard, self.primary,

@@ -109,19 +109,24 @@ class ShardReplication:
             if item is None or stream.is_stream(item[1]):
                 continue
             peer, frames = item
-            try:
-                msg = decode(frames)
-            except ProtocolError:
-                continue
-            if msg.type is MsgType.STATS:
-                self.transport.send(peer, encode(Message(MsgType.STATS, seq=msg.seq, fields=self.summary())))
+            if self.backup_stats(peer, frames):
                 continue
             try:
                 latest = r.witness.latest()
             except OSError:
                 latest = None
-            replicas = [latest.primary, *latest.backups] if latest is not None and latest.primary else []
-            self.transport.send(peer, encode(Message(MsgType.ERROR, seq=msg.seq, fields={
-                "code": int(ErrorCode.NOT_PRIMARY), "replicas": replicas,
-                "message": f"shard {self.cfg.shard}: this replica ({self.transport.address}) was fenced; the shard "
-                           f"is served by {replicas[0] if replicas else 'no replica the witness names'}"})))
+            self.not_primary(peer, frames, [latest.primary, *latest.backups] if latest is not None and
+                             latest.primary else [], "fenced")
+
+    def not_primary(self, peer: Hashable, frames: list, replicas: list, why: str) -> None:
+        """Answer a worker's request ERROR NOT_PRIMARY naming the shard's `replicas` (primary first): this replica
+        does not serve it (a backup, or a fenced primary); nothing is applied. The worker sends it there again,
+        with the same seq (psrv/worker/roundtrip.py)."""
+        try:
+            msg = decode(frames)
+        except ProtocolError:
+            return
+        self.transport.send(peer, encode(Message(MsgType.ERROR, seq=msg.seq, fields={
+            "code": int(ErrorCode.NOT_PRIMARY), "replicas": list(replicas),
+            "message": f"shard {self.cfg.shard}: this replica ({self.transport.address}) is {why}; the shard is "
+                       f"served by {replicas[0] if replicas else 'no replica the witness names'}"})))
