@@ -43,7 +43,7 @@ RETRY_CLAIM = 0.5     # seconds between claims on a witness that could not be wr
 class Backup:
     address: str
     link: ClientTransport
-    acked: int = 0  # the last op it acknowledged: it holds every op up to that one
+    acked: int = -1  # the last op it acknowledged: it holds every op up to that one (the state's: its n)
     since: int = 0  # the epoch at which it was added: a "join" it said before that is stale
 
 
@@ -315,6 +315,8 @@ class Replicas:
         self.s.history.record("sent_state", to=address, n=self.n, epoch=self.epoch)
         link.send(0, stream.frames_of("state", self.epoch, payload, n=self.n, replicas=self.addresses,
                                       pull_numbers=self.s.pulls.numbers))
+        self.unacked = self.n  # (torch RPC) the next op waits for the state's ack: sent at once, it could overtake
+                               # the state, and a backup drops an op that comes before its state
         self.admitted += 1
         log.info("shard %d: backup %s joined at op %d (epoch %d, version %d)", self.s.cfg.shard, address, self.n,
                  self.epoch, self.s.shard.version if self.s.shard is not None else 0)
