@@ -36,7 +36,7 @@ class ErrorCode(enum.IntEnum):
     NONFINITE = 8
     INTERNAL = 9
     RANK_IN_USE = 10       # another live process already works as this rank
-    NOT_PRIMARY = 11       # a fenced primary: the shard is served elsewhere now (`replicas`: by whom)
+    NOT_PRIMARY = 11       # a backup or a fenced primary: the shard is served elsewhere (`replicas`: by whom)
 
 
 class ProtocolError(Exception):

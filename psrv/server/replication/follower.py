@@ -66,7 +66,7 @@ class Follower:
     def hold(self, peer: Hashable, frames: list) -> None:
         """A worker's request while we follow: sent back to a live primary, else answered if we take over."""
         if self.primary_live():
-            self.s.not_primary(peer, frames, self.replicas or [self.primary], "a backup")
+            self._send_back_one(peer, frames)
         else:
             self.held.append((peer, [bytes(memoryview(f)) for f in frames]))
 
@@ -82,7 +82,10 @@ class Follower:
         """The primary was heard again: the workers' requests held meanwhile go back to it."""
         held, self.held = self.held, []
         for peer, frames in held:
-            self.s.not_primary(peer, frames, self.replicas or [self.primary], "a backup")
+            self._send_back_one(peer, frames)
+
+    def _send_back_one(self, peer: Hashable, frames: list) -> None:
+        self.s.not_primary(peer, frames, self.replicas or [self.primary], "a backup")
 
     def on_stream(self, peer: Hashable, head: dict, payload: list) -> None:
         """One message of the primary's stream, acknowledged and applied in order."""
