@@ -6,7 +6,10 @@ starts them) follow it before any worker starts, so every acknowledged push went
 
 The order is fixed, so a run repeats bit for bit: in sync (without backup workers) the two workers
 run free, as the mean of two gradients does not depend on their order; everywhere else they take
-turns, one whole step each (push, apply, pull), who goes first rotating from step to step (`order`)."""
+turns, one whole step each (push, apply, pull), who goes first rotating from step to step (`order`).
+
+`hooks` (Hooks) lets a failure case (tests/conformance/failures.py) act on a run: kill a primary at a chosen
+push, add a backup or restart a shard from its checkpoint at a chosen step."""
 from __future__ import annotations
 
 import dataclasses
@@ -53,6 +56,26 @@ class BackupRecord:
     summary: dict
     state: dict
     primary_state: dict
+
+
+class Hooks:
+    """What a failure case does to a run (tests/conformance/failures.py); these defaults do nothing.
+    `witness`: the shards get one even without replicas (a backup may join later); `server_config(config)`: each
+    shard's config as given to its primary and backups (a checkpoint dir); `started(servers, backups, witness)`:
+    the shards once they serve, before any worker starts (lists the hook may change in place: a server replaced,
+    a backup added, each stopped and recorded at the end); `step(rank, step)`: at the start of each worker's
+    step, in its turn."""
+
+    witness = False
+
+    def server_config(self, config):
+        return config
+
+    def started(self, servers: list[Server], backups: list[Server], witness: str) -> None:
+        pass
+
+    def step(self, rank: int, step: int) -> None:
+        pass
 
 
 def order(step: int, ranks: list[int]) -> list[int]:
@@ -120,14 +143,15 @@ class Handled:
         self.thread.join(TIMEOUT)
 
 
-def start_backups(cfg: RunConfig, servers: list[Server], witness: str) -> list[Server]:
+def start_backups(cfg: RunConfig, servers: list[Server], witness: str, hooks: Hooks | None = None) -> list[Server]:
     """cfg.cluster.replicas backups of each shard, returned once each follows its primary's stream and the
     primary counts it among its live backups (else the case would not take the replication path)."""
+    hooks = hooks or Hooks()
     backups: list[Server] = []
     try:
         for shard, primary in enumerate(servers):
             for _ in range(cfg.cluster.replicas):
-                config = cfg.server_config(shard, bind="tcp://127.0.0.1:0")
+                config = hooks.server_config(cfg.server_config(shard, bind="tcp://127.0.0.1:0"))
                 backups.append(Server(dataclasses.replace(config, backup_of=primary.address, witness=witness)).start())
         deadline = time.monotonic() + TIMEOUT
         for b in backups:
@@ -151,16 +175,19 @@ def _state(server: Server) -> dict:
     return {**service.state_dict(), "pulls": service.pulls.state_dict(), "fragments": service.fragments.state_dict()}
 
 
-def run(cfg: RunConfig, *, nan: bool) -> Outcome:
+def run(cfg: RunConfig, *, nan: bool, hooks: Hooks | None = None) -> Outcome:
+    hooks = hooks or Hooks()
     witness = tempfile.TemporaryDirectory(prefix="psrv-witness-")  # the shards' epochs, with replicas
-    on = {"witness": witness.name} if cfg.cluster.replicas else {}
-    servers = [Server(dataclasses.replace(cfg.server_config(s, bind="tcp://127.0.0.1:0"), **on)).start()
-               for s in range(cfg.cluster.servers)]
+    on = {"witness": witness.name} if cfg.cluster.replicas or hooks.witness else {}
+    servers = [Server(dataclasses.replace(hooks.server_config(cfg.server_config(s, bind="tcp://127.0.0.1:0")),
+                                          **on)).start() for s in range(cfg.cluster.servers)]
     addresses = [s.address for s in servers]
+    backups: list[Server] = []
     try:
-        backups = start_backups(cfg, servers, witness.name)
+        backups += start_backups(cfg, servers, witness.name, hooks)
+        hooks.started(servers, backups, witness.name)
     except BaseException:
-        for s in servers:
+        for s in servers + backups:
             s.stop()
         witness.cleanup()
         raise
@@ -174,7 +201,7 @@ def run(cfg: RunConfig, *, nan: bool) -> Outcome:
 
     def work(rank: int) -> None:
         try:
-            params = _worker(cfg, rank, jobs[rank], addresses, turns=turns, ready=ready, out=out)
+            params = _worker(cfg, rank, jobs[rank], addresses, turns=turns, ready=ready, out=out, hooks=hooks)
             if rank == 0:
                 out.params = params
         except BaseException as exc:  # handed to the test
@@ -203,7 +230,7 @@ def run(cfg: RunConfig, *, nan: bool) -> Outcome:
 
 
 def _worker(cfg: RunConfig, rank: int, job, addresses: list[str], *, turns: Turns,
-            ready: threading.Barrier, out: Outcome) -> torch.Tensor:
+            ready: threading.Barrier, out: Outcome, hooks: Hooks) -> torch.Tensor:
     w = cfg.worker_config(rank, servers=tuple(addresses))
     model = job.model
     batches = job.batches_for(rank=rank, world_size=w.world_size, batch_size=w.job.batch_size, seed=cfg.seed)
@@ -228,6 +255,7 @@ def _worker(cfg: RunConfig, rank: int, job, addresses: list[str], *, turns: Turn
     try:
         for step in range(w.job.steps):
             ticket = turns.wait(rank)
+            hooks.step(rank, step)
             loss = job.loss_of(model, next(batches))
             loss.backward()
             if inner is not None:

@@ -1,0 +1,233 @@
+"""The faults of the conformance matrix's failure cases (tests/conformance/test_failures.py), each a cluster.Hooks
+that records what it saw when it fired, so a case can assert that its fault really happened: a replicated
+shard's primary that dies at a chosen push (KillPrimary), a backup that joins after a chosen step (JoinBackup),
+the shards stopped after a chosen step and resumed from their checkpoints (Resume)."""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from psrv.config import RunConfig, from_dict
+from psrv.protocol import MsgType, ProtocolError, decode
+from psrv.server.replication import stream
+from psrv.server.run import Server
+from tests.conformance.cluster import TIMEOUT, Hooks
+
+JOB = "tests/conformance/job.py:tiny"  # the matrix's job (tests/conformance/job.py)
+SEED, BATCH = 3, 16
+FAILURE_BOUND = 1.0  # seconds (psrv's default): a backup takes over after 0.5 s of its primary's silence, a primary
+# drops a backup after 1 s without an ack (psrv/timeouts.py); a smaller bound would take over (or drop) a live
+# replica whose thread the suite's parallel jobs starve that long on 2 cores
+PUSHES = (MsgType.PUSH, MsgType.PUSH_PULL)
+
+
+def config(mode: str, *, steps: int = 6, shards: int = 1, replicas: int = 0, chunk_mb: float = 0.0,
+           optimizer: str = "sgd", local: int = 1, fragments: int = 1, outer: str = "float32",
+           plane: str = "inline") -> RunConfig:
+    """A failure case's run: the matrix's tiny job on two workers; sgd is SGD with momentum 0.9 (its state must
+    survive the fault), adam Adam; `chunk_mb` > 0 chunks pushes (async and ssp apply them chunk by chunk);
+    tensors inline (the matrix's plain path) or over the shm plane (`plane` "shm", psrv's default on one host)."""
+    optim = {"name": "sgd", "lr": 0.05, "momentum": 0.9} if optimizer == "sgd" else {"name": optimizer, "lr": 0.003}
+    worker = {"push_chunk_mb": chunk_mb, "local_steps": local, "fragments": fragments, "outer_dtype": outer,
+              "request_timeout": 30.0}
+    if local > 1:
+        worker.update(inner_optimizer="sgd", inner_lr=0.05)
+    return from_dict(RunConfig, {
+        "mode": mode, "staleness": 1, "seed": SEED,
+        "cluster": {"servers": shards, "workers": 2, "replicas": replicas,
+                    "shared_memory": "auto" if plane == "shm" else "off"},
+        "job": {"name": JOB, "steps": steps, "batch_size": BATCH}, "optimizer": optim, "worker": worker,
+        "server": {"worker_timeout": 30.0, "failure_bound": FAILURE_BOUND}})
+
+
+def free(cfg: RunConfig) -> bool:
+    """Whether the workers run free (cluster.py: sync without backup workers) rather than in turns."""
+    return cfg.mode == "sync" and not cfg.backup_workers
+
+
+def state_of(server: Server) -> dict:
+    """A shard's whole state, as cluster.py compares a backup's with its primary's: its state_dict, the workers'
+    compressed-pull copies and the per-fragment outer optimizers."""
+    s = server.service
+    return {**s.state_dict(), "pulls": s.pulls.state_dict(), "fragments": s.fragments.state_dict()}
+
+
+class Watch(Hooks):
+    """Keeps the run's servers and backups (the lists cluster.run serves), to read their state at the end."""
+
+    def started(self, servers: list[Server], backups: list[Server], witness: str) -> None:
+        self.servers, self.backups, self.witness_dir = servers, backups, witness
+
+
+class AtStep(Watch):
+    """Fires once, at the start of step `at` (each worker has done `at` steps), when nothing is in flight: in
+    turns, in the turn of the first worker to reach it (the others wait for their turns); where the workers run
+    free (sync), once every one of them has reached it."""
+
+    def __init__(self, cfg: RunConfig, at: int):
+        self.at, self.fired = at, False
+        self._lock = threading.Lock()
+        self._barrier = threading.Barrier(cfg.cluster.workers, action=self._fire, timeout=TIMEOUT) \
+            if free(cfg) else None
+
+    def step(self, rank: int, step: int) -> None:
+        if step != self.at:
+            return
+        if self._barrier is not None:
+            self._barrier.wait()
+            return
+        with self._lock:
+            if not self.fired:
+                self._fire()
+
+    def _fire(self) -> None:
+        self.fired = True
+        self.fire()
+
+    def fire(self) -> None:
+        raise NotImplementedError
+
+
+@dataclass
+class Death:
+    """What a primary held when it died: the push it died at (its n-th, the worker and seq), the chunk of how
+    many, its version, the workers whose push of sync's open clock it held, and the chunks of a half-applied push."""
+
+    push: int
+    worker: int
+    seq: int
+    chunk: int
+    chunks: int
+    version: int
+    arrived: list[int]
+    half_applied: int
+
+
+class KillPrimary(Watch):
+    """Shard `shard`'s first primary dies at its `push`-th push (pushes counted by (worker, seq), as they first
+    arrive): as its chunk `chunk` arrives (0: the push's first message, or the whole push), before touching it;
+    or with `unanswered`, once it has handled that message (its backups hold it) and before any answer leaves.
+    It dies as a stopped shard does (its loop ends, its sockets close): nothing more leaves it."""
+
+    def __init__(self, *, push: int, shard: int = 0, chunk: int = 0, unanswered: bool = False):
+        self.push, self.shard, self.chunk, self.unanswered = push, shard, chunk, unanswered
+        self.death: Death | None = None
+        self._seen: list[tuple[int, int]] = []
+
+    def started(self, servers: list[Server], backups: list[Server], witness: str) -> None:
+        super().started(servers, backups, witness)
+        self.primary = servers[self.shard]
+        service = self.primary.service
+        handle = service.handle
+
+        def dying(peer, frames: list) -> None:  # the primary's loop thread
+            msg = self._due(frames) if self.death is None else None
+            if msg is None:
+                handle(peer, frames)
+                return
+            self.death = self._record(service, msg)
+            if self.unanswered:
+                service.sent = lambda *args: None  # its replies, held for the backups' acks, never leave
+                handle(peer, frames)
+            service.stop()
+        service.handle = dying
+
+    def _due(self, frames: list):
+        """The message at which the primary dies, or None."""
+        if stream.is_stream(frames):
+            return None
+        try:
+            msg = decode(frames)
+        except ProtocolError:
+            return None
+        if msg.type not in PUSHES:
+            return None
+        key = (msg.worker, msg.seq)
+        if key not in self._seen:
+            self._seen.append(key)
+        chunk = msg.fields.get("chunk", [0, 1])[0]
+        return msg if self._seen.index(key) + 1 == self.push and chunk == self.chunk else None
+
+    def _record(self, service, msg) -> Death:
+        arrived = sorted(getattr(service.controller, "arrived", ()))
+        half = sum(p.applied for p in service.chunks.open.values())
+        chunks = msg.fields.get("chunk", [0, 1])[1]
+        return Death(self.push, msg.worker, msg.seq, self.chunk, chunks, service.shard.version, arrived, half)
+
+    def took_over(self) -> Server:
+        """The backup that serves the shard now."""
+        took = [b for b in self.backups if b.cfg.shard == self.shard and b.service.follower is None]
+        assert len(took) == 1, f"shard {self.shard}: {len(took)} backups took over"
+        return took[0]
+
+
+@dataclass
+class Joined:
+    """A backup that joined: its address, and its version once it followed (its primary's then)."""
+
+    address: str
+    version: int
+    primary_version: int
+
+
+class JoinBackup(AtStep):
+    """At step `at`, a fresh backup of shard `shard` asks its primary to join (psrv serve --backup-of), and the
+    workers go on once it follows and the primary counts it among its backups; cluster.run then stops it and
+    records it like the others. The shards get a witness even without replicas (a primary takes backups only
+    with one)."""
+
+    witness = True
+
+    def __init__(self, cfg: RunConfig, at: int, *, shard: int = 0):
+        super().__init__(cfg, at)
+        self.shard = shard
+        self.joined: Joined | None = None
+
+    def fire(self) -> None:
+        primary = self.servers[self.shard]
+        backup = Server(dataclasses.replace(primary.cfg, bind="tcp://127.0.0.1:0", backup_of=primary.address,
+                                            witness=self.witness_dir)).start()
+        self.backups.append(backup)  # stopped and recorded at the end, like the others
+        deadline = time.monotonic() + TIMEOUT
+        while not (backup.service.follower.following and backup.address in primary.service.replicas.addresses[1:]):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the backup of shard {self.shard} never followed {primary.address}")
+            time.sleep(0.01)
+        self.joined = Joined(backup.address, backup.service.shard.version, primary.service.shard.version)
+
+
+class Resume(AtStep):
+    """At step `at`, each of `shards` is stopped (as SIGTERM stops `psrv serve`: its final checkpoint written)
+    and started again on its address with --resume from that checkpoint (as psrv run restarts a shard, from
+    `checkpoint_dir`); the workers go on against it. `stopped`: each stopped shard's summary, by shard."""
+
+    def __init__(self, cfg: RunConfig, at: int, checkpoint_dir: Path, *, shards: tuple[int, ...] = (0,)):
+        super().__init__(cfg, at)
+        self.dir, self.shards = str(checkpoint_dir), shards
+        self.stopped: dict[int, dict] = {}
+
+    def server_config(self, config):
+        return dataclasses.replace(config, checkpoint_dir=self.dir)
+
+    def fire(self) -> None:
+        for shard in self.shards:
+            old = self.servers[shard]
+            old.stop()
+            self.stopped[shard] = old.join(TIMEOUT)
+            self.servers[shard] = _restart(dataclasses.replace(old.cfg, bind=old.address, resume=True)).start()
+
+
+def _restart(config) -> Server:
+    """A Server on the address a stopped one served: its socket lingers a little after its loop ended (0.2 s,
+    psrv/transport/zmq.py close), where a restarted process's predecessor had died with its sockets."""
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        try:
+            return Server(config)
+        except ValueError as exc:
+            if "already in use" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)

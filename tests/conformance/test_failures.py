@@ -1,0 +1,267 @@
+"""The conformance matrix's failure axes: the tiny job run for real (tests/conformance/cluster.py) under a fault
+(tests/conformance/failures.py), each case held against the same case without it, bit for bit:
+
+- failover: a replicated shard's primary dies at a chosen push (before it, with it applied and held by the
+  backup but unanswered, between the chunks of a push applied as they come, in the middle of a sync barrier);
+  the backup takes over through the witness, the workers go on, and the final weights, the counts and the
+  shard's state (weights, optimizer state, clocks, the exactly-once table) are the run's without the death:
+  no push lost, none applied twice;
+- a backup that joins after a chosen step holds its primary's state and counts at the end, the weights the
+  run's without it;
+- a shard stopped after a chosen step (its final checkpoint) and resumed from its checkpoint on its address
+  loads that step's version and ends with the state (optimizer state, streaming DiLoCo's fragment optimizers)
+  and weights of the uninterrupted run;
+- streaming DiLoCo with H/F > 1 (inner steps between fragment pushes) against ref_streaming.py's reference.
+
+Each case asserts that its fault fired as meant (a failover at that epoch and push, a backup that joined
+mid-run, a resume from that step's version, fragment pushes only every H/F-th step): one that did not fails.
+What is left out of "bit for bit": across two runs, the compressed-pull numbering (random per shard life) and,
+where sync's workers run free, which push of a clock came first (the exactly-once table's answers say the
+version each one saw); the seqs of the table are compared there."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from psrv.config import RunConfig
+from tests.conformance.cluster import Outcome, run
+from tests.conformance.failures import JoinBackup, KillPrimary, Resume, Watch, config, free, state_of
+from tests.conformance.ref_streaming import reference_of
+from tests.states import assert_same_state
+
+ATOL, RTOL = 1e-5, 1e-4  # the reference's tolerance (the matrix's): its sums run in another order
+COUNTS = ("version", "pushes", "pushes_applied", "updates_applied", "dropped", "staleness_histogram")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One torch thread, as the matrix runs (tests/conformance/test_matrix.py)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@dataclass
+class Run:
+    out: Outcome
+    hooks: Watch
+    states: list[dict] = field(default_factory=list)  # each shard's, as its last server held it
+
+
+def run_with(cfg: RunConfig, hooks: Watch) -> Run:
+    out = run(cfg, nan=False, hooks=hooks)
+    return Run(out, hooks, [state_of(s) for s in hooks.servers])
+
+
+@pytest.fixture(scope="module")
+def plain():
+    """The runs without a fault, by config, each checked once against the reference."""
+    runs: dict[RunConfig, Run] = {}
+
+    def get(cfg: RunConfig) -> Run:
+        if cfg not in runs:
+            runs[cfg] = run_with(cfg, Watch())
+            check_reference(cfg, runs[cfg].out)
+        return runs[cfg]
+    return get
+
+
+def check_reference(cfg: RunConfig, got: Outcome) -> None:
+    """The run's weights, counts and staleness against the whole run's math (reference.py; ref_streaming.py
+    with fragments), as the matrix checks them."""
+    want = reference_of(cfg, nan=False).run()
+    for shard, s in enumerate(got.shards):
+        mine = {k: s[k] for k in ("pushes", "pushes_applied", "updates_applied")} | {"dropped": s["dropped"]}
+        assert mine == want.counts, f"shard {shard} counted {mine}; the reference {want.counts}"
+        hist = {int(k): v for k, v in s["staleness_histogram"].items()}
+        assert hist == dict(want.staleness), f"shard {shard}: staleness {hist}, the reference {dict(want.staleness)}"
+    seen = {r: [row["staleness"] for row in rows] for r, rows in got.steps.items()}
+    assert seen == want.step_staleness, f"step staleness {seen} != {want.step_staleness}"
+    gap = (got.params - want.params).abs().max().item()
+    assert torch.allclose(got.params, want.params, atol=ATOL, rtol=RTOL), f"{gap:.3g} from the reference"
+
+
+def comparable(state: dict, cfg: RunConfig) -> dict:
+    """A shard's state as two runs of one case must agree on it: the compressed-pull numbering is random per
+    shard life; where sync's workers run free, the exactly-once table's answers say which push of a clock came
+    first (the version each saw), so its seqs alone are compared there."""
+    state = {**state, "pulls": {**state["pulls"], "numbers": None}}
+    if free(cfg):
+        dedup = state["dedup"]
+        state["dedup"] = {**dedup, "last": {w: v["seq"] for w, v in dedup["last"].items()}}
+    return state
+
+
+def same_run(cfg: RunConfig, got: Run, want: Run, *, summaries: list[dict], states: list[dict]) -> None:
+    """Rank 0's weights bit for bit, and each shard's counts and state (from `summaries` and `states`, by shard)
+    those of the run without the fault."""
+    gap = (got.out.params - want.out.params).abs().max().item()
+    assert torch.equal(got.out.params, want.out.params), f"{gap:.3g} from the weights of the run without the fault"
+    for shard, (summary, state) in enumerate(zip(summaries, states)):
+        plain = want.out.shards[shard]
+        for key in COUNTS:
+            assert summary[key] == plain[key], f"shard {shard}: {key} {summary[key]} != {plain[key]} without the fault"
+        assert_same_state(comparable(want.states[shard], cfg), comparable(state, cfg), f"shard {shard}")
+
+
+# --- failover -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Failover:
+    mode: str
+    push: int                 # the primary dies at its push-th push (6 steps x 2 workers: 12)
+    chunk: int = 0            # at that push's chunk (0: its first message)
+    unanswered: bool = False  # after handling it (its backup holds it), before its answer leaves
+    shard: int = 0
+    options: tuple = ()       # config()'s
+    arrived: int = 0          # sync: pushes of the open clock the primary held then
+    half: int = 0             # chunks of an open chunked push it had applied then
+
+    @property
+    def id(self) -> str:
+        where = f"chunk{self.chunk}" if self.chunk else "between" if not self.arrived else "mid-barrier"
+        return "-".join([self.mode, f"push{self.push}", where, *(["unanswered"] if self.unanswered else []),
+                         *(f"{k}={v}" for k, v in self.options), *([f"shard{self.shard}"] if self.shard else [])])
+
+
+CHUNKS = 0.1  # MB: 5 chunks of a push to one shard, 3 to each of two
+FAILOVERS = [
+    Failover("sync", 5),                                   # between clocks: none of clock 2 in
+    Failover("sync", 6, arrived=1),                        # mid-barrier: one worker's push of clock 2 in
+    Failover("sync", 6, unanswered=True, arrived=1),       # the clock applied on both, neither answer out
+    Failover("sync", 6, arrived=1, shard=1, options=(("shards", 2),)),
+    Failover("async", 5),
+    Failover("async", 5, unanswered=True, options=(("optimizer", "adam"),)),
+    Failover("ssp", 5),
+    Failover("ssp", 8, unanswered=True),
+    Failover("async", 5, options=(("chunk_mb", CHUNKS),)),               # before its first chunk
+    Failover("async", 5, chunk=2, half=2, options=(("chunk_mb", CHUNKS),)),
+    Failover("async", 7, chunk=4, unanswered=True, half=4, options=(("chunk_mb", CHUNKS), ("optimizer", "adam"))),
+    Failover("ssp", 5, chunk=1, half=1, options=(("chunk_mb", CHUNKS),)),
+    Failover("async", 6, chunk=1, half=1, shard=1, options=(("chunk_mb", CHUNKS), ("shards", 2))),
+    Failover("async", 5, chunk=3, half=3, options=(("chunk_mb", CHUNKS), ("plane", "shm"))),
+    Failover("sync", 6, arrived=1, options=(("plane", "shm"),)),
+]
+
+
+@pytest.mark.parametrize("case", FAILOVERS, ids=lambda c: c.id)
+def test_failover(case: Failover, plain):
+    cfg = config(case.mode, replicas=1, **dict(case.options))
+    kill = KillPrimary(push=case.push, shard=case.shard, chunk=case.chunk, unanswered=case.unanswered)
+    got = run_with(cfg, kill)
+    death = kill.death
+    assert death is not None, f"shard {case.shard}'s primary never saw push {case.push} chunk {case.chunk}"
+    assert (len(death.arrived), death.half_applied) == (case.arrived, case.half), death
+    chunked = dict(case.options).get("chunk_mb", 0) > 0 and case.mode != "sync"  # sync takes pushes whole
+    assert (death.chunks > 1) == chunked and death.chunk < death.chunks, death
+    took = kill.took_over()
+    summary = next(b.summary for b in got.out.backups if b.address == took.address)
+    assert summary["role"] == "primary" and [f["epoch"] for f in summary["failovers"]] == [2], summary["failovers"]
+    want = plain(cfg)
+    dead = got.out.shards[case.shard]
+    assert dead["role"] == "primary" and dead["version"] < want.out.shards[case.shard]["version"], dead["version"]
+    summaries = [summary if s == case.shard else got.out.shards[s] for s in range(cfg.cluster.servers)]
+    states = [state_of(took) if s == case.shard else got.states[s] for s in range(cfg.cluster.servers)]
+    same_run(cfg, got, want, summaries=summaries, states=states)
+
+
+# --- a backup joins mid-run ---------------------------------------------------------------------------------
+JOINS = [  # (mode, after step, shard, config options)
+    ("sync", 3, 0, ()),
+    ("sync", 2, 1, (("shards", 2),)),
+    ("async", 3, 0, (("chunk_mb", CHUNKS),)),
+    ("ssp", 3, 0, (("replicas", 1), ("optimizer", "adam"))),  # a second backup beside the first
+    ("async", 3, 0, (("local", 4), ("fragments", 2), ("steps", 8))),  # streaming DiLoCo's fragment optimizers
+]
+
+
+@pytest.mark.parametrize("mode,at,shard,options", JOINS,
+                         ids=[f"{m}-after{a}-shard{s}-" + "-".join(f"{k}={v}" for k, v in o) for m, a, s, o in JOINS])
+def test_a_backup_joins_mid_run(mode, at, shard, options, plain):
+    cfg = config(mode, **dict(options))
+    join = JoinBackup(cfg, at, shard=shard)
+    got = run_with(cfg, join)
+    want = plain(cfg)
+    final = want.out.shards[shard]["version"]
+    assert join.joined is not None, f"no backup joined at step {at}"
+    assert 0 < join.joined.version == join.joined.primary_version < final, join.joined
+    [record] = [b for b in got.out.backups if b.address == join.joined.address]
+    primary = got.out.shards[shard]
+    assert record.address in primary["backups"], f"shard {shard}'s primary ended with backups {primary['backups']}"
+    assert record.summary["role"] == "backup" and not record.summary["failovers"], record.summary["role"]
+    for key in COUNTS:
+        assert record.summary[key] == primary[key], f"the joined backup: {key} {record.summary[key]} != {primary[key]}"
+    assert_same_state(record.primary_state, record.state, f"shard {shard}")
+    same_run(cfg, got, want, summaries=got.out.shards, states=got.states)
+
+
+# --- resume from a checkpoint --------------------------------------------------------------------------------
+RESUMES = [  # (mode, after step, shards restarted, config options)
+    ("sync", 3, (0, 1), (("shards", 2),)),
+    ("async", 3, (1,), (("shards", 2), ("chunk_mb", CHUNKS))),
+    ("ssp", 2, (0,), (("optimizer", "adam"),)),
+    ("async", 3, (0,), (("plane", "shm"),)),  # the shm plane offered again to the restarted shard
+    ("sync", 4, (0,), (("local", 4), ("fragments", 2), ("steps", 8))),  # streaming: the fragment optimizers
+]
+
+
+@pytest.mark.parametrize("mode,at,shards,options", RESUMES,
+                         ids=[f"{m}-after{a}-shards{''.join(map(str, s))}-" + "-".join(f"{k}={v}" for k, v in o)
+                              for m, a, s, o in RESUMES])
+def test_resume_from_a_checkpoint(mode, at, shards, options, plain, tmp_path):
+    cfg = config(mode, **dict(options))
+    resume = Resume(cfg, at, tmp_path, shards=shards)
+    got = run_with(cfg, resume)
+    want = plain(cfg)
+    assert resume.fired and sorted(resume.stopped) == sorted(shards), f"stopped {sorted(resume.stopped)}"
+    for shard in shards:
+        stopped, resumed = resume.stopped[shard]["version"], got.out.shards[shard]
+        assert 0 < stopped < want.out.shards[shard]["version"], f"shard {shard} stopped at version {stopped}"
+        assert resumed["resumed_from"] == stopped and resumed["lost_clocks"] == 0, resumed
+        assert resume.stopped[shard]["checkpoint_version"] == stopped, resume.stopped[shard]
+        for key in ("pushes", "pushes_applied", "updates_applied"):  # each life counts its own: none twice
+            both = resume.stopped[shard][key] + resumed[key]
+            assert both == want.out.shards[shard][key], f"shard {shard}: {key} {both} over its two lives"
+    gap = (got.out.params - want.out.params).abs().max().item()
+    assert torch.equal(got.out.params, want.out.params), f"{gap:.3g} from the weights of the uninterrupted run"
+    for shard, state in enumerate(got.states):  # a resumed shard's counts start at its resume: its state decides
+        assert got.out.shards[shard]["version"] == want.out.shards[shard]["version"]
+        assert_same_state(comparable(want.states[shard], cfg), comparable(state, cfg), f"shard {shard}")
+
+
+# --- streaming DiLoCo with H/F > 1 --------------------------------------------------------------------------
+STREAMING = [  # (mode, H, F, config options)
+    ("sync", 4, 2, ()),
+    ("async", 4, 2, ()),
+    ("ssp", 4, 2, ()),
+    ("sync", 4, 2, (("replicas", 1),)),
+    ("async", 4, 2, (("replicas", 1),)),
+    ("async", 6, 3, (("shards", 2), ("outer", "bfloat16"), ("steps", 12))),
+    ("ssp", 6, 2, (("optimizer", "adam"), ("steps", 12))),
+]
+
+
+@pytest.mark.parametrize("mode,h,f,options", STREAMING,
+                         ids=[f"{m}-H{h}-F{f}-" + "-".join(f"{k}={v}" for k, v in o) for m, h, f, o in STREAMING])
+def test_streaming_with_inner_steps_between_fragment_pushes(mode, h, f, options, plain):
+    opts = {"steps": 8, **dict(options)}
+    cfg = config(mode, local=h, fragments=f, **opts)
+    got = plain(cfg)  # checked against ref_streaming.py's reference
+    every, steps = h // f, opts["steps"]
+    assert every > 1
+    for rank, rows in got.out.steps.items():
+        pushed = [row["pushed"] for row in rows]
+        assert pushed == [(s + 1) % every == 0 for s in range(steps)], f"rank {rank} pushed at {pushed}"
+    per = steps // h * (1 if mode == "sync" else cfg.cluster.workers)  # each fragment's outer steps
+    for shard, state in enumerate(got.states):  # one outer optimizer per fragment piece (the empty ones share one)
+        versions = [sub["version"] for _, sub in state["fragments"]["fragments"]]
+        assert got.out.shards[shard]["version"] == sum(versions) == f * per, f"shard {shard}: {versions}"
+        if cfg.cluster.servers == 1:
+            assert versions == [per] * f, f"each fragment's outer steps {versions}, expected {per}"
+    if cfg.cluster.replicas:
+        alone = plain(config(mode, local=h, fragments=f, **{**opts, "replicas": 0}))
+        assert torch.equal(got.out.params, alone.out.params), "the weights of the same case without backups"
+        for b in got.out.backups:
+            assert_same_state(b.primary_state, b.state, f"shard {b.shard}")
