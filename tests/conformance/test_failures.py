@@ -107,6 +107,10 @@ def same_run(cfg: RunConfig, got: Run, want: Run, *, summaries: list[dict], stat
         assert_same_state(comparable(want.states[shard], cfg), comparable(state, cfg), f"shard {shard}")
 
 
+def case_id(*parts, options: tuple = ()) -> str:
+    return "-".join([*map(str, parts), *(f"{k}={v}" for k, v in options)])
+
+
 # --- failover -----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Failover:
@@ -178,7 +182,7 @@ JOINS = [  # (mode, after step, shard, config options)
 
 
 @pytest.mark.parametrize("mode,at,shard,options", JOINS,
-                         ids=[f"{m}-after{a}-shard{s}-" + "-".join(f"{k}={v}" for k, v in o) for m, a, s, o in JOINS])
+                         ids=[case_id(m, f"after{a}", f"shard{s}", options=o) for m, a, s, o in JOINS])
 def test_a_backup_joins_mid_run(mode, at, shard, options, plain):
     cfg = config(mode, **dict(options))
     join = JoinBackup(cfg, at, shard=shard)
@@ -208,7 +212,7 @@ RESUMES = [  # (mode, after step, shards restarted, config options)
 
 
 @pytest.mark.parametrize("mode,at,shards,options", RESUMES,
-                         ids=[f"{m}-after{a}-shards{''.join(map(str, s))}-" + "-".join(f"{k}={v}" for k, v in o)
+                         ids=[case_id(m, f"after{a}", f"shards{''.join(map(str, s))}", options=o)
                               for m, a, s, o in RESUMES])
 def test_resume_from_a_checkpoint(mode, at, shards, options, plain, tmp_path):
     cfg = config(mode, **dict(options))
@@ -244,7 +248,7 @@ STREAMING = [  # (mode, H, F, config options)
 
 
 @pytest.mark.parametrize("mode,h,f,options", STREAMING,
-                         ids=[f"{m}-H{h}-F{f}-" + "-".join(f"{k}={v}" for k, v in o) for m, h, f, o in STREAMING])
+                         ids=[case_id(m, f"H{h}", f"F{f}", options=o) for m, h, f, o in STREAMING])
 def test_streaming_with_inner_steps_between_fragment_pushes(mode, h, f, options, plain):
     opts = {"steps": 8, **dict(options)}
     cfg = config(mode, local=h, fragments=f, **opts)
