@@ -46,7 +46,9 @@ DOCUMENTED = {
     "dc_mean_square": 0.95,   # Zheng et al. 2017, DC-ASGD-a: MeanSquare <- m MeanSquare + (1 - m) g^2, m = 0.95
     "dc_eps": 1e-7,           # Zheng et al. 2017, DC-ASGD-a: lambda0 / (sqrt(MeanSquare) + eps), eps = 1e-7
 }
-PSRV_DIFFERS = {"momentum": "psrv's sgd takes momentum 0.9 unless told (psrv/config/optimizer.py SGD_MOMENTUM)"}
+# psrv's own documented value where it differs on purpose (--momentum's help: "default: 0.9 with sgd"): the cases
+# state it
+PSRV_DIFFERS = {"momentum": 0.9}
 STATED = ("name", "lr", "weight_decay", "clip_grad_norm", "update_rule", "lr_schedule", "warmup_steps",
           "lr_decay_steps", "momentum", "nesterov", "freeze_step", "dc_lambda")
 
