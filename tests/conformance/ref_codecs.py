@@ -27,6 +27,9 @@ import torch
 
 BLOCK = 1024
 LEVELS = {"int8": 127, "fp4": 7}  # absmax quantisation's steps each side of zero
+# tensors of fewer elements travel exact: --compress-min-numel's documented default (docs/compression.md; no paper
+# fixes one), which job.py's biases are sized under; the reference's own, never read from psrv's config
+MIN_NUMEL = 1024
 
 
 def covered(slice_lo: int, slice_hi: int, sizes: list[int], min_numel: int) -> torch.Tensor:

@@ -21,13 +21,42 @@ Each update is written with the elementary operations, in the order, of torch's 
 implementation (torch.optim.sgd/adam `_single_tensor_*`: lerp, addcmul, addcdiv, add with alpha), so
 the reference's weights round as the system's do: a codec's rounding (int8's round, sign's sign,
 top-k's choice) then sees the same values on both sides, and a flip there is a real difference.
+
+The settings come from two places only (`settings`): those tests/conformance/axes.py's run_config states in
+every case (STATED), read from the case's config, and every other from DOCUMENTED, torch's documentation
+and the papers, never psrv's filled-in defaults (a wrong default there would be mirrored here, not caught;
+tests/conformance/test_defaults.py holds psrv's defaults to this table).
 """
 from __future__ import annotations
 
 import math
 from collections import Counter
+from types import SimpleNamespace
 
 import torch
+
+DOCUMENTED = {
+    "betas": (0.9, 0.999),    # torch.optim.Adam and AdamW: betas=(0.9, 0.999); Kingma and Ba 2015, Algorithm 1
+    "eps": 1e-8,              # torch.optim.Adam and AdamW: eps=1e-8; Kingma and Ba 2015, Algorithm 1
+    "momentum": 0.0,          # torch.optim.SGD: momentum=0 (psrv's sgd takes 0.9: stated, PSRV_DIFFERS)
+    "nesterov": False,        # torch.optim.SGD: nesterov=False
+    "lr_end_factor": 0.0,     # cosine to 0: torch.optim.lr_scheduler.CosineAnnealingLR's eta_min=0 (SGDR's eta_min)
+    "dc_lambda": {"dc-asgd": 0.04, "dc-asgd-a": 2.0},  # Zheng et al. 2017, CIFAR-10: lambda 0.04 (DC-ASGD-c), lambda0 2
+    # (DC-ASGD-a); the cases state larger ones (axes.DC_LAMBDA), under which the compensation shows over the tolerance
+    "dc_mean_square": 0.95,   # Zheng et al. 2017, DC-ASGD-a: MeanSquare <- m MeanSquare + (1 - m) g^2, m = 0.95
+    "dc_eps": 1e-7,           # Zheng et al. 2017, DC-ASGD-a: lambda0 / (sqrt(MeanSquare) + eps), eps = 1e-7
+}
+# psrv's own documented value where it differs on purpose (--momentum's help: "default: 0.9 with sgd"): the cases
+# state it
+PSRV_DIFFERS = {"momentum": 0.9}
+STATED = ("name", "lr", "weight_decay", "clip_grad_norm", "update_rule", "lr_schedule", "warmup_steps",
+          "lr_decay_steps", "momentum", "nesterov", "freeze_step", "dc_lambda")
+
+
+def settings(o) -> SimpleNamespace:
+    """The optimizer settings the reference runs for `o` (an OptimConfig): the STATED ones from it, the others
+    DOCUMENTED."""
+    return SimpleNamespace(**{**DOCUMENTED, **{key: getattr(o, key) for key in STATED}})
 
 
 def lr_at(o, k: int) -> float:
@@ -48,7 +77,7 @@ def clipped(g: torch.Tensor, c: float) -> torch.Tensor:
 
 
 class ServerMath:
-    """One flat vector's optimizer, update rule and update count, for `o` (an OptimConfig)."""
+    """One flat vector's optimizer, update rule and update count, for `o` (the reference's `settings`)."""
 
     def __init__(self, o, w: torch.Tensor, *, workers: int, mode: str):
         self.o, self.w, self.k = o, w.clone(), 0
@@ -56,7 +85,7 @@ class ServerMath:
         self.m, self.v = torch.zeros_like(w), torch.zeros_like(w)
         self.bak: dict[int, torch.Tensor] = {}              # dc-asgd: each worker's pulled weights
         self.ms = torch.zeros_like(w)                        # dc-asgd-a's mean square
-        self.period = 1 if mode == "sync" else (o.dn_period or workers)
+        self.period = 1 if mode == "sync" else workers  # dn's N: a round of every worker's push (Liu et al. 2024)
         self.dn_m, self.dn_sum, self.dn_t = torch.zeros_like(w), torch.zeros_like(w), 0
         self.warm: int | None = None  # 1-bit Adam: the Adam steps before the first frozen one
         self.lr_scales: Counter = Counter()  # each update's lr scale by the rule (staleness-lr: 1/tau; dn: 1/N)
@@ -76,8 +105,8 @@ class ServerMath:
             g = torch.div(g, staleness)
         elif self.rule in ("dc-asgd", "dc-asgd-a") and worker is not None and worker in self.bak:
             if self.rule == "dc-asgd-a":
-                self.ms.mul_(0.95).addcmul_(g, g, value=1 - 0.95)
-                lam = torch.sqrt(self.ms).add_(1e-7).reciprocal_().mul_(o.dc_lambda)
+                self.ms.mul_(o.dc_mean_square).addcmul_(g, g, value=1 - o.dc_mean_square)
+                lam = torch.sqrt(self.ms).add_(o.dc_eps).reciprocal_().mul_(o.dc_lambda)
             else:
                 lam = o.dc_lambda
             g = torch.add(g, torch.sub(self.w, self.bak[worker]).mul_(g).mul_(g).mul_(lam))

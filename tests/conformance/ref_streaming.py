@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch.nn.utils import vector_to_parameters
 
-from tests.conformance.ref_codecs import covered, received
+from tests.conformance.ref_codecs import MIN_NUMEL, covered, received
 from tests.conformance.ref_optim import ServerMath
 from tests.conformance.reference import CAST, Expected, Reference, _Worker
 from tests.conformance.cluster import order
@@ -47,7 +47,7 @@ class StreamingReference(Reference):
                        for ix in self.index]  # each shard's piece of the fragment vector
         self.maths = [ServerMath(self.o, self.server.w[ix], workers=self.n, mode=self.mode) for ix in self.index]
         self.k = 0  # the shards' version: updates of any fragment
-        whole = covered(0, at, self.sizes, w.compress_min_numel)
+        whole = covered(0, at, self.sizes, MIN_NUMEL)
         self.cover = [whole[ix] for ix in self.index]  # the pulls' codec covers these elements of each fragment
         for wk in self.workers:
             wk.flight, wk.pushes, wk.refused_now = None, 0, False

@@ -24,8 +24,8 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from tests.conformance import job as tiny
 from tests.conformance.axes import CODEC_SPEC
 from tests.conformance.cluster import order
-from tests.conformance.ref_codecs import covered, received
-from tests.conformance.ref_optim import ServerMath, clipped
+from tests.conformance.ref_codecs import MIN_NUMEL, covered, received
+from tests.conformance.ref_optim import ServerMath, clipped, settings
 
 CAST = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -81,7 +81,7 @@ class _Worker:
 
 class Reference:
     def __init__(self, cfg, *, nan: bool):
-        self.cfg, self.o, w = cfg, cfg.optimizer, cfg.worker
+        self.cfg, self.o, w = cfg, settings(cfg.optimizer), cfg.worker
         self.mode, self.n, self.steps = cfg.mode, cfg.cluster.workers, cfg.job.steps
         torch.manual_seed(cfg.seed)
         w0 = parameters_to_vector((tiny.tiny(cfg.seed)).model.parameters()).detach().clone()
@@ -95,17 +95,17 @@ class Reference:
         starts = [i * base + min(i, extra) for i in range(s + 1)]
         self.ranges = list(zip(starts, starts[1:]))
         self.codec = w.compress if w.compress in CODEC_SPEC.values() and w.compress else ""
-        self.ef, self.min_numel, self.wire = w.error_feedback, w.compress_min_numel, w.wire_dtype
+        self.ef, self.min_numel, self.wire = w.error_feedback, MIN_NUMEL, w.wire_dtype
         if w.fragments == 1 and w.outer_dtype in ("int8", "fp4"):  # the outer dtype is the codec, over every
             self.codec, self.ef, self.min_numel = w.outer_dtype, False, 0  # element, without error feedback
         elif w.fragments == 1 and w.outer_dtype == "bfloat16":
             self.wire = "bfloat16"
-        self.h = w.local_steps if w.local_updates else 1
+        self.h = w.local_steps
         self.counts = {"pushes": 0, "pushes_applied": 0, "updates_applied": 0, "dropped": Counter()}
         self.hist: Counter = Counter()
         self.step_staleness: dict[int, list[int]] = {r: [] for r in range(self.n)}
         self.refused: set[int] = set()
-        self.inner_lr = w.inner_lr
+        self.inner_lr = w.inner_lr if self.h > 1 else None  # stated with local steps only
         self.onebit = self.o.name == "onebit_adam"
         self.velocity = bool(w.momentum_correction and self.ef and self.codec and self.o.name == "sgd"
                              and self.o.momentum)
@@ -175,7 +175,7 @@ class Reference:
         name, _, ratio = spec.partition(":")
         copy = wk.pulled.clone()
         for lo, hi in self.ranges:
-            sent, _ = received(name, w[lo:hi] - wk.ref[lo:hi], covered(lo, hi, self.sizes, cfg.compress_min_numel),
+            sent, _ = received(name, w[lo:hi] - wk.ref[lo:hi], covered(lo, hi, self.sizes, MIN_NUMEL),
                                ratio=float(ratio or 0), draw=None, sign_scale="l1")
             copy[lo:hi] += sent
         wk.ref = copy.clone() if cfg.pull_error_feedback else w.clone()
