@@ -12,6 +12,7 @@ from typing import Any
 from psrv.codec_names import CASTS, LOSSY_NAMES
 from psrv.config.address_form import address_problem, check_shard_addresses
 from psrv.config.base import ConfigError, Section, section, setting
+from psrv.config.codec_knobs import run_knobs
 from psrv.config.nemesis import NemesisSettings, check_nemesis
 from psrv.config.optimizer import STALENESS_RULES, VELOCITY_RULES, GradClip, OptimConfig
 from psrv.config.sections import Trackers
@@ -305,6 +306,8 @@ class RunConfig(Trackers, Seeded, Consistency):
             raise ConfigError("optimizer.name", "onebit_adam's workers push float32 gradients, then codec-compressed "
                               "momenta: no local steps, wire_dtype or float16/bfloat16 compress")
         _momentum_correction(self)
+        if self.mode in MODES:
+            run_knobs(self)
         _fragments(self)
         if self.network.bandwidth and self.cluster.transport != "zmq":
             raise ConfigError("network.bandwidth", "emulated hosts carry the zmq transport and the all-reduce "

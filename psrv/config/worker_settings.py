@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from psrv.codec_names import LOSSY_NAMES
 from psrv.config.base import ConfigError, Section, setting
+from psrv.config.codec_knobs import worker_knobs
 from psrv.local_period import AUTO_DEFAULT, base_steps, is_dynamic, parse_local_steps
 
 WIRE_DTYPES = ("float32", "bfloat16", "float16")  # what a worker may send its gradient as
@@ -121,6 +122,7 @@ class WorkerSettings(Section):
         elif self.inner_lr is None:
             object.__setattr__(self, "inner_lr", INNER_LR[self.inner_optimizer])
         self._check_streaming()
+        worker_knobs(self)
 
     def _check_streaming(self) -> None:
         """fragments and outer_dtype: local steps > 1 (fixed H, which F divides), and no other push codec."""

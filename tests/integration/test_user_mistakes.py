@@ -62,6 +62,14 @@ RUN_MISTAKES = {  # psrv run options -> what the one line says, and how soon
     "backup workers without sync": (["--mode", "async", "--backup-workers", "1"],
                                     "--backup-workers: applies to mode 'sync' only", QUICK),
     "a cuda device beyond the machine's": (["--device", "cuda:99"], "--device cuda:99: ", SLOW),
+    # a codec's setting where no codec it acts on runs (psrv/config/codec_knobs.py)
+    "error feedback off without a codec": (["--no-error-feedback"], "--no-error-feedback: turns off the error "
+                                           "feedback of a lossy --compress, and none runs here", QUICK),
+    "a warm-up without top-k": (["--compress", "int8", "--compress-warmup", "10"],
+                                "--compress-warmup: warms up top-k's and random-k's ratio", QUICK),
+    "a sign scale without sign": (["--sign-scale", "l1"], "--sign-scale: is the scale of --compress sign", QUICK),
+    "momentum masking without correction": (["--compress", "topk:0.01", "--optimizer", "adam", "--momentum-masking"],
+                                            "--momentum-masking: masks momentum correction's velocity", QUICK),
 }
 
 

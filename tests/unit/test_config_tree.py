@@ -34,7 +34,12 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     "freeze_step": {"mode": "sync", "optimizer": {"name": "onebit_adam"}},
     "powersgd_rank": {"mode": "ddp", "allreduce": {"ddp_comm_hook": "powersgd"}},
     "script_args": {"job": {"script": SCRIPT}}, "script_sha256": {"job": {"script": SCRIPT}},
-    "disk_mb": {"nemesis": {"schedule": "disk_full at 5s for 1s"}, "checkpoints": {"every": 1.0}}}
+    "disk_mb": {"nemesis": {"schedule": "disk_full at 5s for 1s"}, "checkpoints": {"every": 1.0}},
+    # the codec's settings, where a codec they act on runs (psrv/config/codec_knobs.py)
+    "error_feedback": {"worker": {"compress": "topk:0.1"}}, "compress_warmup": {"worker": {"compress": "topk:0.1"}},
+    "momentum_correction": {"worker": {"compress": "topk:0.1"}},
+    "momentum_masking": {"worker": {"compress": "topk:0.1"}}, "sign_scale": {"worker": {"compress": "sign"}},
+    "pull_error_feedback": {"worker": {"compress_pull": "topk:0.1"}}}
 OTHER = {"worker.compress": "topk:0.01", "worker.compress_pull": "sign", "mode": "sync", "cluster.device": "cuda:1", "job.name": "synthetic_mlp", "faults.straggler": "1:2",
          "faults.transient_stragglers": "0.1:4", "optimizer.momentum": 0.5, "optimizer.betas": (0.8, 0.99),
          "optimizer.dc_lambda": 0.5, "worker.inner_lr": 0.01, "tensorboard": "runs/tb", "network.bandwidth": "200mbit",

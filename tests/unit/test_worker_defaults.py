@@ -44,18 +44,22 @@ class _Keywords(Worker):
 
 def test_from_settings_passes_every_worker_setting_by_name():
     from psrv.config import WorkerConfig
-    cfg = WorkerConfig(servers=("tcp://127.0.0.1:1",), rank=1, world_size=3, compress="int8", error_feedback=False,
+    cfg = WorkerConfig(servers=("tcp://127.0.0.1:1",), rank=1, world_size=3, compress="topk:0.1",
                        compress_min_numel=7, compress_warmup=3, request_timeout=4.5, push_chunk_mb=2.0,
-                       shared_memory="off", bulk="auto", wire_dtype="float32", sign_scale="l1",
-                       momentum_masking=True, momentum_correction=False, overlap=False, clip_grad_norm=1.5)
+                       shared_memory="off", bulk="auto", wire_dtype="float32", compress_pull="sign",
+                       pull_error_feedback=False, momentum_masking=True, overlap=False, clip_grad_norm=1.5)
     got = _Keywords.from_settings(None, cfg, overlap=True).keywords
     assert got == {"servers": ("tcp://127.0.0.1:1",), "rank": 1, "world_size": 3, "transport": "zmq",
                    "timeout": 4.5, "curve_keys": "", "wire_dtype": "float32", "overlap": True,  # the override
-                   "clip_grad_norm": 1.5, "local_steps": None, "compress": "int8", "error_feedback": False,
-                   "compress_min_numel": 7, "momentum_correction": False, "momentum_masking": True,
-                   "compress_warmup": 3, "sign_scale": "l1", "shared_memory": "off", "bulk": "auto",
-                   "push_chunk_mb": 2.0, "compress_pull": "", "pull_error_feedback": True, "pull_resync": 100,
+                   "clip_grad_norm": 1.5, "local_steps": None, "compress": "topk:0.1", "error_feedback": True,
+                   "compress_min_numel": 7, "momentum_correction": True, "momentum_masking": True,
+                   "compress_warmup": 3, "sign_scale": "auto", "shared_memory": "off", "bulk": "auto",
+                   "push_chunk_mb": 2.0, "compress_pull": "sign", "pull_error_feedback": False, "pull_resync": 100,
                    "fragments": 1, "outer_dtype": "float32"}
+    signed = _Keywords.from_settings(None, WorkerConfig(servers=("tcp://127.0.0.1:1",), compress="sign",
+                                                        sign_scale="l1", error_feedback=False,
+                                                        momentum_correction=False)).keywords
+    assert (signed["sign_scale"], signed["error_feedback"], signed["momentum_correction"]) == ("l1", False, False)
     local = _Keywords.from_settings(None, WorkerConfig(servers=("tcp://127.0.0.1:1",), local_steps=4, fragments=2,
                                                        outer_dtype="fp4")).keywords
     assert (local["local_steps"], local["fragments"], local["outer_dtype"]) == (4, 2, "fp4")  # with its inner optimizer

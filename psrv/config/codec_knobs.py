@@ -1,0 +1,56 @@
+"""The settings that act only through a codec (error feedback, momentum correction and its masking, DGC's
+warm-up, sign's scale): each is refused, in one line, where no codec it acts on runs, rather than accepted
+and ignored. `worker_knobs` checks what a worker's own settings show; `run_knobs` what the optimizer adds
+(onebit_adam's momenta codec, the servers' SGD momentum that momentum correction needs)."""
+from __future__ import annotations
+
+from psrv.codec_names import LOSSY_NAMES
+from psrv.config.base import ConfigError
+
+SPARSE = ("topk", "randomk")
+WARMUP_DEFAULT = 50  # WorkerSettings.compress_warmup's default: not the user's setting
+
+
+def _name(spec: str) -> str:
+    return spec.partition(":")[0]
+
+
+def worker_knobs(w) -> None:
+    """What WorkerSettings alone shows (`w`: a WorkerSettings, before the keys are prefixed)."""
+    push = _name(w.compress)
+    if not w.pull_error_feedback and not w.compress_pull:
+        raise ConfigError("pull_error_feedback", "turns off the error feedback of --compress-pull, and pulls are "
+                          "dense here: remove it")
+    if w.compress_warmup not in (0, WARMUP_DEFAULT) and push not in SPARSE:
+        raise ConfigError("compress_warmup", f"warms up top-k's and random-k's ratio; compress is {w.compress!r}: "
+                          "remove it")
+    if w.sign_scale != "auto" and push not in ("sign", ""):
+        raise ConfigError("sign_scale", f"is the scale of --compress sign (or of onebit_adam's momenta); compress "
+                          f"is {w.compress!r}: remove it")
+    if w.momentum_masking and not (push in SPARSE and w.error_feedback and w.momentum_correction):
+        raise ConfigError("momentum_masking", "masks momentum correction's velocity where top-k or random-k sent; "
+                          "it needs --compress topk/randomk with error feedback and momentum correction: remove it")
+
+
+def corrects(run) -> bool:
+    """Whether momentum correction runs (psrv/worker/momentum_correction.py): a lossy push codec with its
+    error feedback, under a parameter server whose optimizer is SGD with momentum."""
+    o, w = run.optimizer, run.worker
+    return bool(_name(w.compress) in LOSSY_NAMES and w.error_feedback and o.name == "sgd" and o.momentum)
+
+
+def run_knobs(run) -> None:
+    """What the whole run shows (`run`: a RunConfig of a parameter-server mode)."""
+    w, onebit = run.worker, run.optimizer.name == "onebit_adam"
+    if not w.error_feedback and not (_name(w.compress) in LOSSY_NAMES or onebit):
+        raise ConfigError("worker.error_feedback", f"turns off the error feedback of a lossy --compress, and none "
+                          f"runs here (compress {w.compress!r}, optimizer {run.optimizer.name!r}): remove it")
+    if w.sign_scale != "auto" and not (_name(w.compress) == "sign" or onebit):
+        raise ConfigError("worker.sign_scale", "is the scale of --compress sign or of onebit_adam's momenta; "
+                          f"neither runs here (compress {w.compress!r}): remove it")
+    if not w.momentum_correction and not corrects(run):
+        raise ConfigError("worker.momentum_correction", "turns off momentum correction, which would not run here "
+                          "(it needs a lossy --compress with error feedback and SGD momentum on the servers): remove it")
+    if w.momentum_masking and not corrects(run):
+        raise ConfigError("worker.momentum_masking", "masks momentum correction's velocity, which needs SGD "
+                          f"momentum on the servers (the optimizer is {run.optimizer.name!r}): remove it")
