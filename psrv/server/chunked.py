@@ -121,6 +121,7 @@ class ChunkedPushes:
             if push is not None:  # a newer seq: the client gave that one up (it restarted)
                 self.forget(msg.worker)
             push = self.open[msg.worker] = self._begin(msg, n)
+            s.stats.chunked()
         elif push.chunks != n:
             raise ProtocolError(ErrorCode.MALFORMED, f"chunk {i} says {n} chunks; this push has {push.chunks}")
         if i not in push.done:

@@ -17,6 +17,7 @@ class ShardStats:
     updates_applied: int = 0
     pushes_applied: int = 0     # pushes whose gradient went into an update (sync: into its clock's mean)
     partially_applied: int = 0  # chunked pushes given up half applied (dropped, yet they moved the weights)
+    chunked_pushes: int = 0     # pushes that came in chunks (psrv/server/chunked.py), counted at their first
     dropped: collections.Counter = field(default_factory=collections.Counter)
     duplicates: int = 0
     errors: int = 0
@@ -70,6 +71,10 @@ class ShardStats:
             if self.metrics:
                 self.metrics.dropped(reason).inc(count)
 
+    def chunked(self) -> None:
+        """A push began to arrive in chunks."""
+        self.chunked_pushes += 1
+
     def partial(self) -> None:
         """A dropped chunked push had chunks applied: the shard's version counts that step."""
         self.partially_applied += 1
@@ -103,7 +108,8 @@ class ShardStats:
             self.metrics.forget_worker(worker)
 
     # --- a backup's copy (psrv/server/replica_state.py) -----------------------
-    COUNTS = ("pushes", "pulls", "updates_applied", "pushes_applied", "partially_applied", "duplicates", "errors",
+    COUNTS = ("pushes", "pulls", "updates_applied", "pushes_applied", "partially_applied", "chunked_pushes",
+              "duplicates", "errors",
               "bytes_in", "bytes_out", "max_clock_gap", "wait_seconds")
 
     def state_dict(self) -> dict:
@@ -114,7 +120,7 @@ class ShardStats:
     def load_state_dict(self, state: dict) -> None:
         """The counters a primary had when it sent its state: a backup's counts go on from them."""
         for k in self.COUNTS:
-            setattr(self, k, type(getattr(self, k))(state[k]))
+            setattr(self, k, type(getattr(self, k))(state.get(k, 0) if k == "chunked_pushes" else state[k]))
         self.dropped = collections.Counter(state["dropped"])
         self.staleness = collections.Counter({int(k): v for k, v in state["staleness"].items()})
         self.lost_workers = list(state["lost_workers"])
@@ -139,7 +145,7 @@ class ShardStats:
         return {
             "pushes": self.pushes, "pulls": self.pulls, "updates_applied": self.updates_applied,
             "pushes_applied": self.pushes_applied, "partially_applied": self.partially_applied,
-            "dropped": dict(self.dropped), "duplicates": self.duplicates, "errors": self.errors,
+            "chunked_pushes": self.chunked_pushes, "dropped": dict(self.dropped), "duplicates": self.duplicates, "errors": self.errors,
             "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
             "staleness_histogram": {str(k): v for k, v in sorted(self.staleness.items())},
             "max_staleness": self.max_staleness, "mean_staleness": self.mean_staleness,
