@@ -45,6 +45,19 @@ def covered(slice_lo: int, slice_hi: int, sizes: list[int], min_numel: int) -> t
     return mask
 
 
+def pulled(name: str, copy: torch.Tensor, w: torch.Tensor, ref: torch.Tensor, cover: torch.Tensor, *, ratio: float,
+           ef: bool) -> torch.Tensor:
+    """A worker's copy of a range after a compressed pull of `w`'s change from `ref`: copy + C(w - ref), but
+    with error feedback the shard sends the weights themselves where they travel exactly (the elements a
+    sparse codec chose, the tensors under compress_min_numel), so the copy equals w there to the bit."""
+    sent, chosen = received(name, w - ref, cover, ratio=ratio, draw=None, sign_scale="l1")
+    out = copy + sent
+    if ef:
+        exact = ~cover if chosen is None else (~cover).index_fill(0, chosen, True)
+        out[exact] = w[exact]
+    return out
+
+
 def _blocks(x: torch.Tensor) -> list[slice]:
     return [slice(i, min(i + BLOCK, x.numel())) for i in range(0, x.numel(), BLOCK)]
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch.nn.utils import vector_to_parameters
 
-from tests.conformance.ref_codecs import MIN_NUMEL, covered, received
+from tests.conformance.ref_codecs import MIN_NUMEL, covered, pulled, received
 from tests.conformance.ref_optim import ServerMath
 from tests.conformance.reference import CAST, Expected, Reference, _Worker
 from tests.conformance.cluster import order
@@ -111,9 +111,8 @@ class StreamingReference(Reference):
         name, _, ratio = cfg.compress_pull.partition(":")
         copy, ref = wk.pulled[ix].clone(), wk.ref[ix]
         for a, b in self.pieces[f]:
-            sent, _ = received(name, w[a:b] - ref[a:b], self.cover[f][a:b], ratio=float(ratio or 0), draw=None,
-                               sign_scale="l1")
-            copy[a:b] += sent
+            copy[a:b] = pulled(name, copy[a:b], w[a:b], ref[a:b], self.cover[f][a:b], ratio=float(ratio or 0),
+                               ef=cfg.pull_error_feedback)
         wk.ref[ix] = copy if cfg.pull_error_feedback else w
         wk.fragment_since[f] += 1
         return copy

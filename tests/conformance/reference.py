@@ -12,7 +12,9 @@ one its worker last pulled.
 Compressed pulls (DoubleSqueeze, Tang et al. 2019; DORE, Liu et al. 2020): each worker holds a copy x of
 the weights w; a pull brings it to x + C(w - r), per shard range with the push's codecs (ref_codecs.py),
 where r is x itself with error feedback (what earlier pulls left out rides along) and the weights the last
-pull came from without; sign with EF-SignSGD's l1 scale. A worker's first pull, every PULL_RESYNC-th and rank 0's final one are dense."""
+pull came from without; sign with EF-SignSGD's l1 scale. With error feedback the copy is w itself, to the
+bit, where a value travels exactly (a sparse codec's chosen elements, the small tensors): the shard sends
+the weights there, not their change (ref_codecs.pulled). A worker's first pull, every PULL_RESYNC-th and rank 0's final one are dense."""
 from __future__ import annotations
 
 from collections import Counter
@@ -24,7 +26,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from tests.conformance import job as tiny
 from tests.conformance.axes import CODEC_SPEC
 from tests.conformance.cluster import order
-from tests.conformance.ref_codecs import MIN_NUMEL, covered, received
+from tests.conformance.ref_codecs import MIN_NUMEL, covered, pulled, received
 from tests.conformance.ref_optim import ServerMath, clipped, settings
 
 CAST = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -175,9 +177,8 @@ class Reference:
         name, _, ratio = spec.partition(":")
         copy = wk.pulled.clone()
         for lo, hi in self.ranges:
-            sent, _ = received(name, w[lo:hi] - wk.ref[lo:hi], covered(lo, hi, self.sizes, MIN_NUMEL),
-                               ratio=float(ratio or 0), draw=None, sign_scale="l1")
-            copy[lo:hi] += sent
+            copy[lo:hi] = pulled(name, copy[lo:hi], w[lo:hi], wk.ref[lo:hi], covered(lo, hi, self.sizes, MIN_NUMEL),
+                                 ratio=float(ratio or 0), ef=cfg.pull_error_feedback)
         wk.ref = copy.clone() if cfg.pull_error_feedback else w.clone()
         wk.since_dense += 1
         wk.load(copy)
