@@ -46,10 +46,13 @@ AXES: dict[str, tuple] = {
     "schedule": ("constant", "warmup_cosine"),
     "weight_decay": (0.0, 0.01),
 }
+_OWNERS = {str(level): sum(str(level) in map(str, levels) for levels in AXES.values())
+           for levels in AXES.values() for level in levels}
 PATH_AXES = ("transport", "plane", "chunks", "overlap", "replicas")
 DATA_PATH = ("plane", "chunks", "wire", "codec")  # every triple of these is covered
 DEFAULT = {axis: levels[0] for axis, levels in AXES.items()}
 CODEC_SPEC = {"none": "", "topk": "topk:0.1", "randomk": "randomk:0.1", "sign": "sign", "int8": "int8"}
+ATOL, RTOL = 1e-5, 1e-4  # a case's weights against the reference's (torch.allclose): its sums may run in another order
 PULL_RESYNC = 3  # of a case's pulls (the first, one per step, rank 0's final), the fourth is a resync
 LR = {"sgd": 0.05, "nesterov": 0.05, "adam": 0.003, "adamw": 0.003, "onebit_adam": 0.003}
 # dc_lambda (SGD on gradients, else: Adam's normalised steps, or pseudo-gradients): under the papers' 0.04 and 2 the
@@ -59,7 +62,10 @@ DC_LAMBDA = {"dc-asgd": (100.0, 1e7), "dc-asgd-a": (10.0, 3000.0)}
 
 
 def case_id(case: dict) -> str:
-    return "-".join(f"{case[k]}" for k in AXES if case[k] != DEFAULT[k]) or "plain"
+    """The case's levels away from the defaults, each named by its axis where another axis has that level
+    too ("codec=sign-pull=topk-ef=off-async"): one id per case (the matrix's runs are cached by it)."""
+    return "-".join(f"{case[k]}" if _OWNERS[str(case[k])] == 1 else f"{k}={case[k]}"
+                    for k in AXES if case[k] != DEFAULT[k]) or "plain"
 
 
 def workers_of(case: dict) -> int:
@@ -85,13 +91,15 @@ def run_config(case: dict, *, workers: int | None = None) -> RunConfig:
                  "freeze_step": 2 if c["optimizer"] == "onebit_adam" else 0, "dc_lambda": dc_lambda,
                  "lr_schedule": c["schedule"], "warmup_steps": 1 if cosine else 0,
                  "lr_decay_steps": STEPS if cosine else 0}
-    worker = {"wire_dtype": c["wire"], "compress": codec, "error_feedback": c["ef"] == "on",
-              "momentum_correction": c["correction"] == "on", "compress_warmup": c["warmup"],
+    ef_off = c["ef"] == "off"  # each side's error feedback is turned off where that side has a lossy codec
+    worker = {"wire_dtype": c["wire"], "compress": codec,
+              "error_feedback": not (ef_off and (c["codec"] != "none" or c["optimizer"] == "onebit_adam")),
+              "momentum_correction": c["correction"] == "on" or not corrects(c), "compress_warmup": c["warmup"],
               "momentum_masking": c["masking"] == "on", "sign_scale": c["sign_scale"],
               "push_chunk_mb": CHUNK_MB if c["chunks"] == "on" else 0.0, "overlap": c["overlap"] == "on",
               "local_steps": c["local"], "fragments": c["fragments"], "outer_dtype": c["outer"],
               "request_timeout": 30.0, "compress_pull": CODEC_SPEC[c["pull"]],
-              "pull_error_feedback": c["ef"] == "on", "pull_resync": PULL_RESYNC}
+              "pull_error_feedback": not (ef_off and c["pull"] != "none"), "pull_resync": PULL_RESYNC}
     if c["local"] > 1:
         worker.update(inner_optimizer="sgd", inner_lr=0.05)
     tree = {"mode": c["mode"], "staleness": 1, "backup_workers": c["backup"], "seed": SEED,
@@ -104,31 +112,32 @@ def run_config(case: dict, *, workers: int | None = None) -> RunConfig:
     return from_dict(RunConfig, tree)
 
 
+def corrects(case: dict) -> bool:
+    """Does momentum correction run (DGC, Lin et al. 2018): a lossy push codec with its error feedback, SGD
+    momentum on the servers? Elsewhere the case's correction=off is not given to psrv, which refuses it."""
+    return case["codec"] != "none" and case["ef"] == "on" and case["optimizer"] in ("sgd", "nesterov")
+
+
+MATRIX_LIMITS = {  # combinations psrv runs that the matrix cannot hold to one order: not cases
+    "backup": "psrv run's workers free-run over torch RPC: which push a backup worker's clock leaves out is not fixed",
+    "nonfinite": "under psrv run (torch RPC) a worker refused for a NaN ends its run",
+}
+
+
 def refusal(case: dict) -> str | None:
-    """Why this combination is not a case (psrv refuses it, or it is meaningless), or None."""
+    """Why this combination is not a case: psrv refuses it (its own one-line error), or one of the matrix's
+    MATRIX_LIMITS; None for a case."""
     c = case
-    if c["codec"] == "none" and c["pull"] == "none" and c["ef"] != "on":
-        return "error feedback needs a lossy codec"
-    if c["transport"] == "rpc" and (c["plane"] != "inline" or c["chunks"] != "off"):
-        return "planes and chunks are zmq's"
-    if c["transport"] == "rpc" and c["nonfinite"] == "reject":
-        return "under psrv run a refused worker ends its run"
     if c["transport"] == "rpc" and c["backup"]:
-        return "psrv run's workers free-run: which push a backup worker's clock leaves out is not fixed"
-    if c["rule"] == "dn" and c["optimizer"] != "nesterov":
-        return "dn is delayed Nesterov"
-    sparse = c["codec"] in ("topk", "randomk")
-    onebit = c["optimizer"] == "onebit_adam"
-    if c["sign_scale"] != "auto" and not (c["codec"] == "sign" or c["codec"] == "none" and onebit):
-        return "the scale is sign's (also onebit_adam's codec where none is given)"
-    if c["sign_scale"] == "l2" and not onebit:
-        return "auto is l2 there"
-    if c["warmup"] and not sparse:
-        return "the warm-up is top-k's and random-k's ratio"
-    if c["masking"] == "on" and not (sparse and c["correction"] == "on" and c["ef"] == "on"
-                                     and c["optimizer"] in ("sgd", "nesterov")):
-        return "momentum factor masking needs momentum correction (error feedback, SGD momentum) over top-k or random-k"
-    return _refused_by_psrv(tuple(sorted(c.items())))
+        return MATRIX_LIMITS["backup"]
+    if c["transport"] == "rpc" and c["nonfinite"] == "reject":
+        return MATRIX_LIMITS["nonfinite"]
+    return refused_by_psrv(c)
+
+
+def refused_by_psrv(case: dict) -> str | None:
+    """psrv's own answer to the case's config: its ConfigError's line, or None."""
+    return _refused_by_psrv(tuple(sorted(case.items())))
 
 
 @lru_cache(maxsize=None)
@@ -146,5 +155,5 @@ def plain_path(case: dict) -> dict:
     return {**case, **{axis: AXES[axis][0] for axis in PATH_AXES}}
 
 
-__all__ = ["AXES", "DATA_PATH", "DEFAULT", "PATH_AXES", "case_id", "plain_path", "refusal", "run_config",
-           "workers_of"]
+__all__ = ["ATOL", "RTOL", "AXES", "DATA_PATH", "DEFAULT", "MATRIX_LIMITS", "PATH_AXES", "case_id", "corrects", "plain_path",
+           "refusal", "refused_by_psrv", "run_config", "workers_of"]

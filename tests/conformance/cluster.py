@@ -43,6 +43,7 @@ class Outcome:
     steps: dict[int, list[dict]] = field(default_factory=dict)
     errors: dict[int, PSError] = field(default_factory=dict)
     early_sends: dict[int, int] = field(default_factory=dict)  # shard pushes sent during backward
+    wire: dict[int, dict] = field(default_factory=dict)  # each worker's psrv.Worker.wire_bytes()
     backups: list["BackupRecord"] = field(default_factory=list)
 
 
@@ -129,12 +130,18 @@ class Handled:
         self.thread = threading.Thread(target=self._watch, daemon=True)
         self.thread.start()
 
-    def _pushes(self) -> list[int]:
-        return [admin_request(a, MsgType.STATS, timeout=TIMEOUT)["pushes"] for a in self.addresses]
+    def _pushes(self, timeout: float = TIMEOUT) -> list[int]:
+        return [admin_request(a, MsgType.STATS, timeout=timeout)["pushes"] for a in self.addresses]
 
     def _watch(self) -> None:
+        """Polls with a short timeout: once its worker was refused and the others finished, the shards stop,
+        and close() must not wait out a long one."""
         while not self.stop.wait(0.005):
-            if all(now > was for now, was in zip(self._pushes(), self.before)):
+            try:
+                pushes = self._pushes(timeout=1.0)
+            except TimeoutError:
+                continue
+            if all(now > was for now, was in zip(pushes, self.before)):
                 self.turns.done(self.ticket)
                 return
 
@@ -276,6 +283,7 @@ def _worker(cfg: RunConfig, rank: int, job, addresses: list[str], *, turns: Turn
                 turns.done(ticket)
         ps.close()
         out.early_sends[rank] = ps.early_sends
+        out.wire[rank] = ps.wire_bytes()
     finally:
         turns.stop(rank)
     return parameters_to_vector(model.parameters()).detach().clone()

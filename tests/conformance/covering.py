@@ -1,7 +1,9 @@
 """Which cases the matrix runs: every valid combination of the data-path axes (plane x chunks x wire
 dtype x codec, so every triple of them), plus a pairwise covering array over all the axes: every
-level of every axis meets every level of every other axis in at least one case, wherever psrv
-accepts that pair at all (a pair no valid case can hold is listed, with the reason, as refused).
+level of every axis meets every level of every other axis, both live (tests/conformance/live.py), in
+at least one case, wherever psrv accepts that pair at all. A pair no valid case holds is listed, with
+psrv's own refusal (or one of the matrix's limits, axes.MATRIX_LIMITS), as refused; a pair valid cases
+hold but none with both levels live is listed, with why, as dead.
 
 Over zmq (a tenth of a second a case) the pairs are covered twice, by two arrays grown apart, so
 each pair meets two sets of company; over torch RPC (seconds a case, as processes) once.
@@ -20,7 +22,8 @@ import json
 import random
 from pathlib import Path
 
-from tests.conformance.axes import AXES, DATA_PATH, DEFAULT, refusal
+from tests.conformance.axes import AXES, DATA_PATH, DEFAULT, case_id, refusal
+from tests.conformance.live import axis_inert, inert, live_pairs
 
 Pair = tuple[tuple[str, object], tuple[str, object]]
 
@@ -41,17 +44,49 @@ def _valid(case: dict) -> bool:
     return refusal(case) is None
 
 
-def _complete(fixed: dict, rng: random.Random, tries: int = 3000) -> dict | None:
-    """A valid case holding `fixed`: the defaults first, then random levels for the other axes."""
+def _holds_live(case: dict, pair: Pair) -> bool:
+    return _valid(case) and not any(axis_inert(axis, case) for axis, _ in pair)
+
+
+def _complete(pair: Pair, rng: random.Random, tries: int = 400) -> dict | None:
+    """A valid case holding `pair` with both its levels live: the defaults first, then random levels for
+    the other axes."""
+    fixed = dict(pair)
     case = {**DEFAULT, **fixed}
-    if _valid(case):
+    if _holds_live(case, pair):
         return case
     free = [a for a in AXES if a not in fixed]
     for _ in range(tries):
         case = {**DEFAULT, **fixed, **{a: rng.choice(AXES[a]) for a in free if rng.random() < 0.5}}
+        if _holds_live(case, pair):
+            return case
+    return None
+
+
+def _witness(pair: Pair, rng: random.Random, tries: int = 400) -> dict | None:
+    """A valid case holding `pair` (live or not), nearest the defaults first."""
+    fixed = dict(pair)
+    free = [a for a in AXES if a not in fixed]
+    for i in range(tries + 1):
+        case = {**DEFAULT, **fixed, **({} if not i else {a: rng.choice(AXES[a]) for a in free if rng.random() < 0.5})}
         if _valid(case):
             return case
     return None
+
+
+def dead_why(pair: Pair, witness: dict, measured: dict | None = None) -> str:
+    """Why `pair` is not live in the valid case `witness` (`measured`: what measure.py found there)."""
+    dead = inert(witness, measured)
+    return "; ".join(f"{a}: {dead[a]}" for a, _ in pair if a in dead)
+
+
+def why_not(pair: Pair, rng: random.Random) -> tuple[str, str, dict | None]:
+    """("refused", psrv's line for the pair at the defaults, None) where no valid case holds the pair, else
+    ("dead", why, a valid case that holds it)."""
+    witness = _witness(pair, rng)
+    if witness is None:
+        return "refused", refusal({**DEFAULT, **dict(pair)}) or "no valid case found", None
+    return "dead", dead_why(pair, witness), witness
 
 
 def data_path_cases() -> list[dict]:
@@ -80,7 +115,7 @@ def _grow(uncovered: set[Pair], rng: random.Random, fixed: dict) -> dict | None:
             elif g == gain:
                 best.append(level)
         case[axis] = rng.choice(best)
-    return case if _valid(case) else _complete({**fixed, a: x, b: y}, rng)
+    return case if _holds_live(case, ((a, x), (b, y))) else _complete(((a, x), (b, y)), rng)
 
 
 def _cover(uncovered: set[Pair], rng: random.Random, candidates: int, fixed: dict) -> list[dict]:
@@ -88,85 +123,135 @@ def _cover(uncovered: set[Pair], rng: random.Random, candidates: int, fixed: dic
     cases = []
     while uncovered:
         grown = [c for c in (_grow(uncovered, rng, fixed) for _ in range(candidates)) if c is not None]
-        best = max(grown, key=lambda c: len(pairs_of(c) & uncovered), default=None)
-        if best is None or not pairs_of(best) & uncovered:
+        best = max(grown, key=lambda c: len(live_pairs(c) & uncovered), default=None)
+        if best is None or not live_pairs(best) & uncovered:
             raise AssertionError(f"cannot cover {len(uncovered)} pairs, e.g. {sorted(uncovered, key=repr)[:3]}")
         cases.append(best)
-        uncovered -= pairs_of(best)
+        uncovered -= live_pairs(best)
     return cases
 
 
-def build(seed: int = 27, candidates: int = 24) -> tuple[list[dict], list[dict], dict[Pair, str]]:
-    """(the data-path cases, the pairwise cases, the pairs no valid case holds -> why)."""
+def _unheld(uncovered: set[Pair], rng: random.Random) -> tuple[dict[Pair, tuple], list[dict]]:
+    """(the pairs of `uncovered` no valid case found holds live -> ("refused" or "dead", why, witness), the
+    witnesses that do hold a pair live after all: cases to run)."""
+    unheld, found = {}, []
+    for pair in sorted(uncovered, key=repr):
+        if _complete(pair, rng) is None:
+            kind, why, witness = why_not(pair, rng)
+            if kind == "dead" and not why:
+                found.append(witness)
+            else:
+                unheld[pair] = (kind, why, witness)
+    return unheld, found
+
+
+def _arrays(uncovered: set[Pair], rng: random.Random, candidates: int, again: set[Pair]) -> list[dict]:
+    """torch RPC's cases first (processes, seconds each: the fewest that cover its pairs), then zmq's; then
+    zmq's `again` (a tenth of a second a case), so each pair also meets other company."""
+    rpc = {pair for pair in uncovered if ("transport", "rpc") in pair}
+    cases = _cover(rpc, rng, candidates * 4, {"transport": "rpc"})
+    rest = uncovered - {pair for case in cases for pair in live_pairs(case)}
+    rest -= {pair for pair in rest if ("transport", "rpc") in pair}
+    cases += _cover(rest, rng, candidates, {"transport": "zmq"})
+    cases += _cover(set(again), rng, candidates, {"transport": "zmq"})
+    return cases
+
+
+def _measure(cases: list[dict], measured: dict[str, dict]) -> None:
+    """Measure each case not measured yet (measure.unseen), into `measured` by case id."""
+    from tests.conformance.measure import unseen  # the reference: torch, only when a plan is made
+    for case in cases:
+        if case_id(case) not in measured:
+            measured[case_id(case)] = unseen(case)
+
+
+def _live(cases: list[dict], measured: dict[str, dict]) -> set[Pair]:
+    return set().union(*(live_pairs(c, measured.get(case_id(c))) for c in cases))
+
+
+def _measured_rounds(triples: list[dict], cases: list[dict], unheld: dict, rng: random.Random,
+                     candidates: int, measured: dict[str, dict], rounds: int = 3) -> None:
+    """Measure the cases; cover the pairs a measurement left dead with new cases, measured in turn, for
+    `rounds`; a pair still live in no case is dead, its witness the last case that held it."""
+    _measure(triples + cases, measured)
+    for _ in range(rounds):
+        uncovered = all_pairs() - _live(triples + cases, measured) - set(unheld)
+        if not uncovered:
+            return
+        rpc = {pair for pair in uncovered if ("transport", "rpc") in pair}
+        more = _cover(rpc, rng, candidates * 4, {"transport": "rpc"})
+        more += _cover(uncovered - rpc, rng, candidates, {"transport": "zmq"})
+        _measure(more, measured)
+        cases += more
+    live = _live(triples + cases, measured)
+    for pair in [pair for pair in unheld if pair in live]:  # a case grown since holds it live
+        del unheld[pair]
+    for pair in all_pairs() - live - set(unheld):
+        witness = next(c for c in reversed(triples + cases) if dict(pair).items() <= c.items())
+        unheld[pair] = ("dead", dead_why(pair, witness, measured[case_id(witness)]), witness)
+
+
+def build(seed: int = 27, candidates: int = 24) -> tuple[list[dict], list[dict], dict[Pair, tuple], dict]:
+    """(the data-path cases, the pairwise cases, the pairs no valid case holds live -> (kind, why, witness),
+    what measure.py found inert per case id)."""
     rng = random.Random(seed)
     triples = data_path_cases()
     uncovered = all_pairs()
     for case in triples:
-        uncovered -= pairs_of(case)
-    refused: dict[Pair, str] = {}
-    for pair in sorted(uncovered, key=repr):
-        if _complete(dict(pair), rng) is None:
-            refused[pair] = refusal({**DEFAULT, **dict(pair)}) or "no valid completion found"
-    uncovered -= set(refused)
-    # torch RPC's cases run as processes (seconds each): first the fewest that cover its pairs
-    rpc = {pair for pair in uncovered if ("transport", "rpc") in pair}
-    cases = _cover(rpc, rng, candidates * 4, {"transport": "rpc"})
-    uncovered -= {pair for case in cases for pair in pairs_of(case)}
-    uncovered -= {pair for pair in uncovered if ("transport", "rpc") in pair}
-    cases += _cover(uncovered, rng, candidates, {"transport": "zmq"})
-    # zmq's cases cost a tenth of a second: a second array, so each pair also meets other company
-    again = {pair for pair in all_pairs() - set(refused) if ("transport", "rpc") not in pair}
-    cases += _cover(again, rng, candidates, {"transport": "zmq"})
-    held = set().union(*(pairs_of(c) for c in triples + cases))  # a pair no random completion found may be
-    refused = {pair: why for pair, why in refused.items() if pair not in held}  # in a grown case after all
-    return triples, cases, refused
+        uncovered -= live_pairs(case)
+    unheld, found = _unheld(uncovered, rng)
+    uncovered -= set(unheld) | set().union(*(live_pairs(c) for c in found))
+    again = {pair for pair in all_pairs() - set(unheld) if ("transport", "rpc") not in pair}
+    cases = found + _arrays(uncovered, rng, candidates, again)
+    held = set().union(*(live_pairs(c) for c in triples + cases))  # a pair no random completion found may be
+    unheld = {pair: why for pair, why in unheld.items() if pair not in held}  # live in a case
+    measured: dict[str, dict] = {}
+    _measured_rounds(triples, cases, unheld, rng, candidates, measured)
+    return triples, cases, unheld, measured
 
 
-def _refused(uncovered: set[Pair], rng: random.Random) -> dict[Pair, str]:
-    """The pairs of `uncovered` no valid case holds -> why."""
-    return {pair: refusal({**DEFAULT, **dict(pair)}) or "no valid completion found"
-            for pair in sorted(uncovered, key=repr) if _complete(dict(pair), rng) is None}
-
-
-def extend(seed: int = 27, candidates: int = 24) -> tuple[list[dict], list[dict], dict[Pair, str]]:
+def extend(seed: int = 27, candidates: int = 24) -> tuple[list[dict], list[dict], dict[Pair, tuple], dict]:
     """The stored plan, each new axis at its first level in the stored cases, and new cases (grown as
-    build() grows them) for the pairs those leave out; the pairs no valid case holds, refused anew."""
+    build() grows them) for the pairs those leave out; the pairs no valid case holds live, found anew."""
     rng = random.Random(seed)
-    triples, pairs, _ = load()
+    triples, pairs, _, measured = load()
     triples, pairs = ([{**DEFAULT, **{a: v for a, v in c.items() if a in AXES}} for c in cases]
                       for cases in (triples, pairs))
-    covered = set().union(*(pairs_of(c) for c in triples + pairs))
-    uncovered = all_pairs() - covered
-    refused = _refused(uncovered, rng)
-    uncovered -= set(refused)
-    rpc = {pair for pair in uncovered if ("transport", "rpc") in pair}
-    added = _cover(rpc, rng, candidates * 4, {"transport": "rpc"})
-    uncovered -= {pair for case in added for pair in pairs_of(case)}
-    uncovered -= {pair for pair in uncovered if ("transport", "rpc") in pair}
-    again = set(uncovered)  # over zmq, twice, as build() covers them
-    added += _cover(uncovered, rng, candidates, {"transport": "zmq"})
-    added += _cover(again, rng, candidates, {"transport": "zmq"})
-    return triples, pairs + added, refused
+    uncovered = all_pairs() - set().union(*(live_pairs(c) for c in triples + pairs))
+    unheld, found = _unheld(uncovered, rng)
+    uncovered -= set(unheld) | set().union(*(live_pairs(c) for c in found))
+    zmq = {pair for pair in uncovered if ("transport", "rpc") not in pair}
+    cases = pairs + found + _arrays(uncovered, rng, candidates, zmq)
+    _measured_rounds(triples, cases, unheld, rng, candidates, measured)
+    return triples, cases, unheld, measured
 
 
 PLAN = Path(__file__).with_name("plan.json")
 
 
-def load() -> tuple[list[dict], list[dict], dict[Pair, str]]:
-    """The stored plan: (data-path cases, pairwise cases, refused pairs -> why)."""
+def load() -> tuple[list[dict], list[dict], dict[Pair, tuple], dict[str, dict]]:
+    """The stored plan: (data-path cases, pairwise cases, pairs no case holds live -> (kind, why, witness),
+    case id -> the axes measure.py found inert there -> why)."""
     data = json.loads(PLAN.read_text())
-    refused = {tuple(tuple(x) for x in pair): why for pair, why in data["refused"]}
-    return data["triples"], data["pairs"], refused
+    unheld = {tuple(tuple(x) for x in pair): (kind, why, witness) for pair, kind, why, witness in data["unheld"]}
+    return data["triples"], data["pairs"], unheld, data["measured"]
 
 
 def main() -> None:
     import sys
-    triples, pairs, refused = extend() if "--extend" in sys.argv[1:] else build()
+    import time
+    began = time.monotonic()
+    triples, pairs, unheld, measured = extend() if "--extend" in sys.argv[1:] else build()
     triples, pairs = ([{axis: case[axis] for axis in AXES} for case in cases] for cases in (triples, pairs))
     PLAN.write_text(json.dumps({"triples": triples, "pairs": pairs,
-                                "refused": [[list(map(list, pair)), why] for pair, why in sorted(refused.items(), key=repr)]},
+                                "unheld": [[list(map(list, pair)), *why] for pair, why in sorted(unheld.items(), key=repr)],
+                                "measured": {k: v for k, v in sorted(measured.items()) if v}},
                                indent=0) + "\n")
-    print(f"{len(triples)} data-path cases, {len(pairs)} pairwise cases, {len(refused)} pairs refused -> {PLAN}")
+    kinds = [kind for kind, *_ in unheld.values()]
+    print(f"measured inert: {sum(len(v) for v in measured.values())} levels in {sum(1 for v in measured.values() if v)} cases")
+    print(f"{len(triples)} data-path cases, {len(pairs)} pairwise cases ({sum(c['transport'] == 'rpc' for c in pairs)} "
+          f"over torch RPC); pairs no case holds live: {kinds.count('refused')} refused, {kinds.count('dead')} dead "
+          f"-> {PLAN} ({time.monotonic() - began:.0f} s)")
 
 
 if __name__ == "__main__":

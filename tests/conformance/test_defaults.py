@@ -82,7 +82,7 @@ def test_every_setting_the_reference_reads_is_stated(monkeypatch):
         return from_dict(cls, tree)
 
     monkeypatch.setattr(axes, "from_dict", stated)
-    triples, pairs, _ = load()
+    triples, pairs, _, _ = load()
     for case in _every_level_once(triples + pairs):
         cfg = axes.run_config(case)
         seen: set[str] = set()

@@ -1,0 +1,35 @@
+"""The conformance matrix's cases over torch RPC (test_matrix.py holds the checks): each runs as `psrv run
+--transport rpc`, the shipped worker loop in its own processes, seconds a case (one RPC world per process,
+each importing torch), so they are a file of their own, which `make test` runs beside the others."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from psrv.config import to_dict
+from tests.conformance.axes import case_id, run_config, workers_of
+from tests.conformance.cluster import BackupRecord, Outcome
+from tests.conformance.test_matrix import PAIRS, check, one_thread  # noqa: F401 (one torch thread here too)
+from tests.helpers import psrv_run
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", [c for c in PAIRS if c["transport"] == "rpc"], ids=case_id)
+def test_rpc_pairs(case, tmp_path, monkeypatch):
+    """torch RPC needs a process per member of its world: these run as `psrv run --transport rpc`, the
+    shipped worker loop in its own processes, against the in-process run of the same case over zmq."""
+    # stays slow (seconds a case): one RPC world per process, each importing torch; 19 cases cover the live pairs
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(to_dict(run_config(case))))
+    out = tmp_path / "run"
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    psrv_run(out, "--config", str(config), timeout=100)
+    shards = [json.loads((out / f"server-{s}.json").read_text()) for s in range(case["shards"])]
+    records = {r: json.loads((out / f"worker-{r}.json").read_text()) for r in range(workers_of(case))}
+    steps = {r: record["step_log"] for r, record in records.items()}
+    wire = {r: {k: record[k] for k in ("bytes_pushed", "dense_push_bytes")} for r, record in records.items()}
+    backups = [BackupRecord(shard=b["shard"], address=b["address"], summary=b, state=None, primary_state=None)
+               for b in map(json.loads, (p.read_text() for p in sorted(out.glob("backup-*-*.json"))))]
+    check(case, Outcome(params=torch.load(out / "params.pt"), shards=shards, steps=steps, backups=backups, wire=wire))
