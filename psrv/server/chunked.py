@@ -11,7 +11,7 @@ the client's probe then re-sends it. Pulls are held while a push is half applied
 one, and so are the other workers' pushes (psrv/server/queued.py): pushes are applied one at a time, in
 the order of their first message, each at its own step count and lr, bit for bit the whole pushes in
 that order. INIT goes in chunks alike (copied into the weights). The receive memory is one chunk, not
-one shard.
+one shard. The shard's summary counts the pushes that came in chunks (`chunked_pushes`, at their first).
 
 A push is applied whole or not at all: psrv's client never chunks a non-finite gradient (it sends it
 whole, for the shard's --nonfinite policy). A peer that does anyway is refused from that chunk on; what
