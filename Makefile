@@ -9,7 +9,7 @@ STAMP   := $(VENV)/.installed
 # the emulated hosts' fixed names in tests/system/test_netns.py). TEST_JOBS=0 runs them in this process.
 TEST_JOBS ?= 2
 
-.PHONY: run test bench bench-smoke chaos gpu-check gpu-prepare setup clean
+.PHONY: run test bench bench-smoke chaos gpu-check gpu-prepare mutants setup clean
 
 setup: $(STAMP)
 
@@ -46,9 +46,19 @@ GPU_OUT ?= bench/gpu
 gpu-check: setup
 	$(BIN)/python -m psrv.experiments.bench.gpu_check --out $(GPU_OUT) $(GPU_CHECK_ARGS)
 
+# Mutation testing (not in `make test`; docs/architecture.md, "Mutation testing"): mutmut, installed here only, over the
+# server's rules, optimizers, consistency, pulls, fragments and replication, the codecs and the worker's compression
+# state, the conformance matrix in process as the test command (tests/conformance/mutants.py): the score per package,
+# the surviving mutants, the equivalent ones (tests/conformance/equivalent_mutants.toml). Hours for all the files;
+# MUTANTS_ARGS="--paths psrv/server/rules": some files or folders only; "--resume" after an interruption.
+MUTMUT ?= mutmut==3.8.1
+mutants: setup
+	$(BIN)/pip install -q "$(MUTMUT)"
+	$(BIN)/python -m tests.conformance.mutants $(MUTANTS_ARGS)
+
 # The wheels a lent GPU machine lacks, into .whl/ (carried by the device call), and that one call, printed.
 gpu-prepare:
 	PY=$(PY) deploy/gpu/prepare.sh
 
 clean:
-	rm -rf $(VENV) runs build *.egg-info
+	rm -rf $(VENV) runs build *.egg-info mutants

@@ -1,0 +1,60 @@
+"""Two things about the update rules (psrv/server/rules) that no case of the matrix can show, found by
+`make mutants` (tests/conformance/mutants.py): a rule's state is float32 whatever torch's default dtype
+is, and a DC-ASGD push from a worker the shard never answered a pull is plain, at lr scale 1."""
+import pytest
+import torch
+
+from psrv.config import OptimConfig
+from psrv.server.rules import PushContext
+from psrv.server.shard import Shard
+
+SIZE = 1000
+RULES = {"dc-asgd": {}, "dc-asgd-a": {}, "dn": {"nesterov": True, "dn_period": 2}}
+
+
+def shard(rule: str, **kw) -> Shard:
+    s = Shard(SIZE, OptimConfig("sgd", lr=0.1, momentum=0.9, update_rule=rule, **{**RULES.get(rule, {}), **kw}))
+    s.init(randn(1))
+    return s
+
+
+def randn(seed: int) -> torch.Tensor:
+    return torch.randn(SIZE, generator=torch.Generator().manual_seed(seed), dtype=torch.float32)
+
+
+def steps(s: Shard, n: int = 6) -> torch.Tensor:
+    """n pushes from three workers, each pulling after its own push (DC-ASGD's w_bak)."""
+    for w in range(3):
+        s.pulled(w)
+    for i in range(n):
+        s.apply(randn(10 + i), PushContext(i % 3, staleness=i % 4))
+        s.pulled(i % 3)
+    return s.param.data.clone()
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_a_float64_default_dtype_changes_no_bit(rule):
+    """The shard computes in float32 (its weights' dtype) even in a host that made float64 torch's default:
+    every buffer a rule keeps is made float32, and the weights after the same pushes are bit for bit."""
+    want = steps(shard(rule))
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        s = shard(rule)
+        got = steps(s)
+    finally:
+        torch.set_default_dtype(before)
+    kept = {k: v.dtype for k, v in s.rule.state_dict().items() if isinstance(v, torch.Tensor)}
+    assert all(d == torch.float32 for d in kept.values()), kept
+    assert torch.equal(got, want), f"{(got - want).abs().max().item():.3g} from the float32 default's weights"
+
+
+@pytest.mark.parametrize("rule", ["dc-asgd", "dc-asgd-a"])
+def test_a_push_before_any_pull_is_plain(rule):
+    """No w_bak for that worker, so no correction: the plain rule's step and lr scale 1 (a psrv.Worker pulls
+    first, so only a client that pushes first gets here)."""
+    grad = randn(3)
+    s, plain = shard(rule), shard("plain")
+    assert s.apply(grad, PushContext(0, staleness=2)) == 1.0
+    plain.apply(grad, PushContext(0, staleness=2))
+    assert torch.equal(s.param.data, plain.param.data)
