@@ -223,6 +223,8 @@ def run(cfg: RunConfig, *, nan: bool, hooks: Hooks | None = None) -> Outcome:
         t.join(TIMEOUT)
     try:
         out.shards = [s.join(TIMEOUT) for s in servers]
+        for b in backups:  # every op its primary answered is in it: ended now, not a failure bound after
+            b.stop()
         out.backups = [BackupRecord(b.cfg.shard, b.address, b.join(TIMEOUT), _state(b), _state(servers[b.cfg.shard]))
                        for b in backups]
     finally:
