@@ -8,7 +8,7 @@ from psrv.codec_names import LOSSY_NAMES
 from psrv.config.base import ConfigError
 
 SPARSE = ("topk", "randomk")
-WARMUP_DEFAULT = 50  # WorkerSettings.compress_warmup's default: not the user's setting
+WARMUP_DEFAULT = 50  # WorkerSettings.compress_warmup's default (set there from here): not the user's setting
 
 
 def _name(spec: str) -> str:

@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from psrv.codec_names import CASTS, LOSSY_NAMES
+from psrv.codec_names import CASTS
 from psrv.config.address_form import address_problem, check_shard_addresses
 from psrv.config.base import ConfigError, Section, section, setting
-from psrv.config.codec_knobs import run_knobs
+from psrv.config.codec_knobs import corrects, run_knobs
 from psrv.config.nemesis import NemesisSettings, check_nemesis
 from psrv.config.optimizer import STALENESS_RULES, VELOCITY_RULES, GradClip, OptimConfig
 from psrv.config.sections import Trackers
@@ -79,9 +79,8 @@ def _momentum_correction(run: RunConfig) -> None:
     momentum: psrv/worker/momentum_correction.py) pushes velocities, which an update rule that needs the raw
     gradient, or sync's server-side clip of the mean gradient, cannot take: refused here, before any
     process starts, as a worker would refuse it at HELLO."""
-    w, o = run.worker, run.optimizer
-    if not (w.momentum_correction and w.error_feedback and w.compress.partition(":")[0] in LOSSY_NAMES
-            and o.name == "sgd" and o.momentum and run.mode in MODES):
+    o = run.optimizer
+    if not (run.worker.momentum_correction and corrects(run) and run.mode in MODES):
         return
     if o.update_rule not in VELOCITY_RULES:
         why = f"update rule {o.update_rule!r} needs the raw gradient"

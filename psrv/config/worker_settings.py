@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from psrv.codec_names import LOSSY_NAMES
 from psrv.config.base import ConfigError, Section, setting
-from psrv.config.codec_knobs import worker_knobs
+from psrv.config.codec_knobs import WARMUP_DEFAULT, worker_knobs
 from psrv.local_period import AUTO_DEFAULT, base_steps, is_dynamic, parse_local_steps
 
 WIRE_DTYPES = ("float32", "bfloat16", "float16")  # what a worker may send its gradient as
@@ -44,7 +44,7 @@ class WorkerSettings(Section):
                                         "velocity, pushes it compressed with error feedback and the servers step it "
                                         "without momentum of their own: Lin et al. 2018, DGC; docs/compression.md)",
                                         flag="no-momentum-correction")
-    compress_warmup: int = setting(50, "the warm-up training of Deep Gradient Compression (Lin et al. 2018, ICLR): "
+    compress_warmup: int = setting(WARMUP_DEFAULT, "the warm-up training of Deep Gradient Compression (Lin et al. 2018, ICLR): "
                                    "over the first N pushes top-k's and random-k's ratio rises to RATIO in four stages "
                                    "of N/4 pushes, stage s sending RATIO^((s+1)/5) (as DGC's code computes its warm-up "
                                    "epochs' ratios: 75%, 93.75%, 98.4%, 99.6% sparsity before 99.9%); 0: RATIO from the "

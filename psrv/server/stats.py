@@ -109,8 +109,7 @@ class ShardStats:
 
     # --- a backup's copy (psrv/server/replica_state.py) -----------------------
     COUNTS = ("pushes", "pulls", "updates_applied", "pushes_applied", "partially_applied", "chunked_pushes",
-              "duplicates", "errors",
-              "bytes_in", "bytes_out", "max_clock_gap", "wait_seconds")
+              "duplicates", "errors", "bytes_in", "bytes_out", "max_clock_gap", "wait_seconds")
 
     def state_dict(self) -> dict:
         return {**{k: getattr(self, k) for k in self.COUNTS}, "dropped": dict(self.dropped),
@@ -145,7 +144,8 @@ class ShardStats:
         return {
             "pushes": self.pushes, "pulls": self.pulls, "updates_applied": self.updates_applied,
             "pushes_applied": self.pushes_applied, "partially_applied": self.partially_applied,
-            "chunked_pushes": self.chunked_pushes, "dropped": dict(self.dropped), "duplicates": self.duplicates, "errors": self.errors,
+            "chunked_pushes": self.chunked_pushes, "dropped": dict(self.dropped), "duplicates": self.duplicates,
+            "errors": self.errors,
             "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
             "staleness_histogram": {str(k): v for k, v in sorted(self.staleness.items())},
             "max_staleness": self.max_staleness, "mean_staleness": self.mean_staleness,

@@ -28,11 +28,6 @@ from tests.conformance.live import axis_inert, inert, live_pairs
 Pair = tuple[tuple[str, object], tuple[str, object]]
 
 
-def pairs_of(case: dict) -> set[Pair]:
-    items = sorted(case.items())
-    return {(a, b) for a, b in itertools.combinations(items, 2)}
-
-
 def all_pairs() -> set[Pair]:
     out = set()
     for (a, la), (b, lb) in itertools.combinations(sorted(AXES.items()), 2):

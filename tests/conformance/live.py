@@ -16,7 +16,6 @@ from tests.conformance.job import CLASSES, FEATURES, HIDDEN
 
 CHUNK_BYTES = int(0.1 * 2**20)  # axes.CHUNK_MB
 PARAMS = FEATURES * HIDDEN + HIDDEN + HIDDEN * CLASSES + CLASSES
-SPARSE = ("topk", "randomk")
 FREEZE = 2  # axes.run_config's onebit_adam freeze_step
 BYTES = ("wire", "outer", "pull")  # shown by the bytes a shard took in or sent (evidence.py)
 COUNTED = ("nonfinite", "backup")  # shown by the run's counts
@@ -98,7 +97,7 @@ def inert(c: dict, measured: dict | None = None) -> dict[str, str]:
 
 
 def live_pairs(c: dict, measured: dict | None = None) -> set:
-    """The pairs of case c's levels that are both live (covering.pairs_of's form)."""
+    """The pairs of case c's levels that are both live (each a pair of (axis, level) items, sorted)."""
     dead = inert(c, measured)
     items = sorted((a, v) for a, v in c.items() if a not in dead)
     return set(itertools.combinations(items, 2))
