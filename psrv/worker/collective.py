@@ -9,6 +9,18 @@ import torch.distributed as dist
 BACKENDS = ("auto", "gloo", "nccl")
 
 
+def init_group(backend: str, **kwargs) -> None:
+    """dist.init_process_group(backend, **kwargs), with torch._dynamo and torch.distributed.optim imported
+    first. Either, imported after the group (as the first torch.optim optimizer and zero1's
+    ZeroRedundancyOptimizer import them), keeps the group alive past destroy_process_group, so gloo's
+    threads run on into the interpreter's exit, where one still releasing a finished collective's tensors
+    aborts the process ("terminate called without an active exception": a zero1 rank of
+    `psrv run --script`, 2 of 15 runs on 2 loaded cores)."""
+    import torch._dynamo  # noqa: F401  (their imports are what matters)
+    import torch.distributed.optim  # noqa: F401
+    dist.init_process_group(backend, **kwargs)
+
+
 def device_and_backend(name: str, backend: str, local_rank: int, local_world: int) -> tuple[torch.device, str]:
     """The device `name` (cpu, cuda, cuda:N) means for this rank, and the backend: `backend` unless
     'auto', which is gloo on CPU and nccl on CUDA where every local rank has a GPU of its own."""

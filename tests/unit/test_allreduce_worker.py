@@ -3,6 +3,9 @@ all-reduce worker (psrv/worker/allreduce.py). Here one rank in this process (a w
 rendezvous): it steps the run's optimizer, clip and schedule, writes its record, tears down the group it
 made, and refuses in one line what it cannot do. The ranks together: tests/integration/test_script_allreduce.py."""
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -12,6 +15,7 @@ import psrv
 from psrv.config import RunConfig, to_dict
 from psrv.config.base import from_dict
 from psrv.worker.steplog import RecordFiles, StepLog
+from tests.helpers import ROOT
 from tests.reference_sgd import clipped_warmup_sgd
 
 LR, MOMENTUM, CLIP, WARMUP = 0.1, 0.9, 0.5, 2
@@ -93,6 +97,45 @@ def test_an_error_inside_the_block_writes_what_ran_marked_interrupted_and_no_wei
     assert (record["interrupted"], record["steps_done"]) == (True, 1) and not files.params.exists()
     with pytest.raises(RuntimeError, match="has ended"):
         ps.step()
+
+
+# A fresh interpreter (this process has long imported what matters): one rank steps, closes, and lists the
+# threads left. gloo's outliving destroy_process_group into the interpreter's exit aborted zero1 ranks
+# ("terminate called without an active exception"; psrv/worker/collective.py init_group says why).
+_GLOO_THREADS_AFTER_CLOSE = """
+import json, os, sys, torch
+import psrv
+from psrv.config import RunConfig, from_dict
+from psrv.workers.allreduce.loop import train_allreduce
+def gloo():
+    names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+    return sorted(n for n in names if "gloo" in n or "tcpstore" in n)
+left = {}
+for mode in ("ddp", "zero1"):
+    os.environ["PSRV_MODE"] = mode
+    os.environ["PSRV_CONFIG"] = sys.argv[1] + "/" + mode + ".json"
+    net = torch.nn.Linear(3, 2)
+    with psrv.Worker(net) as ps:
+        net(torch.randn(4, 3)).sum().backward()
+        ps.step()
+    left["psrv.Worker " + mode] = gloo()
+    del os.environ["PSRV_MODE"]
+    cfg = from_dict(RunConfig, {"mode": mode, "cluster": {"workers": 1}, "job": {"name": "digits_mlp", "steps": 1}})
+    train_allreduce(cfg, backend="gloo")
+    left["shipped loop " + mode] = gloo()
+print(json.dumps(left))
+"""
+
+
+def test_no_gloo_thread_outlives_the_group_in_a_fresh_interpreter(tmp_path):
+    for mode in ("ddp", "zero1"):
+        (tmp_path / f"{mode}.json").write_text(json.dumps(to_dict(from_dict(RunConfig, {"mode": mode}))))
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "PSRV_RECORD")}
+    proc = subprocess.run([sys.executable, "-c", _GLOO_THREADS_AFTER_CLOSE, str(tmp_path)], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT, env={**env, "RANK": "0", "WORLD_SIZE": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    left = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert left == {f"{where} {mode}": [] for mode in ("ddp", "zero1") for where in ("psrv.Worker", "shipped loop")}
 
 
 @pytest.mark.parametrize("setup, keywords, says", [

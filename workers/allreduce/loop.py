@@ -19,7 +19,7 @@ from psrv.workers.evals import record_eval, record_final
 from psrv.workers.faults import FaultInjector
 from psrv.workers.jobs import batch_size_of, load_job
 from psrv.workers.loop import TrainingInterrupted
-from psrv.worker.collective import BACKENDS, device_and_backend, split_wait
+from psrv.worker.collective import BACKENDS, device_and_backend, init_group, split_wait
 from psrv.worker.steplog import StepLog
 
 _log = logging.getLogger("psrv.ddp")
@@ -81,9 +81,9 @@ def train_allreduce(cfg: RunConfig, *, log: StepLog | None = None, backend: str 
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if "MASTER_ADDR" in os.environ:
-        dist.init_process_group(backend, init_method="env://", timeout=timeout)
+        init_group(backend, init_method="env://", timeout=timeout)
     elif world == 1:  # a lone rank outside torchrun needs no rendezvous
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+        init_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     else:
         raise ValueError("WORLD_SIZE > 1 needs MASTER_ADDR and MASTER_PORT: start the ranks with torchrun "
                          f"or `psrv run --mode {cfg.mode}`")
