@@ -18,7 +18,7 @@ DDP_COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")  # torch.distributed.algor
 RUN_MODES = (*MODES, *ALLREDUCE_MODES)
 TRANSPORTS = ("zmq", "rpc")
 PLANE_CHOICES = ("auto", "off")  # payload planes beside zmq: psrv/transport/plane.py
-SHIPPED_JOBS = ("digits_mlp", "mnist1d_mlp", "synthetic_mlp", "digits_cnn", "mnist1d_cnn",
+SHIPPED_JOBS = ("digits_mlp", "mnist1d_mlp", "synthetic_mlp", "digits_cnn", "digits_mlp3", "mnist1d_cnn",
                 "code_lm")  # workers/jobs builds them
 _MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 

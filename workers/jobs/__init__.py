@@ -29,6 +29,7 @@ def _registry() -> dict[str, str]:
             "mnist1d_mlp": "psrv.workers.jobs.mnist1d:mnist1d_mlp",
             "synthetic_mlp": "psrv.workers.jobs.synthetic:synthetic_mlp",
             "digits_cnn": "psrv.workers.jobs.digits:digits_cnn",
+            "digits_mlp3": "psrv.workers.jobs.digits:digits_mlp3",
             "mnist1d_cnn": "psrv.workers.jobs.mnist1d:mnist1d_cnn",
             "code_lm": "psrv.workers.jobs.code_lm:code_lm"}
 

@@ -52,6 +52,16 @@ def digits_mlp(seed: int) -> Job:
     return Job("digits_mlp", model, train, test)
 
 
+def digits_mlp3(seed: int, *, width: int = 128) -> Job:
+    """digits_mlp with three hidden layers of `width` (about 42k parameters): a deeper model for the
+    remedies' quality grid (experiments/specs/ef_quality.toml)."""
+    train, test = digits_split()
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, width), torch.nn.ReLU(), torch.nn.Linear(width, width), torch.nn.ReLU(),
+        torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, 10))
+    return Job("digits_mlp3", model, train, test)
+
+
 def digits_cnn(seed: int, *, channels: int = 16) -> Job:
     """Two 3x3 conv layers (channels, 2*channels), each with BatchNorm and ReLU, a 2x2 max-pool and a
     linear classifier: about 10k parameters with channels=16, and BatchNorm running statistics."""

@@ -1,0 +1,52 @@
+"""Error feedback's quality grid's table (experiments/ef_quality.py): cells from each run's stored config,
+the 1.3x and no-worse-than-no-EF criterion per codec, and the split into chosen-on and held-out jobs."""
+import json
+
+import pytest
+
+from psrv.config import RunConfig, to_dict
+from psrv.config.base import from_dict
+from psrv.experiments import ef_quality
+
+PUSHES = {"dense": {}, "topk-ef": {"compress": "topk:0.005"},
+          "topk-noef": {"compress": "topk:0.005", "error_feedback": False},
+          "sign-ef": {"compress": "sign"}, "sign-noef": {"compress": "sign", "error_feedback": False}}
+
+
+def _run(root, job, seed, push, loss, momentum=0.9):
+    run = root / f"{push}-m{momentum}" / f"rep-{seed}"
+    run.mkdir(parents=True)
+    cfg = from_dict(RunConfig, {"mode": "sync", "seed": seed, "job": {"name": job},
+                                "optimizer": {"momentum": momentum}, "worker": PUSHES[push]})
+    (run / "config.json").write_text(json.dumps(to_dict(cfg)))
+    (run / "summary.json").write_text(json.dumps({"final_loss": loss}))
+
+
+def test_each_cell_is_judged_per_codec_and_the_halves_are_split_by_job(tmp_path):
+    losses = {("digits_cnn", 0): dict(dense=1.0, topk_ef=1.29, topk_noef=1.5, sign_ef=1.0, sign_noef=1.1),
+              ("digits_cnn", 1): dict(dense=1.0, topk_ef=1.31, topk_noef=1.5, sign_ef=1.2, sign_noef=1.1),
+              ("digits_mlp", 0): dict(dense=1.0, topk_ef=1.0, topk_noef=1.0, sign_ef=1.0, sign_noef=1.0)}
+    for (job, seed), by_push in losses.items():
+        for push, loss in by_push.items():
+            _run(tmp_path / job, job, seed, push.replace("_", "-"), loss)
+    _run(tmp_path / "digits_mlp", "digits_mlp", 0, "dense", 2.0, momentum=0.0)  # a cell with only dense
+
+    cells = ef_quality.cells([r for job in ("digits_cnn", "digits_mlp")
+                              for r in ef_quality.read_runs(tmp_path / job)])
+    by = {(c.job, c.momentum, c.seed): c for c in cells}
+    assert by[("digits_cnn", 0.9, 0)].failures() == []
+    assert by[("digits_cnn", 0.9, 1)].failures() == ["topk:0.005: 1.31x dense",
+                                                      "sign: worse than no ef (1.2000 > 1.1000)"]
+    assert by[("digits_mlp", 0.0, 0)].failures() == ["topk:0.005: a run is missing", "sign: a run is missing"]
+    report = ef_quality.report(cells)
+    assert "### Chosen-on half (digits_mlp): 1 of 2 cells hold" in report
+    assert "### Held-out half (digits_cnn): 1 of 2 cells hold" in report
+    assert "| digits_cnn | 0.9 | 0.05 | 1.0000, 1.0000 | 1.29, 1.31 | 1.50, 1.50 | 1.00, 1.20 | 1.10, 1.10 |" in report
+
+
+def test_two_runs_of_one_cell_are_refused(tmp_path):
+    _run(tmp_path / "a", "digits_cnn", 0, "dense", 1.0)
+    _run(tmp_path / "b", "digits_cnn", 0, "dense", 1.0)
+    runs = ef_quality.read_runs(tmp_path / "a") + ef_quality.read_runs(tmp_path / "b")
+    with pytest.raises(ValueError, match="two runs of dense"):
+        ef_quality.cells(runs)
