@@ -26,11 +26,13 @@ PUSHES = (MsgType.PUSH, MsgType.PUSH_PULL)
 
 def config(mode: str, *, steps: int = 6, shards: int = 1, replicas: int = 0, chunk_mb: float = 0.0,
            optimizer: str = "sgd", local: int = 1, fragments: int = 1, outer: str = "float32",
-           plane: str = "inline") -> RunConfig:
+           plane: str = "inline", rule: str = "plain") -> RunConfig:
     """A failure case's run: the matrix's tiny job on two workers; sgd is SGD with momentum 0.9 (its state must
     survive the fault), adam Adam; `chunk_mb` > 0 chunks pushes (async and ssp apply them chunk by chunk);
-    tensors inline (the matrix's plain path) or over the shm plane (`plane` "shm", psrv's default on one host)."""
+    tensors inline (the matrix's plain path) or over the shm plane (`plane` "shm", psrv's default on one host);
+    `rule` the shards' update rule (its state must survive the fault too)."""
     optim = {"name": "sgd", "lr": 0.05, "momentum": 0.9} if optimizer == "sgd" else {"name": optimizer, "lr": 0.003}
+    optim.update(update_rule=rule, **({"nesterov": True} if rule == "dn" else {}))  # dn is delayed Nesterov
     worker = {"push_chunk_mb": chunk_mb, "local_steps": local, "fragments": fragments, "outer_dtype": outer,
               "request_timeout": 30.0}
     if local > 1:

@@ -208,6 +208,10 @@ RESUMES = [  # (mode, after step, shards restarted, config options)
     ("ssp", 2, (0,), (("optimizer", "adam"),)),
     ("async", 3, (0,), (("plane", "shm"),)),  # the shm plane offered again to the restarted shard
     ("sync", 4, (0,), (("local", 4), ("fragments", 2), ("steps", 8))),  # streaming: the fragment optimizers
+    # the update rules' own state (psrv/server/rules): dc-asgd-a's pulled weights and mean square (dc-asgd's,
+    # and more), dn's buffered gradients, momentum and push count (N = 2 workers)
+    ("async", 3, (0,), (("rule", "dc-asgd-a"),)),
+    ("ssp", 3, (0,), (("rule", "dn"),)),
 ]
 
 

@@ -1,11 +1,14 @@
 """Two things about the update rules (psrv/server/rules) that no case of the matrix can show, found by
 `make mutants` (tests/conformance/mutants.py): a rule's state is float32 whatever torch's default dtype
-is, and a DC-ASGD push from a worker the shard never answered a pull is plain, at lr scale 1."""
+is and lives on the shard's device, and a DC-ASGD push from a worker the shard never answered a pull is
+plain, at lr scale 1."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from psrv.config import OptimConfig
-from psrv.server.rules import PushContext
+from psrv.server.rules import PushContext, make_rule
 from psrv.server.shard import Shard
 
 SIZE = 1000
@@ -58,3 +61,31 @@ def test_a_push_before_any_pull_is_plain(rule):
     assert s.apply(grad, PushContext(0, staleness=2)) == 1.0
     plain.apply(grad, PushContext(0, staleness=2))
     assert torch.equal(s.param.data, plain.param.data)
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_every_buffer_is_made_and_restored_on_the_shards_device(rule):
+    """A rule keeps its buffers on its shard's device (a GPU shard's). The matrix runs on the CPU, where a
+    tensor made without `device=` lands as well, so here the device is `meta` (shapes, no data): every
+    buffer a rule makes while stepping, and every one it restores from a CPU checkpoint, must be there."""
+    meta = torch.device("meta")
+    cfg = OptimConfig("sgd", lr=0.1, momentum=0.9, update_rule=rule, **RULES[rule])
+    r = make_rule(cfg, SIZE, meta)
+    weights, grad = torch.zeros(SIZE, device=meta), torch.ones(SIZE, device=meta)
+    optimizer = SimpleNamespace(param=SimpleNamespace(data=weights), lr=0.1, step=lambda g: weights.sub_(g))
+    for i in range(4):
+        r.pulled(i % 2, weights)
+        prepared, _ = r.prepare(grad, PushContext(i % 2, staleness=1), weights,
+                                lambda: torch.empty(SIZE, device=meta))
+        r.step(prepared, optimizer)
+    made = {k: v.device for k, v in vars(r).items() if isinstance(v, torch.Tensor)}
+    made |= {f"pulled[{w}]": t.device for w, t in getattr(r, "pulled_weights", {}).items()}
+    assert made and set(made.values()) == {meta}, made
+
+    on_cpu = shard(rule)
+    steps(on_cpu)
+    restored = make_rule(cfg, SIZE, meta)
+    restored.load_state_dict(on_cpu.rule.state_dict())
+    kept = {k: v.device for k, v in restored.state_dict().items() if isinstance(v, torch.Tensor)}
+    kept |= {f"pulled[{w}]": t.device for w, t in restored.state_dict().get("pulled", {}).items()}
+    assert kept and set(kept.values()) == {meta}, kept
