@@ -11,7 +11,9 @@ import pytest
 from tests.helpers import psrv_run
 from tests.threaded_run import threaded_run
 
-COMMON = ("--workers", "2", "--compute-ms", "15", "--straggler", "1:3", "--local-steps", "auto:6",
+# 40 ms of emulated compute (a sleep) a step, 120 ms for the straggler: with 15 ms, the CPU time a loaded
+# 2-core machine adds to both workers' steps hid the factor of 3 (a plan of 5 inner steps, not 2)
+COMMON = ("--workers", "2", "--compute-ms", "40", "--straggler", "1:3", "--local-steps", "auto:6",
           "--steps", "36", "--inner-lr", "0.003", "--optimizer", "sgd", "--lr", "1.0", "--momentum", "0")
 
 

@@ -18,7 +18,9 @@ SCHEDULE = "pause worker:1 at step 10 for 1s; pause launcher at step 20 for 1s"
 @pytest.mark.timeout(120)
 def test_a_run_under_a_nemesis_finishes_with_its_faults_recorded(tmp_path):
     cfg = from_dict(RunConfig, {"mode": "async", "cluster": {"servers": 1, "workers": 2},
-                                "job": {"name": "digits_mlp", "steps": STEPS}, "faults": {"compute_ms": 30.0},
+                                # 80 ms a step: worker 1 is still stepping when the launcher, slow to start
+                                # on a loaded machine, sees step 10 and pauses it (30 ms once let it finish first)
+                                "job": {"name": "digits_mlp", "steps": STEPS}, "faults": {"compute_ms": 80.0},
                                 "nemesis": {"schedule": SCHEDULE}})
     summary = run_local(cfg, out=tmp_path, progress=False, timeout=100)
     assert summary["complete"]
