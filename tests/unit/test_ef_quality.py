@@ -50,3 +50,32 @@ def test_two_runs_of_one_cell_are_refused(tmp_path):
     runs = ef_quality.read_runs(tmp_path / "a") + ef_quality.read_runs(tmp_path / "b")
     with pytest.raises(ValueError, match="two runs of dense"):
         ef_quality.cells(runs)
+
+
+@pytest.mark.parametrize("settings, says", [
+    ({}, []),
+    ({"worker": {"compress": "topk:0.01"}}, []),  # the grid measured 0.5%, and 1% is above it
+    ({"worker": {"compress": "sign"}}, []),  # lr 0.05, momentum 0.9: held on every job
+    ({"worker": {"compress": "topk:0.005"}}, ["digits_mlp3"]),
+    ({"worker": {"compress": "topk:0.001"}}, ["digits_mlp3"]),
+    ({"worker": {"compress": "sign"}, "optimizer": {"lr": 0.1}}, ["lr/(1-momentum) = 1"]),
+    ({"worker": {"compress": "topk:0.005"}, "optimizer": {"lr": 0.1}}, ["digits_mlp3", "lr/(1-momentum) = 1"]),
+    ({"worker": {"compress": "sign"}, "optimizer": {"lr": 0.2, "momentum": 0.8}}, ["lr/(1-momentum) = 1"]),
+    ({"worker": {"compress": "sign"}, "optimizer": {"lr": 0.09}}, []),  # 0.9: below where it failed
+    ({"worker": {"compress": "sign", "error_feedback": False}, "optimizer": {"lr": 0.1}}, []),  # not error feedback
+    ({"worker": {"compress": "sign", "momentum_correction": False}, "optimizer": {"lr": 0.1}}, []),  # nor its correction
+    ({"worker": {"compress": "bf16"}, "optimizer": {"lr": 0.1}}, []),  # a cast is not lossy here
+])
+def test_the_commands_warn_where_the_grid_measured_error_feedback_off_dense(settings, says):
+    from psrv.config.codec_knobs import quality_caveats
+    lines = quality_caveats(from_dict(RunConfig, settings))
+    assert len(lines) == len(says) and all(s in line for s, line in zip(says, lines)), lines
+
+
+def test_psrv_run_prints_the_warning_and_goes_on(capsys):
+    from psrv.cli.main import main
+    code = main(["run", "--compress", "sign", "--lr", "0.1", "--scheduler", "kubernetes", "--dry-run"])
+    out, err = capsys.readouterr()
+    assert code == 0 and "kind: Job" in out  # the run's manifests: nothing refused
+    [warning] = err.strip().splitlines()
+    assert warning.startswith("psrv run: warning: --lr 0.1 with --momentum 0.9") and "digits_cnn" in warning
