@@ -2,6 +2,7 @@
 `make mutants` (tests/conformance/mutants.py): a rule's state is float32 whatever torch's default dtype
 is and lives on the shard's device, and a DC-ASGD push from a worker the shard never answered a pull is
 plain, at lr scale 1."""
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -89,3 +90,36 @@ def test_every_buffer_is_made_and_restored_on_the_shards_device(rule):
     kept = {k: v.device for k, v in restored.state_dict().items() if isinstance(v, torch.Tensor)}
     kept |= {f"pulled[{w}]": t.device for w, t in restored.state_dict().get("pulled", {}).items()}
     assert kept and set(kept.values()) == {meta}, kept
+
+
+STATE_KEYS = {"dc-asgd": ("pulled",), "dc-asgd-a": ("pulled", "mean_square"), "dn": ("momentum", "buffered")}
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_a_restored_state_is_checked_and_made_float32(rule):
+    """What a checkpoint may hold that the matrix's resume cases never do: a state of another shard's size is
+    refused naming the key and both sizes, one written in float64 is restored as float32, and a DC-ASGD
+    state without one of its keys restores that part as a fresh rule's."""
+    want = shard(rule)
+    steps(want)
+    state = want.rule.state_dict()
+    for key in STATE_KEYS[rule]:
+        bad = {**state, key: {0: torch.zeros(3)} if key == "pulled" else torch.zeros(3)}
+        where = "pulled[0]" if key == "pulled" else key
+        with pytest.raises(ValueError, match=rf"^rule state {re.escape(where)} has shape \(3,\), this shard {SIZE}$"):
+            make_rule(want.rule.cfg, SIZE, torch.device("cpu")).load_state_dict(bad)
+
+    as64 = {k: ({w: t.double() for w, t in v.items()} if k == "pulled" else
+                v.double() if isinstance(v, torch.Tensor) else v) for k, v in state.items()}
+    restored = make_rule(want.rule.cfg, SIZE, torch.device("cpu"))
+    restored.load_state_dict(as64)
+    kept = {k: v.dtype for k, v in restored.state_dict().items() if isinstance(v, torch.Tensor)}
+    kept |= {f"pulled[{w}]": t.dtype for w, t in restored.state_dict().get("pulled", {}).items()}
+    assert kept and set(kept.values()) == {torch.float32}, kept
+
+    if rule != "dn":  # dn's state has always had its three keys
+        fresh = make_rule(want.rule.cfg, SIZE, torch.device("cpu"))
+        fresh.load_state_dict({"name": rule})
+        assert fresh.pulled_weights == {}
+        if rule == "dc-asgd-a":
+            assert torch.equal(fresh.mean_square, torch.zeros(SIZE))
