@@ -1,8 +1,9 @@
 """What an experiment folder's results were made from: each run's stored config (config.json) and its
 hash, how two configs differ, keeping a replaced run aside, and which spec file a folder belongs to.
 
-`psrv experiment` reuses a finished run only when its stored config is the one the spec now asks for,
-and the report describes the runs from their stored configs, never from the spec's text.
+`psrv experiment` reuses a finished run only when its stored config is the one the spec now asks for
+and the code it recorded (summary.json's "inputs": versions, a script's files; psrv/code_inputs.py) is
+the code here now, and the report describes the runs from their stored configs, never from the spec's text.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from psrv import code_inputs
 from psrv.config import ConfigError, RunConfig, from_dict, to_dict
 from psrv.config.base import config_hash
 
@@ -74,14 +76,18 @@ def trained(cfg: RunConfig) -> RunConfig:
 
 def why_changed(run: str | Path, wanted: RunConfig) -> str | None:
     """None when the run directory's stored config trains as `wanted` does (equal hashes once OUTPUT_KEYS
-    are set aside); else why it does not."""
+    are set aside) and the code its summary.json recorded is the code here now; else why it does not."""
     try:
         stored = stored_config(run)
     except ValueError as exc:
         return str(exc)
-    if config_hash(trained(stored)) == config_hash(trained(wanted)):
-        return None
-    return f"its config changed ({describe(differences(stored, wanted, ignore=OUTPUT_KEYS))})"
+    if config_hash(trained(stored)) != config_hash(trained(wanted)):
+        return f"its config changed ({describe(differences(stored, wanted, ignore=OUTPUT_KEYS))})"
+    try:
+        recorded = json.loads((Path(run) / "summary.json").read_text(encoding="utf-8")).get("inputs")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    return code_inputs.why_changed(recorded)
 
 
 def keep_aside(run: str | Path) -> Path:

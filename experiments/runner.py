@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import logging
-import platform
 import sys
 import time
-from importlib import metadata
 from pathlib import Path
 
 from tqdm import tqdm
 
+from psrv.code_inputs import versions
 from psrv.config.codec_knobs import quality_caveats
 from psrv.experiments.collect import SKIPPED_FILE, collect, is_finished, run_dir, spec_repeats
 from psrv.experiments.launch import RunFailed, run_local
@@ -30,22 +29,6 @@ log = logging.getLogger("psrv.experiment")
 
 def _say(text: str) -> None:
     tqdm.write(text, file=sys.stderr)
-
-
-def versions() -> dict[str, str]:
-    """The versions the report records. Torch's is read from its installed metadata, the same string as
-    torch.__version__: the harness itself needs no torch (its runs are processes), and importing it only
-    for the string cost every `psrv experiment` about 2 s of CPU, even one that reuses every run."""
-    try:
-        torch_version = metadata.version("torch")
-    except metadata.PackageNotFoundError:  # a torch built in place, without an installed distribution
-        import torch
-        torch_version = torch.__version__
-    try:
-        psrv_version = metadata.version("psrv")
-    except metadata.PackageNotFoundError:
-        psrv_version = "unknown"
-    return {"python": platform.python_version(), "torch": torch_version, "psrv": psrv_version}
 
 
 def run_experiment(spec_path: str | Path, *, out: str | Path | None = None,

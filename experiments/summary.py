@@ -5,6 +5,7 @@ import csv
 import json
 from pathlib import Path
 
+from psrv.code_inputs import merged
 from psrv.config import RunConfig
 
 STEP_COLUMNS = ("wall_time", "worker", "step", "loss", "staleness", "compute_seconds",
@@ -102,6 +103,7 @@ def build_summary(cfg: RunConfig, out: Path, *, interrupted: bool = False, kille
         "payload_bytes": _payload_bytes(servers),
         "wait_seconds": sum(r["wait_seconds"] for r in rows),
         "parameters": rank0.get("parameters"),
+        "inputs": merged([w.get("inputs") for w in workers]),  # the code that ran (psrv/code_inputs.py)
     }
     if cfg.job.script:
         summary.update(job=cfg.job.script, script_args=list(cfg.job.script_args), steps=_common(workers, "steps"),

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from psrv.atomic import write_json
+from psrv.code_inputs import code_inputs
 from psrv.rss import peak_rss_bytes
 from psrv.step_beacon import StepBeacon
 
@@ -76,6 +77,8 @@ RECORD = {  # a worker record's keys (a run directory's worker-R.json)
     "fragments": "local steps: streaming DiLoCo's fragments F (1: the whole model per push)",
     "outer_dtype": "local steps: the pushed pseudo-gradients' wire dtype",
     "interrupted": "stopped by Ctrl-C or SIGTERM", "steps_done": "interrupted: the steps that ran",
+    "inputs": "the code that ran: versions and the sha256 of each file imported from outside psrv, the standard "
+              "library and site-packages (psrv/code_inputs.py)",
 }
 
 
@@ -214,7 +217,8 @@ class StepLog:
                   **self.fields, "step_log": rows, "pushes": len(rows),
                   "samples": sum(r["batch_size"] for r in rows) if known else None,
                   "train_seconds": max(0.0, (ended or time.time()) - began - self.fields["eval_seconds"]),
-                  "wall_seconds": time.time() - self.started, "max_rss_bytes": peak_rss_bytes()}
+                  "wall_seconds": time.time() - self.started, "max_rss_bytes": peak_rss_bytes(),
+                  "inputs": code_inputs()}
         if "plan_hash" in self.fields:  # a PS worker's
             record["max_staleness"] = max((r["staleness"] for r in rows if r["staleness"] is not None), default=0)
         if "pseudo_grad_norms" in fields:

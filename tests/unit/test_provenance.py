@@ -2,6 +2,7 @@
 a folder belongs to, and a report built from the runs' stored configs rather than the spec's text."""
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from psrv.experiments.provenance import claim, default_out, keep_aside, stored_c
 from psrv.experiments.report import write_report
 from psrv.experiments.spec import ExperimentSpec, load_spec, spec_from_dict
 from psrv.config import RunConfig, from_dict, to_dict
+from psrv.code_inputs import code_inputs
 from psrv.config.base import config_hash
 from tests.unit.test_report import VERSIONS, _fabricate
 
@@ -43,9 +45,14 @@ def test_the_hash_of_every_shipped_run_survives_config_json(path: Path) -> None:
     assert len(hashes) == len(spec.variants) * spec.repeats  # every run is told apart
 
 
+def _summary(run: Path, inputs: dict | None) -> None:
+    (run / "summary.json").write_text(json.dumps({"complete": True, "inputs": inputs}))
+
+
 def test_why_changed_names_the_keys(tmp_path: Path) -> None:
     cfg = _spec().run_config(_spec().variant("sync"), 0)
     write_config(tmp_path / "config.json", cfg)
+    _summary(tmp_path, code_inputs())
     assert stored_config(tmp_path) == cfg and why_changed(tmp_path, cfg) is None
     changed = _spec(lr=0.5, steps=4)
     new = changed.run_config(changed.variant("sync"), 1)
@@ -54,6 +61,27 @@ def test_why_changed_names_the_keys(tmp_path: Path) -> None:
     assert why_changed(tmp_path, cfg) == "it has no stored config.json (an older psrv made it)"
     (tmp_path / "config.json").write_text('{"optimizer": {"lr": 0.05}, "gpus": 2}')
     assert "not a run config of this psrv (unknown key 'gpus'" in why_changed(tmp_path, cfg)
+
+
+def test_a_run_whose_code_changed_is_not_reused_and_the_reason_names_it(tmp_path: Path) -> None:
+    cfg = _spec().run_config(_spec().variant("sync"), 0)
+    write_config(tmp_path / "config.json", cfg)
+    _summary(tmp_path, None)
+    assert why_changed(tmp_path, cfg) == "it recorded no code inputs (an older psrv made it)"
+    helper = tmp_path / "helper.py"
+    helper.write_text("NOISE = 0.1\n")
+    inputs = code_inputs()
+    inputs["files"][str(helper)] = hashlib.sha256(helper.read_bytes()).hexdigest()
+    _summary(tmp_path, inputs)
+    assert why_changed(tmp_path, cfg) is None
+    helper.write_text("NOISE = 0.5\n")
+    assert why_changed(tmp_path, cfg) == f"{helper} changed since it ran"
+    helper.unlink()
+    assert why_changed(tmp_path, cfg) == f"{helper} is gone"
+    inputs["versions"]["torch"] = "0.0.1"
+    del inputs["files"][str(helper)]
+    _summary(tmp_path, inputs)
+    assert why_changed(tmp_path, cfg) == f"versions changed (torch 0.0.1 -> {code_inputs()['versions']['torch']})"
 
 
 def test_keep_aside_never_overwrites(tmp_path: Path) -> None:

@@ -2,8 +2,11 @@
 edited script is another config; what a script's run cannot use is refused, naming the key."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from psrv.code_inputs import code_inputs
 from psrv.config import ConfigError
 from psrv.config.base import config_hash
 from psrv.experiments.provenance import why_changed
@@ -36,6 +39,7 @@ def test_an_edited_script_is_another_config_and_its_finished_run_is_not_reused(t
     before = spec_from_dict(_spec(tmp_path, {"script": script}))
     cfg = before.run_config(before.variants[0], 0)
     write_config(tmp_path / "run" / "config.json", cfg)
+    (tmp_path / "run" / "summary.json").write_text(json.dumps({"inputs": code_inputs()}))
     assert why_changed(tmp_path / "run", cfg) is None
     (tmp_path / script).write_text("print('v2')\n")
     after = spec_from_dict(_spec(tmp_path, {"script": script}))
