@@ -95,6 +95,23 @@ def test_what_is_not_simulated_is_refused():
         from_dict(SimulationConfig, {"simulate": {"compute": "steps.csv"}})
 
 
+def test_a_scripts_run_is_refused_in_one_line_never_simulated_as_the_default_job(tmp_path, capsys):
+    """A script's config.json also names the default job (digits_mlp); simulating that would answer for
+    another model without a word."""
+    from psrv.config import RunConfig, to_dict
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = from_dict(RunConfig, {"mode": "async", "job": {"script": "train.py", "script_sha256": "0" * 64}})
+    (run / "config.json").write_text(json.dumps(to_dict(cfg)))
+    (run / "steps.csv").write_text("wall_time,worker,step,loss,staleness,compute_seconds,communication_seconds,"
+                                   "wait_seconds,batch_size,pushed\n1.0,0,0,1.0,0,0.01,0.01,0.0,32,True\n")
+    for args in (["--config", str(run / "config.json"), "--workers", "512"], ["--against", str(run)]):
+        assert main(["simulate", *args, "--out", str(tmp_path / "sim")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "train.py is a script's run" in err[0] and "job.name" in err[0], err
+    assert not (tmp_path / "sim" / "summary.json").exists()
+
+
 def test_a_simulation_spec_runs_every_variant_at_every_n(tmp_path):
     spec = tmp_path / "simulate_tiny.toml"
     spec.write_text('name = "tiny"\nworkers = [4, 8]\n[job]\nsteps = 10\n[cluster]\nservers = 2\n'
