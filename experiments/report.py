@@ -10,6 +10,7 @@ from psrv.experiments.collect import Stat, VariantSummary, number, read_csv, rea
 from psrv.experiments.plots import write_plots
 from psrv.experiments.report_configs import (command_lines, disagreement_section, disagreements,
                                         mixed_folder_lines, setup_lines, stored_runs)
+from psrv.experiments.report_behind import behind_lines
 from psrv.experiments.report_traffic import skipped_lines, traffic_lines
 from psrv.experiments.spec import ExperimentSpec
 from psrv.experiments.winner import winner_lines
@@ -39,7 +40,7 @@ def _table(summaries: list[VariantSummary], metric: str | None = None) -> list[s
     diverged repeat is counted and named (docs/experiments.md, "Diverged repeats")."""
     quality = metric if metric and metric != "accuracy" else None
     head = ["variant", "mode", "s", "repeats", "wall s", "samples/s", "final loss", quality or "accuracy",
-            "time to target s", "updates", "mean stale", "max stale", "wait frac"]
+            "time to target s", "updates", "mean stale", "max stale", "wait frac", "bytes / sample"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in summaries:
         st = s.stats
@@ -53,7 +54,8 @@ def _table(summaries: list[VariantSummary], metric: str | None = None) -> list[s
                  _lost(s, st["final_loss"]),
                  _lost(s, st["final_target_metric"], 3) if quality else _fmt(st["eval_accuracy"], 3), ttt,
                  _fmt(st["updates_applied"]), stale or _fmt(st["mean_staleness"], 3),
-                 stale or _fmt(st["max_staleness"], 3), _fmt(st["wait_fraction"], 3)]
+                 stale or _fmt(st["max_staleness"], 3), _fmt(st["wait_fraction"], 3),
+                 _fmt(st["bytes_per_sample"], 3) if s.mode in MODES else "n/a"]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -161,7 +163,7 @@ def write_report(out_dir: str | Path, spec: ExperimentSpec, *, spec_path: str | 
               f"- Target: {target}",
               "- Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
               "", *disagreement_section(problems), *skipped_lines(out, spec),
-              "## Result", "", *winner_lines(summaries, target), "",
+              "## Result", "", *winner_lines(summaries, target), "", *behind_lines(summaries, runs),
               "## DDP gap", "",
               *_ddp_gaps(summaries, spec, per_repeat(out)), "", "## Summary", "",
               "Mean ± sample std over repeats (summary.csv has every value; "

@@ -170,7 +170,7 @@ def command_lines(runs: list[StoredRun], spec: ExperimentSpec) -> list[str]:
             script = " --script " + shlex.join([cfg.job.script, *cfg.job.script_args])
             cfg = cfg.replace(job=cfg.job.replace(script="", script_args=(), script_sha256=""))
         try:
-            lines.append(f"psrv run {shlex.join(to_argv(cfg))} --out {shlex.quote(str(run.path))}{script}")
+            lines.append(f"psrv run {shlex.join(to_argv(cfg))} --out NEW_DIR{script}")  # never into the run's own
         except ValueError as exc:  # a setting with no command-line option: --config is the only way
             lines.append(f"# ({exc})")
     return [*lines, "```", ""]

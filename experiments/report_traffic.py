@@ -32,19 +32,27 @@ def _ms(stat: Stat) -> str:
 
 
 def traffic_lines(spec: ExperimentSpec, summaries: list[VariantSummary]) -> list[str]:
-    """The traffic table, or nothing when no variant has a measured traffic."""
+    """The traffic table, every variant a row (one not measured says so), or nothing when no variant has a
+    measured traffic."""
     by_name = {s.variant: s for s in summaries}
     rows = []
     for v in spec.variants:
         s = by_name.get(v.name)
-        if s is None or s.stats["busiest_bytes_in_per_step"].mean is None:
+        if s is None or not s.repeats:
+            rows.append(f"| `{v.name}` | {architecture(v.config)} | {v.config.cluster.workers} | no finished run "
+                        "| | | | 0 |")
             continue
         st = s.stats
+        if st["busiest_bytes_in_per_step"].mean is None:
+            rows.append(f"| `{v.name}` | {architecture(v.config)} | {v.config.cluster.workers} | not measured (no "
+                        f"traffic.json: `ss` absent, or a scheduler's run) | | | {_ms(st['seconds_per_step'])} | "
+                        f"{s.repeats} |")
+            continue
         rows.append(f"| `{v.name}` | {architecture(v.config)} | {v.config.cluster.workers} | "
                     f"{_kib(st['busiest_bytes_in_per_step'])} | {_kib(st['busiest_bytes_out_per_step'])} | "
                     f"{_kib(st['server_own_bytes_per_step'])} | "
                     f"{_ms(st['seconds_per_step'])} | {s.repeats} |")
-    if not rows:
+    if all("| not measured" in r or "| no finished run" in r for r in rows):
         return []
     return ["## Traffic of the busiest process", "",
             "Per training step (one step of every worker), mean ± std over repeats, for the busiest process: "
