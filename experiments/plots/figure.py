@@ -30,8 +30,25 @@ def save(fig: Figure, path: Path) -> None:
     log.info("report: wrote %s", path)
 
 
-def color(i: int) -> str:
-    return f"C{i % 10}"
+def color(i: int):
+    """Variant i's colour: matplotlib's ten (C0..C9), then tab20b's and tab20c's twenty each, so up to 50
+    variants get colours of their own (they used to repeat from the eleventh)."""
+    if i < 10:
+        return f"C{i}"
+    from matplotlib import colormaps
+    return colormaps["tab20b" if (i - 10) % 40 < 20 else "tab20c"]((i - 10) % 20)
+
+
+def legend(fig: Figure, ax: Axes, *, many: int = 6) -> None:
+    """The variants' legend: on the panel while there are few, else outside the panels on the right, where
+    it covers no curve (with 20 variants it covered the first panel)."""
+    handles, labels = ax.get_legend_handles_labels()
+    if not handles:
+        return
+    if len(handles) <= many:
+        ax.legend(fontsize="small")
+    else:
+        fig.legend(handles, labels, loc="outside right upper", fontsize="small", ncol=1 + len(handles) // 30)
 
 
 def style(i: int) -> str:

@@ -14,7 +14,7 @@ from matplotlib.axes import Axes
 from matplotlib.ticker import EngFormatter
 
 from psrv.experiments.collect import number
-from psrv.experiments.plots.figure import Rows, VariantData, color, figure, pushed, save, style
+from psrv.experiments.plots.figure import Rows, VariantData, color, figure, legend, pushed, save, style
 
 AXES = (("samples", "samples seen (all workers)"), ("updates", "updates applied (servers' count)"),
         ("wall_time", "wall time (s)"))
@@ -113,7 +113,7 @@ def plot_metric(path: Path, data: list[VariantData], *, y: str, ylabel: str, tar
         if train_loss:
             _finish(axes[3 + col], xlabel, "training loss (moving mean)", None)
     if axes[0].has_data():
-        axes[0].legend(fontsize="small")
+        legend(fig, axes[0])
     note = " (thin: each repeat; thick: mean over repeats)" if several else ""
     fig.suptitle(f"Held-out {ylabel}" + (" (top) and training loss (bottom)" if train_loss else "")
                  + " against samples seen, updates applied and wall time" + note, fontsize="medium")

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from psrv.experiments.collect import number
-from psrv.experiments.plots.figure import VariantData, color, figure, has_staleness, pushed, save
+from psrv.experiments.plots.figure import VariantData, color, figure, has_staleness, legend, pushed, save
 
 
 def staleness_values(v: VariantData) -> list[float]:
@@ -85,6 +85,6 @@ def plot_over_time(path: Path, data: list[VariantData], *, bins: int = 30) -> bo
     ax.set_xlabel("wall time (s)")
     ax.set_ylabel("mean staleness (versions)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+    legend(fig, ax)
     save(fig, path)
     return True

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from psrv.experiments.collect import VariantSummary
-from psrv.experiments.plots.figure import color, figure, save
+from psrv.experiments.plots.figure import color, figure, legend, save
 from psrv.experiments.provenance import OUTPUT_KEYS, flat
 from psrv.experiments.spec import ExperimentSpec
 
@@ -65,7 +65,7 @@ def plot_traffic(path: Path, spec: ExperimentSpec, summaries: list[VariantSummar
         ax.set_xticks(sorted({n for pts in lines.values() for n, _ in pts}))
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize="small")
+    legend(fig, axes[0])
     fig.suptitle("Measured traffic of the busiest process per training step (one step of every worker), "
                  "mean ± std over repeats", fontsize="medium")
     save(fig, path)
