@@ -71,6 +71,28 @@ def simulation_of(run_dir: Path, **simulate: object) -> tuple[SimulationConfig, 
     return cfg.replace(simulate=replace(cfg.simulate, **settings)), dropped
 
 
+def script_plan(run_dir: Path, shards: int):
+    """A script's run: its partition plan over `shards` from rank 0's record (`param_shapes`), and the job
+    settings the simulation takes from the records (steps and batch size per worker, which the script chose,
+    not its config). ValueError, in one line, where the records cannot say."""
+    from psrv.partition import ParamSpec, PartitionPlan
+    try:
+        records = [json.loads(p.read_text()) for p in sorted(run_dir.glob("worker-*.json"))]
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--against {run_dir}: a worker record does not read ({exc})") from None
+    shapes = next((r["param_shapes"] for r in records if r.get("param_shapes")), None)
+    if shapes is None:
+        raise ValueError(f"--against {run_dir}: a script's run whose records hold no param_shapes (made by an older "
+                         "psrv); run it again to simulate it")
+    steps, sizes = {r.get("steps") for r in records}, {r.get("batch_size") for r in records}
+    if len(steps) != 1 or len(sizes) != 1 or None in steps | sizes:
+        raise ValueError(f"--against {run_dir}: its workers differ in steps or batch size ({sorted(map(str, steps))}, "
+                         f"{sorted(map(str, sizes))}), or a script passed none to step(batch_size=...); the simulator "
+                         "gives every worker the same")
+    plan = PartitionPlan(tuple(ParamSpec(f"p{i}", tuple(s)) for i, s in enumerate(shapes)), shards)
+    return plan, {"steps": steps.pop(), "batch_size": sizes.pop()}
+
+
 def against(run_dir: str | Path, *, out: str | Path, **simulate: object) -> dict:
     """Simulate the run in `run_dir` into DIR and compare their steady samples/s; DIR/against.json."""
     from psrv.experiments.simulate.run import simulate as run_simulation
@@ -78,7 +100,11 @@ def against(run_dir: str | Path, *, out: str | Path, **simulate: object) -> dict
     if not (run_dir / "steps.csv").exists() or not (run_dir / "config.json").exists():
         raise ValueError(f"--against {run_dir}: not a finished run's folder (no steps.csv and config.json there)")
     cfg, dropped = simulation_of(run_dir, **simulate)
-    summary = run_simulation(cfg, out=out)
+    plan = None
+    if cfg.job.script:  # no job to build: the model's shapes and the steps as the run's records say
+        plan, job = script_plan(run_dir, cfg.cluster.servers)
+        cfg = cfg.replace(job=replace(cfg.job, **job))
+    summary = run_simulation(cfg, out=out, plan=plan)
     real, simulated = steady_rate(read_csv(run_dir / "steps.csv")), steady_rate(read_csv(out / "steps.csv"))
     relative = None if not real or simulated is None else (simulated - real) / real
     result = {"run": str(run_dir), "bandwidth_gbps": cfg.simulate.bandwidth_gbps,

@@ -35,10 +35,6 @@ class SimulationConfig(RunConfig):
                 value = getattr(value, part)
             if not is_simulated(key) and value != default_of(f):
                 raise ConfigError(key, "is not simulated (docs/simulator.md says what is); remove it")
-        if self.job.script:  # the config still names the default job, which is not what the workers ran
-            raise ConfigError("job.script", f"{self.job.script} is a script's run, and the simulator builds the model, "
-                              "data and partition plan from a shipped job (job.name), not from a script; simulate "
-                              "the model as a job instead (job.name = \"path/file.py:factory\", README.md \"Jobs\")")
         if not isinstance(self.worker.local_steps, int):
             raise ConfigError("worker.local_steps", "dynamic local steps are not simulated; give a number")
         if self.is_allreduce:

@@ -5,6 +5,8 @@ import logging
 import time
 from pathlib import Path
 
+from psrv.partition import PartitionPlan
+
 from psrv.experiments.simulate.cluster import Cluster, Recorded
 from psrv.experiments.simulate.codec_cost import CodecCost, codec_cost
 from psrv.experiments.simulate.compute import ComputeModel
@@ -15,12 +17,22 @@ from psrv.experiments.simulate.overlap import compute_holds_encodes, overlaps, r
 log = logging.getLogger("psrv.simulate")
 
 
-def simulate(cfg: SimulationConfig, *, out: str | Path | None = None) -> dict:
+def simulate(cfg: SimulationConfig, *, out: str | Path | None = None, plan: PartitionPlan | None = None) -> dict:
     """Simulate `cfg`; return its summary (summary.json's keys, `simulated` True) and, with `out`, write
     DIR/summary.json, config.json, steps.csv (the sampled workers), evals.csv, DIR/plots and, at the
-    learning level, params.pt (the final flat weights)."""
+    learning level, params.pt (the final flat weights).
+
+    The model's partition plan is the job's (cfg.job.name), or `plan`: a script's run (cfg.job.script) has
+    no job to build, so its plan must be given (experiments/simulate/against.py reads it from the run's
+    records), and only its timing is simulated. ValueError, in one line, for a script's config without one
+    (its config also names the default job, which is not what its workers ran)."""
     sim, n = cfg.simulate, cfg.cluster.workers
-    plan, job = job_plan(cfg.job.name, seed=cfg.seed, shards=cfg.cluster.servers)
+    if cfg.job.script and (plan is None or sim.level == "learning"):
+        raise ValueError(script_refusal(cfg.job.script))
+    if plan is not None:
+        job = None
+    else:
+        plan, job = job_plan(cfg.job.name, seed=cfg.seed, shards=cfg.cluster.servers)
     network = NetworkModel.of(sim, plan, cfg.worker, seed=cfg.seed)
     model = ComputeModel(sim, cfg.faults, seed=cfg.seed)
     codec = codec_cost(sim.codec_cost, cfg.worker, plan, seed=cfg.seed)  # timed before the clock starts
@@ -57,6 +69,13 @@ def simulate(cfg: SimulationConfig, *, out: str | Path | None = None) -> dict:
     return summary
 
 
+def script_refusal(script: str) -> str:
+    return (f"job.script: {script} is a script's run: the simulator builds a model from a job (job.name) and a "
+            "script's model is its own; `psrv simulate --against RUN_DIR` simulates the run's timing from its "
+            "records (its parameter shapes and steps), or write the model as a job (job.name = "
+            "\"path/file.py:factory\", README.md)")
+
+
 def pushes_every(worker) -> int:
     """The steps between a worker's pushes: H with local steps, H/F under streaming DiLoCo's F fragments
     (one fragment a push; its reply is not overlapped with the next steps here: the worker waits for it)."""
@@ -76,7 +95,7 @@ def summarise(cfg: SimulationConfig, rec: Recorded, *, learner, plan_total: int,
     return {
         "simulated": True, "complete": True, "level": cfg.simulate.level,
         "mode": cfg.mode, "staleness": cfg.staleness if cfg.mode == "ssp" else 0, "transport": "simulated",
-        "job": cfg.job.name, "num_servers": cfg.cluster.servers, "num_workers": cfg.cluster.workers,
+        "job": cfg.job.script or cfg.job.name, "num_servers": cfg.cluster.servers, "num_workers": cfg.cluster.workers,
         "steps": cfg.job.steps, "batch_size": cfg.job.batch_size, "backup_workers": cfg.backup_workers,
         "local_steps": cfg.worker.local_steps, "optimizer": cfg.optimizer.name, "lr": cfg.optimizer.lr,
         "update_rule": cfg.optimizer.update_rule, "seed": cfg.seed,

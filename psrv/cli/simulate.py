@@ -50,6 +50,9 @@ def command(a: argparse.Namespace) -> int:
         return 0
     cfg = config_from_args(SimulationConfig, a, base=base_config(a))
     unused_staleness(a, cfg.mode)
+    if cfg.job.script:  # a script's config.json: no job to build (--against reads its records instead)
+        from psrv.experiments.simulate.run import script_refusal
+        raise ValueError(script_refusal(cfg.job.script))
     import torch
     torch.set_num_threads(1)  # one simulated worker's step at a time: tiny tensors, and no spinning threads
     if a.calibrate:

@@ -325,6 +325,7 @@ class Worker(LocalRounds, CompressionState, RecordedWorker):
         """What a worker record says of this worker before it trains (psrv/worker/steplog.py RECORD)."""
         return {"rank": self.rank, "world_size": self.world_size, "parameters": self._flat.params.numel(),
                 "device": str(self._flat.params.device), "plan_hash": self.plan.hash,
+                "param_shapes": [list(p.shape) for p in self.plan.params],
                 "wire_dtype": self._wire_dtype, "overlap": self._overlap, **self.compression()}
 
     def totals(self) -> dict:

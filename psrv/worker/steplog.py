@@ -60,7 +60,9 @@ RECORD = {  # a worker record's keys (a run directory's worker-R.json)
     "samples": "samples trained on; None where a step's batch size is unknown",
     "train_seconds": "the step loop's wall time, evaluations off", "wall_seconds": "the process's wall time",
     "max_rss_bytes": "peak resident memory", "max_staleness": "PS workers: the worst staleness of a push",
-    "plan_hash": "PS workers: the partition plan's hash", "wire_dtype": "PS workers: the pushes' float type",
+    "plan_hash": "PS workers: the partition plan's hash",
+    "param_shapes": "psrv.Worker: each parameter tensor's shape in plan order (psrv simulate --against builds a "
+                    "script's plan from it)", "wire_dtype": "PS workers: the pushes' float type",
     "overlap": "PS workers: sends during backward asked for", "early_sends": "PS workers: shards sent during backward",
     "compress": "PS workers: the codec", "error_feedback": "PS workers: residuals kept",
     "compress_pull": "PS workers: the pull codec ('': dense pulls)",

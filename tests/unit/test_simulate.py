@@ -105,11 +105,14 @@ def test_a_scripts_run_is_refused_in_one_line_never_simulated_as_the_default_job
     (run / "config.json").write_text(json.dumps(to_dict(cfg)))
     (run / "steps.csv").write_text("wall_time,worker,step,loss,staleness,compute_seconds,communication_seconds,"
                                    "wait_seconds,batch_size,pushed\n1.0,0,0,1.0,0,0.01,0.01,0.0,32,True\n")
-    for args in (["--config", str(run / "config.json"), "--workers", "512"], ["--against", str(run)]):
+    for args, says in ((["--config", str(run / "config.json"), "--workers", "512"], "train.py is a script's run"),
+                       (["--against", str(run)], "a script's run whose records hold no param_shapes")):
         assert main(["simulate", *args, "--out", str(tmp_path / "sim")]) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and "train.py is a script's run" in err[0] and "job.name" in err[0], err
+        assert len(err) == 1 and says in err[0], err
     assert not (tmp_path / "sim" / "summary.json").exists()
+    with pytest.raises(ValueError, match="train.py is a script's run"):  # the library's own guard
+        simulate(from_dict(SimulationConfig, {"job": {"script": "train.py"}}))
 
 
 def test_a_simulation_spec_runs_every_variant_at_every_n(tmp_path):
