@@ -131,8 +131,8 @@ class AllReduceWorker(RecordedWorker):
         model = given.pop("model")
         config = run_config_from_env()
         if config is None:
-            raise ValueError(f"psrv.Worker under PSRV_MODE={allreduce_mode()}: set PSRV_CONFIG to the run's config.json "
-                             "(its optimizer, lr schedule and clip), as `psrv run --script` does")
+            raise ValueError(f"psrv.Worker under PSRV_MODE={allreduce_mode()}: set PSRV_CONFIG to the run's "
+                             "config.json (its optimizer, lr schedule and clip), as `psrv run --script` does")
         for name, value in given.items():
             if name not in _KEPT and value != signature.parameters[name].default:
                 raise ValueError(f"psrv.Worker({name}=...): a parameter-server option, and mode {config.mode!r} "

@@ -92,8 +92,9 @@ class Worker(LocalRounds, CompressionState, RecordedWorker, metaclass=TakesRunSe
     return `pushed=False`. close() pushes the inner steps done since the last push, if any. No
     early sends then (the push is known only after the inner step); a clip applies to the pushed
     vector. The caller's optimizer must step (psrv.Worker cannot: it does not hold one); a loop that only
-    calls step() pushes zero pseudo-gradients and its model never moves. `pseudo_grad_norms` holds each push's norm. `outer_dtype` (float32, bfloat16, int8, fp4)
-    quantises the pushed pseudo-gradients for the wire, without error feedback; the servers average them in
+    calls step() pushes zero pseudo-gradients and its model never moves. `pseudo_grad_norms` holds each
+    push's norm. `outer_dtype` (float32, bfloat16, int8, fp4) quantises the pushed pseudo-gradients for the
+    wire, without error feedback; the servers average them in
     float32. `fragments` F > 1 is streaming DiLoCo (psrv/worker/streaming.py): every H/F calls push one
     strided fragment of the parameter tensors in turn, and its answer is mixed into the model at the next
     step(), the caller's inner step running meanwhile.

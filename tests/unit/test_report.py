@@ -192,7 +192,8 @@ def test_the_report_names_a_setting_a_scripts_worker_overrode(tmp_path: Path) ->
     text = write_report(tmp_path, spec, spec_path="specs/fab.toml", versions=VERSIONS).read_text()
     section = text.split("## Settings the script overrode")[1].split("##")[0]
     assert section.strip().splitlines()[-1] == "- `async` rep-1, rank 1: compress 'int8' (config.json: 'topk:0.01')"
-    assert "the script overrode" not in write_report(tmp_path, _spec("sync"), spec_path="s", versions=VERSIONS).read_text()
+    plain = write_report(tmp_path, _spec("sync"), spec_path="s", versions=VERSIONS).read_text()
+    assert "the script overrode" not in plain
 
 
 def test_report_ddp_gap(tmp_path: Path, monkeypatch) -> None:
