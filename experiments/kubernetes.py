@@ -181,7 +181,9 @@ def _ps_worker_job(cfg: RunConfig, name: str, out: str, servers: tuple[str, ...]
         command, env = _shell(out, argv, rank0_args=rank0_argv(out), keep_config=options.configs), {}
     else:  # the user's loop, found in the image's working folder, told who it is as psrv run --script tells it
         command = _shell(out, ["python", *script.argv], keep_config=options.configs)
-        env = {**script_env(cfg, out, script, ",".join(servers)), "RANK": INDEX}
+        # PSRV_CONFIG: the ConfigMap's copy, in every pod from its start (index 0 copies it into the run folder)
+        env = {**script_env(cfg, out, script, ",".join(servers)), "RANK": INDEX,
+               "PSRV_CONFIG": f"{options.configs}/config.json"}
     metrics = options.metrics and script is None  # a script's /metrics would listen on 127.0.0.1 only
     container = _container("worker", options, command, cfg, env=env, metrics=metrics)
     return _indexed_job(name, "worker", cfg.cluster.workers, container, options, metrics=metrics)

@@ -9,7 +9,7 @@ from pathlib import Path
 from psrv.experiments.collect import Stat, VariantSummary, number, read_csv, read_summary
 from psrv.experiments.plots import write_plots
 from psrv.experiments.report_configs import (command_lines, disagreement_section, disagreements,
-                                        mixed_folder_lines, setup_lines, stored_runs)
+                                        mixed_folder_lines, overridden_section, setup_lines, stored_runs)
 from psrv.experiments.report_behind import behind_lines
 from psrv.experiments.report_traffic import skipped_lines, traffic_lines
 from psrv.experiments.spec import ExperimentSpec
@@ -162,7 +162,7 @@ def write_report(out_dir: str | Path, spec: ExperimentSpec, *, spec_path: str | 
               *setup_lines(runs, spec, problems),
               f"- Target: {target}",
               "- Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
-              "", *disagreement_section(problems), *skipped_lines(out, spec),
+              "", *disagreement_section(problems), *overridden_section(runs), *skipped_lines(out, spec),
               "## Result", "", *winner_lines(summaries, target), "", *behind_lines(summaries, runs),
               "## DDP gap", "",
               *_ddp_gaps(summaries, spec, per_repeat(out)), "", "## Summary", "",

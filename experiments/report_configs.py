@@ -5,6 +5,7 @@ as common, runs with no stored config, and runs made with another config than th
 """
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -151,6 +152,24 @@ def disagreement_section(problems: list[str]) -> list[str]:
         return []
     return ["## The runs disagree", "", "Each line is a run whose stored config.json disagrees with another "
             "run's or with the spec's; the numbers below include it:", "", *(f"- {line}" for line in problems), ""]
+
+
+def overridden_section(runs: list[StoredRun]) -> list[str]:
+    """The runs whose script's psrv.Worker(...) passed a worker setting of its own against config.json (summary.json's
+    settings_overridden, psrv/worker/run_settings.py): what they ran is not what the setup lines say."""
+    lines = []
+    for run in runs:
+        try:
+            overridden = json.loads((run.path / "summary.json").read_text()).get("settings_overridden") or {}
+        except (OSError, ValueError):  # collect read it; a summary gone since says nothing here
+            continue
+        for rank, kept in overridden.items():
+            said = ", ".join(f"{name} {o['script']!r} (config.json: {o['run']!r})" for name, o in kept.items())
+            lines.append(f"- {run.label}, {rank}: {said}")
+    if not lines:
+        return []
+    return ["## Settings the script overrode", "", "In these runs the script's psrv.Worker(...) passed its own value "
+            "of a run setting, which it ran with; the setup lines above give config.json's:", "", *lines, ""]
 
 
 def command_lines(runs: list[StoredRun], spec: ExperimentSpec) -> list[str]:

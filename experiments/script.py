@@ -14,7 +14,10 @@ Each worker is `python FILE.py ARGS...`, its output in DIR/worker-R.log, with th
   its psrv.Worker writes DIR/worker-R.json as `psrv worker --out` does; in ddp and zero1 also PSRV_BEACON,
   the step beacon the launcher's stall watch reads (experiments/stall.py);
 - PSRV_STEPS: `--steps` (a spec's job.steps), when given, for the script to read.
-The options only the shipped loop reads are refused, and so is fsdp (psrv/worker/allreduce.py says why).
+The run's worker settings (compress, local_steps, ...) reach the script's psrv.Worker(model) through PSRV_CONFIG
+(psrv/worker/run_settings.py). The options only the shipped loop reads (the job, its batch size and evaluations,
+the faults, the inner optimizer) are refused, as is any worker setting under ddp and zero1, and fsdp
+(psrv/worker/allreduce.py says why).
 
 The launcher (`--launcher`) says how the workers are started, not what they compute: `psrv` starts one
 process per rank (this module); `torchrun` starts them all as one torchrun process (experiments/torchrun.py).
@@ -31,6 +34,7 @@ from pathlib import Path
 from typing import Callable
 
 from psrv.config import RunConfig
+from psrv.config.sections import WorkerSettings
 from psrv.config.base import default_of, leaves
 from psrv.config.cli_args import flag_of
 from psrv.device import check_device
@@ -38,8 +42,11 @@ from psrv.device import check_device
 from psrv.experiments.cluster import Cluster, RunFailed, free_port
 from psrv.experiments.stall import beacon_path
 
-# Read by the shipped loop alone: a script decides these itself, so a value given here would do nothing.
-_SHIPPED_ONLY = ("job.name", "job.batch_size", "job.eval_every", "faults.", "worker.")
+# Read by the shipped loop alone: a script decides these itself, so a value given here would do nothing. The
+# worker settings reach the script's psrv.Worker (PSRV_CONFIG, psrv/worker/run_settings.py), but its inner
+# optimizer: the script steps its own.
+_SHIPPED_ONLY = ("job.name", "job.batch_size", "job.eval_every", "faults.")
+_INNER = ("worker.inner_optimizer", "worker.inner_lr")
 _SCRIPT_ALLREDUCE = ("allreduce.stall_timeout",)  # the all-reduce settings a script's ranks use (the launcher's watch)
 
 
@@ -82,17 +89,26 @@ def check_script_run(cfg: RunConfig, typed: set[str], *, flags: bool = True) -> 
     if cfg.cluster.transport != "zmq":
         raise ValueError(f"{'--transport: --script' if flags else 'cluster.transport: a script'}'s workers reach "
                          "the shards over zmq (psrv.Worker's default)")
+    script = "--script" if flags else "a script"
+    derived = WorkerSettings(local_steps=cfg.worker.local_steps)  # the inner optimizer local_steps alone implies
     for key, f, s in leaves(RunConfig):
-        from_file = flags and key.startswith(("faults.", "worker.")) and _get(cfg, key) != default_of(f)  # --config's
+        shown = flag_of(key, s) if flags else key
+        value, from_file = _get(cfg, key), False
+        if flags and key.startswith(("faults.", "worker.")):  # a --config file's, which `typed` does not hold
+            from_file = value != (_get(derived, key.removeprefix("worker.")) if key in _INNER else default_of(f))
         if key.startswith(_SHIPPED_ONLY) and (key in typed or from_file):
-            shown = flag_of(key, s) if flags else key
-            raise ValueError(f"{shown}: not used with {'--script' if flags else 'a script'} (the shipped loop's "
-                             "setting; your script decides it); remove it")
+            raise ValueError(f"{shown}: not used with {script} (the shipped loop's setting; your script decides "
+                             "it); remove it")
+        if key in _INNER and (key in typed or from_file):
+            raise ValueError(f"{shown}: not used with {script} (the shipped loop's inner optimizer; with local "
+                             "steps your script steps its own, then calls ps.step()); remove it")
+        if key.startswith("worker.") and cfg.is_allreduce and (key in typed or from_file):
+            raise ValueError(f"{shown}: not used with {script} in mode {cfg.mode!r} (psrv.Worker all-reduces the "
+                             "plain mean gradient, with no shards); remove it")
         if key.startswith("allreduce.") and key not in _SCRIPT_ALLREDUCE and \
-                (key in typed or from_file or _get(cfg, key) != default_of(f)):
-            shown = flag_of(key, s) if flags else key
-            raise ValueError(f"{shown}: not used with {'--script' if flags else 'a script'} (psrv.Worker "
-                             "all-reduces the plain mean gradient); remove it")
+                (key in typed or from_file or value != default_of(f)):
+            raise ValueError(f"{shown}: not used with {script} (psrv.Worker all-reduces the plain mean gradient); "
+                             "remove it")
     check_device(cfg.cluster.device)
 
 

@@ -108,7 +108,10 @@ def build_summary(cfg: RunConfig, out: Path, *, interrupted: bool = False, kille
     if cfg.job.script:
         summary.update(job=cfg.job.script, script_args=list(cfg.job.script_args), steps=_common(workers, "steps"),
                        batch_size=_common(workers, "batch_size"), wire_dtype=rank0.get("wire_dtype"),
-                       overlap=rank0.get("overlap"), device=rank0.get("device"))
+                       overlap=rank0.get("overlap"), device=rank0.get("device"),
+                       # the keywords a rank's psrv.Worker(...) gave against config.json (psrv/worker/run_settings.py)
+                       settings_overridden={f"rank {w['rank']}": w["settings_overridden"] for w in workers
+                                            if w.get("settings_overridden")})
     return summary
 
 
@@ -214,6 +217,10 @@ def format_summary(s: dict) -> str:
     if s.get("diverged") is not None:  # a learning-level simulation: whether its training diverged, and why
         at = next(i for i, (k, _) in enumerate(rows) if k in ("eval_accuracy", "wall_seconds"))
         rows.insert(at + 1, ("diverged", f"yes: {s['diverged_why']}" if s["diverged"] else "no"))
+    if s.get("settings_overridden"):  # a script's psrv.Worker(...) keywords that differ from config.json
+        rows.append(("overridden", "; ".join(f"{rank}: " + ", ".join(f"{k}={o['script']!r} (run: {o['run']!r})"
+                                                                     for k, o in kept.items())
+                                             for rank, kept in s["settings_overridden"].items())))
     rows += _fault_rows(s.get("faults"))
     if s.get("replication"):  # psrv run --replicas: experiments/replication.py
         rows.append(("failovers", ", ".join(f"shard {f['shard']} to {f['new_primary']} at epoch {f['epoch']}"

@@ -21,24 +21,23 @@ from __future__ import annotations
 
 import datetime
 import inspect
-import json
 import logging
 import os
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from psrv.clip import clip_flat_
 from psrv.config import RunConfig
-from psrv.config.base import defaults_of, from_dict
+from psrv.config.base import defaults_of
 from psrv.config.sections import WorkerSettings
 from psrv.step_beacon import StepBeacon
 from psrv.worker.collective import device_and_backend, init_group, split_wait
 from psrv.worker.flat import FlatModel
-from psrv.worker.keywords import env
+from psrv.worker.keywords import allreduce_mode, env
 from psrv.worker.recorded import RecordedWorker
+from psrv.worker.run_settings import run_config_from_env
 from psrv.worker.script_evals import Evaluations
 from psrv.worker.step_info import StepInfo
 from psrv.worker.steplog import StepLog, check_step_args
@@ -131,6 +130,9 @@ class AllReduceWorker(RecordedWorker):
         given = {name: value for name, value in bound.arguments.items() if name != "self"}
         model = given.pop("model")
         config = run_config_from_env()
+        if config is None:
+            raise ValueError(f"psrv.Worker under PSRV_MODE={allreduce_mode()}: set PSRV_CONFIG to the run's "
+                             "config.json (its optimizer, lr schedule and clip), as `psrv run --script` does")
         for name, value in given.items():
             if name not in _KEPT and value != signature.parameters[name].default:
                 raise ValueError(f"psrv.Worker({name}=...): a parameter-server option, and mode {config.mode!r} "
@@ -249,24 +251,6 @@ class AllReduceWorker(RecordedWorker):
         self.optimizer = self.schedule = None
         if self._made_group and dist.is_initialized():
             dist.destroy_process_group()
-
-
-def run_config_from_env() -> RunConfig:
-    """The run's resolved config, from the config.json PSRV_CONFIG names; ValueError, in one line, where
-    it is unset, unreadable or not a config."""
-    path = os.environ.get("PSRV_CONFIG", "").strip()
-    mode = os.environ.get("PSRV_MODE", "").strip()
-    if not path:
-        raise ValueError(f"psrv.Worker under PSRV_MODE={mode}: set PSRV_CONFIG to the run's config.json (its "
-                         "optimizer, lr schedule and clip), as `psrv run --script` does")
-    try:
-        config = from_dict(RunConfig, json.loads(Path(path).read_text()))
-    except (OSError, ValueError) as exc:  # ConfigError is a ValueError, as is bad JSON
-        why = exc.strerror if isinstance(exc, OSError) else str(exc)
-        raise ValueError(f"PSRV_CONFIG {path}: {why}") from None
-    if config.mode != mode:
-        raise ValueError(f"PSRV_MODE is {mode!r} but PSRV_CONFIG {path} is a {config.mode!r} run's; they must agree")
-    return config
 
 
 def _backend_for(device: torch.device) -> str:

@@ -9,13 +9,18 @@
 Local SGD / DiLoCo: `psrv.Worker(model, local_steps=H)` with the user's own (inner) optimizer; call
 `opt.step()` then `ps.step()` every step, and every H-th `ps.step()` pushes w_pulled - w_now
 (`fragments=F`: streaming DiLoCo, one fragment every H/F steps; `outer_dtype`: those pushes quantised).
+psrv.Worker never steps that optimizer: a loop without one pushes zeros under local steps.
+
+Under `psrv run --script` or a spec's `[job] script` (PSRV_CONFIG set), every keyword the call leaves out
+comes from the run's config (psrv/worker/run_settings.py): `psrv run --compress topk:0.01 --local-steps 8
+--script train.py` runs `psrv.Worker(model)` with those; a keyword the script passes wins, and the record's
+`settings_overridden` says so.
 
 Clocks, versions, the partition plan and the flat buffers stay inside. Its parts, mixins of psrv.Worker: the
 local steps' rounds (psrv/worker/local_rounds.py) and its compression's state (psrv/worker/compression_state.py).
 """
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import logging
 import math
@@ -36,6 +41,7 @@ from psrv.local_period import LocalPeriod, fastest_of, parse_local_steps
 from psrv.worker.overlap import ShardReadiness
 from psrv.partition import PartitionPlan
 from psrv.worker.roundtrip import PushPull
+from psrv.worker.run_settings import TakesRunSettings, keywords_of
 from psrv.worker.step_info import StepInfo
 from psrv.worker.recorded import RecordedWorker
 from psrv.worker.script_evals import Evaluations
@@ -48,7 +54,7 @@ log = logging.getLogger("psrv.worker")
 _WORKER, _PLACE = defaults_of(WorkerSettings), defaults_of(Placement)  # the keywords' defaults
 
 
-class Worker(LocalRounds, CompressionState, RecordedWorker):
+class Worker(LocalRounds, CompressionState, RecordedWorker, metaclass=TakesRunSettings):
     """One worker of a parameter-server cluster, driving `model` (an nn.Module, float32 parameters on
     one device). The constructor says HELLO to every shard, sends the initial weights when it is
     rank 0 (shards already initialised keep theirs), and pulls the first weights into the model,
@@ -85,8 +91,10 @@ class Worker(LocalRounds, CompressionState, RecordedWorker):
     as the gradient, for the servers' (outer) optimizer, and pulls; the other calls send nothing and
     return `pushed=False`. close() pushes the inner steps done since the last push, if any. No
     early sends then (the push is known only after the inner step); a clip applies to the pushed
-    vector. `pseudo_grad_norms` holds each push's norm. `outer_dtype` (float32, bfloat16, int8, fp4)
-    quantises the pushed pseudo-gradients for the wire, without error feedback; the servers average them in
+    vector. The caller's optimizer must step (psrv.Worker cannot: it does not hold one); a loop that only
+    calls step() pushes zero pseudo-gradients and its model never moves. `pseudo_grad_norms` holds each
+    push's norm. `outer_dtype` (float32, bfloat16, int8, fp4) quantises the pushed pseudo-gradients for the
+    wire, without error feedback; the servers average them in
     float32. `fragments` F > 1 is streaming DiLoCo (psrv/worker/streaming.py): every H/F calls push one
     strided fragment of the parameter tensors in turn, and its answer is mixed into the model at the next
     step(), the caller's inner step running meanwhile.
@@ -131,6 +139,14 @@ class Worker(LocalRounds, CompressionState, RecordedWorker):
     function of no arguments returning such a dict) is called by rank 0 itself: after the first pull, every
     `eval_every` steps (0: never between) and in close() on the final weights, off the clock. They become
     the run's evals.csv, and the last one its final_loss, eval_metrics and eval_accuracy.
+
+    In a run's script (`psrv run --script`, a spec's `[job] script`: PSRV_CONFIG names the run's config.json)
+    every keyword of the run's worker settings the call leaves out comes from that config: compress and its
+    knobs (error_feedback, compress_min_numel, momentum_correction, momentum_masking, compress_warmup,
+    sign_scale), compress_pull (pull_error_feedback, pull_resync), local_steps, fragments, outer_dtype,
+    wire_dtype, timeout (worker.request_timeout), push_chunk_mb, overlap, shared_memory and bulk
+    (psrv/worker/run_settings.py). A keyword the call gives wins; `settings_overridden` ({name: {"run": the
+    config's value, "script": the one used}}, in the record too) names those that differ from the config.
 
     Under `psrv run --mode ddp` or `zero1` (PSRV_MODE) psrv.Worker(model) is the all-reduce worker
     instead (psrv/worker/allreduce.py): the same loop, its gradients all-reduced among the ranks."""
@@ -240,6 +256,7 @@ class Worker(LocalRounds, CompressionState, RecordedWorker):
             raise
         self._arm()
         self._wire_dtype, self._overlap = wire_dtype, overlap
+        self.settings_overridden: dict = {}  # a run's script: the keywords it gave against config.json (its metaclass)
         self._log = step_log if step_log is not None else StepLog.from_env(rank=self.rank)
         if self._log is not None:
             self._log.describe(**self.described())
@@ -252,12 +269,9 @@ class Worker(LocalRounds, CompressionState, RecordedWorker):
         """A Worker whose keywords come from a config section by name: a WorkerSettings, a Placement, a
         GradClip, or a WorkerConfig holding them all with `servers`, `rank`, `world_size` and
         `curve_keys` (`request_timeout` is `timeout`; `local_steps` counts only with an inner optimizer).
-        `keywords` override them: the one place a worker's settings become psrv.Worker's keywords."""
-        names = inspect.signature(Worker.__init__).parameters
-        given = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings) if f.name in names}
-        if isinstance(settings, WorkerSettings):
-            given.update(timeout=settings.request_timeout,
-                         local_steps=settings.local_steps if settings.local_updates else None)
+        `keywords` override them. The mapping is psrv/worker/run_settings.py's `keywords_of`, the one place a
+        worker's settings become psrv.Worker's keywords (a script's psrv.Worker(model) under a run uses it too)."""
+        given = keywords_of(settings, inspect.signature(Worker.__init__).parameters)
         return cls(model, **{**given, **keywords})
 
     def step(self, *, loss: float | torch.Tensor | None = None, batch_size: int | None = None) -> StepInfo:
@@ -331,14 +345,16 @@ class Worker(LocalRounds, CompressionState, RecordedWorker):
     def totals(self) -> dict:
         """What a worker record counts of this worker at its end: early sends, the wire bytes and, with
         local steps, each push's pseudo-gradient norm and inner steps; with fragments, `answered`: the
-        staleness of the fragment push close() merged, for its step's row (StepLog.record)."""
+        staleness of the fragment push close() merged, for its step's row (StepLog.record); and
+        `settings_overridden` (a run's script: the keywords it gave against the run's config)."""
         local = {} if self.local_steps is None else {
             "local_steps": self.local_steps, "pseudo_grad_norms": list(self.pseudo_grad_norms),
             "inner_steps_per_push": self.inner_steps_per_push, "fragments": self.fragments,
             "outer_dtype": self.outer_dtype}
         if self._stream is not None:
             local["answered"] = list(self._answered_at_close)
-        return {"early_sends": self.early_sends, **self.wire_bytes(), **local}
+        return {"early_sends": self.early_sends, **self.wire_bytes(), **local,
+                "settings_overridden": self.settings_overridden}
 
     # --- mechanics ----------------------------------------------------------
     def _arm(self) -> None:

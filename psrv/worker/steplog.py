@@ -78,6 +78,7 @@ RECORD = {  # a worker record's keys (a run directory's worker-R.json)
     "inner_steps_per_push": "local steps: the inner steps each push carried",
     "fragments": "local steps: streaming DiLoCo's fragments F (1: the whole model per push)",
     "outer_dtype": "local steps: the pushed pseudo-gradients' wire dtype",
+    "settings_overridden": "PS workers: the keywords a run's script gave against its config ({name: {run, script}})",
     "interrupted": "stopped by Ctrl-C or SIGTERM", "steps_done": "interrupted: the steps that ran",
     "inputs": "the code that ran: versions and the sha256 of each file imported from outside psrv, the standard "
               "library and site-packages (psrv/code_inputs.py)",

@@ -85,8 +85,12 @@ def test_a_script_that_raises_fails_the_run_in_one_line_naming_the_rank_code_and
                                                    "all-reduces the plain mean gradient)"),
     (("--job", "mnist1d_mlp"), "--job: not used with --script"),
     (("--compute-ms", "5"), "--compute-ms: not used with --script"),
+    (("--batch-size", "8"), "--batch-size: not used with --script (the shipped loop's setting; your script decides "
+                            "it); remove it"),
+    (("--local-steps", "4", "--inner-optimizer", "sgd"), "--inner-optimizer: not used with --script (the shipped "
+                                                          "loop's inner optimizer;"),
     (("--transport", "rpc"), "--transport: --script's workers reach the shards over zmq"),
-], ids=["fsdp", "ddp-comm-hook", "job", "faults", "rpc"])
+], ids=["fsdp", "ddp-comm-hook", "job", "faults", "batch-size", "inner-optimizer", "rpc"])
 def test_what_a_script_cannot_use_is_refused_in_one_line(args, says, capsys, tmp_path):
     assert main(["run", "--out", str(tmp_path), *args, "--script", str(SCRIPT), "1", "x"]) == 2
     err = capsys.readouterr().err

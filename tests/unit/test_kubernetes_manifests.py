@@ -217,7 +217,7 @@ def test_script_workers_get_what_psrv_run_script_gives_them(tmp_path):
     cfg, name = _run("async"), run_name("mine")
     script = Script(Path("train.py"), ("--epochs", "3"), steps=None)
     docs = run_manifests(cfg, name, "mine", _options(tmp_path), script=script)
-    _config_files(docs, tmp_path)
+    configs = _config_files(docs, tmp_path)
     assert "worker.json" not in _by_kind(docs)["ConfigMap"][0]["data"]
     out = f"{tmp_path}/runs/mine"
     for rank in range(2):
@@ -227,6 +227,7 @@ def test_script_workers_get_what_psrv_run_script_gives_them(tmp_path):
         assert (env["RANK"], env["WORLD_SIZE"], record) == (str(rank), "2", f"{out}/worker-{rank}.json")
         assert env["PSRV_SERVERS"] == ",".join(f"tcp://{name}-server-{i}.{name}:5555" for i in range(2))
         assert (env["PSRV_PARAMS_OUT"], env["PSRV_SEED"]) == (f"{out}/params.pt", "0")  # rank 0 alone writes it
+        assert env["PSRV_CONFIG"] == str(configs / "config.json")  # the run's worker settings, in every pod
     with pytest.raises(ValueError, match="mode 'ddp' has none"):
         run_manifests(_run("ddp"), name, "mine", script=script)
 

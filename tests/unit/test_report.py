@@ -182,6 +182,20 @@ def test_report_plots_and_winner(tmp_path: Path) -> None:
     assert matplotlib.image.imread(tmp_path / images[0]).ndim == 3
 
 
+def test_the_report_names_a_setting_a_scripts_worker_overrode(tmp_path: Path) -> None:
+    _fabricate(tmp_path)
+    spec = _spec("sync", "async")
+    summary = tmp_path / run_dir(tmp_path, "async", 1).relative_to(tmp_path) / "summary.json"
+    summary.write_text(json.dumps({**json.loads(summary.read_text()), "settings_overridden": {
+        "rank 1": {"compress": {"run": "topk:0.01", "script": "int8"}}}}))
+    collect(tmp_path, spec)
+    text = write_report(tmp_path, spec, spec_path="specs/fab.toml", versions=VERSIONS).read_text()
+    section = text.split("## Settings the script overrode")[1].split("##")[0]
+    assert section.strip().splitlines()[-1] == "- `async` rep-1, rank 1: compress 'int8' (config.json: 'topk:0.01')"
+    plain = write_report(tmp_path, _spec("sync"), spec_path="s", versions=VERSIONS).read_text()
+    assert "the script overrode" not in plain
+
+
 def test_report_ddp_gap(tmp_path: Path, monkeypatch) -> None:
     _fabricate(tmp_path, second="ddp")
     spec = _spec("sync", "ddp")

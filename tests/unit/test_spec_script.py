@@ -48,6 +48,13 @@ def test_an_edited_script_is_another_config_and_its_finished_run_is_not_reused(t
     assert "job.script_sha256" in why_changed(tmp_path / "run", edited)
 
 
+def test_a_scripts_runs_keep_the_specs_worker_settings(tmp_path, script):
+    spec = spec_from_dict(_spec(tmp_path, {"script": script}, variants=(
+        {"mode": "sync", "worker": {"compress": "topk:0.01", "local_steps": 4}}, {"mode": "async"})))
+    worker = spec.run_config(spec.variants[0], 0).worker  # reaches the script's psrv.Worker through PSRV_CONFIG
+    assert (worker.compress, worker.local_steps) == ("topk:0.01", 4)
+
+
 def test_a_variant_may_name_the_script(tmp_path, script):
     spec = spec_from_dict(_spec(tmp_path, {"steps": 10}, variants=({"mode": "sync"},
                                                                     {"mode": "async", "job": {"script": script}})))
@@ -59,10 +66,12 @@ def test_a_variant_may_name_the_script(tmp_path, script):
     ({"script": "train.py", "name": "digits_mlp"}, {}, "give script or name, not both"),
     ({"script": "train.py", "batch_size": 8}, {}, "job.batch_size: not used with a script"),
     ({"script": "train.py"}, {"faults": {"compute_ms": 5}}, "faults.compute_ms: not used with a script"),
+    ({"script": "train.py"}, {"worker": {"local_steps": 4, "inner_lr": 0.1}},
+     "worker.inner_lr: not used with a script"),
     ({"script": "train.py"}, {"cluster": {"transport": "rpc"}}, "cluster.transport: a script's workers"),
     ({"script": "train.py", "script_sha256": "ab"}, {}, "computed from the script"),
     ({"script_args": ["x"]}, {}, "only used with job.script"),
-], ids=["missing", "name", "batch-size", "faults", "rpc", "sha", "args-alone"])
+], ids=["missing", "name", "batch-size", "faults", "inner-lr", "rpc", "sha", "args-alone"])
 def test_what_a_scripts_run_cannot_use_is_refused_naming_the_key(tmp_path, script, job, extra, says):
     with pytest.raises(ConfigError) as err:
         spec_from_dict(_spec(tmp_path, job, **extra))
