@@ -110,8 +110,9 @@ class RecordFiles:
 
 class StepLog:
     """One worker's rows and record. `metrics` (psrv.metrics.WorkerMetrics) sees every row, and says
-    finished once a whole record is written; `linger` seconds it stays up after that, for a last scrape. `beacon` (psrv/step_beacon.py) counts every row as a
-    step; the loops mark on it what they are in (it writes nothing where `files` names no beacon)."""
+    finished once a whole record is written; `linger` seconds it stays up after that, for a last scrape.
+    `beacon` (psrv/step_beacon.py) counts every row as a step; the loops mark on it what they are in (it
+    writes nothing where `files` names no beacon)."""
 
     def __init__(self, files: RecordFiles = RecordFiles(), *, metrics=None, linger: float = 0.0):
         self.files, self.metrics, self.linger = files, metrics, linger
