@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from psrv.process import cores_each
+
 
 class RunFailed(RuntimeError):
     """A process of the cluster failed; the message carries the tail of its log."""
@@ -31,11 +33,12 @@ class RunInterrupted(KeyboardInterrupt):
 
 def thread_env(processes: int) -> dict[str, str]:
     """OMP_NUM_THREADS for each of `processes` sharing this machine: the cores split evenly, as torchrun
-    does for several ranks on a host (unless the caller set it). Oversubscribed, torch's threads wait
-    for a descheduled peer at every parallel op: on 2 cores DDP ran 2.1x, async PS 1.6x faster so."""
+    does for several ranks on a host (unless the caller set it; psrv.process.cores_each, the rule psrv
+    serve and psrv worker started by hand follow too). Oversubscribed, torch's threads wait for a
+    descheduled peer at every parallel op: on 2 cores DDP ran 2.1x, async PS 1.6x faster so."""
     if "OMP_NUM_THREADS" in os.environ:
         return {}
-    return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // processes))}
+    return {"OMP_NUM_THREADS": str(cores_each(processes))}
 
 
 def _die_with_launcher() -> Callable[[], None] | None:

@@ -91,6 +91,9 @@ _WORKER = {
                               "Norm of the latest pushed pseudo-gradient w_pulled - w_now (--local-steps)."),
     "local_steps": _Spec(Gauge, "psrv_worker_local_steps",
                          "Inner steps of this worker's next round (--local-steps; auto plans them by speed)."),
+    "finished": _Spec(Gauge, "psrv_worker_finished",
+                      "1 once this worker has done its steps and left the shards, for its last scrapes "
+                      "(--metrics-linger); 0 before. A worker whose /metrics went away at 0 died."),
 }
 
 METRIC_NAMES = tuple(s.name for s in (*_SERVER.values(), *_WORKER.values()))
@@ -164,6 +167,7 @@ class WorkerMetrics:
         self.pushes = f["pushes"].labels(**labels)
         self.pseudo_grad_norm = f["pseudo_grad_norm"].labels(**labels)
         self.local_steps = f["local_steps"].labels(**labels)
+        self.finished = f["finished"].labels(**labels)
 
     def observe_step(self, row: dict) -> None:
         """Record one step from the worker loop's step-log row (see workers/loop.py); a loss or batch

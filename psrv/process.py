@@ -4,14 +4,21 @@ The library -- importing psrv, constructing a PSClient, calling psrv.serve -- ne
 process: the allocator and the signal handlers belong to whoever owns main(). An entry point calls
 `tune_malloc()` first thing (before any zmq context starts its I/O thread); to serve, it hands
 `stop_on_signals()` the running shard's stop so that SIGTERM ends it cleanly; to train or launch,
-`interrupt_on_signals()` makes SIGTERM raise as Ctrl-C does (`Interrupted`, exit code 128 + signal).
+`interrupt_on_signals()` makes SIGTERM raise as Ctrl-C does (`Interrupted`, exit code 128 + signal);
+`use_threads()` gives torch this process's share of the host's cores (the rule `psrv run` applies too).
 """
 from __future__ import annotations
 
 import ctypes
+import logging
+import os
 import signal
 import time
+from pathlib import Path
 from typing import Callable, Iterable
+
+log = logging.getLogger("psrv.process")
+ROLES = ("serve", "worker")  # the psrv commands that run torch and share a host's cores
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8  # glibc's malloc.h
 
@@ -84,3 +91,69 @@ def interrupt_on_signals(signums: Iterable[signal.Signals] = (signal.SIGINT, sig
         for s, h in previous.items():
             signal.signal(s, h)
     return restore
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity: taskset, a cgroup's cpuset, SLURM's binding)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def cores_each(processes: int) -> int:
+    """Each of `processes` sharing this host's cores gets an even share, at least one: the rule `psrv run`
+    gives its processes (experiments/cluster.py thread_env) and `use_threads` a process started by hand.
+    Oversubscribed, torch's threads wait for a descheduled peer at every parallel op."""
+    return max(1, usable_cores() // max(1, processes))
+
+
+def _is_psrv_process(argv: list[str]) -> bool:
+    """`psrv serve|worker ...`, `python [OPTIONS] .../psrv serve|worker ...` or `python [OPTIONS] -m psrv.cli
+    serve|worker ...`; not a wrapper that names one in its arguments (srun, timeout, sudo)."""
+    for i, token in enumerate(argv[:-1]):
+        name = os.path.basename(token)
+        if name == "psrv" or name == "psrv.cli" and i > 0 and argv[i - 1] == "-m":
+            before = argv[:i - 1] if name == "psrv.cli" else argv[:i]
+            return argv[i + 1] in ROLES and all(t.startswith("-") or os.path.basename(t).startswith("python")
+                                                 for t in before)
+    return False
+
+
+def psrv_processes_here(proc: Path = Path("/proc")) -> int:
+    """How many `psrv serve` and `psrv worker` processes run on this host now, this one counted (read from
+    /proc, whatever network namespace each is in: they share the cores); 1 where /proc is not there."""
+    count, own = 1, str(os.getpid())
+    for entry in proc.glob("[0-9]*"):
+        if entry.name == own:
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:  # ended meanwhile, or not ours to read
+            continue
+        count += _is_psrv_process([a for a in argv if a])
+    return count
+
+
+def thread_count(threads: int) -> tuple[int, str]:
+    """(torch threads, why) for a process whose threads setting is `threads`: itself where given (> 0),
+    else OMP_NUM_THREADS where set (psrv run sets it for each process it starts), else this host's cores
+    divided among the psrv serve/worker processes running on it now (this one included)."""
+    if threads > 0:
+        return threads, "--threads"
+    given = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if given.isdigit() and int(given) > 0:
+        return int(given), "OMP_NUM_THREADS"
+    processes = psrv_processes_here()
+    return cores_each(processes), f"{usable_cores()} cores / {processes} psrv processes on this host"
+
+
+def use_threads(threads: int) -> int:
+    """Set torch's intra-op threads by `thread_count(threads)`, say so in the log, and return the count
+    torch now has. Process-wide: psrv serve and psrv worker call it, never the library."""
+    import torch
+    count, why = thread_count(threads)
+    torch.set_num_threads(count)
+    count = torch.get_num_threads()
+    log.info("torch threads %d (%s)", count, why)
+    return count

@@ -12,6 +12,11 @@
 # `ip netns exec` mounts over /etc/): the hosts reach no DNS server, and a reverse lookup of a peer's
 # address (gloo's rendezvous makes one per connection) waited 10 s for the resolver each time.
 #
+# A psrv process on host I, scraped by a Prometheus in the root namespace (docs/deploy.md section 2 has
+# the whole recipe and its targets.json): /metrics must listen on the host's address, not its loopback,
+#   sudo deploy/netns/cluster.sh exec 1 .venv/bin/psrv worker --servers tcp://10.77.0.10:5555 --mode sync \
+#       --metrics-port 9200 --metrics-host 0.0.0.0 --metrics-linger 3 ...
+#
 # Idempotent: `up` again adds missing hosts and resets the caps. Needs root, iproute2 and, for
 # RATE, the tbf qdisc (netem is not required). docs/deploy.md walks through a run on it.
 set -euo pipefail

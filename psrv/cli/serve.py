@@ -40,11 +40,12 @@ def command(a: argparse.Namespace) -> int:
     # torch only now: a mistake in the options above is refused without the seconds its import takes
     from psrv.device import check_device
     from psrv.history import History
-    from psrv.process import stop_on_signals, tune_malloc
+    from psrv.process import stop_on_signals, tune_malloc, use_threads
     from psrv.server.faults import InjectedFaults
     from psrv.server.run import serve
     check_device(cfg.device)
     tune_malloc()
+    use_threads(cfg.threads)
     faults = os.environ.get("PSRV_FAULTS")  # a nemesis's injected faults (psrv run's DIR/faults)
     # SIGTERM ends the loop cleanly (the shard writes its final checkpoint), as systemd, k8s and psrv run expect
     summary = serve(cfg, metrics_port=a.metrics_port, metrics_file=metrics_file(a), metrics_host=a.metrics_host,

@@ -56,6 +56,8 @@ def _train_worker(a: argparse.Namespace) -> int:
     cfg = cfg.replace(servers=split_addresses(servers, wait=120.0, option=option,  # then wait for @FILE
                                               schemes=schemes_of(cfg.transport)))
     tune_malloc()
+    from psrv.process import use_threads
+    use_threads(cfg.threads)
     from psrv.worker.steplog import RecordFiles, StepLog
     from psrv.workers.loop import TrainingInterrupted, train
     metrics = None

@@ -19,7 +19,8 @@ from psrv.config.sections import Trackers
 from psrv.timeouts import Timeouts
 from psrv.config.sections import (MODES, AllReduceSettings, ClusterConfig, Consistency, FaultConfig, JobConfig,
                                   KillSettings, NetworkSettings, Placement, RecoverySettings, RestartSettings, Seeded,
-                                  ServerSettings, ServeSettings, WorkerSettings, parse_kill)
+                                  ServerSettings, ServeSettings, ThreadSettings, WorkerSettings,
+                                  parse_kill)
 
 
 def _one_shard_clip(clip: float, mode: str, shards: int, shards_key: str) -> None:
@@ -172,7 +173,7 @@ def _shallow(obj: Section, cls: type) -> dict[str, Any]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ServerConfig(ServeSettings, ServerSettings, Consistency, Placement):
+class ServerConfig(ThreadSettings, ServeSettings, ServerSettings, Consistency, Placement):
     """One shard: which one, how many in all, its workers, its address, and the settings it holds."""
 
     def timeouts(self, transport_floor: float = 0.0) -> Timeouts:
@@ -214,7 +215,7 @@ class ServerConfig(ServeSettings, ServerSettings, Consistency, Placement):
 
 
 @dataclass(frozen=True, kw_only=True)
-class WorkerConfig(WorkerSettings, Seeded, Placement, GradClip):
+class WorkerConfig(ThreadSettings, WorkerSettings, Seeded, Placement, GradClip):
     """One worker: the shards it talks to, its rank, the job and the disturbances it emulates, and its
     gradient clip (applied by the worker in async and ssp; in sync the servers clip)."""
 

@@ -83,6 +83,16 @@ class Placement(Section):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ThreadSettings(Section):
+    """This process's share of its host's cores (psrv serve and psrv worker set it: psrv/process.py)."""
+
+    threads: int = setting(0, "torch's threads in this process (torch.set_num_threads); 0: OMP_NUM_THREADS where "
+                           "it is set (psrv run sets it: the cores / its processes), else this host's cores / the psrv "
+                           "serve and psrv worker processes running on it when this one starts (start a host's "
+                           "processes together, or give N); the log says which", minimum=0, metavar="N")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Consistency(Section):
     """When a shard applies a push and answers a pull (the servers hold it)."""
 

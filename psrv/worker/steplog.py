@@ -115,9 +115,10 @@ class RecordFiles:
 
 
 class StepLog:
-    """One worker's rows and record. `metrics` (psrv.metrics.WorkerMetrics) sees every row; `linger`
-    seconds it stays up after the record is written. `beacon` (psrv/step_beacon.py) counts every row as a
-    step; the loops mark on it what they are in (it writes nothing where `files` names no beacon)."""
+    """One worker's rows and record. `metrics` (psrv.metrics.WorkerMetrics) sees every row, and says
+    finished once a whole record is written; `linger` seconds it stays up after that, for a last scrape.
+    `beacon` (psrv/step_beacon.py) counts every row as a step; the loops mark on it what they are in (it
+    writes nothing where `files` names no beacon)."""
 
     def __init__(self, files: RecordFiles = RecordFiles(), *, metrics=None, linger: float = 0.0):
         self.files, self.metrics, self.linger = files, metrics, linger
@@ -245,8 +246,10 @@ class StepLog:
             torch.save({k: v.detach().cpu().clone() for k, v in state.items()}, files.state)
         if files.record is not None:
             write_json(files.record, record)
-        if self.metrics is not None and self.linger > 0 and whole:
-            time.sleep(self.linger)
+        if self.metrics is not None and whole:  # it has left the shards: it finished, it did not die
+            self.metrics.finished.set(1)
+            if self.linger > 0:
+                time.sleep(self.linger)
 
 
 def _declared(got: dict, schema: dict, what: str) -> None:

@@ -1,6 +1,6 @@
 """psrv as a library: a shard served from a thread on port 0 trains a real worker, and no library call
 (importing the codec, constructing a PSClient, psrv.serve) changes its host process -- signal
-handlers, warning filters, the allocator. psrv.process is what psrv's entry points call instead."""
+handlers, warning filters, torch's threads, the allocator. psrv.process is what psrv's entry points call instead."""
 import json
 import queue
 import signal
@@ -57,7 +57,10 @@ def _train(address: str, steps: int = STEPS) -> list[float]:
 
 
 def _process_state():
-    return {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}, list(warnings.filters)
+    """What a library call must leave as it was: signal handlers, warning filters, torch's threads (psrv serve
+    and psrv worker set those: psrv.process.use_threads)."""
+    return ({s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}, list(warnings.filters),
+            torch.get_num_threads())
 
 
 def test_serve_in_a_thread_on_port_0_trains_a_worker_and_ends_when_it_leaves():

@@ -140,3 +140,20 @@ def test_every_drop_reason_a_shard_counts_is_exported():
     for reason in ("late", "invalid", "partial"):
         stats.drop(reason)
         assert metrics.dropped(reason)._value.get() == 1, reason
+
+
+@pytest.mark.parametrize("interrupted", [False, True])
+def test_a_worker_says_finished_once_its_whole_record_is_written(tmp_path, interrupted):
+    """psrv_worker_finished: 0 while training, 1 once a worker that did its steps has left and written its
+    record (what PsrvWorkerDown tells a finished worker by); a worker stopped half-way stays at 0."""
+    from psrv.worker.steplog import RecordFiles, StepLog
+    registry = CollectorRegistry()
+    worker = WorkerMetrics(registry, worker=2, mode="sync")
+    me = frozenset({("worker", "2"), ("mode", "sync")})
+    log = StepLog(RecordFiles(record=tmp_path / "worker-2.json"), metrics=worker)
+    log.row(step=0, loss=1.0, compute_seconds=0.01, communication_seconds=0.0, wait_seconds=0.0, batch_size=8,
+            staleness=0, pushed=True)
+    assert _samples(generate_latest(registry).decode())[("psrv_worker_finished", me)] == 0
+    log.save(log.record(interrupted=interrupted))
+    assert (tmp_path / "worker-2.json").exists()
+    assert _samples(generate_latest(registry).decode())[("psrv_worker_finished", me)] == (0 if interrupted else 1)
