@@ -35,7 +35,8 @@ from psrv.config.base import default_of, leaves
 from psrv.config.cli_args import flag_of
 from psrv.device import check_device
 
-from psrv.experiments.cluster import Cluster, RunFailed, free_port
+from psrv.experiments.cluster import Cluster, RunFailed
+from psrv.experiments.launch_ddp import rendezvous_env
 from psrv.experiments.stall import beacon_path
 
 # Read by the shipped loop alone: a script decides these itself, so a value given here would do nothing.
@@ -124,19 +125,21 @@ def script_env(cfg: RunConfig, out: Path, script: Script, servers: list[tuple[st
 
 def start_script_workers(cluster: Cluster, cfg: RunConfig, out: Path, script: Script,
                          servers: list[tuple[str, str]], *, metrics: bool, linger: float) -> list[str]:
-    """Start the script once per rank, each process named worker-R (its output: DIR/worker-R.log); `servers`:
-    (name, address) of each shard, in shard order; none in an all-reduce mode, whose ranks meet at a
-    rendezvous on 127.0.0.1 instead."""
+    """Start the script once per rank, each process named worker-R (its output: DIR/worker-R.log), on host
+    servers + R (with emulated hosts: the shards' hosts come first); `servers`: (name, address) of each
+    shard, in shard order. In an all-reduce mode there are none, and rank R runs on host R; the ranks meet
+    at a rendezvous on rank 0's host (127.0.0.1 without emulated hosts), as the shipped ranks do
+    (experiments/launch_ddp.py)."""
     allreduce = cfg.is_allreduce
     env = script_env(cfg, out, script, None if allreduce else ",".join(a for _, a in servers),
                      metrics=metrics, linger=linger)
     if allreduce:
-        env.update(LOCAL_WORLD_SIZE=str(cfg.cluster.workers), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        env.update(rendezvous_env(cluster, cfg.cluster.workers))
     names = []
     for rank in range(cfg.cluster.workers):
         cluster.start(f"worker-{rank}", [sys.executable, *script.argv],
                       env={**env, "RANK": str(rank), **({"LOCAL_RANK": str(rank)} if allreduce else {})},
-                      brief=f"rank {rank} ({script.path})", host=cfg.cluster.servers + rank)
+                      brief=f"rank {rank} ({script.path})", host=rank if allreduce else cfg.cluster.servers + rank)
         names.append(f"worker-{rank}")
     return names
 
