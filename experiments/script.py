@@ -8,8 +8,9 @@ Each worker is `python FILE.py ARGS...`, its output in DIR/worker-R.log, with th
 - PSRV_MODE, the run's mode, and PSRV_CONFIG, its resolved config (DIR/config.json);
 - in sync, async and ssp, PSRV_SERVERS: the shards' addresses, comma-separated, in shard order;
 - in ddp and zero1 (no shards), torch.distributed's env:// rendezvous, as torchrun sets it: LOCAL_RANK,
-  LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT; psrv.Worker is then the all-reduce worker
-  (psrv/worker/allreduce.py), which reads the optimizer, schedule and clip from PSRV_CONFIG;
+  LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT (on emulated hosts, `--bandwidth`: rank 0's host's address,
+  and GLOO_SOCKET_IFNAME=eth0); psrv.Worker is then the all-reduce worker (psrv/worker/allreduce.py), which
+  reads the optimizer, schedule and clip from PSRV_CONFIG;
 - the variables psrv/worker/steplog.py reads (PSRV_RECORD, PSRV_PROGRESS, rank 0's PSRV_PARAMS_OUT), so
   its psrv.Worker writes DIR/worker-R.json as `psrv worker --out` does; in ddp and zero1 also PSRV_BEACON,
   the step beacon the launcher's stall watch reads (experiments/stall.py);

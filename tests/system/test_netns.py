@@ -24,6 +24,9 @@ from tests.helpers import ROOT
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
+CAP = "200mbit"
+STEPS = 4   # steps 1-3 (after connecting) already tell the capped host at ~1.4 s a push from tens of ms
+
 
 def _skip_unless_netns() -> None:
     """Skip without root or iproute2."""
