@@ -64,6 +64,8 @@ def test_two_script_runs_on_capped_hosts_at_once_each_on_a_net_of_its_own(tmp_pa
         subnet = {ipaddress.ip_network(f"{h['address']}/24", strict=False) for h in hosts.values()}
         assert len(subnet) == 1 and len({h["address"] for h in hosts.values()}) == len(hosts), hosts
         assert all(h["bytes_sent"] > 1000 and h["bytes_received"] > 1000 for h in hosts.values()), hosts
+        if mode == "sync":  # PSRV_SERVERS names server-0.addr, the shard's address on its host
+            assert (tmp_path / mode / "server-0.addr").read_text().startswith(f"tcp://{hosts['server-0']['address']}:")
         for rank in range(2 if mode == "sync" else 0):  # what a PS rank's client counted, at most its eth0's
             sent = json.loads((tmp_path / mode / f"worker-{rank}.json").read_text())["bytes_sent"]
             assert hosts[f"worker-{rank}"]["bytes_sent"] >= sent > 0, (hosts, sent)
