@@ -122,7 +122,8 @@ def claim() -> Names:
 
 def release(names: Names) -> None:
     """Give `names`'s net back (its hosts removed already)."""
-    (CLAIMS / f"{names.net}.owner").unlink(missing_ok=True)
+    with _handing_out():
+        (CLAIMS / f"{names.net}.owner").unlink(missing_ok=True)
 
 
 def _cluster_sh(names: Names, *args: str) -> subprocess.CompletedProcess:
