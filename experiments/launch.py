@@ -91,12 +91,12 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
     RunInterrupted is raised."""
     if script is None and cfg.job.script:
         raise ValueError(f"job.script {cfg.job.script}: pass the run's Script (experiments/script.py Script.of)")
-    check_launcher(launcher, script, cfg.mode)
+    check_launcher(launcher, script, cfg.mode, hosts=emulated_by(cfg))
     if script is None:
         preflight(cfg)  # a device that is not here, a job that does not import: ValueError before any process
     rate = cfg.network.bandwidth
     check_scheduler(scheduler, metrics=metrics, bandwidth=rate)
-    check_nemesis(cfg, scheduler=scheduler, metrics=metrics, script=script)  # experiments/nemesis: root, hosts
+    check_nemesis(cfg, scheduler=scheduler, metrics=metrics)  # experiments/nemesis: root, hosts
     if cfg.cluster.replicas:  # the failover timeouts, all from --failure-bound (psrv/timeouts.py)
         say(cfg.server_config(0, bind="tcp://127.0.0.1:0").timeouts().line())
     if scheduler != "local" and (cfg.kill.server or cfg.kill.worker or cfg.checkpoints.every or cfg.cluster.replicas):
@@ -107,10 +107,9 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
     if cfg.restarts.workers and (script is not None or scheduler != "local"):
         raise ValueError("--restart-workers restarts the shipped loop's workers (psrv worker) under --scheduler local; "
                          "a script's and a scheduler's workers are not restarted here")
-    if rate and (metrics or script is not None):
-        raise ValueError(f"network.bandwidth {rate}: " + ("--metrics serves each process's /metrics on its own "
-                         "emulated host, out of Prometheus's reach" if metrics else "a script's workers run on "
-                         "127.0.0.1") + "; run without one of them")
+    if rate and metrics:
+        raise ValueError(f"network.bandwidth {rate}: --metrics serves each process's /metrics on its own emulated "
+                         "host, out of Prometheus's reach; run without one of them")
     if baseline is not None and Path(baseline).resolve() == Path(out).resolve():
         raise ValueError(f"--goodput-baseline {baseline} is this run's own folder; name a finished fault-free run's")
     base = None if baseline is None else goodput_baseline(Path(baseline), cfg)  # measured now: a bad one fails first
@@ -121,12 +120,19 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
             say(f"{out}: removed the {len(removed)} files the run before left there ({_listed(removed)}); "
                 "this run writes its own")
         processes = cfg.cluster.workers + (0 if cfg.is_allreduce else cfg.cluster.servers * (1 + cfg.cluster.replicas))
-        hosts = stack.enter_context(EmulatedHosts(processes, rate) if rate or needs_hosts(cfg) else
+        hosts = stack.enter_context(EmulatedHosts(processes, rate) if emulated_by(cfg) else
                                     scheduler_hosts(scheduler, processes, out=out, timeout=timeout))
         stack.enter_context(checkpoint_disk(cfg, out))  # a tmpfs at DIR/checkpoints for the nemesis's disk_full
         return _run(cfg, out=out, metrics=metrics, metrics_linger=metrics_linger, timeout=timeout,
                     progress=progress, on_progress=on_progress, script=script, launcher=launcher, hosts=hosts,
                     lock=folder.fd, scheduler=scheduler, base=base)
+
+
+def emulated_by(cfg: RunConfig) -> str:
+    """What puts each of the run's processes on an emulated host of its own ("" nothing): said in a refusal."""
+    if cfg.network.bandwidth:
+        return f"--bandwidth {cfg.network.bandwidth}"
+    return "--nemesis partition" if needs_hosts(cfg) else ""
 
 
 def _listed(names: list[str], limit: int = 6) -> str:

@@ -8,8 +8,9 @@ Each worker is `python FILE.py ARGS...`, its output in DIR/worker-R.log, with th
 - PSRV_MODE, the run's mode, and PSRV_CONFIG, its resolved config (DIR/config.json);
 - in sync, async and ssp, PSRV_SERVERS: the shards' addresses, comma-separated, in shard order;
 - in ddp and zero1 (no shards), torch.distributed's env:// rendezvous, as torchrun sets it: LOCAL_RANK,
-  LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT; psrv.Worker is then the all-reduce worker
-  (psrv/worker/allreduce.py), which reads the optimizer, schedule and clip from PSRV_CONFIG;
+  LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT (on emulated hosts, `--bandwidth`: rank 0's host's address,
+  and GLOO_SOCKET_IFNAME=eth0); psrv.Worker is then the all-reduce worker (psrv/worker/allreduce.py), which
+  reads the optimizer, schedule and clip from PSRV_CONFIG;
 - the variables psrv/worker/steplog.py reads (PSRV_RECORD, PSRV_PROGRESS, rank 0's PSRV_PARAMS_OUT), so
   its psrv.Worker writes DIR/worker-R.json as `psrv worker --out` does; in ddp and zero1 also PSRV_BEACON,
   the step beacon the launcher's stall watch reads (experiments/stall.py);
@@ -39,7 +40,8 @@ from psrv.config.base import default_of, leaves
 from psrv.config.cli_args import flag_of
 from psrv.device import check_device
 
-from psrv.experiments.cluster import Cluster, RunFailed, free_port
+from psrv.experiments.cluster import Cluster, RunFailed
+from psrv.experiments.launch_ddp import rendezvous_env
 from psrv.experiments.stall import beacon_path
 
 # Read by the shipped loop alone: a script decides these itself, so a value given here would do nothing. The
@@ -140,19 +142,21 @@ def script_env(cfg: RunConfig, out: Path, script: Script, servers: list[tuple[st
 
 def start_script_workers(cluster: Cluster, cfg: RunConfig, out: Path, script: Script,
                          servers: list[tuple[str, str]], *, metrics: bool, linger: float) -> list[str]:
-    """Start the script once per rank, each process named worker-R (its output: DIR/worker-R.log); `servers`:
-    (name, address) of each shard, in shard order; none in an all-reduce mode, whose ranks meet at a
-    rendezvous on 127.0.0.1 instead."""
+    """Start the script once per rank, each process named worker-R (its output: DIR/worker-R.log), on host
+    servers + R (with emulated hosts: the shards' hosts come first); `servers`: (name, address) of each
+    shard, in shard order. In an all-reduce mode there are none, and rank R runs on host R; the ranks meet
+    at a rendezvous on rank 0's host (127.0.0.1 without emulated hosts), as the shipped ranks do
+    (experiments/launch_ddp.py)."""
     allreduce = cfg.is_allreduce
     env = script_env(cfg, out, script, None if allreduce else ",".join(a for _, a in servers),
                      metrics=metrics, linger=linger)
     if allreduce:
-        env.update(LOCAL_WORLD_SIZE=str(cfg.cluster.workers), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        env.update(rendezvous_env(cluster, cfg.cluster.workers))
     names = []
     for rank in range(cfg.cluster.workers):
         cluster.start(f"worker-{rank}", [sys.executable, *script.argv],
                       env={**env, "RANK": str(rank), **({"LOCAL_RANK": str(rank)} if allreduce else {})},
-                      brief=f"rank {rank} ({script.path})", host=cfg.cluster.servers + rank)
+                      brief=f"rank {rank} ({script.path})", host=rank if allreduce else cfg.cluster.servers + rank)
         names.append(f"worker-{rank}")
     return names
 

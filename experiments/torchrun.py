@@ -28,13 +28,17 @@ ROLE = "worker"   # torchrun's role name: rank R's lines read [workerR]:
 _ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
 
 
-def check_launcher(launcher: str, script: Script | None, mode: str = "sync") -> None:
-    """ValueError, naming --launcher, for a launcher psrv does not have or one that cannot start this run."""
+def check_launcher(launcher: str, script: Script | None, mode: str = "sync", *, hosts: str = "") -> None:
+    """ValueError, naming --launcher, for a launcher psrv does not have or one that cannot start this run
+    (`hosts`: what puts each process on an emulated host of its own, e.g. "--bandwidth 200mbit"; "" none)."""
     if launcher not in LAUNCHERS:
         raise ValueError(f"--launcher: unknown launcher {launcher!r}; choose one of {', '.join(LAUNCHERS)}")
     if launcher == "torchrun" and (script is None or mode not in ("sync", "async", "ssp")):
         raise ValueError("--launcher torchrun: starts a --script's workers against shards (sync, async, ssp); "
                          "the shipped loop and the all-reduce modes use --launcher psrv")
+    if launcher == "torchrun" and hosts:
+        raise ValueError(f"--launcher torchrun: starts every rank as one process, on one host, and {hosts} puts "
+                         "each rank on an emulated host of its own; use --launcher psrv")
 
 
 def torchrun_argv(cfg: RunConfig, out: Path, script: Script, port: int) -> list[str]:

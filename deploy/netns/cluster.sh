@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Emulated multi-host cluster on one machine: K network namespaces psrv-h0..psrv-h{K-1}, each
-# with its own address 10.77.0.(10+i), joined by veth pairs to the bridge psrvbr0 (10.77.0.1).
+# with its own address 10.77.0.(10+i), joined by veth pairs psrv-vI/psrv-pI to the bridge psrvbr0
+# (10.77.0.1).
 #
 #   sudo deploy/netns/cluster.sh up K [RATE]   # RATE caps each host's egress (tc tbf), e.g. 1gbit
 #   sudo deploy/netns/cluster.sh rate I [RATE] # cap host I's egress alone (no RATE: remove its cap)
@@ -17,15 +18,30 @@
 #   sudo deploy/netns/cluster.sh exec 1 .venv/bin/psrv worker --servers tcp://10.77.0.10:5555 --mode sync \
 #       --metrics-port 9200 --metrics-host 0.0.0.0 --metrics-linger 3 ...
 #
+# Several clusters side by side: the environment names one (defaults: the names above), and every
+# command acts on that one alone; `psrv run --bandwidth` (experiments/netns.py) picks a free set per run.
+#   PSRV_NETNS_PREFIX  namespace prefix (psrv-h: hosts psrv-h0, psrv-h1, ...)
+#   PSRV_NETNS_BRIDGE  the bridge (psrvbr0)
+#   PSRV_NETNS_SUBNET  the /24's first three octets (10.77.0: the bridge .1, host I .(10+I))
+#   PSRV_NETNS_VETH    the veths' prefix (psrv-: host I's are psrv-vI on the bridge, psrv-pI before it moves)
+# Interface names are at most 15 characters: the bridge, and the veths with K-1's digits.
+#
 # Idempotent: `up` again adds missing hosts and resets the caps. Needs root, iproute2 and, for
 # RATE, the tbf qdisc (netem is not required). docs/deploy.md walks through a run on it.
 set -euo pipefail
 
-BRIDGE=psrvbr0
-PREFIX=10.77.0
-NS_PREFIX=psrv-h
+BRIDGE=${PSRV_NETNS_BRIDGE:-psrvbr0}
+PREFIX=${PSRV_NETNS_SUBNET:-10.77.0}
+NS_PREFIX=${PSRV_NETNS_PREFIX:-psrv-h}
+VETH=${PSRV_NETNS_VETH:-psrv-}
 
 die() { echo "cluster.sh: $*" >&2; exit 1; }
+
+check_names() {
+  [[ $NS_PREFIX =~ ^[A-Za-z0-9_-]+$ && $VETH =~ ^[A-Za-z0-9_-]+$ && $BRIDGE =~ ^[A-Za-z0-9_-]{1,15}$ ]] ||
+    die "PSRV_NETNS_PREFIX, PSRV_NETNS_VETH and PSRV_NETNS_BRIDGE take letters, digits, - and _ (a bridge at most 15)"
+  [[ $PREFIX =~ ^[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}$ ]] || die "PSRV_NETNS_SUBNET must look like 10.77.0; got '$PREFIX'"
+}
 
 ns_name() { echo "$NS_PREFIX$1"; }
 
@@ -50,10 +66,10 @@ forward_rule() {
   local action=$1
   command -v iptables >/dev/null || return 0
   if [[ $action == add ]]; then
-    iptables -C FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT 2>/dev/null ||
-      iptables -I FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT 2>/dev/null || true
+    iptables -w -C FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT 2>/dev/null ||
+      iptables -w -I FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT 2>/dev/null || true
   else
-    while iptables -D FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT 2>/dev/null; do :; done
+    while iptables -w -D FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT 2>/dev/null; do :; done
   fi
 }
 
@@ -63,6 +79,7 @@ up() {
     die "usage: $0 up K [RATE] with 1 <= K <= 200"
   fi
   [[ -z $rate ]] || burst_for "$rate" >/dev/null  # check RATE before making anything
+  ((${#VETH} + 1 + ${#k} <= 15)) || die "veth names ${VETH}v$((k - 1)) are over 15 characters: shorten PSRV_NETNS_VETH"
   if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
     ip link add "$BRIDGE" type bridge
   fi
@@ -70,7 +87,7 @@ up() {
   ip link set "$BRIDGE" up
   forward_rule add
   for ((i = 0; i < k; i++)); do
-    ns=$(ns_name "$i") veth=psrv-v$i peer=psrv-p$i
+    ns=$(ns_name "$i") veth=${VETH}v$i peer=${VETH}p$i
     [[ -e /run/netns/$ns ]] || ip netns add "$ns"
     if ! ip -n "$ns" link show eth0 >/dev/null 2>&1; then
       ip link del "$veth" 2>/dev/null || true  # a half-made pair from an interrupted run
@@ -130,7 +147,7 @@ down() {
   done
   rm -rf /etc/netns/"$NS_PREFIX"[0-9]*  # the hosts and resolv.conf files `up` wrote
   rmdir /etc/netns 2>/dev/null || true  # (if nothing else is there)
-  for link in $(ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1 | grep -E '^psrv-[vp][0-9]+$' || true); do
+  for link in $(ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1 | grep -E "^${VETH}[vp][0-9]+\$" || true); do
     ip link del "$link" 2>/dev/null || true
   done
   forward_rule del
@@ -150,6 +167,7 @@ run_on() {
 }
 
 [[ $(id -u) == 0 ]] || die "must run as root (network namespaces and bridges need CAP_NET_ADMIN)"
+check_names
 cmd=${1:-}
 shift || true
 case $cmd in

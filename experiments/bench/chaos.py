@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from psrv.config import RunConfig, from_dict
-from psrv.experiments.netns import existing, unavailable
+from psrv.experiments.netns import unavailable
 
 KINDS = ("kill", "pause", "late_ack")
 TARGETS = ("primary:*", "backup:*", "worker:*", "launcher")
@@ -34,10 +34,7 @@ TARGETS = ("primary:*", "backup:*", "worker:*", "launcher")
 
 def partition_why_not() -> str | None:
     """Why the run draws no partition here (None: it does)."""
-    why = unavailable()
-    if why is None and existing():
-        why = "emulated hosts (psrv-h*) are up already: another run holds them"
-    return why
+    return unavailable()
 
 
 def schedule(*, every: float, duration: float, kinds: tuple[str, ...], seed: int, law: str = "fixed") -> str:

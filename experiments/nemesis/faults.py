@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from psrv.atomic import write_json
-from psrv.experiments.netns import NS_PREFIX, EmulatedHosts
+from psrv.experiments.netns import EmulatedHosts
 
 Heal = Callable[[], "str | None"]
 FILL = ".nemesis-fill"  # the file disk_full writes into DIR/checkpoints until the filesystem is full
@@ -69,13 +69,13 @@ def _ip(*args: str) -> str | None:
     return None if done.returncode == 0 else ((done.stderr or done.stdout).strip().splitlines() or ["failed"])[-1]
 
 
-def partition(a: int, b: int) -> Heal:
-    """Cut emulated hosts `a` and `b` apart, each still reaching every other host: in each one's namespace a
-    blackhole route to the other's address (a packet between them is dropped before it leaves); its heal
-    removes both routes."""
+def partition(hosts: EmulatedHosts, a: int, b: int) -> Heal:
+    """Cut emulated hosts `a` and `b` (of `hosts`) apart, each still reaching every other host: in each one's
+    namespace a blackhole route to the other's address (a packet between them is dropped before it leaves);
+    its heal removes both routes."""
     if a == b:
         raise NotDone(f"both run on emulated host {a}: no route between them to cut")
-    routes = [(f"{NS_PREFIX}{a}", EmulatedHosts.address(b)), (f"{NS_PREFIX}{b}", EmulatedHosts.address(a))]
+    routes = [(hosts.namespace(a), hosts.address(b)), (hosts.namespace(b), hosts.address(a))]
     made = []
     for ns, peer in routes:
         why = _ip("-n", ns, "route", "add", "blackhole", f"{peer}/32")

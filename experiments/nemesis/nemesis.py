@@ -140,7 +140,7 @@ class Nemesis:
                     and sorted(e["addresses"]) == sorted(more["addresses"])), None)
         if cut is not None:
             raise NotDone(f"cut apart already by fault {cut['id']}")
-        return faults.partition(*hosts)
+        return faults.partition(cluster.hosts, *hosts)
 
     def _process(self, cluster, target: Target) -> str:
         """The process `target` is now (a name of cluster.procs, still running, or 'launcher'); NotDone if none."""

@@ -11,12 +11,12 @@ from psrv.config import RunConfig
 from psrv.config.nemesis import kinds_of
 from psrv.experiments.kills import CHECKPOINTS
 from psrv.experiments.nemesis.faults import tmpfs
-from psrv.experiments.netns import BRIDGE, CLUSTER_SH, NS_PREFIX, existing, unavailable
+from psrv.experiments.netns import unavailable
 
 
-def check_launch(cfg: RunConfig, *, scheduler: str, metrics: bool, script) -> None:
+def check_launch(cfg: RunConfig, *, scheduler: str, metrics: bool) -> None:
     """ValueError, in one line, where this run's schedule cannot be done: not under the local launcher, a
-    partition without root (emulated hosts) or beside --metrics or a script, disk_full without root."""
+    partition without root (emulated hosts) or beside --metrics, disk_full without root."""
     kinds = kinds_of(cfg.nemesis.schedule)
     if not kinds:
         return
@@ -25,15 +25,12 @@ def check_launch(cfg: RunConfig, *, scheduler: str, metrics: bool, script) -> No
                          f"{scheduler!r}")
     if "partition" in kinds:
         why = unavailable()
-        why = f"making them {why}" if why else (f"they are up already ({NS_PREFIX}*, {BRIDGE}): another run holds "
-                                                f"them, or run `{CLUSTER_SH} down`" if existing() else "")
         if why:
-            raise ValueError(f"--nemesis partition puts each process on an emulated host, and {why}; kill, pause "
-                             "and late_ack need neither root nor emulated hosts")
-        if metrics or script is not None:
-            raise ValueError("--nemesis partition: each process runs on an emulated host of its own, where " +
-                             ("--metrics's ports are out of Prometheus's reach" if metrics else
-                              "a script's workers do not run (they stay on 127.0.0.1)") + "; run without one of them")
+            raise ValueError(f"--nemesis partition puts each process on an emulated host, and making them {why}; "
+                             "kill, pause and late_ack need neither root nor emulated hosts")
+        if metrics:
+            raise ValueError("--nemesis partition: each process runs on an emulated host of its own, where "
+                             "--metrics's ports are out of Prometheus's reach; run without one of them")
     if "disk_full" in kinds and os.geteuid() != 0:
         raise ValueError("--nemesis disk_full: mounting a tmpfs at DIR/checkpoints needs root; kill, pause and "
                          "late_ack do not")

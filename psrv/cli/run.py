@@ -72,8 +72,9 @@ def command(a: argparse.Namespace) -> int:
         name = run_name(a.out.name)
         print(to_yaml([(name, run_manifests(cfg, name, a.out.name, kubernetes, script=script))], kubernetes), end="")
         return 0
+    from psrv.experiments.launch import emulated_by
     from psrv.experiments.torchrun import check_launcher
-    check_launcher(a.launcher, script, cfg.mode)  # before anything starts
+    check_launcher(a.launcher, script, cfg.mode, hosts=emulated_by(cfg))  # before anything starts
     from psrv.process import exit_code, interrupt_on_signals, tune_malloc
     tune_malloc()  # this process only launches; the processes it starts tune themselves
     interrupt_on_signals()  # SIGTERM as Ctrl-C: stop the processes in order, keep what ran

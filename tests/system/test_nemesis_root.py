@@ -1,7 +1,7 @@
 """The nemesis's faults that need root, done to real hosts and a real filesystem: a partition between two
 emulated hosts (network namespaces, deploy/netns/cluster.sh) cuts them apart while both still reach a third,
 and is healed; disk_full fills the tmpfs at DIR/checkpoints and frees it, and what was written there stays in
-the run folder once it is unmounted. Skipped without root, or while an emulated cluster is already up."""
+the run folder once it is unmounted. Skipped without root."""
 from __future__ import annotations
 
 import errno
@@ -22,7 +22,7 @@ from psrv.experiments.cluster import Cluster
 from psrv.experiments.nemesis import Nemesis, checkpoint_disk
 from psrv.experiments.nemesis.faults import is_tmpfs
 from psrv.experiments.netns import EmulatedHosts
-from tests.system.test_netns import _existing_cluster, _skip_unless_netns
+from tests.system.test_netns import _skip_unless_netns
 
 pytestmark = [pytest.mark.root]
 
@@ -36,16 +36,17 @@ def _nemesis(out: Path, schedule: str, **more) -> Nemesis:
     return Nemesis(cfg, out, time.monotonic())
 
 
-def _reaches(host: int, to: int) -> bool:
+def _reaches(hosts: EmulatedHosts, host: int, to: int) -> bool:
     """Whether a TCP connection from emulated host `host` to `to`'s listener is made within 1 s."""
-    probe = (f"import socket; socket.create_connection(('{EmulatedHosts.address(to)}', {PORT}), timeout=1)")
-    return subprocess.run(["ip", "netns", "exec", f"psrv-h{host}", sys.executable, "-c", probe],
-                          capture_output=True, timeout=20).returncode == 0
+    probe = (f"import socket; socket.create_connection(('{hosts.address(to)}', {PORT}), timeout=1)")
+    return subprocess.run(hosts.wrap(host, [sys.executable, "-c", probe]), capture_output=True,
+                          timeout=20).returncode == 0
 
 
 @pytest.fixture
 def three_hosts(tmp_path):
-    """Emulated hosts h0-h2, uncapped, removed at teardown; a run's Cluster on them, stopped by PID."""
+    """Emulated hosts h0-h2 on a net of their own, uncapped, removed at teardown; a run's Cluster on them,
+    stopped by PID."""
     _skip_unless_netns()
     with EmulatedHosts(3, "") as hosts:
         cluster = Cluster(tmp_path, processes=3, hosts=hosts)
@@ -53,33 +54,34 @@ def three_hosts(tmp_path):
             yield cluster
         finally:
             cluster.stop()
-    assert not _existing_cluster(), "emulated hosts left behind"
+    assert subprocess.run(["ip", "link", "show", hosts.bridge], capture_output=True).returncode != 0, "left behind"
 
 
 @pytest.mark.timeout(60)
 def test_a_partition_cuts_two_hosts_apart_while_both_reach_a_third_and_heals(three_hosts, tmp_path):
     cluster = three_hosts
+    reaches = lambda host, to: _reaches(cluster.hosts, host, to)  # noqa: E731
     for name, host in (("server-0", 0), ("worker-1", 1), ("worker-0", 2)):  # each listens on its host
         cluster.start(name, [sys.executable, "-c", LISTEN], host=host)
     deadline = time.monotonic() + 15
-    while not all(_reaches(2, h) for h in (0, 1)):
+    while not all(reaches(2, h) for h in (0, 1)):
         assert time.monotonic() < deadline, "the listeners did not come up"
     nemesis = _nemesis(tmp_path, "partition worker:1/primary:0 at step 10 for 30s; "
                                  "partition primary:0/worker:1 at step 10 for 1s")
     (tmp_path / "worker-0.progress").write_text("10")
     nemesis.tick(cluster)
     try:
-        cut = (_reaches(1, 0), _reaches(0, 1), _reaches(1, 2), _reaches(0, 2), _reaches(2, 0), _reaches(2, 1))
+        cut = (reaches(1, 0), reaches(0, 1), reaches(1, 2), reaches(0, 2), reaches(2, 0), reaches(2, 1))
     finally:
         nemesis.heal()
     assert cut == (False, False, True, True, True, True), "h0 and h1 cut apart, each still reaching h2"
-    assert _reaches(1, 0) and _reaches(0, 1), "healed"
+    assert reaches(1, 0) and reaches(0, 1), "healed"
     fault, again = nemesis.summary()["faults"]
     assert fault["done"] and fault["processes"] == ["worker-1", "server-0"] and fault["healed"], fault
     assert not again["done"] and again["why"] == "cut apart already by fault 1", again
-    assert fault["addresses"] == [EmulatedHosts.address(1), EmulatedHosts.address(0)]
-    assert subprocess.run(["ip", "-n", "psrv-h0", "route", "show", "type", "blackhole"], capture_output=True,
-                          text=True).stdout == "", "the routes are gone"
+    assert fault["addresses"] == [cluster.hosts.address(1), cluster.hosts.address(0)]
+    assert subprocess.run(["ip", "-n", cluster.hosts.namespace(0), "route", "show", "type", "blackhole"],
+                          capture_output=True, text=True).stdout == "", "the routes are gone"
 
 
 def _write(path: Path, size: int) -> int | None:

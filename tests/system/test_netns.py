@@ -1,8 +1,9 @@
 """Emulated multi-host run on network namespaces (deploy/netns/cluster.sh): servers on h0, workers on
 h1 (2) and h2 (1) whose egress is capped at 200 Mbit/s. The job trains to the end and the capped
-host's communication time rises.
+host's communication time rises. The hosts are on a net of their own (experiments/netns.py), so these
+tests run beside others and beside runs.
 
-Needs root, iproute2 and tc; skipped otherwise, or when an emulated cluster is already up.
+Needs root, iproute2 and tc; skipped otherwise.
 """
 from __future__ import annotations
 
@@ -18,64 +19,64 @@ from pathlib import Path
 
 import pytest
 
+from psrv.experiments.netns import EmulatedHosts
 from tests.helpers import ROOT
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
-CLUSTER = ROOT / "deploy" / "netns" / "cluster.sh"
-H0 = "10.77.0.10"   # cluster.sh gives host i the address 10.77.0.(10+i)
 CAP = "200mbit"
 STEPS = 4   # steps 1-3 (after connecting) already tell the capped host at ~1.4 s a push from tens of ms
 
 
-def _sh(*args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
-    done = subprocess.run([str(CLUSTER), *args], capture_output=True, text=True, timeout=timeout)
-    if check and done.returncode != 0:
-        raise AssertionError(f"cluster.sh {' '.join(args)} failed:\n{done.stdout}{done.stderr}")
-    return done
-
-
-def _existing_cluster() -> bool:
-    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    bridge = subprocess.run(["ip", "link", "show", "psrvbr0"], capture_output=True).returncode == 0
-    return bridge or any(line.split()[0].startswith("psrv-h") for line in names.splitlines() if line.strip())
-
-
 def _skip_unless_netns() -> None:
-    """Skip without root or iproute2, or while emulated hosts are already up."""
+    """Skip without root or iproute2."""
     if os.geteuid() != 0:
         pytest.skip("needs root: network namespaces, veths and tc need CAP_NET_ADMIN")
     if not (shutil.which("ip") and shutil.which("tc")):
         pytest.skip("needs iproute2 (ip, tc)")
-    if _existing_cluster():
-        pytest.skip("an emulated cluster (psrv-h*/psrvbr0) is already up; run deploy/netns/cluster.sh down")
+
+
+def _gone(hosts: EmulatedHosts) -> bool:
+    """Whether `hosts`'s bridge and namespaces are removed."""
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    bridge = subprocess.run(["ip", "link", "show", hosts.bridge], capture_output=True).returncode == 0
+    return not bridge and hosts.namespace(0) not in names
 
 
 @pytest.fixture
-def cluster():
-    """Three emulated hosts, h2 capped; `down` at teardown, whatever happened."""
+def emulated():
+    """Three emulated hosts on a net of their own, uncapped; removed at teardown, whatever happened."""
     _skip_unless_netns()
-    up = _sh("up", "3", check=False)
+    hosts = EmulatedHosts(3, "")
     try:
-        if up.returncode != 0:
-            pytest.skip(f"cannot make network namespaces here: {(up.stderr or up.stdout).strip()[-500:]}")
-        _sh("rate", "2", CAP)
-        yield
+        hosts.__enter__()
+    except RuntimeError as exc:
+        pytest.skip(f"cannot make network namespaces here: {exc}")
+    try:
+        yield hosts
     finally:
-        _sh("down", check=False)
-        assert not _existing_cluster(), "cluster.sh down left namespaces or the bridge behind"
+        hosts.__exit__()
+    assert _gone(hosts), "cluster.sh down left namespaces or the bridge behind"
+
+
+@pytest.fixture
+def cluster(emulated):
+    """Three emulated hosts, h2 capped at CAP."""
+    done = emulated.sh("rate", "2", CAP)
+    assert done.returncode == 0, done.stderr
+    return emulated
 
 
 class Hosts:
-    """psrv processes on the emulated hosts; each is killed by PID (its session) at teardown."""
+    """psrv processes on the emulated hosts (`emulated`); each is killed by PID (its session) at teardown."""
 
-    def __init__(self, tmp: Path):
-        self.tmp = tmp
+    def __init__(self, tmp: Path, emulated: EmulatedHosts):
+        self.tmp, self.emulated = tmp, emulated
         self.started: dict[str, subprocess.Popen] = {}
 
     def start(self, host: int, name: str, *args: str) -> subprocess.Popen:
         with open(self.tmp / f"{name}.log", "w") as log:
-            p = subprocess.Popen([str(CLUSTER), "exec", str(host), sys.executable, "-m", "psrv.cli", *args],
+            p = subprocess.Popen(self.emulated.wrap(host, [sys.executable, "-m", "psrv.cli", *args]),
                                  stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
                                  env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
         self.started[name] = p
@@ -101,8 +102,8 @@ class Hosts:
 
 
 @pytest.fixture
-def hosts(tmp_path):
-    h = Hosts(tmp_path)
+def hosts(tmp_path, cluster):
+    h = Hosts(tmp_path, cluster)
     yield h
     h.kill_all()
 
@@ -111,7 +112,7 @@ def hosts(tmp_path):
 def test_capped_worker_host_communicates_slower(cluster, hosts, tmp_path):
     # stays slow: each namespace is a host of its own, so every shard and worker is a process in it, and a
     # push through the 200 Mbit/s cap takes over a second by construction
-    shards = [f"tcp://{H0}:{5555 + i}" for i in range(2)]
+    shards = [f"tcp://{cluster.address(0)}:{5555 + i}" for i in range(2)]
     for i, address in enumerate(shards):
         hosts.start(0, f"server-{i}", "serve", "--bind", address, "--shard", str(i), "--num-shards", "2",
                     "--workers", "3", "--mode", "async", "--ready-file", str(tmp_path / f"server-{i}.addr"),
@@ -144,13 +145,17 @@ def test_capped_worker_host_communicates_slower(cluster, hosts, tmp_path):
 
 @pytest.fixture
 def no_cluster():
-    """Root and iproute2, and no emulated hosts up: `psrv run --bandwidth` makes and removes its own."""
+    """Root and iproute2: `psrv run --bandwidth` makes and removes its own hosts, on a net of its own."""
     _skip_unless_netns()
-    yield
-    leftover = _existing_cluster()
-    if leftover:
-        _sh("down", check=False)
-    assert not leftover, "psrv run --bandwidth left namespaces or the bridge behind"
+
+
+def _left(summary: dict) -> list[str]:
+    """What of a run's emulated hosts (its summary's `network`) is still up: none once it ended."""
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    network = summary["network"]
+    left = [h["namespace"] for h in network["hosts"].values() if h["namespace"] in names]
+    return left + [network["bridge"]] * (subprocess.run(["ip", "link", "show", network["bridge"]],
+                                                        capture_output=True).returncode == 0)
 
 
 @pytest.mark.timeout(240)
@@ -167,7 +172,8 @@ def test_psrv_run_on_capped_emulated_hosts(no_cluster, tmp_path):
     assert s["complete"] and server["duplicates"] == 0 and server["updates_applied"] == 3, server
     hosts = s["network"]["hosts"]
     assert s["network"]["bandwidth"] == CAP and set(hosts) == {"server-0", "worker-0", "worker-1"}, s["network"]
-    assert [h["address"] for h in hosts.values()] == ["10.77.0.10", "10.77.0.11", "10.77.0.12"]
+    net = hosts["server-0"]["address"].rsplit(".", 1)[0]  # the run's own 10.77.N.0/24, host i at .(10+i)
+    assert [h["address"] for h in hosts.values()] == [f"{net}.10", f"{net}.11", f"{net}.12"] and not _left(s)
     for rank in range(2):
         w = json.loads((tmp_path / "ps" / f"worker-{rank}.json").read_text())
         assert hosts[f"worker-{rank}"]["bytes_sent"] >= w["bytes_sent"] > 3 * 30e6, (hosts, w["bytes_sent"])
@@ -183,3 +189,4 @@ def test_ddp_on_capped_emulated_hosts(no_cluster, tmp_path):
                  "--bandwidth", CAP, timeout=100)
     assert s["complete"] and set(s["network"]["hosts"]) == {"worker-0", "worker-1"}, s
     assert all(h["bytes_sent"] > 0 for h in s["network"]["hosts"].values()), s["network"]
+    assert not _left(s), "psrv run --bandwidth left namespaces or the bridge behind"

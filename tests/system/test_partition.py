@@ -1,13 +1,13 @@
 """A partitioned network: the link between a worker's host and the servers' host goes down mid sync run.
 
-Three emulated hosts (deploy/netns/cluster.sh): the shard on h0, rank 0 on h1, rank 1 on h2. Once both
+Three emulated hosts (deploy/netns/cluster.sh, on a net of their own): the shard on h0, rank 0 on h1, rank 1 on h2. Once both
 have trained a few steps, h2's port on the bridge is set down (as a switch port or a cable would go): no
 packet passes either way and neither side is told. The cut-off rank ends within its `--request-timeout`
 with one line naming the shard, its address and the bound; the shard drops it after `--worker-timeout`
 and names it; rank 0's sync barrier goes on without it and rank 0 finishes every step; every clock is
 applied once.
 
-Needs root and iproute2; skipped otherwise, or while an emulated cluster is already up.
+Needs root and iproute2; skipped otherwise.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.system.test_netns import H0, Hosts, _existing_cluster, _sh, _skip_unless_netns
+from tests.system.test_netns import Hosts, emulated  # noqa: F401 (emulated: a fixture)
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -26,23 +26,16 @@ STEPS = 200            # about 5 s of 25 ms steps, plus the barrier held WORKER_
 CUT_AT = 20            # both ranks' progress files say this many steps, then h2's link goes down
 WORKER_TIMEOUT = 3     # the shard drops a worker silent this long
 REQUEST_TIMEOUT = 4    # the cut-off rank gives up after this long without a reply
-H2_PORT = "psrv-v2"    # cluster.sh: host i's veth on the bridge (root namespace) is psrv-v{i}
 
 
 @pytest.fixture
-def three_hosts(tmp_path):
-    """Hosts h0-h2 on the bridge, uncapped, their processes killed by PID and `down` at teardown."""
-    _skip_unless_netns()
-    up = _sh("up", "3", check=False)
-    hosts = Hosts(tmp_path)
+def three_hosts(tmp_path, emulated):
+    """Hosts h0-h2 on the bridge, uncapped, their processes killed by PID, then the hosts removed."""
+    hosts = Hosts(tmp_path, emulated)
     try:
-        if up.returncode != 0:
-            pytest.skip(f"cannot make network namespaces here: {(up.stderr or up.stdout).strip()[-500:]}")
         yield hosts
     finally:
         hosts.kill_all()
-        _sh("down", check=False)
-        assert not _existing_cluster(), "cluster.sh down left namespaces or the bridge behind"
 
 
 def _steps(progress: Path) -> int:
@@ -65,7 +58,8 @@ def _wait_for(what: str, ready, hosts: Hosts, timeout: float) -> None:
 def test_a_worker_cut_off_by_the_network_ends_with_one_line_and_the_barrier_goes_on(three_hosts, tmp_path):
     # stays slow: it waits out the cut-off worker's --request-timeout and the shard's --worker-timeout, the
     # bounds it checks, with processes on three emulated hosts
-    hosts, address = three_hosts, f"tcp://{H0}:5555"
+    hosts = three_hosts
+    address, h2_port = f"tcp://{hosts.emulated.address(0)}:5555", f"{hosts.emulated.names.veth}v2"  # cluster.sh's
     hosts.start(0, "server", "serve", "--bind", address, "--shard", "0", "--num-shards", "1", "--workers", "2",
                 "--mode", "sync", "--worker-timeout", str(WORKER_TIMEOUT),
                 "--ready-file", str(tmp_path / "server.addr"), "--out", str(tmp_path / "server.json"))
@@ -78,7 +72,7 @@ def test_a_worker_cut_off_by_the_network_ends_with_one_line_and_the_barrier_goes
     _wait_for(f"both ranks at step {CUT_AT}",
               lambda: min(_steps(tmp_path / f"worker-{r}.progress") for r in range(2)) >= CUT_AT, hosts, 60)
 
-    subprocess.run(["ip", "link", "set", H2_PORT, "down"], check=True, capture_output=True, timeout=10)
+    subprocess.run(["ip", "link", "set", h2_port, "down"], check=True, capture_output=True, timeout=10)
     cut = time.time()
     cut_at_step = _steps(tmp_path / "worker-1.progress")
     cut_off = hosts.started["worker-1"]

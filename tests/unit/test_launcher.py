@@ -73,6 +73,16 @@ def test_torchrun_without_a_script_is_refused_in_one_line_before_anything_starts
     assert not (tmp_path / "run").exists()                                      # nothing started
 
 
+def test_torchrun_on_emulated_hosts_is_refused_in_one_line_before_anything_starts(capsys, tmp_path):
+    """--bandwidth puts each rank on a host of its own; torchrun starts them all as one process on one."""
+    assert main(["run", "--out", str(tmp_path / "run"), "--launcher", "torchrun", "--bandwidth", "200mbit",
+                 "--script", SCRIPT, "1", "x"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("psrv run: error: --launcher torchrun: starts every rank as one process, on one host, and "
+                   "--bandwidth 200mbit puts each rank on an emulated host of its own; use --launcher psrv\n"), err
+    assert not (tmp_path / "run").exists()                                      # nothing started
+
+
 def test_an_unknown_launcher_is_refused_naming_the_ones_there_are(capsys, tmp_path):
     with pytest.raises(SystemExit) as exit_:
         main(["run", "--launcher", "mpirun", "--script", SCRIPT, "1", "x"])
