@@ -5,8 +5,8 @@ BIN     := $(VENV)/bin
 TORCH   ?= torch==2.13.0
 STAMP   := $(VENV)/.installed
 # Test processes: most of the suite's time is psrv processes starting (each imports torch), so two
-# pytest workers keep both of CI's two cores busy; a test file stays on one (its module fixtures, and
-# the emulated hosts' fixed names in tests/system/test_netns.py). TEST_JOBS=0 runs them in this process.
+# pytest workers keep both of CI's two cores busy; a test file stays on one (its module fixtures). TEST_JOBS=0
+# runs them in this process.
 TEST_JOBS ?= 2
 
 .PHONY: run test bench bench-smoke chaos gpu-check gpu-prepare mutants setup clean

@@ -128,18 +128,6 @@ def script_from_args(words: list[str], cfg: RunConfig, typed: set[str]) -> tuple
     return cfg, Script.of(cfg, steps_given="job.steps" in typed)
 
 
-def script_env(cfg: RunConfig, out: Path, script: Script, servers: list[tuple[str, str]], *, metrics: bool,
-               linger: float) -> dict[str, str]:
-    """What every rank of a script is given, whichever the launcher (`servers`: (name, address) of each
-    shard, in shard order): all but RANK, with `{rank}` in the paths (psrv/worker/steplog.py fills it in)."""
-    return {"WORLD_SIZE": str(cfg.cluster.workers), "PSRV_SERVERS": ",".join(address for _, address in servers),
-            "PSRV_RECORD": str(out / "worker-{rank}.json"), "PSRV_PROGRESS": str(out / "worker-{rank}.progress"),
-            "PSRV_PARAMS_OUT": str(out / "params.pt"),  # rank 0 alone writes it
-            **({"PSRV_STEPS": str(script.steps)} if script.steps is not None else {}),
-            **({"PSRV_METRICS_PORT": "0", "PSRV_METRICS_LINGER": repr(linger), "PSRV_MODE": cfg.mode}
-               if metrics else {})}
-
-
 def start_script_workers(cluster: Cluster, cfg: RunConfig, out: Path, script: Script,
                          servers: list[tuple[str, str]], *, metrics: bool, linger: float) -> list[str]:
     """Start the script once per rank, each process named worker-R (its output: DIR/worker-R.log), on host
