@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import logging
 import os
 import signal
 import random
@@ -15,6 +16,10 @@ from pathlib import Path
 from typing import Callable
 
 from psrv.process import cores_each
+
+from psrv.experiments.forkserver import ForkServer, ForkServerGone
+
+log = logging.getLogger("psrv.run")
 
 
 class RunFailed(RuntimeError):
@@ -79,6 +84,7 @@ class Cluster:
         self.host_of: dict[str, int] = {}
         self.recover: Callable[[Cluster, str], bool] | None = None  # a failed process's second chance
         self.spared: set[str] = set()  # processes whose death the run expects (killed on purpose): no failure
+        self._forks: ForkServer | None | bool = None  # started at the first psrv process; False: not used
 
     def start(self, name: str, argv: list[str], env: dict | None = None, *, brief: str = "",
               host: int | None = None, explain: Callable[[int], str] | None = None) -> subprocess.Popen:
@@ -89,17 +95,39 @@ class Cluster:
         if self.hosts is not None and host is not None:
             argv = self.hosts.wrap(host, argv, name=name)
             self.host_of[name] = host
-        log = open(self.out / f"{name}.log", "w")
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, **self.env, **(env or {}), "PYTHONUNBUFFERED": "1"},
-                                start_new_session=True, pass_fds=self.keep_fds, preexec_fn=self.preexec)
-        log.close()
+        full_env = {**os.environ, **self.env, **(env or {}), "PYTHONUNBUFFERED": "1"}
+        proc = self._forked(argv, full_env, name)
+        if proc is None:
+            log = open(self.out / f"{name}.log", "w")
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=full_env, **self._popen_options())
+            log.close()
         self.procs[name] = proc
         if brief:
             self.brief[name] = brief
         if explain is not None:
             self.explain[name] = explain
         return proc
+
+    def _popen_options(self) -> dict:
+        return {"start_new_session": True, "pass_fds": self.keep_fds, "preexec_fn": self.preexec}
+
+    def _forked(self, argv: list[str], env: dict[str, str], name: str):
+        """`argv`, a `python -P -m psrv.cli` on this machine, forked from the run's fork server
+        (experiments/forkserver.py), started first; None where it cannot be (another command, emulated hosts
+        or a scheduler, or a fork server that would not start: it said why in its log)."""
+        if self.hosts is not None or self._forks is False or argv[:4] != [sys.executable, "-P", "-m", "psrv.cli"]:
+            return None
+        try:
+            if self._forks is None:
+                self._forks = ForkServer(env, self._popen_options(), log=str(self.out / "forkserver.log"))
+            return self._forks.start(argv, env, str(self.out / f"{name}.log"))
+        except (ForkServerGone, OSError) as exc:
+            log.warning("starting the run's processes one by one: the fork server failed (%s)", exc)
+            if self._forks:
+                self._forks.close()
+            self._forks = False
+            return None
 
     def failed(self) -> str | None:
         for name, proc in self.procs.items():
@@ -145,6 +173,9 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        if self._forks:
+            self._forks.close()
+            self._forks = None
 
     def interrupt(self, names: list[str], *, grace: float = 3.0) -> None:
         """Send SIGINT to `names` still running and give them up to `grace` seconds to end (a worker

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import shlex
 import signal
 import time
 from pathlib import Path
@@ -131,7 +132,13 @@ def psrv_processes_here(proc: Path = Path("/proc")) -> int:
             argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
         except OSError:  # ended meanwhile, or not ours to read
             continue
-        count += _is_psrv_process([a for a in argv if a])
+        argv = [a for a in argv if a]
+        if len(argv) == 1 and " " in argv[0]:  # a title set in one piece: psrv run's forked processes (setproctitle)
+            try:
+                argv = shlex.split(argv[0])
+            except ValueError:
+                pass
+        count += _is_psrv_process(argv)
     return count
 
 

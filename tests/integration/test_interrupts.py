@@ -96,8 +96,21 @@ def test_an_interrupted_worker_leaves_and_keeps_its_rows(procs, tmp_path):
     assert shard["pushes"] - STEPS - sum(done.values()) in (0, 1, 2)
 
 
-def _children(pid: int) -> dict[int, str]:
-    """{pid: start time} of pid's children, from /proc."""
+def _children(pid: int, *, forkserver: bool = False) -> dict[int, str]:
+    """{pid: start time} of the processes a launcher `pid` started, from /proc: its children, where one is the
+    run's fork server (experiments/forkserver.py) the processes it forked instead (`forkserver`: it too)."""
+    found = {}
+    for child, started in _direct(pid).items():
+        if _is_forkserver(child):
+            found.update(_direct(child))
+            if forkserver:
+                found[child] = started
+        else:
+            found[child] = started
+    return found
+
+
+def _direct(pid: int) -> dict[int, str]:
     found = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -105,6 +118,13 @@ def _children(pid: int) -> dict[int, str]:
             if stat is not None and int(stat[1]) == pid:
                 found[int(entry)] = stat[19]
     return found
+
+
+def _is_forkserver(pid: int) -> bool:
+    try:
+        return b"psrv.cli.forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -145,6 +165,7 @@ def test_an_interrupted_run_writes_what_ran_and_leaves_no_process(tmp_path):
         _wait_for_steps(out / "worker-0.progress", 20, launcher, tmp_path / "stderr")
         children = _children(launcher.pid)
         assert len(children) == 4, children                   # 2 servers, 2 workers
+        children = _children(launcher.pid, forkserver=True)   # all must be gone: the fork server too
         sent = time.monotonic()
         launcher.send_signal(signal.SIGINT)
         assert launcher.wait(30) == 130

@@ -80,6 +80,7 @@ def test_the_lock_dies_with_a_killed_run_and_its_processes_stop(tmp_path):
         _wait_for(lambda: _progress(out / "worker-0.progress") >= 10, "10 steps", 120, first, tmp_path / "killed.err")
         children = _children(first.pid)
         assert len(children) == 3, children                          # 1 server, 2 workers
+        children = _children(first.pid, forkserver=True)             # all must stop: the fork server too
         os.kill(first.pid, signal.SIGKILL)
         first.wait(10)
         # its processes stop with it (they would go on writing into the folder), and the lock goes with them

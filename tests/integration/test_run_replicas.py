@@ -108,7 +108,8 @@ def test_a_replica_killed_before_the_workers_start_restarts_its_shard_and_the_ru
                     argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
                 except OSError:
                     continue
-                if mark.encode() in argv or (victim.startswith("backup") and f"{out}/{victim}.addr".encode() in argv):
+                words = b" ".join(argv)  # a forked process's title is its command line in one piece (setproctitle)
+                if mark.encode() in words or (victim.startswith("backup") and f"{out}/{victim}.addr".encode() in words):
                     os.kill(int(pid), signal.SIGKILL)
                     killed = int(pid)
                     break

@@ -54,3 +54,13 @@ def test_a_thread_count_given_or_in_the_environment_wins(monkeypatch):
     count, why = thread_count(0)
     assert why.startswith(f"{usable_cores()} cores / ") and why.endswith(" psrv processes on this host")
     assert thread_env(2) == {"OMP_NUM_THREADS": str(cores_each(2))}
+
+
+def test_a_forked_process_titled_in_one_piece_is_counted(tmp_path):
+    """psrv run's fork server titles each child with its command line in one piece (setproctitle)."""
+    from psrv.process import psrv_processes_here
+    (tmp_path / "11").mkdir()
+    (tmp_path / "11" / "cmdline").write_bytes(b"/usr/bin/python -P -m psrv.cli serve --config c.json\0\0\0")
+    (tmp_path / "12").mkdir()
+    (tmp_path / "12" / "cmdline").write_bytes(b"/usr/bin/python -P -m psrv.cli.forkserver 7\0")
+    assert psrv_processes_here(tmp_path) == 2  # this one and the shard; not the fork server

@@ -1,0 +1,141 @@
+"""`python -m psrv.cli.forkserver FD`: the fork server a local run's launcher starts first
+(experiments/forkserver.py). It imports torch and psrv's server and worker code once, then forks each
+`psrv serve` / `psrv worker` the launcher asks for, so a run's processes start in milliseconds instead of
+each importing torch (about 2 s of CPU apiece, all at once on a run's start).
+
+It talks over the socket FD, a JSON object a line. Asked {"args", "argv", "env", "cwd", "log"}, it forks a
+child that runs `psrv ARGS` (psrv.cli.main) in a session of its own, its environment ENV, its output to LOG,
+as `python -m psrv.cli ARGS` would, its process title ARGV (what ps shows: the command it stands for), and
+answers {"started": PID}. Every child's end is sent as {"exited":
+PID, "code": its return code as subprocess gives it (-N: killed by signal N)}. A child gets SIGTERM when
+this process dies, and this one when the launcher does (its preexec), so nothing outlives the run.
+
+It never starts a thread: a fork of a process with threads copies one of them. Should one exist after
+the imports, it says so ({"unsafe": why}) and exits, and the launcher starts its processes itself.
+"""
+from __future__ import annotations
+
+import atexit
+import ctypes
+import ctypes.util
+import io
+import json
+import os
+import selectors
+import shlex
+import signal
+import socket
+import sys
+import traceback
+from pathlib import Path
+
+_PRELOAD = ("torch", "setproctitle", "psrv.server.run", "psrv.workers.loop", "psrv.workers.jobs", "psrv.cli.main",
+            "psrv.cli.serve", "psrv.cli.worker", "sklearn.datasets")
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def _child(request: dict, sock: socket.socket, parent: int) -> None:
+    """In the forked child: become `psrv ARGS` and never return."""
+    code = 1
+    try:
+        os.setsid()
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG: SIGTERM when the fork server dies
+        if os.getppid() != parent:
+            os._exit(128 + signal.SIGTERM)
+        sock.close()
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGPIPE):
+            signal.signal(sig, signal.SIG_DFL if sig != signal.SIGPIPE else signal.SIG_IGN)
+        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        os.close(null)
+        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True, line_buffering=True)
+        sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True, line_buffering=True)
+        from setproctitle import setproctitle
+        setproctitle(shlex.join(request["argv"]))  # what ps and /proc/PID/cmdline show (before environ is replaced)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        threads = os.environ.get("OMP_NUM_THREADS", "").strip()
+        if threads.isdigit() and int(threads) > 0:
+            import torch
+            torch.set_num_threads(int(threads))  # read once, at torch's import, in this server's environment
+        sys.argv = [str(Path(__file__).with_name("__main__.py")), *request["args"]]  # as `python -m psrv.cli`
+        from psrv.cli.main import main
+        try:
+            code = main(request["args"])
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        except KeyboardInterrupt:
+            code = 128 + signal.SIGINT
+    except BaseException:  # noqa: BLE001: whatever it was, it is this process's output and exit code 1
+        traceback.print_exc()
+        code = 1
+    finally:
+        try:
+            atexit._run_exitfuncs()  # what a Python process runs on its way out (logging's flush among them)
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code if isinstance(code, int) else 1)
+
+
+def serve(fd: int) -> int:
+    """The fork server's loop over socket `fd`: fork on each request, report each child's end."""
+    sock = socket.socket(fileno=fd)
+    for name in _PRELOAD:
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+    me = os.getpid()
+    from setproctitle import getproctitle, setproctitle
+    setproctitle(getproctitle())  # set up here, where the environment is still the one it started with
+    if _threads() != 1:
+        sock.sendall((json.dumps({"unsafe": f"{_threads()} threads after the imports"}) + "\n").encode())
+        return 1
+    sock.sendall(b'{"ready": true}\n')
+    children: set[int] = set()
+    selector = selectors.DefaultSelector()
+    selector.register(sock, selectors.EVENT_READ)
+    pending = b""
+    while True:
+        for _ in selector.select(timeout=0.05):
+            data = sock.recv(1 << 16)
+            if not data:  # the launcher closed its end: its run is over
+                for pid in children:
+                    try:
+                        os.kill(pid, signal.SIGTERM)
+                    except ProcessLookupError:
+                        pass
+                return 0
+            pending += data
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                request = json.loads(line)
+                pid = os.fork()
+                if pid == 0:
+                    selector.close()
+                    _child(request, sock, me)
+                children.add(pid)
+                sock.sendall((json.dumps({"started": pid}) + "\n").encode())
+        while children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            children.discard(pid)
+            sock.sendall((json.dumps({"exited": pid, "code": os.waitstatus_to_exitcode(status)}) + "\n").encode())
+
+
+if __name__ == "__main__":
+    sys.exit(serve(int(sys.argv[1])))
