@@ -1,6 +1,6 @@
-"""Deaths the launcher did not ask for, and what they cost: a local run's process killed from outside (kill -9),
-crashed, or killed by --kill-worker or the nemesis, recorded in summary.json's `faults.deaths`; a shipped-loop
-worker's death survived where the mode allows (async, ssp, sync with backup workers), as under --kill-worker."""
+"""Every death of a local run's process that no other record holds, and what it cost (killed from outside, crashed,
+killed by --kill-worker or the nemesis): summary.json's `faults.deaths`; and a shipped-loop worker's death (any rank
+but 0) survived where the mode allows (async, ssp, sync with backup workers), as under --kill-worker."""
 from __future__ import annotations
 
 import logging
@@ -83,9 +83,12 @@ class Deaths:
         return recover
 
     def _survivable(self, cluster, name: str) -> bool:
+        """A shipped loop's worker other than rank 0 (it writes the final weights: as for --kill-worker, its death
+        ends the run), not restarted before, dead of anything but bad input, with another worker still running."""
         if not (self.survives and name.startswith("worker-")) or cluster.procs[name].returncode == BAD_INPUT:
             return False
-        if int(name.split("-", 1)[1]) in self.restarted():
+        rank = int(name.split("-", 1)[1])
+        if rank == 0 or rank in self.restarted():
             return False
         return any(p.poll() is None for n, p in cluster.procs.items() if n.startswith("worker-") and n != name)
 

@@ -242,7 +242,8 @@ def _fault_rows(faults: dict | None) -> list[tuple[str, str]]:
                              for r in faults.get("worker_restarts", [])])
     lost = ", ".join(f"shard {s}: {n} clocks, {updates.get(s)} updates" for s, n in faults["lost_clocks"].items())
     rows = [("killed", killed or "none"), ("restarted", restarted or "none"), ("lost", lost or "none")]
-    died = [f"{d['process']} {d['cause']} at worker 0's step {d['step']}"
+    died = [f"{d['process']} {d['cause']} "
+            + ("before the workers started" if d.get("before_workers") else f"at worker 0's step {d['step']}")
             + (f", replaced by {d['replaced_by']}" if d.get("replaced_by") else "")
             for d in faults.get("dead_replicas", [])]
     died += [f"{d['process']} {d['cause']} at worker 0's step {d['step']}"

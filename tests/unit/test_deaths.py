@@ -33,13 +33,14 @@ def test_a_failed_run_is_summarised_from_the_records_there_are_with_its_cause(tm
 
 def test_every_death_is_one_line_of_the_table():
     faults = {"kills": [], "restarts": [], "lost_clocks": {},
-              "dead_replicas": [{"process": "server-0", "cause": "was killed by signal 9", "step": 30,
+              "dead_replicas": [{"process": "backup-0-1", "cause": "was killed by signal 9", "before_workers": True},
+                                {"process": "server-0", "cause": "was killed by signal 9", "step": 30,
                                  "replaced_by": "backup-0-3"}],
               "deaths": [{"process": "worker-2", "cause": "was killed by signal 9", "step": 50, "steps_not_done": 70,
                           "survived": True},
                          {"process": "worker-1", "cause": "exited with code 1", "step": 60, "steps_not_done": None,
                           "survived": False}]}
     lines = dict(line.split(None, 1) for line in format_summary({"mode": "async", "faults": faults}).splitlines())
-    assert lines["died"] == ("server-0 was killed by signal 9 at worker 0's step 30, replaced by backup-0-3; "
+    assert lines["died"] == ("backup-0-1 was killed by signal 9 before the workers started; server-0 was killed by signal 9 at worker 0's step 30, replaced by backup-0-3; "
                              "worker-2 was killed by signal 9 at worker 0's step 50 (70 of its steps not done); the "
                              "run went on without it; worker-1 exited with code 1 at worker 0's step 60; the run ended")
