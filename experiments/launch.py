@@ -235,23 +235,30 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
         cluster.stop()
         network = host_traffic(cluster, cfg.network.bandwidth)
     interrupted = interrupt is not None
-    cause = None if failure is None else str(failure).splitlines()[0]
-    replication = {"replication": settle_replicas(cfg, out)} if cfg.cluster.replicas else {}
-    # `faults`: what was killed on purpose, which shards came back, the clocks they lost, and every other death
-    summary = {**build_summary(cfg, out, interrupted=interrupted, failed=cause,
-                               killed=workers_back.missing(kills.ranks | deaths.ranks)),
-               **network, "config_hash": config_hash(cfg),  # which config made these results
-               "launcher": launcher, "scheduler": scheduler,  # how and where it ran: not what it computed
-               **({"faults": {**restarts.summary(out), **workers_back.summary(), "deaths": deaths.done,
-                              **({"nemesis": nemesis.summary()} if nemesis.asked else {})}}
-                  if restarts.asked or restarts.dead_replicas or workers_back.enabled or nemesis.asked or deaths.done
-                  else {}),
-               **replication}
-    write_tables(out, interrupted=interrupted or failure is not None)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    if failure is not None:
-        failure.summary = summary
+
+    def write_summary() -> dict:
+        cause = None if failure is None else str(failure).splitlines()[0]
+        replication = {"replication": settle_replicas(cfg, out)} if cfg.cluster.replicas else {}
+        # `faults`: what was killed on purpose, which shards came back, the clocks they lost, every other death
+        summary = {**build_summary(cfg, out, interrupted=interrupted, failed=cause,
+                                   killed=workers_back.missing(kills.ranks | deaths.ranks)),
+                   **network, "config_hash": config_hash(cfg),  # which config made these results
+                   "launcher": launcher, "scheduler": scheduler,  # how and where it ran: not what it computed
+                   **({"faults": {**restarts.summary(out), **workers_back.summary(), "deaths": deaths.done,
+                                  **({"nemesis": nemesis.summary()} if nemesis.asked else {})}}
+                      if restarts.asked or restarts.dead_replicas or workers_back.enabled or nemesis.asked
+                      or deaths.done else {}),
+                   **replication}
+        write_tables(out, interrupted=interrupted or failure is not None)
+        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+        return summary
+    if failure is not None:  # what ran, as far as the records tell; the failure stays the news either way
+        try:
+            failure.summary = write_summary()
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:
+            log.warning("%s: what ran could not be summarised (%s: %s)", out, type(exc).__name__, exc)
         raise failure
+    summary = write_summary()
     if not interrupted and (summary.get("faults") or base is not None):  # goodput and the history's verdict
         summary.update(reckon(cfg, out, summary, base=base, started=started))
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
