@@ -23,7 +23,12 @@ log = logging.getLogger("psrv.run")
 
 
 class RunFailed(RuntimeError):
-    """A process of the cluster failed; the message carries the tail of its log."""
+    """A process of the cluster failed; the message carries the tail of its log. `summary`: what the run wrote
+    of what ran before it (summary.json, `complete` False, its `cause`), None where it wrote none."""
+
+    def __init__(self, message: str, summary: dict | None = None):
+        super().__init__(message)
+        self.summary = summary
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -140,13 +145,13 @@ class Cluster:
         return "\n".join(text[-lines:])
 
     def failure(self, name: str) -> str:
-        """Why process `name` (ended) failed: RunFailed's message."""
+        """Why process `name` (ended) failed: RunFailed's message, its first line what happened (a run's `cause`)."""
         code, log = self.procs[name].returncode, self.out / f"{name}.log"
         if name in self.explain:
             return self.explain[name](code)
-        if name not in self.brief:
-            return f"{name} exited with code {code}; last lines of {log}:\n{self.tail(name)}"
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        if name not in self.brief:
+            return f"{name} {how}; its output: {log}\nits last lines:\n{self.tail(name)}"
         theirs = getattr(self.hosts, "own_lines", ())  # what the scheduler says about it, not what it said
         last = next((line.strip() for line in reversed(self.tail(name).splitlines())
                      if line.strip() and not line.startswith(theirs)), "")

@@ -70,10 +70,23 @@ class Kills:
 FENCED = 3  # psrv serve's exit status when another replica took its shard over (psrv/cli/serve.py)
 
 
-def _ended(code: int) -> str:
+def ended(code: int) -> str:
+    """How a process ended, for a failure line and a record's `cause`."""
     if code == FENCED:
         return "was fenced: another replica took its shard over (exit code 3)"
     return f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+
+
+def how_ended(code: int) -> dict:
+    """A dead process's exit code, and the signal's name where a signal killed it (a record's `exit_code`,
+    `signal`)."""
+    if code >= 0:
+        return {"exit_code": code, "signal": None}
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    return {"exit_code": code, "signal": name}
 
 
 class ShardRestarts:
@@ -109,10 +122,10 @@ class ShardRestarts:
         if self.cfg.cluster.replicas and name.startswith(("server-", "backup-")):  # a backup takes over, or the
             cluster.spared.add(name)  # primary goes on without the dead backup (experiments/replication.py)
             replaced = self.replace_replica(int(name.split("-")[1])) if self.replace_replica is not None else None
-            self.dead_replicas.append({"process": name, "exit_code": cluster.procs[name].returncode,
+            self.dead_replicas.append({"process": name, **how_ended(cluster.procs[name].returncode),
                                        "step": worker0_steps(self.out), "replaced_by": replaced,
                                        "wall_s": round(time.monotonic() - self.started, 3),
-                                       "cause": self.kills.said(name) or _ended(cluster.procs[name].returncode)})
+                                       "cause": self.kills.said(name) or ended(cluster.procs[name].returncode)})
             return True
         if not name.startswith("server-"):
             return False
@@ -126,7 +139,7 @@ class ShardRestarts:
                    "it died before it said its address, so no worker knows where it was" if address is None else
                    f"it was restarted {lives} times already, the most a run does")
             cluster.explain[name] = lambda code, s=said, w=why: (
-                f"{name} (shard {shard}) " + (s or _ended(code)) +
+                f"{name} (shard {shard}) " + (s or ended(code)) +
                 f"; {w}; its output: {self.out / f'{name}.log'}")
             return False
         (self.out / f"{name}.log").rename(self.out / f"{name}.log.{lives + 1}")  # the dead life's log stays
@@ -135,7 +148,7 @@ class ShardRestarts:
         self.start(shard, resumed, self.out / f"{name}.addr")
         self.done.append({"process": name, "shard": shard, "exit_code": code, "address": address,
                           "step": worker0_steps(self.out), "wall_s": round(time.monotonic() - self.started, 3),
-                          "cause": said or _ended(code)})
+                          "cause": said or ended(code)})
         return True
 
     def _address(self, shard: int) -> str | None:

@@ -13,6 +13,7 @@ from psrv.config import RunConfig, ServerConfig, to_dict
 from psrv.config.base import config_hash
 
 from psrv.experiments.cluster import Cluster, RunFailed, RunInterrupted, free_port
+from psrv.experiments.deaths import Deaths
 from psrv.experiments.goodput import baseline as goodput_baseline, reckon
 from psrv.experiments.kills import Kills, ShardRestarts
 from psrv.experiments.nemesis import Nemesis, check_launch as check_nemesis, checkpoint_disk, needs_hosts
@@ -88,7 +89,9 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
     on_progress(steps done by all workers so far) is called while it runs (for an outer progress bar).
     Ctrl-C (KeyboardInterrupt) while it runs: the workers get SIGINT and up to 3 s to leave and write
     their records, the rest are stopped, what ran is written (summary.json `complete` False), and
-    RunInterrupted is raised."""
+    RunInterrupted is raised. A run that fails once its processes started (a death nothing survives or brings
+    back, a stall, the timeout: RunFailed) is stopped alike, and what ran is written, `complete` False with
+    its `cause` (the failure's first line); the RunFailed raised then carries that summary."""
     if script is None and cfg.job.script:
         raise ValueError(f"job.script {cfg.job.script}: pass the run's Script (experiments/script.py Script.of)")
     check_launcher(launcher, script, cfg.mode, hosts=emulated_by(cfg))
@@ -169,7 +172,11 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
                              replace_replica=lambda shard: start_replacement(cfg, out, shard, start_backup, backups,
                                                                              bind=bind))
     workers_back = WorkerRestarts(cfg, out, started, kills)  # --restart-workers: experiments/worker_restarts.py
-    cluster.recover = workers_back.recover_or(restarts.recover)
+    # every death the others do not record, and a worker's survived where the mode allows: experiments/deaths.py
+    deaths = Deaths(cfg, out, started, script=script is not None, steps=cfg.job.steps if script is None else
+                    script.steps, said=lambda n: kills.said(n) or nemesis.said(n), restarted=lambda: workers_back.ranks)
+    cluster.recover = deaths.recover_or(workers_back.recover_or(restarts.recover))
+    failure = None  # the RunFailed that ended the run: what ran is written all the same, marked incomplete
     try:
         if cfg.is_allreduce:
             servers = []
@@ -194,7 +201,7 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
                         shard, bind=f"tcp://{cluster.address(shard)}:0")), out / f"server-{shard}.addr", extra)
                     start_backups(cfg, out, start_backup, bind=bind, shards=[shard])
                 startup = StartupRestarts(out, restart_shard)
-                recover, cluster.recover = cluster.recover, startup.recover
+                recover, cluster.recover = cluster.recover, deaths.recover_or(startup.recover)
                 wait_following(cluster, out, backups)
                 cluster.recover = recover
                 restarts.dead_replicas += startup.done
@@ -224,6 +231,9 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
     except KeyboardInterrupt as exc:  # the workers first: they leave the shards and write what they did
         interrupt = exc
         cluster.interrupt([n for n in cluster.procs if not n.startswith("server-")], grace=3.0)
+    except RunFailed as exc:  # as for Ctrl-C: the workers still running leave and write what they did
+        failure = exc
+        cluster.interrupt([n for n in cluster.procs if not n.startswith(("server-", "backup-"))], grace=3.0)
     finally:
         if bar is not None:
             bar.close()
@@ -231,17 +241,30 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
         cluster.stop()
         network = host_traffic(cluster, cfg.network.bandwidth)
     interrupted = interrupt is not None
-    replication = {"replication": settle_replicas(cfg, out)} if cfg.cluster.replicas else {}
-    # `faults`: what was killed on purpose, which shards came back, and the clocks they lost
-    summary = {**build_summary(cfg, out, interrupted=interrupted, killed=workers_back.missing(kills.ranks)),
-               **network, "config_hash": config_hash(cfg),  # which config made these results
-               "launcher": launcher, "scheduler": scheduler,  # how and where it ran: not what it computed
-               **({"faults": {**restarts.summary(out), **workers_back.summary(),
-                              **({"nemesis": nemesis.summary()} if nemesis.asked else {})}}
-                  if restarts.asked or restarts.dead_replicas or workers_back.enabled or nemesis.asked else {}),
-               **replication}
-    write_tables(out, interrupted=interrupted)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+
+    def write_summary() -> dict:
+        cause = None if failure is None else str(failure).splitlines()[0]
+        replication = {"replication": settle_replicas(cfg, out)} if cfg.cluster.replicas else {}
+        # `faults`: what was killed on purpose, which shards came back, the clocks they lost, every other death
+        summary = {**build_summary(cfg, out, interrupted=interrupted, failed=cause,
+                                   killed=workers_back.missing(kills.ranks | deaths.ranks)),
+                   **network, "config_hash": config_hash(cfg),  # which config made these results
+                   "launcher": launcher, "scheduler": scheduler,  # how and where it ran: not what it computed
+                   **({"faults": {**restarts.summary(out), **workers_back.summary(), "deaths": deaths.done,
+                                  **({"nemesis": nemesis.summary()} if nemesis.asked else {})}}
+                      if restarts.asked or restarts.dead_replicas or workers_back.enabled or nemesis.asked
+                      or deaths.done else {}),
+                   **replication}
+        write_tables(out, interrupted=interrupted or failure is not None)
+        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+        return summary
+    if failure is not None:  # what ran, as far as the records tell; the failure stays the news either way
+        try:
+            failure.summary = write_summary()
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:
+            log.warning("%s: what ran could not be summarised (%s: %s)", out, type(exc).__name__, exc)
+        raise failure
+    summary = write_summary()
     if not interrupted and (summary.get("faults") or base is not None):  # goodput and the history's verdict
         summary.update(reckon(cfg, out, summary, base=base, started=started))
         (out / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -20,6 +20,7 @@ from typing import Callable
 
 from psrv.atomic import write_json
 from psrv.config import RunConfig, ServerConfig
+from psrv.experiments.kills import ended, how_ended
 
 log = logging.getLogger("psrv.run")
 
@@ -115,7 +116,8 @@ class StartupRestarts:
         shutil.rmtree(self.out / WITNESS / f"shard-{shard}", ignore_errors=True)
         log.warning("%s died before the workers started (%s); shard %d starts again, with nothing lost", name,
                     f"signal {-code}" if code < 0 else f"exit code {code}", shard)
-        self.done.append({"process": name, "shard": shard, "exit_code": code, "before_workers": True})
+        self.done.append({"process": name, "shard": shard, **how_ended(code), "cause": ended(code),
+                          "before_workers": True})
         self.restart(shard)
         return True
 

@@ -38,7 +38,8 @@ def _transport(cfg: RunConfig) -> str:
     return "nccl" if cfg.cluster.device.startswith("cuda") else "gloo"
 
 
-def build_summary(cfg: RunConfig, out: Path, *, interrupted: bool = False, killed: int = 0) -> dict:
+def build_summary(cfg: RunConfig, out: Path, *, interrupted: bool = False, killed: int = 0,
+                  failed: str | None = None) -> dict:
     """The run's summary (keys documented in README.md) from worker-*.json and server-*.json.
 
     A finished run must have every worker's record but those of the `killed` ranks (psrv run --kill-worker, not
@@ -50,10 +51,15 @@ def build_summary(cfg: RunConfig, out: Path, *, interrupted: bool = False, kille
     job, so `job` is the script and `script_args` its arguments, `steps` and `batch_size` are what the
     records say (None where the workers differ or the script did not say), and what the script did not
     report (held-out losses and metrics, without log_eval; samples where a step's batch size is unknown)
-    is None, not made up. `seed` is the run's, handed to the script as PSRV_SEED."""
-    workers = _records(out, "worker", partial=interrupted)
-    servers = _records(out, "server", partial=interrupted)
-    if len(workers) != cfg.cluster.workers - killed and not interrupted:  # `killed`: ranks killed on purpose
+    is None, not made up. `seed` is the run's, handed to the script as PSRV_SEED.
+
+    A `failed` run (psrv run ended by a death nothing survived, a stall, its timeout: experiments/launch.py) is
+    summarised as an interrupted one, from the records there are, with `complete` and `interrupted` False and
+    `cause` the failure's line."""
+    partial = interrupted or failed is not None
+    workers = _records(out, "worker", partial=partial)
+    servers = _records(out, "server", partial=partial)
+    if len(workers) != cfg.cluster.workers - killed and not partial:  # `killed`: ranks killed on purpose
         raise RuntimeError(f"expected {cfg.cluster.workers - killed} worker records in {out}, found {len(workers)}")
     rows = [r for w in workers for r in w["step_log"]]
     origin = _origin(workers)
@@ -72,7 +78,9 @@ def build_summary(cfg: RunConfig, out: Path, *, interrupted: bool = False, kille
         if measured else []
     samples = None if any(w["samples"] is None for w in workers) else sum(w["samples"] for w in workers)
     ended = {"complete": False, "interrupted": True, "steps_done": len(rows)} if interrupted else {"complete": True}
-    if not interrupted and not cfg.job.script and not rank0:  # its last life never joined (killed, restarted late)
+    if failed is not None:
+        ended = {"complete": False, "interrupted": False, "steps_done": len(rows), "cause": failed}
+    elif not interrupted and not cfg.job.script and not rank0:  # its last life never joined (killed, restarted late)
         ended = {"complete": False, "interrupted": False, "steps_done": len(rows),
                  "cause": "rank 0 wrote no record (so no params.pt): it died and was not brought back in time"}
     summary = {
@@ -243,6 +251,16 @@ def _fault_rows(faults: dict | None) -> list[tuple[str, str]]:
                              for r in faults.get("worker_restarts", [])])
     lost = ", ".join(f"shard {s}: {n} clocks, {updates.get(s)} updates" for s, n in faults["lost_clocks"].items())
     rows = [("killed", killed or "none"), ("restarted", restarted or "none"), ("lost", lost or "none")]
+    died = [f"{d['process']} {d['cause']} "
+            + ("before the workers started" if d.get("before_workers") else f"at worker 0's step {d['step']}")
+            + (f", replaced by {d['replaced_by']}" if d.get("replaced_by") else "")
+            for d in faults.get("dead_replicas", [])]
+    died += [f"{d['process']} {d['cause']} at worker 0's step {d['step']}"
+             + (f" ({d['steps_not_done']} of its steps not done)" if d.get("steps_not_done") is not None else "")
+             + ("; the run went on without it" if d["survived"] else "; the run ended")
+             for d in faults.get("deaths", [])]
+    if died:  # every death: a replica's (its backup took over), a worker's left behind, the one that ended the run
+        rows.append(("died", "; ".join(died)))
     nemesis = faults.get("nemesis")  # --nemesis: experiments/nemesis
     if nemesis:
         kinds = ", ".join(f"{kind} {n['done']}" for kind, n in nemesis["by_kind"].items() if n["done"])

@@ -5,28 +5,16 @@ end (psrv.Worker `start_step`); summary.json's `faults.worker_restarts` lists ea
 from __future__ import annotations
 
 import json
-import signal
 import time
 from pathlib import Path
 from typing import Callable
 
 from psrv.atomic import write_json
 from psrv.config import RunConfig
-from psrv.experiments.kills import Kills, worker0_steps
+from psrv.experiments.kills import Kills, how_ended, worker0_steps
 from psrv.experiments.nemesis.targets import configuration, latest
 
 BAD_INPUT = 2  # psrv's exit code for a ValueError (psrv/cli/main.py): a restart would fail alike
-
-
-def _how(code: int) -> dict:
-    """A dead process's exit code, and the signal's name where a signal killed it."""
-    if code >= 0:
-        return {"exit_code": code, "signal": None}
-    try:
-        name = signal.Signals(-code).name
-    except ValueError:
-        name = f"signal {-code}"
-    return {"exit_code": code, "signal": name}
 
 
 def _lived(out: Path, name: str) -> int | None:
@@ -127,7 +115,7 @@ class WorkerRestarts:
             _to_primaries(self.out, list(old.args), self.replicated)
             env["PSRV_REPLICAS"] = json.dumps(_replicas(self.out, self.replicated))  # where to go if that one dies
         cluster.start(name, list(old.args), env=env)  # its command line as launched (launch.py worker_argv)
-        self.done.append({"process": name, "rank": rank, **_how(code), "step": step0,
+        self.done.append({"process": name, "rank": rank, **how_ended(code), "step": step0,
                           "rank_steps": steps, "wall_s": round(time.monotonic() - self.started, 3),
                           "cause": cause, "life": lives + 2, "joined": None})
         return True

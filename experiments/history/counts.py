@@ -51,9 +51,10 @@ def _differs(file: str, key: str, said, lineage: str, holds) -> Violation:
 
 
 def _lost_a_life(faults: dict) -> bool:
-    """Whether a worker life ended without its record: one the nemesis killed, or any that psrv run restarted."""
+    """Whether a worker life ended without its record: one the nemesis killed, any that psrv run restarted, or one
+    whose death it recorded (experiments/deaths.py: killed from outside, crashed)."""
     nemesis = (faults.get("nemesis") or {}).get("faults", [])
-    return bool(faults.get("worker_restarts")) or any(
+    return bool(faults.get("worker_restarts")) or any("rank" in d for d in faults.get("deaths", [])) or any(
         f["kind"] == "kill" and f["done"] and f["target"].startswith("worker") for f in nemesis)
 
 

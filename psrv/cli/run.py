@@ -85,6 +85,9 @@ def command(a: argparse.Namespace) -> int:
                             say=lambda line: print(line, file=sys.stderr))  # an earlier run's files removed
     except RunFailed as exc:
         print(f"psrv run failed: {exc}", file=sys.stderr)
+        if exc.summary is not None:  # what ran until then: experiments/launch.py
+            print(f"wrote the {exc.summary['steps_done']} steps that ran to {a.out} (summary.json marked incomplete, "
+                  "steps.csv)", file=sys.stderr)
         return 1
     except RunInterrupted as exc:
         print(f"interrupted: wrote the {exc.summary['steps_done']} steps that ran to {a.out} (incomplete)",

@@ -241,7 +241,8 @@ def test_a_summary_count_that_differs_from_the_lineage(tmp_path):
 
 @pytest.mark.parametrize("faults", [
     {"nemesis": {"faults": [{"kind": "kill", "target": "worker:1", "done": True}]}},
-    {"worker_restarts": [{"rank": 1, "joined": True}]}])
+    {"worker_restarts": [{"rank": 1, "joined": True}]},
+    {"deaths": [{"process": "worker-1", "rank": 1, "survived": True}]}])  # killed from outside: experiments/deaths
 def test_the_summarys_pushes_are_not_held_against_the_lineage_once_a_worker_life_died(tmp_path, faults):
     run = RunFolder(tmp_path, mode="async")
     w0, w1, p = run.worker(0), run.worker(1), run.replica(0, "primary", A)
