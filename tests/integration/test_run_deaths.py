@@ -19,6 +19,23 @@ from tests.helpers import ROOT, psrv_argv
 SCRIPT = Path(__file__).with_name("script_loop.py")  # FAIL_AT: rank 1 raises before that step
 
 
+def _children(pid: int) -> list[int]:
+    return [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
+
+
+def _started_by(launcher: int) -> list[int]:
+    """The processes `launcher` started: its children, and those its fork server forked (experiments/forkserver.py)."""
+    found = []
+    for child in _children(launcher):
+        found.append(child)
+        try:
+            if b"psrv.cli.forkserver" in Path(f"/proc/{child}/cmdline").read_bytes():
+                found += _children(child)
+        except FileNotFoundError:
+            continue
+    return found
+
+
 class Run:
     """One `psrv run` in a session of its own, its output in DIR.out; `kill(name)` SIGKILLs one of its processes by
     PID (found among the launcher's children by its config file, DIR/config-NAME.json). Every PID it saw is killed
@@ -51,15 +68,14 @@ class Run:
 
     def pid(self, name: str) -> int:
         mark = f"config-{name}.json"
-        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
-            for child in (task / "children").read_text().split():
-                try:
-                    argv = Path(f"/proc/{child}/cmdline").read_bytes().decode().split("\0")
-                except FileNotFoundError:
-                    continue
-                self.seen.add(int(child))
-                if any(a.endswith(mark) for a in argv):
-                    return int(child)
+        for child in _started_by(self.proc.pid):
+            try:
+                words = Path(f"/proc/{child}/cmdline").read_bytes().decode().replace("\0", " ").split()
+            except FileNotFoundError:
+                continue
+            self.seen.add(child)
+            if any(w.endswith(mark) for w in words):  # a forked process's title is its command line in one piece
+                return child
         raise AssertionError(f"no process {name} among psrv run's children")
 
     def kill(self, name: str) -> int:
