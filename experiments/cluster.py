@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from psrv.process import cores_each
+from psrv.process import cores_each, usable_cores
 
 from psrv.experiments.forkserver import ForkServer, ForkServerGone
 
@@ -77,7 +77,8 @@ class Cluster:
     Each gets SIGTERM if the launcher dies (kill -9), and inherits `keep_fds` (the run folder's lock,
     experiments/rundir.py: the folder stays owned while any of them lives)."""
 
-    def __init__(self, out: Path, *, processes: int = 1, hosts=None, keep_fds: tuple[int, ...] = ()):
+    def __init__(self, out: Path, *, processes: int = 1, hosts=None, keep_fds: tuple[int, ...] = (),
+                 fork_server: bool = True):
         self.out = out
         self.keep_fds = keep_fds
         self.preexec = _die_with_launcher()
@@ -89,7 +90,9 @@ class Cluster:
         self.host_of: dict[str, int] = {}
         self.recover: Callable[[Cluster, str], bool] | None = None  # a failed process's second chance
         self.spared: set[str] = set()  # processes whose death the run expects (killed on purpose): no failure
-        self._forks: ForkServer | None | bool = None  # started at the first psrv process; False: not used
+        # Started at the first psrv process where the run has more processes than cores (fewer import torch
+        # side by side as fast as one imports it before forking them); False: each starts itself
+        self._forks: ForkServer | None | bool = None if fork_server and processes > usable_cores() else False
 
     def start(self, name: str, argv: list[str], env: dict | None = None, *, brief: str = "",
               host: int | None = None, explain: Callable[[int], str] | None = None) -> subprocess.Popen:

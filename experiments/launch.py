@@ -70,7 +70,7 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
               timeout: float = 1800.0, progress: bool = True,
               on_progress: Callable[[int], None] | None = None, script: Script | None = None,
               launcher: str = "psrv", say: Callable[[str], None] = log.info, owner: OwnedFolder | None = None,
-              scheduler: str = "local", baseline: Path | None = None) -> dict:
+              scheduler: str = "local", baseline: Path | None = None, fork_server: bool = True) -> dict:
     """Run `cfg` on a local cluster; write DIR/config.json (the resolved config), summary.json, steps.csv,
     evals.csv, and return the summary. `metrics`: every process serves /metrics (DIR/targets.json).
     `script`: the workers are that script (a user's loop on psrv.Worker, experiments/script.py), not the
@@ -78,7 +78,9 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
     started, one process per rank ("psrv") or all as one torchrun process ("torchrun"). `scheduler`: where
     the processes start (experiments/schedulers.py; "slurm": each a job step of one SLURM allocation, DIR on
     a filesystem its nodes share). `baseline`: a finished fault-free run's folder, whose useful samples/s the
-    summary's `goodput` is measured against (experiments/goodput; psrv run --goodput-baseline). summary.json says which launcher and scheduler; neither is part of the
+    summary's `goodput` is measured against (experiments/goodput; psrv run --goodput-baseline). `fork_server`
+    False: each psrv process imports torch itself, not forked from the run's fork server (experiments/forkserver.py;
+    the start-up bench's baseline). summary.json says which launcher and scheduler; neither is part of the
     config or its hash, since the run computes the same.
 
     DIR is this run's alone while it runs (experiments/rundir.py): a folder another run owns is refused
@@ -128,7 +130,7 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
         stack.enter_context(checkpoint_disk(cfg, out))  # a tmpfs at DIR/checkpoints for the nemesis's disk_full
         return _run(cfg, out=out, metrics=metrics, metrics_linger=metrics_linger, timeout=timeout,
                     progress=progress, on_progress=on_progress, script=script, launcher=launcher, hosts=hosts,
-                    lock=folder.fd, scheduler=scheduler, base=base)
+                    lock=folder.fd, scheduler=scheduler, base=base, fork_server=fork_server)
 
 
 def emulated_by(cfg: RunConfig) -> str:
@@ -147,12 +149,13 @@ def _listed(names: list[str], limit: int = 6) -> str:
 
 def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, timeout: float, progress: bool,
          on_progress: Callable[[int], None] | None, script: Script | None, launcher: str,
-         hosts: EmulatedHosts | None, lock: int | None, scheduler: str, base: dict | None = None) -> dict:
+         hosts: EmulatedHosts | None, lock: int | None, scheduler: str, base: dict | None = None,
+         fork_server: bool = True) -> dict:
     write_config(out / "config.json", cfg)
     workers = cfg.cluster.workers
     shards = 0 if cfg.is_allreduce else cfg.cluster.servers * (1 + cfg.cluster.replicas)  # primaries and backups
     cluster = Cluster(out, processes=workers + shards, hosts=hosts,
-                      keep_fds=() if lock is None else (lock,))
+                      keep_fds=() if lock is None else (lock,), fork_server=fork_server)
     # every process records its history there (docs/history.md), and a shard obeys the faults a nemesis writes
     cluster.env.update({"PSRV_HISTORY": str(out / "history"), "PSRV_FAULTS": str(out / "faults")})
     extra = ["--metrics-port", "0", "--metrics-linger", repr(metrics_linger)] if metrics else []

@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from psrv.experiments.bench import (apply, checkpoint_latency, colocated, end_to_end, failover, memory, metrics_overhead,
-                                    replicas, scaling, wire, worker_options)
+                                    replicas, scaling, startup, wire, worker_options)
 
 
 def machine() -> dict:
@@ -57,6 +57,7 @@ def suite(smoke: bool) -> list[tuple[str, Callable[[], list[dict]]]]:
                 ("worker_options", lambda: worker_options.run("digits_mlp", 1, 10, servers=1, workers=1,
                                                               variants=("baseline", "overlap+bfloat16"))),
                 ("metrics_overhead", lambda: metrics_overhead.run(10, 1, workers=1)),
+                ("startup", lambda: startup.run(1, servers=1, workers=2, steps=5)),
                 ("failover", lambda: [failover.run(2)])]
     return [("wire", lambda: wire.run([1, 16, 64, 256], [1, 2], ["tcp", "ipc"], 7, planes=("zmq", "bulk"))),
             ("colocated", lambda: colocated.run([16, 64], 9)),
@@ -66,6 +67,7 @@ def suite(smoke: bool) -> list[tuple[str, Callable[[], list[dict]]]]:
             ("scaling", lambda: scaling.run([1, 4, 16, 32, 64], 3.0, repeats=3)),
             ("memory", lambda: memory.run(256)),
             ("metrics_overhead", lambda: metrics_overhead.run(1500, 3)),
+            ("startup", lambda: startup.run(3)),
             ("checkpoint_latency", lambda: checkpoint_latency.run(256, 30)),
             ("replicas", lambda: [replicas.throughput(3, 100)]),
             ("failover", lambda: [failover.run(100)])]
@@ -90,6 +92,8 @@ def goal(r: dict) -> tuple[str, float] | None:
         return {"sync": (">=", 1.0), "async": (">=", 1.3)}.get(r["variant"])
     if b == "metrics_overhead":
         return (">=", 0.98)
+    if b == "startup":  # launch to the first step, forked from the fork server against each process started itself
+        return ("<=", 0.8)
     if b == "checkpoint_latency":  # push p99 while a 256 MB Adam shard checkpoints, against without
         return ("<=", 2.0) if r["size_mb"] >= 256 else None
     if b == "replicas":  # async samples/s with --replicas 1 against 0, one host
@@ -132,6 +136,10 @@ def describe(r: dict) -> str:
                 f"{r['baseline_samples_per_second']:.0f}, loss {r['final_loss']:.3f}")
     if b == "metrics_overhead":
         return f"metrics {r['job']} {r['mode']}: {r['steps_per_second_on']:.1f} steps/s on vs {r['steps_per_second_off']:.1f} off"
+    if b == "startup":
+        return (f"startup {r['servers']} shards x {r['workers']} workers: first step {r['forked_first_step_seconds']:.2f} s "
+                f"forked vs {r['started_first_step_seconds']:.2f} s started one by one (runs {r['forked_run_seconds']:.1f} "
+                f"vs {r['started_run_seconds']:.1f} s)")
     if b == "checkpoint_latency":
         return (f"checkpoint {r['size_mb']} MB {r['optimizer']}, {r['workers']} workers pushing: push p99 "
                 f"{r['p99_on'] * 1e3:.0f} ms during writes vs {r['p99_off'] * 1e3:.0f} ms without")
