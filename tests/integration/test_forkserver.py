@@ -38,6 +38,15 @@ def test_forked_psrv_commands_exit_print_and_die_as_their_own_processes(tmp_path
     finally:
         server.close()  # the launcher is done: what is left gets SIGTERM
     deadline = time.monotonic() + 30
-    while Path(f"/proc/{left.pid}").exists() and time.monotonic() < deadline:  # ended, and reaped by init
+    while not _ended(left.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not Path(f"/proc/{left.pid}").exists()
+    assert _ended(left.pid)
+
+
+def _ended(pid: int) -> bool:
+    """Gone, or a zombie its new parent (init, here) has not reaped yet."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat[stat.rindex(")") + 2] == "Z"
