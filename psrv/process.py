@@ -155,12 +155,14 @@ def thread_count(threads: int) -> tuple[int, str]:
     return cores_each(processes), f"{usable_cores()} cores / {processes} psrv processes on this host"
 
 
-def use_threads(threads: int) -> int:
-    """Set torch's intra-op threads by `thread_count(threads)`, say so in the log, and return the count
-    torch now has. Process-wide: psrv serve and psrv worker call it, never the library."""
+def use_threads(threads: int, *, say: bool = True) -> tuple[int, str]:
+    """Set torch's intra-op threads by `thread_count(threads)`, say so in the log (`say`; else the caller
+    does, e.g. once a shard's port is bound, so a refused --bind stays one line), and return (the count
+    torch now has, why). Process-wide: psrv serve and psrv worker call it, never the library."""
     import torch
     count, why = thread_count(threads)
     torch.set_num_threads(count)
     count = torch.get_num_threads()
-    log.info("torch threads %d (%s)", count, why)
-    return count
+    if say:
+        log.info("torch threads %d (%s)", count, why)
+    return count, why

@@ -15,7 +15,6 @@ the imports, it says so ({"unsafe": why}) and exits, and the launcher starts its
 """
 from __future__ import annotations
 
-import atexit
 import ctypes
 import ctypes.util
 import io
@@ -38,17 +37,18 @@ def _threads() -> int:
 
 
 def _child(request: dict, sock: socket.socket, parent: int) -> None:
-    """In the forked child: become `psrv ARGS` and never return."""
+    """In the forked child: become `psrv ARGS`, and end as a Python process ends (SystemExit out through
+    serve(), so its exit handlers run and its output is flushed); never returns."""
     code = 1
     try:
         os.setsid()
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         libc.prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG: SIGTERM when the fork server dies
         if os.getppid() != parent:
-            os._exit(128 + signal.SIGTERM)
+            raise SystemExit(128 + signal.SIGTERM)
         sock.close()
-        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGPIPE):
-            signal.signal(sig, signal.SIG_DFL if sig != signal.SIGPIPE else signal.SIG_IGN)
+        for sig in (signal.SIGCHLD, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
         log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
@@ -69,22 +69,15 @@ def _child(request: dict, sock: socket.socket, parent: int) -> None:
             torch.set_num_threads(int(threads))  # read once, at torch's import, in this server's environment
         sys.argv = [str(Path(__file__).with_name("__main__.py")), *request["args"]]  # as `python -m psrv.cli`
         from psrv.cli.main import main
-        try:
-            code = main(request["args"])
-        except SystemExit as stop:
-            code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
-        except KeyboardInterrupt:
-            code = 128 + signal.SIGINT
+        code = main(request["args"])
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    except KeyboardInterrupt:
+        code = 128 + signal.SIGINT
     except BaseException:  # noqa: BLE001: whatever it was, it is this process's output and exit code 1
         traceback.print_exc()
         code = 1
-    finally:
-        try:
-            atexit._run_exitfuncs()  # what a Python process runs on its way out (logging's flush among them)
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code if isinstance(code, int) else 1)
+    raise SystemExit(code)
 
 
 def serve(fd: int) -> int:

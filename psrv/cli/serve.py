@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 from pathlib import Path
@@ -45,12 +46,15 @@ def command(a: argparse.Namespace) -> int:
     from psrv.server.run import serve
     check_device(cfg.device)
     tune_malloc()
-    use_threads(cfg.threads)
+    threads = use_threads(cfg.threads, say=False)  # said once bound: a port in use stays a one-line refusal
     faults = os.environ.get("PSRV_FAULTS")  # a nemesis's injected faults (psrv run's DIR/faults)
-    # SIGTERM ends the loop cleanly (the shard writes its final checkpoint), as systemd, k8s and psrv run expect
+
+    def ready(server) -> None:
+        logging.getLogger("psrv.process").info("torch threads %d (%s)", *threads)
+        # SIGTERM ends the loop cleanly (the shard writes its final checkpoint), as systemd, k8s and psrv run expect
+        stop_on_signals(server.stop, (signal.SIGTERM, signal.SIGINT))
     summary = serve(cfg, metrics_port=a.metrics_port, metrics_file=metrics_file(a), metrics_host=a.metrics_host,
-                    metrics_linger=a.metrics_linger, ready_file=a.ready_file,
-                    on_ready=lambda server: stop_on_signals(server.stop, (signal.SIGTERM, signal.SIGINT)),
+                    metrics_linger=a.metrics_linger, ready_file=a.ready_file, on_ready=ready,
                     history=History.from_env(f"shard-{cfg.shard}"),
                     faults=InjectedFaults(Path(faults) / f"{os.getpid()}.json") if faults else None)
     if a.out:

@@ -9,7 +9,7 @@ import pytest
 
 from tests.helpers import run_in_session
 
-KINDS = {"wire", "colocated", "apply", "end_to_end", "scaling", "memory", "metrics_overhead", "worker_options",
+KINDS = {"wire", "colocated", "apply", "end_to_end", "scaling", "memory", "metrics_overhead", "worker_options", "startup",
          "failover"}
 
 
