@@ -7,7 +7,7 @@ value over MLflow's length limit cut with a note saying so (config.json, an arti
 psrv.variant, psrv.seed, psrv.mode, psrv.config_hash (summary.json's) and psrv.version; metrics per step,
 steps.csv's per worker (`worker-R/loss`, `worker-R/staleness`, ... at the worker's step) and evals.csv's
 (`eval/<metric>` at rank 0's step), each at its wall time, and summary.json's top-level numbers (`final_loss`,
-`samples_per_second`, ...) at the last step; artifacts summary.json and config.json. A run named `report`
+`samples_per_second`, ...; not the settings it repeats) at the last step; artifacts summary.json and config.json. A run named `report`
 holds the experiment's report.md, summary.csv, runs.csv and plots/*.png.
 
 Once: each MLflow run carries its psrv folder (tag psrv.run_dir) and, set when all else is logged, the sha256
@@ -32,6 +32,8 @@ EXTRA = "pip install psrv[mlflow]"
 KIND, RUN_DIR, SHA = "psrv.kind", "psrv.run_dir", "psrv.sha256"
 REPORT_FILES = ("report.md", "summary.csv", "runs.csv")
 RUN_EXPERIMENT = "psrv run"  # `psrv run --mlflow URI`'s experiment: it has no spec to name one
+# settings summary.json repeats (experiments/summary.py): params already, no metric (its `staleness` is SSP's bound)
+SUMMARY_SETTINGS = ("staleness", "num_workers", "steps", "batch_size", "backup_workers", "lr", "seed", "freeze_step")
 
 
 def check_uri(uri: str) -> None:
@@ -119,7 +121,7 @@ def _metrics(run: Path, summary: dict) -> tuple[list[tuple[str, float, int, int]
                 found.append((key, value, int((origin + t) * 1000), step))
     end = int((origin + last_time) * 1000)
     for key, value in summary.items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in SUMMARY_SETTINGS:
             found.append((key, float(value), end, last_step))
     return found, int(origin * 1000), end
 

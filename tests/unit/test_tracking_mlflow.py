@@ -32,6 +32,9 @@ def test_each_finished_run_is_logged_once_and_read_back(tmp_path: Path) -> None:
     out, uri = tmp_path / "out", f"sqlite:///{tmp_path}/store/mlflow.db"
     _fabricate(out, "ddp")  # sync and ddp (no staleness), seeds 0 and 1
     collect(out, _spec("sync", "ddp"))  # summary.csv, runs.csv
+    for _, _, path in _runs(out):  # settings a real summary.json repeats
+        summary = path / "summary.json"
+        summary.write_text(json.dumps({**json.loads(summary.read_text()), "lr": 0.05, "staleness": 0}))
     (out / "report.md").write_text("# fab\n")
     (out / "plots").mkdir()
     (out / "plots" / "loss_curves.png").write_bytes(PNG)
@@ -59,6 +62,7 @@ def test_each_finished_run_is_logged_once_and_read_back(tmp_path: Path) -> None:
         assert [(m.step, m.value) for m in history] == [(int(r["step"]), float(r["eval_accuracy"])) for r in evals]
         summary = json.loads((path / "summary.json").read_text())
         assert metrics["final_loss"] == summary["final_loss"] and "mode" not in metrics
+        assert "lr" not in metrics and "staleness" not in metrics  # settings summary.json repeats: params only
         assert {f.path for f in client.list_artifacts(run.info.run_id)} == {"config.json", "summary.json"}
     report = runs["report"].info.run_id
     assert {f.path for f in client.list_artifacts(report)} == {"report.md", "summary.csv", "runs.csv", "plots"}
