@@ -37,11 +37,25 @@ SUMMARY_SETTINGS = ("staleness", "num_workers", "steps", "batch_size", "backup_w
 
 
 def check_uri(uri: str) -> None:
-    """Before any run starts: a ValueError naming the extra when MLflow's client is not installed here, or
-    saying why MLflow refuses `uri` (a sqlite store is created here if it does not exist)."""
+    """Before any run starts: a ValueError naming the extra when MLflow's client is not installed here, saying
+    why MLflow refuses `uri`, or that no server answers at an http(s) URI (MLflow's client would retry for
+    minutes, after the training). A sqlite store is created here if it does not exist."""
     if importlib.util.find_spec("mlflow") is None:
         raise ValueError(f"--mlflow needs MLflow's client, which is not installed here: {EXTRA}")
     _client(uri)
+    if uri.startswith(("http://", "https://")):
+        import urllib.error
+        import urllib.request
+        try:
+            urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=10).close()
+        except urllib.error.HTTPError:
+            pass  # a server answered (one without /health, or behind a login): MLflow's client says the rest
+        except urllib.error.URLError as exc:
+            raise ValueError(f"--mlflow {uri}: no server answers there ({exc.reason}); start one (mlflow "
+                             "server) or give another URI") from None
+        except OSError as exc:  # a timeout
+            raise ValueError(f"--mlflow {uri}: no server answers there ({exc}); start one (mlflow server) or "
+                             "give another URI") from None
 
 
 def _client(uri: str):
@@ -179,7 +193,15 @@ def log_runs(uri: str, experiment: str, runs: list[tuple[str, int, Path]], *, re
     `report` that experiment folder's report and plots; returns one line saying what was logged. `replace`:
     a folder's earlier MLflow run is deleted once its new results are logged (an experiment's rerun keeps the
     old run aside on disk, and its report shows only the new one)."""
-    client = _client(uri)
+    from mlflow.exceptions import MlflowException
+    try:
+        return _log_runs(_client(uri), uri, experiment, runs, report=report, replace=replace)
+    except MlflowException as exc:  # after the training: what ran is kept, and the next call logs it
+        raise ValueError(f"--mlflow {uri}: {' '.join(str(exc.message).split())}; the runs are kept: the same "
+                         "command again logs them") from None
+
+
+def _log_runs(client, uri: str, experiment: str, runs, *, report: Path | None, replace: bool) -> str:
     experiment_id = _experiment_id(client, experiment, uri)
     logged = _logged(client, experiment_id, "run")
     shas = {r.data.tags.get(SHA) for r in logged}

@@ -41,7 +41,9 @@ GPU_TEST_KEYWORDS = "gpu or cuda or device"
 # module -> the test files (or a file's tests, FILE::TEST) that need it; the extras installed by `make setup`
 SUITE_NEEDS = {"kubernetes_validate": ("tests/unit/test_kubernetes_manifests.py",),
                "mlflow": ("tests/unit/test_tracking_mlflow.py",
-                          "tests/integration/test_experiment.py::test_experiment_runs_every_variant_then_resumes")}
+                          "tests/integration/test_experiment.py::test_experiment_runs_every_variant_then_resumes",
+                          "tests/integration/test_run_folder.py::"
+                          "test_a_reused_folder_keeps_nothing_of_the_run_before_and_says_so")}
 JOBS = ("psrv.experiments.bench.gpu_jobs:synthetic_mlp_large", "psrv.experiments.bench.gpu_jobs:code_lm_large")
 WHAT = {"tests": "the GPU-marked tests and the CUDA-relevant subset, with CUDA present",
         "apply": "a GPU0 shard's SGD and Adam step against a device-to-device copy of the same bytes",

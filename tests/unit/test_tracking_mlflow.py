@@ -4,6 +4,7 @@ numbers and its files; the report as the run `report`; logged once, and replaced
 from __future__ import annotations
 
 import json
+import socket
 import sys
 from pathlib import Path
 
@@ -101,3 +102,13 @@ def test_without_mlflow_installed_the_experiment_names_the_extra_before_any_run(
     assert not (tmp_path / "out").exists() and EXTRA == "pip install psrv[mlflow]"
     with pytest.raises(ValueError, match="not installed here"):
         check_uri("http://127.0.0.1:1")
+
+
+def test_a_server_uri_where_none_answers_is_refused_before_any_run(tmp_path: Path) -> None:
+    with socket.socket() as s:  # a port nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ValueError, match=rf"--mlflow http://127.0.0.1:{port}: no server answers there"):
+        check_uri(f"http://127.0.0.1:{port}")
+    with pytest.raises(ValueError, match="--mlflow ./mlruns: The filesystem tracking backend"):
+        check_uri("./mlruns")  # MLflow 3's file store, refused by MLflow itself: its reason in one line
