@@ -66,12 +66,12 @@ def describe(diffs: list[tuple[str, Any, Any]], *, between: str = " -> ", limit:
     return text + (f" and {len(diffs) - limit} more" if len(diffs) > limit else "")
 
 
-OUTPUT_KEYS = ("tensorboard",)  # where results are also written: never a reason to train again
+OUTPUT_KEYS = ("tensorboard", "mlflow")  # where results are also written: never a reason to train again
 
 
 def trained(cfg: RunConfig) -> RunConfig:
     """`cfg` without the settings that only say where results also go (OUTPUT_KEYS)."""
-    return cfg.replace(tensorboard="")
+    return cfg.replace(**{key: "" for key in OUTPUT_KEYS})
 
 
 def why_changed(run: str | Path, wanted: RunConfig) -> str | None:

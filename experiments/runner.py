@@ -21,6 +21,7 @@ from psrv.experiments.rundir import EXPERIMENT_LOCK, RUN_LOCK, OwnedFolder, hold
 from psrv.experiments.script import Script
 from psrv.experiments.spec import load_spec
 from psrv.experiments.tracking import run_name, write_events
+from psrv.experiments.tracking_mlflow import check_uri, log_runs
 from psrv.experiments.traffic import TrafficSampler
 from psrv.process import exit_code
 
@@ -32,7 +33,7 @@ def _say(text: str) -> None:
 
 
 def run_experiment(spec_path: str | Path, *, out: str | Path | None = None,
-                   tensorboard: str | Path | None = None, scheduler: str = "local",
+                   tensorboard: str | Path | None = None, mlflow: str | None = None, scheduler: str = "local",
                    profile: str | None = None) -> int:
     """Run (or resume) the experiment SPEC into `out`; 0 if every run finished, 1 if any failed.
 
@@ -44,6 +45,9 @@ def run_experiment(spec_path: str | Path, *, out: str | Path | None = None,
 
     `tensorboard` (or the spec's key of that name): every finished run's TensorBoard events go to
     TB/<spec name>/<variant>/seed-<seed>, a run finished earlier included (it is not run again for them).
+    `mlflow` (or the spec's key): a tracking URI; every finished run is logged there once, as the MLflow run
+    <variant>/seed-<seed> of the experiment <spec name>, with the report and plots as the run `report`
+    (experiments/tracking_mlflow.py); MLflow's client is checked before the first run starts.
 
     `profile` runs the spec as its [profiles.PROFILE] table says (experiments/spec.py `with_profile`), into
     runs/<stem>-PROFILE by default.
@@ -56,6 +60,10 @@ def run_experiment(spec_path: str | Path, *, out: str | Path | None = None,
         check_scheduler(scheduler, bandwidth=variant.config.network.bandwidth)
     if tensorboard is not None:  # the command line's folder over the spec's, in what every run stores
         spec = spec.with_settings(tensorboard=str(tensorboard))
+    if mlflow is not None:
+        spec = spec.with_settings(mlflow=mlflow)
+    for uri in sorted({variant.config.mlflow for variant in spec.variants} - {""}):
+        check_uri(uri)  # an absent client or a URI MLflow refuses, said before anything trains
     skipped = _absent_devices(spec, spec_path)
     chosen = out is not None
     out = Path(out) if chosen else default_out(spec_path, profile)
@@ -105,6 +113,7 @@ def _run_experiment(spec, spec_path, *, out: Path, note: str | None, skipped: di
     collect(out, spec)
     _write_events(spec, out)
     report = write_report(out, spec, spec_path=spec_path, versions=versions())
+    _log_mlflow(spec, out)
     if failed:
         _say(f"{len(failed)} of {len(todo)} runs failed: {', '.join(failed)}; rerun the same command "
              "to retry them (finished runs with an unchanged config are skipped)")
@@ -190,3 +199,13 @@ def _write_events(spec, out: Path) -> None:
             logdir = Path(root) / spec.name / run_name(variant.name, spec.seeds[repeat])
             write_events(path, logdir)
             log.info("wrote TensorBoard events of %s rep-%d to %s", variant.name, repeat, logdir)
+
+
+def _log_mlflow(spec, out: Path) -> None:
+    """Every finished run of a variant whose config names an MLflow store, and the report, logged there once."""
+    stores: dict[str, list[tuple[str, int, Path]]] = {}
+    for variant in spec.variants:
+        for repeat, path in spec_repeats(out, spec, variant.name) if variant.config.mlflow else ():
+            stores.setdefault(variant.config.mlflow, []).append((variant.name, spec.seeds[repeat], path))
+    for uri, runs in stores.items():
+        _say(log_runs(uri, spec.name, runs, report=out))

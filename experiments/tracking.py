@@ -23,7 +23,7 @@ from psrv.experiments.collect import number, read_csv
 STEP_SCALARS = ("loss", "staleness", "compute_seconds", "communication_seconds", "wait_seconds", "batch_size")
 
 
-def _origin(run: Path) -> float:
+def run_origin(run: Path) -> float:
     """The run's start in seconds since the epoch: steps.csv's wall times are relative to it."""
     starts = []
     for path in run.glob("worker-*.json"):
@@ -81,7 +81,7 @@ def write_events(run: str | Path, logdir: str | Path) -> Path:
     run, logdir = Path(run), Path(logdir)
     if logdir.exists():
         shutil.rmtree(logdir)  # one run, one set of events: a rewrite must not double every point
-    origin = _origin(run)
+    origin = run_origin(run)
     writer = _Writer(logdir)
     try:
         for row in read_csv(run / "steps.csv"):

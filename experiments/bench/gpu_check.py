@@ -38,7 +38,12 @@ SHARE = {"tests": 0.12, "apply": 0.04, "copies": 0.03, "samples": 0.50, "placeme
 GPU_TEST_FILES = ("tests/unit/test_gpu.py", "tests/integration/test_user_mistakes.py",
                   "tests/integration/test_library.py")
 GPU_TEST_KEYWORDS = "gpu or cuda or device"
-SUITE_NEEDS = {"kubernetes_validate": "tests/unit/test_kubernetes_manifests.py"}  # module -> the file that needs it
+# module -> the test files (or a file's tests, FILE::TEST) that need it; the extras installed by `make setup`
+SUITE_NEEDS = {"kubernetes_validate": ("tests/unit/test_kubernetes_manifests.py",),
+               "mlflow": ("tests/unit/test_tracking_mlflow.py",
+                          "tests/integration/test_experiment.py::test_experiment_runs_every_variant_then_resumes",
+                          "tests/integration/test_run_folder.py::"
+                          "test_a_reused_folder_keeps_nothing_of_the_run_before_and_says_so")}
 JOBS = ("psrv.experiments.bench.gpu_jobs:synthetic_mlp_large", "psrv.experiments.bench.gpu_jobs:code_lm_large")
 WHAT = {"tests": "the GPU-marked tests and the CUDA-relevant subset, with CUDA present",
         "apply": "a GPU0 shard's SGD and Adam step against a device-to-device copy of the same bytes",
@@ -154,10 +159,11 @@ def run_part(name: str, a: argparse.Namespace, *, cuda: bool, gpu: str | None, d
             said.append(f"SKIPPED suite: the time budget is spent ({max(left, 0):.0f} s left)")
             return
         ignore = []
-        for module, path in SUITE_NEEDS.items():
-            if importlib.util.find_spec(module) is None:
-                ignore += ["--ignore", path]
-                said.append(f"SKIPPED suite file {path}: {module} is not installed here (carry it: deploy/gpu/prepare.sh)")
+        for module, paths in SUITE_NEEDS.items():
+            for path in paths if importlib.util.find_spec(module) is None else ():
+                ignore += ["--deselect" if "::" in path else "--ignore", path]
+                said.append(f"SKIPPED suite {'test' if '::' in path else 'file'} {path}: {module} is not installed "
+                            "here (carry it: deploy/gpu/prepare.sh)")
         doc["tests"]["suite"] = pytest(["-v", "-n", str(min(os.cpu_count() or 1, 16)), "--dist", "loadfile", *ignore,
                                         "tests"], a.out / "pytest-suite.txt", left - 10)
     elif name == "copies" and not cuda:

@@ -22,6 +22,12 @@ def add(sub) -> None:
                    help="also write TensorBoard event files under DIR/<spec name>/<variant>/seed-<seed> (the "
                    "spec's key `tensorboard` says the same; this overrides it); a finished run gets its files "
                    "without being run again")
+    e.add_argument("--mlflow", default=None, metavar="URI",
+                   help="also log every finished run to the MLflow tracking store at URI, once (a local "
+                   "sqlite:///runs/mlflow.db, or a server's http://HOST:5000; needs `pip install psrv[mlflow]`): "
+                   "experiment <spec name>, run <variant>/seed-<seed> with its config as params, steps.csv and "
+                   "evals.csv as metrics per step, summary.json's numbers; the report and plots as the run "
+                   "`report` (the spec's key `mlflow` says the same; this overrides it)")
     e.add_argument("--profile", default=None, metavar="NAME",
                    help="run SPEC as its [profiles.NAME] table says: the same variants on another job (its keys "
                    "laid over the spec's, its own target, `only` some variants); the results go to "
@@ -37,6 +43,9 @@ def command(a: argparse.Namespace) -> int:
         if a.tensorboard is not None:
             raise ValueError("--tensorboard: the event files are written from finished runs here; with "
                              "--scheduler kubernetes gather the runs first (docs/deploy.md)")
+        if a.mlflow is not None:
+            raise ValueError("--mlflow: the runs are logged from finished runs here; with --scheduler "
+                             "kubernetes gather the runs first (docs/deploy.md)")
         from psrv.experiments.kubernetes import experiment_manifests, to_yaml
         from psrv.experiments.provenance import default_out
         from psrv.experiments.spec import load_spec
@@ -47,5 +56,5 @@ def command(a: argparse.Namespace) -> int:
     from psrv.experiments.runner import run_experiment
     from psrv.process import interrupt_on_signals
     interrupt_on_signals()  # SIGTERM as Ctrl-C: the run in progress stops in order and keeps what ran
-    return run_experiment(a.spec, out=a.out, tensorboard=a.tensorboard, scheduler=a.scheduler,
+    return run_experiment(a.spec, out=a.out, tensorboard=a.tensorboard, mlflow=a.mlflow, scheduler=a.scheduler,
                           profile=a.profile)

@@ -75,6 +75,9 @@ def command(a: argparse.Namespace) -> int:
     from psrv.experiments.launch import emulated_by
     from psrv.experiments.torchrun import check_launcher
     check_launcher(a.launcher, script, cfg.mode, hosts=emulated_by(cfg))  # before anything starts
+    if cfg.mlflow:
+        from psrv.experiments.tracking_mlflow import check_uri
+        check_uri(cfg.mlflow)  # an absent client or a URI MLflow refuses, said before anything trains
     from psrv.process import exit_code, interrupt_on_signals, tune_malloc
     tune_malloc()  # this process only launches; the processes it starts tune themselves
     interrupt_on_signals()  # SIGTERM as Ctrl-C: stop the processes in order, keep what ran
@@ -104,4 +107,7 @@ def command(a: argparse.Namespace) -> int:
     if cfg.tensorboard:
         from psrv.experiments.tracking import write_run_events
         print(f"wrote TensorBoard events to {write_run_events(cfg, a.out)}")
+    if cfg.mlflow:
+        from psrv.experiments.tracking_mlflow import log_run
+        print(log_run(cfg, a.out))
     return 0

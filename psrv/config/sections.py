@@ -146,6 +146,11 @@ class Trackers(Section):
     tensorboard: str = setting("", "also write TensorBoard event files under DIR when the run ends: one run per "
                                "variant and seed, with the scalars of steps.csv and evals.csv and the servers' "
                                "staleness histograms (empty: none)", metavar="DIR")
+    mlflow: str = setting("", "also log the run to the MLflow tracking store at URI when it ends (a local "
+                          "sqlite:///runs/mlflow.db, or a server's http://HOST:5000; needs `pip install "
+                          "psrv[mlflow]`): its config as params, steps.csv and evals.csv as metrics per step, "
+                          "summary.json's numbers, summary.json and config.json as artifacts (empty: none)",
+                          metavar="URI")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -59,11 +59,34 @@ def assert_events_are_the_steps(logdir: Path, steps_csv: Path) -> None:
             assert got == want and len(got) == 20, (column, worker)
 
 
+def assert_mlflow_has_the_runs(uri: str, out: Path, variants) -> dict[str, str]:
+    """MLflow's client reads back one run per variant (its params, a loss history as long as its steps, its
+    evals, its files) and the report; returns each MLflow run's id by name."""
+    from mlflow.tracking import MlflowClient
+    client = MlflowClient(tracking_uri=uri)
+    found = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
+    runs = {r.info.run_name: r for r in found}
+    assert len(runs) == len(found) and set(runs) == {f"{v}/seed-0" for v in variants} | {"report"}
+    for variant in variants:
+        run, folder = runs[f"{variant}/seed-0"], out / variant / "rep-0"
+        assert (run.data.params["mode"], run.data.params["optimizer.lr"]) == (variant, "0.05")
+        with open(folder / "steps.csv", newline="") as f:
+            steps = [int(r["step"]) for r in csv.DictReader(f) if r["worker"] == "1"]
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "worker-1/loss")] == steps == list(range(20))
+        with open(folder / "evals.csv", newline="") as f:
+            evals = [float(r["eval_accuracy"]) for r in csv.DictReader(f)]
+        assert [m.value for m in client.get_metric_history(run.info.run_id, "eval/accuracy")] == evals
+        assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"config.json", "summary.json"}
+    assert "report.md" in {a.path for a in client.list_artifacts(runs["report"].info.run_id)}
+    return {name: run.info.run_id for name, run in runs.items()}
+
+
 @pytest.mark.timeout(330)
 def test_experiment_runs_every_variant_then_resumes(tmp_path):
     # stays slow (two harness runs, 2 variants x 2 workers): every variant, both workers and the resume are its point
     spec, out, tb = write_spec(tmp_path, ("sync", "async")), tmp_path / "out", tmp_path / "tb"
-    first = experiment(spec, out, timeout=240, extra=("--tensorboard", str(tb)))
+    mlflow = f"sqlite:///{tmp_path}/mlflow.db"
+    first = experiment(spec, out, timeout=240, extra=("--tensorboard", str(tb), "--mlflow", mlflow))
     assert first.returncode == 0, first.stdout[-4000:]
     assert f"report: {out / 'report.md'}" in first.stdout
     with open(out / "summary.csv", newline="") as f:
@@ -79,11 +102,16 @@ def test_experiment_runs_every_variant_then_resumes(tmp_path):
     assert "sync" in report and "async" in report and "plots/throughput.png" in report
     for variant in rows:  # one TensorBoard run per variant and seed, the scalars of its steps.csv
         assert_events_are_the_steps(tb / "tiny" / variant / "seed-0", out / variant / "rep-0" / "steps.csv")
+    assert f"MLflow {mlflow}, experiment 'tiny': runs 2 logged; report logged" in first.stdout
+    logged = assert_mlflow_has_the_runs(mlflow, out, rows)
 
     reps = {p: p.stat().st_mtime_ns for v in rows for p in [out / v / "rep-0", out / v / "rep-0" / "summary.json"]}
+    spec.write_text(f'mlflow = "{mlflow}"\n' + spec.read_text())  # the spec's key now: no rerun, no second MLflow run
     t0 = time.monotonic()
     second = experiment(spec, out, timeout=120, extra=("--tensorboard", str(tmp_path / "tb2")))
     assert second.returncode == 0, second.stdout[-4000:]
+    assert f"MLflow {mlflow}, experiment 'tiny': runs 2 already there" in second.stdout
+    assert assert_mlflow_has_the_runs(mlflow, out, rows) == logged
     assert "skipped sync rep-0" in second.stdout and "skipped async rep-0" in second.stdout
     assert not [line for line in second.stdout.splitlines() if line.startswith("finished ")]
     assert {p: p.stat().st_mtime_ns for p in reps} == reps, "a finished run was run again"

@@ -99,16 +99,17 @@ def test_the_lock_dies_with_a_killed_run_and_its_processes_stop(tmp_path):
 
 @pytest.mark.timeout(240)
 def test_a_reused_folder_keeps_nothing_of_the_run_before_and_says_so(tmp_path):
-    out = tmp_path / "run"
+    out, mlflow = tmp_path / "run", f"sqlite:///{tmp_path}/mlflow.db"
     # one shard and one worker each: what is tested is what a run leaves in the folder, not the cluster
     first = run_in_session(psrv_argv("run", "--no-progress", "--log-level", "WARNING", "--mode", "sync",
-                                     "--workers", "1", "--servers", "1", "--steps", "10", "--out", str(out)),
-                           timeout=120)
+                                     "--workers", "1", "--servers", "1", "--steps", "10", "--out", str(out),
+                                     "--mlflow", mlflow), timeout=120)
     assert first.returncode == 0 and (out / "model.pt").exists(), first.stdout[-3000:]
     before = {p.name for p in out.iterdir()}
     second = run_in_session(psrv_argv("run", "--no-progress", "--log-level", "WARNING", "--mode", "sync",
                                       "--workers", "1", "--servers", "1", "--steps", "5", "--out", str(out),
-                                      "--script", str(SCRIPT), "1", str(tmp_path / "final.pt")), timeout=120)
+                                      "--mlflow", mlflow, "--script", str(SCRIPT), "1", str(tmp_path / "final.pt")),
+                            timeout=120)
     assert second.returncode == 0, second.stdout[-3000:]
     said = [line for line in second.stdout.splitlines() if line.startswith(f"{out}: ")]
     assert len(said) == 1 and "removed" in said[0] and "model.pt" in said[0], second.stdout
@@ -116,6 +117,14 @@ def test_a_reused_folder_keeps_nothing_of_the_run_before_and_says_so(tmp_path):
     assert "model.pt" not in left, sorted(left)       # the earlier run's (a script's rank 0 writes params.pt only)
     assert json.loads((out / "summary.json").read_text())["job"] == str(SCRIPT)
     assert before - left, (before, left)
+    # `psrv run --mlflow`: the earlier run's MLflow run is its record now, kept beside the new one
+    assert all(f"MLflow {mlflow}, experiment 'psrv run': runs 1 logged" in p.stdout for p in (first, second))
+    from mlflow.tracking import MlflowClient
+    client = MlflowClient(tracking_uri=mlflow)
+    runs = client.search_runs([client.get_experiment_by_name("psrv run").experiment_id],
+                              order_by=["attributes.start_time"])
+    assert [(r.info.run_name, r.data.params["job.steps"]) for r in runs] == \
+        [("sync/seed-0", "10"), ("sync/seed-0", "5")]
 
 
 HOLDER = textwrap.dedent("""

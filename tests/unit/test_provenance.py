@@ -54,6 +54,8 @@ def test_why_changed_names_the_keys(tmp_path: Path) -> None:
     write_config(tmp_path / "config.json", cfg)
     _summary(tmp_path, code_inputs())
     assert stored_config(tmp_path) == cfg and why_changed(tmp_path, cfg) is None
+    # where results also go (OUTPUT_KEYS) is no reason to train again
+    assert why_changed(tmp_path, cfg.replace(tensorboard="tb", mlflow="sqlite:///runs/mlflow.db")) is None
     changed = _spec(lr=0.5, steps=4)
     new = changed.run_config(changed.variant("sync"), 1)
     assert why_changed(tmp_path, new) == "its config changed (seed 0 -> 1, job.steps 3 -> 4, optimizer.lr 0.05 -> 0.5)"
