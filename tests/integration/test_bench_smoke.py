@@ -9,8 +9,8 @@ import pytest
 
 from tests.helpers import run_in_session
 
-KINDS = {"wire", "colocated", "apply", "end_to_end", "scaling", "memory", "metrics_overhead", "worker_options", "startup",
-         "failover"}
+KINDS = {"wire", "colocated", "apply", "end_to_end", "scaling", "memory", "metrics_overhead", "worker_options",
+         "startup", "failover"}
 
 
 @pytest.mark.timeout(200)
