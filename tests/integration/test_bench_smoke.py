@@ -62,6 +62,8 @@ def recomputed(r: dict, results: list[dict]) -> float:
         return (r["peak_rss_bytes"] - r["baseline_bytes"]) / r["model_bytes"]
     if b == "memory":
         return r["peak_rss_bytes"] / r["baseline_bytes"]
+    if b == "startup":  # launch to the first step, forked against each process started itself
+        return r["forked_first_step_seconds"] / r["started_first_step_seconds"]
     if b == "failover":  # the median of its kills, in seconds
         assert len(r["seconds"]) == r["kills"] and r["min_seconds"] <= r["p99_seconds"] <= r["max_seconds"], r
         return statistics.median(r["seconds"])
