@@ -221,8 +221,7 @@ class StepLog:
                   **self.fields, "step_log": rows, "pushes": len(rows),
                   "samples": sum(r["batch_size"] for r in rows) if known else None,
                   "train_seconds": max(0.0, (ended or time.time()) - began - self.fields["eval_seconds"]),
-                  "wall_seconds": time.time() - self.started, "max_rss_bytes": peak_rss_bytes(),
-                  "inputs": code_inputs()}
+                  "wall_seconds": time.time() - self.started, "max_rss_bytes": peak_rss_bytes()}
         if "plan_hash" in self.fields:  # a PS worker's
             record["max_staleness"] = max((r["staleness"] for r in rows if r["staleness"] is not None), default=0)
         if "pseudo_grad_norms" in fields:
@@ -244,8 +243,9 @@ class StepLog:
         if whole and state is not None and files.state is not None:
             files.state.parent.mkdir(parents=True, exist_ok=True)
             torch.save({k: v.detach().cpu().clone() for k, v in state.items()}, files.state)
-        if files.record is not None:
-            write_json(files.record, record)
+        if files.record is not None:  # the code that ran, for the run's reuse: only where a record is kept (its
+            # scan of sys.modules took 60 ms, once per worker of every in-process run of the test suite)
+            write_json(files.record, {**record, "inputs": code_inputs()})
         if self.metrics is not None and whole:  # it has left the shards: it finished, it did not die
             self.metrics.finished.set(1)
             if self.linger > 0:
