@@ -59,7 +59,8 @@ def _data_and_remedies(s: VariantSummary, runs: list[StoredRun]) -> tuple[list[s
     opt, lr, momentum = cfg.optimizer, cfg.optimizer.lr, cfg.optimizer.momentum
     stale = s.stats["mean_staleness"].mean
     if cfg.mode in ("async", "ssp") and stale is not None:
-        data.append(f"mean staleness {stale:.3g} (max {s.stats['max_staleness'].mean or 0:.3g})")
+        worst = s.stats["max_staleness"].mean or 0
+        data.append(f"mean staleness {stale:.3g} (max {worst:.3g}" + (", the repeats' mean" if s.repeats > 1 else "") + ")")
         scale = _recorded(runs, "mean_lr_scale")
         data.append(f"update rule {opt.update_rule}" + (f", lr scale {scale:.3g}" if scale is not None else ""))
         if stale >= 1 and opt.update_rule == "plain":
