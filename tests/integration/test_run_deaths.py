@@ -15,25 +15,9 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT, psrv_argv
+from tests.integration.test_interrupts import _children
 
 SCRIPT = Path(__file__).with_name("script_loop.py")  # FAIL_AT: rank 1 raises before that step
-
-
-def _children(pid: int) -> list[int]:
-    return [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
-
-
-def _started_by(launcher: int) -> list[int]:
-    """The processes `launcher` started: its children, and those its fork server forked (experiments/forkserver.py)."""
-    found = []
-    for child in _children(launcher):
-        found.append(child)
-        try:
-            if b"psrv.cli.forkserver" in Path(f"/proc/{child}/cmdline").read_bytes():
-                found += _children(child)
-        except FileNotFoundError:
-            continue
-    return found
 
 
 class Run:
@@ -68,7 +52,7 @@ class Run:
 
     def pid(self, name: str) -> int:
         mark = f"config-{name}.json"
-        for child in _started_by(self.proc.pid):
+        for child in _children(self.proc.pid, forkserver=True):  # the fork server's children too
             try:
                 words = Path(f"/proc/{child}/cmdline").read_bytes().decode().replace("\0", " ").split()
             except FileNotFoundError:
