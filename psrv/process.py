@@ -5,11 +5,13 @@ process: the allocator and the signal handlers belong to whoever owns main(). An
 `tune_malloc()` first thing (before any zmq context starts its I/O thread); to serve, it hands
 `stop_on_signals()` the running shard's stop so that SIGTERM ends it cleanly; to train or launch,
 `interrupt_on_signals()` makes SIGTERM raise as Ctrl-C does (`Interrupted`, exit code 128 + signal);
-`use_threads()` gives torch this process's share of the host's cores (the rule `psrv run` applies too).
+`use_threads()` gives torch this process's share of the host's cores (the rule `psrv run` applies too);
+`freeze_imports()`, once its imports are done, keeps what they made out of the garbage collector's walks.
 """
 from __future__ import annotations
 
 import ctypes
+import gc
 import logging
 import os
 import shlex
@@ -40,6 +42,16 @@ def tune_malloc() -> bool:
     for option, value in ((_M_ARENA_MAX, 1), (_M_MMAP_THRESHOLD, 1 << 30), (_M_TRIM_THRESHOLD, 1 << 30)):
         mallopt(option, value)
     return True
+
+
+def freeze_imports() -> int:
+    """Keep every object alive now out of the garbage collector's passes (gc.freeze); call it once the
+    process's imports are done. torch's and psrv's imports leave about 170k objects that every full
+    collection walks (0.09 s each here); the end of a process that froze them took 0.12 s instead of 0.5 s,
+    and in a child forked from psrv's fork server, whose walk copies every page it touches, 0.2 s instead
+    of 1.4 s. Objects made later are collected as before. Returns how many objects were frozen."""
+    gc.freeze()
+    return gc.get_freeze_count()
 
 
 def stop_on_signals(stop: Callable[[], None],

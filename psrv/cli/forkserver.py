@@ -91,6 +91,11 @@ def serve(fd: int) -> int:
     me = os.getpid()
     from setproctitle import getproctitle, setproctitle
     setproctitle(getproctitle())  # set up here, where the environment is still the one it started with
+    # what was imported stays out of every collection, here and in each child (the gc docs' advice before
+    # fork): a child's collections, and the last one at its exit, would otherwise walk torch's objects,
+    # copying each page they touch
+    from psrv.process import freeze_imports
+    freeze_imports()
     if _threads() != 1:
         sock.sendall((json.dumps({"unsafe": f"{_threads()} threads after the imports"}) + "\n").encode())
         return 1

@@ -41,9 +41,10 @@ def command(a: argparse.Namespace) -> int:
     # torch only now: a mistake in the options above is refused without the seconds its import takes
     from psrv.device import check_device
     from psrv.history import History
-    from psrv.process import stop_on_signals, tune_malloc, use_threads
+    from psrv.process import freeze_imports, stop_on_signals, tune_malloc, use_threads
     from psrv.server.faults import InjectedFaults
     from psrv.server.run import serve
+    freeze_imports()
     check_device(cfg.device)
     tune_malloc()
     threads = use_threads(cfg.threads, say=False)  # said once bound: a port in use stays a one-line refusal

@@ -60,6 +60,8 @@ def _train_worker(a: argparse.Namespace) -> int:
     use_threads(cfg.threads)
     from psrv.worker.steplog import RecordFiles, StepLog
     from psrv.workers.loop import TrainingInterrupted, train
+    from psrv.process import freeze_imports
+    freeze_imports()
     metrics = None
     if a.metrics_port is not None:
         from psrv.metrics import WorkerMetrics, start_metrics
