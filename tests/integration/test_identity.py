@@ -47,9 +47,11 @@ def free_port() -> int:
 
 
 def test_second_worker_with_a_taken_rank_is_refused_and_the_first_finishes(procs, tmp_path):
-    # Stays slow (four processes, 60 steps of 100 ms): the refused rank is a real `psrv worker`, and the
-    # first rank 1 must still be training while the twin starts, imports torch and is refused.
-    steps = 60
+    # Stays slow (four processes, 150 steps of 100 ms): the refused rank is a real `psrv worker`, and the
+    # first rank 1 must still be training while the twin starts, imports torch and is refused (its HELLO said
+    # again for worker_timeout + 1 s). With 60 steps, on a loaded machine the run ended first 2 times in 16:
+    # the twin's last HELLO then went to a shard that had finished, or the first rank 1 was done.
+    steps = 150
     server, address = procs.server("server", "--workers", "2", "--mode", "sync", "--worker-timeout", str(TIMEOUT),
                                    "--out", str(tmp_path / "server.json"))
     common = ["worker", "--servers", address, "--world-size", "2", "--steps", str(steps), "--compute-ms", "100"]
