@@ -36,7 +36,7 @@ def test_each_cell_is_judged_per_codec_and_the_halves_are_split_by_job(tmp_path)
     by = {(c.job, c.momentum, c.seed): c for c in cells}
     assert by[("digits_cnn", 0.9, 0)].failures() == []
     assert by[("digits_cnn", 0.9, 1)].failures() == ["topk:0.005: 1.31x dense",
-                                                      "sign: worse than no ef (1.2000 > 1.1000)"]
+                                                      "sign: worse than sign no ef (1.2000 > 1.1000)"]
     assert by[("digits_mlp", 0.0, 0)].failures() == ["topk:0.005: a run is missing", "sign: a run is missing"]
     report = ef_quality.report(cells)
     assert "### Chosen-on half (digits_mlp): 1 of 2 cells hold" in report

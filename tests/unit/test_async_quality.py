@@ -1,0 +1,55 @@
+"""The async rules' quality grid (experiments/async_quality.py over experiments/quality_grid.py): forms from
+each run's stored config (mode and update rule), each rule held to 1.3x of sync and to plain async, and the
+split into chosen-on and held-out jobs; the spec's variants are the grid's forms."""
+import json
+import tomllib
+from pathlib import Path
+
+from psrv.config import RunConfig, to_dict
+from psrv.config.base import from_dict
+from psrv.experiments import async_quality, quality_grid
+from psrv.experiments.spec import spec_from_dict
+
+FORMS = {"sync": ("sync", "plain"), "plain": ("async", "plain"), "slr": ("async", "staleness-lr"),
+         "dc": ("async", "dc-asgd"), "dca": ("async", "dc-asgd-a")}
+SPEC = Path(__file__).parents[2] / "experiments" / "specs" / "async_quality.toml"
+
+
+def _run(root, job, seed, form, loss, momentum=0.9):
+    mode, rule = FORMS[form]
+    run = root / f"{form}-m{momentum}" / f"rep-{seed}"
+    run.mkdir(parents=True)
+    cfg = from_dict(RunConfig, {"mode": mode, "seed": seed, "job": {"name": job},
+                                "optimizer": {"momentum": momentum, "update_rule": rule}})
+    (run / "config.json").write_text(json.dumps(to_dict(cfg)))
+    (run / "summary.json").write_text(json.dumps({"final_loss": loss}))
+
+
+def test_each_rule_is_held_to_sync_and_to_plain_async(tmp_path):
+    losses = {("digits_cnn", 0): dict(sync=1.0, plain=2.3, slr=1.29, dc=2.4, dca=1.5),
+              ("digits_mlp", 0): dict(sync=1.0, plain=1.1, slr=1.2, dc=1.0, dca=None)}
+    for (job, seed), by_form in losses.items():
+        for form, loss in by_form.items():
+            if loss is not None:
+                _run(tmp_path / job, job, seed, form, loss)
+    runs = [r for job in ("digits_cnn", "digits_mlp") for r in quality_grid.read_runs(tmp_path / job, async_quality.GRID)]
+    by = {c.job: c for c in quality_grid.cells(runs, async_quality.GRID)}
+    assert by["digits_cnn"].failures() == ["dc-asgd: 2.40x sync", "dc-asgd: worse than async plain (2.4000 > 2.3000)",
+                                           "dc-asgd-a: 1.50x sync"]
+    assert by["digits_mlp"].failures() == ["staleness-lr: worse than async plain (1.2000 > 1.1000)",
+                                           "dc-asgd-a: a run is missing"]
+    report = quality_grid.report(list(by.values()), async_quality.GRID)
+    assert "### Held-out half (digits_cnn): 0 of 1 cells hold" in report
+    assert "- staleness-lr: 1 of 1 cells" in report and "- dc-asgd: 0 of 1 cells" in report
+    assert "| digits_cnn | 0.9 | 0.05 | 1.0000 | 2.30 | 1.29 | 2.40 | 1.50 |" in report
+
+
+def test_the_spec_runs_every_form_of_the_grid_at_each_momentum_and_lr():
+    raw = tomllib.loads(SPEC.read_text())
+    spec = spec_from_dict(raw, "digits_cnn")
+    forms = {(v.config.optimizer.momentum, v.config.optimizer.lr, async_quality.rule_form(v.config))
+             for v in spec.variants}
+    needed = {async_quality.GRID.baseline, *(f for c in async_quality.GRID.claims for f in (c.remedy, c.without))}
+    assert forms == {(m, lr, f) for m in (0.0, 0.9) for lr in (0.05, 0.1) for f in needed}
+    assert {v.config.job.name for v in spec.variants} == {"digits_cnn"}
+    assert not set(async_quality.CHOSEN_ON) & {"digits_cnn", "digits_mlp3"}  # the held-out jobs stay held out
