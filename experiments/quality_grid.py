@@ -81,15 +81,18 @@ class Cell:
 
     def failures(self) -> list[str]:
         """What this cell misses: '<claim>: x <baseline>' past the ratio, '<claim>: worse than <without>',
-        or '<claim>: a run is missing'."""
+        '<claim>: no final loss (diverged or failed)', or '<claim>: a run is missing'."""
         out = []
         for claim in self.grid.claims:
             remedy, without = self.losses.get(claim.remedy), self.losses.get(claim.without)
             if remedy is None or without is None or self.grid.baseline not in self.losses:
                 out.append(f"{claim.name}: a run is missing")
                 continue
+            if math.isnan(remedy):  # a run that diverged (or failed) has no final loss: a miss, said as one
+                out.append(f"{claim.name}: no final loss (diverged or failed)")
+                continue
             ratio = self.ratio(claim.remedy)
-            if not ratio <= self.grid.ratio:  # a NaN fails
+            if not ratio <= self.grid.ratio:  # a baseline with no final loss fails too
                 out.append(f"{claim.name}: {ratio:.2f}x {self.grid.baseline}")
             if not remedy <= without:
                 out.append(f"{claim.name}: worse than {claim.without} ({remedy:.4f} > {without:.4f})")
