@@ -5,8 +5,9 @@ BIN     := $(VENV)/bin
 TORCH   ?= torch==2.13.0
 STAMP   := $(VENV)/.installed
 # Test processes: most of the suite's time is psrv processes starting (each imports torch), so two
-# pytest workers keep both of CI's two cores busy; a test file stays on one (its module fixtures). TEST_JOBS=0
-# runs them in this process.
+# pytest workers keep both of CI's two cores busy; a test file stays on one (its module fixtures), and the longest
+# files go out first (tests/file_durations.py; --no-loadscope-reorder keeps that order). TEST_JOBS=0 runs them in
+# this process.
 TEST_JOBS ?= 2
 
 .PHONY: run test bench bench-smoke chaos gpu-check gpu-prepare mutants setup clean
@@ -25,7 +26,7 @@ run: setup
 
 test: setup
 	$(BIN)/python -m tests.lint_layout
-	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile --durations=15
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder --durations=15
 
 bench: setup
 	$(BIN)/python -m psrv.experiments.bench
