@@ -135,9 +135,13 @@ def report(all_cells: list[Cell], grid: Grid) -> str:
         ok = sum(not c.failures() for c in half)
         out += [f"### {title} ({', '.join(sorted({c.job for c in half})) or 'no runs'}): "
                 f"{ok} of {len(half)} cells hold", "", table(half, grid), ""]
-        for claim in grid.claims:  # each remedy on its own: where it holds, whatever the others do
-            held_claim = sum(not any(f.startswith(f"{claim.name}:") for f in c.failures()) for c in half)
-            out.append(f"- {claim.name}: {held_claim} of {len(half)} cells")
+        for claim in grid.claims:  # each remedy on its own, and each half of its claim on its own
+            misses = [[f for f in c.failures() if f.startswith(f"{claim.name}:")] for c in half]
+            near = sum(not any(" worse than " not in f for f in m) for m in misses)
+            better = sum(not any(" worse than " in f or "no final loss" in f or "missing" in f for f in m)
+                         for m in misses)
+            out.append(f"- {claim.name}: {sum(not m for m in misses)} of {len(half)} cells; within {grid.ratio:g}x "
+                       f"of {grid.baseline} in {near}, no worse than {claim.without} in {better}")
         out.append("")
     return "\n".join(out)
 

@@ -1,8 +1,8 @@
 """The conformance matrix's cases over torch RPC (test_matrix.py holds the checks): each runs as `psrv run
---transport rpc`, the shipped worker loop in its own processes, seconds a case (one RPC world per process,
-each importing torch), so they are files of their own, which `make test` runs beside the others: this one
-holds the even cases and test_rpc_matrix_odd.py the odd ones (pytest-xdist's --dist loadfile hands out whole
-files, and one file of all 20 was the longest of the suite, 158 s)."""
+--transport rpc` runs it (experiments/launch.py run_local, called here), the shipped worker loop in its own
+processes, seconds a case (one RPC world per process), so they are files of their own, which `make test` runs
+beside the others: this one holds the even cases and test_rpc_matrix_odd.py the odd ones (pytest-xdist's
+--dist loadfile hands out whole files, and one file of all 20 was the longest of the suite, 158 s)."""
 from __future__ import annotations
 
 import json
@@ -10,11 +10,10 @@ import json
 import pytest
 import torch
 
-from psrv.config import to_dict
+from psrv.experiments.launch import run_local
 from tests.conformance.axes import case_id, run_config, workers_of
 from tests.conformance.cluster import BackupRecord, Outcome
 from tests.conformance.test_matrix import PAIRS, check, one_thread  # noqa: F401 (one torch thread here too)
-from tests.helpers import psrv_run
 
 
 RPC_CASES = [c for c in PAIRS if c["transport"] == "rpc"]
@@ -27,14 +26,14 @@ def test_rpc_pairs(case, tmp_path, monkeypatch):
 
 
 def run_rpc_case(case, tmp_path, monkeypatch) -> None:
-    """torch RPC needs a process per member of its world: these run as `psrv run --transport rpc`, the
-    shipped worker loop in its own processes, against the in-process run of the same case over zmq."""
-    # stays slow (seconds a case): one RPC world per process, each importing torch; 19 cases cover the live pairs
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps(to_dict(run_config(case))))
+    """torch RPC needs a process per member of its world: these run as `psrv run --transport rpc` runs them,
+    the shipped worker loop in its own processes (forked from the run's fork server where there are more
+    than cores), against the in-process run of the same case over zmq. The launcher is this process: a
+    `psrv run` process of its own would import torch again for the case's job, seconds a case."""
+    # stays slow (seconds a case): one RPC world per process; 20 cases cover the live pairs
     out = tmp_path / "run"
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    psrv_run(out, "--config", str(config), timeout=100)
+    run_local(run_config(case), out=out, progress=False, timeout=100)
     shards = [json.loads((out / f"server-{s}.json").read_text()) for s in range(case["shards"])]
     records = {r: json.loads((out / f"worker-{r}.json").read_text()) for r in range(workers_of(case))}
     steps = {r: record["step_log"] for r, record in records.items()}

@@ -43,7 +43,9 @@ def test_each_rule_is_held_to_sync_and_to_plain_async(tmp_path):
     assert by["digits_mlp"].failures()[-1] == "dc-asgd-a: a run is missing"
     report = quality_grid.report(list(by.values()), async_quality.GRID)
     assert "### Held-out half (digits_cnn): 0 of 1 cells hold" in report
-    assert "- staleness-lr: 1 of 1 cells" in report and "- dc-asgd: 0 of 1 cells" in report
+    assert "- staleness-lr: 1 of 1 cells; within 1.3x of sync in 1, no worse than async plain in 1" in report
+    assert "- dc-asgd: 0 of 1 cells; within 1.3x of sync in 0, no worse than async plain in 0" in report
+    assert "- dc-asgd-a: 0 of 1 cells; within 1.3x of sync in 0, no worse than async plain in 1" in report
     assert "| digits_cnn | 0.9 | 0.05 | 1.0000 | 2.30 | 1.29 | 2.40 | 1.50 |" in report
 
 
