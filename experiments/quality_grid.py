@@ -94,7 +94,7 @@ class Cell:
             ratio = self.ratio(claim.remedy)
             if not ratio <= self.grid.ratio:  # a baseline with no final loss fails too
                 out.append(f"{claim.name}: {ratio:.2f}x {self.grid.baseline}")
-            if not remedy <= without:
+            if not remedy <= without and not math.isnan(without):  # finite beats a run that diverged
                 out.append(f"{claim.name}: worse than {claim.without} ({remedy:.4f} > {without:.4f})")
         return out
 
