@@ -9,7 +9,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from psrv.code_inputs import versions
-from psrv.config.codec_knobs import quality_caveats
+from psrv.config.caveats import quality_caveats
 from psrv.experiments.collect import SKIPPED_FILE, collect, is_finished, run_dir, spec_repeats
 from psrv.experiments.launch import RunFailed, run_local
 from psrv.experiments.preflight import preflight
@@ -79,7 +79,7 @@ def _run_experiment(spec, spec_path, *, out: Path, note: str | None, skipped: di
                     scheduler: str = "local") -> int:
     if note:
         _say(note)
-    for variant in spec.variants:  # where the quality grid measured error feedback off dense (the runs go ahead)
+    for variant in spec.variants:  # where a quality grid measured the remedy off its claim (the runs go ahead)
         for line in quality_caveats(variant.config):
             _say(f"warning: variant {variant.name}: {line}")
     for variant in spec.variants:  # the report names each skipped variant and why

@@ -9,7 +9,7 @@ from psrv.cli.common import (base_config, config_arg, dotted, kubernetes_dry_run
                               unused_staleness)
 from psrv.config import RunConfig
 from psrv.config.cli_args import add_config_arguments, config_from_args, given
-from psrv.config.codec_knobs import quality_caveats
+from psrv.config.caveats import quality_caveats
 
 
 def add(sub) -> None:
@@ -57,7 +57,7 @@ def command(a: argparse.Namespace) -> int:
     from psrv.experiments.summary import format_summary
     cfg = config_from_args(RunConfig, a, base=base_config(a))
     unused_staleness(a, cfg.mode)
-    for line in quality_caveats(cfg):  # where the quality grid measured error feedback off dense: the run goes ahead
+    for line in quality_caveats(cfg):  # where a quality grid measured the remedy off its claim: the run goes ahead
         print(f"psrv run: warning: {line}", file=sys.stderr)
     kubernetes = kubernetes_dry_run(a, metrics=a.metrics)
     script = None

@@ -59,7 +59,7 @@ def run_knobs(run) -> None:
 MEASURED_TOPK = 0.005  # the top-k ratio the quality grid measured (experiments/specs/ef_quality.toml)
 
 
-def quality_caveats(run) -> list[str]:
+def codec_caveats(run) -> list[str]:
     """Where the error-feedback quality grid (docs/compression.md, "Error feedback's quality grid") measured
     a lossy push with error feedback over 1.3x dense pushes' held-out loss, on jobs nobody tuned its
     defaults on: one line per such setting this run has, for the commands to print as a warning (the run

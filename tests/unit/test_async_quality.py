@@ -5,6 +5,8 @@ import json
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from psrv.config import RunConfig, to_dict
 from psrv.config.base import from_dict
 from psrv.experiments import async_quality, quality_grid
@@ -61,3 +63,19 @@ def test_the_spec_runs_every_form_of_the_grid_at_each_momentum_and_lr():
     assert forms == {(m, lr, f) for m in (0.0, 0.9) for lr in (0.05, 0.1) for f in needed}
     assert {v.config.job.name for v in spec.variants} == {"digits_cnn"}
     assert not set(async_quality.CHOSEN_ON) & {"digits_cnn", "digits_mlp3"}  # the held-out jobs stay held out
+
+
+@pytest.mark.parametrize("settings, says", [
+    ({"mode": "async"}, ""),  # no rule: nothing claimed
+    ({"mode": "async", "optimizer": {"update_rule": "staleness-lr"}}, "1.0-74x"),  # momentum 0.9, psrv's default
+    ({"mode": "async", "optimizer": {"update_rule": "dc-asgd-a", "momentum": 0.95}}, "13-15x"),
+    ({"mode": "async", "optimizer": {"update_rule": "dc-asgd", "momentum": 0.0, "lr": 0.1}}, "1.4-48x"),
+    ({"mode": "async", "optimizer": {"update_rule": "dc-asgd", "momentum": 0.0, "lr": 0.05}}, ""),  # held there
+    ({"mode": "async", "optimizer": {"update_rule": "staleness-lr", "momentum": 0.0, "lr": 0.1}}, ""),
+    ({"mode": "async", "optimizer": {"update_rule": "staleness-lr", "momentum": 0.5}}, ""),  # not measured
+    ({"mode": "ssp", "staleness": 2, "optimizer": {"update_rule": "staleness-lr"}}, ""),  # the grid ran async
+])
+def test_the_commands_warn_where_the_grid_measured_a_rule_off_sync(settings, says):
+    from psrv.config.caveats import quality_caveats
+    lines = quality_caveats(from_dict(RunConfig, settings))
+    assert (lines == []) if not says else (len(lines) == 1 and says in lines[0] and "digits_cnn" in lines[0]), lines

@@ -67,7 +67,7 @@ def test_two_runs_of_one_cell_are_refused(tmp_path):
     ({"worker": {"compress": "bf16"}, "optimizer": {"lr": 0.1}}, []),  # a cast is not lossy here
 ])
 def test_the_commands_warn_where_the_grid_measured_error_feedback_off_dense(settings, says):
-    from psrv.config.codec_knobs import quality_caveats
+    from psrv.config.caveats import quality_caveats
     lines = quality_caveats(from_dict(RunConfig, settings))
     assert len(lines) == len(says) and all(s in line for s, line in zip(says, lines)), lines
 
