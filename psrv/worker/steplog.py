@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from psrv.atomic import write_json
+from psrv.atomic import write_json, write_text
 from psrv.code_inputs import code_inputs
 from psrv.rss import peak_rss_bytes
 from psrv.step_beacon import StepBeacon
@@ -152,7 +152,13 @@ class StepLog:
         """The step loop starts (the worker has joined): the progress file says 0 steps from here on."""
         self._loop[0] = time.time()
         if self.files.progress is not None:
-            self.files.progress.write_text(str(len(self.rows)))
+            self._progress()
+
+    def _progress(self) -> None:
+        """The steps logged so far into the progress file, replaced whole: the launcher reads it at any moment
+        (psrv run's kills and deaths record worker 0's step), and a file truncated then written was read
+        empty, as 0 steps, once in CI."""
+        write_text(self.files.progress, str(len(self.rows)))
 
     def loop_ended(self) -> None:
         if self._loop[0] is not None and self._loop[1] is None:
@@ -177,7 +183,7 @@ class StepLog:
         if self.metrics is not None:
             self.metrics.observe_step(row)
         if self.files.progress is not None and len(self.rows) % _EVERY == 0:
-            self.files.progress.write_text(str(len(self.rows)))
+            self._progress()
         if answered is not None:
             self._answered(*answered)
         return row
@@ -236,7 +242,7 @@ class StepLog:
         """Write the record, and the final weights where files name them (not after an interruption)."""
         files, whole = self.files, not record.get("interrupted")
         if files.progress is not None:
-            files.progress.write_text(str(len(self.rows)))
+            self._progress()
         if whole and params is not None and files.params is not None:
             files.params.parent.mkdir(parents=True, exist_ok=True)
             torch.save(params.detach().cpu().clone(), files.params)
