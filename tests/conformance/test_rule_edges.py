@@ -1,7 +1,7 @@
-"""Two things about the update rules (psrv/server/rules) that no case of the matrix can show, found by
-`make mutants` (tests/conformance/mutants.py): a rule's state is float32 whatever torch's default dtype
-is and lives on the shard's device, and a DC-ASGD push from a worker the shard never answered a pull is
-plain, at lr scale 1."""
+"""What no case of the matrix can show about the shard's update math, found by `make mutants`
+(tests/conformance/mutants.py): a rule's state is float32 whatever torch's default dtype is and lives on the
+shard's device; a DC-ASGD push from a worker the shard never answered a pull is plain, at lr scale 1; and
+1-bit Adam frozen after a single Adam step (the matrix's cases freeze at 2) matches its reference."""
 import re
 from types import SimpleNamespace
 
@@ -123,3 +123,21 @@ def test_a_restored_state_is_checked_and_made_float32(rule):
         assert fresh.pulled_weights == {}
         if rule == "dc-asgd-a":
             assert torch.equal(fresh.mean_square, torch.zeros(SIZE))
+
+
+def test_onebit_adam_frozen_after_a_single_adam_step_matches_the_reference():
+    """freeze_step 1, which no matrix case states (they freeze at 2): v is frozen after one Adam step, so the
+    frozen step's bias correction is 1 - b2^1 (`make mutants` found a warm-up floor of 2 unnoticed); three
+    clocks of momenta after it, against tests/conformance/ref_optim.py's 1-bit Adam."""
+    from tests.conformance.ref_optim import ServerMath, settings
+    o = OptimConfig("onebit_adam", lr=0.003, freeze_step=1)
+    s = Shard(SIZE, o)
+    s.init(randn(1))
+    ref = ServerMath(settings(o), randn(1), workers=1, mode="sync")
+    for i in range(4):
+        push = randn(20 + i)
+        s.accumulate(push, momentum=i >= 1)
+        s.apply_accumulated()
+        ref.step(push, worker=None, staleness=0, momentum_push=i >= 1)
+    assert torch.allclose(s.param.data, ref.w, atol=1e-6, rtol=0), (s.param.data - ref.w).abs().max().item()
+    assert not torch.allclose(ref.w, randn(1))  # the steps moved the weights
