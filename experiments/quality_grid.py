@@ -79,24 +79,26 @@ class Cell:
     def ratio(self, form: str) -> float:
         return self.losses.get(form, math.nan) / self.losses.get(self.grid.baseline, math.nan)
 
-    def failures(self) -> list[str]:
-        """What this cell misses: '<claim>: x <baseline>' past the ratio, '<claim>: worse than <without>',
-        '<claim>: no final loss (diverged or failed)', or '<claim>: a run is missing'."""
+    def misses(self, claim: Claim) -> list[tuple[str, str]]:
+        """What `claim` misses here, each as (kind, line): "missing" (a run is missing), "diverged" (the
+        remedy's run has no final loss), "ratio" (past the grid's ratio of the baseline), "worse" (worse
+        than the run without the remedy)."""
+        remedy, without = self.losses.get(claim.remedy), self.losses.get(claim.without)
+        if remedy is None or without is None or self.grid.baseline not in self.losses:
+            return [("missing", f"{claim.name}: a run is missing")]
+        if math.isnan(remedy):  # a run that diverged (or failed) has no final loss: a miss, said as one
+            return [("diverged", f"{claim.name}: no final loss (diverged or failed)")]
         out = []
-        for claim in self.grid.claims:
-            remedy, without = self.losses.get(claim.remedy), self.losses.get(claim.without)
-            if remedy is None or without is None or self.grid.baseline not in self.losses:
-                out.append(f"{claim.name}: a run is missing")
-                continue
-            if math.isnan(remedy):  # a run that diverged (or failed) has no final loss: a miss, said as one
-                out.append(f"{claim.name}: no final loss (diverged or failed)")
-                continue
-            ratio = self.ratio(claim.remedy)
-            if not ratio <= self.grid.ratio:  # a baseline with no final loss fails too
-                out.append(f"{claim.name}: {ratio:.2f}x {self.grid.baseline}")
-            if not remedy <= without and not math.isnan(without):  # finite beats a run that diverged
-                out.append(f"{claim.name}: worse than {claim.without} ({remedy:.4f} > {without:.4f})")
+        ratio = self.ratio(claim.remedy)
+        if not ratio <= self.grid.ratio:  # a baseline with no final loss fails too
+            out.append(("ratio", f"{claim.name}: {ratio:.2f}x {self.grid.baseline}"))
+        if not remedy <= without and not math.isnan(without):  # finite beats a run that diverged
+            out.append(("worse", f"{claim.name}: worse than {claim.without} ({remedy:.4f} > {without:.4f})"))
         return out
+
+    def failures(self) -> list[str]:
+        """Every claim's misses here, as lines (`misses`)."""
+        return [line for claim in self.grid.claims for _, line in self.misses(claim)]
 
 
 def cells(runs: list[Run], grid: Grid) -> list[Cell]:
@@ -136,11 +138,10 @@ def report(all_cells: list[Cell], grid: Grid) -> str:
         out += [f"### {title} ({', '.join(sorted({c.job for c in half})) or 'no runs'}): "
                 f"{ok} of {len(half)} cells hold", "", table(half, grid), ""]
         for claim in grid.claims:  # each remedy on its own, and each half of its claim on its own
-            misses = [[f for f in c.failures() if f.startswith(f"{claim.name}:")] for c in half]
-            near = sum(not any(" worse than " not in f for f in m) for m in misses)
-            better = sum(not any(" worse than " in f or "no final loss" in f or "missing" in f for f in m)
-                         for m in misses)
-            out.append(f"- {claim.name}: {sum(not m for m in misses)} of {len(half)} cells; within {grid.ratio:g}x "
+            kinds = [{kind for kind, _ in c.misses(claim)} for c in half]
+            near = sum(not k & {"missing", "diverged", "ratio"} for k in kinds)
+            better = sum(not k & {"missing", "diverged", "worse"} for k in kinds)
+            out.append(f"- {claim.name}: {sum(not k for k in kinds)} of {len(half)} cells; within {grid.ratio:g}x "
                        f"of {grid.baseline} in {near}, no worse than {claim.without} in {better}")
         out.append("")
     return "\n".join(out)
