@@ -29,10 +29,17 @@ def push_form(cfg: RunConfig) -> str:
     return "dense" if not codec else f"{codec} {'ef' if cfg.worker.error_feedback else 'no ef'}"
 
 
-GRID = Grid(name="ef_quality", form_of=push_form, baseline="dense", ratio=RATIO, chosen_on=CHOSEN_ON,
-            claims=tuple(Claim(codec, f"{codec} ef", f"{codec} no ef") for codec in CODECS),
-            columns=(("top-k EF x dense", "topk:0.005 ef"), ("top-k no EF", "topk:0.005 no ef"),
-                     ("sign EF x dense", "sign ef"), ("sign no EF", "sign no ef")))
+def grid(name: str, codecs: tuple[str, ...]) -> Grid:
+    """Each codec with error feedback held to dense and to itself without: ef_quality's, and ef_ratios'
+    (experiments/ef_ratios.py) at other top-k ratios."""
+    header = lambda codec: "sign" if codec == "sign" else f"top-k {float(codec.split(':')[1]):.1%}"  # noqa: E731
+    return Grid(name=name, form_of=push_form, baseline="dense", ratio=RATIO, chosen_on=CHOSEN_ON,
+                claims=tuple(Claim(codec, f"{codec} ef", f"{codec} no ef") for codec in codecs),
+                columns=tuple(col for codec in codecs for col in ((f"{header(codec)} EF x dense", f"{codec} ef"),
+                                                                   (f"{header(codec)} no EF", f"{codec} no ef"))))
+
+
+GRID = grid("ef_quality", CODECS)
 
 
 def read_runs(folder: Path) -> list[quality_grid.Run]:

@@ -1,12 +1,15 @@
 """Error feedback's quality grid's table (experiments/ef_quality.py): cells from each run's stored config,
 the 1.3x and no-worse-than-no-EF criterion per codec, and the split into chosen-on and held-out jobs."""
 import json
+import tomllib
+from pathlib import Path
 
 import pytest
 
 from psrv.config import RunConfig, to_dict
 from psrv.config.base import from_dict
-from psrv.experiments import ef_quality
+from psrv.experiments import ef_quality, ef_ratios
+from psrv.experiments.spec import spec_from_dict
 
 PUSHES = {"dense": {}, "topk-ef": {"compress": "topk:0.005"},
           "topk-noef": {"compress": "topk:0.005", "error_feedback": False},
@@ -50,6 +53,23 @@ def test_two_runs_of_one_cell_are_refused(tmp_path):
     runs = ef_quality.read_runs(tmp_path / "a") + ef_quality.read_runs(tmp_path / "b")
     with pytest.raises(ValueError, match="two runs of dense"):
         ef_quality.cells(runs)
+
+
+@pytest.mark.parametrize("module", [ef_quality, ef_ratios])
+def test_each_spec_runs_every_form_of_its_grid_at_each_momentum_and_lr(module):
+    spec_file = Path(__file__).parents[2] / "experiments" / "specs" / f"{module.GRID.name}.toml"
+    spec = spec_from_dict(tomllib.loads(spec_file.read_text()), "digits_mlp3")
+    forms = {(v.config.optimizer.momentum, v.config.optimizer.lr, ef_quality.push_form(v.config)) for v in spec.variants}
+    needed = {"dense", *(f for c in module.GRID.claims for f in (c.remedy, c.without))}
+    assert forms == {(m, lr, f) for m in (0.0, 0.9) for lr in (0.05, 0.1) for f in needed}
+    assert {(v.config.job.name, v.config.job.steps, v.config.cluster.workers) for v in spec.variants} == {
+        ("digits_mlp3", 200, 4)}
+    assert not set(module.GRID.chosen_on) & {"digits_cnn", "digits_mlp3"}  # the held-out jobs stay held out
+
+
+def test_the_ratio_grids_columns_name_each_ratio():
+    assert [h for h, _ in ef_ratios.GRID.columns] == ["top-k 0.1% EF x dense", "top-k 0.1% no EF",
+                                                       "top-k 2.0% EF x dense", "top-k 2.0% no EF"]
 
 
 @pytest.mark.parametrize("settings, says", [
