@@ -36,6 +36,14 @@ class TrainingInterrupted(KeyboardInterrupt):
         self.record, self.interrupt = record, interrupt
 
 
+def _totals(ps: Worker | None) -> dict:
+    """psrv.Worker's totals for a record, or none where it never started or cannot say after an error."""
+    try:
+        return ps.totals() if ps is not None else {}
+    except Exception:  # noqa: BLE001  (the record's rows still count the steps; the error is raised above)
+        return {}
+
+
 def train(cfg: WorkerConfig, *, log: StepLog | None = None, progress=None) -> dict:
     """Train until the run's step cfg.job.steps against the servers (from the step of the shards' clock where
     a restarted or late worker joins: psrv.Worker's `start_step`); return this worker's record (psrv/worker/steplog.py
@@ -110,6 +118,10 @@ def train(cfg: WorkerConfig, *, log: StepLog | None = None, progress=None) -> di
         interrupt = exc
         log.loop_ended()
         _log.warning("worker %d: interrupted at step %d; leaving", cfg.rank, len(log.rows))
+    except Exception as exc:  # a shard's refusal, a lost shard: the steps done are kept, then it goes on up
+        log.loop_ended()
+        log.save(log.record(failed=(str(exc).splitlines() or [type(exc).__name__])[0], **_totals(ps)))
+        raise
     totals = ps.totals() if ps is not None else {}
     record = log.record(interrupted=interrupt is not None, **totals)
     if interrupt is not None:  # the rows, not the partial weights

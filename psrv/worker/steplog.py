@@ -11,8 +11,9 @@ and PSRV_METRICS_LINGER. `{rank}` in a path is replaced by the worker's rank: on
 templates (DIR/worker-{rank}.json) and each rank fills in its own.
 
 A row holds what a step measured. The loss and batch size are the ones the loop knew, None where a
-script passed none: the log never makes one up. A worker that stops on an error or Ctrl-C writes what
-it did, `interrupted` True, and no weights.
+script passed none: the log never makes one up. A worker that stops on Ctrl-C writes what it did,
+`interrupted` True, and no weights; one that stops on an error (the shipped loop's), `failed` with the
+error's line, and no weights.
 """
 from __future__ import annotations
 
@@ -79,7 +80,8 @@ RECORD = {  # a worker record's keys (a run directory's worker-R.json)
     "fragments": "local steps: streaming DiLoCo's fragments F (1: the whole model per push)",
     "outer_dtype": "local steps: the pushed pseudo-gradients' wire dtype",
     "settings_overridden": "PS workers: the keywords a run's script gave against its config ({name: {run, script}})",
-    "interrupted": "stopped by Ctrl-C or SIGTERM", "steps_done": "interrupted: the steps that ran",
+    "interrupted": "stopped by Ctrl-C or SIGTERM", "failed": "stopped by an error: its first line",
+    "steps_done": "interrupted or failed: the steps that ran",
     "inputs": "the code that ran: versions and the sha256 of each file imported from outside psrv, the standard "
               "library and site-packages (psrv/code_inputs.py)",
 }
@@ -212,9 +214,11 @@ class StepLog:
         """An evaluation between steps took `seconds`: train_seconds leaves them out."""
         self.fields["eval_seconds"] += seconds
 
-    def record(self, *, interrupted: bool = False, answered: list[tuple[int, int]] = (), **fields) -> dict:
+    def record(self, *, interrupted: bool = False, failed: str | None = None, answered: list[tuple[int, int]] = (),
+               **fields) -> dict:
         """The record: the fields described, `fields` (declared in RECORD), and what the rows say, with the
-        staleness of the fragment pushes `answered` at close() (psrv.Worker.totals()) in their rows."""
+        staleness of the fragment pushes `answered` at close() (psrv.Worker.totals()) in their rows.
+        `interrupted` (Ctrl-C) or `failed` (the error's line): the steps done so far, and no weights."""
         for step, staleness in answered:
             self._answered(step, staleness)
         rows = self.rows
@@ -235,12 +239,14 @@ class StepLog:
         record.update(fields)
         if interrupted:
             record.update(interrupted=True, steps_done=len(rows))
+        if failed is not None:
+            record.update(failed=failed, steps_done=len(rows))
         _declared(record, RECORD, "record")
         return record
 
     def save(self, record: dict, *, params: torch.Tensor | None = None, state: dict | None = None) -> None:
         """Write the record, and the final weights where files name them (not after an interruption)."""
-        files, whole = self.files, not record.get("interrupted")
+        files, whole = self.files, not record.get("interrupted") and not record.get("failed")
         if files.progress is not None:
             self._progress()
         if whole and params is not None and files.params is not None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conformance.job import NAN_STEP
 from tests.helpers import ROOT, psrv_argv
 from tests.integration.test_interrupts import _children
 
@@ -176,6 +177,24 @@ def test_a_crashed_rank_ends_the_run_which_keeps_its_steps_and_an_incomplete_sum
                                   "steps_not_done")} == {
         "process": "worker-1", "rank": 1, "exit_code": 1, "signal": None, "cause": "exited with code 1",
         "survived": False, "last_clock": 9, "steps_not_done": 30}
+
+
+@pytest.mark.timeout(60)
+def test_a_shipped_worker_stopped_by_a_shards_refusal_keeps_its_steps_in_the_summary(runs):
+    """The shipped loop's worker 1 pushes a NaN gradient at its step NAN_STEP (tests/conformance/job.py's tiny_nan);
+    the shard refuses it (--nonfinite reject, the default) and the worker stops on the error. Its record says so
+    (`failed`, the refusal's line) and keeps the steps it did, so summary.json's steps_done counts them: a run
+    whose every worker fails this way once said 0 steps done (1-bit Adam's quality grid)."""
+    run = runs("--mode", "sync", "--servers", "1", "--workers", "2", "--steps", "20", "--batch-size", "16",
+               "--job", str(ROOT / "tests" / "conformance" / "job.py") + ":tiny_nan")
+    assert run.wait() == 1, run.said
+    record = json.loads((run.out / "worker-1.json").read_text())
+    assert record["failed"].startswith("shard 0: NONFINITE") and record["steps_done"] == NAN_STEP, record
+    assert not (run.out / "worker-1.pt").exists() and "interrupted" not in record
+    rows = _rows(run)
+    assert sorted(int(r["step"]) for r in rows if r["worker"] == "1") == list(range(NAN_STEP))
+    s = _summary(run)
+    assert (s["complete"], s["steps_done"]) == (False, len(rows)) and s["cause"].startswith("worker-1 exited"), s
 
 
 @pytest.mark.timeout(60)
