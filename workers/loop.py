@@ -119,8 +119,7 @@ def train(cfg: WorkerConfig, *, log: StepLog | None = None, progress=None) -> di
         log.loop_ended()
         _log.warning("worker %d: interrupted at step %d; leaving", cfg.rank, len(log.rows))
     except Exception as exc:  # a shard's refusal, a lost shard: the steps done are kept, then it goes on up
-        log.loop_ended()
-        log.save(log.record(failed=(str(exc).splitlines() or [type(exc).__name__])[0], **_totals(ps)))
+        log.save_failed(exc, **_totals(ps))
         raise
     totals = ps.totals() if ps is not None else {}
     record = log.record(interrupted=interrupt is not None, **totals)

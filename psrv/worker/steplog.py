@@ -12,7 +12,7 @@ templates (DIR/worker-{rank}.json) and each rank fills in its own.
 
 A row holds what a step measured. The loss and batch size are the ones the loop knew, None where a
 script passed none: the log never makes one up. A worker that stops on Ctrl-C writes what it did,
-`interrupted` True, and no weights; one that stops on an error (the shipped loop's), `failed` with the
+`interrupted` True, and no weights; one that stops on an error (the shipped PS and all-reduce loops), `failed` with the
 error's line, and no weights.
 """
 from __future__ import annotations
@@ -243,6 +243,18 @@ class StepLog:
             record.update(failed=failed, steps_done=len(rows))
         _declared(record, RECORD, "record")
         return record
+
+    def save_failed(self, error: BaseException, **fields) -> None:
+        """The loop stopped on `error`: save the record of the steps done, `failed` with the error's first line.
+        The launcher's stop signal, sent as another process died of the same cause, may land in the write: it
+        raises once (psrv.process.interrupt_on_signals ignores the next ones for a while), and the write is done
+        again."""
+        self.loop_ended()
+        record = self.record(failed=(str(error).splitlines() or [type(error).__name__])[0], **fields)
+        try:
+            self.save(record)
+        except KeyboardInterrupt:
+            self.save(record)
 
     def save(self, record: dict, *, params: torch.Tensor | None = None, state: dict | None = None) -> None:
         """Write the record, and the final weights where files name them (not after an interruption)."""

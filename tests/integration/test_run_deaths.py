@@ -197,6 +197,35 @@ def test_a_shipped_worker_stopped_by_a_shards_refusal_keeps_its_steps_in_the_sum
     assert (s["complete"], s["steps_done"]) == (False, len(rows)) and s["cause"].startswith("worker-1 exited"), s
 
 
+def _rank_pid(run: Run, rank: int) -> int:
+    """The all-reduce rank `rank`'s PID: the ranks share one command line, each has its RANK."""
+    for child in _children(run.proc.pid, forkserver=True):
+        try:
+            env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        except FileNotFoundError:
+            continue
+        run.seen.add(child)
+        if f"RANK={rank}".encode() in env:
+            return child
+    raise AssertionError(f"no rank {rank} among psrv run's children")
+
+
+@pytest.mark.timeout(90)
+def test_a_ddp_rank_whose_peer_was_killed_keeps_its_steps_in_the_summary(runs):
+    """Rank 1 of a DDP run killed from outside: rank 0's next all-reduce fails, and its record keeps the steps it did
+    (`failed`, the collective's error), so summary.json's steps_done counts them (it said 0)."""
+    run = runs("--mode", "ddp", "--workers", "2", "--job", "digits_mlp", "--steps", str(STEPS), "--compute-ms", "20")
+    run.wait_steps("worker-1", 20)
+    os.kill(_rank_pid(run, 1), signal.SIGKILL)
+    assert run.wait() == 1, run.said
+    record = json.loads((run.out / "worker-0.json").read_text())
+    assert record["failed"] and record["steps_done"] >= 20, record
+    rows = _rows(run)
+    assert {r["worker"] for r in rows} == {"0"} and len(rows) == record["steps_done"]
+    s = _summary(run)
+    assert (s["complete"], s["steps_done"]) == (False, len(rows)), s
+
+
 @pytest.mark.timeout(60)
 def test_in_plain_sync_a_worker_killed_from_outside_ends_the_run_which_keeps_what_ran(runs):
     """Plain sync is not survived (every rank's gradient in every clock is the run asked for): the death ends it,

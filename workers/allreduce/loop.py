@@ -159,6 +159,9 @@ def _train(cfg: RunConfig, *, rank: int, world: int, device, group, pauses, log:
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM where the entry point makes it one: keep the rows
         interrupt = exc
         _log.warning("rank %d: interrupted at step %d", rank, len(log.rows))
+    except Exception as exc:  # a peer lost, a NaN in the reduced gradient: the steps done are kept, then it goes on up
+        log.save_failed(exc, pushes=clock.reduced, updates_applied=clock.updates)
+        raise
     if outer is not None and interrupt is None and cfg.job.steps % cfg.worker.local_steps:
         outer()  # the last, partial round, as psrv.Worker.close() pushes it
     log.loop_ended()  # the evaluations' pauses come off train_seconds
