@@ -5,6 +5,8 @@ import json
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from psrv.config import RunConfig, to_dict
 from psrv.config.base import from_dict
 from psrv.experiments import onebit_quality, quality_grid
@@ -54,3 +56,14 @@ def test_the_spec_runs_every_form_of_the_grid_at_each_lr():
     assert {v.config.job.name for v in spec.variants} == {"mnist1d_mlp"}
     assert {v.config.job.steps for v in spec.variants} == {150}  # the warm-ups are 20% and 40% of it
     assert not set(onebit_quality.CHOSEN_ON) & {"mnist1d_mlp", "digits_mlp3"}  # the held-out jobs stay held out
+
+
+@pytest.mark.parametrize("optimizer, warns", [
+    ({"name": "onebit_adam", "freeze_step": 30, "lr": 0.002}, True),
+    ({"name": "onebit_adam", "freeze_step": 1000, "lr": 0.0005}, True),  # no setting of it held on the held-out jobs
+    ({"name": "adam", "lr": 0.002}, False),
+])
+def test_the_commands_warn_for_every_onebit_adam_run(optimizer, warns):
+    from psrv.config.caveats import quality_caveats
+    lines = quality_caveats(from_dict(RunConfig, {"mode": "sync", "optimizer": optimizer}))
+    assert (len(lines) == 1 and "diverged" in lines[0] and "mnist1d_mlp" in lines[0]) if warns else lines == [], lines
