@@ -74,7 +74,11 @@ def test_the_ratio_grids_columns_name_each_ratio():
 
 @pytest.mark.parametrize("settings, says", [
     ({}, []),
-    ({"worker": {"compress": "topk:0.01"}}, []),  # the grid measured 0.5%, and 1% is above it
+    ({"worker": {"compress": "topk:0.01"}}, ["top-k at 2%"]),  # 1% takes 2%'s line: momentum 0.9, psrv's default
+    ({"worker": {"compress": "topk:0.02"}, "optimizer": {"momentum": 0.0}}, []),  # 2% held without momentum
+    ({"worker": {"compress": "topk:0.05"}}, []),  # above 2%: not measured
+    ({"worker": {"compress": "topk:0.003"}}, ["top-k at 0.5%"]),
+    ({"worker": {"compress": "topk:0.0005"}}, ["top-k at 0.1%"]),
     ({"worker": {"compress": "sign"}}, []),  # lr 0.05, momentum 0.9: held on every job
     ({"worker": {"compress": "topk:0.005"}}, ["digits_mlp3"]),
     ({"worker": {"compress": "topk:0.001"}}, ["digits_mlp3"]),
