@@ -13,6 +13,7 @@ push, add a backup or restart a shard from its checkpoint at a chosen step."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import tempfile
 import threading
 import time
@@ -77,6 +78,15 @@ class Hooks:
 
     def step(self, rank: int, step: int) -> None:
         pass
+
+    def restarts(self, rank: int, step: int) -> bool:
+        """Whether worker `rank` is restarted before its step `step` (after `step(rank, step)`): its psrv.Worker
+        closed, and a new one loaded from the old one's state_dict (through torch.save's bytes)."""
+        return False
+
+    def restarted(self, rank: int, step: int, state: dict) -> None:
+        """After worker `rank`'s restart before `step`, from `state`; in every worker's thread where the
+        workers run free, so that none goes on while one is restarting."""
 
 
 def order(step: int, ranks: list[int]) -> list[int]:
@@ -245,16 +255,21 @@ def _worker(cfg: RunConfig, rank: int, job, addresses: list[str], *, turns: Turn
     batches = job.batches_for(rank=rank, world_size=w.world_size, batch_size=w.job.batch_size, seed=cfg.seed)
     inner = torch.optim.SGD(model.parameters(), lr=w.inner_lr) if w.local_updates else None
     log = StepLog()  # the rows, with each fragment push's staleness once answered
-    ps = Worker(model, w.servers, rank=rank, world_size=w.world_size, transport=w.transport,
-                timeout=w.request_timeout, wire_dtype=w.wire_dtype, overlap=w.overlap,
-                clip_grad_norm=w.clip_grad_norm, local_steps=w.local_steps if w.local_updates else None,
-                fragments=w.fragments, outer_dtype=w.outer_dtype,
-                compress=w.compress, error_feedback=w.error_feedback, compress_min_numel=w.compress_min_numel,
-                momentum_correction=w.momentum_correction, momentum_masking=w.momentum_masking,
-                compress_warmup=w.compress_warmup, sign_scale=w.sign_scale,
-                shared_memory=w.shared_memory, bulk=w.bulk, push_chunk_mb=w.push_chunk_mb,
-                compress_pull=w.compress_pull, pull_error_feedback=w.pull_error_feedback, pull_resync=w.pull_resync,
-                step_log=log)
+
+    def make() -> Worker:  # the run's psrv.Worker for this rank (again, for a restart)
+        return Worker(model, w.servers, rank=rank, world_size=w.world_size, transport=w.transport,
+                      timeout=w.request_timeout, wire_dtype=w.wire_dtype, overlap=w.overlap,
+                      clip_grad_norm=w.clip_grad_norm, local_steps=w.local_steps if w.local_updates else None,
+                      fragments=w.fragments, outer_dtype=w.outer_dtype,
+                      compress=w.compress, error_feedback=w.error_feedback, compress_min_numel=w.compress_min_numel,
+                      momentum_correction=w.momentum_correction, momentum_masking=w.momentum_masking,
+                      compress_warmup=w.compress_warmup, sign_scale=w.sign_scale,
+                      shared_memory=w.shared_memory, bulk=w.bulk, push_chunk_mb=w.push_chunk_mb,
+                      compress_pull=w.compress_pull, pull_error_feedback=w.pull_error_feedback,
+                      pull_resync=w.pull_resync,
+                      step_log=log)
+
+    ps = make()
     out.steps[rank] = log.rows
     # a push may wait for the next worker's (sync with backup workers); a fragment push (streaming DiLoCo)
     # returns before it is handled: either way the turn passes once the shards have handled it
@@ -265,6 +280,15 @@ def _worker(cfg: RunConfig, rank: int, job, addresses: list[str], *, turns: Turn
         for step in range(w.job.steps):
             ticket = turns.wait(rank)
             hooks.step(rank, step)
+            state = None
+            if hooks.restarts(rank, step):  # a restarted process: a new psrv.Worker from the saved state
+                buf = io.BytesIO()
+                torch.save(ps.state_dict(), buf)
+                ps.close()
+                ps = make()
+                state = torch.load(io.BytesIO(buf.getvalue()))
+                ps.load_state_dict(state)
+            hooks.restarted(rank, step, state)
             loss = job.loss_of(model, next(batches))
             loss.backward()
             if inner is not None:

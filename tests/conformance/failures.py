@@ -1,7 +1,8 @@
 """The faults of the conformance matrix's failure cases (tests/conformance/test_failures.py), each a cluster.Hooks
 that records what it saw when it fired, so a case can assert that its fault really happened: a replicated
 shard's primary that dies at a chosen push (KillPrimary), a backup that joins after a chosen step (JoinBackup),
-the shards stopped after a chosen step and resumed from their checkpoints (Resume)."""
+the shards stopped after a chosen step and resumed from their checkpoints (Resume), a worker restarted from its
+state_dict (RestartWorker)."""
 from __future__ import annotations
 
 import dataclasses
@@ -26,15 +27,16 @@ PUSHES = (MsgType.PUSH, MsgType.PUSH_PULL)
 
 def config(mode: str, *, steps: int = 6, shards: int = 1, replicas: int = 0, chunk_mb: float = 0.0,
            optimizer: str = "sgd", local: int = 1, fragments: int = 1, outer: str = "float32",
-           plane: str = "inline", rule: str = "plain") -> RunConfig:
+           plane: str = "inline", rule: str = "plain", compress: str = "") -> RunConfig:
     """A failure case's run: the matrix's tiny job on two workers; sgd is SGD with momentum 0.9 (its state must
     survive the fault), adam Adam; `chunk_mb` > 0 chunks pushes (async and ssp apply them chunk by chunk);
     tensors inline (the matrix's plain path) or over the shm plane (`plane` "shm", psrv's default on one host);
-    `rule` the shards' update rule (its state must survive the fault too)."""
+    `rule` the shards' update rule (its state must survive the fault too); `compress` the push codec (with error
+    feedback, and momentum correction under sgd)."""
     optim = {"name": "sgd", "lr": 0.05, "momentum": 0.9} if optimizer == "sgd" else {"name": optimizer, "lr": 0.003}
     optim.update(update_rule=rule, **({"nesterov": True} if rule == "dn" else {}))  # dn is delayed Nesterov
     worker = {"push_chunk_mb": chunk_mb, "local_steps": local, "fragments": fragments, "outer_dtype": outer,
-              "request_timeout": 30.0}
+              "request_timeout": 30.0, "compress": compress}
     if local > 1:
         worker.update(inner_optimizer="sgd", inner_lr=0.05)
     return from_dict(RunConfig, {
@@ -233,3 +235,26 @@ def _restart(config) -> Server:
             if "already in use" not in str(exc) or time.monotonic() > deadline:
                 raise
             time.sleep(0.02)
+
+
+class RestartWorker(Watch):
+    """Worker `rank` restarted before its step `at` (cluster.py Hooks.restarts): the psrv.Worker closed and a new
+    one built, loaded from the old one's state_dict, as a user restarts a worker process from its checkpoint.
+    In turns, at a step where its turn follows its own last one (no push in between, so the weights it pulls on
+    joining are those it held); where the workers run free, the others wait at a barrier until it is back.
+    `state` is what it was loaded from."""
+
+    def __init__(self, cfg: RunConfig, at: int, rank: int):
+        self.at, self.rank, self.state = at, rank, None
+        self._barrier = threading.Barrier(cfg.cluster.workers, timeout=TIMEOUT) if free(cfg) else None
+
+    def restarts(self, rank: int, step: int) -> bool:
+        if step == self.at and self._barrier is not None:
+            self._barrier.wait()  # every worker has finished its step at - 1
+        return (rank, step) == (self.rank, self.at)
+
+    def restarted(self, rank: int, step: int, state: dict | None) -> None:
+        if (rank, step) == (self.rank, self.at):
+            self.state = state
+        if step == self.at and self._barrier is not None:
+            self._barrier.wait()  # back: the others may go on

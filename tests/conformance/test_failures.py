@@ -11,10 +11,14 @@
 - a shard stopped after a chosen step (its final checkpoint) and resumed from its checkpoint on its address
   loads that step's version and ends with the state (optimizer state, streaming DiLoCo's fragment optimizers)
   and weights of the uninterrupted run;
-- streaming DiLoCo with H/F > 1 (inner steps between fragment pushes) against ref_streaming.py's reference.
+- streaming DiLoCo with H/F > 1 (inner steps between fragment pushes) against ref_streaming.py's reference;
+- a worker closed before a chosen step and started again from its psrv.Worker.state_dict() (the residuals of
+  its codec, momentum correction's velocity, its step count) ends with the weights and shard state of the run
+  without the restart (async and ssp; the restart's LEAVE takes one seq more).
 
 Each case asserts that its fault fired as meant (a failover at that epoch and push, a backup that joined
-mid-run, a resume from that step's version, fragment pushes only every H/F-th step): one that did not fails.
+mid-run, a resume from that step's version, fragment pushes only every H/F-th step, a restart from a state
+that carried residuals): one that did not fails.
 What is left out of "bit for bit": across two runs, the compressed-pull numbering (random per shard life) and,
 where sync's workers run free, which push of a clock came first (the exactly-once table's answers say the
 version each one saw); the seqs of the table are compared there."""
@@ -27,7 +31,7 @@ import torch
 
 from psrv.config import RunConfig
 from tests.conformance.cluster import Outcome, run
-from tests.conformance.failures import JoinBackup, KillPrimary, Resume, Watch, config, free, state_of
+from tests.conformance.failures import JoinBackup, KillPrimary, RestartWorker, Resume, Watch, config, free, state_of
 from tests.conformance.ref_streaming import reference_of
 from tests.states import assert_same_state
 
@@ -273,3 +277,41 @@ def test_streaming_with_inner_steps_between_fragment_pushes(mode, h, f, options,
         assert torch.equal(got.out.params, alone.out.params), "the weights of the same case without backups"
         for b in got.out.backups:
             assert_same_state(b.primary_state, b.state, f"shard {b.shard}")
+
+
+# --- a worker restarted from its state_dict ------------------------------------------------------------------
+RESTARTS = [  # (mode, before step, rank, config options): odd steps, where rank 1's turn follows its own
+    ("async", 3, 1, (("compress", "topk:0.1"),)),  # top-k's residuals, momentum correction's velocity, the step count
+    ("ssp", 3, 1, (("compress", "sign"), ("optimizer", "adam"))),  # sign's residuals
+]  # not sync: a worker that rejoins there counts from the clock after the open one (psrv/server/consistency/sync.py
+# join), so its restart changes the math; onebit_adam, sync only, keeps its momentum's restore to tests/unit
+
+
+@pytest.mark.parametrize("mode,at,rank,options", RESTARTS,
+                         ids=[case_id(m, f"before{a}", f"rank{r}", options=o) for m, a, r, o in RESTARTS])
+def test_a_worker_restarted_from_its_state_dict(mode, at, rank, options, plain):
+    """psrv.Worker.state_dict() carries what the shards do not hold: a worker closed and started again from it
+    ends the run of the worker never restarted, bit for bit."""
+    cfg = config(mode, **dict(options))
+    restart = RestartWorker(cfg, at, rank)
+    got = run_with(cfg, restart)
+    want = plain(cfg)
+    state = restart.state
+    assert state is not None and state["steps"] == at, "the worker was not restarted before its step"
+    carried = {k: v for k, v in state.items() if v is not None and k != "steps"}
+    assert carried, "the state carried nothing the shards do not hold"
+    for part, tensors in carried.items():  # each part live: not all zeros
+        assert any(t.abs().sum() > 0 for t in tensors.values() if isinstance(t, torch.Tensor)), (part, tensors)
+    steps = [[row["step"] for row in run.out.steps[rank]] for run in (got, want)]  # its step count carried on
+    assert steps[0] == steps[1], f"the restarted worker's steps {steps[0]}, without the restart {steps[1]}"
+    for shard, (mine, theirs) in enumerate(zip(got.states, want.states)):  # the restart's LEAVE took a seq more
+        seqs = [(s["dedup"]["last"][rank]["seq"], s["dedup"]["seen"][rank]) for s in (mine, theirs)]
+        assert seqs[0] == (seqs[1][0] + 1, seqs[1][1] + 1), f"shard {shard}: seqs {seqs}"
+    same_run(cfg, got, want, summaries=got.out.shards, states=[_seqs_of(s, rank, -1) for s in got.states])
+
+
+def _seqs_of(state: dict, rank: int, by: int) -> dict:
+    """`state` with worker `rank`'s last and highest seq moved `by`."""
+    dedup = state["dedup"]
+    last = {**dedup["last"], rank: {**dedup["last"][rank], "seq": dedup["last"][rank]["seq"] + by}}
+    return {**state, "dedup": {**dedup, "last": last, "seen": {**dedup["seen"], rank: dedup["seen"][rank] + by}}}
