@@ -39,10 +39,11 @@ _FROM_SUMMARY = ("wall_seconds", "samples_per_second", "final_loss", "eval_accur
                  "updates_applied", "mean_staleness", "max_staleness",
                  "bytes_per_sample", "compression_ratio")  # the workers' measured wire bytes (docs/compression.md)
 RUN_COLUMNS = ("variant", "repeat", "mode", "staleness", "reached_target", "diverged", *METRICS, "config_hash")
-SUMMARY_COLUMNS = ("variant", "mode", "staleness", "repeats", "diverged", "target_reached",
+SUMMARY_COLUMNS = ("variant", "mode", "staleness", "repeats", "diverged", "failed", "target_reached",
                    *(name for metric in METRICS for name in (metric, f"{metric}_std")))
 _REP_RE = re.compile(r"rep-([0-9]+)")
 SKIPPED_FILE = "skipped.txt"  # DIR/<variant>/skipped.txt: why the runner did not run that variant here
+ERROR_FILE = "error.txt"  # DIR/<variant>/rep-<k>/error.txt: why that run failed (experiments/runner.py)
 
 
 def run_dir(out_dir: str | Path, variant: str, repeat: int) -> Path:
@@ -82,6 +83,21 @@ def spec_repeats(out_dir: str | Path, spec: ExperimentSpec, variant: str) -> lis
             log.warning("collect: leaving out %s: the spec has %d seed(s), so no rep-%d", path, spec.repeats,
                         repeat)
     return [(repeat, path) for repeat, path in found if repeat < spec.repeats]
+
+
+def failed_repeats(out_dir: str | Path, spec: ExperimentSpec, variant: str) -> list[tuple[int, str]]:
+    """(repeat index, the failure in a line) of each rep-<k> the spec has that the runner recorded as failed
+    (its error.txt) and that has no finished summary: not among the repeats, but counted and named. The line
+    is error.txt's first and, where the failed process's last lines follow it, its very last (what the
+    process said as it stopped: a shard's refusal, a traceback's exception)."""
+    failed = []
+    for repeat in range(spec.repeats):
+        path = run_dir(out_dir, variant, repeat)
+        if (path / ERROR_FILE).exists() and not is_finished(path):
+            lines = [x for x in (path / ERROR_FILE).read_text(errors="replace").splitlines() if x.strip()]
+            said = lines[0] if lines else "(error.txt is empty)"
+            failed.append((repeat, f"{said} ... {lines[-1].strip()}" if len(lines) > 1 else said))
+    return failed
 
 
 def stored_hash(path: str | Path) -> str:
@@ -240,17 +256,18 @@ class VariantSummary:
     target_reached: int
     stats: dict[str, Stat]
     diverged: int = 0  # of the repeats
+    failed: int = 0  # runs of the spec's seeds that failed (failed_repeats): not among the repeats
 
     def row(self) -> dict[str, Any]:
         row: dict[str, Any] = {"variant": self.variant, "mode": self.mode,
                                "staleness": self.staleness, "repeats": self.repeats, "diverged": self.diverged,
-                               "target_reached": self.target_reached}
+                               "failed": self.failed, "target_reached": self.target_reached}
         for metric, stat in self.stats.items():
             row[metric], row[f"{metric}_std"] = stat.mean, stat.std
         return row
 
 
-def aggregate(variant: Variant, runs: list[RunMetrics]) -> VariantSummary:
+def aggregate(variant: Variant, runs: list[RunMetrics], *, failed: int = 0) -> VariantSummary:
     """Mean and spread over repeats; time to target is empty unless every repeat reached it (a diverged
     repeat never did); a metric with a diverged repeat's NaN or Inf among its values is empty (Stat.of)."""
     stats = {metric: Stat.of([run.values[metric] for run in runs]) for metric in METRICS}
@@ -259,7 +276,7 @@ def aggregate(variant: Variant, runs: list[RunMetrics]) -> VariantSummary:
         stats["time_to_target_seconds"] = Stat(None, None)
     return VariantSummary(variant=variant.name, mode=variant.mode, staleness=variant.staleness,
                           repeats=len(runs), target_reached=reached, stats=stats,
-                          diverged=sum(run.diverged for run in runs))
+                          diverged=sum(run.diverged for run in runs), failed=failed)
 
 
 def collect(out_dir: str | Path, spec: ExperimentSpec) -> list[VariantSummary]:
@@ -279,7 +296,7 @@ def collect(out_dir: str | Path, spec: ExperimentSpec) -> list[VariantSummary]:
                       "staleness": variant.staleness, "reached_target": int(run.reached_target),
                       "diverged": int(run.diverged),
                       **run.values, "config_hash": stored_hash(path)} for run, (_, path) in zip(runs, repeats)]
-        summaries.append(aggregate(variant, runs))
+        summaries.append(aggregate(variant, runs, failed=len(failed_repeats(out, spec, variant.name))))
     _write_csv(out / "runs.csv", RUN_COLUMNS, run_rows)
     _write_csv(out / "summary.csv", SUMMARY_COLUMNS, [s.row() for s in summaries])
     log.info("collect: wrote %s (%d variants)", out / "summary.csv", len(summaries))
@@ -300,5 +317,6 @@ def read_summary(out_dir: str | Path) -> list[VariantSummary]:
             variant=row["variant"], mode=row["mode"],
             staleness=None if staleness is None else int(staleness),
             repeats=int(row["repeats"]), target_reached=int(row["target_reached"]), stats=stats,
-            diverged=int(number(row.get("diverged")) or 0)))  # a summary.csv from before the column: 0
+            diverged=int(number(row.get("diverged")) or 0),  # a summary.csv from before the column: 0
+            failed=int(number(row.get("failed")) or 0)))
     return summaries

@@ -6,7 +6,7 @@ import json
 import logging
 from pathlib import Path
 
-from psrv.experiments.collect import Stat, VariantSummary, number, read_csv, read_summary
+from psrv.experiments.collect import Stat, VariantSummary, failed_repeats, number, read_csv, read_summary
 from psrv.experiments.plots import write_plots
 from psrv.experiments.report_configs import (command_lines, disagreement_section, disagreements,
                                         mixed_folder_lines, overridden_section, setup_lines, stored_runs)
@@ -46,10 +46,12 @@ def _table(summaries: list[VariantSummary], metric: str | None = None) -> list[s
         st = s.stats
         stale = "n/a" if s.mode not in MODES else None  # all-reduce has no staleness, not a staleness of 0
         lost = f"; {s.diverged} diverged" if s.diverged else ""
-        ttt = "no runs" if not s.repeats else _fmt(st["time_to_target_seconds"]) \
+        failed = f"{s.failed} failed" if s.failed else ""
+        ttt = (failed or "no runs") if not s.repeats else _fmt(st["time_to_target_seconds"]) \
             if s.target_reached == s.repeats else f"not reached ({s.target_reached}/{s.repeats}{lost})"
+        said = ", ".join(x for x in (f"{s.diverged} diverged" if s.diverged else "", failed) if x)
         cells = [f"`{s.variant}`", s.mode, "" if s.staleness is None else str(s.staleness),
-                 f"{s.repeats} ({s.diverged} diverged)" if s.diverged else str(s.repeats),
+                 f"{s.repeats} ({said})" if said else str(s.repeats),
                  _fmt(st["wall_seconds"]), _fmt(st["samples_per_second"]),
                  _lost(s, st["final_loss"]),
                  _lost(s, st["final_target_metric"], 3) if quality else _fmt(st["eval_accuracy"], 3), ttt,
@@ -58,6 +60,15 @@ def _table(summaries: list[VariantSummary], metric: str | None = None) -> list[s
                  _fmt(st["bytes_per_sample"], 3) if s.mode in MODES else "n/a"]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+def _failed_lines(out: Path, spec: ExperimentSpec) -> list[str]:
+    """Each run that failed (collect.failed_repeats), with the first line of its error.txt: left out of every
+    mean, and said here."""
+    notes = [f"- `{v.name}` rep-{k} (seed {spec.seeds[k]}): {cause}"
+             for v in spec.variants for k, cause in failed_repeats(out, spec, v.name)]
+    return ["## Failed runs", "", f"{len(notes)} run(s) failed; they are in no mean above (each folder's "
+            "error.txt has the whole message):", "", *notes, ""] if notes else []
 
 
 def _ttt(s: VariantSummary) -> float | None:
@@ -168,7 +179,7 @@ def write_report(out_dir: str | Path, spec: ExperimentSpec, *, spec_path: str | 
               *_ddp_gaps(summaries, spec, per_repeat(out)), "", "## Summary", "",
               "Mean ± sample std over repeats (summary.csv has every value; "
               "docs/experiments.md defines each column).", "", *_table(summaries, spec.target.metric), "",
-              *traffic_lines(spec, summaries), "## Plots", ""]
+              *_failed_lines(out, spec), *traffic_lines(spec, summaries), "## Plots", ""]
     for caption, rel in plots:
         lines += [f"### {caption}", "", f"![{caption}]({rel})", ""]
     lines += command_lines(runs, spec)

@@ -54,3 +54,37 @@ def test_a_diverged_repeat_is_counted_and_never_reaches_the_target(tmp_path):
     assert cells[8] == "not reached (2/3; 1 diverged)", row
     assert "`async` wins" in text or "`async` reached the target" in text, text
     assert "`sync` (2/3 repeats, 1 diverged)" in text, text
+
+
+def test_a_failed_run_is_counted_and_named_in_the_report(tmp_path):
+    """A run the runner recorded as failed (its error.txt, no finished summary): in no mean, and said: the repeats
+    cell, summary.csv's `failed`, and a section with each failure's first and last line (once "no runs")."""
+    spec = spec_from_dict({"name": "fail", "job": {"name": "digits_mlp", "steps": 3}, "seeds": [0, 1, 2],
+                           "target": {"eval_accuracy": 0.9}, "variants": [{"mode": "sync"}, {"mode": "async"}]})
+    _run(tmp_path, "sync", 0, 2.0, [(1.0, 1, 2.5, 0.5), (2.0, 2, 2.0, 0.95)])
+    for rep in (1, 2):  # as experiments/runner.py records a failure, beside the incomplete summary psrv run left
+        path = run_dir(tmp_path, "sync", rep)
+        path.mkdir(parents=True)
+        (path / "summary.json").write_text(json.dumps({"complete": False, "cause": "worker-1 exited"}))
+        (path / "error.txt").write_text("worker-1 exited with code 1; its output: w.log\nits last lines:\n"
+                                        "a line\npsrv worker: shard 0: NONFINITE: refused\n")
+    for rep in range(3):
+        path = run_dir(tmp_path, "async", rep)
+        path.mkdir(parents=True)
+        (path / "error.txt").write_text("psrv run: timed out\n")
+    for variant, seed, repeat in spec.runs():
+        write_config(run_dir(tmp_path, variant.name, repeat) / "config.json", spec.run_config(variant, seed))
+    collect(tmp_path, spec)
+    rows = {row["variant"]: row for row in read_csv(tmp_path / "summary.csv")}
+    assert (rows["sync"]["repeats"], rows["sync"]["failed"], rows["sync"]["final_loss"]) == ("1", "2", "2")
+    assert (rows["async"]["repeats"], rows["async"]["failed"]) == ("0", "3")
+    assert [s.failed for s in read_summary(tmp_path)] == [2, 3]
+
+    text = write_report(tmp_path, spec, spec_path="fail.toml", versions={"psrv": "0"}).read_text()
+    cells = {line.split(" | ")[0]: line.split(" | ") for line in text.splitlines() if line.startswith("| `")}
+    assert cells["| `sync`"][3] == "1 (2 failed)" and cells["| `async`"][3] == "0 (3 failed)", cells
+    assert cells["| `async`"][8] == "3 failed", cells  # was "no runs"
+    assert "## Failed runs\n\n5 run(s) failed" in text, text
+    assert ("- `sync` rep-1 (seed 1): worker-1 exited with code 1; its output: w.log ... psrv worker: shard 0: "
+            "NONFINITE: refused") in text, text
+    assert "- `async` rep-2 (seed 2): psrv run: timed out\n" in text, text
