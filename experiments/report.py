@@ -63,8 +63,8 @@ def _table(summaries: list[VariantSummary], metric: str | None = None) -> list[s
 
 
 def _failed_lines(out: Path, spec: ExperimentSpec) -> list[str]:
-    """Each run that failed (collect.failed_repeats), with the first line of its error.txt: left out of every
-    mean, and said here."""
+    """Each run that failed (collect.failed_repeats), with its failure in a line (error.txt's first, and its
+    last where the process's last lines follow): left out of every mean, and said here."""
     notes = [f"- `{v.name}` rep-{k} (seed {spec.seeds[k]}): {cause}"
              for v in spec.variants for k, cause in failed_repeats(out, spec, v.name)]
     return ["## Failed runs", "", f"{len(notes)} run(s) failed; they are in no mean above (each folder's "

@@ -12,8 +12,8 @@ templates (DIR/worker-{rank}.json) and each rank fills in its own.
 
 A row holds what a step measured. The loss and batch size are the ones the loop knew, None where a
 script passed none: the log never makes one up. A worker that stops on Ctrl-C writes what it did,
-`interrupted` True, and no weights; one that stops on an error (the shipped PS and all-reduce loops), `failed` with the
-error's line, and no weights.
+`interrupted` True, and no weights; one that stops on an error (the shipped PS and all-reduce loops),
+`failed` with the error's line, and no weights.
 """
 from __future__ import annotations
 
