@@ -57,13 +57,13 @@ def _refused(worker: Worker, state: dict, says: str) -> None:
 def test_a_state_that_does_not_fit_is_refused_and_changes_nothing(shards):
     addresses = shards()
     coded = _worker(addresses, 0, compress="topk:0.1")  # residuals and (SGD momentum 0.9) momentum correction
-    plain = _worker(addresses, 1)
+    plain = _worker(addresses, 1, compress_pull="int8")  # a pull codec keeps no state here: its residuals are the shard's
     state, bare = coded.state_dict(), plain.state_dict()
     assert state["compress"] is not None and state["velocity"] is not None and state["onebit"] is None
     assert bare == {"steps": 0, "compress": None, "onebit": None, "velocity": None}
     assert coded.compression() == {"compress": "topk:0.1", "error_feedback": True, "compress_pull": "",
                                    "momentum_correction": True}
-    assert plain.compression() == {"compress": "", "error_feedback": False, "compress_pull": "",
+    assert plain.compression() == {"compress": "", "error_feedback": False, "compress_pull": "int8",
                                    "momentum_correction": False}
     with torch.no_grad():  # a state unlike the worker's own, so that a load that took part of it would show
         state = {**state, "steps": 5, "compress": {k: v + 1 if isinstance(v, torch.Tensor) else v
@@ -80,6 +80,8 @@ def test_a_state_that_does_not_fit_is_refused_and_changes_nothing(shards):
              "the state was saved with onebit_adam's local momentum, and the shards run another optimizer")
     coded.load_state_dict(state)  # and one that fits is taken whole
     assert _same(coded.state_dict(), state)
+    coded.load_state_dict({k: v for k, v in state.items() if k != "steps"})  # no count in it: the worker keeps its own
+    assert coded.steps == 5
     for worker in (plain, coded):  # rank 0 last: its close waits for the others to leave
         worker.close()
 
