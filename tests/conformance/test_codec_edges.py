@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from psrv.codecs import make
 from psrv.codecs.randomk import RandomK
 from psrv.codecs.topk import TopK
 
@@ -27,3 +28,22 @@ def test_randomk_among_positions_draws_from_those_only():
         got = parts["indices"].tolist()
         assert len(got) == math.ceil(0.1 * len(AMONG)) == len(set(got)) and set(got) <= set(AMONG.tolist()), seed
         assert torch.equal(parts["values"], X[got])
+
+
+def test_a_push_encoded_on_a_device_stays_there_and_decodes_into_the_shards_device():
+    """A GPU worker's push is encoded where its gradient is, and a shard decodes CPU parts into its own device's
+    buffer. The matrix runs on the CPU, where a `device=` left out changes nothing; the `meta` device stands in
+    for the GPU here: a tensor made on the CPU by mistake meets a meta one and raises. Not sign: its scale reads
+    a value (`.item()`), which a meta tensor has none of; top-k and random-k decode by checking their indices'
+    values, so only their encoding is checked."""
+    n = 2051  # two whole chunks of 1024 and one short, an odd count (fp4 pads its last byte)
+    for spec in ("int8", "fp4", "topk:0.1", "randomk:0.1"):
+        for among in (None, torch.arange(0, n, 3, device="meta")):
+            codec = make(spec, seed=0)
+            parts = codec.encode(torch.empty(n, device="meta"), among)
+            assert {p.device.type for p in parts.values()} == {"meta"}, (spec, among is None)
+            if spec in ("int8", "fp4"):
+                cpu = type(codec).encode(codec, torch.randn(n), None)
+                accum = torch.zeros(n, device="meta")
+                type(codec).decode(cpu, codec.params(), n).add_into(accum, torch.empty(n, device="meta"))
+                assert accum.device.type == "meta"
