@@ -16,6 +16,7 @@ from torch.nn.utils import parameters_to_vector
 from psrv.config import WorkerConfig
 from psrv.worker import Worker
 from psrv.worker.inner_step import inner_step
+from psrv.worker.step_timer import StepTimer
 from psrv.worker.steplog import StepLog
 from psrv.workers.faults import FaultInjector
 from psrv.workers.evals import record_eval, record_final, record_initial
@@ -85,21 +86,18 @@ def train(cfg: WorkerConfig, *, log: StepLog | None = None, progress=None) -> di
                 record_initial(job, model, device, log, initial=None if ps.start_step == 0 else initial)
             initial = None
             log.loop_began()
+            timer = StepTimer()  # psrv.Worker's step timing (psrv/worker/step_timer.py), the emulated net delay in it
             for step in inner_steps(cfg, cfg.job.steps, ps):  # range(steps) but under local_steps auto
-                t0 = time.perf_counter()
                 batch = next(batches)
                 loss = job.loss_of(model, batch)
                 loss.backward()  # psrv.Worker sends each shard's gradient as soon as it is final
                 if inner is not None:  # local steps: the inner step; ps.step() pushes every cfg.local_steps
                     inner_step(inner)  # a NaN gradient leaves the inner optimizer's state as it was
-                faults.compute(step, time.perf_counter() - t0)
-                t1 = time.perf_counter()
+                faults.compute(step, timer.computing())
+                timer.computed()
                 faults.before_send()
                 info = ps.step()  # sends the shards not sent during backward, waits, pulls into the model
-                t2 = time.perf_counter()
-                log.row(step=step, loss=loss, compute_seconds=t1 - t0,
-                        communication_seconds=max(0.0, t2 - t1 - info.waited),
-                        wait_seconds=min(info.waited, t2 - t1), batch_size=batch_size_of(batch),
+                log.row(step=step, loss=loss, **timer.row(waited=info.waited), batch_size=batch_size_of(batch),
                         staleness=info.staleness, pushed=info.pushed,  # with local steps, every H-th pushes
                         answered=info.answered)  # fragments: an earlier push's staleness, into its row
                 if inner is not None and info.pushed:
@@ -107,9 +105,11 @@ def train(cfg: WorkerConfig, *, log: StepLog | None = None, progress=None) -> di
                 if progress is not None:
                     progress(step + 1)
                 if cfg.rank == 0 and cfg.job.eval_every and (step + 1) % cfg.job.eval_every == 0 and step + 1 < cfg.job.steps:
-                    t_eval = time.perf_counter()  # off the clock: train_seconds leaves it out
+                    t_eval = time.perf_counter()  # off the clock: train_seconds and the next step's compute leave it out
                     record_eval(job, model, device, log, step=step + 1)
-                    log.off_clock(time.perf_counter() - t_eval)
+                    took = time.perf_counter() - t_eval
+                    log.off_clock(took)
+                    timer.off_clock(took)
             log.loop_ended()
             ps.close()  # rank 0: the weights after every worker's last push; then every worker leaves
         if cfg.rank == 0:

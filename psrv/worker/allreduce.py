@@ -40,6 +40,7 @@ from psrv.worker.recorded import RecordedWorker
 from psrv.worker.run_settings import run_config_from_env
 from psrv.worker.script_evals import Evaluations
 from psrv.worker.step_info import StepInfo
+from psrv.worker.step_timer import StepTimer
 from psrv.worker.steplog import StepLog, check_step_args
 from psrv.worker.torch_optim import make_schedule, optimizer_class, torch_optimizer
 
@@ -119,7 +120,7 @@ class AllReduceWorker(RecordedWorker):
         self._evals.log = self._log
         self._evaluate(0)  # rank 0's first weights, before any step (psrv/worker/script_evals.py)
         self._beacon.working(_SCRIPT)
-        self._returned = time.perf_counter()  # a logged step's compute: from here to its step() call
+        self._timer = StepTimer()  # a logged step's compute: from here to its step() call
 
     @classmethod
     def from_worker_call(cls, signature: inspect.Signature, *args, **keywords) -> "AllReduceWorker":
@@ -170,13 +171,14 @@ class AllReduceWorker(RecordedWorker):
         info = StepInfo(step=self.steps, clock=self.steps + 1, version=self.updates_applied, staleness=0,
                         waited=0.0, seconds=time.perf_counter() - t0)
         self.steps += 1
+        self._timer.computed(t0)
+        seconds = self._timer.row(end=t0 + info.seconds)  # the wait: split off after the run (close())
         if self._log is not None:
-            self._log.row(step=info.step, loss=loss, compute_seconds=max(0.0, t0 - self._returned),
-                          communication_seconds=info.seconds, wait_seconds=0.0, batch_size=batch_size)
+            self._log.row(step=info.step, loss=loss, **seconds, batch_size=batch_size)
         if self._evals.due(self.steps):
             self._evaluate(self.steps)
         self._beacon.working(_SCRIPT)
-        self._returned = time.perf_counter()
+        self._timer.restart()  # an evaluation above is no step's compute
         return info
 
     def close(self) -> None:

@@ -43,6 +43,7 @@ from psrv.partition import PartitionPlan
 from psrv.worker.roundtrip import PushPull
 from psrv.worker.run_settings import TakesRunSettings, keywords_of
 from psrv.worker.step_info import StepInfo
+from psrv.worker.step_timer import StepTimer
 from psrv.worker.recorded import RecordedWorker
 from psrv.worker.script_evals import Evaluations
 from psrv.worker.steplog import StepLog, check_step_args
@@ -262,7 +263,7 @@ class Worker(LocalRounds, CompressionState, RecordedWorker, metaclass=TakesRunSe
             self._log.describe(**self.described())
         self._evals.log = self._log
         self._evals.run(self.steps)  # the first weights, before any step of this worker
-        self._returned = time.perf_counter()  # a logged step's compute: from here to its step() call
+        self._timer = StepTimer()  # a logged step's compute: from here to its step() call
 
     @classmethod
     def from_settings(cls, model: torch.nn.Module, settings, **keywords) -> "Worker":
@@ -373,14 +374,14 @@ class Worker(LocalRounds, CompressionState, RecordedWorker, metaclass=TakesRunSe
 
     def _logged(self, info: StepInfo, loss, batch_size, started: float) -> None:
         """The step's row in the step log, if one is kept: compute since the previous step() returned."""
+        self._timer.computed(started)
+        seconds = self._timer.row(waited=info.waited, end=started + info.seconds)
         if self._log is not None:
-            self._log.row(step=info.step, loss=loss, compute_seconds=max(0.0, started - self._returned),
-                          communication_seconds=max(0.0, info.seconds - info.waited),
-                          wait_seconds=min(info.waited, info.seconds), batch_size=batch_size,
-                          staleness=info.staleness, pushed=info.pushed, answered=info.answered)
+            self._log.row(step=info.step, loss=loss, **seconds, batch_size=batch_size, staleness=info.staleness,
+                          pushed=info.pushed, answered=info.answered)
         if self._evals.due(self.steps):
             self._evals.run(self.steps)
-        self._returned = time.perf_counter()
+        self._timer.restart()  # an evaluation above is no step's compute
 
     def _finish(self):
         if self._pulled is not None:  # the pseudo-gradient w_pulled - w_now goes where the gradient would

@@ -41,7 +41,8 @@ ROW = {  # a step-log row's columns; staleness and pushed only where a step push
     "staleness": "PS workers: the push's worst staleness (shard version applied - version computed on); 0 where "
                  "the step pushed nothing; a fragment push's (streaming DiLoCo) is filled in when its answer "
                  "is merged, a step later or at close(), and stays None where it never came",
-    "compute_seconds": "forward and backward (and emulated compute)",
+    "compute_seconds": "from the previous step's end to the gradient being ready, evaluations left out: the batch, "
+                       "forward and backward (and emulated compute); psrv/worker/step_timer.py",
     "communication_seconds": "sending, the update and the pull (all-reduce: the collective and the step)",
     "wait_seconds": "held back for the other workers (sync barrier, SSP bound, the slowest rank)",
     "batch_size": "samples in the step's batch; None where the loop did not say",

@@ -1,7 +1,8 @@
 """One all-reduce rank's step timing: the emulated faults at the end of compute, then the wait for the
 other ranks, then the gradient collective.
 
-A step's row: compute_seconds = forward + backward until the gradients are ready + emulated compute;
+A step's row (psrv/worker/step_timer.py, as psrv.Worker's): compute_seconds = from the previous step's end
+through forward + backward until the gradients are ready + emulated compute;
 wait_seconds = the wait for the slowest rank to finish its compute; communication_seconds = the rest:
 the emulated net delay, the gradient collective and the optimizer step (the PS analogue is the server
 applying the update inside push_pull). gloo and nccl cannot tell waiting from transfer inside one
@@ -22,6 +23,7 @@ import time
 import torch.distributed as dist
 
 from psrv.step_beacon import StepBeacon
+from psrv.worker.step_timer import StepTimer
 from psrv.workers.faults import FaultInjector
 
 COMPUTE = "forward and backward"
@@ -34,24 +36,27 @@ class StepClock:
         self.barrier_group = barrier_group  # None: no barrier, wait_seconds stays 0
         self.beacon = beacon if beacon is not None else StepBeacon(None)
         self.collective = collective
+        self.timer = StepTimer()  # restarted where the loop begins (psrv/worker/step_timer.py)
         self.step = 0
-        self.t0 = 0.0
-        self.compute_end: float | None = None
         self.waited = 0.0
         self.reduced = 0
         self.updates = 0
 
+    @property
+    def compute_end(self) -> float | None:
+        return self.timer.compute_end
+
     def start(self, step: int) -> None:
-        self.step, self.t0, self.compute_end, self.waited = step, time.perf_counter(), None, 0.0
+        self.step, self.waited = step, 0.0
         self.beacon.working(COMPUTE)
 
     def compute_done(self, *, sync: bool = True) -> None:
         """Called once per step when this rank's gradients are ready, before they are reduced: the
         emulated compute, then (`sync`: a collective follows) the net delay and the timed barrier."""
-        if self.compute_end is not None:
+        if self.timer.compute_end is not None:
             return
-        self.faults.compute(self.step, time.perf_counter() - self.t0)
-        self.compute_end = time.perf_counter()
+        self.faults.compute(self.step, self.timer.computing())
+        self.timer.computed()
         if not sync:
             return
         self.faults.before_send()
@@ -73,8 +78,4 @@ class StepClock:
 
     def row(self, t_end: float) -> dict[str, float]:
         """The step's compute, communication and wait seconds (t_end: the step's end, perf_counter)."""
-        compute_end = self.compute_end if self.compute_end is not None else t_end
-        return {"compute_seconds": compute_end - self.t0,
-                "communication_seconds": max(0.0, t_end - compute_end - self.waited),
-                "wait_seconds": self.waited}
-
+        return self.timer.row(waited=self.waited, end=t_end)

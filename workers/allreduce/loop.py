@@ -129,6 +129,7 @@ def _train(cfg: RunConfig, *, rank: int, world: int, device, group, pauses, log:
     _log.info("rank %d of %d: %s %s on %s, %s", rank, world, cfg.mode, job.name, device, backend)
     evaluate(0)
     log.loop_began()
+    clock.timer.restart()  # the first step's compute begins here, after the step-0 evaluation
     interrupt: KeyboardInterrupt | None = None
     try:
         for step in range(cfg.job.steps):
@@ -155,7 +156,9 @@ def _train(cfg: RunConfig, *, rank: int, world: int, device, group, pauses, log:
             if progress is not None:
                 progress(step + 1)
             if cfg.job.eval_every and (step + 1) % cfg.job.eval_every == 0 and step + 1 < cfg.job.steps:
-                log.off_clock(evaluate(step + 1))
+                took = evaluate(step + 1)
+                log.off_clock(took)
+                clock.timer.off_clock(took)
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM where the entry point makes it one: keep the rows
         interrupt = exc
         _log.warning("rank %d: interrupted at step %d", rank, len(log.rows))
