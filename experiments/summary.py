@@ -40,7 +40,7 @@ def _transport(cfg: RunConfig) -> str:
 
 def build_summary(cfg: RunConfig, out: Path, *, interrupted: bool = False, killed: int = 0,
                   failed: str | None = None) -> dict:
-    """The run's summary (keys documented in README.md) from worker-*.json and server-*.json.
+    """The run's summary (keys documented in docs/usage.md, "summary.json") from worker-*.json and server-*.json.
 
     A finished run must have every worker's record but those of the `killed` ranks (psrv run --kill-worker, not
     restarted; experiments/worker_restarts.py). An `interrupted` one is summarised from whatever

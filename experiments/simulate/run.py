@@ -73,7 +73,7 @@ def script_refusal(script: str) -> str:
     return (f"job.script: {script} is a script's run: the simulator builds a model from a job (job.name) and a "
             "script's model is its own; `psrv simulate --against RUN_DIR` simulates the run's timing from its "
             "records (its parameter shapes and steps), or write the model as a job (job.name = "
-            "\"path/file.py:factory\", README.md)")
+            "\"path/file.py:factory\", docs/usage.md)")
 
 
 def pushes_every(worker) -> int:
@@ -84,7 +84,7 @@ def pushes_every(worker) -> int:
 
 def summarise(cfg: SimulationConfig, rec: Recorded, *, learner, plan_total: int, network: NetworkModel,
               elapsed: float, codec: CodecCost | None = None) -> dict:
-    """summary.json of a simulated run: the keys a real run's has (README.md), where the simulation
+    """summary.json of a simulated run: the keys a real run's has (docs/usage.md), where the simulation
     measures them, and the simulator's own (level, wait_fraction, histograms, codec_cost_ms: what the codecs
     were charged per message and shard, simulator_seconds)."""
     wall = max(max(rec.end, default=0.0), 1e-12)

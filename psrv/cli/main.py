@@ -8,7 +8,7 @@ import sys
 from psrv.cli import admin, check, experiment, keygen, run, serve, simulate, top, worker
 from psrv.config.cli_args import PREFIX, read_config_file
 
-EPILOG = "Docs: README.md (quick start), docs/architecture.md, docs/experiments.md."
+EPILOG = "Docs: README.md (quick start), docs/usage.md (every command), docs/scripts.md, docs/experiments.md."
 COMMANDS = {"serve": serve, "worker": worker, "keygen": keygen, "admin": admin, "run": run, "experiment": experiment,
             "simulate": simulate, "top": top, "check": check}  # in the order --help lists them
 

@@ -163,16 +163,16 @@ def _shell_commands(text: str) -> list[list[str]]:
     return commands
 
 
-def _doc_commands() -> list[list[str]]:
-    text = (ROOT / "docs/deploy.md").read_text()
+def _doc_commands(doc: str = "docs/deploy.md") -> list[list[str]]:
+    text = (ROOT / doc).read_text()
     blocks = re.findall(r"```(\w*)\n(.*?)```", text, re.S)  # every fenced block, so a json one keeps the pairing
     return [c for lang, block in blocks if lang in ("", "bash", "sh", "console") for c in _shell_commands(block)]
 
 
-@pytest.mark.parametrize("source", ["slurm", "docs"])
+@pytest.mark.parametrize("source", ["slurm", "docs", "usage"])
 def test_recipe_commands_parse_with_the_cli(source):
     commands = {"slurm": lambda: _shell_commands((DEPLOY / "slurm/psrv.sbatch").read_text()),
-                "docs": _doc_commands}[source]()
+                "docs": _doc_commands, "usage": lambda: _doc_commands("docs/usage.md")}[source]()
     assert {"serve", "worker"} <= {c[0] for c in commands}, f"no serve/worker command in {source}"
     from psrv.cli import build_parser  # here, so a broken CLI fails these tests and only these
     parser = build_parser()

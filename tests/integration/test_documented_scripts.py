@@ -1,7 +1,8 @@
-"""The README's own script (the block a new user copies, read from README.md) in a spec: sync, async, ssp
-and ddp variants over 2 seeds through `psrv experiment`. Its ps.log_eval evaluations become each run's
-evals.csv, the report's held-out accuracy curves and its time to the target; sync's final weights equal
-ddp's on the same seed to 1e-5 (the same mean gradient, stepped by the shards or on every rank)."""
+"""The scripts a new user copies, read from the docs: the README's ten lines under `psrv run` as the README runs
+them, and docs/scripts.md's whole script in a spec: sync, async, ssp and ddp variants over 2 seeds through
+`psrv experiment`. Its ps.log_eval evaluations become each run's evals.csv, the report's held-out accuracy curves
+and its time to the target; sync's final weights equal ddp's on the same seed to 1e-5 (the same mean gradient,
+stepped by the shards or on every rank)."""
 from __future__ import annotations
 
 import csv
@@ -14,7 +15,7 @@ import torch
 
 from tests.helpers import psrv_argv, run_in_session
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
 VARIANTS = ("sync", "async", "ssp-1", "ddp")
 SPEC = """\
 name = "readme-script"
@@ -39,19 +40,34 @@ mode = "ddp"
 """
 
 
-def readme_script() -> str:
-    """The README's Python block that starts with `# train.py`."""
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-    scripts = [b for b in blocks if b.startswith("# train.py\n")]
-    assert len(scripts) == 1, "README.md should hold one ```python block starting with '# train.py'"
+def documented_script(doc: str, name: str) -> str:
+    """The Python block of `doc` that starts with `# NAME`."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / doc).read_text(), flags=re.S)
+    scripts = [b for b in blocks if b.startswith(f"# {name}\n")]
+    assert len(scripts) == 1, f"{doc} should hold one ```python block starting with '# {name}'"
     return scripts[0]
 
 
+@pytest.mark.timeout(120)
+def test_the_readmes_ten_lines_run_as_the_readme_says(tmp_path):
+    (tmp_path / "ten.py").write_text(documented_script("README.md", "ten.py"))
+    command = re.search(r"`\.venv/bin/psrv (run [^`]*--script ten\.py)`", (ROOT / "README.md").read_text())
+    assert command, "README.md should say how to run ten.py"
+    proc = run_in_session(psrv_argv(*command.group(1).split(), "--no-progress"), timeout=100, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    s = json.loads((tmp_path / "runs" / "ten" / "summary.json").read_text())
+    assert (s["mode"], s["num_workers"], s["steps"], s["complete"]) == ("sync", 2, 100, True)
+    assert s["pushes"] == 200 and s["updates_applied"] == 100  # 100 steps of 2 workers, one update a clock
+    with open(tmp_path / "runs" / "ten" / "steps.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 200 and all(float(r["loss"]) > 0 and r["batch_size"] == "32" for r in rows)
+
+
 @pytest.mark.timeout(400)
-def test_the_readme_script_runs_in_a_spec_under_every_mode_with_its_held_out_metrics(tmp_path):
-    # stays slow (8 runs of `psrv experiment`, 22 processes each importing torch): the README's script is a
+def test_the_whole_script_runs_in_a_spec_under_every_mode_with_its_held_out_metrics(tmp_path):
+    # stays slow (8 runs of `psrv experiment`, 22 processes each importing torch): the documented script is a
     # user's process by nature, every mode and both seeds are checked, and both seeds' sync == ddp
-    (tmp_path / "train.py").write_text(readme_script())
+    (tmp_path / "train.py").write_text(documented_script("docs/scripts.md", "train.py"))
     (tmp_path / "spec.toml").write_text(SPEC)
     proc = run_in_session(psrv_argv("experiment", "spec.toml", "--out", "out"), timeout=380, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:]
