@@ -116,7 +116,7 @@ def usable_cores() -> int:
 
 def cores_each(processes: int) -> int:
     """Each of `processes` sharing this host's cores gets an even share, at least one: the rule `psrv run`
-    gives its processes (experiments/cluster.py thread_env) and `use_threads` a process started by hand.
+    gives its processes (experiments/launcher/cluster.py thread_env) and `use_threads` a process started by hand.
     Oversubscribed, torch's threads wait for a descheduled peer at every parallel op."""
     return max(1, usable_cores() // max(1, processes))
 

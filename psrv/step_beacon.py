@@ -1,6 +1,6 @@
 """A rank's step beacon: a small file the rank keeps mapped in memory, saying how many steps it has made,
 its slowest step, what it is doing now and the last collective it entered; the launcher reads it to find a
-rank that hangs (experiments/stall.py).
+rank that hangs (experiments/launcher/stall.py).
 
 Why a mapped file: the rank must say what it is in *before* it blocks in a collective, because a rank
 stopped or deadlocked there writes nothing more. A write into the mapping is a copy of 128 bytes, with no

@@ -23,8 +23,8 @@ from psrv.cli.main import build_parser
 from psrv.config import RunConfig
 from psrv.config.base import config_hash
 from psrv.config.cli_args import config_from_args
-from psrv.experiments.launch import write_config
-from psrv.experiments.summary import build_summary, write_tables
+from psrv.experiments.launcher.launch import write_config
+from psrv.experiments.launcher.summary import build_summary, write_tables
 from psrv.server.run import Server
 from psrv.worker.steplog import RecordFiles, StepLog
 from psrv.workers.loop import train

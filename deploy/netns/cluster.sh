@@ -19,7 +19,7 @@
 #       --metrics-port 9200 --metrics-host 0.0.0.0 --metrics-linger 3 ...
 #
 # Several clusters side by side: the environment names one (defaults: the names above), and every
-# command acts on that one alone; `psrv run --bandwidth` (experiments/netns.py) picks a free set per run.
+# command acts on that one alone; `psrv run --bandwidth` (experiments/launcher/netns.py) picks a free set per run.
 #   PSRV_NETNS_PREFIX  namespace prefix (psrv-h: hosts psrv-h0, psrv-h1, ...)
 #   PSRV_NETNS_BRIDGE  the bridge (psrvbr0)
 #   PSRV_NETNS_SUBNET  the /24's first three octets (10.77.0: the bridge .1, host I .(10+I))

@@ -3,7 +3,7 @@
 python -m psrv.experiments.bench.chaos                 # ~24 minutes of faults at the baseline's pace (make chaos)
 python -m psrv.experiments.bench.chaos --minutes 4     # a short one: a smoke check of the same run
 
-First the baseline: the job without faults for --baseline-minutes, whose useful samples/s (experiments/goodput) is
+First the baseline: the job without faults for --baseline-minutes, whose useful samples/s (experiments/launcher/goodput) is
 the yardstick. Then the chaos run, the same config with a nemesis: one fault every --every seconds (fixed
 intervals, so the count is the run's length over the interval), its kind drawn from kill, pause and late_ack (and
 partition as root, where emulated hosts are free), its target from primary:*, backup:*, worker:* and launcher,
@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from psrv.config import RunConfig, from_dict
-from psrv.experiments.netns import unavailable
+from psrv.experiments.launcher.netns import unavailable
 
 KINDS = ("kill", "pause", "late_ack")
 TARGETS = ("primary:*", "backup:*", "worker:*", "launcher")
@@ -53,8 +53,8 @@ def run(out: Path, *, minutes: float, baseline_minutes: float, every: float, dur
         workers: int = 8, servers: int = 2, replicas: int = 2, compute_ms: float = 100.0, law: str = "fixed",
         partition: bool = True, say=print) -> dict:
     """The baseline, then the chaos run, in out/baseline and out/chaos; their row (also out/chaos.json)."""
-    from psrv.experiments.goodput import baseline as measure_baseline
-    from psrv.experiments.launch import RunFailed, run_local
+    from psrv.experiments.launcher.goodput import baseline as measure_baseline
+    from psrv.experiments.launcher.launch import RunFailed, run_local
     why_not = partition_why_not() if partition else "left out (--no-partition)"
     kinds = KINDS + (() if why_not else ("partition",))
     chaos = schedule(every=every, duration=duration, kinds=kinds, seed=seed, law=law)
@@ -88,10 +88,10 @@ def run(out: Path, *, minutes: float, baseline_minutes: float, every: float, dur
 def post_mortem(cfg: RunConfig, run: Path, base: dict) -> dict:
     """A failed run's summary as far as its folder tells: the nemesis's faults from DIR/nemesis.jsonl, the history
     checker's verdict (without the records a finished run writes) and goodput to where it stopped."""
-    from psrv.experiments.goodput import faults_done, goodput
-    from psrv.experiments.history import HistoryError, check_run
-    from psrv.experiments.nemesis.record import JOURNAL, Record
-    from psrv.experiments.replication import settle
+    from psrv.experiments.launcher.goodput import faults_done, goodput
+    from psrv.experiments.launcher.history import HistoryError, check_run
+    from psrv.experiments.launcher.nemesis.record import JOURNAL, Record
+    from psrv.experiments.launcher.replication import settle
     record = Record(run, 0.0)
     record.faults = [e for e in map(json.loads, (run / JOURNAL).read_text().splitlines()) if e["ev"] == "fault"]
     nemesis = record.summary(schedule=cfg.nemesis.schedule, seed=cfg.seed, not_reached=[])

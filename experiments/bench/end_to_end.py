@@ -17,7 +17,7 @@ from pathlib import Path
 
 from psrv.config import RunConfig, from_dict
 
-from psrv.experiments.launch import run_local
+from psrv.experiments.launcher.launch import run_local
 
 VARIANTS = (("sync", 0), ("async", 0), ("ssp", 2), ("ddp", 0))
 STEPS = {"synthetic_mlp": 40, "digits_mlp": 300, "mnist1d_mlp": 300}

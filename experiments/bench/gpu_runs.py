@@ -15,12 +15,12 @@ from psrv.device import check_device
 from psrv.worker.collective import device_and_backend
 
 import psrv.experiments
-from psrv.experiments.cluster import Cluster, RunFailed
-from psrv.experiments.launch import rank0_argv, run_local, server_argv, worker_argv, write_config
-from psrv.experiments.preflight import preflight
-from psrv.experiments.spec import load_spec
-from psrv.experiments.summary import build_summary
-from psrv.experiments.traffic import TrafficSampler, busiest
+from psrv.experiments.launcher.cluster import Cluster, RunFailed
+from psrv.experiments.launcher.launch import rank0_argv, run_local, server_argv, worker_argv, write_config
+from psrv.experiments.launcher.preflight import preflight
+from psrv.experiments.harness.spec import load_spec
+from psrv.experiments.launcher.summary import build_summary
+from psrv.experiments.harness.traffic import TrafficSampler, busiest
 
 PLACEMENT = Path(psrv.experiments.__file__).parent / "specs" / "placement.toml"
 SERVERS = ("cpu", "gpu0")  # where a PS run's shard lives: the host, or the workers' GPU

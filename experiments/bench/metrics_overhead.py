@@ -19,7 +19,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from psrv.experiments.launch import run_local
+from psrv.experiments.launcher.launch import run_local
 from psrv.config import RunConfig, from_dict
 
 

@@ -27,7 +27,7 @@ from psrv.experiments.bench import failover
 
 def throughput(repeats: int, steps: int, job: str = "synthetic_mlp") -> dict:
     """samples/s of an async run with --replicas 1 against the same run without, medians of `repeats`."""
-    from psrv.experiments.launch import run_local
+    from psrv.experiments.launcher.launch import run_local
     rates: dict[int, list[float]] = {0: [], 1: []}
     load = os.getloadavg()[0]  # before its own processes (4 to 6 of them) add theirs
     with tempfile.TemporaryDirectory(prefix="psrv-replicas-") as d:

@@ -22,7 +22,7 @@ import torch
 from psrv.process import tune_malloc
 from psrv.worker.client import PSClient
 from psrv.partition import ParamSpec, PartitionPlan
-from psrv.experiments.cluster import free_port as _free_port
+from psrv.experiments.launcher.cluster import free_port as _free_port
 
 TRANSPORTS = ("zmq", "rpc")
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from psrv.experiments.bench.loadgen import generate
 from psrv.experiments.bench.shards import ThreadShard
-from psrv.experiments.cluster import thread_env
+from psrv.experiments.launcher.cluster import thread_env
 
 
 def one(workers: int, seconds: float, size: int, procs: int, tmp: Path, in_thread: bool = False) -> dict:

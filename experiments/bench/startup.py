@@ -1,5 +1,5 @@
 """startup: a run's start, launch to rank 0's first step, with its processes forked from the fork server
-(experiments/forkserver.py) against each starting itself (importing torch), runs alternated.
+(experiments/launcher/forkserver.py) against each starting itself (importing torch), runs alternated.
 
 python -m psrv.experiments.bench.startup --repeats 3 --out runs/bench/startup.json
 ratio = median seconds to the first step forked / median started one by one (below 1: faster); the whole
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from psrv.config import RunConfig, from_dict
-from psrv.experiments.launch import run_local
+from psrv.experiments.launcher.launch import run_local
 
 
 def _one(cfg: RunConfig, out: Path, *, fork_server: bool) -> tuple[float, float]:

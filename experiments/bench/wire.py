@@ -29,7 +29,7 @@ from psrv.partition import ParamSpec, PartitionPlan
 
 from psrv.process import tune_malloc
 from psrv.experiments.bench.shards import ThreadShard
-from psrv.experiments.cluster import thread_env
+from psrv.experiments.launcher.cluster import thread_env
 
 BASELINE = {"zmq": "zmq_echo", "bulk": "socket_echo"}
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from psrv.config import RunConfig, from_dict
 
-from psrv.experiments.launch import run_local
+from psrv.experiments.launcher.launch import run_local
 
 VARIANTS = {"baseline": (False, "float32"), "overlap": (True, "float32"),
             "bfloat16": (False, "bfloat16"), "overlap+bfloat16": (True, "bfloat16")}

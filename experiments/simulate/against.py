@@ -21,7 +21,7 @@ from pathlib import Path
 
 from psrv.config import RunConfig, from_dict, to_dict
 from psrv.config.base import default_of, leaves
-from psrv.experiments.collect import read_csv
+from psrv.experiments.harness.collect import read_csv
 from psrv.experiments.simulate.codec_cost import format_codec_cost
 from psrv.experiments.simulate.config import SimulationConfig, is_simulated
 

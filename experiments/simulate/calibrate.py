@@ -16,7 +16,7 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
-from psrv.experiments.collect import read_csv, wait_fraction
+from psrv.experiments.harness.collect import read_csv, wait_fraction
 from psrv.experiments.simulate.config import SimulationConfig
 from psrv.config import RunConfig, from_dict, to_dict
 from psrv.workers.faults import FaultInjector
@@ -80,7 +80,7 @@ def agreement(real: dict, simulated: dict) -> dict[str, dict]:
 
 def calibrate(cfg: SimulationConfig, *, out: str | Path, progress: bool = False) -> dict:
     """Run `cfg` for real into DIR/real, then `compare`; return DIR/calibration.json's content."""
-    from psrv.experiments.launch import run_local
+    from psrv.experiments.launcher.launch import run_local
     out = Path(out)
     load_before = os.getloadavg()
     run_local(real_config(cfg), out=out / "real", progress=progress)

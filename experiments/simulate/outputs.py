@@ -8,7 +8,7 @@ from pathlib import Path
 
 from psrv.experiments.simulate.cluster import Recorded
 from psrv.experiments.simulate.config import SimulationConfig
-from psrv.experiments.summary import EVAL_COLUMNS, STEP_COLUMNS
+from psrv.experiments.launcher.summary import EVAL_COLUMNS, STEP_COLUMNS
 from psrv.config import to_dict
 
 LABEL = "(simulated)"

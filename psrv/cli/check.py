@@ -32,7 +32,7 @@ def add(sub) -> None:
 
 
 def command(a: argparse.Namespace) -> int:
-    from psrv.experiments.history import check_run  # the harness: loaded by this command only
+    from psrv.experiments.launcher.history import check_run  # the harness: loaded by this command only
     result = check_run(a.run)
     log = logging.getLogger("psrv.check")
     for v in result.violations:

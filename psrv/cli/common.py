@@ -48,9 +48,9 @@ def metrics_file(a: argparse.Namespace) -> Path | None:
 
 
 def scheduler_args(p: argparse.ArgumentParser) -> None:
-    """--scheduler (psrv.experiments.schedulers lists the choices) and the options of kubernetes' dry run
-    (experiments/kubernetes.py)."""
-    from psrv.experiments.schedulers import SCHEDULERS, scheduler_help
+    """--scheduler (psrv.experiments.launcher.schedulers lists the choices) and the options of kubernetes' dry run
+    (experiments/launcher/kubernetes.py)."""
+    from psrv.experiments.launcher.schedulers import SCHEDULERS, scheduler_help
     p.add_argument("--scheduler", choices=tuple(SCHEDULERS), default="local", help=scheduler_help())
     p.add_argument("--dry-run", action="store_true", help="with --scheduler kubernetes: print the manifests "
                    "(multi-document YAML) and start nothing")
@@ -73,7 +73,7 @@ def kubernetes_dry_run(a: argparse.Namespace, *, metrics: bool = False):
     if not a.dry_run:
         raise ValueError("--scheduler kubernetes: psrv does not reach a cluster itself; add --dry-run to print the "
                          "manifests, then apply them with kubectl apply -f - (docs/deploy.md)")
-    from psrv.experiments.kubernetes import KubernetesOptions
+    from psrv.experiments.launcher.kubernetes import KubernetesOptions
     defaults = KubernetesOptions()
     return KubernetesOptions(image=a.image or defaults.image, namespace=a.namespace or defaults.namespace,
                              pvc=a.pvc or "", metrics=metrics)

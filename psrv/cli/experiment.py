@@ -1,4 +1,4 @@
-"""`psrv experiment SPEC`: every variant and repeat of a spec, then the report (psrv.experiments.runner)."""
+"""`psrv experiment SPEC`: every variant and repeat of a spec, then the report (psrv.experiments.harness.runner)."""
 from __future__ import annotations
 
 import argparse
@@ -46,14 +46,14 @@ def command(a: argparse.Namespace) -> int:
         if a.mlflow is not None:
             raise ValueError("--mlflow: the runs are logged from finished runs here; with --scheduler "
                              "kubernetes gather the runs first (docs/deploy.md)")
-        from psrv.experiments.kubernetes import experiment_manifests, to_yaml
-        from psrv.experiments.provenance import default_out
-        from psrv.experiments.spec import load_spec
+        from psrv.experiments.launcher.kubernetes import experiment_manifests, to_yaml
+        from psrv.experiments.launcher.provenance import default_out
+        from psrv.experiments.harness.spec import load_spec
         folder = (a.out or default_out(a.spec, a.profile)).name
         spec = load_spec(a.spec, a.profile)
         print(to_yaml(experiment_manifests(spec, folder, kubernetes), kubernetes), end="")
         return 0
-    from psrv.experiments.runner import run_experiment
+    from psrv.experiments.harness.runner import run_experiment
     from psrv.process import interrupt_on_signals
     interrupt_on_signals()  # SIGTERM as Ctrl-C: the run in progress stops in order and keeps what ran
     return run_experiment(a.spec, out=a.out, tensorboard=a.tensorboard, mlflow=a.mlflow, scheduler=a.scheduler,

@@ -1,5 +1,5 @@
 """`python -m psrv.cli.forkserver FD`: the fork server a local run's launcher starts first
-(experiments/forkserver.py). It imports torch and psrv's server and worker code once, then forks each
+(experiments/launcher/forkserver.py). It imports torch and psrv's server and worker code once, then forks each
 `psrv serve` / `psrv worker` the launcher asks for, so a run's processes start in milliseconds instead of
 each importing torch (about 2 s of CPU apiece, all at once on a run's start).
 

@@ -1,4 +1,4 @@
-"""`psrv run`: a whole local cluster on 127.0.0.1 (psrv.experiments.launch), or your own loop with --script."""
+"""`psrv run`: a whole local cluster on 127.0.0.1 (psrv.experiments.launcher.launch), or your own loop with --script."""
 from __future__ import annotations
 
 import argparse
@@ -43,7 +43,7 @@ def add(sub) -> None:
                    "options first. --steps, if given, reaches the script as PSRV_STEPS and --seed as PSRV_SEED; "
                    "its output goes to DIR/worker-R.log. The job, fault, worker and all-reduce options and "
                    "--mode fsdp are refused")
-    from psrv.experiments.torchrun import LAUNCHERS
+    from psrv.experiments.launcher.torchrun import LAUNCHERS
     r.add_argument("--launcher", choices=LAUNCHERS, default="psrv",
                    help="how --script's workers are started: psrv, one process per rank (the default, each "
                    "writing DIR/worker-R.log), or torchrun, one `torchrun --nproc-per-node WORKERS FILE.py "
@@ -53,8 +53,8 @@ def add(sub) -> None:
 
 
 def command(a: argparse.Namespace) -> int:
-    from psrv.experiments.launch import RunFailed, RunInterrupted, run_local
-    from psrv.experiments.summary import format_summary
+    from psrv.experiments.launcher.launch import RunFailed, RunInterrupted, run_local
+    from psrv.experiments.launcher.summary import format_summary
     cfg = config_from_args(RunConfig, a, base=base_config(a))
     unused_staleness(a, cfg.mode)
     for line in quality_caveats(cfg):  # where a quality grid measured the remedy off its claim: the run goes ahead
@@ -62,21 +62,21 @@ def command(a: argparse.Namespace) -> int:
     kubernetes = kubernetes_dry_run(a, metrics=a.metrics)
     script = None
     if a.script is not None or cfg.job.script:  # --config FILE of a script's run: that script, hashed as it is now
-        from psrv.experiments.script import script_from_args
+        from psrv.experiments.launcher.script import script_from_args
         words = a.script if a.script is not None else [cfg.job.script, *cfg.job.script_args]
         here = cfg.replace(cluster=cfg.cluster.replace(device="cpu")) if kubernetes else cfg  # a pod's device is the cluster's
         here, script = script_from_args(words, here, typed=dotted(given(a)))
         cfg = here.replace(cluster=cfg.cluster)
     if kubernetes:
-        from psrv.experiments.kubernetes import run_manifests, run_name, to_yaml
+        from psrv.experiments.launcher.kubernetes import run_manifests, run_name, to_yaml
         name = run_name(a.out.name)
         print(to_yaml([(name, run_manifests(cfg, name, a.out.name, kubernetes, script=script))], kubernetes), end="")
         return 0
-    from psrv.experiments.launch import emulated_by
-    from psrv.experiments.torchrun import check_launcher
+    from psrv.experiments.launcher.launch import emulated_by
+    from psrv.experiments.launcher.torchrun import check_launcher
     check_launcher(a.launcher, script, cfg.mode, hosts=emulated_by(cfg))  # before anything starts
     if cfg.mlflow:
-        from psrv.experiments.tracking_mlflow import check_uri
+        from psrv.experiments.harness.tracking_mlflow import check_uri
         check_uri(cfg.mlflow)  # an absent client or a URI MLflow refuses, said before anything trains
     from psrv.process import exit_code, interrupt_on_signals, tune_malloc
     tune_malloc()  # this process only launches; the processes it starts tune themselves
@@ -88,7 +88,7 @@ def command(a: argparse.Namespace) -> int:
                             say=lambda line: print(line, file=sys.stderr))  # an earlier run's files removed
     except RunFailed as exc:
         print(f"psrv run failed: {exc}", file=sys.stderr)
-        if exc.summary is not None:  # what ran until then: experiments/launch.py
+        if exc.summary is not None:  # what ran until then: experiments/launcher/launch.py
             print(f"wrote the {exc.summary['steps_done']} steps that ran to {a.out} (summary.json marked incomplete, "
                   "steps.csv)", file=sys.stderr)
         return 1
@@ -105,9 +105,9 @@ def command(a: argparse.Namespace) -> int:
         where = "workers.log, rank R's lines [workerR]:" if a.launcher == "torchrun" else "worker-R.log"
         print(f"each rank's own output (its prints, any traceback): {a.out}/{where}")
     if cfg.tensorboard:
-        from psrv.experiments.tracking import write_run_events
+        from psrv.experiments.harness.tracking import write_run_events
         print(f"wrote TensorBoard events to {write_run_events(cfg, a.out)}")
     if cfg.mlflow:
-        from psrv.experiments.tracking_mlflow import log_run
+        from psrv.experiments.harness.tracking_mlflow import log_run
         print(log_run(cfg, a.out))
     return 0

@@ -61,7 +61,7 @@ def command(a: argparse.Namespace) -> int:
         print(f"\nwrote {a.out}/calibration.json, {a.out}/real, {a.out}/simulated")
         return 0
     from psrv.experiments.simulate.run import simulate
-    from psrv.experiments.summary import format_summary
+    from psrv.experiments.launcher.summary import format_summary
     summary = simulate(cfg, out=a.out)
     print(format_summary(summary))
     print(f"wait_fraction  {summary['wait_fraction']:.4g}\nsimulated in   {summary['simulator_seconds']:.3g}s")

@@ -3,7 +3,7 @@ checked with a dotted-key error; sections built from dicts (TOML, JSON) and writ
 
 A `Section` is a frozen, keyword-only dataclass whose fields are `setting(...)`s or nested sections.
 Everything a user can set is declared here, once: the command line (psrv/config/cli_args.py), the
-spec keys (experiments/spec.py) and the JSON a launched process reads are all generated from it.
+spec keys (experiments/harness/spec.py) and the JSON a launched process reads are all generated from it.
 """
 from __future__ import annotations
 

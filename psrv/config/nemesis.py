@@ -1,5 +1,5 @@
 """The nemesis's settings (`psrv run --nemesis SPEC`, spec table [nemesis]) and the text form of its schedule:
-faults at given times and faults drawn at random, parsed and checked here; experiments/nemesis does them."""
+faults at given times and faults drawn at random, parsed and checked here; experiments/launcher/nemesis does them."""
 from __future__ import annotations
 
 import re
@@ -211,7 +211,7 @@ def _schedule(text: str) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class NemesisSettings(Section):
-    """Faults psrv run makes on a schedule, seeded and recorded in DIR/nemesis.jsonl (experiments/nemesis)."""
+    """Faults psrv run makes on a schedule, seeded and recorded in DIR/nemesis.jsonl (experiments/launcher/nemesis)."""
 
     schedule: str = setting("", "faults on a schedule: 'KIND TARGET at (step N | Ns) [for Ds]' or 'every Ts "
                             "[exp|fixed] KIND[,KIND...] on TARGET[,TARGET...] [for Ds] [seed S]', clauses joined by "

@@ -55,7 +55,7 @@ def _transient(text: str) -> None:
 
 def _job(name: str) -> None:
     """A shipped job's name, package.module:factory or path/to/file.py:factory; whether that module
-    imports is for the launcher to find out (experiments/preflight.py), this only checks the form."""
+    imports is for the launcher to find out (experiments/launcher/preflight.py), this only checks the form."""
     if ":" not in name:
         if name not in SHIPPED_JOBS:
             raise ValueError(f"unknown job {name!r}; use one of {', '.join(SHIPPED_JOBS)}, "
@@ -141,7 +141,7 @@ class Seeded(Section):
 
 @dataclass(frozen=True, kw_only=True)
 class Trackers(Section):
-    """Where a run's results also go, for the trackers researchers already use (experiments/tracking.py)."""
+    """Where a run's results also go, for the trackers researchers already use (experiments/harness/tracking.py)."""
 
     tensorboard: str = setting("", "also write TensorBoard event files under DIR when the run ends: one run per "
                                "variant and seed, with the scalars of steps.csv and evals.csv and the servers' "
@@ -196,7 +196,7 @@ def _kill_worker(text: str) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class KillSettings(Section):
-    """Processes psrv run kills on purpose, for fault experiments (experiments/kills.py)."""
+    """Processes psrv run kills on purpose, for fault experiments (experiments/launcher/kills.py)."""
 
     server: str = setting("", "SIGKILL shard SHARD's server once worker 0 has done STEP steps (seen within 10 "
                           "steps: the workers' progress files); with --replicas its backup takes over, with "
@@ -221,7 +221,7 @@ class RecoverySettings(Section):
 
 @dataclass(frozen=True, kw_only=True)
 class RestartSettings(Section):
-    """How psrv run brings back a worker that died (experiments/worker_restarts.py, docs/reliability.md)."""
+    """How psrv run brings back a worker that died (experiments/launcher/worker_restarts.py, docs/reliability.md)."""
 
     workers: int = setting(0, "restart a worker that dies (--kill-worker, a crash, a kill from outside) with its "
                            "rank, at most N times per rank; it rejoins at the shards' clock and runs to the run's end "
@@ -312,7 +312,7 @@ def _rate(value: str) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class NetworkSettings(Section):
-    """The network a local run's processes talk over (experiments/netns.py)."""
+    """The network a local run's processes talk over (experiments/launcher/netns.py)."""
 
     bandwidth: str = setting("", "run each process on an emulated host of its own (a network namespace, "
                              "deploy/netns/cluster.sh) with its egress capped at RATE, e.g. 200mbit; needs "

@@ -90,7 +90,7 @@ class PSClient(PushMessages):
         # every push sent and acknowledged, for psrv check (docs/history.md), where PSRV_HISTORY says
         self.history = History.from_env(f"worker-{worker}")
         self.history.start("worker", w=worker)
-        # psrv run restarted this rank and saw its last process die (experiments/worker_restarts.py): the shards
+        # psrv run restarted this rank and saw its last process die (experiments/launcher/worker_restarts.py): the shards
         # hand it the rank at once instead of after --worker-timeout of the dead one's silence
         self.predecessor_dead = os.environ.get(PREDECESSOR_DEAD) == "1"
         self.retry_interval = retry_interval

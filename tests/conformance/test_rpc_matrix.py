@@ -1,5 +1,5 @@
 """The conformance matrix's cases over torch RPC (test_matrix.py holds the checks): each runs as `psrv run
---transport rpc` runs it (experiments/launch.py run_local, called here), the shipped worker loop in its own
+--transport rpc` runs it (experiments/launcher/launch.py run_local, called here), the shipped worker loop in its own
 processes, seconds a case (one RPC world per process), so they are files of their own, which `make test` runs
 beside the others: this one holds the even cases and test_rpc_matrix_odd.py the odd ones (pytest-xdist's
 --dist loadfile hands out whole files, and one file of all 20 was the longest of the suite, 158 s)."""
@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from psrv.experiments.launch import run_local
+from psrv.experiments.launcher.launch import run_local
 from tests.conformance.axes import case_id, run_config, workers_of
 from tests.conformance.cluster import BackupRecord, Outcome
 from tests.conformance.test_matrix import PAIRS, check, one_thread  # noqa: F401 (one torch thread here too)

@@ -14,7 +14,7 @@ import statistics
 import pytest
 import torch
 
-from psrv.experiments.launch import run_local
+from psrv.experiments.launcher.launch import run_local
 from psrv.config import ConfigError, RunConfig, from_dict
 from psrv.workers.jobs import load_job
 from tests.threaded_run import run_in_threads
@@ -145,7 +145,7 @@ def test_settings_a_mode_cannot_use_are_refused(data, key):
 
 
 def test_the_reports_optimizer_line_names_the_comm_hook():
-    from psrv.experiments.report_configs import _optimizer
+    from psrv.experiments.harness.report_configs import _optimizer
     hooked = from_dict(RunConfig, {"mode": "zero1", "allreduce": {"ddp_comm_hook": "powersgd", "powersgd_rank": 2}})
     assert "DDP comm hook powersgd rank 2" in _optimizer(hooked)
     assert "comm hook" not in _optimizer(from_dict(RunConfig, {"mode": "ddp"}))

@@ -1,4 +1,4 @@
-"""The fork server a run's launcher starts psrv processes from (experiments/forkserver.py): a forked `psrv ...`
+"""The fork server a run's launcher starts psrv processes from (experiments/launcher/forkserver.py): a forked `psrv ...`
 exits as `python -m psrv.cli ...` would, its output in its log, its title its command line, a signal's end
 reported as subprocess reports it, and no process outlives the fork server."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from psrv.experiments.forkserver import ForkServer
+from psrv.experiments.launcher.forkserver import ForkServer
 
 PSRV = [sys.executable, "-P", "-m", "psrv.cli"]
 

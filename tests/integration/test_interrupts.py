@@ -98,7 +98,7 @@ def test_an_interrupted_worker_leaves_and_keeps_its_rows(procs, tmp_path):
 
 def _children(pid: int, *, forkserver: bool = False) -> dict[int, str]:
     """{pid: start time} of the processes a launcher `pid` started, from /proc: its children, where one is the
-    run's fork server (experiments/forkserver.py) the processes it forked instead (`forkserver`: it too)."""
+    run's fork server (experiments/launcher/forkserver.py) the processes it forked instead (`forkserver`: it too)."""
     found = {}
     for child, started in _direct(pid).items():
         if _is_forkserver(child):

@@ -125,9 +125,9 @@ def test_local_steps_settings_resolve_and_refuse_in_one_line():
 def test_the_staleness_plot_counts_pushes_only(tmp_path):
     """With local steps a row is an inner step; only every H-th pushed. steps.csv says which on every row
     (`pushed`), and the staleness plot draws the pushes' staleness: its mean is summary.json's."""
-    from psrv.experiments.collect import merge_variant, read_csv
-    from psrv.experiments.plots.figure import VariantData
-    from psrv.experiments.plots.staleness import staleness_values
+    from psrv.experiments.harness.collect import merge_variant, read_csv
+    from psrv.experiments.harness.plots.figure import VariantData
+    from psrv.experiments.harness.plots.staleness import staleness_values
     run = tmp_path / "async" / "rep-0"
     summary = threaded_run(run, "--mode", "async", "--workers", "2", "--servers", "1", "--steps", "40",
                            "--local-steps", "4", "--compute-ms", "5")

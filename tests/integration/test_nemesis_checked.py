@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from psrv.experiments.history import check_run
+from psrv.experiments.launcher.history import check_run
 from tests.helpers import psrv_run
 
 # A step of about 20 ms. The kill comes first: the backup takes over, and the next faults, on a backup, wait (the

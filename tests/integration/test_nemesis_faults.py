@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from psrv.config import RunConfig, from_dict
-from psrv.experiments.cluster import Cluster
-from psrv.experiments.nemesis import Nemesis
-from psrv.experiments.nemesis.faults import state
+from psrv.experiments.launcher.cluster import Cluster
+from psrv.experiments.launcher.nemesis import Nemesis
+from psrv.experiments.launcher.nemesis.faults import state
 
 
 @pytest.fixture

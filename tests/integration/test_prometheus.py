@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT, psrv_run
-from psrv.experiments.cluster import free_port as _free_port
+from psrv.experiments.launcher.cluster import free_port as _free_port
 
 DEPLOY = ROOT / "deploy" / "prometheus"
 STALENESS_BUCKETS = 13  # psrv.metrics.STALENESS_BUCKETS plus +Inf

@@ -200,12 +200,12 @@ def test_a_backup_answers_stats_as_a_backup(tmp_path):
 
 
 def test_a_backup_announces_its_address_only_once_it_follows(tmp_path):
-    """`psrv run` starts the workers once each backup's ready file is there (experiments/replication.py
+    """`psrv run` starts the workers once each backup's ready file is there (experiments/launcher/replication.py
     wait_following): it must mean the backup follows, or a worker welcomed before the backup joined is told of
     no replica to fail over to, and the backup counts fewer pushes than its primary. The backup here is bound
     and asking to join an address where its primary does not serve yet."""
     from psrv.atomic import write_text
-    from psrv.experiments.cluster import free_port
+    from psrv.experiments.launcher.cluster import free_port
     from psrv.server.run import serve
     address = f"tcp://127.0.0.1:{free_port()}"
     primary_file, backup_file, started = tmp_path / "server-0.addr", tmp_path / "backup-0-1.addr", []

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from psrv.experiments.cluster import free_port
+from psrv.experiments.launcher.cluster import free_port
 from tests.helpers import ROOT, psrv_argv
 
 rpc = pytest.importorskip("torch.distributed.rpc")

@@ -1,4 +1,4 @@
-"""Deaths psrv run did not ask for (experiments/deaths.py), as real `psrv run` processes: a process kill -9ed from
+"""Deaths psrv run did not ask for (experiments/launcher/deaths.py), as real `psrv run` processes: a process kill -9ed from
 outside (os.kill here, by PID, at a step read from the run's progress files) or a rank that crashes is in
 summary.json with its name, exit code or signal and what it cost; an async run goes on without a dead worker, as
 under --kill-worker; a run that fails keeps its steps.csv and a summary marked incomplete with the cause."""

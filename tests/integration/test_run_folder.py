@@ -16,7 +16,7 @@ from tests.helpers import ROOT, psrv_argv, run_in_session
 from tests.integration.test_interrupts import _alive, _children, _progress
 
 SCRIPT = Path(__file__).with_name("script_loop.py")
-RUN_LOCK, EXPERIMENT_LOCK = ".psrv-run.lock", ".psrv-experiment.lock"  # experiments/rundir.py's
+RUN_LOCK, EXPERIMENT_LOCK = ".psrv-run.lock", ".psrv-experiment.lock"  # experiments/launcher/rundir.py's
 
 
 def _launch(tmp_path: Path, name: str, *args: str) -> subprocess.Popen:
@@ -133,7 +133,7 @@ HOLDER = textwrap.dedent("""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     fcntl.flock(fd, fcntl.LOCK_EX)
-    os.write(fd, f"{os.getpid()}\\t{sys.argv[2]}\\t2026-01-01 00:00:00\\n".encode())  # as experiments/rundir.py writes it
+    os.write(fd, f"{os.getpid()}\\t{sys.argv[2]}\\t2026-01-01 00:00:00\\n".encode())  # as experiments/launcher/rundir.py writes it
     print("held", flush=True)
     time.sleep(120)
 """)
@@ -183,7 +183,7 @@ def test_a_second_experiment_into_a_folder_in_use_is_refused_in_one_line(tmp_pat
 def test_the_prometheus_files_beside_a_run_are_neither_refused_nor_cleared(tmp_path):
     """docs/deploy.md has Prometheus's config (and its database) sit in the run folder, where targets.json
     is: a run into such a folder, and into it again, leaves them be."""
-    from psrv.experiments.rundir import OwnedFolder
+    from psrv.experiments.launcher.rundir import OwnedFolder
     run = tmp_path / "watch"
     run.mkdir()
     for name in ("prometheus.yml", "rules.yml"):

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from psrv.config import RunConfig, from_dict, to_dict
-from psrv.experiments.launch import run_local
-from psrv.experiments.summary import format_summary
+from psrv.experiments.launcher.launch import run_local
+from psrv.experiments.launcher.summary import format_summary
 
 SCHEDULE = "kill primary:0 at step 20; kill worker:1 at step 60"
 

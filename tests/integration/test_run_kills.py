@@ -1,4 +1,4 @@
-"""psrv run's own faults (experiments/kills.py): --kill-server SIGKILLs a shard at worker 0's step; with
+"""psrv run's own faults (experiments/launcher/kills.py): --kill-server SIGKILLs a shard at worker 0's step; with
 --checkpoint-every the launcher restarts it from its checkpoint on its address and the run finishes, the
 summary saying the kill, the restart and the clocks lost; without it the run ends with one line saying so."""
 from __future__ import annotations
@@ -10,9 +10,9 @@ import re
 import pytest
 
 from psrv.config import from_dict, RunConfig
-from psrv.experiments.cluster import RunFailed
-from psrv.experiments.launch import run_local
-from psrv.experiments.summary import format_summary
+from psrv.experiments.launcher.cluster import RunFailed
+from psrv.experiments.launcher.launch import run_local
+from psrv.experiments.launcher.summary import format_summary
 
 STEPS = 120
 

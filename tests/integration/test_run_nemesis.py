@@ -8,8 +8,8 @@ import json
 import pytest
 
 from psrv.config import RunConfig, from_dict
-from psrv.experiments.launch import run_local
-from psrv.experiments.summary import format_summary
+from psrv.experiments.launcher.launch import run_local
+from psrv.experiments.launcher.summary import format_summary
 
 STEPS = 60
 SCHEDULE = "pause worker:1 at step 10 for 1s; pause launcher at step 20 for 1s"

@@ -1,4 +1,4 @@
-"""psrv run --replicas (experiments/replication.py): a sync run whose primary is SIGKILLed in the middle
+"""psrv run --replicas (experiments/launcher/replication.py): a sync run whose primary is SIGKILLed in the middle
 (--kill-server) finishes, its backup having taken over, with exactly the weights of the same run without
 the kill. Sync's math is the same only if every acknowledged update survived and none was applied twice:
 one lost clock moves the weights by about lr * |g|, orders of magnitude above float rounding. The run
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from psrv.config import ConfigError, RunConfig, ServerConfig, from_dict
-from psrv.experiments.launch import run_local
-from psrv.experiments.summary import format_summary
+from psrv.experiments.launcher.launch import run_local
+from psrv.experiments.launcher.summary import format_summary
 from tests.threaded_run import run_in_threads
 
 STEPS = 80

@@ -1,4 +1,4 @@
-"""psrv run --restart-workers (experiments/worker_restarts.py): a worker SIGKILLed by --kill-worker comes back
+"""psrv run --restart-workers (experiments/launcher/worker_restarts.py): a worker SIGKILLed by --kill-worker comes back
 with its rank, rejoins a sync DiLoCo run at the clock after the open one, runs to the run's end, and the
 survivor never waits for its start-up or its first round; a worker that keeps dying ends the run in one line."""
 from __future__ import annotations
@@ -12,9 +12,9 @@ import torch
 from torch.nn.utils import parameters_to_vector
 
 from psrv.config import RunConfig, from_dict
-from psrv.experiments.cluster import RunFailed
-from psrv.experiments.launch import run_local
-from psrv.experiments.summary import format_summary
+from psrv.experiments.launcher.cluster import RunFailed
+from psrv.experiments.launcher.launch import run_local
+from psrv.experiments.launcher.summary import format_summary
 from psrv.workers.jobs import load_job
 
 # 10 rounds of 2 s: the survivor trains about 20 s, so the killed worker's restart (a process start that

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from psrv.cli import main
-from psrv.experiments.collect import read_csv
+from psrv.experiments.harness.collect import read_csv
 from psrv.experiments.simulate.against import steady_rate
 from tests.helpers import psrv_run
 

@@ -1,4 +1,4 @@
-"""An all-reduce run whose rank hangs ends within the stall bound (experiments/stall.py), in one line naming
+"""An all-reduce run whose rank hangs ends within the stall bound (experiments/launcher/stall.py), in one line naming
 that rank and the collective, exit 1, with no process left: one rank stopped with SIGSTOP partway, in the
 shipped DDP ranks (the default bound) and in a script's psrv.Worker ranks (--stall-timeout)."""
 import os

@@ -51,7 +51,7 @@ def _counts(out: Path) -> dict[str, list[int]]:
 
 def _torchrun(procs, tmp_path: Path, env: dict) -> subprocess.Popen:
     """`torchrun --nproc-per-node WORKERS script_loop.py 1 OUT`, as a user types it (killed by PID at teardown)."""
-    from psrv.experiments.cluster import free_port
+    from psrv.experiments.launcher.cluster import free_port
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORKERS), "--master-addr",
             "127.0.0.1", "--master-port", str(free_port()), "--log-dir", str(tmp_path / "torchrun"),
             str(SCRIPT), "1", str(tmp_path / "final.pt")]

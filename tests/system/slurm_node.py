@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from psrv.experiments.cluster import free_port
+from psrv.experiments.launcher.cluster import free_port
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sinfo", "squeue", "salloc", "srun", "scancel", "scontrol")

@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from psrv.config import RunConfig, from_dict
-from psrv.experiments.cluster import Cluster
-from psrv.experiments.nemesis import Nemesis, checkpoint_disk
-from psrv.experiments.nemesis.faults import is_tmpfs
-from psrv.experiments.netns import EmulatedHosts
+from psrv.experiments.launcher.cluster import Cluster
+from psrv.experiments.launcher.nemesis import Nemesis, checkpoint_disk
+from psrv.experiments.launcher.nemesis.faults import is_tmpfs
+from psrv.experiments.launcher.netns import EmulatedHosts
 from tests.system.test_netns import _skip_unless_netns
 
 pytestmark = [pytest.mark.root]
@@ -159,7 +159,7 @@ def test_a_partition_between_a_primary_and_its_only_backup_splits_no_brain(mode,
     one wins, the other is fenced or dropped, and the run finishes with every acknowledged push applied once in
     the final lineage and one primary per epoch (the checker). Sync ends with the weights of the run without it."""
     _skip_unless_netns()
-    from psrv.experiments.history import check_run
+    from psrv.experiments.launcher.history import check_run
     from tests.helpers import psrv_run
     job = ("--mode", mode, "--servers", "1", "--replicas", "1", "--workers", "2", "--steps", "400",
            "--compute-ms", "20", "--optimizer", "sgd", "--momentum", "0.9")

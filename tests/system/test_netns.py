@@ -1,6 +1,6 @@
 """Emulated multi-host run on network namespaces (deploy/netns/cluster.sh): servers on h0, workers on
 h1 (2) and h2 (1) whose egress is capped at 200 Mbit/s. The job trains to the end and the capped
-host's communication time rises. The hosts are on a net of their own (experiments/netns.py), so these
+host's communication time rises. The hosts are on a net of their own (experiments/launcher/netns.py), so these
 tests run beside others and beside runs.
 
 Needs root, iproute2 and tc; skipped otherwise.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from psrv.experiments.netns import EmulatedHosts
+from psrv.experiments.launcher.netns import EmulatedHosts
 from tests.helpers import ROOT
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]

@@ -1,4 +1,4 @@
-"""Emulated hosts per run (experiments/netns.py): two `psrv run --script ... --bandwidth` at once on one
+"""Emulated hosts per run (experiments/launcher/netns.py): two `psrv run --script ... --bandwidth` at once on one
 machine, a sync one against a shard and a ddp one, each on a net of its own (namespaces, bridge, /24), each
 rank on a capped host; both finish, and nothing of theirs is left. A launcher killed with its hosts up
 leaves a claim the next one takes back, removing those hosts.
@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 
-from psrv.experiments.netns import CLAIMS, EmulatedHosts
+from psrv.experiments.launcher.netns import CLAIMS, EmulatedHosts
 from tests.helpers import ROOT, psrv_argv
 from tests.system.test_netns import _skip_unless_netns
 
@@ -81,7 +81,7 @@ def test_two_script_runs_on_capped_hosts_at_once_each_on_a_net_of_its_own(tmp_pa
 @pytest.mark.timeout(60)
 def test_hosts_a_killed_launcher_left_are_removed_by_the_next_and_never_block_it(tmp_path):
     _skip_unless_netns()
-    holder = ("import sys, time\nfrom psrv.experiments.netns import EmulatedHosts\n"
+    holder = ("import sys, time\nfrom psrv.experiments.launcher.netns import EmulatedHosts\n"
               "with EmulatedHosts(2, '') as h:\n    print(h.names.net, flush=True)\n    time.sleep(120)")
     proc = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:

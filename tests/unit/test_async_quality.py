@@ -1,4 +1,4 @@
-"""The async rules' quality grid (experiments/async_quality.py over experiments/quality_grid.py): forms from
+"""The async rules' quality grid (experiments/harness/async_quality.py over experiments/harness/quality_grid.py): forms from
 each run's stored config (mode and update rule), each rule held to 1.3x of sync and to plain async, and the
 split into chosen-on and held-out jobs; the spec's variants are the grid's forms."""
 import json
@@ -9,8 +9,8 @@ import pytest
 
 from psrv.config import RunConfig, to_dict
 from psrv.config.base import from_dict
-from psrv.experiments import async_quality, quality_grid
-from psrv.experiments.spec import spec_from_dict
+from psrv.experiments.harness import async_quality, quality_grid
+from psrv.experiments.harness.spec import spec_from_dict
 
 FORMS = {"sync": ("sync", "plain"), "plain": ("async", "plain"), "slr": ("async", "staleness-lr"),
          "dc": ("async", "dc-asgd"), "dca": ("async", "dc-asgd-a")}

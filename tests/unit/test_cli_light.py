@@ -27,7 +27,7 @@ def test_the_versions_an_experiment_records_import_no_torch_and_are_torchs_own()
     import json
 
     import torch
-    code = ("import json, sys; from psrv.experiments.runner import versions; v = versions(); "
+    code = ("import json, sys; from psrv.experiments.harness.runner import versions; v = versions(); "
             "print(json.dumps(v)); sys.exit('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-P", "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr or "the experiment's versions imported torch"

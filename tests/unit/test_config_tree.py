@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from psrv.experiments.spec import spec_from_dict
+from psrv.experiments.harness.spec import spec_from_dict
 from psrv.cli import build_parser
 from psrv.config import ConfigError, RunConfig, ServerConfig, WorkerConfig, from_dict, to_dict
 from psrv.config.base import default_of, leaves, merge
 from psrv.config.cli_args import config_from_args, flag_of, to_argv
-from psrv.experiments.script import with_script
+from psrv.experiments.launcher.script import with_script
 from psrv.workers.allreduce.main import build_parser as ddp_parser
 
 SCRIPT = str(Path(__file__).resolve().parents[1] / "integration" / "script_loop.py")  # a real file: its hash is taken

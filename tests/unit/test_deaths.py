@@ -1,4 +1,4 @@
-"""experiments/deaths.py's rule of which worker deaths a run goes on without, a failed run's summary (marked
+"""experiments/launcher/deaths.py's rule of which worker deaths a run goes on without, a failed run's summary (marked
 incomplete with its cause, from the records there are), and the `died` line psrv run prints."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import pytest
 
 from psrv.config import RunConfig, from_dict
-from psrv.experiments.deaths import survives_workers
-from psrv.experiments.summary import build_summary, format_summary
+from psrv.experiments.launcher.deaths import survives_workers
+from psrv.experiments.launcher.summary import build_summary, format_summary
 from tests.unit.test_interrupted_summary import _record
 
 

@@ -1,4 +1,4 @@
-"""Error feedback's quality grid's table (experiments/ef_quality.py): cells from each run's stored config,
+"""Error feedback's quality grid's table (experiments/harness/ef_quality.py): cells from each run's stored config,
 the 1.3x and no-worse-than-no-EF criterion per codec, and the split into chosen-on and held-out jobs."""
 import json
 import tomllib
@@ -8,8 +8,8 @@ import pytest
 
 from psrv.config import RunConfig, to_dict
 from psrv.config.base import from_dict
-from psrv.experiments import ef_quality, ef_ratios
-from psrv.experiments.spec import spec_from_dict
+from psrv.experiments.harness import ef_quality, ef_ratios
+from psrv.experiments.harness.spec import spec_from_dict
 
 PUSHES = {"dense": {}, "topk-ef": {"compress": "topk:0.005"},
           "topk-noef": {"compress": "topk:0.005", "error_feedback": False},

@@ -1,7 +1,7 @@
 """The terminal summary shows the metrics the job reports, and no accuracy line for a job without one."""
 from __future__ import annotations
 
-from psrv.experiments.summary import format_summary
+from psrv.experiments.launcher.summary import format_summary
 
 
 def _lines(summary: dict) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""Goodput (experiments/goodput, docs/reliability.md "Goodput"): each step's fate from a small written history (useful,
+"""Goodput (experiments/launcher/goodput, docs/reliability.md "Goodput"): each step's fate from a small written history (useful,
 lost and why, applied twice, redone by a restarted life), the span and its rate, what each fault's window cost
 against the baseline's rate, the faults taken from a summary, a baseline that differs or is no run, and the lines
 psrv run prints."""
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from psrv.config import RunConfig, from_dict
-from psrv.experiments.goodput import Measured, RunSteps, Step, baseline, fault_costs, faults_done, goodput, measure
-from psrv.experiments.goodput.steps import read_steps
-from psrv.experiments.summary import format_summary
+from psrv.experiments.launcher.goodput import Measured, RunSteps, Step, baseline, fault_costs, faults_done, goodput, measure
+from psrv.experiments.launcher.goodput.steps import read_steps
+from psrv.experiments.launcher.summary import format_summary
 
 
 class Files:

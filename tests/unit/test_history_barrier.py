@@ -1,7 +1,7 @@
 """The checker's barrier and bound agree with the controllers (psrv/server/consistency) on the corner cases they
 allow: a worker that pushed then left, backup workers and the straggler's late push, a skipped non-finite push,
 a worker's final pull. A checker that flags what the server rightly does would be noise."""
-from psrv.experiments.history import check_run
+from psrv.experiments.launcher.history import check_run
 from tests.history_builder import RunFolder
 
 

@@ -1,10 +1,10 @@
-"""The history checker (psrv.experiments.history, docs/history.md) on histories written by hand: clean runs it
+"""The history checker (psrv.experiments.launcher.history, docs/history.md) on histories written by hand: clean runs it
 must pass, with a failover among them, and one history per way to break a rule, which it must name."""
 import json
 
 import pytest
 
-from psrv.experiments.history import HistoryError, check_run
+from psrv.experiments.launcher.history import HistoryError, check_run
 from tests.history_builder import RunFolder, ssp_case
 
 A, B, C = "tcp://127.0.0.1:5000", "tcp://127.0.0.1:5001", "tcp://127.0.0.1:5002"
@@ -242,7 +242,7 @@ def test_a_summary_count_that_differs_from_the_lineage(tmp_path):
 @pytest.mark.parametrize("faults", [
     {"nemesis": {"faults": [{"kind": "kill", "target": "worker:1", "done": True}]}},
     {"worker_restarts": [{"rank": 1, "joined": True}]},
-    {"deaths": [{"process": "worker-1", "rank": 1, "survived": True}]}])  # killed from outside: experiments/deaths
+    {"deaths": [{"process": "worker-1", "rank": 1, "survived": True}]}])  # killed from outside: experiments/launcher/deaths
 def test_the_summarys_pushes_are_not_held_against_the_lineage_once_a_worker_life_died(tmp_path, faults):
     run = RunFolder(tmp_path, mode="async")
     w0, w1, p = run.worker(0), run.worker(1), run.replica(0, "primary", A)

@@ -88,7 +88,7 @@ def test_a_restarted_process_takes_the_rank_over_after_silence_or_leave():
 
 
 def test_a_process_whose_launcher_saw_the_last_one_die_takes_the_rank_at_once():
-    """psrv run restarts a dead worker with PSRV_PREDECESSOR_DEAD (experiments/worker_restarts.py): its HELLO says
+    """psrv run restarts a dead worker with PSRV_PREDECESSOR_DEAD (experiments/launcher/worker_restarts.py): its HELLO says
     so, and the rank is its at once, the dead one's clock dropped (a sync barrier stops waiting for it), not after
     --worker-timeout of silence; a HELLO without it is still refused."""
     s = started()

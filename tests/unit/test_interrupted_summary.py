@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from psrv.experiments.summary import build_summary, write_tables
+from psrv.experiments.launcher.summary import build_summary, write_tables
 from psrv.config import RunConfig
 from psrv.process import Interrupted, exit_code, interrupt_on_signals
 

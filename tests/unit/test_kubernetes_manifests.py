@@ -20,8 +20,8 @@ import yaml
 
 from psrv.config import RunConfig, ServerConfig, WorkerConfig
 from psrv.config.cli_args import config_from_args
-from psrv.experiments.kubernetes import KubernetesOptions, run_manifests, run_name
-from psrv.experiments.script import Script
+from psrv.experiments.launcher.kubernetes import KubernetesOptions, run_manifests, run_name
+from psrv.experiments.launcher.script import Script
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -8,8 +8,8 @@ import torch
 
 import psrv
 from psrv.cli import main
-from psrv.experiments.script import Script
-from psrv.experiments.torchrun import check_launcher, torchrun_argv
+from psrv.experiments.launcher.script import Script
+from psrv.experiments.launcher.torchrun import check_launcher, torchrun_argv
 from psrv.worker.keywords import servers_of
 from psrv.worker.steplog import StepLog
 

@@ -11,9 +11,9 @@ from psrv.config import ConfigError, RunConfig, from_dict
 from psrv.config.base import config_hash
 from psrv.config.cli_args import config_from_args
 from psrv.config.nemesis import At, Drawn, Fixed, Target, parse_schedule
-from psrv.experiments.nemesis.record import Record
-from psrv.experiments.nemesis.schedule import Timeline, draws
-from psrv.experiments.nemesis.targets import configuration
+from psrv.experiments.launcher.nemesis.record import Record
+from psrv.experiments.launcher.nemesis.schedule import Timeline, draws
+from psrv.experiments.launcher.nemesis.targets import configuration
 
 W1, P0, B0 = Target("worker", 1), Target("primary", 0), Target("backup", 0)
 

@@ -1,4 +1,4 @@
-"""1-bit Adam's quality grid (experiments/onebit_quality.py over experiments/quality_grid.py): forms from each
+"""1-bit Adam's quality grid (experiments/harness/onebit_quality.py over experiments/harness/quality_grid.py): forms from each
 run's stored config (optimizer and freeze step), each warm-up held to 1.3x of Adam and to the run frozen at
 step 1, and the split into chosen-on and held-out jobs; the spec's variants are the grid's forms."""
 import json
@@ -9,8 +9,8 @@ import pytest
 
 from psrv.config import RunConfig, to_dict
 from psrv.config.base import from_dict
-from psrv.experiments import onebit_quality, quality_grid
-from psrv.experiments.spec import spec_from_dict
+from psrv.experiments.harness import onebit_quality, quality_grid
+from psrv.experiments.harness.spec import spec_from_dict
 
 SPEC = Path(__file__).parents[2] / "experiments" / "specs" / "onebit_quality.toml"
 

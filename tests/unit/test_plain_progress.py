@@ -5,7 +5,7 @@ import io
 
 from tqdm import tqdm
 
-from psrv.experiments.progress import PLAIN_SECONDS, PlainProgress, progress_bar
+from psrv.experiments.launcher.progress import PLAIN_SECONDS, PlainProgress, progress_bar
 
 
 class Clock:

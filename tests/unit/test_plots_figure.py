@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from matplotlib.colors import to_rgba
 
-from psrv.experiments.plots.figure import color, figure, legend
+from psrv.experiments.harness.plots.figure import color, figure, legend
 
 
 def test_fifty_variants_get_fifty_colours() -> None:

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from psrv.experiments.collect import collect, read_csv, run_dir
-from psrv.experiments.launch import write_config
-from psrv.experiments.provenance import claim, default_out, keep_aside, stored_config, why_changed
-from psrv.experiments.report import write_report
-from psrv.experiments.spec import ExperimentSpec, load_spec, spec_from_dict
+from psrv.experiments.harness.collect import collect, read_csv, run_dir
+from psrv.experiments.launcher.launch import write_config
+from psrv.experiments.launcher.provenance import claim, default_out, keep_aside, stored_config, why_changed
+from psrv.experiments.harness.report import write_report
+from psrv.experiments.harness.spec import ExperimentSpec, load_spec, spec_from_dict
 from psrv.config import RunConfig, from_dict, to_dict
 from psrv.code_inputs import code_inputs
 from psrv.config.base import config_hash

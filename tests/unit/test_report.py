@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from matplotlib.axes import Axes
 
-from psrv.experiments.collect import (collect, is_finished, read_csv, read_summary, run_dir,
+from psrv.experiments.harness.collect import (collect, is_finished, read_csv, read_summary, run_dir,
                                  time_to_target, wait_fraction)
-from psrv.experiments.launch import write_config
-from psrv.experiments.report import write_report
-from psrv.experiments.spec import ExperimentSpec, TargetSpec, spec_from_dict
+from psrv.experiments.launcher.launch import write_config
+from psrv.experiments.harness.report import write_report
+from psrv.experiments.harness.spec import ExperimentSpec, TargetSpec, spec_from_dict
 
 STEP_COLUMNS = ["wall_time", "worker", "step", "loss", "staleness", "compute_seconds",
                 "communication_seconds", "wait_seconds", "batch_size"]
@@ -265,7 +265,7 @@ def test_a_target_on_a_metric_the_job_does_not_report_is_a_clear_error(tmp_path:
     _run(tmp_path, "sync", 0, summary={**_summary(1.0, 1.0, 0.3, 0.9, 3, 0.0, 0), "job": "digits_mlp",
                                        "eval_metrics": {"loss": 0.3, "accuracy": 0.9}},
          evals=[(1.0, 1, 0.3, 0.9)], step_times=(0.1, 0.0, 0.0))
-    from psrv.experiments.collect import run_metrics
+    from psrv.experiments.harness.collect import run_metrics
     with pytest.raises(ValueError, match="'perplexity' is not among the metrics job 'digits_mlp' reports"):
         run_metrics(run_dir(tmp_path, "sync", 0), TargetSpec(metric="perplexity", value=3.0))
 
@@ -280,14 +280,14 @@ def test_a_metric_target_reads_the_jobs_direction_and_final_value(tmp_path: Path
          evals=[], step_times=(0.1, 0.0, 0.0))
     _write_csv(path / "evals.csv", ["wall_time", "step", "eval_loss", "eval_wer"],
                [[1.0, 1, 0.5, 0.6], [2.0, 2, 0.3, 0.2]])
-    from psrv.experiments.collect import run_metrics
+    from psrv.experiments.harness.collect import run_metrics
     values = run_metrics(path, TargetSpec(metric="wer", value=0.3)).values
     assert values["time_to_target_seconds"] == 2.0 and values["final_target_metric"] == 0.2
 
 
 def test_the_setup_line_names_every_setting_that_changes_the_step() -> None:
     """A report that said 'sgd, lr 0.7, momentum 0.9' for a DiLoCo run with dn would hide what ran."""
-    from psrv.experiments.report_configs import _optimizer
+    from psrv.experiments.harness.report_configs import _optimizer
     spec = spec_from_dict({"name": "t", "target": {"eval_loss": 1.0}, "variants": [
         {"mode": "sync"},
         {"mode": "async", "name": "dn", "optimizer": {"lr": 0.7, "nesterov": True, "update_rule": "dn",

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 from psrv.config import RunConfig, from_dict
-from psrv.experiments.collect import METRICS, Stat, VariantSummary
-from psrv.experiments.report_behind import behind_lines
-from psrv.experiments.report_configs import StoredRun
+from psrv.experiments.harness.collect import METRICS, Stat, VariantSummary
+from psrv.experiments.harness.report_behind import behind_lines
+from psrv.experiments.harness.report_configs import StoredRun
 
 
 def _variant(tmp: Path, name: str, config: dict, *, final: float | None, initial: float = 2.3,

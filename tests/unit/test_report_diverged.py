@@ -8,10 +8,10 @@ import json
 import math
 from pathlib import Path
 
-from psrv.experiments.collect import collect, read_csv, read_summary, run_dir
-from psrv.experiments.launch import write_config
-from psrv.experiments.report import write_report
-from psrv.experiments.spec import spec_from_dict
+from psrv.experiments.harness.collect import collect, read_csv, read_summary, run_dir
+from psrv.experiments.launcher.launch import write_config
+from psrv.experiments.harness.report import write_report
+from psrv.experiments.harness.spec import spec_from_dict
 
 NAN = math.nan
 
@@ -62,7 +62,7 @@ def test_a_failed_run_is_counted_and_named_in_the_report(tmp_path):
     spec = spec_from_dict({"name": "fail", "job": {"name": "digits_mlp", "steps": 3}, "seeds": [0, 1, 2],
                            "target": {"eval_accuracy": 0.9}, "variants": [{"mode": "sync"}, {"mode": "async"}]})
     _run(tmp_path, "sync", 0, 2.0, [(1.0, 1, 2.5, 0.5), (2.0, 2, 2.0, 0.95)])
-    for rep in (1, 2):  # as experiments/runner.py records a failure, beside the incomplete summary psrv run left
+    for rep in (1, 2):  # as experiments/harness/runner.py records a failure, beside the incomplete summary psrv run left
         path = run_dir(tmp_path, "sync", rep)
         path.mkdir(parents=True)
         (path / "summary.json").write_text(json.dumps({"complete": False, "cause": "worker-1 exited"}))

@@ -2,9 +2,9 @@
 applied at an evaluation, the clock gap at each step, and which modes get a staleness panel."""
 from __future__ import annotations
 
-from psrv.experiments.plots.figure import VariantData, has_staleness
-from psrv.experiments.plots.progress import Progress
-from psrv.experiments.plots.staleness import clock_gaps
+from psrv.experiments.harness.plots.figure import VariantData, has_staleness
+from psrv.experiments.harness.plots.progress import Progress
+from psrv.experiments.harness.plots.staleness import clock_gaps
 
 
 def _rows(steps: list[tuple[float, int, int]]) -> list[dict[str, str]]:

@@ -12,7 +12,7 @@ import pytest
 from psrv.config import ConfigError, RunConfig
 from psrv.config.base import from_dict, to_dict
 from psrv.config.sections import WorkerSettings
-from psrv.experiments.script import check_script_run, with_script
+from psrv.experiments.launcher.script import check_script_run, with_script
 from psrv.worker.run_settings import TIMEOUT_OPTION, keywords_of, run_config_from_env, run_keywords
 from psrv.worker.session import Worker
 

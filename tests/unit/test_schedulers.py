@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from psrv.cli import main
-from psrv.experiments.schedulers import SCHEDULERS
+from psrv.experiments.launcher.schedulers import SCHEDULERS
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "experiments" / "specs" / "tiny.toml"

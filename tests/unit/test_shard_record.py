@@ -1,5 +1,5 @@
 """A replicated shard's record, DIR/server-K.json, is the record of the replica that served it last
-(experiments/replication.py settle): a primary paused past the takeover bound is fenced when it comes back and
+(experiments/launcher/replication.py settle): a primary paused past the takeover bound is fenced when it comes back and
 writes its own record, which counts only what it applied until then; before, that record stayed the shard's
 (a 300-step run said `updates_applied` 71 while the backup that took over held the true 300)."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from psrv.config import RunConfig, from_dict
-from psrv.experiments.replication import settle
+from psrv.experiments.launcher.replication import settle
 
 
 def _write(path, **record) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from psrv.cli.main import main
-from psrv.experiments.collect import read_csv
+from psrv.experiments.harness.collect import read_csv
 from psrv.experiments.simulate.against import gbps, simulation_of, steady_rate
 from tests.threaded_run import threaded_run
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from psrv.experiments.spec import ExperimentSpec, load_spec, spec_from_dict
+from psrv.experiments.harness.spec import ExperimentSpec, load_spec, spec_from_dict
 from psrv.cli import build_parser
 from psrv.config import FaultConfig, JobConfig, RunConfig, from_dict
 from psrv.config.cli_args import config_from_args, to_argv

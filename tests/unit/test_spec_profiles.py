@@ -10,8 +10,8 @@ import pytest
 from psrv.cli import build_parser
 from psrv.config import ConfigError, RunConfig
 from psrv.config.cli_args import config_from_args, to_argv
-from psrv.experiments.provenance import default_out
-from psrv.experiments.spec import load_spec, profile_names
+from psrv.experiments.launcher.provenance import default_out
+from psrv.experiments.harness.spec import load_spec, profile_names
 
 SPECS = Path(__file__).resolve().parents[2] / "experiments" / "specs"
 

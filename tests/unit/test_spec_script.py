@@ -9,9 +9,9 @@ import pytest
 from psrv.code_inputs import code_inputs
 from psrv.config import ConfigError
 from psrv.config.base import config_hash
-from psrv.experiments.provenance import why_changed
-from psrv.experiments.launch import write_config
-from psrv.experiments.spec import spec_from_dict
+from psrv.experiments.launcher.provenance import why_changed
+from psrv.experiments.launcher.launch import write_config
+from psrv.experiments.harness.spec import spec_from_dict
 
 
 def _spec(tmp_path, job: dict, variants=({"mode": "sync"}, {"mode": "ssp", "staleness": 2}), **top) -> dict:

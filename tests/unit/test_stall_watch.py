@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from psrv.experiments.cluster import Cluster, RunFailed
-from psrv.experiments.stall import (CAP, FLOOR, RankState, StallWatch, beacon_path, culprit, process_stopped,
+from psrv.experiments.launcher.cluster import Cluster, RunFailed
+from psrv.experiments.launcher.stall import (CAP, FLOOR, RankState, StallWatch, beacon_path, culprit, process_stopped,
                                     stall_bound)
 from psrv.step_beacon import OFF_CLOCK, WAITING, WORKING, Beacon, StepBeacon, read_beacon
 
@@ -145,7 +145,7 @@ def _until(condition, timeout: float = 5.0) -> None:
 
 def test_the_stall_timeout_is_an_all_reduce_setting_a_script_may_use_too():
     from psrv.config import ConfigError, RunConfig, from_dict
-    from psrv.experiments.script import check_script_run
+    from psrv.experiments.launcher.script import check_script_run
     with pytest.raises(ConfigError, match=r"^allreduce\.stall_timeout: watches the all-reduce modes' ranks; "
                                           r"'sync' has servers"):
         from_dict(RunConfig, {"mode": "sync", "allreduce": {"stall_timeout": 5.0}})

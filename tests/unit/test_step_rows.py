@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from psrv.experiments.summary import write_tables
+from psrv.experiments.launcher.summary import write_tables
 from psrv.worker.steplog import ROW, RecordFiles, StepLog
 
 

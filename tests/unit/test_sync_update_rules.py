@@ -13,7 +13,7 @@ from psrv.cli.main import main
 from psrv.config import ConfigError, OptimConfig, RunConfig, ServerConfig, from_dict, to_dict
 from psrv.config.optimizer import STALENESS_RULES, UPDATE_RULES
 from psrv.config.sections import ALLREDUCE_MODES
-from psrv.experiments.spec import spec_from_dict
+from psrv.experiments.harness.spec import spec_from_dict
 
 
 @pytest.mark.parametrize("rule", STALENESS_RULES)

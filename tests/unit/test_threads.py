@@ -7,7 +7,7 @@ import os
 import pytest
 
 from psrv.process import _is_psrv_process, cores_each, psrv_processes_here, thread_count, usable_cores
-from psrv.experiments.cluster import thread_env
+from psrv.experiments.launcher.cluster import thread_env
 
 
 @pytest.mark.parametrize(("argv", "counted"), [

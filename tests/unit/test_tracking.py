@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from psrv.experiments.collect import number, read_csv
-from psrv.experiments.tracking import STEP_SCALARS, write_events
+from psrv.experiments.harness.collect import number, read_csv
+from psrv.experiments.harness.tracking import STEP_SCALARS, write_events
 
 STEPS = ["wall_time", "worker", "step", "loss", "staleness", "compute_seconds", "communication_seconds",
          "wait_seconds", "batch_size"]
@@ -89,7 +89,7 @@ def test_writing_the_events_imports_no_torch(tmp_path: Path) -> None:
     import subprocess
     import sys
     run = _run(tmp_path / "run")
-    code = ("import sys; from psrv.experiments.tracking import write_events; "
+    code = ("import sys; from psrv.experiments.harness.tracking import write_events; "
             f"write_events({str(run)!r}, {str(tmp_path / 'tb')!r}); sys.exit('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr or "writing the events imported torch"

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from psrv.experiments.collect import collect, read_csv, run_dir
-from psrv.experiments.runner import run_experiment
-from psrv.experiments.tracking_mlflow import EXTRA, check_uri, log_runs, param_value
+from psrv.experiments.harness.collect import collect, read_csv, run_dir
+from psrv.experiments.harness.runner import run_experiment
+from psrv.experiments.harness.tracking_mlflow import EXTRA, check_uri, log_runs, param_value
 from tests.unit.test_report import PNG, _fabricate, _spec
 
 

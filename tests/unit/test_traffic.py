@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from psrv.experiments.report_traffic import skipped_lines
-from psrv.experiments.runner import _absent_devices
-from psrv.experiments.spec import spec_from_dict
-from psrv.experiments.traffic import busiest, per_step, socket_bytes
+from psrv.experiments.harness.report_traffic import skipped_lines
+from psrv.experiments.harness.runner import _absent_devices
+from psrv.experiments.harness.spec import spec_from_dict
+from psrv.experiments.harness.traffic import busiest, per_step, socket_bytes
 
 
 @pytest.mark.skipif(shutil.which("ss") is None, reason="ss (iproute2) is not installed here")
@@ -91,8 +91,8 @@ def test_a_variant_on_an_absent_device_is_skipped_with_its_reason(tmp_path: Path
 
 
 def test_the_placement_spec_runs_the_three_architectures_at_2_4_and_8_workers() -> None:
-    from psrv.experiments.plots.traffic import architecture
-    from psrv.experiments.spec import load_spec
+    from psrv.experiments.harness.plots.traffic import architecture
+    from psrv.experiments.harness.spec import load_spec
     spec = load_spec(Path(__file__).resolve().parents[2] / "experiments" / "specs" / "placement.toml")
     assert spec.repeats >= 3
     found = {(architecture(v.config), v.config.cluster.workers) for v in spec.variants}
@@ -106,8 +106,8 @@ def test_the_traffic_plot_draws_one_line_per_variant_and_joins_only_a_worker_cou
     line of its own, though it shares the architecture '1 server on cpu (sync)'."""
     from matplotlib.axes import Axes
 
-    from psrv.experiments.collect import Stat, VariantSummary
-    from psrv.experiments.plots.traffic import plot_traffic
+    from psrv.experiments.harness.collect import Stat, VariantSummary
+    from psrv.experiments.harness.plots.traffic import plot_traffic
     spec = spec_from_dict({"name": "t", "target": {"eval_loss": 1.0}, "cluster": {"servers": 1}, "variants": [
         {"name": "dense-2w", "mode": "sync", "cluster": {"workers": 2}},
         {"name": "dense-4w", "mode": "sync", "cluster": {"workers": 4}},

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import statistics
 
-from psrv.experiments.collect import METRICS, Stat, VariantSummary
-from psrv.experiments.winner import clear_lead, winner_lines
+from psrv.experiments.harness.collect import METRICS, Stat, VariantSummary
+from psrv.experiments.harness.winner import clear_lead, winner_lines
 
 TARGET = "eval_loss <= 0.2"
 

@@ -1,0 +1,136 @@
+"""A local run's psrv processes forked from one that has imported torch already (psrv/cli/forkserver.py),
+instead of each starting Python and importing torch itself: on 2 cores a run's six processes importing
+torch at once took seconds of the run's start. experiments/launcher/cluster.py starts its `python -P -m psrv.cli`
+processes through it when it can (not on emulated hosts, not under a scheduler, not a user's script, which
+runs as its own `python FILE.py`), and each is a ForkedProcess: subprocess.Popen's poll, wait, returncode,
+send_signal and kill, which the launcher uses.
+"""
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import socket
+import subprocess
+import sys
+import time
+
+
+class ForkServerGone(RuntimeError):
+    """The fork server ended or refused (it had threads after its imports): start processes with Popen."""
+
+
+class ForkServer:
+    """The fork server of one run, started with `popen_options` (the launcher's session, death signal and
+    inherited fds); `env`: its environment (OMP_NUM_THREADS 1 there: each child sets its own count)."""
+
+    def __init__(self, env: dict[str, str], popen_options: dict, *, log: str, timeout: float = 60.0):
+        ours, theirs = socket.socketpair()
+        options = {**popen_options, "pass_fds": (*popen_options.get("pass_fds", ()), theirs.fileno())}
+        with open(log, "w") as out:
+            self.proc = subprocess.Popen([sys.executable, "-P", "-m", "psrv.cli.forkserver", str(theirs.fileno())],
+                                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env={**env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, **options)
+        theirs.close()
+        self.sock, self.buffer, self.codes = ours, b"", {}
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(ours, selectors.EVENT_READ)
+        first = self._next(timeout)
+        if first.get("ready") is not True:
+            self.close()
+            raise ForkServerGone(first.get("unsafe") or f"it answered {first}")
+
+    def _read(self, timeout: float) -> bool:
+        """Read what has come, waiting at most `timeout` s; False once the fork server is gone."""
+        if not self.selector.select(timeout):
+            return True
+        data = self.sock.recv(1 << 16)
+        self.buffer += data
+        return bool(data)
+
+    def _messages(self):
+        while b"\n" in self.buffer:
+            line, self.buffer = self.buffer.split(b"\n", 1)
+            message = json.loads(line)
+            if "exited" in message:
+                self.codes[message["exited"]] = message["code"]
+            else:
+                yield message
+
+    def _next(self, timeout: float) -> dict:
+        """The next message that is not a child's end (those are kept in `codes`)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for message in self._messages():
+                return message
+            if time.monotonic() > deadline or not self._read(max(0.0, deadline - time.monotonic())):
+                raise ForkServerGone("the fork server did not answer" if self.proc.poll() is None else
+                                     f"the fork server exited with code {self.proc.returncode}")
+
+    def poll(self) -> None:
+        """Take in every child's end reported so far."""
+        while self.selector.select(0) and self._read(0):
+            pass
+        for _ in self._messages():  # nothing but ends comes unasked
+            pass
+
+    def start(self, argv: list[str], env: dict[str, str], log: str) -> "ForkedProcess":
+        """`argv` (python -P -m psrv.cli ARGS) forked with `env`, its output to `log`."""
+        request = {"args": argv[4:], "argv": argv, "env": env, "log": log, "cwd": os.getcwd()}
+        self.sock.sendall((json.dumps(request) + "\n").encode())
+        answer = self._next(30.0)
+        if "started" not in answer:
+            raise ForkServerGone(f"it answered {answer}")
+        return ForkedProcess(self, answer["started"], argv)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        """End the fork server (its children are ended or stopped by then)."""
+        try:
+            self.sock.close()
+        finally:
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class ForkedProcess:
+    """A process the fork server forked, as the launcher uses a subprocess.Popen."""
+
+    def __init__(self, server: ForkServer, pid: int, args: list[str]):
+        self.server, self.pid, self.args, self.returncode = server, pid, args, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.server.poll()
+            if self.pid in self.server.codes:
+                self.returncode = self.server.codes[self.pid]
+            elif not self.server.alive():  # its children got SIGTERM (their death signal) with it
+                self.server.poll()
+                self.returncode = self.server.codes.get(self.pid, -15)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(0.02)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(15)
+
+    def kill(self) -> None:
+        self.send_signal(9)

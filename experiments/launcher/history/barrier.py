@@ -1,0 +1,84 @@
+"""Rule 3, the sync barrier: each `commit` holds exactly the pushes accumulated for its clock, as many of the
+workers still pushing as `need` says (fewer only once every one of them is in), and each clock commits once."""
+from __future__ import annotations
+
+from psrv.experiments.launcher.history.reading import Event
+from psrv.experiments.launcher.history.replay import VOID_DROPS, Membership
+from psrv.experiments.launcher.history.result import Violation
+
+
+def _names(workers) -> str:
+    return "{" + ", ".join(map(str, sorted(workers))) + "}"
+
+
+class Barrier:
+    """One lineage replayed: the pushes accumulated since the last commit and the clocks committed."""
+
+    def __init__(self, shard: int, workers: int, backup_workers: int):
+        self.shard, self.backup_workers = shard, backup_workers
+        self.members = Membership(workers)
+        self.accumulated: list[Event] = []   # `apply` events since the last commit
+        self.voided: dict[int, set[int]] = {}  # clock -> workers whose push came with no gradient (VOID_DROPS)
+        self.committed: dict[int, Event] = {}
+        self.commits = 0
+        self.found: list[Violation] = []
+
+    def see(self, e: Event) -> None:
+        self.members.see(e)
+        if e.ev == "apply":
+            self.accumulated.append(e)
+        elif e.ev == "drop" and e["why"] in VOID_DROPS:
+            self.voided.setdefault(e["clock"], set()).add(e["w"])
+        elif e.ev == "commit":
+            self._commit(e)
+            self.members.committed(e["clock"])
+            self.accumulated, self.voided = [], {}
+
+    def _flag(self, e: Event, message: str) -> None:
+        self.found.append(Violation.at(3, e, f"shard {self.shard}: {message}"))
+
+    def _commit(self, e: Event) -> None:
+        c, need = e["clock"], e["need"]
+        self.commits += 1
+        if c in self.committed:
+            self._flag(e, f"clock {c} commits a second time (first at {self.committed[c].where})")
+        self.committed.setdefault(c, e)
+        held: dict[int, Event] = {}
+        for a in self.accumulated:
+            if a["clock"] != c:
+                self._flag(a, f"worker {a['w']}'s push for clock {a['clock']} was accumulated while clock {c} was "
+                           f"open (it commits at {e.where})")
+            elif a["w"] in held:
+                self._flag(a, f"worker {a['w']}'s gradient goes into clock {c} twice (first at "
+                           f"{held[a['w']].where})")
+            else:
+                held[a["w"]] = a
+        pushers = set(held)
+        if set(e["pushed"]) != pushers:
+            self._flag(e, f"the commit of clock {c} lists workers {_names(e['pushed'])}, but the lineage "
+                       f"accumulated the pushes of {_names(pushers)} for it")
+        m = self.members
+        pushing = m.pushing()
+        for key, rebuilt in (("active", m.active), ("pushing", pushing)):  # where the commit says them
+            if key in e.fields and set(e[key]) != rebuilt:
+                self._flag(e, f"the commit of clock {c} says {_names(e[key])} are {key}, but the lineage's "
+                           f"`member` events make them {_names(rebuilt)}")
+        expect = max(1, len(pushing) - self.backup_workers)
+        if need != expect:
+            self._flag(e, f"the commit of clock {c} waited for {need} pushes, but with {_names(pushing)} still "
+                       f"pushing and backup_workers {self.backup_workers} it needs {expect}")
+        counted = len(pushers & pushing)
+        everyone = pushing <= pushers | self.voided.get(c, set())
+        if counted > need or (counted < need and not everyone):
+            missing = pushing - pushers - self.voided.get(c, set())
+            self._flag(e, f"the commit of clock {c} holds the pushes of {counted} workers still pushing "
+                       f"({_names(pushers & pushing)}) and needs exactly {need}"
+                       + (f"; {_names(missing)} had not pushed it" if counted < need else ""))
+
+
+def check(shard: int, lineage: list[Event], *, workers: int, backup_workers: int) -> tuple[list[Violation], int]:
+    """Rule 3's violations in one lineage, and its commits."""
+    barrier = Barrier(shard, workers, backup_workers)
+    for e in lineage:
+        barrier.see(e)
+    return barrier.found, barrier.commits

@@ -1,7 +1,0 @@
-"""A nemesis for `psrv run` (`--nemesis SPEC`, docs/reliability.md "The nemesis"): kills, pauses, partitions,
-late acks and full disks on a schedule, fixed or seeded, done to the processes the targets are at that moment
-and recorded in DIR/nemesis.jsonl. The schedule's text form is parsed in psrv/config/nemesis.py."""
-from psrv.experiments.nemesis.nemesis import Nemesis
-from psrv.experiments.nemesis.setup import check_launch, checkpoint_disk, needs_hosts
-
-__all__ = ["Nemesis", "check_launch", "checkpoint_disk", "needs_hosts"]
