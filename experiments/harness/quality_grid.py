@@ -148,7 +148,7 @@ def report(all_cells: list[Cell], grid: Grid) -> str:
 
 
 def main(grid: Grid, doc: str, argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=f"python -m psrv.experiments.{grid.name}", description=doc.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=f"python -m psrv.experiments.harness.{grid.name}", description=doc.split("\n\n")[0])
     parser.add_argument("folders", nargs="+", type=Path, help="the experiments' output folders")
     args = parser.parse_args(argv)
     runs = [r for folder in args.folders for r in read_runs(folder, grid)]
