@@ -25,7 +25,7 @@ run: setup
 	$(BIN)/psrv run --out runs/default
 
 test: setup
-	$(BIN)/python -m tests.lint_layout
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder --durations=15
 
 bench: setup

@@ -70,15 +70,16 @@ def test_every_mode_and_the_harness_run_from_a_folder_with_its_own_workers_and_e
     assert not list(here.rglob("IMPORTED")), "a user's package was imported by a psrv process"
 
 
-def test_the_wheel_lists_every_package_of_the_tree():
-    """pyproject.toml names psrv's packages one by one (a package-dir mapping needs it): a new folder
-    with an __init__.py that is not listed would be missing from the wheel, and only there."""
-    import tomllib
+def test_the_wheel_holds_every_package_of_the_tree_through_the_symlinks():
+    """psrv/workers and psrv/experiments are the design card's workers/ and experiments/, and setuptools' package
+    discovery (pyproject.toml's packages.find) walks through them: every folder under psrv/ with an __init__.py is
+    a package of the wheel, theirs included."""
+    import os
+    from setuptools import find_packages
     root = Path(__file__).resolve().parents[2]
-    settings = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
-    folders = {"psrv": "psrv", **settings["package-dir"]}
-    tree = set()
-    for name, folder in folders.items():
-        for init in (root / folder).rglob("__init__.py"):
-            tree.add(".".join([name, *init.parent.relative_to(root / folder).parts]))
-    assert set(settings["packages"]) == tree, (set(settings["packages"]) ^ tree)
+    for name in ("workers", "experiments"):
+        assert (root / "psrv" / name).is_symlink() and (root / "psrv" / name).resolve() == root / name
+    tree = {".".join(Path(folder).relative_to(root).parts)
+            for folder, _, files in os.walk(root / "psrv", followlinks=True) if "__init__.py" in files}
+    assert {"psrv.workers.jobs", "psrv.experiments.launcher.nemesis"} <= tree
+    assert set(find_packages(where=str(root), include=["psrv", "psrv.*"])) == tree
