@@ -56,101 +56,22 @@ _WORKER, _PLACE = defaults_of(WorkerSettings), defaults_of(Placement)  # the key
 
 
 class Worker(LocalRounds, CompressionState, RecordedWorker, metaclass=TakesRunSettings):
-    """One worker of a parameter-server cluster, driving `model` (an nn.Module, float32 parameters on
-    one device). The constructor says HELLO to every shard, sends the initial weights when it is
-    rank 0 (shards already initialised keep theirs), and pulls the first weights into the model,
-    waiting at most `timeout` seconds for rank 0's. While a shard has not answered the HELLO, a WARNING
-    (logger psrv.worker) every few seconds names it, its address, the wait so far and the bound; the
-    errors and those lines call the bound `timeout_option` (`timeout=`; `psrv worker` passes
-    `--request-timeout`, its own flag for it).
+    """One worker of a parameter-server cluster, driving `model` (an nn.Module, float32 parameters on one
+    device) from the caller's own training loop: `step()` after each backward pushes the gradient and pulls
+    the new weights into the model; `close()` (or the `with` block's end) leaves, rank 0 last, holding the
+    final weights. The constructor says HELLO to every shard, rank 0 sends the initial weights, and every
+    rank pulls them. `servers`, `rank` and `world_size` default to PSRV_SERVERS, RANK and WORLD_SIZE.
 
-    `servers` (the shards' addresses in shard order), `rank` and `world_size` default to the
-    environment's PSRV_SERVERS (comma-separated), RANK and WORLD_SIZE (as torchrun sets them). An
-    address `@FILE` is read from a server's `--ready-file` FILE once it exists (at most `timeout`
-    seconds), so a launcher may start the workers before the servers, as under torchrun.
+    The model's parameters become views of one flat buffer, and their `.grad` views of another: do not
+    re-create them. Buffers do not travel; rank 0's are the model's. A worker that raises inside step(),
+    close() or the `with` block leaves every shard, so the others go on. psrv.Worker changes nothing in its
+    host process.
 
-    The model's parameters become views of one flat buffer and their `.grad` views of another; do
-    not move or re-create them afterwards. `step()` zeroes the gradients, so `model.zero_grad()` is
-    not needed (calling it costs one copy per parameter). Parameters that get no gradient push
-    zeros. Buffers (BatchNorm statistics) do not travel: each worker keeps its own, and rank 0's are
-    the model's, as DDP with broadcast_buffers makes rank 0's the ones evaluated.
-
-    With `overlap` and more than one shard, each shard's gradient is sent during backward as soon
-    as it is final; that needs one backward per step() (pass overlap=False to accumulate gradients
-    over several). Use it as a context manager, or call close(): a worker that raises (Ctrl-C
-    included) inside step(), close() or the `with` block leaves every shard, bounded by 2 s, so the
-    other workers go on without it.
-
-    `clip_grad_norm` (0: off) clips by global norm. In async and ssp this worker clips its gradient
-    before its push (the norm needs all of it, so nothing is sent early), by its own clip or else the
-    servers' (`psrv serve --clip-grad-norm`); in sync the servers clip each clock's averaged
-    gradient, so a clip given here must be theirs. psrv.Worker changes nothing in its host process.
-
-    `local_steps` H (None: off) is local SGD, DiLoCo under sync: the caller steps its own optimizer
-    (the inner one) and calls step() after each `opt.step()`; step() zeroes the gradients and every
-    H-th call pushes the pseudo-gradient w_pulled - w_now (the weights last pulled minus the model's)
-    as the gradient, for the servers' (outer) optimizer, and pulls; the other calls send nothing and
-    return `pushed=False`. close() pushes the inner steps done since the last push, if any. No
-    early sends then (the push is known only after the inner step); a clip applies to the pushed
-    vector. The caller's optimizer must step (psrv.Worker cannot: it does not hold one); a loop that only
-    calls step() pushes zero pseudo-gradients and its model never moves. `pseudo_grad_norms` holds each
-    push's norm. `outer_dtype` (float32, bfloat16, int8, fp4) quantises the pushed pseudo-gradients for the
-    wire, without error feedback; the servers average them in
-    float32. `fragments` F > 1 is streaming DiLoCo (psrv/worker/streaming.py): every H/F calls push one
-    strided fragment of the parameter tensors in turn, and its answer is mixed into the model at the next
-    step(), the caller's inner step running meanwhile.
-
-    `compress` (psrv/codecs; '' : none) compresses each shard's push: topk:RATIO, randomk:RATIO, sign,
-    int8 with error feedback (off with `error_feedback=False`; the residuals are in state_dict()),
-    tensors under `compress_min_numel` elements sent dense; float16/bfloat16 as that wire_dtype.
-    `wire_bytes()` says what went over the wire. With a lossy codec, its error feedback and servers that
-    run SGD with momentum, `momentum_correction` (on unless False) keeps the velocity here, pushes it compressed and
-    the servers step it without momentum of their own (Lin et al. 2018, DGC; psrv/worker/momentum_correction.py;
-    its velocity is in state_dict()), zeroing it where top-k or random-k sent with `momentum_masking`.
-    `compress_warmup` (default 50; 0: off): DGC's warm-up training, top-k's and random-k's ratio rising to
-    RATIO in four stages over the first that many pushes (docs/compression.md). `sign_scale` ("auto", the
-    default: l2, but l1 under onebit_adam; "l2"; "l1"): the scale of sign's chunks, root mean square or
-    mean |x| (psrv/codecs/sign.py). Under onebit_adam (the shards' WELCOME says so) the
-    worker keeps its own momentum and pushes it, compressed by `compress` (default sign), after the
-    freeze step (psrv/worker/onebit.py); state_dict() holds that momentum too.
-
-    `compress_pull` (the same names; '' : dense pulls) has each shard send the compressed change of its weights
-    since this worker's copy, the residual kept on the shard (off with `pull_error_feedback=False`), one pull in
-    `pull_resync` dense (0: only on a reconnect or a restarted shard); the final pull is dense
-    (psrv/codecs/pull.py, docs/compression.md). With `fragments`, each fragment's answer is the compressed
-    change of that fragment's weights, and the resync period counts each fragment's own pulls.
-
-    `shared_memory` ('auto' or 'off') moves tensors through shared memory to shards on this host; `bulk`
-    ('auto' or 'off') over a plain TCP connection to the others, where no `curve_keys` are given
-    (psrv/transport/plane.py). zmq only. `push_chunk_mb` (0: off): a push bigger than that goes in
-    chunks that async and ssp shards apply as they arrive (psrv/server/chunked.py).
-
-    A worker that joins a run under way (restarted with its rank, or started late) starts at the shards'
-    clock: `start_clock` is the clock it pushes first (sync: the one after the clock open when it joined, so
-    the others never wait for its start-up; async and ssp: its own pushes so far) and `start_step` that
-    clock's step (clock x H with local_steps, x H/F with fragments), where `steps` starts. A loop that runs
-    `while ps.steps < steps` therefore ends with the run, not `steps` steps after it joined (0 and 0 for a
-    worker there from the start).
-
-    `step_log` (psrv/worker/steplog.py) keeps this worker's step rows and writes its record at close();
-    None: the one `psrv run --script` asks for through the environment, where it does.
-
-    Held-out metrics (psrv/worker/script_evals.py): `log_eval({"loss": ..., "accuracy": ...})` records one
-    evaluation at the steps done so far (after close() too, on the final weights), or `evaluate` (a
-    function of no arguments returning such a dict) is called by rank 0 itself: after the first pull, every
-    `eval_every` steps (0: never between) and in close() on the final weights, off the clock. They become
-    the run's evals.csv, and the last one its final_loss, eval_metrics and eval_accuracy.
-
-    In a run's script (`psrv run --script`, a spec's `[job] script`: PSRV_CONFIG names the run's config.json)
-    every keyword of the run's worker settings the call leaves out comes from that config: compress and its
-    knobs (error_feedback, compress_min_numel, momentum_correction, momentum_masking, compress_warmup,
-    sign_scale), compress_pull (pull_error_feedback, pull_resync), local_steps, fragments, outer_dtype,
-    wire_dtype, timeout (worker.request_timeout), push_chunk_mb, overlap, shared_memory and bulk
-    (psrv/worker/run_settings.py). A keyword the call gives wins; `settings_overridden` ({name: {"run": the
-    config's value, "script": the one used}}, in the record too) names those that differ from the config.
-
-    Under `psrv run --mode ddp` or `zero1` (PSRV_MODE) psrv.Worker(model) is the all-reduce worker
-    instead (psrv/worker/allreduce.py): the same loop, its gradients all-reduced among the ranks."""
+    Every keyword (overlap, clip_grad_norm, local_steps, fragments, outer_dtype, compress and its knobs,
+    compress_pull, shared_memory, bulk, push_chunk_mb, step_log, evaluate and eval_every, ...) is described in
+    docs/scripts.md, "psrv.Worker's keywords"; under `psrv run --script` the run's config gives each one the
+    call leaves out (psrv/worker/run_settings.py), and under `--mode ddp` or `zero1` psrv.Worker(model) is
+    the all-reduce worker (psrv/worker/allreduce.py)."""
 
     def __new__(cls, *args, **keywords):
         """Under an all-reduce run (PSRV_MODE ddp or zero1, as `psrv run --mode ddp --script` sets it) the
