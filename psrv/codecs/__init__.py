@@ -1,6 +1,6 @@
-"""Push codecs (`--compress`), chosen by name: topk:RATIO, randomk:RATIO, sign, int8, fp4 (lossy, one
-module each, with error feedback on the worker: psrv/codecs/push.py), and float16/bfloat16 (the cast
-that --wire-dtype makes). `parse(spec)` checks a name; `make(spec, seed)` builds the lossy codec."""
+"""Push codecs (`--compress`), chosen by name (the names, once: psrv/codec_names.py): the lossy ones, one module
+each, with error feedback on the worker (psrv/codecs/push.py), and the casts that --wire-dtype makes.
+`parse(spec)` checks a name; `make(spec, seed)` builds the lossy codec."""
 from __future__ import annotations
 
 from psrv.codec_names import CASTS, FORMS, parse

@@ -13,8 +13,8 @@ exactly, and top-k at ratio 1 is a dense pull, bit for bit. Without error feedba
 weights it last sent from, b, sends C(w - b) and sets b = w: what the codec leaves out is lost, and the
 view drifts by the sum of those losses until a dense resynchronisation.
 
-The codecs are the push's (psrv/codecs: topk:RATIO, randomk:RATIO, sign, int8), plus float16/bfloat16,
-which send the change cast to that dtype. Header, in the reply's field `pull_codec`: the push's codec
+The codecs are the push's (their names: psrv/codec_names.py), the casts float16/bfloat16 sending the change
+cast to that dtype. Header, in the reply's field `pull_codec`: the push's codec
 fields (`name`, its parameters, `n`, `dense` ranges) and `ef`, whether positions are sent as weights."""
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from psrv.codec_names import LOSSY_NAMES
+from psrv.codec_names import CASTS, FORMS, LOSSY_NAMES
 from psrv.config.base import ConfigError, Section, setting
 from psrv.config.codec_knobs import WARMUP_DEFAULT, worker_knobs
 from psrv.local_period import AUTO_DEFAULT, base_steps, is_dynamic, parse_local_steps
@@ -33,10 +33,9 @@ class WorkerSettings(Section):
                             "shard's slice goes out as soon as backward finishes it)", flag="no-overlap")
     request_timeout: float = setting(60.0, "seconds without any reply before a worker gives up",
                                      minimum=0.1)
-    compress: str = setting("", "push codec (psrv/codecs, docs/compression.md): topk:RATIO, randomk:RATIO, sign, "
-                            "int8, fp4, or float16/bfloat16 (as --wire-dtype); '' : dense float32 (under --optimizer onebit_adam: "
-                            "the momentum's codec after the freeze, '' : sign)", check=_compress,
-                            metavar="CODEC")
+    compress: str = setting("", f"push codec (psrv/codecs, docs/compression.md): {FORMS}; the casts as --wire-dtype; "
+                            "none: dense float32 (under --optimizer onebit_adam: the momentum's codec after the freeze, "
+                            "none: sign)", check=_compress, metavar="CODEC")
     error_feedback: bool = setting(True, "turn off the error feedback of a lossy --compress (default: each "
                                    "worker adds what its last pushes left out to the next)", flag="no-error-feedback")
     momentum_correction: bool = setting(True, "turn off momentum correction (default: with a lossy --compress, "
@@ -114,6 +113,9 @@ class WorkerSettings(Section):
         super().validate()
         if self.compress.partition(":")[0] in LOSSY_NAMES and self.wire_dtype != "float32":
             raise ConfigError("wire_dtype", f"is another push codec; compress {self.compress!r} sends float32 values")
+        if self.compress in CASTS and self.wire_dtype not in ("float32", CASTS[self.compress]):
+            raise ConfigError("wire_dtype", f"is {self.wire_dtype!r}, and compress {self.compress!r} casts to "
+                              f"{CASTS[self.compress]}: give one of them")
         if self.inner_optimizer is None and (self.local_steps_base > 1 or is_dynamic(self.local_steps)):
             object.__setattr__(self, "inner_optimizer", "adamw")
         if self.inner_optimizer is None:

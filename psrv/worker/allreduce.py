@@ -40,6 +40,7 @@ from psrv.worker.recorded import RecordedWorker
 from psrv.worker.run_settings import run_config_from_env
 from psrv.worker.script_evals import Evaluations
 from psrv.worker.step_info import StepInfo
+from psrv.worker.settings import call_keywords, keyword_default
 from psrv.worker.step_timer import StepTimer
 from psrv.worker.steplog import StepLog, check_step_args
 from psrv.worker.torch_optim import make_schedule, optimizer_class, torch_optimizer
@@ -127,15 +128,14 @@ class AllReduceWorker(RecordedWorker):
         """psrv.Worker(*args, **keywords), whose constructor has `signature`, under the all-reduce run
         the environment names: the run's config from PSRV_CONFIG; ValueError, naming the keyword, for a
         parameter-server option given a value of its own (servers, local_steps, compress, ...)."""
-        bound = signature.bind(None, *args, **keywords)  # a TypeError as psrv.Worker's own would be
-        given = {name: value for name, value in bound.arguments.items() if name != "self"}
+        given = call_keywords(signature, args, keywords)  # a TypeError as psrv.Worker's own would be
         model = given.pop("model")
         config = run_config_from_env()
         if config is None:
             raise ValueError(f"psrv.Worker under PSRV_MODE={allreduce_mode()}: set PSRV_CONFIG to the run's "
                              "config.json (its optimizer, lr schedule and clip), as `psrv run --script` does")
         for name, value in given.items():
-            if name not in _KEPT and value != signature.parameters[name].default:
+            if name not in _KEPT and value != keyword_default(signature, name):
                 raise ValueError(f"psrv.Worker({name}=...): a parameter-server option, and mode {config.mode!r} "
                                  "all-reduces the gradients among the ranks, with no shards; remove it")
         return cls(model, config=config, **{k: v for k, v in given.items() if k in _KEPT})

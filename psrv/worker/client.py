@@ -30,6 +30,7 @@ from psrv.worker.momentum_correction import MomentumCorrection, from_welcomes as
 from psrv.worker.onebit import LocalMomentum, from_welcomes, momentum_encoder
 from psrv.worker.pull_view import PullView
 from psrv.worker.push_messages import PushMessages
+from psrv.worker.settings import CLIENT_KEYWORDS, overlaid
 from psrv.protocol import ErrorCode, Message, MsgType
 from psrv.partition import PartitionPlan
 from psrv.protocol.codec import DTYPES
@@ -45,40 +46,25 @@ _WORKER, _PLACE = defaults_of(WorkerSettings), defaults_of(Placement)  # the key
 
 
 class PSClient(PushMessages):
-    """`timeout`: seconds without any sign of life from a shard before giving up; `retry_interval`:
-    first wait before probing an unanswered request (doubling up to 8x). `wire_dtype`: the dtype
-    gradients travel as (bfloat16/float16 halve the push; the shards apply them in float32).
-    `compress` (psrv/codecs): a lossy push codec (topk:RATIO, randomk:RATIO, sign, int8), run per shard
-    range with error feedback unless `error_feedback` is False, tensors under `compress_min_numel`
-    elements travelling dense beside it; or float16/bfloat16, the same as that wire_dtype. With a lossy
-    codec, error feedback and shards that run SGD with momentum, `momentum_correction` (WELCOME's
-    `optimizer`) keeps the velocity here and pushes it for the shards' plain SGD
-    (psrv/worker/momentum_correction.py), zeroing it where top-k or random-k sent with `momentum_masking`.
-    `compress_warmup`: the pushes of DGC's warm-up, over which their ratio rises to its own. `sign_scale`:
-    sign's per-chunk scale, l1 (mean |x|), l2 (root mean square; psrv/codecs/sign.py) or auto (l2, but l1
-    under onebit_adam, which hello() finds out). `wire`
-    counts the bytes of every frame sent and received (WireBytes). `shared_memory` and `bulk` offer
-    those payload planes (zmq; psrv/transport/plane.py). `net` replaces the transport (tests wrap it
-    to drop or duplicate messages). `timeout_option`: how the caller sets `timeout`, which the errors
-    and the waiting lines of an unanswered HELLO name (`timeout=`, the library's keyword; `psrv worker`
-    passes `--request-timeout`), so they point at the knob the user actually has. `compress_pull` (the same
-    codec names, '': dense pulls) has each shard send the compressed change of its weights since this worker's
-    copy, with the residual kept on the shard unless `pull_error_feedback` is False, and one pull in
-    `pull_resync` dense (psrv/worker/pull_view.py); tensors under `pull_min_numel` elements (None: the
-    pushes' `compress_min_numel`) are pulled exactly."""
+    """Every shard at once, for one worker: HELLO, pushes, pulls and push-pulls, the codecs both ways and the
+    round trips that survive a lost message or a restarted shard. `settings` (a WorkerSettings; keywords named
+    after its fields, `timeout` for request_timeout, lay values over it) says how pushes and pulls travel:
+    each setting is described and checked once, in psrv/config/worker_settings.py. The rest is the client's
+    own: `retry_interval`, the first wait before probing an unanswered request (doubling up to 8x);
+    `shared_memory` and `bulk`, whether to offer those payload planes (zmq; psrv/transport/plane.py); `net`, a
+    transport to use instead (tests wrap it to drop or duplicate messages); `pull_min_numel`, the pulls' own
+    dense threshold (None: the pushes' compress_min_numel); `timeout_option`, what the errors and the waiting
+    lines of an unanswered HELLO call the timeout (`timeout=`; `psrv worker` passes `--request-timeout`).
+    `wire` counts the bytes of every frame sent and received (WireBytes)."""
 
-    def __init__(self, servers: Sequence[str], plan: PartitionPlan, *, worker: int, world_size: int,
-                 transport: str = _PLACE.transport, timeout: float = _WORKER.request_timeout,
-                 retry_interval: float = 1.0, curve_keys: str = "", heartbeat: bool = True,
-                 wire_dtype: str = _WORKER.wire_dtype, compress: str = _WORKER.compress,
-                 error_feedback: bool = _WORKER.error_feedback, compress_min_numel: int = _WORKER.compress_min_numel,
-                 momentum_correction: bool = _WORKER.momentum_correction,
-                 momentum_masking: bool = _WORKER.momentum_masking, compress_warmup: int = _WORKER.compress_warmup,
-                 sign_scale: str = _WORKER.sign_scale, shared_memory: bool = _PLACE.shared_memory == "auto",
+    def __init__(self, servers: Sequence[str], plan: PartitionPlan, settings: WorkerSettings | None = None, *,
+                 worker: int, world_size: int, transport: str = _PLACE.transport, retry_interval: float = 1.0,
+                 curve_keys: str = "", heartbeat: bool = True, shared_memory: bool = _PLACE.shared_memory == "auto",
                  bulk: bool = _PLACE.bulk == "auto", net: ClientTransport | None = None,
-                 push_chunk_mb: float = _WORKER.push_chunk_mb, compress_pull: str = _WORKER.compress_pull,
-                 pull_error_feedback: bool = _WORKER.pull_error_feedback, pull_resync: int = _WORKER.pull_resync,
-                 pull_min_numel: int | None = None, timeout_option: str = LIBRARY_OPTION):
+                 pull_min_numel: int | None = None, timeout_option: str = LIBRARY_OPTION, **overrides):
+        settings = overlaid(settings, overrides, who="PSClient", allowed=CLIENT_KEYWORDS)
+        self.settings = settings
+        timeout, compress = settings.request_timeout, settings.compress
         if len(servers) != plan.num_shards:
             raise ValueError(f"{len(servers)} server addresses for a plan of {plan.num_shards} shards")
         self.plan = plan
@@ -97,39 +83,25 @@ class PSClient(PushMessages):
         self.recent_seconds = 0.0  # how long this client's round trips with a payload take lately (RoundTrip)
         self.ranges = plan.ranges
         self.versions = [0] * plan.num_shards
-        if wire_dtype not in DTYPES:
-            raise ValueError(f"wire_dtype must be one of {', '.join(DTYPES)}; got {wire_dtype!r}")
-        self.wire_dtype = DTYPES[wire_dtype]
-        if sign_scale not in SIGN_SCALES:
-            raise ValueError(f"sign_scale must be one of {', '.join(SIGN_SCALES)}; got {sign_scale!r}")
-        self.sign_scale = sign_scale
-        scale = "l2" if sign_scale == "auto" else sign_scale  # auto: l2 (l1 for onebit_adam's momenta: onebit.py)
-        codec = make_codec(compress, seed=worker, sign_scale=scale)  # ValueError: unknown
-        if compress and codec is None:  # float16 / bfloat16: the cast wire_dtype makes
-            if wire_dtype not in ("float32", CASTS[compress]):
-                raise ValueError(f"compress={compress!r} and wire_dtype={wire_dtype!r} disagree; give one")
-            self.wire_dtype = DTYPES[CASTS[compress]]
-        elif codec is not None and wire_dtype != "float32":
-            raise ValueError(f"compress={compress!r} sends float32 values; wire_dtype={wire_dtype!r} is another codec")
-        if not isinstance(compress_warmup, int) or compress_warmup < 0:
-            raise ValueError(f"compress_warmup must be an integer >= 0 (0: off); got {compress_warmup!r}")
-        self._encoder_options = {"error_feedback": error_feedback, "min_numel": compress_min_numel,
-                                 "warmup": compress_warmup}
+        self.wire_dtype = DTYPES[CASTS.get(compress, settings.wire_dtype)]  # float16/bfloat16: that wire dtype
+        self.sign_scale = settings.sign_scale
+        scale = "l2" if settings.sign_scale == "auto" else settings.sign_scale  # auto: l2 (l1 for onebit_adam: onebit.py)
+        codec = make_codec(compress, seed=worker, sign_scale=scale)
+        self._encoder_options = {"error_feedback": settings.error_feedback, "min_numel": settings.compress_min_numel,
+                                 "warmup": settings.compress_warmup}
         self.encoder = None if codec is None else PushEncoder(codec, plan, **self._encoder_options)
         self.compress = compress  # the codec pushes run with (onebit_adam's sign where none was given)
-        self.pull_view = None if not compress_pull else PullView(
-            plan, compress_pull, error_feedback=pull_error_feedback, resync=pull_resync,
-            min_numel=compress_min_numel if pull_min_numel is None else pull_min_numel,
+        self.pull_view = None if not settings.compress_pull else PullView(
+            plan, settings.compress_pull, error_feedback=settings.pull_error_feedback, resync=settings.pull_resync,
+            min_numel=settings.compress_min_numel if pull_min_numel is None else pull_min_numel,
             sign_scale="l1")  # l1: sign's scale that shrinks a residual (pull_view.py)
         self.onebit: LocalMomentum | None = None  # set by hello() when the shards run onebit_adam
-        self.momentum_correction, self.momentum_masking = momentum_correction, momentum_masking
+        self.momentum_correction, self.momentum_masking = settings.momentum_correction, settings.momentum_masking
         self.velocity: MomentumCorrection | None = None  # set by hello(): a lossy codec meets SGD momentum
         self._at: torch.Tensor | None = None  # the weights this push's gradient was computed at (weight decay)
         self.wire = WireBytes()
-        if not push_chunk_mb >= 0:
-            raise ValueError(f"push_chunk_mb must be >= 0 (0: pushes go whole); got {push_chunk_mb!r}")
         # zmq only: torch RPC answers every message (a future per call), and a chunk but the last gets none
-        self.push_chunk_bytes = int(push_chunk_mb * 2**20) if transport == "zmq" else 0
+        self.push_chunk_bytes = int(settings.push_chunk_mb * 2**20) if transport == "zmq" else 0
         self.chunked = False  # set by hello(): every shard takes chunks (WELCOME's `chunks`)
         self._wire: torch.Tensor | None = None  # the gradient cast to wire_dtype, reused every push
         self._seq = 0

@@ -17,6 +17,7 @@ from psrv.config import RunConfig
 from psrv.config.base import from_dict
 from psrv.config.sections import Placement, WorkerSettings
 from psrv.worker.keywords import allreduce_mode
+from psrv.worker.settings import ALIASES, WORKER_KEYWORDS, call_keywords, keyword_names
 
 log = logging.getLogger("psrv.worker")
 
@@ -73,8 +74,11 @@ class TakesRunSettings(type):
         if config is None:
             return super().__call__(*args, **keywords)
         signature = inspect.signature(cls.__init__)
-        given = signature.bind(None, *args, **keywords).arguments  # a TypeError as the constructor's own
-        run = run_keywords(config, signature.parameters)
+        given = call_keywords(signature, args, keywords)  # a TypeError as the constructor's own
+        run = run_keywords(config, keyword_names(signature))
+        if given.get("settings") is not None:  # the script's own settings, whole: the run's fill no worker setting
+            mine = given["settings"]
+            given = {**{k: getattr(mine, ALIASES.get(k, k)) for k in WORKER_KEYWORDS if k != "local_steps"}, **given}
         taken = {name: value for name, value in run.items() if name not in given}
         if "timeout" in taken and "timeout_option" not in given:
             taken["timeout_option"] = TIMEOUT_OPTION

@@ -37,7 +37,7 @@ from psrv.clip import clip_flat_
 from psrv.worker.flat import FlatModel
 from psrv.worker.keywords import allreduce_mode, clip_of, constructor_signature, env, planes, servers_of
 from psrv.worker.local_rounds import LocalRounds
-from psrv.local_period import LocalPeriod, fastest_of, parse_local_steps
+from psrv.local_period import LocalPeriod, fastest_of
 from psrv.worker.overlap import ShardReadiness
 from psrv.partition import PartitionPlan
 from psrv.worker.roundtrip import PushPull
@@ -48,7 +48,8 @@ from psrv.worker.recorded import RecordedWorker
 from psrv.worker.script_evals import Evaluations
 from psrv.worker.steplog import StepLog, check_step_args
 from psrv.worker.fragments import Fragments
-from psrv.worker.streaming import StreamingOuter, outer_wire
+from psrv.worker.settings import client_settings, keyword_names, local_steps_of, overlaid
+from psrv.worker.streaming import StreamingOuter
 from psrv.worker.waiting import LIBRARY_OPTION
 
 log = logging.getLogger("psrv.worker")
@@ -82,30 +83,16 @@ class Worker(LocalRounds, CompressionState, RecordedWorker, metaclass=TakesRunSe
         return super().__new__(cls)
 
     def __init__(self, model: torch.nn.Module, servers: Sequence[str] | None = None, *,
-                 rank: int | None = None, world_size: int | None = None, transport: str = _PLACE.transport,
-                 timeout: float = _WORKER.request_timeout, curve_keys: str = "", wire_dtype: str = _WORKER.wire_dtype,
-                 overlap: bool = _WORKER.overlap, clip_grad_norm: float | None = 0.0,
-                 local_steps: int | str | None = None, fragments: int = _WORKER.fragments,
-                 outer_dtype: str = _WORKER.outer_dtype, compress: str = _WORKER.compress,
-                 error_feedback: bool = _WORKER.error_feedback, compress_min_numel: int = _WORKER.compress_min_numel,
-                 momentum_correction: bool = _WORKER.momentum_correction,
-                 momentum_masking: bool = _WORKER.momentum_masking, compress_warmup: int = _WORKER.compress_warmup,
-                 sign_scale: str = _WORKER.sign_scale, shared_memory: str = _PLACE.shared_memory,
-                 bulk: str = _PLACE.bulk, push_chunk_mb: float = _WORKER.push_chunk_mb,
-                 compress_pull: str = _WORKER.compress_pull, pull_error_feedback: bool = _WORKER.pull_error_feedback,
-                 pull_resync: int = _WORKER.pull_resync, step_log: StepLog | None = None, evaluate=None, eval_every: int = 0,
-                 timeout_option: str = LIBRARY_OPTION):
-        if local_steps is not None:
-            try:
-                local_steps = parse_local_steps(local_steps)
-            except ValueError as exc:
-                raise ValueError(f"local_steps {exc} (None: off)") from None
-        pull_min_numel = compress_min_numel  # the pulls' own: an outer dtype's codec covers the pushes' small tensors only
-        wire_dtype, compress, error_feedback, compress_min_numel = outer_wire(
-            local_steps, fragments, outer_dtype, wire_dtype=wire_dtype, compress=compress,
-            error_feedback=error_feedback, compress_min_numel=compress_min_numel)
+                 settings: WorkerSettings | None = None, rank: int | None = None, world_size: int | None = None,
+                 transport: str = _PLACE.transport, shared_memory: str = _PLACE.shared_memory, bulk: str = _PLACE.bulk,
+                 curve_keys: str = "", clip_grad_norm: float | None = 0.0, step_log: StepLog | None = None,
+                 evaluate=None, eval_every: int = 0, timeout_option: str = LIBRARY_OPTION, **overrides):
+        settings = overlaid(settings, overrides, who="psrv.Worker")  # each checked once, by the config tree
+        local_steps = local_steps_of(settings, overrides)
+        fragments, outer_dtype, timeout = settings.fragments, settings.outer_dtype, settings.request_timeout
         if clip_grad_norm is not None and not clip_grad_norm >= 0:
             raise ValueError(f"clip_grad_norm must be >= 0 (0: off); got {clip_grad_norm!r}")
+        self.settings = settings
         self.rank = int(rank if rank is not None else env("RANK"))
         self.world_size = int(world_size if world_size is not None else env("WORLD_SIZE"))
         self._evals = Evaluations(None, rank=self.rank, evaluate=evaluate, eval_every=eval_every)  # checked first
@@ -115,15 +102,10 @@ class Worker(LocalRounds, CompressionState, RecordedWorker, metaclass=TakesRunSe
         self.plan = PartitionPlan.from_module(model, len(servers))
         pieces = Fragments(self.plan, fragments) if fragments > 1 else None  # ValueError: more than the tensors
         self._readiness: ShardReadiness | None = None  # made after HELLO, which says the mode
-        self._client = PSClient(servers, self.plan, worker=self.rank, world_size=self.world_size,
-                                transport=transport, timeout=timeout, curve_keys=curve_keys, wire_dtype=wire_dtype,
-                                compress=compress, error_feedback=error_feedback,
-                                compress_min_numel=compress_min_numel, momentum_correction=momentum_correction,
-                                momentum_masking=momentum_masking, compress_warmup=compress_warmup,
-                                sign_scale=sign_scale,
-                                push_chunk_mb=push_chunk_mb, compress_pull=compress_pull,
-                                pull_error_feedback=pull_error_feedback, pull_resync=pull_resync,
-                                pull_min_numel=pull_min_numel, timeout_option=timeout_option,
+        # the pulls' own dense threshold: an outer dtype's codec covers the pushes' small tensors only
+        self._client = PSClient(servers, self.plan, client_settings(settings, local_steps), worker=self.rank,
+                                world_size=self.world_size, transport=transport, curve_keys=curve_keys,
+                                pull_min_numel=settings.compress_min_numel, timeout_option=timeout_option,
                                 **planes(shared_memory, bulk, curve_keys))
         # Shared memory: pushes read in place. Shared from an untouched buffer, which costs no resident memory
         # (sharing a zeroed one left a freed model-sized buffer resident in the heap; docs/benchmarks.md)
@@ -154,7 +136,7 @@ class Worker(LocalRounds, CompressionState, RecordedWorker, metaclass=TakesRunSe
                 raise ValueError("clip_grad_norm clips by the global norm; fragments push one fragment at a time "
                                  "(fragments=1, or no clip here and on the servers)")
             self._clip_here = bool(self.clip_grad_norm) and self.mode != "sync"  # sync: the servers clip
-            if overlap and self.plan.num_shards > 1 and not self._clip_here and local_steps is None:
+            if settings.overlap and self.plan.num_shards > 1 and not self._clip_here and local_steps is None:
                 self._readiness = ShardReadiness(model, self.plan.ranges)
             if self.rank == 0:
                 self._client.init(self._flat.params.cpu())
@@ -177,7 +159,7 @@ class Worker(LocalRounds, CompressionState, RecordedWorker, metaclass=TakesRunSe
                 self._client.close()
             raise
         self._arm()
-        self._wire_dtype, self._overlap = wire_dtype, overlap
+        self._wire_dtype, self._overlap = self._client.settings.wire_dtype, settings.overlap
         self.settings_overridden: dict = {}  # a run's script: the keywords it gave against config.json (its metaclass)
         self._log = step_log if step_log is not None else StepLog.from_env(rank=self.rank)
         if self._log is not None:
@@ -193,7 +175,7 @@ class Worker(LocalRounds, CompressionState, RecordedWorker, metaclass=TakesRunSe
         `curve_keys` (`request_timeout` is `timeout`; `local_steps` counts only with an inner optimizer).
         `keywords` override them. The mapping is psrv/worker/run_settings.py's `keywords_of`, the one place a
         worker's settings become psrv.Worker's keywords (a script's psrv.Worker(model) under a run uses it too)."""
-        given = keywords_of(settings, inspect.signature(Worker.__init__).parameters)
+        given = keywords_of(settings, keyword_names(inspect.signature(Worker.__init__)))
         return cls(model, **{**given, **keywords})
 
     def step(self, *, loss: float | torch.Tensor | None = None, batch_size: int | None = None) -> StepInfo:

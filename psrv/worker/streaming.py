@@ -31,13 +31,11 @@ import logging
 
 import torch
 
-from psrv.config.sections import OUTER_DTYPES
 from psrv.codecs.fp4 import Fp4
 from psrv.codecs.int8 import Int8
 from psrv.codecs.push import finite
 from psrv.protocol import MsgType
 from psrv.worker.fragments import Fragments
-from psrv.local_period import base_steps
 from psrv.worker.roundtrip import Reply, RoundTrip
 
 log = logging.getLogger("psrv.worker")
@@ -107,31 +105,3 @@ class StreamingOuter:
         frags.scatter(f, local, self.params)
         frags.scatter(f, fresh, self.pulled)
         return reply, step
-
-
-def outer_wire(local_steps: int | str | None, fragments: int, outer_dtype: str, *, wire_dtype: str, compress: str,
-               error_feedback: bool, compress_min_numel: int) -> tuple[str, str, bool, int]:
-    """psrv.Worker's `fragments` and `outer_dtype` checked against its `local_steps` (parsed; None: off), and
-    the client's (wire_dtype, compress, error_feedback, compress_min_numel) they make. One fragment pushes
-    through the client's own codec: bfloat16 is the wire dtype, int8 and fp4 the codec without error feedback
-    over every tensor, small ones too. More fragments push through StreamingOuter, which encodes them itself."""
-    if outer_dtype not in OUTER_DTYPES:
-        raise ValueError(f"outer_dtype must be one of {', '.join(OUTER_DTYPES)}; got {outer_dtype!r}")
-    if isinstance(fragments, bool) or not isinstance(fragments, int) or fragments < 1:
-        raise ValueError(f"fragments must be an integer >= 1 (1: plain DiLoCo); got {fragments!r}")
-    unchanged = wire_dtype, compress, error_feedback, compress_min_numel
-    if fragments == 1 and outer_dtype == "float32":
-        return unchanged
-    if local_steps is None or base_steps(local_steps) < 2:
-        raise ValueError(f"fragments and outer_dtype are for local steps; they need local_steps > 1 (got {local_steps!r})")
-    if fragments > 1 and not isinstance(local_steps, int):
-        raise ValueError(f"fragments needs a fixed local_steps H, not {local_steps!r}")
-    if fragments > 1 and local_steps % fragments:
-        raise ValueError(f"fragments {fragments} must divide local_steps {local_steps} (one fragment every H/F steps)")
-    if compress or wire_dtype != "float32":
-        raise ValueError("fragments and outer_dtype set the pushes' codec; leave compress and wire_dtype unset")
-    if fragments > 1:
-        return unchanged
-    if outer_dtype == "bfloat16":
-        return "bfloat16", compress, error_feedback, compress_min_numel
-    return wire_dtype, outer_dtype, False, 0

@@ -117,7 +117,7 @@ def test_local_steps_settings_resolve_and_refuse_in_one_line():
         from_dict(RunConfig, {"worker": {"inner_lr": 0.1}})
     with pytest.raises(ValueError, match=r"^worker\.local_steps: must be >= 1"):
         from_dict(RunConfig, {"worker": {"local_steps": 0}})
-    with pytest.raises(ValueError, match=r"^local_steps must be >= 1"):
+    with pytest.raises(ValueError, match=r"^local_steps: must be >= 1"):
         psrv.Worker(torch.nn.Linear(2, 1), ["tcp://127.0.0.1:9"], rank=0, world_size=1, local_steps=0)
 
 

@@ -138,7 +138,7 @@ def test_bad_combinations_are_refused_in_one_line():
         from_dict(RunConfig, {"mode": "ddp", "worker": {"local_steps": 4, "fragments": 2}})
     with pytest.raises(ValueError, match=r"^fragments must be in 1\.\.2 \(this model's parameter tensors"):
         psrv.Worker(torch.nn.Linear(2, 1), ["tcp://127.0.0.1:9"], rank=0, world_size=1, local_steps=4, fragments=4)
-    with pytest.raises(ValueError, match=r"^fragments 3 must divide local_steps 4"):
+    with pytest.raises(ValueError, match=r"^fragments: 3 must divide local_steps 4"):
         psrv.Worker(torch.nn.Linear(2, 1), ["tcp://127.0.0.1:9"], rank=0, world_size=1, local_steps=4, fragments=3)
 
 

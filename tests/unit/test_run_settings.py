@@ -15,8 +15,9 @@ from psrv.config.sections import WorkerSettings
 from psrv.experiments.launcher.script import check_script_run, with_script
 from psrv.worker.run_settings import TIMEOUT_OPTION, keywords_of, run_config_from_env, run_keywords
 from psrv.worker.session import Worker
+from psrv.worker.settings import keyword_names
 
-NAMES = inspect.signature(Worker.__init__).parameters
+NAMES = keyword_names(inspect.signature(Worker.__init__))  # its own and the worker settings' (psrv/worker/settings.py)
 SCRIPT_DECIDES = {"inner_optimizer", "inner_lr"}  # the shipped loop's inner optimizer: a script steps its own
 
 

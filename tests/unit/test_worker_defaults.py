@@ -10,6 +10,7 @@ import inspect
 from psrv.config.sections import Placement, WorkerSettings
 from psrv.worker.client import PSClient
 from psrv.worker.session import Worker
+from psrv.worker.settings import keyword_default, keyword_names, overlaid
 
 SAME_NAME = ("wire_dtype", "compress", "error_feedback", "compress_min_numel", "momentum_correction",
              "momentum_masking", "compress_warmup", "sign_scale", "push_chunk_mb", "transport", "compress_pull",
@@ -23,13 +24,14 @@ def tree_defaults() -> dict:
 
 def test_psrv_worker_and_psclient_default_to_the_config_trees_values():
     want = tree_defaults()
-    for face in (Worker, PSClient):
-        got = {k: p.default for k, p in inspect.signature(face).parameters.items()}
-        assert {k: got[k] for k in SAME_NAME} == {k: want[k] for k in SAME_NAME}, face.__name__
-        assert got["timeout"] == want["request_timeout"], face.__name__
-    worker = inspect.signature(Worker).parameters
-    assert (worker["shared_memory"].default, worker["bulk"].default, worker["overlap"].default) == (
-        want["shared_memory"], want["bulk"], want["overlap"])
+    for face in (Worker, PSClient):  # the settings keywords' defaults are WorkerSettings' own (psrv/worker/settings.py)
+        signature = inspect.signature(face.__init__)
+        assert {k: keyword_default(signature, k) for k in SAME_NAME} == {k: want[k] for k in SAME_NAME}, face.__name__
+        assert keyword_default(signature, "timeout") == want["request_timeout"], face.__name__
+    assert overlaid(None, {}, who="PSClient") == WorkerSettings()  # a call that gives none runs on the tree's
+    worker = inspect.signature(Worker.__init__)
+    assert (keyword_default(worker, "shared_memory"), keyword_default(worker, "bulk"),
+            keyword_default(worker, "overlap")) == (want["shared_memory"], want["bulk"], want["overlap"])
     client = inspect.signature(PSClient).parameters  # PSClient takes the planes as flags: 'auto' is on
     assert (client["shared_memory"].default, client["bulk"].default) == (
         want["shared_memory"] == "auto", want["bulk"] == "auto")
@@ -66,7 +68,7 @@ def test_from_settings_passes_every_worker_setting_by_name():
 
 
 def test_every_worker_setting_reaches_psrv_worker_or_is_the_shipped_loops():
-    keywords = set(inspect.signature(Worker).parameters) | {"request_timeout"}
+    keywords = set(keyword_names(inspect.signature(Worker.__init__))) | {"request_timeout"}
     loops_own = {"inner_optimizer", "inner_lr"}  # the shipped loop's inner optimizer (workers/local_steps.py)
     assert {f.name for f in dataclasses.fields(WorkerSettings)} - keywords == loops_own
     assert {f.name for f in dataclasses.fields(Placement)} - keywords == {"device"}  # where the model already is
