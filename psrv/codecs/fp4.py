@@ -38,7 +38,6 @@ class Fp4(ChunkedCodec):
     name = "fp4"
 
     def encode(self, x: torch.Tensor, among: torch.Tensor | None) -> dict[str, torch.Tensor]:
-        n = x.numel()
         x, _ = covered(x, among, self.chunk)
         scales = per_chunk(x.abs(), self.chunk, lambda rows: rows.amax(dim=1)) / LEVELS  # amax keeps a NaN
         scales = torch.where(scales == 0, 1.0, scales)

@@ -17,7 +17,6 @@ class Int8(ChunkedCodec):
     name = "int8"
 
     def encode(self, x: torch.Tensor, among: torch.Tensor | None) -> dict[str, torch.Tensor]:
-        n = x.numel()
         x, _ = covered(x, among, self.chunk)
         scales = per_chunk(x.abs(), self.chunk, lambda rows: rows.amax(dim=1)) / 127  # amax keeps a NaN
         scales = torch.where(scales == 0, 1.0, scales)  # an all-zero chunk; NaN and Inf stay as they are

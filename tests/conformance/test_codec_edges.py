@@ -4,9 +4,14 @@ exact (dense) ranges has its top-k or random-k choose among the other positions 
 among those positions, picked here by sorting in Python."""
 import math
 
+import pytest
 import torch
 
 from psrv.codecs import make
+from psrv.codecs.fp4 import Fp4
+from psrv.codecs.int8 import Int8
+from psrv.codecs.sparse import warmup_ratio
+from psrv.protocol import ProtocolError
 from psrv.codecs.randomk import RandomK
 from psrv.codecs.topk import TopK
 
@@ -47,3 +52,45 @@ def test_a_push_encoded_on_a_device_stays_there_and_decodes_into_the_shards_devi
                 accum = torch.zeros(n, device="meta")
                 type(codec).decode(cpu, codec.params(), n).add_into(accum, torch.empty(n, device="meta"))
                 assert accum.device.type == "meta"
+
+
+def test_int8_and_fp4_scale_each_chunk_over_the_positions_they_cover_only():
+    """A push with exact (dense) ranges beside a quantised codec: the dense positions travel apart and are written
+    over theirs, so a chunk's scale is max |x| over the positions the codec covers, divided by the codec's levels
+    (127, 7). The matrix runs fp4 only as an outer dtype, over every position, so only this can tell."""
+    x = torch.randn(40, generator=torch.Generator().manual_seed(5))
+    x[0::2] *= 100.0  # the dense (even) positions much larger: a scale taken over them would show
+    among = torch.arange(1, 40, 2)
+    for codec, levels in ((Int8(chunk=8), 127), (Fp4(chunk=8), 7)):
+        parts = codec.encode(x, among)
+        want = torch.tensor([max(abs(x[i].item()) for i in range(c, c + 8) if i % 2) / levels for c in range(0, 40, 8)])
+        torch.testing.assert_close(parts["scales"], want, rtol=1e-6, atol=0)
+        out = type(codec).decode(parts, codec.params(), 40).densify(torch.empty(40))
+        q = torch.round(x[among] / want.repeat_interleave(4))
+        torch.testing.assert_close(out[among], q * want.repeat_interleave(4), rtol=1e-6, atol=1e-7)
+        assert torch.all(out[0::2] == 0)  # the shard writes the dense part over these
+
+
+def test_a_quantised_push_whose_parts_are_the_wrong_size_is_refused():
+    """A malformed push (a part one element short or long) is answered BAD_TENSOR before anything is applied:
+    a size the decoder did not check would be read past its end or leave positions unwritten."""
+    n = 2051
+    for codec in (Int8(), Fp4()):
+        parts = codec.encode(torch.randn(n), None)
+        for name in ("q", "scales"):
+            for size in (parts[name].numel() - 1, parts[name].numel() + 1):
+                bent = {**parts, name: torch.zeros(size, dtype=parts[name].dtype)}
+                with pytest.raises(ProtocolError, match=rf"part '{name}' has {size} elements, expected"):
+                    type(codec).decode(bent, codec.params(), n)
+
+
+def test_dgcs_warm_up_sends_ratio_to_the_stage_over_five_in_four_equal_stages():
+    """Lin et al. 2018's warm-up as DGC's code takes it (sparsity 75%, 93.75%, 98.4%, 99.6% for RATIO 0.001): over
+    the first N pushes, stage s = clock // (N/4) sends RATIO^((s+1)/5); from push N on, RATIO. The matrix's warm-up
+    level (2 pushes) never reaches a later stage's boundary."""
+    ratio, pushes = 0.001, 100
+    want = {0: 1, 24: 1, 25: 2, 49: 2, 50: 3, 74: 3, 75: 4, 99: 4}
+    for clock, stage in want.items():
+        assert warmup_ratio(ratio, clock, pushes) == pytest.approx(ratio ** (stage / 5), rel=1e-12), clock
+    assert warmup_ratio(ratio, pushes, pushes) == ratio and warmup_ratio(ratio, 500, pushes) == ratio
+    assert [round(1 - ratio ** (s / 5), 3) for s in range(1, 5)] == [0.749, 0.937, 0.984, 0.996]  # the paper's
