@@ -76,8 +76,8 @@ class PSClient(PushMessages):
         # every push sent and acknowledged, for psrv check (docs/history.md), where PSRV_HISTORY says
         self.history = History.from_env(f"worker-{worker}")
         self.history.start("worker", w=worker)
-        # psrv run restarted this rank and saw its last process die (experiments/launcher/worker_restarts.py): the shards
-        # hand it the rank at once instead of after --worker-timeout of the dead one's silence
+        # psrv run restarted this rank and saw its last process die (experiments/launcher/worker_restarts.py): the
+        # shards hand it the rank at once instead of after --worker-timeout of the dead one's silence
         self.predecessor_dead = os.environ.get(PREDECESSOR_DEAD) == "1"
         self.retry_interval = retry_interval
         self.recent_seconds = 0.0  # how long this client's round trips with a payload take lately (RoundTrip)
@@ -85,7 +85,7 @@ class PSClient(PushMessages):
         self.versions = [0] * plan.num_shards
         self.wire_dtype = DTYPES[CASTS.get(compress, settings.wire_dtype)]  # float16/bfloat16: that wire dtype
         self.sign_scale = settings.sign_scale
-        scale = "l2" if settings.sign_scale == "auto" else settings.sign_scale  # auto: l2 (l1 for onebit_adam: onebit.py)
+        scale = "l2" if settings.sign_scale == "auto" else settings.sign_scale  # auto: l2 (onebit_adam's: onebit.py)
         codec = make_codec(compress, seed=worker, sign_scale=scale)
         self._encoder_options = {"error_feedback": settings.error_feedback, "min_numel": settings.compress_min_numel,
                                  "warmup": settings.compress_warmup}

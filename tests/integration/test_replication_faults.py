@@ -1,9 +1,9 @@
-"""Replicated shards under the faults a review found them losing updates or hanging under (docs/reliability.md,
-"What each test proves"): a backup its live primary dropped for a late ack, two backups taking over at once, a rank claimed
-twice, a backup that joins mid-run, and a primary paused until it is fenced. Each of these failed on the design
-before the witness (psrv/server/replication/witness.py). Shards and workers are threads of this process
-(tests/replica_cluster.py); a late ack is the backup's own loop stalled before it acknowledges, as a starved
-host's would be."""
+"""Replicated shards under the faults a review found them losing updates or hanging under (docs/reliability.md, "What
+each test proves"): a backup its live primary dropped for a late ack, two backups taking over at once, a rank
+claimed twice, a backup that joins mid-run, and a primary paused until it is fenced. Each of these failed on the
+design before the witness (psrv/server/replication/witness.py). Shards and workers are threads of this process
+(tests/replica_cluster.py); a late ack is the backup's own loop stalled before it acknowledges, as a starved host's
+would be."""
 from __future__ import annotations
 
 import threading
