@@ -61,6 +61,8 @@ def test_the_readmes_ten_lines_run_as_the_readme_says(tmp_path):
     with open(tmp_path / "runs" / "ten" / "steps.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 200 and all(float(r["loss"]) > 0 and r["batch_size"] == "32" for r in rows)
+    first, last = ([float(r["loss"]) for r in rows if lo <= int(r["step"]) < hi] for lo, hi in ((0, 10), (90, 100)))
+    assert sum(last) / len(last) < 0.5 * sum(first) / len(first)  # it learns the teacher (2.24 -> 0.37 when written)
 
 
 @pytest.mark.timeout(400)
