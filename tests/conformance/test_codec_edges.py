@@ -85,6 +85,10 @@ def test_a_quantised_push_whose_parts_are_the_wrong_size_is_refused():
                 bent = {**parts, name: torch.zeros(size, dtype=parts[name].dtype)}
                 with pytest.raises(ProtocolError, match=rf"part '{name}' has {size} elements, expected"):
                     type(codec).decode(bent, codec.params(), n)
+    parts = TopK(0.01).encode(torch.randn(n), None)  # a sparse push: as many values as indices
+    for size in (parts["values"].numel() - 1, parts["values"].numel() + 1):
+        with pytest.raises(ProtocolError, match=rf"part 'values' has {size} elements, expected"):
+            TopK.decode({**parts, "values": torch.zeros(size)}, TopK(0.01).params(), n)
 
 
 def test_dgcs_warm_up_sends_ratio_to_the_stage_over_five_in_four_equal_stages():
