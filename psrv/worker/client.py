@@ -42,7 +42,7 @@ PREDECESSOR_DEAD = "PSRV_PREDECESSOR_DEAD"  # set by psrv run for a worker it re
 REPLICAS = "PSRV_REPLICAS"  # and each shard's replicas then, {shard: [address, ...]}, as JSON
 
 log = logging.getLogger("psrv.worker.client")
-_WORKER, _PLACE = defaults_of(WorkerSettings), defaults_of(Placement)  # the keywords' defaults: one source
+_PLACE = defaults_of(Placement)  # the planes' and transport's defaults: one source
 
 
 class PSClient(PushMessages):
@@ -400,5 +400,3 @@ class PSClient(PushMessages):
         self._seq += 1
         return RoundTrip(self, msgs, self._seq, self.timeout if timeout is None else timeout).run()
 
-
-SIGN_SCALES = ("auto", "l2", "l1")

@@ -53,7 +53,7 @@ from psrv.worker.streaming import StreamingOuter
 from psrv.worker.waiting import LIBRARY_OPTION
 
 log = logging.getLogger("psrv.worker")
-_WORKER, _PLACE = defaults_of(WorkerSettings), defaults_of(Placement)  # the keywords' defaults
+_PLACE = defaults_of(Placement)  # the placement keywords' defaults
 
 
 class Worker(LocalRounds, CompressionState, RecordedWorker, metaclass=TakesRunSettings):
@@ -159,7 +159,6 @@ class Worker(LocalRounds, CompressionState, RecordedWorker, metaclass=TakesRunSe
                 self._client.close()
             raise
         self._arm()
-        self._wire_dtype, self._overlap = self._client.settings.wire_dtype, settings.overlap
         self.settings_overridden: dict = {}  # a run's script: the keywords it gave against config.json (its metaclass)
         self._log = step_log if step_log is not None else StepLog.from_env(rank=self.rank)
         if self._log is not None:
@@ -244,7 +243,8 @@ class Worker(LocalRounds, CompressionState, RecordedWorker, metaclass=TakesRunSe
         return {"rank": self.rank, "world_size": self.world_size, "parameters": self._flat.params.numel(),
                 "device": str(self._flat.params.device), "plan_hash": self.plan.hash,
                 "param_shapes": [list(p.shape) for p in self.plan.params],
-                "wire_dtype": self._wire_dtype, "overlap": self._overlap, **self.compression()}
+                "wire_dtype": self._client.settings.wire_dtype, "overlap": self.settings.overlap,
+                **self.compression()}
 
     def totals(self) -> dict:
         """What a worker record counts of this worker at its end: early sends, the wire bytes and, with
