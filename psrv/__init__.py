@@ -3,6 +3,8 @@
 Its public names, each imported on first use (so `import psrv` alone does not import torch):
 
     Worker          a worker in your own loop: Worker(model), then backward() and step(); close()
+    make_worker     the run's worker: a Worker, or an AllReduceWorker under --mode ddp or zero1 (one script, every mode)
+    AllReduceWorker the same loop all-reducing its gradients among the ranks (DDP's math; ZeRO-1's)
     StepInfo        what Worker.step() returns: step, clock, version, staleness, waited, seconds
     PSClient        a worker's link to every shard: hello, init, push, pull, push_pull
     PSError         what PSClient raises when a shard answers ERROR
@@ -23,8 +25,9 @@ from __future__ import annotations
 import importlib
 
 __version__ = "0.1.0"
-_WHERE = {"Worker": "psrv.worker.session", "StepInfo": "psrv.worker.step_info",
-          "PSClient": "psrv.worker.client", "PSError": "psrv.worker.client", "PartitionPlan": "psrv.partition",
+_WHERE = {"Worker": "psrv.client.session", "make_worker": "psrv.client.make",
+          "AllReduceWorker": "psrv.client.allreduce", "StepInfo": "psrv.client.step_info",
+          "PSClient": "psrv.client.psclient", "PSError": "psrv.client.psclient", "PartitionPlan": "psrv.partition",
           "Server": "psrv.server.run", "serve": "psrv.server.run", "ServerConfig": "psrv.config",
           "WorkerConfig": "psrv.config", "OptimConfig": "psrv.config", "FaultConfig": "psrv.config"}
 __all__ = [*_WHERE, "__version__"]

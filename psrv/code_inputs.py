@@ -1,6 +1,6 @@
 """What code a run ran, beyond its config: psrv's, Python's and torch's versions, and the sha256 of every
 file the process imported from outside the standard library, site-packages and psrv itself (a user's
-script and the helper modules it imports). Each worker's record holds it (psrv/worker/steplog.py), the
+script and the helper modules it imports). Each worker's record holds it (psrv/client/steplog.py), the
 run's summary.json the union, and `psrv experiment` reuses a finished run only while it still holds
 (`why_changed`): an edited helper module or another torch reruns the runs it touches, saying why.
 """

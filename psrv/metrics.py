@@ -171,7 +171,7 @@ class WorkerMetrics:
 
     def observe_step(self, row: dict) -> None:
         """Record one step from the worker loop's step-log row (see workers/loop.py); a loss or batch
-        size the row does not know (None: a user's loop that did not say, psrv/worker/steplog.py) is left out."""
+        size the row does not know (None: a user's loop that did not say, psrv/client/steplog.py) is left out."""
         compute, comm, wait = row["compute_seconds"], row["communication_seconds"], row["wait_seconds"]
         self.steps.inc()
         if row["batch_size"] is not None:

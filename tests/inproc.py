@@ -8,7 +8,7 @@ from __future__ import annotations
 import collections
 import time
 
-from psrv.worker.client import PSClient
+from psrv.client.psclient import PSClient
 from psrv.config import ServerConfig
 from psrv.partition import PartitionPlan
 from psrv.server.service import ShardService

@@ -26,7 +26,7 @@ from psrv.config.cli_args import config_from_args
 from psrv.experiments.launcher.launch import write_config
 from psrv.experiments.launcher.summary import build_summary, write_tables
 from psrv.server.run import Server
-from psrv.worker.steplog import RecordFiles, StepLog
+from psrv.client.steplog import RecordFiles, StepLog
 from psrv.workers.loop import train
 
 

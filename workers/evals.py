@@ -14,7 +14,7 @@ _log = logging.getLogger("psrv.worker")
 
 
 def record_eval(job, model, device, log, *, step: int) -> dict[str, float]:
-    """Evaluate `model` on the job's held-out data into the step log `log` (psrv/worker/steplog.py)."""
+    """Evaluate `model` on the job's held-out data into the step log `log` (psrv/client/steplog.py)."""
     metrics = job.evaluate_on(model, device=device)
     log.evaluated(step, metrics)
     _log.info("eval at step %d: %s", step, "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))

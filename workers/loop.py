@@ -14,10 +14,10 @@ import torch
 from torch.nn.utils import parameters_to_vector
 
 from psrv.config import WorkerConfig
-from psrv.worker import Worker
-from psrv.worker.inner_step import inner_step
-from psrv.worker.step_timer import StepTimer
-from psrv.worker.steplog import StepLog
+from psrv.client import Worker
+from psrv.client.inner_step import inner_step
+from psrv.client.step_timer import StepTimer
+from psrv.client.steplog import StepLog
 from psrv.workers.faults import FaultInjector
 from psrv.workers.evals import record_eval, record_final, record_initial
 from psrv.workers.jobs import batch_size_of, load_job
@@ -47,7 +47,7 @@ def _totals(ps: Worker | None) -> dict:
 
 def train(cfg: WorkerConfig, *, log: StepLog | None = None, progress=None) -> dict:
     """Train until the run's step cfg.job.steps against the servers (from the step of the shards' clock where
-    a restarted or late worker joins: psrv.Worker's `start_step`); return this worker's record (psrv/worker/steplog.py
+    a restarted or late worker joins: psrv.Worker's `start_step`); return this worker's record (psrv/client/steplog.py
     RECORD), which `log` (default: one that writes nothing) has saved, with the final weights beside it:
     `final_params` (the flat vector) and `final_state` (model.state_dict()). `progress(step)` is called
     after each step. Raises TrainingInterrupted (a KeyboardInterrupt, after LEAVE) on Ctrl-C.
@@ -86,7 +86,7 @@ def train(cfg: WorkerConfig, *, log: StepLog | None = None, progress=None) -> di
                 record_initial(job, model, device, log, initial=None if ps.start_step == 0 else initial)
             initial = None
             log.loop_began()
-            timer = StepTimer()  # psrv.Worker's step timing (psrv/worker/step_timer.py), the emulated net delay in it
+            timer = StepTimer()  # psrv.Worker's step timing (psrv/client/step_timer.py), the emulated net delay in it
             for step in inner_steps(cfg, cfg.job.steps, ps):  # range(steps) but under local_steps auto
                 batch = next(batches)
                 loss = job.loss_of(model, batch)

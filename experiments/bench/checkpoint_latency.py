@@ -25,7 +25,7 @@ import torch
 
 from psrv.experiments.bench.shards import ThreadShard
 from psrv.partition import ParamSpec, PartitionPlan
-from psrv.worker.client import PSClient
+from psrv.client.psclient import PSClient
 
 WORKERS = 2
 

@@ -26,7 +26,7 @@ import torch
 
 from psrv.experiments.bench.shards import ThreadShard
 from psrv.experiments.bench.wire import _spawn
-from psrv.worker.client import PSClient
+from psrv.client.psclient import PSClient
 from psrv.partition import ParamSpec, PartitionPlan
 from psrv.process import tune_malloc
 

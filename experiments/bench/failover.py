@@ -117,7 +117,7 @@ def run(kills: int, *, bound: float = 1.0, steps_between: int = 5) -> dict:
     import psrv
     load = os.getloadavg()[0]
     moves = _Moves()
-    client_log = logging.getLogger("psrv.worker.client")
+    client_log = logging.getLogger("psrv.client.psclient")
     client_log.addHandler(moves)
     measured: list[Kill] = []
     with tempfile.TemporaryDirectory(prefix="psrv-failover-") as d:

@@ -71,7 +71,7 @@ def copies(size_mb: int, repeats: int, *, device: str = "cuda:0") -> list[dict]:
     GPU worker (its push's D2H, then its pull's H2D), with the host side as psrv has it now against pinned:
     D2H into a fresh pageable tensor (`.cpu()`, as psrv/protocol/codec.py encodes a CUDA push) and into a
     reused pageable one; H2D from a reused pageable buffer (a received frame) and non_blocking as the pull
-    copies it (psrv/worker/client.py). Ratio: the pinned copy's time over this one's (1.0: as fast)."""
+    copies it (psrv/client/psclient.py). Ratio: the pinned copy's time over this one's (1.0: as fast)."""
     dev = torch.device(device)
     n = size_mb * 2**20 // 4
     on_dev = torch.randn(n, device=dev)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from psrv.config import RunConfig, from_dict
 from psrv.device import check_device
-from psrv.worker.collective import device_and_backend
+from psrv.client.collective import device_and_backend
 
 import psrv.experiments
 from psrv.experiments.launcher.cluster import Cluster, RunFailed

@@ -14,7 +14,7 @@ import time
 import torch
 
 from psrv.process import tune_malloc
-from psrv.worker.client import PSClient
+from psrv.client.psclient import PSClient
 from psrv.partition import ParamSpec, PartitionPlan
 
 

@@ -27,7 +27,7 @@ import torch
 
 from psrv.experiments.bench.shards import ThreadShard
 from psrv.process import tune_malloc
-from psrv.worker.client import PSClient
+from psrv.client.psclient import PSClient
 from psrv.partition import ParamSpec, PartitionPlan
 
 BARE = "import torch; from psrv.rss import peak_rss_bytes; print(peak_rss_bytes())"

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from psrv.process import tune_malloc
-from psrv.worker.client import PSClient
+from psrv.client.psclient import PSClient
 from psrv.partition import ParamSpec, PartitionPlan
 from psrv.experiments.launcher.cluster import free_port as _free_port
 

@@ -24,7 +24,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from psrv.worker.client import PSClient
+from psrv.client.psclient import PSClient
 from psrv.partition import ParamSpec, PartitionPlan
 
 from psrv.process import tune_malloc

@@ -156,7 +156,7 @@ def disagreement_section(problems: list[str]) -> list[str]:
 
 def overridden_section(runs: list[StoredRun]) -> list[str]:
     """The runs whose script's psrv.Worker(...) passed a worker setting of its own against config.json (summary.json's
-    settings_overridden, psrv/worker/run_settings.py): what they ran is not what the setup lines say."""
+    settings_overridden, psrv/client/run_settings.py): what they ran is not what the setup lines say."""
     lines = []
     for run in runs:
         try:

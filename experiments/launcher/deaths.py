@@ -43,7 +43,7 @@ def last_clock(out: Path, rank: int, pid: int) -> int | None:
 
 
 def _rank_steps(out: Path, name: str) -> int | None:
-    """The steps a worker logged as its progress file last said (every 10 steps; psrv/worker/steplog.py)."""
+    """The steps a worker logged as its progress file last said (every 10 steps; psrv/client/steplog.py)."""
     try:
         return int((out / f"{name}.progress").read_text() or 0)
     except (FileNotFoundError, ValueError):

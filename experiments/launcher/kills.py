@@ -21,7 +21,7 @@ CHECKPOINTS = "checkpoints"  # the run folder's checkpoint directory, one file p
 
 
 def worker0_steps(out: Path) -> int:
-    """The steps worker 0 has logged: its progress file, written every 10 steps (psrv/worker/steplog.py)."""
+    """The steps worker 0 has logged: its progress file, written every 10 steps (psrv/client/steplog.py)."""
     try:
         return int((out / "worker-0.progress").read_text() or 0)
     except (FileNotFoundError, ValueError):
@@ -91,7 +91,7 @@ def how_ended(code: int) -> dict:
 
 class ShardRestarts:
     """Brings a dead shard back from its checkpoint, on its own address, so its workers' re-sends find it
-    (psrv/worker/roundtrip.py) and the run goes on; `done` records each restart. Without checkpoints a dead
+    (psrv/client/roundtrip.py) and the run goes on; `done` records each restart. Without checkpoints a dead
     shard ends the run, with a line saying what killed it."""
 
     def __init__(self, cfg: RunConfig, out: Path, started: float, kills: Kills,

@@ -183,7 +183,7 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
     try:
         if cfg.is_allreduce:
             servers = []
-            if script is not None:  # the script's psrv.Worker is the all-reduce worker
+            if script is not None:  # the script's psrv.make_worker is the all-reduce worker
                 names = start_script_workers(cluster, cfg, out, script, servers, metrics=metrics,
                                              linger=metrics_linger)
             else:

@@ -9,16 +9,16 @@ Each worker is `python FILE.py ARGS...`, its output in DIR/worker-R.log, with th
 - in sync, async and ssp, PSRV_SERVERS: the shards' addresses, comma-separated, in shard order;
 - in ddp and zero1 (no shards), torch.distributed's env:// rendezvous, as torchrun sets it: LOCAL_RANK,
   LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT (on emulated hosts, `--bandwidth`: rank 0's host's address,
-  and GLOO_SOCKET_IFNAME=eth0); psrv.Worker is then the all-reduce worker (psrv/worker/allreduce.py), which
+  and GLOO_SOCKET_IFNAME=eth0); psrv.make_worker is then the all-reduce worker (psrv/client/allreduce.py), which
   reads the optimizer, schedule and clip from PSRV_CONFIG;
-- the variables psrv/worker/steplog.py reads (PSRV_RECORD, PSRV_PROGRESS, rank 0's PSRV_PARAMS_OUT), so
+- the variables psrv/client/steplog.py reads (PSRV_RECORD, PSRV_PROGRESS, rank 0's PSRV_PARAMS_OUT), so
   its psrv.Worker writes DIR/worker-R.json as `psrv worker --out` does; in ddp and zero1 also PSRV_BEACON,
   the step beacon the launcher's stall watch reads (experiments/launcher/stall.py);
 - PSRV_STEPS: `--steps` (a spec's job.steps), when given, for the script to read.
 The run's worker settings (compress, local_steps, ...) reach the script's psrv.Worker(model) through PSRV_CONFIG
-(psrv/worker/run_settings.py). The options only the shipped loop reads (the job, its batch size and evaluations,
+(psrv/client/run_settings.py). The options only the shipped loop reads (the job, its batch size and evaluations,
 the faults, the inner optimizer) are refused, as is any worker setting under ddp and zero1, and fsdp
-(psrv/worker/allreduce.py says why).
+(psrv/client/allreduce.py says why).
 
 The launcher (`--launcher`) says how the workers are started, not what they compute: `psrv` starts one
 process per rank (this module); `torchrun` starts them all as one torchrun process (experiments/launcher/torchrun.py).
@@ -45,7 +45,7 @@ from psrv.experiments.launcher.launch_ddp import rendezvous_env
 from psrv.experiments.launcher.stall import beacon_path
 
 # Read by the shipped loop alone: a script decides these itself, so a value given here would do nothing. The
-# worker settings reach the script's psrv.Worker (PSRV_CONFIG, psrv/worker/run_settings.py), but its inner
+# worker settings reach the script's psrv.Worker (PSRV_CONFIG, psrv/client/run_settings.py), but its inner
 # optimizer: the script steps its own.
 _SHIPPED_ONLY = ("job.name", "job.batch_size", "job.eval_every", "faults.")
 _INNER = ("worker.inner_optimizer", "worker.inner_lr")
@@ -152,7 +152,7 @@ def start_script_workers(cluster: Cluster, cfg: RunConfig, out: Path, script: Sc
 def script_env(cfg: RunConfig, out: Path | str, script: Script, addresses: str | None, *, metrics: bool = False,
                linger: float = 0.0) -> dict[str, str]:
     """What every rank of a script is given, whichever the launcher or scheduler: all but RANK, with `{rank}`
-    in the paths (psrv/worker/steplog.py fills it in). `addresses`: the shards' (comma-separated, in shard
+    in the paths (psrv/client/steplog.py fills it in). `addresses`: the shards' (comma-separated, in shard
     order; an entry may be @FILE, a server's ready file); None in an all-reduce mode. Shared with the
     scheduler's manifests (experiments/launcher/kubernetes.py)."""
     return {"WORLD_SIZE": str(cfg.cluster.workers), "PSRV_SEED": str(cfg.seed), "PSRV_MODE": cfg.mode,

@@ -117,7 +117,7 @@ def build_summary(cfg: RunConfig, out: Path, *, interrupted: bool = False, kille
         summary.update(job=cfg.job.script, script_args=list(cfg.job.script_args), steps=_common(workers, "steps"),
                        batch_size=_common(workers, "batch_size"), wire_dtype=rank0.get("wire_dtype"),
                        overlap=rank0.get("overlap"), device=rank0.get("device"),
-                       # the keywords a rank's psrv.Worker(...) gave against config.json (psrv/worker/run_settings.py)
+                       # the keywords a rank's psrv.Worker(...) gave against config.json (psrv/client/run_settings.py)
                        settings_overridden={f"rank {w['rank']}": w["settings_overridden"] for w in workers
                                             if w.get("settings_overridden")})
     return summary

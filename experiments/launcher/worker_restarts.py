@@ -18,7 +18,7 @@ BAD_INPUT = 2  # psrv's exit code for a ValueError (psrv/cli/main.py): a restart
 
 
 def _lived(out: Path, name: str) -> int | None:
-    """The steps a worker's life logged as its progress file last said (every 10 steps; psrv/worker/steplog.py)."""
+    """The steps a worker's life logged as its progress file last said (every 10 steps; psrv/client/steplog.py)."""
     try:
         return int((out / f"{name}.progress").read_text() or 0)
     except (FileNotFoundError, ValueError):
@@ -46,7 +46,7 @@ def _to_primaries(out: Path, argv: list[str], shards: int) -> None:
 
 
 def _replicas(out: Path, shards: int) -> dict[str, list[str]]:
-    """Each shard's replicas as its witness names them now, primary first (psrv/worker/client.py reads them from
+    """Each shard's replicas as its witness names them now, primary first (psrv/client/psclient.py reads them from
     PSRV_REPLICAS): a new life whose HELLO finds the primary it was given dead tries the others."""
     known = {}
     for k in range(shards):
@@ -106,7 +106,7 @@ class WorkerRestarts:
             if r["process"] == name and r["joined"] is None:
                 r["joined"] = steps is not None
         # the dead life's log, progress and (SIGTERMed) record stay; the new life's progress file appears once it
-        # has joined (its step loop began: psrv/worker/steplog.py)
+        # has joined (its step loop began: psrv/client/steplog.py)
         for kept in (f"{name}.log", f"{name}.progress", f"{name}.json"):
             if (self.out / kept).exists():
                 (self.out / kept).rename(self.out / f"{kept}.{lives + 1}")

@@ -10,13 +10,13 @@ costs about 2.5 times its CPU time in a real shard or worker (worker push 135 ag
 reply 130 against 53 ms, here). A caller from Python times what its own process's allocator gives.
 
 - a worker's push to shard s: PushEncoder.encode with error feedback and its settle (psrv/codecs/push.py),
-  or a cast to wire_dtype; streaming DiLoCo: the outer dtype's encode of the fragment (psrv/worker/streaming.py);
+  or a cast to wire_dtype; streaming DiLoCo: the outer dtype's encode of the fragment (psrv/client/streaming.py);
 - a shard's push: the push validated and decoded (psrv/server/validate.py), checked finite and added into the
   clock's sum (Decoded.add_into, as psrv/server/shard.py accumulates); a dense or cast push: nothing (its add is
   dense sync's own work, which no variant is charged);
 - a shard's reply with `compress_pull`: PullCopies.answer (or answer_fragment), the encode of the change since
   the worker's copy and the update of its mirror (psrv/server/pulls.py), one per worker;
-- a worker's reply: PullView.take (or take_fragment), the decode into its copy (psrv/worker/pull_view.py).
+- a worker's reply: PullView.take (or take_fragment), the decode into its copy (psrv/client/pull_view.py).
 
 One pull in `pull_resync` is dense and charged nothing (a copy); streaming DiLoCo's costs are the average over
 its F fragments, one fragment a push, as its bytes are (wire.py). What is left out: the dense optimizer step
@@ -133,7 +133,7 @@ def _pull_costs(worker, plan: PartitionPlan, weights: torch.Tensor) -> tuple[tup
 
 def pull_view(worker, plan: PartitionPlan):
     """A worker's PullView of `worker`'s pull settings, no resynchronisation (each timed pull is compressed)."""
-    from psrv.worker.pull_view import PullView
+    from psrv.client.pull_view import PullView
     return PullView(plan, worker.compress_pull, error_feedback=worker.pull_error_feedback, resync=0,
                     min_numel=worker.compress_min_numel, sign_scale=SIGN_SCALE)
 

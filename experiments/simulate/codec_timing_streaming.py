@@ -1,5 +1,5 @@
 """Streaming DiLoCo's codec cost (experiments/simulate/codec_timing.py): per fragment push, the worker's encode
-of the fragment's pseudo-gradient as `outer_dtype` (psrv/worker/streaming.py: int8 and fp4 encode, bfloat16
+of the fragment's pseudo-gradient as `outer_dtype` (psrv/client/streaming.py: int8 and fp4 encode, bfloat16
 casts, float32 sends it as it is) and the shard's decode of it; with `compress_pull`, the shard's answer to a
 fragment pull (PullCopies.answer_fragment) and the worker's take of it (PullView.take_fragment). Each is the
 average over the F fragments, as a push carries one of them in turn."""
@@ -20,8 +20,8 @@ def measure_streaming(worker, plan: PartitionPlan, *, seed: int = 0) -> tuple[tu
 
 
 def _streaming_cost(worker, plan: PartitionPlan, vector: torch.Tensor) -> tuple[tuple[float, ...], ...]:
-    from psrv.worker.fragments import Fragments
-    from psrv.worker.streaming import CODECS
+    from psrv.client.fragments import Fragments
+    from psrv.client.streaming import CODECS
     frags = Fragments(plan, worker.fragments)
     codec = CODECS[worker.outer_dtype]() if worker.outer_dtype in CODECS else None
     cast = torch.bfloat16 if worker.outer_dtype == "bfloat16" else None

@@ -1,4 +1,4 @@
-"""When a simulated worker's slices become ready during backward (a real worker's `overlap`, psrv/worker/overlap.py).
+"""When a simulated worker's slices become ready during backward (a real worker's `overlap`, psrv/client/overlap.py).
 
 With `overlap` on and several shards, a real worker sends each shard's slice from autograd's hook as soon as
 backward has finished every parameter overlapping that shard's range: the hook encodes the slice on the worker's
@@ -20,7 +20,7 @@ from psrv.partition import PartitionPlan
 
 def overlaps(cfg) -> bool:
     """Whether a real worker of `cfg` sends its slices during backward: the condition psrv.Worker arms
-    ShardReadiness under (psrv/worker/session.py)."""
+    ShardReadiness under (psrv/client/session.py)."""
     clip_here = bool(cfg.optimizer.clip_grad_norm) and cfg.mode != "sync"  # sync: the servers clip
     return (cfg.worker.overlap and cfg.cluster.servers > 1 and not clip_here
             and not cfg.worker.local_updates)

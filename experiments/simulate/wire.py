@@ -1,6 +1,6 @@
 """What one push and one reply to each shard weigh on the wire, taken from the real encoders: each message
 is built as the worker or the shard builds it (the push codec of psrv/codecs/push.py, the pull codec of
-psrv/codecs/pull.py, streaming DiLoCo's fragment push of psrv/worker/streaming.py) over a random vector of
+psrv/codecs/pull.py, streaming DiLoCo's fragment push of psrv/client/streaming.py) over a random vector of
 the shard's size, once per shard when the model is built, and weighed as the sum of its frames
 (psrv/protocol encode), so the model cannot drift from the codecs.
 
@@ -91,8 +91,8 @@ def _covered(ranges: list[list[int]], n: int) -> torch.Tensor | None:
 
 
 def _streaming(worker, plan: PartitionPlan, vector: torch.Tensor) -> WireBytes:
-    from psrv.worker.fragments import Fragments
-    from psrv.worker.streaming import CODECS
+    from psrv.client.fragments import Fragments
+    from psrv.client.streaming import CODECS
     frags = Fragments(plan, worker.fragments)
     codec = CODECS[worker.outer_dtype]() if worker.outer_dtype in CODECS else None
     cast = CASTS.get(worker.outer_dtype, torch.float32)

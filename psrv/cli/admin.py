@@ -22,7 +22,7 @@ def command(a: argparse.Namespace) -> int:
     addresses = check_shard_addresses(a.servers.split(","), option="--servers", schemes=ZMQ_SCHEMES, files=False)
     if not addresses:
         raise ValueError("--servers: name at least one shard address (tcp://HOST:PORT)")
-    from psrv.worker.admin import admin_request  # with torch: after the check
+    from psrv.client.admin import admin_request  # with torch: after the check
     from psrv.protocol import MsgType
     for address in addresses:
         answer = admin_request(address, MsgType[a.action.upper()], curve_keys=a.curve_keys)

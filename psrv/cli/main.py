@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         # PSError's module (the client's and the admin client's round trips) is imported, with torch, only
         # by the commands that talk to servers
-        roundtrip = sys.modules.get("psrv.worker.roundtrip")
+        roundtrip = sys.modules.get("psrv.client.roundtrip")
         if isinstance(exc, TimeoutError) or (roundtrip is not None and isinstance(exc, roundtrip.PSError)):
             print(f"psrv {args.command}: {exc}", file=sys.stderr)  # a server refused us or never answered
             return 1

@@ -58,7 +58,7 @@ def _train_worker(a: argparse.Namespace) -> int:
     tune_malloc()
     from psrv.process import use_threads
     use_threads(cfg.threads)
-    from psrv.worker.steplog import RecordFiles, StepLog
+    from psrv.client.steplog import RecordFiles, StepLog
     from psrv.workers.loop import TrainingInterrupted, train
     from psrv.process import freeze_imports
     freeze_imports()

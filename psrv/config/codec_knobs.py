@@ -33,7 +33,7 @@ def worker_knobs(w) -> None:
 
 
 def corrects(run) -> bool:
-    """Whether momentum correction runs (psrv/worker/momentum_correction.py): a lossy push codec with its
+    """Whether momentum correction runs (psrv/client/momentum_correction.py): a lossy push codec with its
     error feedback, under a parameter server whose optimizer is SGD with momentum."""
     o, w = run.optimizer, run.worker
     return bool(_name(w.compress) in LOSSY_NAMES and w.error_feedback and o.name == "sgd" and o.momentum)

@@ -77,7 +77,7 @@ def _onebit_adam(optim: OptimConfig, mode: str, backup_workers: int) -> None:
 
 def _momentum_correction(run: RunConfig) -> None:
     """Momentum correction (on by default where a lossy codec with error feedback meets the servers' SGD
-    momentum: psrv/worker/momentum_correction.py) pushes velocities, which an update rule that needs the raw
+    momentum: psrv/client/momentum_correction.py) pushes velocities, which an update rule that needs the raw
     gradient, or sync's server-side clip of the mean gradient, cannot take: refused here, before any
     process starts, as a worker would refuse it at HELLO."""
     o = run.optimizer

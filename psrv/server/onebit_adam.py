@@ -3,7 +3,7 @@ Large-Scale Training with Adam's Convergence Speed", ICML; DeepSpeed's OnebitAda
 
 Steps 1..K (K = freeze_step) are torch's Adam on the clock's mean gradient (AdamW's decoupled weight
 decay, as DeepSpeed's `update += weight_decay * p`). From step K+1 the variance v is frozen and each
-push is a worker's momentum, compressed with error feedback (psrv/worker/onebit.py); the shard's mean of the
+push is a worker's momentum, compressed with error feedback (psrv/client/onebit.py); the shard's mean of the
 decoded momenta, masked to 0 where v_K = 0, becomes m, and
 
     m = mean_i C(m_i + e_i) * [v_K > 0]

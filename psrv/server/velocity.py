@@ -1,4 +1,4 @@
-"""Momentum correction, the shard's half (the worker's: psrv/worker/momentum_correction.py; Lin et al. 2018,
+"""Momentum correction, the shard's half (the worker's: psrv/client/momentum_correction.py; Lin et al. 2018,
 "Deep Gradient Compression"): a push marked `velocity: true` is the worker's SGD velocity, momentum
 and weight decay already in it, so the shard steps w <- w - lr * push (a sync clock: their mean) with
 plain SGD, no momentum buffer or weight decay of its own. What WELCOME tells the workers

@@ -247,7 +247,7 @@ class RpcClient(ClientTransport):
 
     In a world with backups (its replicas per shard read at the rendezvous), a request that fails because
     its shard died is dropped, as ZeroMQ drops one: the client's probes then find the shard's backup
-    (psrv/worker/roundtrip.py, `redirect`). Without backups it is a ConnectionError at once."""
+    (psrv/client/roundtrip.py, `redirect`). Without backups it is a ConnectionError at once."""
 
     def __init__(self, addresses: Sequence[str], *, worker: int = 0, world_size: int = 1,
                  init_timeout: float = INIT_TIMEOUT, shutdown_timeout: float = SHUTDOWN_TIMEOUT,

@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 import torch
 from torch.nn.utils import parameters_to_vector
 
-from psrv.worker.admin import admin_request
-from psrv.worker.client import PSError
+from psrv.client.admin import admin_request
+from psrv.client.psclient import PSError
 from psrv.config import RunConfig
 from psrv.protocol import MsgType
 from psrv.server.run import Server
-from psrv.worker import Worker
-from psrv.worker.steplog import StepLog
+from psrv.client import Worker
+from psrv.client.steplog import StepLog
 from tests.conformance import job as tiny
 
 TIMEOUT = 60.0
@@ -37,7 +37,7 @@ TIMEOUT = 60.0
 @dataclass
 class Outcome:
     """What a run left: rank 0's final weights, each shard's summary, each worker's step rows
-    (psrv/worker/steplog.py ROW, as its record holds them) and errors."""
+    (psrv/client/steplog.py ROW, as its record holds them) and errors."""
 
     params: torch.Tensor
     shards: list[dict]

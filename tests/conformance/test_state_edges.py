@@ -1,4 +1,4 @@
-"""What no failure case can show about psrv.Worker.load_state_dict (psrv/worker/compression_state.py), found by
+"""What no failure case can show about psrv.Worker.load_state_dict (psrv/client/compression_state.py), found by
 `make mutants`: the restart case (test_failures.py) loads a state that fits; a state that does not (a codec's
 residuals, momentum correction's velocity or onebit_adam's momentum on one side only) is refused in one line
 that says which, and nothing of the worker's state changes. Real shards served from threads on 127.0.0.1."""
@@ -12,7 +12,7 @@ import torch
 from psrv.config import from_dict
 from psrv.config.optimizer import OptimConfig
 from psrv.server.run import Server
-from psrv.worker import Worker
+from psrv.client import Worker
 from tests.conformance import job as tiny
 from tests.conformance.failures import config
 

@@ -25,7 +25,7 @@ def main(epochs: int, out: str, fail_at: int | None = None) -> None:
     sampler = DistributedSampler(data, num_replicas=world_size, rank=rank, shuffle=True, seed=0)
     loader = DataLoader(data, batch_size=BATCH, sampler=sampler)
     losses = []
-    with psrv.Worker(net) as ps:
+    with psrv.make_worker(net) as ps:
         for epoch in range(epochs):
             sampler.set_epoch(epoch)
             for x, y in loader:

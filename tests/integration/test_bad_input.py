@@ -3,7 +3,7 @@ import msgpack
 import pytest
 import torch
 
-from psrv.worker.client import PSClient, PSError
+from psrv.client.psclient import PSClient, PSError
 from psrv.protocol import PROTOCOL_VERSION, ErrorCode, MsgType, decode
 from psrv.partition import ParamSpec, PartitionPlan
 from psrv.transport import create_client

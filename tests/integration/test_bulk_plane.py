@@ -17,7 +17,7 @@ import pytest
 import torch
 import zmq
 
-from psrv.worker.client import PSClient
+from psrv.client.psclient import PSClient
 from psrv.config import OptimConfig, ServerConfig
 from psrv.partition import ParamSpec, PartitionPlan
 from psrv.server.service import ShardService

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from psrv.checkpoint import CheckpointError, checkpoint_path, read_verified
-from psrv.worker.admin import admin_request
+from psrv.client.admin import admin_request
 from psrv.config import OptimConfig, ServerConfig
 from psrv.protocol import ErrorCode, Message, MsgType, encode
 from psrv.server.service import ShardService
@@ -195,7 +195,7 @@ def test_cli_refuses_a_truncated_checkpoint_with_a_clear_error(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_sigterm_writes_a_checkpoint(procs, tmp_path):
-    from psrv.worker.client import PSClient
+    from psrv.client.psclient import PSClient
     from psrv.partition import ParamSpec, PartitionPlan
     plan = PartitionPlan((ParamSpec("w", (SIZE,)),), 1)
     server, address = procs.server("server", "--workers", "1", "--mode", "async", "--checkpoint-dir",

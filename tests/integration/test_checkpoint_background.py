@@ -18,7 +18,7 @@ from psrv.partition import ParamSpec, PartitionPlan
 from psrv.protocol import Message, MsgType, encode
 from psrv.server.checkpointing import detached
 from psrv.server.service import ShardService
-from psrv.worker.admin import admin_request
+from psrv.client.admin import admin_request
 from tests.helpers import RecordingNet
 
 SIZE = 1 << 18              # 1 MiB of float32 parameters, 1 MiB of momentum: about 2 MiB a checkpoint
@@ -115,7 +115,7 @@ def test_pushes_are_answered_while_a_checkpoint_is_written_and_it_holds_the_stat
 def test_kill_9_in_the_middle_of_a_write_resumes_from_the_previous_checkpoint(procs, tmp_path, monkeypatch):
     """psrv serve with checkpoints every 0.5 s, each paced to last about 2 s; a client pushes until a
     write is in flight after a complete one, then the server is killed: --resume loads the complete one."""
-    from psrv.worker.client import PSClient
+    from psrv.client.psclient import PSClient
     monkeypatch.setenv(PACE_ENV, str(PACE))
     ckpt = tmp_path / "ck"
     path = checkpoint_path(ckpt, shard=0, num_shards=1)

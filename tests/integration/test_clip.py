@@ -10,7 +10,7 @@ from psrv.cli import build_parser
 from psrv.config import OptimConfig, RunConfig, ServerConfig
 from psrv.config.base import config_hash
 from psrv.config.cli_args import config_from_args, to_argv
-from psrv.worker.keywords import clip_of
+from psrv.client.keywords import clip_of
 from tests.helpers import psrv_argv, psrv_run, run_in_session
 from tests.integration.test_sync_reference import BATCH, LR, MOMENTUM, STEPS, big_batch_sgd, run_config
 from tests.threaded_run import run_in_threads

@@ -12,7 +12,7 @@ import torch
 
 from psrv.config import RunConfig, from_dict, to_dict
 from psrv.server.run import Server
-from psrv.worker import Worker
+from psrv.client import Worker
 from tests.conformance import job as tiny
 from tests.conformance.axes import DEFAULT, run_config
 from tests.conformance.cluster import run

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import psrv
-from psrv.worker.client import PSClient
+from psrv.client.psclient import PSClient
 from psrv.codecs import make
 from psrv.config import ServerConfig
 from psrv.partition import PartitionPlan

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from psrv.cli import main as psrv_main
-from psrv.worker.admin import admin_request
-from psrv.worker.client import PSClient
+from psrv.client.admin import admin_request
+from psrv.client.psclient import PSClient
 from psrv.config import OptimConfig, ServerConfig
 from psrv.protocol import MsgType
 from psrv.partition import ParamSpec, PartitionPlan

@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from psrv.worker.client import PSClient
+from psrv.client.psclient import PSClient
 from psrv.config import OptimConfig, ServerConfig
 from psrv.partition import ParamSpec, PartitionPlan
 from psrv.server.service import ShardService

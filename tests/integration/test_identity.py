@@ -18,8 +18,8 @@ from psrv.config import ServerConfig
 from psrv.config.cli_args import config_from_args
 from psrv.protocol import MsgType
 from psrv.server.run import Server
-from psrv.worker.admin import admin_request
-from psrv.worker.client import PSClient
+from psrv.client.admin import admin_request
+from psrv.client.psclient import PSClient
 from psrv.partition import ParamSpec, PartitionPlan
 from tests.helpers import psrv_argv, run_in_session
 
@@ -126,7 +126,7 @@ def test_pushing_a_stale_clock_is_named_by_the_server_and_the_client(caplog):
     push after the first is dropped as late; after 3 in a row both sides warn, the client once."""
     plan = PartitionPlan((ParamSpec("w", (10,)),), 1)
     weights, grad = torch.zeros(plan.total), torch.ones(plan.total)
-    with caplog.at_level(logging.WARNING, logger="psrv.worker.client"), \
+    with caplog.at_level(logging.WARNING, logger="psrv.client.psclient"), \
             caplog.at_level(logging.WARNING, logger="psrv.server"), shard("--workers", "1", "--mode", "sync") as server:
         with PSClient([server.address], plan, worker=0, world_size=1, timeout=20) as client:
             welcomes = client.hello()
@@ -139,7 +139,7 @@ def test_pushing_a_stale_clock_is_named_by_the_server_and_the_client(caplog):
     dropped = [r.fields[0].get("dropped") for r in replies]
     assert dropped == [None] + ["late"] * 7
     warnings = [r.getMessage() for r in caplog.records
-                if r.name.startswith("psrv.worker") and "as late" in r.getMessage()]
+                if r.name.startswith("psrv.client") and "as late" in r.getMessage()]
     assert warnings == ["worker 0: shard 0 dropped 3 pushes of worker 0 as late: its clock 0 is behind the "
                         "shard's clock 1; push with the clock from the last reply"]
     log = "\n".join(r.getMessage() for r in caplog.records if r.name.startswith("psrv.server"))

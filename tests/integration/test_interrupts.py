@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from psrv.worker.admin import admin_request
+from psrv.client.admin import admin_request
 from psrv.protocol import MsgType
 from tests.helpers import ROOT, psrv_argv
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from psrv.worker.client import PSClient
+from psrv.client.psclient import PSClient
 from psrv.config import ServerConfig
 from psrv.partition import PartitionPlan
 from psrv.server.run import Server, serve

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from psrv.worker.client import PSClient
+from psrv.client.psclient import PSClient
 from psrv.partition import ParamSpec, PartitionPlan
 
 WORKERS = 32

@@ -31,7 +31,7 @@ def _nemesis(out: Path, schedule: str, **cluster) -> Nemesis:
 
 
 def _step(out: Path, step: int) -> None:
-    """Worker 0's progress file says `step` (as psrv/worker/steplog.py writes it)."""
+    """Worker 0's progress file says `step` (as psrv/client/steplog.py writes it)."""
     (out / "worker-0.progress").write_text(str(step))
 
 

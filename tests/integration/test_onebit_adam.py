@@ -73,7 +73,7 @@ def _identity(x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
 
 
 def reference(freeze_step: int, codec) -> torch.Tensor:
-    """The weights after STEPS steps of 1-bit Adam as psrv/worker/onebit.py and psrv/server/onebit_adam.py
+    """The weights after STEPS steps of 1-bit Adam as psrv/client/onebit.py and psrv/server/onebit_adam.py
     describe it, in one process: torch.optim.Adam on the mean gradient up to the freeze, each worker's
     own momentum throughout, then the mean of codec(m_i + e_i) as the momentum over the frozen variance,
     masked to 0 where v is 0 (DeepSpeed's exp_avg_mask for gradients that are always exactly 0)."""

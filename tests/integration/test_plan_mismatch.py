@@ -14,8 +14,8 @@ from psrv.config import RunConfig, from_dict
 from psrv.partition import PartitionPlan
 from psrv.protocol import ErrorCode
 from psrv.server.run import Server
-from psrv.worker.client import PSClient
-from psrv.worker.roundtrip import PSError
+from psrv.client.psclient import PSClient
+from psrv.client.roundtrip import PSError
 
 SHARDS, STEPS = 2, 5
 

@@ -112,7 +112,7 @@ def test_a_worker_moves_to_the_backup_when_its_primary_connection_breaks_not_aft
     """A primary whose process ends (here its loop and socket) breaks the workers' connections: they re-send to
     the backup at once (it holds the requests until it takes over), not once a probe went unanswered (3/5 of the
     bound, 1.2 s here, after the backup's 1 s); every push is still applied once."""
-    caplog.set_level(logging.WARNING, logger="psrv.worker.client")
+    caplog.set_level(logging.WARNING, logger="psrv.client.psclient")
     took, _ = _failover(tmp_path, "async", workers=1, failure_bound=2.0)
     assert took["updates_applied"] == STEPS
     moves = [r.getMessage() for r in caplog.records if "trying its replica" in r.getMessage()]

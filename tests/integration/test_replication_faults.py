@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from psrv.worker.client import PSClient, PSError
+from psrv.client.psclient import PSClient, PSError
 from psrv.partition import PartitionPlan
 from psrv.protocol import ErrorCode
 from tests.replica_cluster import STEPS, finish, following, model, run_workers, shard, stall, wait_for

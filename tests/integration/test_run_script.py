@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from psrv.cli import main
-from psrv.worker.steplog import check_step_args
+from psrv.client.steplog import check_step_args
 from tests.helpers import psrv_argv, psrv_run, run_in_session
 from tests.integration import user_loop
 from tests.integration.test_worker_api import LR, MOMENTUM, WORKERS, _global_batch_sgd

@@ -13,7 +13,7 @@ import torch
 import psrv
 from psrv.config import RunConfig, from_dict
 from psrv.server.run import Server
-from psrv.worker.steplog import RecordFiles, StepLog
+from psrv.client.steplog import RecordFiles, StepLog
 from tests.helpers import each_rank_in_threads
 
 

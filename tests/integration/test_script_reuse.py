@@ -21,7 +21,7 @@ if os.environ["PSRV_MODE"] == "async":
 
 torch.manual_seed(int(os.environ["PSRV_SEED"]))
 model = torch.nn.Sequential(torch.nn.Linear(8, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
-with psrv.Worker(model) as ps:
+with psrv.make_worker(model) as ps:
     while ps.steps < int(os.environ["PSRV_STEPS"]):
         x, y = batch(ps.steps)
         loss = torch.nn.functional.mse_loss(model(x), y)

@@ -11,7 +11,7 @@ import msgpack
 import pytest
 import torch
 
-from psrv.worker.client import PSClient
+from psrv.client.psclient import PSClient
 from psrv.partition import ParamSpec, PartitionPlan
 from psrv.transport.shm import ShmClientPlane, ShmServerPlane
 from psrv.transport.zmq import ZmqClient, ZmqServer
@@ -56,7 +56,7 @@ def test_a_shard_with_shared_memory_off_declines_and_every_tensor_goes_inline(tm
 SIZE = 1 << 20  # floats: 4 MB, so a read in place takes long enough for other workers' pushes to land
 READER = """
 import sys, torch
-from psrv.worker.client import PSClient
+from psrv.client.psclient import PSClient
 from psrv.partition import ParamSpec, PartitionPlan
 address, rank, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 plan = PartitionPlan((ParamSpec("w", ({size},)),), 1)

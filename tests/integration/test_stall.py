@@ -80,9 +80,9 @@ def test_a_stopped_script_rank_ends_the_run_within_its_stall_timeout(tmp_path):
                                          "--script", str(SCRIPT), "1000", str(tmp_path / "final.pt"))
     line = _the_line(err)
     said = re.fullmatch(r"psrv run failed: rank 0 made no step for ([\d.]+) s \(in (the script's own code "
-                        r"between steps|all_reduce of the gradients \(psrv.Worker.step\)), after \d+ steps.*; "
-                        r"its process is stopped \(SIGSTOP\)\); rank 1 waits in all_reduce of the gradients "
-                        r"\(psrv.Worker.step\), after \d+ steps; the bound: 5 s \(--stall-timeout\); .*", line)
+                        r"between steps|all_reduce of gradients \(AllReduceWorker.step\)), after \d+ steps.*; "
+                        r"its process is stopped \(SIGSTOP\)\); rank 1 waits in all_reduce of gradients "
+                        r"\(AllReduceWorker.step\), after \d+ steps; the bound: 5 s \(--stall-timeout\); .*", line)
     assert said and code == 1, (code, line)
     assert 5 <= float(said.group(1)) < 6
     assert 4 < took < 15, (took, line)

@@ -19,7 +19,7 @@ from psrv.config import ServerConfig
 from psrv.config.cli_args import config_from_args
 from psrv.partition import ParamSpec, PartitionPlan
 from psrv.server.run import Server
-from psrv.worker.client import PSClient
+from psrv.client.psclient import PSClient
 from tests.helpers import ROOT, psrv_argv
 
 

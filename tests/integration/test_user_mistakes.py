@@ -114,7 +114,7 @@ def first():
 
 def still_serving(address: str) -> bool:
     from psrv.protocol import MsgType
-    from psrv.worker.admin import admin_request
+    from psrv.client.admin import admin_request
     return admin_request(address, MsgType.STATS, timeout=10.0)["shard"] == 0
 
 

@@ -126,7 +126,7 @@ def test_psrv_worker_names_its_keyword_or_variable_for_a_bad_address(monkeypatch
     import torch
 
     import psrv
-    from psrv.worker.keywords import servers_of
+    from psrv.client.keywords import servers_of
     with pytest.raises(ValueError, match=r"^psrv.Worker\(servers=...\): '127.0.0.1:5555' is not an address; "
                                          r"write tcp://HOST:PORT"):
         psrv.Worker(torch.nn.Linear(2, 1), ["127.0.0.1:5555"], rank=0, world_size=1)
@@ -144,7 +144,7 @@ def test_a_missing_variable_names_the_keyword_psrv_worker_really_takes(variable,
     import inspect
 
     import psrv
-    from psrv.worker.keywords import env
+    from psrv.client.keywords import env
     monkeypatch.delenv(variable, raising=False)
     with pytest.raises(ValueError) as missing:
         env(variable)

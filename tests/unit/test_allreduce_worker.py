@@ -1,5 +1,5 @@
-"""psrv.Worker under an all-reduce run (PSRV_MODE ddp or zero1, PSRV_CONFIG the run's config.json) is the
-all-reduce worker (psrv/worker/allreduce.py). Here one rank in this process (a world of one needs no
+"""psrv.make_worker under an all-reduce run (PSRV_MODE ddp or zero1, PSRV_CONFIG the run's config.json) is the
+all-reduce worker (psrv/client/allreduce.py), and psrv.Worker itself is refused there. Here one rank in this process (a world of one needs no
 rendezvous): it steps the run's optimizer, clip and schedule, writes its record, tears down the group it
 made, and refuses in one line what it cannot do. The ranks together: tests/integration/test_script_allreduce.py."""
 import json
@@ -14,7 +14,7 @@ import torch.distributed as dist
 import psrv
 from psrv.config import RunConfig, to_dict
 from psrv.config.base import from_dict
-from psrv.worker.steplog import RecordFiles, StepLog
+from psrv.client.steplog import RecordFiles, StepLog
 from tests.helpers import ROOT
 from tests.reference_sgd import clipped_warmup_sgd
 
@@ -62,7 +62,7 @@ def test_a_lone_rank_steps_the_runs_optimizer_clip_and_schedule_and_writes_its_r
     net, steps = _model(), 5
     files = RecordFiles(record=tmp_path / "worker-0.json", params=tmp_path / "params.pt")
     # psrv.Worker's defaults, given explicitly, change nothing; the clip given is the run's
-    with psrv.Worker(net, overlap=True, compress="", clip_grad_norm=CLIP, step_log=StepLog(files)) as ps:
+    with psrv.make_worker(net, overlap=True, compress="", clip_grad_norm=CLIP, step_log=StepLog(files)) as ps:
         assert type(ps).__name__ == "AllReduceWorker" and dist.is_initialized()
         infos = []
         for x, y in _batches(steps):
@@ -88,7 +88,7 @@ def test_an_error_inside_the_block_writes_what_ran_marked_interrupted_and_no_wei
     net = _model()
     files = RecordFiles(record=tmp_path / "worker-0.json", params=tmp_path / "params.pt")
     with pytest.raises(RuntimeError, match="the loop fails"):
-        with psrv.Worker(net, step_log=StepLog(files)) as ps:
+        with psrv.make_worker(net, step_log=StepLog(files)) as ps:
             x, y = _batches(1)[0]
             torch.nn.functional.mse_loss(net(x), y).backward()
             ps.step()
@@ -101,7 +101,7 @@ def test_an_error_inside_the_block_writes_what_ran_marked_interrupted_and_no_wei
 
 # A fresh interpreter (this process has long imported what matters): one rank steps, closes, and lists the
 # threads left. gloo's outliving destroy_process_group into the interpreter's exit aborted zero1 ranks
-# ("terminate called without an active exception"; psrv/worker/collective.py init_group says why).
+# ("terminate called without an active exception"; psrv/client/collective.py init_group says why).
 _GLOO_THREADS_AFTER_CLOSE = """
 import json, os, sys, torch
 import psrv
@@ -115,10 +115,10 @@ for mode in ("ddp", "zero1"):
     os.environ["PSRV_MODE"] = mode
     os.environ["PSRV_CONFIG"] = sys.argv[1] + "/" + mode + ".json"
     net = torch.nn.Linear(3, 2)
-    with psrv.Worker(net) as ps:
+    with psrv.make_worker(net) as ps:
         net(torch.randn(4, 3)).sum().backward()
         ps.step()
-    left["psrv.Worker " + mode] = gloo()
+    left["psrv.make_worker " + mode] = gloo()
     del os.environ["PSRV_MODE"]
     cfg = from_dict(RunConfig, {"mode": mode, "cluster": {"workers": 1}, "job": {"name": "digits_mlp", "steps": 1}})
     train_allreduce(cfg, backend="gloo")
@@ -135,14 +135,14 @@ def test_no_gloo_thread_outlives_the_group_in_a_fresh_interpreter(tmp_path):
                           text=True, timeout=120, cwd=ROOT, env={**env, "RANK": "0", "WORLD_SIZE": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     left = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert left == {f"{where} {mode}": [] for mode in ("ddp", "zero1") for where in ("psrv.Worker", "shipped loop")}
+    assert left == {f"{where} {mode}": [] for mode in ("ddp", "zero1") for where in ("psrv.make_worker", "shipped loop")}
 
 
 @pytest.mark.parametrize("setup, keywords, says", [
-    ({}, {"compress": "topk:0.1"}, r"psrv.Worker\(compress=...\): a parameter-server option, and mode 'ddp' "
+    ({}, {"compress": "topk:0.1"}, r"psrv.make_worker\(compress=...\): a parameter-server option, and mode 'ddp' "
                                    r"all-reduces the gradients among the ranks, with no shards; remove it"),
-    ({}, {"local_steps": 4}, r"psrv.Worker\(local_steps=...\): a parameter-server option"),
-    ({}, {"servers": ["tcp://127.0.0.1:1"]}, r"psrv.Worker\(servers=...\): a parameter-server option"),
+    ({}, {"local_steps": 4}, r"psrv.make_worker\(local_steps=...\): a parameter-server option"),
+    ({}, {"servers": ["tcp://127.0.0.1:1"]}, r"psrv.make_worker\(servers=...\): a parameter-server option"),
     ({"clip_grad_norm": CLIP}, {"clip_grad_norm": 2.0}, r"clip_grad_norm=2, but the run clips by 0.5"),
     ({"mode": "fsdp"}, {}, r"mode 'fsdp' does not run a psrv.Worker loop: fully_shard would turn"),
     ({"config_mode": "sync"}, {}, r"PSRV_MODE is 'ddp' but PSRV_CONFIG .* is a 'sync' run's; they must agree"),
@@ -151,17 +151,17 @@ def test_no_gloo_thread_outlives_the_group_in_a_fresh_interpreter(tmp_path):
 def test_what_the_all_reduce_worker_cannot_do_is_refused_in_one_line(setup, keywords, says, run_env):
     run_env(**setup)
     with pytest.raises(ValueError, match=says):
-        psrv.Worker(_model(), **keywords)
+        psrv.make_worker(_model(), **keywords)
 
 
 def test_an_all_reduce_mode_without_the_runs_config_is_refused(run_env, monkeypatch):
     run_env()
     monkeypatch.delenv("PSRV_CONFIG")
     with pytest.raises(ValueError, match=r"under PSRV_MODE=ddp: set PSRV_CONFIG to the run's config.json"):
-        psrv.Worker(_model())
+        psrv.make_worker(_model())
     monkeypatch.setenv("PSRV_CONFIG", "/nonexistent/config.json")
     with pytest.raises(ValueError, match=r"PSRV_CONFIG /nonexistent/config.json: No such file"):
-        psrv.Worker(_model())
+        psrv.make_worker(_model())
 
 
 @pytest.mark.parametrize("mode", [None, "sync"])
@@ -171,4 +171,29 @@ def test_without_an_all_reduce_run_psrv_worker_is_the_parameter_server_worker_as
     if mode:
         monkeypatch.setenv("PSRV_MODE", mode)
     with pytest.raises(ValueError, match="set PSRV_SERVERS in the environment"):
-        psrv.Worker(_model(), rank=0, world_size=1)
+        psrv.make_worker(_model(), rank=0, world_size=1)
+
+
+@pytest.mark.parametrize("mode", ["ddp", "zero1"])
+def test_psrv_worker_is_one_class_refused_under_an_all_reduce_run_naming_the_factory(mode, run_env):
+    run_env(mode)
+    with pytest.raises(ValueError, match=rf"psrv.Worker is the parameter-server worker, and this run all-reduces "
+                                         rf"\(PSRV_MODE={mode}\): call psrv.make_worker\(model\)"):
+        psrv.Worker(_model())
+    with psrv.make_worker(_model()) as ps:
+        assert type(ps) is psrv.AllReduceWorker and ps.mode == mode
+    assert psrv.Worker.__new__ is object.__new__  # no class swapped in behind the call
+
+
+def test_make_worker_outside_an_all_reduce_run_is_psrv_worker(monkeypatch):
+    """No PSRV_MODE: psrv.make_worker(...) is psrv.Worker(...) with the same keywords (here refused the same
+    way: a bad keyword's TypeError, then a local_steps of 0), and takes psrv.Worker's signature."""
+    monkeypatch.delenv("PSRV_MODE", raising=False)
+    monkeypatch.delenv("PSRV_CONFIG", raising=False)
+    import inspect
+    assert inspect.signature(psrv.make_worker) == inspect.signature(psrv.Worker)
+    for call in (psrv.Worker, psrv.make_worker):
+        with pytest.raises(TypeError, match="no_such_keyword"):
+            call(_model(), ["tcp://127.0.0.1:9"], rank=0, world_size=1, no_such_keyword=1)
+        with pytest.raises(ValueError, match="local_steps"):
+            call(_model(), ["tcp://127.0.0.1:9"], rank=0, world_size=1, local_steps=0)

@@ -211,7 +211,7 @@ def test_the_names_and_the_refusals():
 
 
 def test_the_casts_are_the_wire_dtype_and_a_lossy_codec_goes_alone():
-    from psrv.worker.client import PSClient
+    from psrv.client.psclient import PSClient
     from psrv.config import ConfigError, RunConfig, from_dict
 
     plan = PartitionPlan((ParamSpec("w", (4,)),), 1)

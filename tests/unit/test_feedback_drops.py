@@ -17,7 +17,7 @@ import torch
 from psrv.config import OptimConfig, ServerConfig
 from psrv.partition import ParamSpec, PartitionPlan
 from psrv.protocol import ErrorCode
-from psrv.worker.roundtrip import PSError
+from psrv.client.roundtrip import PSError
 from tests.inproc import InProcess
 
 N, SHARDS = 4096, 2  # two shards of 2048: two sign / int8 chunks each

@@ -1,5 +1,5 @@
 """Compressed pulls of streaming DiLoCo's fragments, both ends without a network (psrv/server/pulls.py
-`answer_fragment`, psrv/worker/pull_view.py `take_fragment`): a fragment pull brings only that fragment's part
+`answer_fragment`, psrv/client/pull_view.py `take_fragment`): a fragment pull brings only that fragment's part
 of the copy up to date, the shard's mirror and the worker's copy stay equal bit for bit, top-k at ratio 1 is
 a dense pull, small tensors travel exactly; a lost reply, a HELLO and each fragment's own resync period come
 dense; a backup given the copies' state answers the next pull alike."""
@@ -11,8 +11,8 @@ import torch
 from psrv.partition import ParamSpec, PartitionPlan
 from psrv.protocol import Message, MsgType, decode, encode
 from psrv.server.pulls import PullCopies, within
-from psrv.worker.fragments import Fragments
-from psrv.worker.pull_view import PullView
+from psrv.client.fragments import Fragments
+from psrv.client.pull_view import PullView
 from tests.helpers import weight_walk
 
 # tensors of 1500, 8, 1200, 900 and 6 elements in two shards; the 8 and 6 travel exactly (min_numel 100)
@@ -177,7 +177,7 @@ def test_a_lost_fragment_reply_is_answered_dense_on_the_retry_through_the_real_c
     once and answered dense, the other fragment's next pull too, and the copy and the mirror stay equal bit
     for bit."""
     from psrv.config import OptimConfig, ServerConfig
-    from psrv.worker.streaming import StreamingOuter
+    from psrv.client.streaming import StreamingOuter
     from tests.inproc import InProcess
     plan = PartitionPlan(PLAN.params, 1)
     cluster = InProcess([ServerConfig(shard=0, num_shards=1, workers=1, mode="async",

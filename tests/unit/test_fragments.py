@@ -1,4 +1,4 @@
-"""Streaming DiLoCo's fragments, both ends: the worker's strided layout (psrv/worker/fragments.py) and the
+"""Streaming DiLoCo's fragments, both ends: the worker's strided layout (psrv/client/fragments.py) and the
 shard's per-fragment steps and refusals (psrv/server/fragments.py), on known tensors, no processes."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError
 from psrv.server.fragments import FragmentShards, fragment_key
 from psrv.server.rules import PushContext
 from psrv.server.shard import Shard
-from psrv.worker.fragments import Fragments
+from psrv.client.fragments import Fragments
 
 # tensors of 6, 2, 4, 3 and 5 elements: flat [0, 6) [6, 8) [8, 12) [12, 15) [15, 20); two shards [0, 10) [10, 20)
 PLAN = PartitionPlan(tuple(ParamSpec(n, (k,)) for n, k in zip("abcde", (6, 2, 4, 3, 5))), 2)

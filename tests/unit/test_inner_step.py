@@ -1,8 +1,8 @@
-"""psrv/worker/inner_step.py: an inner step on a NaN gradient leaves the optimizer's state as it was, so
+"""psrv/client/inner_step.py: an inner step on a NaN gradient leaves the optimizer's state as it was, so
 after the worker's pull brings finite weights back, the run goes on as if that step had not been taken."""
 import torch
 
-from psrv.worker.inner_step import inner_step
+from psrv.client.inner_step import inner_step
 
 
 def test_a_nan_step_leaves_adamw_as_if_it_had_not_been_taken():

@@ -6,7 +6,7 @@ from __future__ import annotations
 from psrv.partition import ParamSpec, PartitionPlan
 from psrv.protocol import Message, MsgType, decode, encode
 from psrv.transport.base import ClientTransport
-from psrv.worker.client import PSClient
+from psrv.client.psclient import PSClient
 
 PRIMARY, BACKUP = "rpc://h:1/server-0", "rpc://h:1/backup-0-1"
 

@@ -10,8 +10,8 @@ import psrv
 from psrv.cli import main
 from psrv.experiments.launcher.script import Script
 from psrv.experiments.launcher.torchrun import check_launcher, torchrun_argv
-from psrv.worker.keywords import servers_of
-from psrv.worker.steplog import StepLog
+from psrv.client.keywords import servers_of
+from psrv.client.steplog import StepLog
 
 SCRIPT = "tests/integration/script_loop.py"
 

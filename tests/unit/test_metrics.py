@@ -146,7 +146,7 @@ def test_every_drop_reason_a_shard_counts_is_exported():
 def test_a_worker_says_finished_once_its_whole_record_is_written(tmp_path, interrupted):
     """psrv_worker_finished: 0 while training, 1 once a worker that did its steps has left and written its
     record (what PsrvWorkerDown tells a finished worker by); a worker stopped half-way stays at 0."""
-    from psrv.worker.steplog import RecordFiles, StepLog
+    from psrv.client.steplog import RecordFiles, StepLog
     registry = CollectorRegistry()
     worker = WorkerMetrics(registry, worker=2, mode="sync")
     me = frozenset({("worker", "2"), ("mode", "sync")})

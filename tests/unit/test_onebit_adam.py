@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from psrv.config import ConfigError, OptimConfig, RunConfig, ServerConfig, from_dict
-from psrv.worker.onebit import from_welcomes
+from psrv.client.onebit import from_welcomes
 from psrv.protocol import ErrorCode, MsgType
 from psrv.server.shard import Shard
 from tests.unit.test_state_dict import SIZE, Svc, g

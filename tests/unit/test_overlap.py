@@ -3,8 +3,8 @@ slice of the flat gradient is final."""
 import torch
 
 from psrv.partition import PartitionPlan
-from psrv.worker.flat import FlatModel
-from psrv.worker.overlap import ShardReadiness
+from psrv.client.flat import FlatModel
+from psrv.client.overlap import ShardReadiness
 
 
 def model_and_flat():

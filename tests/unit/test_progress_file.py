@@ -1,9 +1,9 @@
-"""A worker's progress file (psrv/worker/steplog.py) is replaced whole: the launcher reads it at any moment
+"""A worker's progress file (psrv/client/steplog.py) is replaced whole: the launcher reads it at any moment
 (psrv run's kills and deaths record worker 0's step from it), and one truncated then written was read as
 empty, 0 steps, in CI's run of test_run_deaths."""
 import threading
 
-from psrv.worker.steplog import RecordFiles, StepLog
+from psrv.client.steplog import RecordFiles, StepLog
 
 
 def test_a_reader_never_sees_the_progress_file_empty_while_it_is_written(tmp_path):

@@ -1,5 +1,5 @@
 """Compressed pulls, both ends without a network (psrv/codecs/pull.py, psrv/server/pulls.py,
-psrv/worker/pull_view.py): the shard's mirror and the worker's copy stay equal bit for bit, so the copy
+psrv/client/pull_view.py): the shard's mirror and the worker's copy stay equal bit for bit, so the copy
 is the weights minus the residual exactly; top-k at ratio 1 is a dense pull; a copy the shard lost track
 of (a lost reply, a HELLO), the resync period and the final pull come dense; bad settings are refused."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from psrv.codecs.pull import decode_pull, encode_pull, make_pull_codec
 from psrv.partition import ParamSpec, PartitionPlan
 from psrv.protocol import Message, MsgType, ProtocolError, decode, encode
 from psrv.server.pulls import PullCopies
-from psrv.worker.pull_view import PullView
+from psrv.client.pull_view import PullView
 from tests.helpers import weight_walk
 
 PLAN = PartitionPlan((ParamSpec("w", (3000,)), ParamSpec("b", (10,))), 1)  # b travels exactly (min_numel 100)

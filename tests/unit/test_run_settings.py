@@ -1,4 +1,4 @@
-"""A run's worker settings as psrv.Worker's keywords (psrv/worker/run_settings.py): every worker setting but the
+"""A run's worker settings as psrv.Worker's keywords (psrv/client/run_settings.py): every worker setting but the
 shipped loop's inner optimizer is a psrv.Worker keyword, mapped in one place; a run's config gives the planes,
 not the cluster's counts; and a script's run refuses what only the shipped loop reads, not the worker settings."""
 from __future__ import annotations
@@ -13,11 +13,11 @@ from psrv.config import ConfigError, RunConfig
 from psrv.config.base import from_dict, to_dict
 from psrv.config.sections import WorkerSettings
 from psrv.experiments.launcher.script import check_script_run, with_script
-from psrv.worker.run_settings import TIMEOUT_OPTION, keywords_of, run_config_from_env, run_keywords
-from psrv.worker.session import Worker
-from psrv.worker.settings import keyword_names
+from psrv.client.run_settings import TIMEOUT_OPTION, keywords_of, run_config_from_env, run_keywords
+from psrv.client.session import Worker
+from psrv.client.settings import keyword_names
 
-NAMES = keyword_names(inspect.signature(Worker.__init__))  # its own and the worker settings' (psrv/worker/settings.py)
+NAMES = keyword_names(inspect.signature(Worker.__init__))  # its own and the worker settings' (psrv/client/settings.py)
 SCRIPT_DECIDES = {"inner_optimizer", "inner_lr"}  # the shipped loop's inner optimizer: a script steps its own
 
 

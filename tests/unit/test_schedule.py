@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR, StepLR
 
-from psrv.worker.client import PSClient
+from psrv.client.psclient import PSClient
 from psrv.config import ConfigError, JobConfig, OptimConfig, RunConfig, ServerConfig
 from psrv.partition import ParamSpec, PartitionPlan
 from psrv.schedule import is_scheduled, lr_at

@@ -1,4 +1,4 @@
-"""psrv.Worker and PSClient take the worker settings whole (psrv/worker/settings.py): a WorkerSettings, with
+"""psrv.Worker and PSClient take the worker settings whole (psrv/client/settings.py): a WorkerSettings, with
 keywords named after its fields laid over it, each checked once by the config tree in its one-line error naming
 the keyword, before any connection; a keyword that is no setting is a TypeError with the nearest name. Real shards
 served from threads on 127.0.0.1 where a worker must meet one."""
@@ -13,8 +13,8 @@ from psrv.config import ConfigError
 from psrv.config.sections import WorkerSettings
 from psrv.partition import PartitionPlan
 from psrv.server.run import Server
-from psrv.worker import Worker
-from psrv.worker.client import PSClient
+from psrv.client import Worker
+from psrv.client.psclient import PSClient
 from tests.conformance import job as tiny
 from tests.conformance.failures import config
 

@@ -83,7 +83,7 @@ def test_streaming_diloco_pushes_one_fragment_of_the_model_each_push(plan):
 def test_a_fragments_compressed_pull_is_its_codecs_layout_over_the_fragments_piece(plan, codec):
     """A fragment pull from a shard sends the codec over that fragment's piece there; the reply is the
     average over the F fragments, with one dense in pull_resync of each fragment's pulls."""
-    from psrv.worker.fragments import Fragments
+    from psrv.client.fragments import Fragments
     pieces = [[b - a for a, b in bounds] for bounds in Fragments(plan, 4).bounds]  # per fragment, per shard
     streaming = {"local_steps": 8, "fragments": 4, "compress_pull": codec, "compress_min_numel": 0}
     net = network(plan, pull_resync=0, **streaming)

@@ -1,4 +1,4 @@
-"""Every step row says whether it pushed: the shipped loop's, a psrv.Worker script's (psrv/worker/steplog.py),
+"""Every step row says whether it pushed: the shipped loop's, a psrv.Worker script's (psrv/client/steplog.py),
 and steps.csv's `pushed` column from them, so what reads the rows counts pushes, not inner steps."""
 import csv
 import json
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from psrv.experiments.launcher.summary import write_tables
-from psrv.worker.steplog import ROW, RecordFiles, StepLog
+from psrv.client.steplog import ROW, RecordFiles, StepLog
 
 
 def _log(tmp_path) -> StepLog:

@@ -1,4 +1,4 @@
-"""The one definition of a step's seconds (psrv/worker/step_timer.py) that psrv.Worker, the all-reduce worker and
+"""The one definition of a step's seconds (psrv/client/step_timer.py) that psrv.Worker, the all-reduce worker and
 both shipped loops write into their step rows: compute from the previous step's end to the gradient being ready,
 less evaluations; the wait for others as measured; communication the rest. Times are given, not slept, except in
 the last test, where psrv.Worker (a real shard served from a thread on 127.0.0.1) counts a slow evaluation off."""
@@ -10,9 +10,9 @@ import time
 import pytest
 
 from psrv.server.run import Server
-from psrv.worker import Worker
-from psrv.worker.step_timer import StepTimer
-from psrv.worker.steplog import StepLog
+from psrv.client import Worker
+from psrv.client.step_timer import StepTimer
+from psrv.client.steplog import StepLog
 from tests.conformance import job as tiny
 from tests.conformance.failures import config
 

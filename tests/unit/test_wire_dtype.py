@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from psrv.worker.client import PSClient
+from psrv.client.psclient import PSClient
 from psrv.config import OptimConfig, ServerConfig
 from psrv.protocol import Message, MsgType, decode, encode
 from psrv.server.optim import FUSED_MIN_ELEMENTS

@@ -8,9 +8,9 @@ import dataclasses
 import inspect
 
 from psrv.config.sections import Placement, WorkerSettings
-from psrv.worker.client import PSClient
-from psrv.worker.session import Worker
-from psrv.worker.settings import keyword_default, keyword_names, overlaid
+from psrv.client.psclient import PSClient
+from psrv.client.session import Worker
+from psrv.client.settings import keyword_default, keyword_names, overlaid
 
 SAME_NAME = ("wire_dtype", "compress", "error_feedback", "compress_min_numel", "momentum_correction",
              "momentum_masking", "compress_warmup", "sign_scale", "push_chunk_mb", "transport", "compress_pull",
@@ -24,7 +24,7 @@ def tree_defaults() -> dict:
 
 def test_psrv_worker_and_psclient_default_to_the_config_trees_values():
     want = tree_defaults()
-    for face in (Worker, PSClient):  # the settings keywords' defaults are WorkerSettings' own (psrv/worker/settings.py)
+    for face in (Worker, PSClient):  # the settings keywords' defaults are WorkerSettings' own (psrv/client/settings.py)
         signature = inspect.signature(face.__init__)
         assert {k: keyword_default(signature, k) for k in SAME_NAME} == {k: want[k] for k in SAME_NAME}, face.__name__
         assert keyword_default(signature, "timeout") == want["request_timeout"], face.__name__

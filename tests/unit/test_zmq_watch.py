@@ -1,6 +1,6 @@
 """A zmq client told to watch its connections (psrv/transport/zmq_watch.py) says at once that a shard's connection
 broke, and its recv returns then instead of waiting out its timeout: a worker moves to the shard's backup the
-moment its primary's process ends, not once a probe goes unanswered (psrv/worker/roundtrip.py)."""
+moment its primary's process ends, not once a probe goes unanswered (psrv/client/roundtrip.py)."""
 from __future__ import annotations
 
 import time

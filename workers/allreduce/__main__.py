@@ -11,7 +11,7 @@ code = main()
 # Every output is written and closed by now. Leave without running C++ destructors: gloo's
 # threads, torn down at interpreter exit, sometimes aborted a rank that had finished cleanly
 # ("terminate called without an active exception"). The known cause, a group kept alive past
-# destroy_process_group, is gone (psrv/worker/collective.py init_group); this exit stays as a guard.
+# destroy_process_group, is gone (psrv/client/collective.py init_group); this exit stays as a guard.
 sys.stdout.flush()
 sys.stderr.flush()
 logging.shutdown()

@@ -1,13 +1,13 @@
 """One all-reduce rank's step timing: the emulated faults at the end of compute, then the wait for the
 other ranks, then the gradient collective.
 
-A step's row (psrv/worker/step_timer.py, as psrv.Worker's): compute_seconds = from the previous step's end
+A step's row (psrv/client/step_timer.py, as psrv.Worker's): compute_seconds = from the previous step's end
 through forward + backward until the gradients are ready + emulated compute;
 wait_seconds = the wait for the slowest rank to finish its compute; communication_seconds = the rest:
 the emulated net delay, the gradient collective and the optimizer step (the PS analogue is the server
 applying the update inside push_pull). gloo and nccl cannot tell waiting from transfer inside one
 collective, so the wait is found one of two ways:
-- by default, after the run (`split_wait`, psrv/worker/collective.py): a step's time from compute end
+- by default, after the run (`split_wait`, psrv/client/collective.py): a step's time from compute end
   to step end beyond the fastest rank's at that step, which is what a rank spent waiting for the last
   one to arrive (no cost per step; the ranks exchange their rows once, at the end);
 - with --wait-barrier, measured: the time in a barrier on a gloo group of its own just before the
@@ -23,7 +23,7 @@ import time
 import torch.distributed as dist
 
 from psrv.step_beacon import StepBeacon
-from psrv.worker.step_timer import StepTimer
+from psrv.client.step_timer import StepTimer
 from psrv.workers.faults import FaultInjector
 
 COMPUTE = "forward and backward"
@@ -36,7 +36,7 @@ class StepClock:
         self.barrier_group = barrier_group  # None: no barrier, wait_seconds stays 0
         self.beacon = beacon if beacon is not None else StepBeacon(None)
         self.collective = collective
-        self.timer = StepTimer()  # restarted where the loop begins (psrv/worker/step_timer.py)
+        self.timer = StepTimer()  # restarted where the loop begins (psrv/client/step_timer.py)
         self.step = 0
         self.waited = 0.0
         self.reduced = 0

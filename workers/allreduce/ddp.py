@@ -7,7 +7,7 @@ from torch.nn.parallel import DistributedDataParallel
 from psrv.config import RunConfig
 from psrv.workers.allreduce.clock import StepClock
 from psrv.workers.allreduce.hooks import ClockedHook, clocked_hook, inner_hook
-from psrv.worker.torch_optim import make_schedule, torch_optimizer
+from psrv.client.torch_optim import make_schedule, torch_optimizer
 
 
 def wrap_ddp(model: torch.nn.Module, cfg: RunConfig, group, clock: StepClock, device) -> DistributedDataParallel:

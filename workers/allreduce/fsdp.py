@@ -17,7 +17,7 @@ from torch.distributed.tensor import DTensor
 
 from psrv.config import RunConfig
 from psrv.workers.allreduce.clock import StepClock
-from psrv.worker.torch_optim import make_schedule, torch_optimizer
+from psrv.client.torch_optim import make_schedule, torch_optimizer
 
 
 class ClockedReduceScatter(DefaultReduceScatter):

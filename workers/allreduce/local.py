@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 
 from psrv.config import OptimConfig, RunConfig
-from psrv.worker.torch_optim import make_schedule, torch_optimizer
+from psrv.client.torch_optim import make_schedule, torch_optimizer
 from psrv.workers.local_steps import make_inner_optimizer
 
 

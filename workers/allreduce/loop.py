@@ -19,8 +19,8 @@ from psrv.workers.evals import record_eval, record_final
 from psrv.workers.faults import FaultInjector
 from psrv.workers.jobs import batch_size_of, load_job
 from psrv.workers.loop import TrainingInterrupted
-from psrv.worker.collective import BACKENDS, device_and_backend, init_group, split_wait
-from psrv.worker.steplog import StepLog
+from psrv.client.collective import BACKENDS, device_and_backend, init_group, split_wait
+from psrv.client.steplog import StepLog
 
 _log = logging.getLogger("psrv.ddp")
 
@@ -53,7 +53,7 @@ def _collectives(cfg: RunConfig) -> tuple[str, str | None]:
 def train_allreduce(cfg: RunConfig, *, log: StepLog | None = None, backend: str = "auto", timeout: float = 600.0,
                     progress=None) -> dict:
     """Train cfg.job.steps steps of cfg.mode (ddp, fsdp or zero1) as this rank; return its record
-    (psrv/worker/steplog.py RECORD), which `log` (default: one that writes nothing) has saved, with the
+    (psrv/client/steplog.py RECORD), which `log` (default: one that writes nothing) has saved, with the
     final weights beside it as workers.loop.train returns them. `backend`: auto (nccl on cuda, gloo on cpu), gloo or nccl;
     `timeout`: seconds a collective may wait. Rendezvous is env:// as torchrun sets it (RANK, WORLD_SIZE,
     LOCAL_RANK, MASTER_ADDR, MASTER_PORT). Step rows and the wait: workers/allreduce/clock.py; no

@@ -13,7 +13,7 @@ from psrv.config import ALLREDUCE_MODES, RunConfig
 from psrv.config.cli_args import add_config_arguments, config_from_args, given, read_config_file
 from psrv.workers.allreduce.loop import BACKENDS, train_allreduce
 from psrv.workers.loop import TrainingInterrupted
-from psrv.worker.steplog import RecordFiles, StepLog
+from psrv.client.steplog import RecordFiles, StepLog
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,7 +8,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from psrv.config import RunConfig
 from psrv.workers.allreduce.clock import StepClock
 from psrv.workers.allreduce.ddp import wrap_ddp
-from psrv.worker.torch_optim import make_schedule, optimizer_class
+from psrv.client.torch_optim import make_schedule, optimizer_class
 
 
 class Zero1:

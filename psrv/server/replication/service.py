@@ -121,7 +121,7 @@ class ShardReplication:
     def not_primary(self, peer: Hashable, frames: list, replicas: list, why: str) -> None:
         """Answer a worker's request ERROR NOT_PRIMARY naming the shard's `replicas` (primary first): this replica
         does not serve it (a backup, or a fenced primary); nothing is applied. The worker sends it there again,
-        with the same seq (psrv/worker/roundtrip.py)."""
+        with the same seq (psrv/client/roundtrip.py)."""
         try:
             msg = decode(frames)
         except ProtocolError:

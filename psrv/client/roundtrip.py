@@ -1,5 +1,5 @@
 """One request to every shard and its replies, through lost messages, lost replies and restarted
-shards (PSClient's mechanics; `client` below is the psrv.worker.client.PSClient that owns it, a module
+shards (PSClient's mechanics; `client` below is the psrv.client.psclient.PSClient that owns it, a module
 that imports this one, used through its public face: `net`, `servers`, `timeout_option`, `message`, `failover`,
 `heard_replicas`, `hello_message`, `fill_push`, `receive_weights`); PSError, what an ERROR reply becomes; Reply, what a push or pull saw; and
 WireBytes, what the round trips' frames came to (PSClient.wire)."""
@@ -15,9 +15,9 @@ import torch
 from psrv.chunking import chunk_count, chunk_range
 from psrv.codecs.push import finite
 from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError, decode, encode
-from psrv.worker.waiting import HelloWait
+from psrv.client.waiting import HelloWait
 
-log = logging.getLogger("psrv.worker.client")
+log = logging.getLogger("psrv.client.psclient")
 
 
 class PSError(RuntimeError):
@@ -83,7 +83,7 @@ class RoundTrip:
     one that does not gets the request again, same seq. A probe left unanswered means the
     connection or the shard is gone: reconnect and re-send. Any answer counts as a sign of life.
     `limit` (seconds) bounds the whole wait even while the shards answer probes; past it,
-    TimeoutError(`why`). A HELLO left unanswered says so every few seconds (psrv/worker/waiting.py).
+    TimeoutError(`why`). A HELLO left unanswered says so every few seconds (psrv/client/waiting.py).
     """
 
     MAX_HELLOS = 5

@@ -1,6 +1,6 @@
 """The servers' optimizer and learning-rate schedule as torch.optim builds them, for the workers that step
 locally: the all-reduce ranks (psrv.workers.allreduce) and psrv.Worker under an all-reduce mode
-(psrv/worker/allreduce.py)."""
+(psrv/client/allreduce.py)."""
 from __future__ import annotations
 
 import functools

@@ -1,6 +1,6 @@
-"""psrv.Worker's steps under `local_steps` (local SGD / DiLoCo), a mixin of it (psrv/worker/session.py): the
+"""psrv.Worker's steps under `local_steps` (local SGD / DiLoCo), a mixin of it (psrv/client/session.py): the
 inner steps that push nothing, streaming DiLoCo's step (`fragments` F > 1: merge the fragment pushed at the last
-step(), push the next every H/F inner steps without waiting; psrv/worker/streaming.py) and its settling at
+step(), push the next every H/F inner steps without waiting; psrv/client/streaming.py) and its settling at
 close(), and the rounds' inner steps (`next_local_steps`, `inner_steps_per_push`). Apart from the session
 because these are the steps that do not push a gradient every call, while the session's step() is the plain
 push and pull. It reads the worker's attributes: steps, _flat, _period (psrv/local_period.py), _stream
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from psrv.worker.step_info import StepInfo
+from psrv.client.step_info import StepInfo
 
 
 class LocalRounds:
@@ -35,7 +35,7 @@ class LocalRounds:
         return info
 
     def _streaming_step(self, t0: float, loss, batch_size) -> StepInfo:
-        """Streaming DiLoCo's step() (psrv/worker/streaming.py): merge the fragment pushed at the last
+        """Streaming DiLoCo's step() (psrv/client/streaming.py): merge the fragment pushed at the last
         step() (its answer arrived while the caller's inner step ran, or is waited for now), then push the
         next fragment if H/F inner steps have passed since the last push, without waiting for it. A push's
         staleness is known at its merge: the pushing step says None, the merging one `answered`."""

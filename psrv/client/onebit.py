@@ -11,8 +11,8 @@ back (a server error buffer): a parameter server sends weights back, never the m
 
 The protocol: WELCOME's `onebit` (`from_welcomes`) gives the freeze step and beta1, and a push past the
 freeze says it is a momentum (field `momentum`, `LocalMomentum.mark`), which the shard checks against its
-clock (psrv/server/onebit_adam.py check_push). PSClient (psrv/worker/client.py, its pushes
-psrv/worker/push_messages.py) calls these.
+clock (psrv/server/onebit_adam.py check_push). PSClient (psrv/client/psclient.py, its pushes
+psrv/client/push_messages.py) calls these.
 """
 from __future__ import annotations
 

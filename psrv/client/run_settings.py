@@ -16,8 +16,8 @@ from typing import Iterable
 from psrv.config import RunConfig
 from psrv.config.base import from_dict
 from psrv.config.sections import Placement, WorkerSettings
-from psrv.worker.keywords import allreduce_mode
-from psrv.worker.settings import ALIASES, WORKER_KEYWORDS, call_keywords, keyword_names
+from psrv.client.keywords import allreduce_mode
+from psrv.client.settings import ALIASES, WORKER_KEYWORDS, call_keywords, keyword_names
 
 log = logging.getLogger("psrv.worker")
 
@@ -63,14 +63,19 @@ def run_config_from_env() -> RunConfig | None:
 
 
 class TakesRunSettings(type):
-    """psrv.Worker's metaclass. psrv.Worker(model, ...) with PSRV_CONFIG set, outside an all-reduce mode (whose
-    worker reads the config itself, psrv/worker/allreduce.py), is called with the run's keywords (run_keywords)
+    """psrv.Worker's metaclass. psrv.Worker(model, ...) under an all-reduce mode (PSRV_MODE ddp or zero1) is
+    refused in one line that names psrv.make_worker (psrv/client/make.py). With PSRV_CONFIG set, it is called with the run's keywords (run_keywords)
     where the call gives none, and the worker's `settings_overridden` names each keyword the call gave that
     differs from the run's: {name: {"run": the config's value, "script": the one used}}, logged as a WARNING
     and kept in its record."""
 
     def __call__(cls, *args, **keywords):
-        config = run_config_from_env() if allreduce_mode() is None else None
+        mode = allreduce_mode()
+        if mode is not None:
+            raise ValueError(f"psrv.Worker is the parameter-server worker, and this run all-reduces (PSRV_MODE={mode}): "
+                             "call psrv.make_worker(model), which is psrv.AllReduceWorker there and psrv.Worker "
+                             "in a parameter-server mode")
+        config = run_config_from_env()
         if config is None:
             return super().__call__(*args, **keywords)
         signature = inspect.signature(cls.__init__)

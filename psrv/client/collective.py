@@ -1,5 +1,5 @@
 """What every all-reduce rank shares, whether the shipped loop's (psrv.workers.allreduce) or psrv.Worker's
-under an all-reduce mode (psrv/worker/allreduce.py): the device and torch.distributed backend a rank
+under an all-reduce mode (psrv/client/allreduce.py): the device and torch.distributed backend a rank
 uses, and the wait for the slowest rank split out of each step's communication time after the run."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The push messages of PSClient (psrv/worker/client.py), a mixin of it: a flat gradient cut into one message
+"""The push messages of PSClient (psrv/client/psclient.py), a mixin of it: a flat gradient cut into one message
 per shard, cast to the wire dtype or compressed (through onebit_adam's local momentum, momentum correction's
 velocity and the push codec with its error feedback), a slice with NaN or Inf sent raw, and the residuals those
 pushes left settled by the shards' answers. Apart from the client because this is the encoding of a push, while
@@ -14,7 +14,7 @@ import torch
 from psrv.codecs.push import finite
 from psrv.protocol import Message, MsgType
 
-log = logging.getLogger("psrv.worker.client")
+log = logging.getLogger("psrv.client.psclient")
 
 
 class PushMessages:

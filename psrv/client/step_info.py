@@ -1,4 +1,4 @@
-"""StepInfo: what psrv.Worker.step() returns (psrv/worker/session.py), a record of one step for the caller to log."""
+"""StepInfo: what psrv.Worker.step() returns (psrv/client/session.py), a record of one step for the caller to log."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,21 +1,22 @@
-"""psrv.Worker under an all-reduce run (`psrv run --mode ddp|zero1 --script train.py`): the same loop, its
-gradient all-reduced among the ranks instead of pushed to shards, and the run's optimizer stepped on every
-rank, so one script compares the parameter server with DDP.
+"""psrv.AllReduceWorker, what psrv.make_worker gives under an all-reduce run (`psrv run --mode ddp|zero1
+--script train.py`): the same loop as psrv.Worker's, its gradient all-reduced among the ranks instead of pushed
+to shards, and the run's optimizer stepped on every rank, so one script compares the parameter server with DDP.
 
-    ps = psrv.Worker(model)      # PSRV_MODE ddp or zero1, PSRV_CONFIG the run's config.json
+    ps = psrv.make_worker(model) # PSRV_MODE ddp or zero1, PSRV_CONFIG the run's config.json
     for x, y in loader:
         loss_fn(model(x), y).backward()
         ps.step()                # all-reduce the mean gradient, clip, step the optimizer and schedule
     ps.close()                   # the step log's record (rank 0: the final weights); the group torn down
 
-psrv.Worker(...) is an AllReduceWorker where PSRV_MODE names an all-reduce mode (psrv/worker/session.py
-dispatches). What it computes is DDP's: every rank starts from rank 0's parameters and buffers (as DDP's
-constructor broadcasts them), and each step() averages the gradients over the ranks, clips the mean by the
-run's global norm (psrv.clip, as sync's servers clip each clock's mean) and steps the run's optimizer and lr
-schedule locally (psrv/worker/torch_optim.py: what the servers and the shipped all-reduce ranks step). zero1
-steps torch's ZeroRedundancyOptimizer instead, which keeps and steps each rank's share of the optimizer
-state and broadcasts the updated parameters. fsdp is refused: fully_shard turns the model's parameters into
-sharded DTensors behind the script's back, which a loop written for psrv.Worker does not expect.
+psrv.make_worker(...) is an AllReduceWorker where PSRV_MODE names an all-reduce mode (psrv/client/make.py
+chooses; psrv.Worker itself is refused there). What it computes is DDP's: every rank starts from rank 0's
+parameters and buffers (as DDP's constructor broadcasts them), and each step() averages the gradients over the
+ranks, clips the mean by the run's global norm (psrv.clip, as sync's servers clip each clock's mean) and steps
+the run's optimizer and lr schedule locally (psrv/client/torch_optim.py: what the servers and the shipped
+all-reduce ranks step). zero1 steps torch's ZeroRedundancyOptimizer instead, which keeps and steps each rank's
+share of the optimizer state and broadcasts the updated parameters. fsdp is refused: fully_shard turns the
+model's parameters into sharded DTensors behind the script's back, which a loop written for psrv.Worker does not
+expect.
 """
 from __future__ import annotations
 
@@ -33,17 +34,17 @@ from psrv.config import RunConfig
 from psrv.config.base import defaults_of
 from psrv.config.sections import WorkerSettings
 from psrv.step_beacon import StepBeacon
-from psrv.worker.collective import device_and_backend, init_group, split_wait
-from psrv.worker.flat import FlatModel
-from psrv.worker.keywords import allreduce_mode, env
-from psrv.worker.recorded import RecordedWorker
-from psrv.worker.run_settings import run_config_from_env
-from psrv.worker.script_evals import Evaluations
-from psrv.worker.step_info import StepInfo
-from psrv.worker.settings import call_keywords, keyword_default
-from psrv.worker.step_timer import StepTimer
-from psrv.worker.steplog import StepLog, check_step_args
-from psrv.worker.torch_optim import make_schedule, optimizer_class, torch_optimizer
+from psrv.client.collective import device_and_backend, init_group, split_wait
+from psrv.client.flat import FlatModel
+from psrv.client.keywords import allreduce_mode, env
+from psrv.client.recorded import RecordedWorker
+from psrv.client.run_settings import run_config_from_env
+from psrv.client.script_evals import Evaluations
+from psrv.client.step_info import StepInfo
+from psrv.client.settings import call_keywords, keyword_default
+from psrv.client.step_timer import StepTimer
+from psrv.client.steplog import StepLog, check_step_args
+from psrv.client.torch_optim import make_schedule, optimizer_class, torch_optimizer
 
 log = logging.getLogger("psrv.worker")
 
@@ -52,7 +53,7 @@ SCRIPT_MODES = ("ddp", "zero1")  # the all-reduce modes a psrv.Worker loop runs 
 _KEPT = ("rank", "world_size", "timeout", "clip_grad_norm", "step_log", "evaluate", "eval_every")  # psrv.Worker's keywords that apply here
 # what the step beacon (psrv/step_beacon.py) says this rank is in: the launcher names it if the rank hangs
 _SCRIPT = "the script's own code between steps"
-_GRADIENTS = "all_reduce of the gradients (psrv.Worker.step)"
+_GRADIENTS = "all_reduce of gradients (AllReduceWorker.step)"  # 47 bytes at most (psrv/step_beacon.py)
 _ZERO_BROADCAST = "broadcast of the updated parameters (ZeroRedundancyOptimizer)"
 _FSDP = ("mode 'fsdp' does not run a psrv.Worker loop: fully_shard would turn the model's parameters into "
          "sharded DTensors behind the script's back; use --mode ddp or zero1")
@@ -119,24 +120,24 @@ class AllReduceWorker(RecordedWorker):
         if self._log is not None:
             self._log.describe(**self.described())
         self._evals.log = self._log
-        self._evaluate(0)  # rank 0's first weights, before any step (psrv/worker/script_evals.py)
+        self._evaluate(0)  # rank 0's first weights, before any step (psrv/client/script_evals.py)
         self._beacon.working(_SCRIPT)
         self._timer = StepTimer()  # a logged step's compute: from here to its step() call
 
     @classmethod
     def from_worker_call(cls, signature: inspect.Signature, *args, **keywords) -> "AllReduceWorker":
-        """psrv.Worker(*args, **keywords), whose constructor has `signature`, under the all-reduce run
+        """psrv.make_worker(*args, **keywords), psrv.Worker's constructor having `signature`, under the all-reduce run
         the environment names: the run's config from PSRV_CONFIG; ValueError, naming the keyword, for a
         parameter-server option given a value of its own (servers, local_steps, compress, ...)."""
         given = call_keywords(signature, args, keywords)  # a TypeError as psrv.Worker's own would be
         model = given.pop("model")
         config = run_config_from_env()
         if config is None:
-            raise ValueError(f"psrv.Worker under PSRV_MODE={allreduce_mode()}: set PSRV_CONFIG to the run's "
+            raise ValueError(f"psrv.make_worker under PSRV_MODE={allreduce_mode()}: set PSRV_CONFIG to the run's "
                              "config.json (its optimizer, lr schedule and clip), as `psrv run --script` does")
         for name, value in given.items():
             if name not in _KEPT and value != keyword_default(signature, name):
-                raise ValueError(f"psrv.Worker({name}=...): a parameter-server option, and mode {config.mode!r} "
+                raise ValueError(f"psrv.make_worker({name}=...): a parameter-server option, and mode {config.mode!r} "
                                  "all-reduces the gradients among the ranks, with no shards; remove it")
         return cls(model, config=config, **{k: v for k, v in given.items() if k in _KEPT})
 
@@ -203,7 +204,7 @@ class AllReduceWorker(RecordedWorker):
             self._beacon.off_clock("after close(): the script's own code")  # no more steps to wait for
 
     def described(self) -> dict:
-        """What a worker record says of this rank before it trains (psrv/worker/steplog.py RECORD)."""
+        """What a worker record says of this rank before it trains (psrv/client/steplog.py RECORD)."""
         return {"rank": self.rank, "world_size": self.world_size, "mode": self.mode, "backend": self.backend,
                 "ddp_comm_hook": "none", "parameters": self._flat.params.numel(),
                 "device": str(self._flat.params.device)}
@@ -214,7 +215,7 @@ class AllReduceWorker(RecordedWorker):
 
     # --- mechanics ----------------------------------------------------------
     def _evaluate(self, step: int, *, between_steps: bool = True) -> None:
-        """evaluate= on rank 0 (psrv/worker/script_evals.py), off the clock for the launcher's stall watch."""
+        """evaluate= on rank 0 (psrv/client/script_evals.py), off the clock for the launcher's stall watch."""
         if self._evals.evaluate is not None and self.rank == 0:
             self._beacon.off_clock("evaluation (evaluate=)")
         self._evals.run(step, between_steps=between_steps)
@@ -232,7 +233,7 @@ class AllReduceWorker(RecordedWorker):
 
     def _check_open(self) -> None:
         if not self._open:
-            raise RuntimeError(f"rank {self.rank}: this psrv.Worker has ended (close() or an error)")
+            raise RuntimeError(f"rank {self.rank}: this psrv.AllReduceWorker has ended (close() or an error)")
 
     def _abandon(self) -> None:
         """An error or Ctrl-C: write what ran, marked interrupted, no weights; tear the group down."""
@@ -270,7 +271,7 @@ def _init_group(backend: str, rank: int, world_size: int, timeout: float) -> Non
     elif world_size == 1:
         init_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=wait)
     else:
-        raise ValueError("psrv.Worker: WORLD_SIZE > 1 under an all-reduce mode needs MASTER_ADDR and MASTER_PORT "
+        raise ValueError("psrv.AllReduceWorker: WORLD_SIZE > 1 under an all-reduce mode needs MASTER_ADDR and MASTER_PORT "
                          "(psrv run --script and torchrun set them)")
 
 

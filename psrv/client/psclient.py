@@ -6,7 +6,7 @@ is measured, never guessed. A request left unanswered is probed and, if the shar
 holds it, re-sent with the SAME seq (the shard applies a push at most once); a shard that
 forgot this worker (restarted, or dropped it for silence) is greeted again first. Every request
 carries this process's random session id, so a second live process with the same rank is refused.
-A push's messages, cast or compressed shard by shard, are made by PushMessages (psrv/worker/push_messages.py).
+A push's messages, cast or compressed shard by shard, are made by PushMessages (psrv/client/push_messages.py).
 """
 from __future__ import annotations
 
@@ -25,23 +25,23 @@ from psrv.timeouts import Timeouts
 from psrv.config.sections import Placement, WorkerSettings
 from psrv.codecs import CASTS, make as make_codec
 from psrv.codecs.push import PushEncoder
-from psrv.worker.heartbeat import Heartbeat
-from psrv.worker.momentum_correction import MomentumCorrection, from_welcomes as velocity_from
-from psrv.worker.onebit import LocalMomentum, from_welcomes, momentum_encoder
-from psrv.worker.pull_view import PullView
-from psrv.worker.push_messages import PushMessages
-from psrv.worker.settings import CLIENT_KEYWORDS, overlaid
+from psrv.client.heartbeat import Heartbeat
+from psrv.client.momentum_correction import MomentumCorrection, from_welcomes as velocity_from
+from psrv.client.onebit import LocalMomentum, from_welcomes, momentum_encoder
+from psrv.client.pull_view import PullView
+from psrv.client.push_messages import PushMessages
+from psrv.client.settings import CLIENT_KEYWORDS, overlaid
 from psrv.protocol import ErrorCode, Message, MsgType
 from psrv.partition import PartitionPlan
 from psrv.protocol.codec import DTYPES
-from psrv.worker.roundtrip import PSError, PushPull, Reply, RoundTrip, WireBytes
-from psrv.worker.waiting import LIBRARY_OPTION
+from psrv.client.roundtrip import PSError, PushPull, Reply, RoundTrip, WireBytes
+from psrv.client.waiting import LIBRARY_OPTION
 from psrv.transport import ClientTransport, create_client
 
 PREDECESSOR_DEAD = "PSRV_PREDECESSOR_DEAD"  # set by psrv run for a worker it restarted
 REPLICAS = "PSRV_REPLICAS"  # and each shard's replicas then, {shard: [address, ...]}, as JSON
 
-log = logging.getLogger("psrv.worker.client")
+log = logging.getLogger("psrv.client.psclient")
 _PLACE = defaults_of(Placement)  # the planes' and transport's defaults: one source
 
 
@@ -110,7 +110,7 @@ class PSClient(PushMessages):
         self._warned_late = False
         self.servers = list(servers)  # the shards' addresses, in shard order
         self._options = {"curve_keys": curve_keys, "curve_name": f"worker-{worker}"} if curve_keys else {}
-        # the transport to the shards, on which RoundTrip sends (psrv/worker/roundtrip.py)
+        # the transport to the shards, on which RoundTrip sends (psrv/client/roundtrip.py)
         self.net = net or create_client(transport, self.servers, worker=worker, world_size=world_size,
                                         shared_memory=shared_memory, bulk=bulk, watch=True, **self._options)
         # each shard's replicas (`failover`): told by WELCOME, and those the transport knows from the start (the
@@ -210,7 +210,7 @@ class PSClient(PushMessages):
 
     def send_round(self, msgs: list[Message]) -> RoundTrip:
         """Send msgs[s] to shard s now and return without waiting (streaming DiLoCo's fragment push,
-        psrv/worker/streaming.py); `finish_round` waits for the answers. Nothing else may use this client
+        psrv/client/streaming.py); `finish_round` waits for the answers. Nothing else may use this client
         in between."""
         self._seq += 1
         rt = RoundTrip(self, msgs, self._seq, self.timeout)
@@ -259,7 +259,7 @@ class PSClient(PushMessages):
     # --- mechanics ----------------------------------------------------------
     def _follow_onebit(self, welcomes: list[dict]) -> None:
         """Under onebit_adam (WELCOME's `onebit`) keep a local momentum, and push it after the freeze with
-        the codec given, or scaled sign (psrv/worker/onebit.py)."""
+        the codec given, or scaled sign (psrv/client/onebit.py)."""
         if self.onebit is not None:
             return
         self.onebit = from_welcomes(welcomes, self.plan.total)

@@ -1,4 +1,4 @@
-"""What psrv.Worker and its all-reduce form (psrv/worker/allreduce.py) share around the loop: the `with`
+"""What psrv.Worker and its all-reduce form (psrv/client/allreduce.py) share around the loop: the `with`
 block, `log_eval`, and writing the record with the evaluations' final keys. A subclass sets `rank`,
 `steps`, `_open`, `_log` (a StepLog or None), `_evals` (script_evals.Evaluations) and `_flat` (FlatModel),
 and defines `totals()`, `close()` and `_abandon()`."""

@@ -42,7 +42,7 @@ ROW = {  # a step-log row's columns; staleness and pushed only where a step push
                  "the step pushed nothing; a fragment push's (streaming DiLoCo) is filled in when its answer "
                  "is merged, a step later or at close(), and stays None where it never came",
     "compute_seconds": "from the previous step's end to the gradient being ready, evaluations left out: the batch, "
-                       "forward and backward (and emulated compute); psrv/worker/step_timer.py",
+                       "forward and backward (and emulated compute); psrv/client/step_timer.py",
     "communication_seconds": "sending, the update and the pull (all-reduce: the collective and the step)",
     "wait_seconds": "held back for the other workers (sync barrier, SSP bound, the slowest rank)",
     "batch_size": "samples in the step's batch; None where the loop did not say",
@@ -280,7 +280,7 @@ class StepLog:
 def _declared(got: dict, schema: dict, what: str) -> None:
     unknown = sorted(set(got) - set(schema))
     if unknown:
-        raise ValueError(f"{what} keys not declared in psrv/worker/steplog.py: {', '.join(unknown)}")
+        raise ValueError(f"{what} keys not declared in psrv/client/steplog.py: {', '.join(unknown)}")
 
 
 def _env_path(name: str, rank: int) -> Path | None:

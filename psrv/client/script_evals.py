@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from psrv.metric_names import lower_is_better_by_name, primary_metric
-from psrv.worker.steplog import StepLog
+from psrv.client.steplog import StepLog
 
 
 def checked_metrics(metrics) -> dict[str, float]:

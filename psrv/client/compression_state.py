@@ -1,8 +1,8 @@
-"""psrv.Worker's compression as it shows and carries it, a mixin of it (psrv/worker/session.py): which codecs
+"""psrv.Worker's compression as it shows and carries it, a mixin of it (psrv/client/session.py): which codecs
 run (`compression()`), the bytes they put on the wire (`wire_bytes()`), and the state they keep between steps
 that the servers do not hold (`state_dict()` / `load_state_dict()`: the push codec's error-feedback residuals,
 onebit_adam's local momentum, momentum correction's velocity, and the step count). Apart from the session
-because all of it is read from the worker's client (psrv/worker/client.py: `encoder`, `onebit`, `velocity`,
+because all of it is read from the worker's client (psrv/client/psclient.py: `encoder`, `onebit`, `velocity`,
 `pull_view`, `compress`, `wire`), not from the training loop; it reads the worker's `_client` and `steps`."""
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ class CompressionState:
     def compression(self) -> dict:
         """{"compress": the codec's name as given, "error_feedback": whether residuals are kept (a lossy codec only),
         "compress_pull": the pull codec ('': dense pulls),
-        "momentum_correction": whether this worker keeps the velocity (psrv/worker/momentum_correction.py)}."""
+        "momentum_correction": whether this worker keeps the velocity (psrv/client/momentum_correction.py)}."""
         encoder = self._client.encoder
         view = self._client.pull_view
         return {"compress": self._client.compress, "error_feedback": encoder is not None and encoder.error is not None,
@@ -52,6 +52,6 @@ class CompressionState:
                 "momentum_correction": self._client.velocity is not None}
 
     def wire_bytes(self) -> dict:
-        """Bytes this worker's client sent and received (psrv/worker/roundtrip.py WireBytes): bytes_pushed,
+        """Bytes this worker's client sent and received (psrv/client/roundtrip.py WireBytes): bytes_pushed,
         bytes_pulled, bytes_sent, bytes_received, dense_push_bytes and compression_ratio."""
         return self._client.wire.to_dict()

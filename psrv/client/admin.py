@@ -1,11 +1,11 @@
 """The admin client: one STATS, CHECKPOINT or SHUTDOWN sent to one shard, outside any worker's session
 (`psrv admin`, and tests that ask a running shard). A worker's own requests go through PSClient
-(psrv/worker/client.py)."""
+(psrv/client/psclient.py)."""
 from __future__ import annotations
 
 from psrv.protocol import ErrorCode, Message, MsgType, decode, encode
 from psrv.transport import create_client
-from psrv.worker.roundtrip import PSError
+from psrv.client.roundtrip import PSError
 
 
 def admin_request(address: str, kind: MsgType, *, curve_keys: str = "", name: str = "admin",

@@ -1,7 +1,7 @@
 """Streaming DiLoCo on the worker (Douillard et al. 2025, arXiv:2501.18512, "Streaming DiLoCo with
 overlapping communication"): psrv.Worker's `fragments` F > 1 with `local_steps` H.
 
-Every H/F inner steps the worker pushes one fragment (psrv/worker/fragments.py), in turn 0, 1, ..., F-1, 0, ...,
+Every H/F inner steps the worker pushes one fragment (psrv/client/fragments.py), in turn 0, 1, ..., F-1, 0, ...,
 so each fragment is synced once per H inner steps, staggered. The push is fragment f's pseudo-gradient
 Δ_f = θ_global,f - θ_local,f (its weights at its last sync minus the model's), as a PUSH_PULL that carries f's
 elements only and whose answer is f's new global weights θ'_global,f from the servers' outer step
@@ -17,7 +17,7 @@ the inner step taken meanwhile, and the paper finds mixing no worse with τ = 1.
 for the wire (bfloat16, or int8 / fp4 with a float32 scale per 1024 elements, psrv/codecs, no error
 feedback); the servers dequantise and average in float32.
 
-Under compressed pulls (`compress_pull`, psrv/worker/pull_view.py) θ'_global,f comes as the compressed change
+Under compressed pulls (`compress_pull`, psrv/client/pull_view.py) θ'_global,f comes as the compressed change
 of f's weights since this worker's copy of them, with the residual kept on each shard (psrv/server/pulls.py):
 θ'_global,f is then f's part of the copy, brought up to date.
 
@@ -35,8 +35,8 @@ from psrv.codecs.fp4 import Fp4
 from psrv.codecs.int8 import Int8
 from psrv.codecs.push import finite
 from psrv.protocol import MsgType
-from psrv.worker.fragments import Fragments
-from psrv.worker.roundtrip import Reply, RoundTrip
+from psrv.client.fragments import Fragments
+from psrv.client.roundtrip import Reply, RoundTrip
 
 log = logging.getLogger("psrv.worker")
 MIX = 0.5  # α: the local weights' share in a merged fragment

@@ -1,7 +1,7 @@
 """What psrv.Worker's keywords leave to others, resolved at its construction: the shards' addresses, rank
 and world size from the environment where they are not given (PSRV_SERVERS, RANK and WORLD_SIZE, as torchrun
 sets the last two; an address `@FILE` waits for a server's ready file), the clip agreed with the shards'
-WELCOME, and the payload planes' 'auto'/'off' as PSClient's flags (psrv/worker/session.py uses them), and
+WELCOME, and the payload planes' 'auto'/'off' as PSClient's flags (psrv/client/session.py uses them), and
 the all-reduce mode a run asks for (PSRV_MODE); and the keywords psrv.Worker(...) shows (`constructor_signature`)."""
 from __future__ import annotations
 
@@ -72,8 +72,8 @@ def planes(shared_memory: str, bulk: str, curve_keys: str) -> dict:
 
 
 def allreduce_mode() -> str | None:
-    """The all-reduce mode (ddp, fsdp, zero1) a run set in PSRV_MODE, under which psrv.Worker is the
-    all-reduce worker (psrv/worker/allreduce.py); None for a parameter-server mode or none set."""
+    """The all-reduce mode (ddp, fsdp, zero1) a run set in PSRV_MODE, under which psrv.make_worker is the
+    all-reduce worker (psrv/client/allreduce.py) and psrv.Worker is refused; None for a parameter-server mode or none set."""
     mode = os.environ.get("PSRV_MODE", "").strip()
     return mode if mode in ALLREDUCE_MODES else None
 

@@ -12,12 +12,12 @@ Local SGD / DiLoCo: `psrv.Worker(model, local_steps=H)` with the user's own (inn
 psrv.Worker never steps that optimizer: a loop without one pushes zeros under local steps.
 
 Under `psrv run --script` or a spec's `[job] script` (PSRV_CONFIG set), every keyword the call leaves out
-comes from the run's config (psrv/worker/run_settings.py): `psrv run --compress topk:0.01 --local-steps 8
+comes from the run's config (psrv/client/run_settings.py): `psrv run --compress topk:0.01 --local-steps 8
 --script train.py` runs `psrv.Worker(model)` with those; a keyword the script passes wins, and the record's
 `settings_overridden` says so.
 
 Clocks, versions, the partition plan and the flat buffers stay inside. Its parts, mixins of psrv.Worker: the
-local steps' rounds (psrv/worker/local_rounds.py) and its compression's state (psrv/worker/compression_state.py).
+local steps' rounds (psrv/client/local_rounds.py) and its compression's state (psrv/client/compression_state.py).
 """
 from __future__ import annotations
 
@@ -31,26 +31,26 @@ import torch
 
 from psrv.config.base import defaults_of
 from psrv.config.sections import Placement, WorkerSettings
-from psrv.worker.client import PSClient
-from psrv.worker.compression_state import CompressionState
+from psrv.client.psclient import PSClient
+from psrv.client.compression_state import CompressionState
 from psrv.clip import clip_flat_
-from psrv.worker.flat import FlatModel
-from psrv.worker.keywords import allreduce_mode, clip_of, constructor_signature, env, planes, servers_of
-from psrv.worker.local_rounds import LocalRounds
+from psrv.client.flat import FlatModel
+from psrv.client.keywords import clip_of, constructor_signature, env, planes, servers_of
+from psrv.client.local_rounds import LocalRounds
 from psrv.local_period import LocalPeriod, fastest_of
-from psrv.worker.overlap import ShardReadiness
+from psrv.client.overlap import ShardReadiness
 from psrv.partition import PartitionPlan
-from psrv.worker.roundtrip import PushPull
-from psrv.worker.run_settings import TakesRunSettings, keywords_of
-from psrv.worker.step_info import StepInfo
-from psrv.worker.step_timer import StepTimer
-from psrv.worker.recorded import RecordedWorker
-from psrv.worker.script_evals import Evaluations
-from psrv.worker.steplog import StepLog, check_step_args
-from psrv.worker.fragments import Fragments
-from psrv.worker.settings import client_settings, keyword_names, local_steps_of, overlaid
-from psrv.worker.streaming import StreamingOuter
-from psrv.worker.waiting import LIBRARY_OPTION
+from psrv.client.roundtrip import PushPull
+from psrv.client.run_settings import TakesRunSettings, keywords_of
+from psrv.client.step_info import StepInfo
+from psrv.client.step_timer import StepTimer
+from psrv.client.recorded import RecordedWorker
+from psrv.client.script_evals import Evaluations
+from psrv.client.steplog import StepLog, check_step_args
+from psrv.client.fragments import Fragments
+from psrv.client.settings import client_settings, keyword_names, local_steps_of, overlaid
+from psrv.client.streaming import StreamingOuter
+from psrv.client.waiting import LIBRARY_OPTION
 
 log = logging.getLogger("psrv.worker")
 _PLACE = defaults_of(Placement)  # the placement keywords' defaults
@@ -71,16 +71,8 @@ class Worker(LocalRounds, CompressionState, RecordedWorker, metaclass=TakesRunSe
     Every keyword (overlap, clip_grad_norm, local_steps, fragments, outer_dtype, compress and its knobs,
     compress_pull, shared_memory, bulk, push_chunk_mb, step_log, evaluate and eval_every, ...) is described in
     docs/scripts.md, "psrv.Worker's keywords"; under `psrv run --script` the run's config gives each one the
-    call leaves out (psrv/worker/run_settings.py), and under `--mode ddp` or `zero1` psrv.Worker(model) is
-    the all-reduce worker (psrv/worker/allreduce.py)."""
-
-    def __new__(cls, *args, **keywords):
-        """Under an all-reduce run (PSRV_MODE ddp or zero1, as `psrv run --mode ddp --script` sets it) the
-        all-reduce worker, which takes these same arguments (psrv/worker/allreduce.py); else this class."""
-        if cls is Worker and allreduce_mode() is not None:
-            from psrv.worker.allreduce import AllReduceWorker
-            return AllReduceWorker.from_worker_call(inspect.signature(cls.__init__), *args, **keywords)
-        return super().__new__(cls)
+    call leaves out (psrv/client/run_settings.py). Under `--mode ddp` or `zero1` it is refused:
+    psrv.make_worker(model) picks this class or the all-reduce worker by the run's mode (psrv/client/make.py)."""
 
     def __init__(self, model: torch.nn.Module, servers: Sequence[str] | None = None, *,
                  settings: WorkerSettings | None = None, rank: int | None = None, world_size: int | None = None,
@@ -172,7 +164,7 @@ class Worker(LocalRounds, CompressionState, RecordedWorker, metaclass=TakesRunSe
         """A Worker whose keywords come from a config section by name: a WorkerSettings, a Placement, a
         GradClip, or a WorkerConfig holding them all with `servers`, `rank`, `world_size` and
         `curve_keys` (`request_timeout` is `timeout`; `local_steps` counts only with an inner optimizer).
-        `keywords` override them. The mapping is psrv/worker/run_settings.py's `keywords_of`, the one place a
+        `keywords` override them. The mapping is psrv/client/run_settings.py's `keywords_of`, the one place a
         worker's settings become psrv.Worker's keywords (a script's psrv.Worker(model) under a run uses it too)."""
         given = keywords_of(settings, keyword_names(inspect.signature(Worker.__init__)))
         return cls(model, **{**given, **keywords})
@@ -181,7 +173,7 @@ class Worker(LocalRounds, CompressionState, RecordedWorker, metaclass=TakesRunSe
         """Push the gradient backward left in the model (the shards not sent during backward now),
         wait for the new weights, copy them into the model and zero the gradients. `loss` (a number or
         a one-element tensor) and `batch_size`, if given, go into the step log, where one is kept
-        (`step_log`, or psrv run --script's; psrv/worker/steplog.py); nothing else reads them."""
+        (`step_log`, or psrv run --script's; psrv/client/steplog.py); nothing else reads them."""
         t0 = time.perf_counter()
         check_step_args(loss, batch_size)
         self._check_open()
@@ -239,7 +231,7 @@ class Worker(LocalRounds, CompressionState, RecordedWorker, metaclass=TakesRunSe
         self._save()
 
     def described(self) -> dict:
-        """What a worker record says of this worker before it trains (psrv/worker/steplog.py RECORD)."""
+        """What a worker record says of this worker before it trains (psrv/client/steplog.py RECORD)."""
         return {"rank": self.rank, "world_size": self.world_size, "parameters": self._flat.params.numel(),
                 "device": str(self._flat.params.device), "plan_hash": self.plan.hash,
                 "param_shapes": [list(p.shape) for p in self.plan.params],
@@ -329,6 +321,6 @@ class Worker(LocalRounds, CompressionState, RecordedWorker, metaclass=TakesRunSe
                 self._log.save(self._log.record(interrupted=True, **self.totals()))
 
 
-# What psrv.Worker(...) takes, for help(), editors and inspect: its constructor's keywords, not __new__'s
-# (*args, **keywords), which only hands them over to the all-reduce worker under an all-reduce run.
+# What psrv.Worker(...) takes, for help(), editors and inspect: its constructor's keywords, not the metaclass's
+# __call__'s (*args, **keywords), which only fills those a run's config gives.
 Worker.__signature__ = constructor_signature(Worker)

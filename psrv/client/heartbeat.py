@@ -11,7 +11,7 @@ from typing import Sequence
 from psrv.protocol import Message, MsgType, ProtocolError, decode, encode
 from psrv.transport import create_client
 
-log = logging.getLogger("psrv.worker.client")
+log = logging.getLogger("psrv.client.psclient")
 RECV_WAIT = 0.05  # seconds between looks at the stop flag: how long stop() may wait
 
 
