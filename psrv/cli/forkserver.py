@@ -29,7 +29,7 @@ import traceback
 from pathlib import Path
 
 _PRELOAD = ("torch", "setproctitle", "psrv.server.run", "psrv.workers.loop", "psrv.workers.jobs", "psrv.cli.main",
-            "psrv.cli.serve", "psrv.cli.worker", "sklearn.datasets")
+            "psrv.cli.serve", "psrv.cli.worker")  # no job imports sklearn (digits reads its CSV: workers/jobs/digits.py)
 
 
 def _threads() -> int:
