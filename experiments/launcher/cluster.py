@@ -17,7 +17,7 @@ from typing import Callable
 
 from psrv.process import cores_each, usable_cores
 
-from psrv.experiments.launcher.forkserver import ForkServer, ForkServerGone
+from psrv.experiments.launcher.forkserver import FORKABLE, ForkServer, ForkServerGone
 
 log = logging.getLogger("psrv.run")
 
@@ -49,6 +49,15 @@ def thread_env(processes: int) -> dict[str, str]:
     if "OMP_NUM_THREADS" in os.environ:
         return {}
     return {"OMP_NUM_THREADS": str(cores_each(processes))}
+
+
+def idle_cores() -> int:
+    """The cores this process may use less the 1-minute load average (other work's, at least one)."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = 0.0
+    return max(1, usable_cores() - round(load))
 
 
 def _die_with_launcher() -> Callable[[], None] | None:
@@ -90,9 +99,11 @@ class Cluster:
         self.host_of: dict[str, int] = {}
         self.recover: Callable[[Cluster, str], bool] | None = None  # a failed process's second chance
         self.spared: set[str] = set()  # processes whose death the run expects (killed on purpose): no failure
-        # Started at the first psrv process where the run has more processes than cores (fewer import torch
-        # side by side as fast as one imports it before forking them); False: each starts itself
-        self._forks: ForkServer | None | bool = None if fork_server and processes > usable_cores() else False
+        # Started at the first psrv process where the run has more processes than idle cores: one import of
+        # torch instead of one per process. Side by side on idle cores they import as fast as one does before
+        # forking (faster by its preloads); on cores busy with other work each import takes CPU from the rest.
+        # False: each starts itself
+        self._forks: ForkServer | None | bool = None if fork_server and processes > idle_cores() else False
 
     def start(self, name: str, argv: list[str], env: dict | None = None, *, brief: str = "",
               host: int | None = None, explain: Callable[[int], str] | None = None) -> subprocess.Popen:
@@ -121,10 +132,12 @@ class Cluster:
         return {"start_new_session": True, "pass_fds": self.keep_fds, "preexec_fn": self.preexec}
 
     def _forked(self, argv: list[str], env: dict[str, str], name: str):
-        """`argv`, a `python -P -m psrv.cli` on this machine, forked from the run's fork server
-        (experiments/launcher/forkserver.py), started first; None where it cannot be (another command, emulated hosts
-        or a scheduler, or a fork server that would not start: it said why in its log)."""
-        if self.hosts is not None or self._forks is False or argv[:4] != [sys.executable, "-P", "-m", "psrv.cli"]:
+        """`argv`, a `python -P -m psrv.cli` or an all-reduce rank's `python -P -m psrv.workers.allreduce` on this
+        machine, forked from the run's fork server (experiments/launcher/forkserver.py), started first; None where
+        it cannot be (another command, emulated hosts or a scheduler, or a fork server that would not start: it
+        said why in its log)."""
+        if self.hosts is not None or self._forks is False or argv[:3] != [sys.executable, "-P", "-m"] \
+                or len(argv) < 4 or argv[3] not in FORKABLE:
             return None
         try:
             if self._forks is None:

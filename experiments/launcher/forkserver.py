@@ -1,7 +1,7 @@
 """A local run's psrv processes forked from one that has imported torch already (psrv/cli/forkserver.py),
 instead of each starting Python and importing torch itself: on 2 cores a run's six processes importing
 torch at once took seconds of the run's start. experiments/launcher/cluster.py starts its `python -P -m psrv.cli`
-processes through it when it can (not on emulated hosts, not under a scheduler, not a user's script, which
+processes and the all-reduce baselines' ranks (`python -P -m psrv.workers.allreduce`) through it when it can (not on emulated hosts, not under a scheduler, not a user's script, which
 runs as its own `python FILE.py`), and each is a ForkedProcess: subprocess.Popen's poll, wait, returncode,
 send_signal and kill, which the launcher uses.
 """
@@ -14,6 +14,9 @@ import socket
 import subprocess
 import sys
 import time
+
+
+FORKABLE = ("psrv.cli", "psrv.workers.allreduce")  # the modules a forked child runs, as `python -P -m MODULE ARGS`
 
 
 class ForkServerGone(RuntimeError):
@@ -75,8 +78,9 @@ class ForkServer:
             pass
 
     def start(self, argv: list[str], env: dict[str, str], log: str) -> "ForkedProcess":
-        """`argv` (python -P -m psrv.cli ARGS) forked with `env`, its output to `log`."""
-        request = {"args": argv[4:], "argv": argv, "env": env, "log": log, "cwd": os.getcwd()}
+        """`argv` (python -P -m MODULE ARGS, MODULE psrv.cli or psrv.workers.allreduce) forked with `env`, its
+        output to `log`."""
+        request = {"module": argv[3], "args": argv[4:], "argv": argv, "env": env, "log": log, "cwd": os.getcwd()}
         self.sock.sendall((json.dumps(request) + "\n").encode())
         answer = self._next(30.0)
         if "started" not in answer:

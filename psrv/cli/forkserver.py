@@ -3,8 +3,9 @@
 `psrv serve` / `psrv worker` the launcher asks for, so a run's processes start in milliseconds instead of
 each importing torch (about 2 s of CPU apiece, all at once on a run's start).
 
-It talks over the socket FD, a JSON object a line. Asked {"args", "argv", "env", "cwd", "log"}, it forks a
-child that runs `psrv ARGS` (psrv.cli.main) in a session of its own, its environment ENV, its output to LOG,
+It talks over the socket FD, a JSON object a line. Asked {"module", "args", "argv", "env", "cwd", "log"}, it
+forks a child that runs `python -m MODULE ARGS` (`psrv ARGS`, psrv.cli.main, or an all-reduce rank,
+psrv.workers.allreduce; FORKABLE) in a session of its own, its environment ENV, its output to LOG,
 as `python -m psrv.cli ARGS` would, its process title ARGV (what ps shows: the command it stands for), and
 answers {"started": PID}. Every child's end is sent as {"exited":
 PID, "code": its return code as subprocess gives it (-N: killed by signal N)}. A child gets SIGTERM when
@@ -29,7 +30,8 @@ import traceback
 from pathlib import Path
 
 _PRELOAD = ("torch", "setproctitle", "psrv.server.run", "psrv.workers.loop", "psrv.workers.jobs", "psrv.cli.main",
-            "psrv.cli.serve", "psrv.cli.worker")  # no job imports sklearn (digits reads its CSV: workers/jobs/digits.py)
+            "psrv.cli.serve", "psrv.cli.worker",  # no job imports sklearn (digits reads its CSV: workers/jobs/digits.py)
+            "psrv.workers.allreduce.main", "psrv.workers.allreduce.loop")
 
 
 def _threads() -> int:
@@ -67,9 +69,19 @@ def _child(request: dict, sock: socket.socket, parent: int) -> None:
         if threads.isdigit() and int(threads) > 0:
             import torch
             torch.set_num_threads(int(threads))  # read once, at torch's import, in this server's environment
-        sys.argv = [str(Path(__file__).with_name("__main__.py")), *request["args"]]  # as `python -m psrv.cli`
-        from psrv.cli.main import main
-        code = main(request["args"])
+        from psrv.experiments.launcher.forkserver import FORKABLE
+        module = request.get("module", "psrv.cli")
+        if module not in FORKABLE:
+            raise ValueError(f"the fork server runs {', '.join(FORKABLE)}; asked for {module!r}")
+        if module == "psrv.cli":
+            sys.argv = [str(Path(__file__).with_name("__main__.py")), *request["args"]]  # as `python -m psrv.cli`
+            from psrv.cli.main import main
+            code = main(request["args"])
+        else:  # as `python -m MODULE ARGS`: its __main__ (psrv.workers.allreduce's ends in os._exit)
+            import runpy
+            sys.argv = [module, *request["args"]]  # runpy puts the file in argv[0]
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+            code = 0
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
     except KeyboardInterrupt:

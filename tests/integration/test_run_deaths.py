@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from psrv.step_beacon import read_beacon
 from tests.conformance.job import NAN_STEP
 from tests.helpers import ROOT, psrv_argv
 from tests.integration.test_interrupts import _children
@@ -198,16 +199,15 @@ def test_a_shipped_worker_stopped_by_a_shards_refusal_keeps_its_steps_in_the_sum
 
 
 def _rank_pid(run: Run, rank: int) -> int:
-    """The all-reduce rank `rank`'s PID: the ranks share one command line, each has its RANK."""
-    for child in _children(run.proc.pid, forkserver=True):
-        try:
-            env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
-        except FileNotFoundError:
-            continue
-        run.seen.add(child)
-        if f"RANK={rank}".encode() in env:
-            return child
-    raise AssertionError(f"no rank {rank} among psrv run's children")
+    """The all-reduce rank `rank`'s PID: the ranks share one command line, and a rank forked from the run's fork
+    server shows the fork server's environment in /proc, so the PID is the one its step beacon names
+    (experiments/launcher/stall.py), checked to be one of psrv run's processes."""
+    beacon = read_beacon(run.out / f"worker-{rank}.beat")
+    children = _children(run.proc.pid, forkserver=True)
+    run.seen.update(children)
+    if beacon is None or beacon.pid not in children:
+        raise AssertionError(f"no rank {rank} among psrv run's children ({beacon}; {sorted(children)})")
+    return beacon.pid
 
 
 @pytest.mark.timeout(90)
