@@ -4,11 +4,12 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 TORCH   ?= torch==2.13.0
 STAMP   := $(VENV)/.installed
-# Test processes: most of the suite's time is psrv processes starting (each imports torch), so two
-# pytest workers keep both of CI's two cores busy; a test file stays on one (its module fixtures), and the longest
-# files go out first (tests/file_durations.py; --no-loadscope-reorder keeps that order). TEST_JOBS=0 runs them in
-# this process.
-TEST_JOBS ?= 2
+# Test processes: one more pytest worker than cores (3 on CI's 2), since a good part of each worker's time is
+# waiting (a run's processes starting, fault timeouts, emulated compute): on 2 quiet cores the suite took 749 s
+# in 3 workers against 894 s in 2 (docs/architecture.md, "The test suite"). A test file stays on one worker (its
+# module fixtures), and the longest files go out first (tests/file_durations.py; --no-loadscope-reorder keeps
+# that order). TEST_JOBS=0 runs them in this process.
+TEST_JOBS ?= $(shell echo $$(( $$(nproc) + 1 )))
 
 .PHONY: run test bench bench-smoke chaos gpu-check gpu-prepare mutants setup clean
 
