@@ -100,6 +100,8 @@ def serve(fd: int) -> int:
             __import__(name)
         except ImportError:
             pass
+    from psrv.cli.main import build_parser
+    build_parser()  # the config sections' field types resolved once, here, not in every child's parse
     me = os.getpid()
     from setproctitle import getproctitle, setproctitle
     setproctitle(getproctitle())  # set up here, where the environment is still the one it started with

@@ -74,7 +74,7 @@ def leaf_setting(f: dataclasses.Field) -> Setting | None:
 
 
 @functools.cache
-def _hints(cls: type) -> dict[str, Any]:
+def field_types(cls: type) -> dict[str, Any]:
     """A section's field types, resolved once per class (its annotations are strings)."""
     return typing.get_type_hints(cls)
 
@@ -138,7 +138,7 @@ class Section:
     """Checks each leaf (type, choices, bounds, its own check), then the section's `validate()`."""
 
     def __post_init__(self) -> None:
-        hints = _hints(type(self))
+        hints = field_types(type(self))
         for f in fields(self):  # type: ignore[arg-type]
             value = getattr(self, f.name)
             s = leaf_setting(f)
@@ -167,7 +167,7 @@ def from_dict(cls: type, data: Mapping[str, Any], *, where: str = "") -> Any:
     dotted key (and a "did you mean" for a near miss)."""
     if not isinstance(data, Mapping):
         raise ConfigError(where, f"must be a table; got {data!r}")
-    hints = _hints(cls)
+    hints = field_types(cls)
     known = {f.name: f for f in fields(cls) if f.init}
     kwargs = {}
     for key, value in data.items():
@@ -217,7 +217,7 @@ def merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
 
 def leaves(cls: type, prefix: str = "") -> list[tuple[str, dataclasses.Field, Setting]]:
     """Every (dotted key, field, setting) of section `cls`, depth first, in declaration order."""
-    hints = _hints(cls)
+    hints = field_types(cls)
     out = []
     for f in fields(cls):
         key = f"{prefix}{f.name}"

@@ -11,7 +11,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from psrv.config.base import ConfigError, _plain_type, default_of, from_dict, leaves, merge
+from psrv.config.base import ConfigError, _plain_type, default_of, field_types, from_dict, leaves, merge
 
 PREFIX = "config:"  # argparse dests of generated options: PREFIX + dotted key
 
@@ -25,7 +25,7 @@ def _owner_doc(cls: type, key: str) -> str:
     """The first docstring line of the section a leaf belongs to (the --help group it is shown in)."""
     *path, name = key.split(".")
     for part in path:
-        cls, _ = _plain_type(typing.get_type_hints(cls)[part])
+        cls, _ = _plain_type(field_types(cls)[part])
     owner = next(c for c in cls.__mro__ if name in c.__dict__.get("__annotations__", {}))
     return (owner.__doc__ or owner.__name__).strip().splitlines()[0].rstrip(".")
 
@@ -66,8 +66,8 @@ def _int_or_text(value: str) -> int | str:
 def _leaf_hint(cls: type, key: str) -> Any:
     *path, name = key.split(".")
     for part in path:
-        cls, _ = _plain_type(typing.get_type_hints(cls)[part])
-    return typing.get_type_hints(cls)[name]
+        cls, _ = _plain_type(field_types(cls)[part])
+    return field_types(cls)[name]
 
 
 def given(ns: argparse.Namespace) -> dict[str, Any]:
