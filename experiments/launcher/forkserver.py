@@ -1,9 +1,9 @@
-"""A local run's psrv processes forked from one that has imported torch already (psrv/cli/forkserver.py),
-instead of each starting Python and importing torch itself: on 2 cores a run's six processes importing
-torch at once took seconds of the run's start. experiments/launcher/cluster.py starts its `python -P -m psrv.cli`
-processes and the all-reduce baselines' ranks (`python -P -m psrv.workers.allreduce`) through it when it can (not on emulated hosts, not under a scheduler, not a user's script, which
-runs as its own `python FILE.py`), and each is a ForkedProcess: subprocess.Popen's poll, wait, returncode,
-send_signal and kill, which the launcher uses.
+"""A local run's psrv processes forked from one that has imported torch already (psrv/cli/forkserver.py), instead of
+each starting Python and importing torch itself: on 2 cores a run's six processes importing torch at once took
+seconds of the run's start. experiments/launcher/cluster.py starts its `python -P -m psrv.cli` processes and the
+all-reduce baselines' ranks (`python -P -m psrv.workers.allreduce`) through it when it can (not on emulated hosts,
+not under a scheduler, not a user's script, which runs as its own `python FILE.py`), and each is a ForkedProcess:
+subprocess.Popen's poll, wait, returncode, send_signal and kill, which the launcher uses.
 """
 from __future__ import annotations
 

@@ -30,7 +30,8 @@ import traceback
 from pathlib import Path
 
 _PRELOAD = ("torch", "setproctitle", "psrv.server.run", "psrv.workers.loop", "psrv.workers.jobs", "psrv.cli.main",
-            "psrv.cli.serve", "psrv.cli.worker",  # no job imports sklearn (digits reads its CSV: workers/jobs/digits.py)
+            # no job imports sklearn (digits reads its CSV: workers/jobs/digits.py)
+            "psrv.cli.serve", "psrv.cli.worker",
             "psrv.workers.allreduce.main", "psrv.workers.allreduce.loop")
 
 

@@ -271,7 +271,8 @@ def _init_group(backend: str, rank: int, world_size: int, timeout: float) -> Non
     elif world_size == 1:
         init_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=wait)
     else:
-        raise ValueError("psrv.AllReduceWorker: WORLD_SIZE > 1 under an all-reduce mode needs MASTER_ADDR and MASTER_PORT "
+        raise ValueError("psrv.AllReduceWorker: WORLD_SIZE > 1 under an all-reduce mode needs MASTER_ADDR and "
+                         "MASTER_PORT "
                          "(psrv run --script and torchrun set them)")
 
 

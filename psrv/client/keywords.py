@@ -73,7 +73,8 @@ def planes(shared_memory: str, bulk: str, curve_keys: str) -> dict:
 
 def allreduce_mode() -> str | None:
     """The all-reduce mode (ddp, fsdp, zero1) a run set in PSRV_MODE, under which psrv.make_worker is the
-    all-reduce worker (psrv/client/allreduce.py) and psrv.Worker is refused; None for a parameter-server mode or none set."""
+    all-reduce worker (psrv/client/allreduce.py) and psrv.Worker is refused; None for a parameter-server mode or
+    none set."""
     mode = os.environ.get("PSRV_MODE", "").strip()
     return mode if mode in ALLREDUCE_MODES else None
 

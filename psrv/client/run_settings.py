@@ -63,16 +63,17 @@ def run_config_from_env() -> RunConfig | None:
 
 
 class TakesRunSettings(type):
-    """psrv.Worker's metaclass. psrv.Worker(model, ...) under an all-reduce mode (PSRV_MODE ddp or zero1) is
-    refused in one line that names psrv.make_worker (psrv/client/make.py). With PSRV_CONFIG set, it is called with the run's keywords (run_keywords)
-    where the call gives none, and the worker's `settings_overridden` names each keyword the call gave that
-    differs from the run's: {name: {"run": the config's value, "script": the one used}}, logged as a WARNING
-    and kept in its record."""
+    """psrv.Worker's metaclass. psrv.Worker(model, ...) under an all-reduce mode (PSRV_MODE ddp or zero1) is refused in
+    one line that names psrv.make_worker (psrv/client/make.py). With PSRV_CONFIG set, it is called with the
+    run's keywords (run_keywords) where the call gives none, and the worker's `settings_overridden` names each
+    keyword the call gave that differs from the run's: {name: {"run": the config's value, "script": the one
+    used}}, logged as a WARNING and kept in its record."""
 
     def __call__(cls, *args, **keywords):
         mode = allreduce_mode()
         if mode is not None:
-            raise ValueError(f"psrv.Worker is the parameter-server worker, and this run all-reduces (PSRV_MODE={mode}): "
+            raise ValueError(f"psrv.Worker is the parameter-server worker, and this run all-reduces "
+                             f"(PSRV_MODE={mode}): "
                              "call psrv.make_worker(model), which is psrv.AllReduceWorker there and psrv.Worker "
                              "in a parameter-server mode")
         config = run_config_from_env()

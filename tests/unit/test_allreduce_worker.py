@@ -1,7 +1,8 @@
 """psrv.make_worker under an all-reduce run (PSRV_MODE ddp or zero1, PSRV_CONFIG the run's config.json) is the
-all-reduce worker (psrv/client/allreduce.py), and psrv.Worker itself is refused there. Here one rank in this process (a world of one needs no
-rendezvous): it steps the run's optimizer, clip and schedule, writes its record, tears down the group it
-made, and refuses in one line what it cannot do. The ranks together: tests/integration/test_script_allreduce.py."""
+all-reduce worker (psrv/client/allreduce.py), and psrv.Worker itself is refused there. Here one rank in this process
+(a world of one needs no rendezvous): it steps the run's optimizer, clip and schedule, writes its record, tears down
+the group it made, and refuses in one line what it cannot do. The ranks together:
+tests/integration/test_script_allreduce.py."""
 import json
 import os
 import subprocess
@@ -135,7 +136,8 @@ def test_no_gloo_thread_outlives_the_group_in_a_fresh_interpreter(tmp_path):
                           text=True, timeout=120, cwd=ROOT, env={**env, "RANK": "0", "WORLD_SIZE": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     left = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert left == {f"{where} {mode}": [] for mode in ("ddp", "zero1") for where in ("psrv.make_worker", "shipped loop")}
+    assert left == {f"{where} {mode}": [] for mode in ("ddp", "zero1")
+                    for where in ("psrv.make_worker", "shipped loop")}
 
 
 @pytest.mark.parametrize("setup, keywords, says", [
