@@ -121,7 +121,7 @@ def read_verified(path: Path) -> dict:
 class Checkpointer:
     """One shard's checkpoint file: when it is due (every `every` seconds, if a directory is set),
     writing and reading it, and what the last write held. write() may run on another thread than
-    due() and begin() (psrv/server/checkpointing.py writes off the shard's loop)."""
+    due() and begin() (psrv/server/checkpoints/writer.py writes off the shard's loop)."""
 
     def __init__(self, directory: str, *, shard: int, num_shards: int, every: float, now: Callable[[], float]):
         self.directory, self.every, self.now = directory, every, now

@@ -1,7 +1,7 @@
 """How a push is cut into chunks, the same on both sides (a chunk's header says only [i, n]).
 
 The worker's client cuts a dense push over its size limit (psrv/client/psclient.py); the shard applies the
-chunks as they arrive (psrv/server/chunked.py). Chunks start at multiples of ALIGN elements: torch's
+chunks as they arrive (psrv/server/pushes/chunked.py). Chunks start at multiples of ALIGN elements: torch's
 vectorised kernels then treat every element as they would in the whole tensor (an unaligned cut
 moves elements between the vector loop and its scalar tail, whose rounding differs in the last bit).
 """

@@ -17,7 +17,7 @@ STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)  # unit: shard ver
 LR_SCALE_BUCKETS = (1 / 64, 1 / 32, 1 / 16, 1 / 12, 1 / 8, 1 / 6, 1 / 4, 1 / 3, 1 / 2, 1.0)  # 1/staleness
 LATENCY_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1,
                    0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-DROP_REASONS = ("late", "duplicate", "invalid", "partial")  # each emitted by psrv/server/stats.py
+DROP_REASONS = ("late", "duplicate", "invalid", "partial")  # each emitted by psrv/server/counters.py
 
 
 class _Spec(NamedTuple):

@@ -31,7 +31,7 @@ def wait_for(what, timeout: float = 20.0) -> None:
 
 
 def following(server: psrv.Server) -> bool:
-    follower = server.service.follower
+    follower = server.service.replication.follower
     return follower is not None and follower.following
 
 

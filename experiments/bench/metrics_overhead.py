@@ -62,7 +62,7 @@ def instrument_costs(*, workers: int, repeats: int = 20000) -> dict:
     from prometheus_client import CollectorRegistry, generate_latest
 
     from psrv.metrics import ServerMetrics, WorkerMetrics
-    from psrv.server.stats import ShardStats
+    from psrv.server.counters import ShardStats
     row = {"compute_seconds": 0.01, "communication_seconds": 0.002, "wait_seconds": 0.0, "batch_size": 32,
            "loss": 0.5, "staleness": 1}
     wm = WorkerMetrics(CollectorRegistry(), worker=0, mode="async")

@@ -110,7 +110,7 @@ class WorkerRestarts:
         for kept in (f"{name}.log", f"{name}.progress", f"{name}.json"):
             if (self.out / kept).exists():
                 (self.out / kept).rename(self.out / f"{kept}.{lives + 1}")
-        env = {"PSRV_PREDECESSOR_DEAD": "1"}  # the shards hand it the rank at once (psrv/server/identity.py)
+        env = {"PSRV_PREDECESSOR_DEAD": "1"}  # the shards hand it the rank at once (psrv/server/membership/identity.py)
         if self.replicated:
             _to_primaries(self.out, list(old.args), self.replicated)
             env["PSRV_REPLICAS"] = json.dumps(_replicas(self.out, self.replicated))  # where to go if that one dies

@@ -15,7 +15,7 @@ reply 130 against 53 ms, here). A caller from Python times what its own process'
   clock's sum (Decoded.add_into, as psrv/server/shard.py accumulates); a dense or cast push: nothing (its add is
   dense sync's own work, which no variant is charged);
 - a shard's reply with `compress_pull`: PullCopies.answer (or answer_fragment), the encode of the change since
-  the worker's copy and the update of its mirror (psrv/server/pulls.py), one per worker;
+  the worker's copy and the update of its mirror (psrv/server/pulls/copies.py), one per worker;
 - a worker's reply: PullView.take (or take_fragment), the decode into its copy (psrv/client/pull_view.py).
 
 One pull in `pull_resync` is dense and charged nothing (a copy); streaming DiLoCo's costs are the average over
@@ -140,7 +140,7 @@ def pull_view(worker, plan: PartitionPlan):
 
 def greeted(view, s: int, weights: torch.Tensor, size: int):
     """Shard s's PullCopies with worker 0 greeted and its first (dense) pull answered: (copies, that reply)."""
-    from psrv.server.pulls import PullCopies
+    from psrv.server.pulls.copies import PullCopies
     copies = PullCopies(s)
     copies.greet(0, copies.check(0, view.hello_fields(s), size))
     fields, tensor, _, _ = copies.answer(0, weights.clone(), have=0, final=False)

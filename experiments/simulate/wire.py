@@ -11,7 +11,7 @@ the shard's size, once per shard when the model is built, and weighed as the sum
 - streaming DiLoCo (`fragments` F, `outer_dtype`): a push of one fragment, as `outer_dtype` encodes it, and
   its reply, that fragment's weights in float32, or with `compress_pull` the average pull of the fragment
   (one dense in `pull_resync` of its own pulls, the others its compressed change, small tensors exact as the
-  shard sends them, psrv/server/pulls.py); the fragments differ in size, so each message is the average over
+  shard sends them, psrv/server/pulls/copies.py); the fragments differ in size, so each message is the average over
   the F fragments (a push every H/F steps, experiments/simulate/run.py)."""
 from __future__ import annotations
 
@@ -113,7 +113,7 @@ def _streaming(worker, plan: PartitionPlan, vector: torch.Tensor) -> WireBytes:
 
 def _fragment_reply(worker, plan: PartitionPlan, frags, f: int, s: int, weights: torch.Tensor) -> float:
     """The average reply to a pull of fragment f from shard s (`weights`: its piece there)."""
-    from psrv.server.pulls import within
+    from psrv.server.pulls.copies import within
     dense = float(frame_bytes(Message(MsgType.WEIGHTS, tensor=weights)))
     if not worker.compress_pull or not weights.numel():  # a fragment with no piece here: answered dense, empty
         return dense

@@ -385,7 +385,7 @@ class PSClient(PushMessages):
                      gap=max((f.get("gap", 0) for f in fields), default=0), fields=fields)
 
     def _warn_late(self, pushes: list[dict]) -> None:
-        """Say once why a shard keeps dropping our pushes as late (see psrv/server/late.py)."""
+        """Say once why a shard keeps dropping our pushes as late (see psrv/server/pushes/late.py)."""
         for s, p in enumerate(pushes):
             late = p.get("late")
             if isinstance(late, dict) and late.get("streak", 0) >= 3 and not self._warned_late:

@@ -1,4 +1,4 @@
-"""The worker's side of compressed pulls (`compress_pull`; psrv/codecs/pull.py, psrv/server/pulls.py): its
+"""The worker's side of compressed pulls (`compress_pull`; psrv/codecs/pull.py, psrv/server/pulls/copies.py): its
 copy of the weights, which each shard's reply brings up to date, dense or by a compressed change.
 
 The copy is a float32 buffer of the model's size beside the model (local steps move the model's weights

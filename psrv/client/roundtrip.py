@@ -63,7 +63,7 @@ class WireBytes:
 def in_chunks(msg: Message, chunk_bytes: int) -> list[Message]:
     """A dense push or INIT as the messages it goes in: itself, or where the shards take chunks (`chunk_bytes`
     > 0: PSClient.push_chunk_bytes, once every shard's WELCOME said `chunks`) and its tensor is over
-    chunk_bytes, its chunks (psrv/server/chunked.py), each a view of the tensor."""
+    chunk_bytes, its chunks (psrv/server/pushes/chunked.py), each a view of the tensor."""
     t = msg.tensor
     if not chunk_bytes or t is None or msg.parts is not None or "fragment" in msg.fields:  # a fragment goes whole
         return [msg]
@@ -96,7 +96,7 @@ class RoundTrip:
             m.seq = seq
         self.msgs = msgs
         # encoded when sent (the tensor may still be filling): one frame list per message, several for a
-        # push sent in chunks (psrv/server/chunked.py)
+        # push sent in chunks (psrv/server/pushes/chunked.py)
         self.frames: list[list[list] | None] = [None] * len(msgs)
         self.kind = msgs[0].type.name
         self.pushing = msgs[0].type in (MsgType.PUSH, MsgType.PUSH_PULL)

@@ -18,7 +18,7 @@ for the wire (bfloat16, or int8 / fp4 with a float32 scale per 1024 elements, ps
 feedback); the servers dequantise and average in float32.
 
 Under compressed pulls (`compress_pull`, psrv/client/pull_view.py) θ'_global,f comes as the compressed change
-of f's weights since this worker's copy of them, with the residual kept on each shard (psrv/server/pulls.py):
+of f's weights since this worker's copy of them, with the residual kept on each shard (psrv/server/pulls/copies.py):
 θ'_global,f is then f's part of the copy, brought up to date.
 
 A model with NaN or Inf at a fragment push (an inner step on a non-finite gradient) pushes that fragment

@@ -10,7 +10,7 @@ when that fragment is synced, never on another's clock. A step gathers the fragm
 Shard, steps it with the push (async, ssp: `apply`; sync: the clock's mean, `apply_accumulated`) and
 scatters them back; the shard's version counts every fragment step. The reply of a push_pull carries the
 fragment's weights only (`weights`), or under compressed pulls their compressed change since the worker's
-copy of them (psrv/server/pulls.py `answer_fragment`), so a fragment push and its pull each move 1/F of the
+copy of them (psrv/server/pulls/copies.py `answer_fragment`), so a fragment push and its pull each move 1/F of the
 model.
 
 A fragment may have no piece in a shard: that shard gets an empty push, stepped as an empty update so its
@@ -20,7 +20,7 @@ then treats it as non-finite (--nonfinite), an empty or finite piece too.
 
 Every push of a sync clock must carry the same fragment (the workers sync them in one order); a push of
 another fragment, or a whole push, into a clock open with a fragment is refused, NOT_ALLOWED. The
-per-fragment optimizer states are in the shard's state (`state_dict`, psrv/server/snapshot.py), so a checkpoint
+per-fragment optimizer states are in the shard's state (`state_dict`, checkpoints/snapshot.py), so a checkpoint
 holds them (a --resume goes on with each fragment's lr schedule) and a backup that joins gets them, so a
 failover loses none.
 """

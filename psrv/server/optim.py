@@ -64,7 +64,7 @@ class FlatOptimizer:
                        dampening=0.0, nesterov=False, maximize=False)
 
     def step_slice(self, grad: torch.Tensor, lo: int, hi: int) -> None:
-        """The step of one push on the elements [lo, hi) only (a chunked push, psrv/server/chunked.py):
+        """The step of one push on the elements [lo, hi) only (a chunked push, psrv/server/pushes/chunked.py):
         torch.optim's same functions on views of the parameter and its state, element by element the
         math `step` does. The step count is the push's: every slice of a push sees the same count,
         and `end_slices()` advances it once the push is whole. sgd and adam/adamw only."""

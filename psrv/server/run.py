@@ -160,7 +160,7 @@ def serve(cfg: ServerConfig, *, metrics_port: int | None = None, metrics_file: P
     """
     with Server(cfg, metrics_port=metrics_port, metrics_file=metrics_file, metrics_host=metrics_host,
                 metrics_linger=metrics_linger, history=history, faults=faults) as server:
-        follower = server.service.follower
+        follower = server.service.replication.follower
         if ready_file is not None and follower is not None:  # a backup is ready once it follows its primary: a
             address = server.address                         # launcher starting workers after it, they hear of it
             follower.on_following = lambda: write_text(ready_file, address)

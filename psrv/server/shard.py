@@ -64,7 +64,7 @@ class Shard:
         """One chunk of a push (elements [lo, hi) of this shard): the update rule's prepare and the
         optimizer's step on those elements only, at the lr of this update; `end_slices()` once the push
         is whole counts it (version, optimizer step). Rules and optimizers that take chunks only
-        (psrv/server/chunked.py takes_chunks: their math is element by element, from the push's context)."""
+        (psrv/server/pushes/chunked.py takes_chunks: their math is element by element, from the push's context)."""
         if grad.dtype != torch.float32 or grad.device != self.device:
             grad = self._scratch()[lo:hi].copy_(grad)
         grad, scale = self.rule.prepare(grad, ctx, self.param.data[lo:hi], lambda: self._scratch()[lo:hi])

@@ -12,7 +12,6 @@ from psrv.config import OptimConfig, ServerConfig
 from psrv.protocol import ErrorCode, Message, ProtocolError
 from psrv.partition import shard_range
 from psrv.server import onebit_adam, velocity
-from psrv.server.plans import Model
 
 WIRE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -43,20 +42,6 @@ def hello(cfg: ServerConfig, msg: Message) -> tuple[str, int]:
         raise ProtocolError(ErrorCode.TOO_LARGE, f"a shard of {hi - lo} floats exceeds the server's "
                             f"--max-message-bytes {cfg.max_message_bytes}")
     return plan_hash, hi - lo
-
-
-def model(msg: Message) -> Model:
-    """What a HELLO (already checked by hello()) says of its worker's model, for psrv/server/plans.py:
-    the plan's hash, the parameter count, and `layout` ([[name, [dims...]], ...]) where it was sent."""
-    f = msg.fields
-    layout = f.get("layout")
-    if layout is None:
-        return Model(f["plan_hash"], f["total"])
-    if not (isinstance(layout, list) and all(
-            isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) and isinstance(e[1], list)
-            and all(type(d) is int and d >= 0 for d in e[1]) for e in layout)):
-        raise ProtocolError(ErrorCode.MALFORMED, "HELLO's layout must be [[name, [dims...]], ...]")
-    return Model(f["plan_hash"], f["total"], tuple((name, tuple(dims)) for name, dims in layout))
 
 
 def tensor(msg: Message, size: int) -> torch.Tensor:

@@ -37,7 +37,7 @@ class ServerTransport(abc.ABC):
 
     def link(self, address: str) -> "ClientTransport":
         """A line from this shard to another replica of it at `address`, for the replication stream
-        (psrv/server/replicas.py, follower.py): a client transport whose one peer, shard 0, is that replica,
+        (psrv/server/replication/primary.py, follower.py): a client transport whose one peer, shard 0, is that replica,
         answering on its own server transport. A transport that cannot says so."""
         raise NotImplementedError(f"{type(self).__name__} cannot link replicas of a shard")
 
@@ -87,7 +87,7 @@ class ClientTransport(abc.ABC):
         return []
 
     def redirect(self, shard: int, address: str) -> None:
-        """Talk to `shard` at `address` from now on (another replica of it: psrv/server/replicas.py), on a
+        """Talk to `shard` at `address` from now on (another replica of it: psrv/server/replication/primary.py), on a
         fresh connection. A transport that cannot says so."""
         raise NotImplementedError(f"{type(self).__name__} cannot move a shard to another address")
 

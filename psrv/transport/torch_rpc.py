@@ -131,7 +131,7 @@ class RpcServer(ServerTransport):
         self._joined = True
 
     def link(self, address: str) -> ClientTransport:
-        """A line to another replica of this shard (the replication stream, psrv/server/replicas.py), over
+        """A line to another replica of this shard (the replication stream, psrv/server/replication/primary.py), over
         this process's place in the RPC world."""
         return RpcLink(member_of(address))
 

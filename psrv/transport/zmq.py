@@ -46,7 +46,7 @@ class ZmqServer(ServerTransport):
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 0)  # replies to vanished peers are dropped
         # A few messages queued per peer, then zmq stops reading its connection until the shard takes one:
-        # a push in chunks (psrv/server/chunked.py) then holds a few chunks here, not all of them
+        # a push in chunks (psrv/server/pushes/chunked.py) then holds a few chunks here, not all of them
         self._sock.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE)
         if max_message_bytes > 0:  # a bigger message drops the sender's connection unread
             self._sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)

@@ -173,8 +173,8 @@ def start_backups(cfg: RunConfig, servers: list[Server], witness: str, hooks: Ho
         deadline = time.monotonic() + TIMEOUT
         for b in backups:
             primary = servers[b.cfg.shard]
-            while not (b.service.follower is not None and b.service.follower.following
-                       and b.address in primary.service.replicas.addresses[1:]):
+            while not (b.service.replication.follower is not None and b.service.replication.follower.following
+                       and b.address in primary.service.replication.replicas.addresses[1:]):
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"the backup of shard {b.cfg.shard} never followed {primary.address}")
                 time.sleep(0.01)
@@ -189,7 +189,7 @@ def _state(server: Server) -> dict:
     """A shard's whole state: its state_dict, the workers' compressed-pull copies and the per-fragment outer
     optimizers beside it."""
     service = server.service
-    return {**service.state_dict(), "pulls": service.pulls.state_dict(), "fragments": service.fragments.state_dict()}
+    return {**service.state_dict(), "pulls": service.pulls.copies.state_dict(), "fragments": service.state.fragments.state_dict()}
 
 
 def run(cfg: RunConfig, *, nan: bool, hooks: Hooks | None = None) -> Outcome:

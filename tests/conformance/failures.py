@@ -64,7 +64,7 @@ def state_of(server: Server) -> dict:
     """A shard's whole state, as cluster.py compares a backup's with its primary's: its state_dict, the workers'
     compressed-pull copies and the per-fragment outer optimizers."""
     s = server.service
-    return {**s.state_dict(), "pulls": s.pulls.state_dict(), "fragments": s.fragments.state_dict()}
+    return {**s.state_dict(), "pulls": s.pulls.copies.state_dict(), "fragments": s.state.fragments.state_dict()}
 
 
 class Watch(Hooks):
@@ -165,13 +165,13 @@ class KillPrimary(Watch):
 
     def _record(self, service, msg) -> Death:
         arrived = sorted(getattr(service.controller, "arrived", ()))
-        half = sum(p.applied for p in service.chunks.open.values())
+        half = sum(p.applied for p in service.pushes.chunks.open.values())
         chunks = msg.fields.get("chunk", [0, 1])[1]
         return Death(self.push, msg.worker, msg.seq, self.chunk, chunks, service.shard.version, arrived, half)
 
     def took_over(self) -> Server:
         """The backup that serves the shard now."""
-        took = [b for b in self.backups if b.cfg.shard == self.shard and b.service.follower is None]
+        took = [b for b in self.backups if b.cfg.shard == self.shard and b.service.replication.follower is None]
         assert len(took) == 1, f"shard {self.shard}: {len(took)} backups took over"
         return took[0]
 
@@ -204,7 +204,7 @@ class JoinBackup(AtStep):
                                             witness=self.witness_dir)).start()
         self.backups.append(backup)  # stopped and recorded at the end, like the others
         deadline = time.monotonic() + TIMEOUT
-        while not (backup.service.follower.following and backup.address in primary.service.replicas.addresses[1:]):
+        while not (backup.service.replication.follower.following and backup.address in primary.service.replication.replicas.addresses[1:]):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the backup of shard {self.shard} never followed {primary.address}")
             time.sleep(0.01)

@@ -1,5 +1,5 @@
 """What no case of the matrix can show about the sparse codecs, found by `make mutants`: a compressed pull with
-exact (dense) ranges has its top-k or random-k choose among the other positions only (psrv/server/pulls.py
+exact (dense) ranges has its top-k or random-k choose among the other positions only (psrv/server/pulls/copies.py
 `among`), and the matrix's job has no such range. The reference: the k = ceil(ratio n) largest magnitudes
 among those positions, picked here by sorting in Python."""
 import math

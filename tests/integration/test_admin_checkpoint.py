@@ -28,7 +28,7 @@ def tick_until_answered(svc, seq: int, timeout: float = 30.0) -> Message:
     deadline = time.monotonic() + timeout
     while not answers(svc, seq):
         assert time.monotonic() < deadline, f"CHECKPOINT {seq} was not answered in {timeout} s"
-        svc.answer_admin_checkpoints()
+        svc.checkpoints.answer_admin()
         time.sleep(0.02)
     (reply,) = answers(svc, seq)
     return reply
@@ -45,9 +45,9 @@ def test_a_checkpoint_request_is_written_off_the_loop_and_answered_when_on_disk(
     started = time.perf_counter()
     ask(svc, 100)
     asked = time.perf_counter() - started
-    assert not answers(svc, 100) and svc.writer.writing, "the request's write runs from a thread, not the loop"
+    assert not answers(svc, 100) and svc.checkpoints.writer.writing, "the request's write runs from a thread, not the loop"
     latencies = [push(svc, seq, 2.0) for seq in range(6, 12)]  # answered while it writes
-    assert svc.writer.writing and not answers(svc, 100), "the write ended before the pushes: pace it slower"
+    assert svc.checkpoints.writer.writing and not answers(svc, 100), "the write ended before the pushes: pace it slower"
 
     ask(svc, 101)  # while 100's write is in flight: 101 must get a write taken after it asked (version 9)
     reply = tick_until_answered(svc, 100)
@@ -68,7 +68,7 @@ def test_a_request_still_waiting_at_the_end_gets_the_final_checkpoint_and_a_fail
     svc = async_shard(tmp_path)
     svc.transport.authenticated = True
     push(svc, 3, 1.0)
-    assert svc.start_checkpoint()  # a periodic write in flight: the request waits behind it
+    assert svc.checkpoints.start()  # a periodic write in flight: the request waits behind it
     ask(svc, 200)
     svc.handle(b"admin", encode(Message(MsgType.SHUTDOWN, seq=201)))
     summary = svc.serve(poll_interval=0.01)  # stopped: the final checkpoint answers 200
@@ -79,7 +79,7 @@ def test_a_request_still_waiting_at_the_end_gets_the_final_checkpoint_and_a_fail
     svc = async_shard(tmp_path / "second")
     svc.transport.authenticated = True
     (tmp_path / "a-file").write_text("")
-    svc.checkpoints.path = tmp_path / "a-file" / "shard.ckpt"  # a write that fails, even as root
+    svc.checkpoints.checkpointer.path = tmp_path / "a-file" / "shard.ckpt"  # a write that fails, even as root
     monkeypatch.delenv(PACE_ENV)
     ask(svc, 300)
     reply = tick_until_answered(svc, 300)

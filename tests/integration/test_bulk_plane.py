@@ -39,7 +39,7 @@ def shard():
     thread = threading.Thread(target=service.serve, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     yield transport, plane, service
-    service.stopped = True
+    service.state.stopped = True
     thread.join(10)
     transport.close()
     assert not thread.is_alive()

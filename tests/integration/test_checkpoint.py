@@ -129,19 +129,19 @@ def trained_service(tmp_path, plan="plan-a") -> ShardService:
 
 
 def save(svc: ShardService) -> None:
-    assert svc.save_checkpoint() is not None
+    assert svc.checkpoints.save() is not None
 
 
 @pytest.mark.timeout(60)
 def test_checkpoint_restores_everything(tmp_path):
     svc = trained_service(tmp_path)
-    svc.save_checkpoint()
+    svc.checkpoints.save()
     back = ShardService(config(tmp_path, resume=True), RecordingNet())
     assert torch.equal(back.shard.weights, svc.shard.weights) and back.shard.version == 3
     momentum = lambda s: s.shard.optimizer.state_dict()["state"][0]["momentum_buffer"]  # noqa: E731
     assert torch.equal(momentum(back), momentum(svc))
     assert back.controller.open_clock == 3 and back.controller.arrived == {0}
-    assert back.controller.clocks == svc.controller.clocks and back.plan_hash == "plan-a"
+    assert back.controller.clocks == svc.controller.clocks and back.state.plan_hash == "plan-a"
     # the dedup table came back: a re-sent push of clock 3 is not applied twice
     again = request(back, MsgType.PUSH, 0, seq=20, clock=3, tensor=torch.ones(SIZE))
     assert again.fields["duplicate"] and back.controller.arrived == {0}
@@ -154,7 +154,7 @@ def test_no_checkpoint_before_the_shard_has_weights(tmp_path):
     svc = ShardService(config(tmp_path), RecordingNet())
     request(svc, MsgType.HELLO, 0, fields={"plan_hash": "p", "total": SIZE, "num_shards": 1, "shard": 0,
                                            "world_size": 2})
-    assert svc.save_checkpoint() is None and not list(tmp_path.iterdir())
+    assert svc.checkpoints.save() is None and not list(tmp_path.iterdir())
 
 
 @pytest.mark.timeout(60)

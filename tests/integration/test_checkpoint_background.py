@@ -16,7 +16,7 @@ from psrv.checkpoint import PACE_ENV, checkpoint_path, read_verified
 from psrv.config import OptimConfig, ServerConfig
 from psrv.partition import ParamSpec, PartitionPlan
 from psrv.protocol import Message, MsgType, encode
-from psrv.server.checkpointing import detached
+from psrv.server.checkpoints.writer import detached
 from psrv.server.service import ShardService
 from psrv.client.admin import admin_request
 from tests.helpers import RecordingNet
@@ -87,12 +87,12 @@ def test_pushes_are_answered_while_a_checkpoint_is_written_and_it_holds_the_stat
     momentum = svc.shard.optimizer.state_dict()["state"][0]["momentum_buffer"].clone()
 
     started = time.perf_counter()
-    assert svc.start_checkpoint()
+    assert svc.checkpoints.start()
     copied = time.perf_counter() - started
-    assert svc.writer.writing and not svc.start_checkpoint()  # one write in flight, a second is not started
+    assert svc.checkpoints.writer.writing and not svc.checkpoints.start()  # one write in flight, a second is not started
     latencies = [push(svc, seq, 2.0) for seq in range(6, 16)]
-    assert svc.writer.writing, "the write ended before the pushes: pace it slower to test anything"
-    svc.writer.wait(30)
+    assert svc.checkpoints.writer.writing, "the write ended before the pushes: pace it slower to test anything"
+    svc.checkpoints.writer.wait(30)
     written = time.perf_counter() - started
     print(f"\ncopy on the loop {copied * 1e3:.1f} ms, write {written:.2f} s, push latency during it: "
           f"max {max(latencies) * 1e3:.1f} ms")
@@ -105,8 +105,8 @@ def test_pushes_are_answered_while_a_checkpoint_is_written_and_it_holds_the_stat
     assert svc.summary()["checkpoints"] == 1 and svc.summary()["checkpoint_version"] == 3
 
     push(svc, 16, 3.0)
-    assert svc.start_checkpoint() and svc.writer.writing  # version 14 in flight, then the final one at exit:
-    assert svc.save_checkpoint() is not None and not svc.writer.writing  # it waited for the one in flight
+    assert svc.checkpoints.start() and svc.checkpoints.writer.writing  # version 14 in flight, then the final one at exit:
+    assert svc.checkpoints.save() is not None and not svc.checkpoints.writer.writing  # it waited for the one in flight
     assert read_verified(checkpoint_path(tmp_path, shard=0, num_shards=1))["shard_state"]["version"] == 14
     assert svc.summary()["checkpoints"] == 3
 

@@ -47,7 +47,7 @@ def trained(tmp_path) -> ShardService:
 @pytest.mark.timeout(30)
 def test_resume_goes_on_with_each_fragments_schedule(tmp_path):
     svc = trained(tmp_path)
-    assert svc.save_checkpoint() is not None
+    assert svc.checkpoints.save() is not None
     back = ShardService(config(tmp_path, resume=True), RecordingNet())
     for s in (svc, back):  # the same two pushes, on and after the checkpoint
         push(s, 6, A)

@@ -62,7 +62,7 @@ def test_the_workers_copy_is_the_shards_mirror_and_the_run_ends_on_its_weights()
                 job.loss_of(job.model, next(batches)).backward()
                 ps.step()
             service = server.service
-            copy, mirror = ps._client.pull_view.copy, service.pulls.copies[0].ref
+            copy, mirror = ps._client.pull_view.copy, service.pulls.copies.copies[0].ref
             weights = service.shard.weights
             assert torch.equal(copy, mirror)  # so copy - weights is exactly the residual the shard keeps
             assert (copy - weights).abs().max() > 0  # the pulls were compressed: there is a residual

@@ -39,7 +39,7 @@ def shard(keys, tmp_path):
     thread = threading.Thread(target=svc.serve, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     yield svc
-    svc.stopped = True
+    svc.state.stopped = True
     thread.join(10)
     svc.transport.close()
 
@@ -75,7 +75,7 @@ def test_unknown_key_gets_nothing_through_and_changes_nothing(keys, shard):
         with ThreadPoolExecutor(2) as pool:
             for attempt in [pool.submit(intrude, keys_dir) for keys_dir in (other, None)]:
                 attempt.result(timeout=60)  # what failed in an intruder's thread fails the test here
-        assert not shard.stopped and shard.shard.version == 1 and shard.stats.pushes == 1
+        assert not shard.state.stopped and shard.shard.version == 1 and shard.state.stats.pushes == 1
         assert torch.equal(shard.shard.weights, before)
         out = torch.empty(PLAN.total)
         c.pull(clock=0, out=out)
@@ -95,7 +95,7 @@ def test_admin_messages_work_over_curve(keys, shard, tmp_path):
         assert admin_request(address, MsgType.STATS, curve_keys=str(good))["active"] == [0, 1]
         c.leave()  # before SHUTDOWN: a stopped shard answers no LEAVE, and the client waited out 5 s for it
         assert admin_request(address, MsgType.SHUTDOWN, curve_keys=str(good)) == {}
-        assert shard.stopped
+        assert shard.state.stopped
 
 
 @pytest.mark.timeout(180)

@@ -151,7 +151,7 @@ PLAN = PartitionPlan((ParamSpec("w", (40, 10)), ParamSpec("b", (10,))), 2)
 def train(mode: str, workers: int, steps: int, *, faulty: bool,
           chunk_mb: float = 0.0) -> tuple[torch.Tensor, list[dict], dict]:
     """In-process shards over real ZeroMQ; threads as workers pushing deterministic gradients (in
-    chunks of `chunk_mb` where the shards take them, psrv/server/chunked.py)."""
+    chunks of `chunk_mb` where the shards take them, psrv/server/pushes/chunked.py)."""
     services, threads = [], []
     for s in range(PLAN.num_shards):
         cfg = ServerConfig(shard=s, num_shards=2, workers=workers, mode=mode, worker_timeout=30,

@@ -327,7 +327,7 @@ def test_ten_thousand_fuzzed_messages(harness):
     pulled = harness.check(encode(Message(MsgType.PULL, worker=0, seq=TOP_SEQ)))
     assert pulled.type is MsgType.WEIGHTS and torch.equal(pulled.tensor, harness.svc.shard.weights)
     print(f"\nfuzz: {MESSAGES} messages in {time.monotonic() - started:.1f}s: {kinds}; "
-          f"errors answered {harness.svc.stats.errors}")
+          f"errors answered {harness.svc.state.stats.errors}")
 
 
 @pytest.mark.timeout(60)

@@ -1,4 +1,4 @@
-"""Fuzzing a live shard with chunked pushes (psrv/server/chunked.py): seeded chunks whose `chunk`
+"""Fuzzing a live shard with chunked pushes (psrv/server/pushes/chunked.py): seeded chunks whose `chunk`
 field, tensor or header is wrong, over real ZeroMQ. A chunk is part of one request (its push), which
 is answered once, at its last chunk: so a well-formed chunk that is not its push's last gets no reply,
 and every other gets exactly one, never an INTERNAL error. The shard keeps serving and its parameters

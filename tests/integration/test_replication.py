@@ -57,7 +57,7 @@ def test_a_backup_that_joins_while_workers_push_catches_up_from_the_state(pull, 
         threads = _run(primary.address, 2, steps=60, started=started, go=go, pull=pull, fragments=fragments)
         assert started.wait(60)  # worker 0 waits at its step 20, worker 1 in the barrier, its pull pending
         backup = _shard("sync", workers=2, backup_of=primary.address, witness=tmp_path)
-        _wait(lambda: primary.service.replicas.joining or primary.service.replicas.backups)
+        _wait(lambda: primary.service.replication.replicas.joining or primary.service.replication.replicas.backups)
         go.set()
         for t in threads:
             t.join(60)
@@ -65,9 +65,9 @@ def test_a_backup_that_joins_while_workers_push_catches_up_from_the_state(pull, 
         assert theirs["role"] == "backup" and 0 < theirs["version"] == ours["version"] == 60
         assert theirs["errors"] == ours["errors"] == 0, (theirs["errors"], ours["errors"])
         assert_same_state(primary.service.state_dict(), backup.service.state_dict())
-        assert_same_state(primary.service.pulls.state_dict(), backup.service.pulls.state_dict(), "pulls")
-        assert_same_state(primary.service.fragments.state_dict(), backup.service.fragments.state_dict(), "fragments")
-        assert len(primary.service.fragments.state_dict()["fragments"]) == (fragments if fragments > 1 else 0)
+        assert_same_state(primary.service.pulls.copies.state_dict(), backup.service.pulls.copies.state_dict(), "pulls")
+        assert_same_state(primary.service.state.fragments.state_dict(), backup.service.state.fragments.state_dict(), "fragments")
+        assert len(primary.service.state.fragments.state_dict()["fragments"]) == (fragments if fragments > 1 else 0)
     finally:
         for s in (primary, backup):
             if s is not None:
@@ -165,8 +165,8 @@ def test_a_paused_primary_is_replaced_and_fenced_when_it_comes_back(tmp_path):
     try:
         _wait(lambda: _following(backup))
         _stall(primary, 3.0)
-        _wait(lambda: backup.service.follower is None)
-        assert backup.service.replicas.epoch == 2 and not backup.service.replicas.fenced
+        _wait(lambda: backup.service.replication.follower is None)
+        assert backup.service.replication.replicas.epoch == 2 and not backup.service.replication.replicas.fenced
         ours = primary.join(20)
         assert ours["fenced"] and ours["role"] == "primary"
     finally:
@@ -225,7 +225,7 @@ def test_a_backup_announces_its_address_only_once_it_follows(tmp_path):
     try:
         _wait(lambda: backup_file.exists())
         assert _following(started[0]) and backup_file.read_text() == started[0].address
-        assert primary.service.replicas.addresses == [primary.address, started[0].address]
+        assert primary.service.replication.replicas.addresses == [primary.address, started[0].address]
     finally:
         started[0].stop()
         primary.stop()
@@ -243,7 +243,7 @@ def test_a_join_said_before_the_backup_was_added_changes_nothing(tmp_path):
     link = create_client("zmq", [primary.address])
     try:
         _wait(lambda: _following(backup))
-        replicas = primary.service.replicas
+        replicas = primary.service.replication.replicas
         epoch = replicas.epoch
         link.send(0, stream.frames_of("join", 0, address=backup.address))
         time.sleep(0.5)

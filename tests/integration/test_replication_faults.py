@@ -21,7 +21,7 @@ from tests.states import assert_same_state
 def _stall_before_op(server, *, op: int, seconds: float) -> list[float]:
     """The backup `server`'s loop stalls `seconds` when the primary's op number `op` reaches it, before it
     acknowledges it; the list returned gets the time it stalled."""
-    follower = server.service.follower
+    follower = server.service.replication.follower
     on_stream, stalled = follower.on_stream, []
 
     def late(peer, head, payload):
@@ -48,10 +48,10 @@ def test_a_backup_dropped_for_a_late_ack_joins_again_and_never_takes_over_a_live
         wait_for(lambda: following(backup))
         stalled = _stall_before_op(backup, op=12, seconds=1.0)
         threads = run_workers(primary.address, 2, started=started, go=go)
-        replicas = primary.service.replicas
+        replicas = primary.service.replication.replicas
         wait_for(lambda: stalled and started.is_set() and replicas.admitted >= 2 and replicas.backups
                  and following(backup))
-        assert len(primary.service.pending) > 0 or mode == "ssp"  # taken back with a pull waiting (sync: rank 1's)
+        assert len(primary.service.pulls.pending) > 0 or mode == "ssp"  # taken back with a pull waiting (sync: rank 1's)
         ours, theirs = finish(threads, go, primary, backup)
     finally:
         go.set()
@@ -73,15 +73,15 @@ def test_two_backups_of_a_dead_primary_elect_one_and_the_other_follows_it(tmp_pa
     backups = [shard("sync", workers=2, witness=tmp_path, backup_of=primary.address) for _ in range(2)]
     started, go = threading.Event(), threading.Event()
     try:
-        wait_for(lambda: all(following(b) for b in backups) and len(primary.service.replicas.backups) == 2)
+        wait_for(lambda: all(following(b) for b in backups) and len(primary.service.replication.replicas.backups) == 2)
         threads = run_workers(primary.address, 2, started=started, go=go)
         assert started.wait(60)
         stall(backups[0], 3.0)
         primary.stop()
         primary.join(30)
-        wait_for(lambda: len([b for b in backups if b.service.follower is None]) == 1  # one won the epoch ...
-                 and all(following(b) for b in backups if b.service.follower is not None)  # ... the other follows it
-                 and len(next(b for b in backups if b.service.follower is None).service.replicas.backups) == 1)
+        wait_for(lambda: len([b for b in backups if b.service.replication.follower is None]) == 1  # one won the epoch ...
+                 and all(following(b) for b in backups if b.service.replication.follower is not None)  # ... the other follows it
+                 and len(next(b for b in backups if b.service.replication.follower is None).service.replication.replicas.backups) == 1)
         records = finish(threads, go, *backups)
     finally:
         go.set()

@@ -1,7 +1,7 @@
 """A backup on its primary's host is sent the stream over shared memory (psrv/transport/zmq.py ZmqServer.link):
 each forwarded payload is copied into a slot of the primary's and read there in place by the backup, which the
 primary writes again once the backup's loop has moved on. Two workers push in chunks at once, so a chunk of
-one waits in the backup while the other's push is half applied (psrv/server/queued.py): the backup must keep
+one waits in the backup while the other's push is half applied (psrv/server/pushes/queued.py): the backup must keep
 its own copy of it, or its state parts from the primary's. Shards and workers are threads of this process."""
 from __future__ import annotations
 

@@ -106,7 +106,7 @@ def test_chunks_over_shared_memory_through_a_lossy_network_are_applied_once_and_
             client.pull(clock=len(grads), out=weights, final=True)
             client.leave()
     finally:
-        service.stopped = True
+        service.state.stopped = True
         thread.join(10)
         server.close()
     assert min(net.injected.values()) > 0, net.injected

@@ -44,14 +44,14 @@ def test_a_full_disk_fails_the_checkpoint_keeps_the_previous_one_and_the_shard_g
     svc.transport.authenticated = True
     path = checkpoint_path(small_disk, shard=0, num_shards=1)
     push(svc, 3, 1.0)
-    assert svc.save_checkpoint() == str(path)  # about 2 MiB of the 3
+    assert svc.checkpoints.save() == str(path)  # about 2 MiB of the 3
     first = read_verified(path)["shard_state"]
     assert first["version"] == 1
 
     push(svc, 4, 2.0)
     svc.handle(b"admin", encode(Message(MsgType.CHECKPOINT, seq=100)))  # a second 2 MiB beside it cannot fit
-    svc.writer.wait(30)
-    svc.answer_admin_checkpoints()
+    svc.checkpoints.writer.wait(30)
+    svc.checkpoints.answer_admin()
     (reply,) = [m for m in svc.transport.out if m.seq == 100]
     assert reply.type is MsgType.ERROR and "checkpoint failed; see the server's log" in reply.fields["message"]
     assert any("No space left on device" in r.getMessage() for r in caplog.records), "the log says why"

@@ -1,4 +1,4 @@
-"""A push applied chunk by chunk (psrv/server/chunked.py) is the push applied whole: torch.optim's
+"""A push applied chunk by chunk (psrv/server/pushes/chunked.py) is the push applied whole: torch.optim's
 math on views of the flat parameter and its state, element by element, the step count the push's."""
 from __future__ import annotations
 

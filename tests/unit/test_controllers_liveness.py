@@ -49,7 +49,7 @@ class Shard:
         n = len(self.net.out)
         msg = Message(mtype, worker=worker, seq=seq, clock=clock, fields=fields, tensor=tensor, session=session)
         self.svc.handle(peer or f"peer-{worker}".encode(), encode(msg))
-        self.svc.check_liveness()
+        self.svc.membership.check_liveness()
         return [m for _, m in self.net.out[n:]]
 
     def start(self, values=None):
@@ -63,7 +63,7 @@ class Shard:
         """Time passes with the shard idle: its loop looks every 0.1s."""
         for _ in range(round(seconds / 0.1)):
             self.t += 0.1
-            self.svc.check_liveness()
+            self.svc.membership.check_liveness()
 
     @property
     def weights(self):
@@ -88,7 +88,7 @@ def test_silent_worker_leaves_and_the_sync_barrier_stops_waiting():
     s.tick(1.5)                                    # worker 2 silent 3.5s > 3s
     answers = [m for _, m in s.net.out[n:]]
     assert [m.type for m in answers] == [MsgType.WEIGHTS, MsgType.WEIGHTS]
-    assert s.svc.controller.active == {0, 1} and s.svc.stats.lost_workers == [2]
+    assert s.svc.controller.active == {0, 1} and s.svc.state.stats.lost_workers == [2]
     assert s.svc.shard.version == 1 and torch.equal(s.weights, -g(1))
     assert s.svc.summary()["active"] == [0, 1]
 
@@ -101,7 +101,7 @@ def test_heartbeating_worker_with_a_pending_pull_is_still_judged_by_silence():
     s.tick(2.0)
     s.req(MsgType.HEARTBEAT, 0)
     s.tick(2.0)                                          # worker 1 (killed while waiting) is silent 4s
-    assert s.svc.controller.active == {0} and len(s.svc.pending) == 0
+    assert s.svc.controller.active == {0} and len(s.svc.pulls.pending) == 0
 
 
 def test_worker_without_heartbeats_is_kept_while_it_waits():
@@ -116,7 +116,7 @@ def test_worker_without_heartbeats_is_kept_while_it_waits():
 def test_time_the_shard_itself_was_busy_is_nobodys_silence():
     s = Shard(workers=2).start()
     s.t += 5.0                       # one 5s stall of the loop (say, a slow checkpoint)
-    s.svc.check_liveness()
+    s.svc.membership.check_liveness()
     assert s.svc.controller.active == {0, 1}
 
 
@@ -183,7 +183,7 @@ def test_backup_workers_commit_at_n_minus_b_and_drop_late_gradients():
     assert torch.equal(s.weights, -g(2))                  # the mean of the first N-b = 2
     (late,) = s.req(MsgType.PUSH_PULL, 2, clock=0, tensor=g(100))
     assert late.fields["push"]["dropped"] == "late" and late.fields["clock"] == 1
-    assert s.svc.stats.dropped["late"] == 1 and torch.equal(s.weights, -g(2))
+    assert s.svc.state.stats.dropped["late"] == 1 and torch.equal(s.weights, -g(2))
 
 
 def test_sync_controller_needed_counts():
@@ -200,7 +200,7 @@ def test_resent_push_is_answered_but_applied_once():
     (first,) = s.req(MsgType.PUSH, 0, seq=5, tensor=g(1))
     (again,) = s.req(MsgType.PUSH, 0, seq=5, tensor=g(1), peer=b"new-connection")
     assert first.fields["version"] == again.fields["version"] == 1 and again.fields["duplicate"]
-    assert s.svc.shard.version == 1 and s.svc.stats.duplicates == 1 and torch.equal(s.weights, -g(1))
+    assert s.svc.shard.version == 1 and s.svc.state.stats.duplicates == 1 and torch.equal(s.weights, -g(1))
 
 
 def test_resent_push_pull_still_gets_its_weights():
@@ -237,7 +237,7 @@ def test_nonfinite_gradients_never_reach_the_parameters(mode):
         assert reply.type is MsgType.OK and reply.fields["dropped"] == "nonfinite"
     inf = torch.full((SIZE,), 3e38)  # finite values whose sum overflows are still applied
     assert s.req(MsgType.PUSH, 0, tensor=inf)[0].type is MsgType.OK
-    assert s.svc.stats.dropped["invalid"] == 1 and s.svc.shard.version == 1
+    assert s.svc.state.stats.dropped["invalid"] == 1 and s.svc.shard.version == 1
 
 
 def test_nonfinite_initial_weights_are_refused():
@@ -252,13 +252,13 @@ def test_admin_needs_an_authenticated_transport(mtype, tmp_path):
     s = Shard(workers=1, mode="async", checkpoint_dir=str(tmp_path)).start()
     (reply,) = s.req(mtype)
     assert reply.type is MsgType.ERROR and reply.fields["code"] == ErrorCode.NOT_ALLOWED
-    assert not s.svc.stopped and not list(tmp_path.iterdir())
+    assert not s.svc.state.stopped and not list(tmp_path.iterdir())
     s = Shard(workers=1, mode="async", checkpoint_dir=str(tmp_path), authenticated=True).start()
     replies = s.req(mtype)
     if mtype is MsgType.CHECKPOINT:  # written off the loop, answered once on disk (as serve() does each poll)
         assert not replies
-        s.svc.writer.wait(30)
-        s.svc.answer_admin_checkpoints()
+        s.svc.checkpoints.writer.wait(30)
+        s.svc.checkpoints.answer_admin()
         replies = [m for _, m in s.net.out[-1:]]
     assert replies[0].type is MsgType.OK
 

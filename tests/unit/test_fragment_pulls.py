@@ -1,4 +1,4 @@
-"""Compressed pulls of streaming DiLoCo's fragments, both ends without a network (psrv/server/pulls.py
+"""Compressed pulls of streaming DiLoCo's fragments, both ends without a network (psrv/server/pulls/copies.py
 `answer_fragment`, psrv/client/pull_view.py `take_fragment`): a fragment pull brings only that fragment's part
 of the copy up to date, the shard's mirror and the worker's copy stay equal bit for bit, top-k at ratio 1 is
 a dense pull, small tensors travel exactly; a lost reply, a HELLO and each fragment's own resync period come
@@ -10,7 +10,7 @@ import torch
 
 from psrv.partition import ParamSpec, PartitionPlan
 from psrv.protocol import Message, MsgType, decode, encode
-from psrv.server.pulls import PullCopies, within
+from psrv.server.pulls.copies import PullCopies, within
 from psrv.client.fragments import Fragments
 from psrv.client.pull_view import PullView
 from tests.helpers import weight_walk
@@ -207,4 +207,4 @@ def test_a_lost_fragment_reply_is_answered_dense_on_the_retry_through_the_real_c
         assert client.pull_view.dense_replies == dense + (clock in (3, 4))
     assert lost and service.shard.version == 6  # the re-sent push was applied once
     assert client.pull_view.compressed_replies == 4
-    assert torch.equal(client.pull_view.copy, service.pulls.copies[0].ref)
+    assert torch.equal(client.pull_view.copy, service.pulls.copies.copies[0].ref)

@@ -25,8 +25,8 @@ def test_a_forgotten_worker_says_hello_again_and_its_push_is_applied_once(mode):
     client.init(torch.zeros(8))
     client.pull(clock=0, out=torch.empty(8))
     service = cluster.services[0]
-    service.liveness.left.add(0)
-    service._remove(0, what="lost")  # the shard forgets worker 0, as after its silence
+    service.state.liveness.left.add(0)
+    service.membership.remove(0, what="lost")  # the shard forgets worker 0, as after its silence
     started = time.monotonic()
     client.push(torch.ones(8), clock=0)
     assert time.monotonic() - started < 2.0                 # answered, not held to the timeout

@@ -9,7 +9,7 @@ import torch
 
 from psrv.config import OptimConfig, ServerConfig
 from psrv.protocol import PROTOCOL_VERSION, ErrorCode, Message, MsgType, ProtocolError, decode, encode
-from psrv.server.late import LateStreaks
+from psrv.server.pushes.late import LateStreaks
 from psrv.server.service import ShardService
 from tests.helpers import RecordingNet
 
@@ -32,7 +32,7 @@ class Shard:
         n = len(self.net.out)
         msg = Message(mtype, worker=worker, seq=self.seq, clock=clock, fields=fields, tensor=tensor, session=session)
         self.svc.handle(f"peer-{session}".encode(), encode(msg))
-        self.svc.check_liveness()
+        self.svc.membership.check_liveness()
         out = self.net.out[n:]
         return out[0] if out else None
 
@@ -40,7 +40,7 @@ class Shard:
         """Time passes with the loop turning (a jump would look like a stalled shard, which drops nobody)."""
         for _ in range(round(seconds / 0.1)):
             self.t += 0.1
-            self.svc.check_liveness()
+            self.svc.membership.check_liveness()
 
     def hello(self, worker, session) -> Message:
         return self.req(MsgType.HELLO, worker, session, plan_hash="p", total=SIZE, num_shards=1, shard=0,

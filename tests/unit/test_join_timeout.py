@@ -28,14 +28,14 @@ class Clocked:
 
     def hello(self, worker: int) -> None:
         msg = Message(MsgType.HELLO, worker=worker, seq=1, fields={
-            "plan_hash": "p", "total": SIZE, "num_shards": 1, "shard": 0, "world_size": self.svc.cfg.workers})
+            "plan_hash": "p", "total": SIZE, "num_shards": 1, "shard": 0, "world_size": self.svc.state.cfg.workers})
         self.svc.handle(f"peer-{worker}".encode(), encode(msg))
 
     def tick_to(self, t: float) -> None:
         """The shard idles until `t`, its loop looking every 0.1 s."""
         while self.t < t - 1e-9:
             self.t += 0.1
-            self.svc.check_liveness()
+            self.svc.membership.check_liveness()
 
 
 def messages(caplog) -> list[tuple[int, str]]:
@@ -56,7 +56,7 @@ def test_the_shard_names_the_workers_not_joined_and_goes_on_without_them(caplog)
         s.tick_to(3.9)
         assert s.svc.controller.active == {0, 1, 2}
         s.tick_to(4.2)
-    assert s.svc.controller.active == {0, 1} and s.svc.stats.lost_workers == [2]
+    assert s.svc.controller.active == {0, 1} and s.svc.state.stats.lost_workers == [2]
     said = [m for _, m in messages(caplog) if "never joined" in m]
     assert said == ["shard 0: worker 2 never joined (no HELLO within --join-timeout 4s); going on without "
                     "them; a HELLO later brings them back"]
@@ -68,7 +68,7 @@ def test_a_shard_no_worker_joins_says_it_ends():
     s.tick_to(0.4)
     assert not s.svc.finished
     s.tick_to(1.2)
-    assert s.svc.finished and s.svc.stats.lost_workers == [0, 1]
+    assert s.svc.finished and s.svc.state.stats.lost_workers == [0, 1]
 
 
 def test_no_worker_yet_is_said_at_info_and_the_end_as_a_warning(caplog):

@@ -134,7 +134,7 @@ def test_observe_step_records_a_worker_loop_row():
 def test_every_drop_reason_a_shard_counts_is_exported():
     """ShardStats counts drops as late, invalid and partial (a chunked push left half-way, psrv/server/
     chunked.py); each must have its series, or a shard serving /metrics stops at its first such drop."""
-    from psrv.server.stats import ShardStats
+    from psrv.server.counters import ShardStats
     metrics = ServerMetrics(CollectorRegistry(), shard=0, mode="async")
     stats = ShardStats(metrics=metrics)
     for reason in ("late", "invalid", "partial"):

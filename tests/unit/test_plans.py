@@ -1,11 +1,11 @@
-"""Whose plan a shard keeps (psrv/server/plans.py): rank 0's, which settles it whenever it comes; a rank that
+"""Whose plan a shard keeps (psrv/server/membership/plans.py): rank 0's, which settles it whenever it comes; a rank that
 said HELLO before it is refused then, by its rank, if its model differs, and one that matches is not."""
 from __future__ import annotations
 
 import pytest
 
 from psrv.protocol import ErrorCode, ProtocolError
-from psrv.server.plans import Model, Plans
+from psrv.server.membership.plans import Model, Plans
 
 RANK0 = Model("h0", 15, (("weight", (3, 4)), ("bias", (3,))))
 SAME = Model("h0", 15, RANK0.layout)

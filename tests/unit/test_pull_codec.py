@@ -1,4 +1,4 @@
-"""Compressed pulls, both ends without a network (psrv/codecs/pull.py, psrv/server/pulls.py,
+"""Compressed pulls, both ends without a network (psrv/codecs/pull.py, psrv/server/pulls/copies.py,
 psrv/client/pull_view.py): the shard's mirror and the worker's copy stay equal bit for bit, so the copy
 is the weights minus the residual exactly; top-k at ratio 1 is a dense pull; a copy the shard lost track
 of (a lost reply, a HELLO), the resync period and the final pull come dense; bad settings are refused."""
@@ -10,7 +10,7 @@ import torch
 from psrv.codecs.pull import decode_pull, encode_pull, make_pull_codec
 from psrv.partition import ParamSpec, PartitionPlan
 from psrv.protocol import Message, MsgType, ProtocolError, decode, encode
-from psrv.server.pulls import PullCopies
+from psrv.server.pulls.copies import PullCopies
 from psrv.client.pull_view import PullView
 from tests.helpers import weight_walk
 
@@ -171,7 +171,7 @@ def test_a_lost_compressed_reply_is_answered_dense_on_the_retry_and_the_copies_s
     _steps(client, weights, clock, 2)
     assert lost and client.pull_view.dense_replies == dense_before + 1  # the retry's answer: dense
     assert service.shard.version == clock + 2  # the re-sent push was applied once
-    assert torch.equal(client.pull_view.copy, service.pulls.copies[0].ref)
+    assert torch.equal(client.pull_view.copy, service.pulls.copies.copies[0].ref)
     assert torch.equal(weights, client.pull_view.copy)
 
 
@@ -186,4 +186,4 @@ def test_a_restarted_shard_knows_no_copy_and_answers_dense():
     dense_before = client.pull_view.dense_replies
     _steps(client, weights, clock, 2)  # HELLO again (it forgot this worker), then a dense pull, then a change
     assert client.pull_view.dense_replies == dense_before + 1 and client.pull_view.compressed_replies == 4
-    assert torch.equal(client.pull_view.copy, restarted.pulls.copies[0].ref)
+    assert torch.equal(client.pull_view.copy, restarted.pulls.copies.copies[0].ref)

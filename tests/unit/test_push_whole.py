@@ -1,5 +1,5 @@
 """A push is applied whole or not at all, counted once, at its own step and lr: chunked pushes
-(psrv/server/chunked.py) from two workers whose chunks interleave, a chunked push that carries a NaN,
+(psrv/server/pushes/chunked.py) from two workers whose chunks interleave, a chunked push that carries a NaN,
 a worker that leaves half-way, and a non-finite push skipped under sync. The shard is driven by hand
 (tests/helpers.RecordingNet keeps every reply), so the order of the messages is the test's."""
 from __future__ import annotations

@@ -53,7 +53,7 @@ class Svc:
     def tick(self, seconds: float) -> None:
         for _ in range(round(seconds / 0.1)):  # the loop looks every 0.1s
             self.t += 0.1
-            self.svc.check_liveness()
+            self.svc.membership.check_liveness()
 
     @property
     def weights(self) -> torch.Tensor:
@@ -92,13 +92,13 @@ def test_a_service_carries_on_from_its_state_dict_exactly(mode, optim):
     b.svc.load_state_dict(a.svc.state_dict())
     assert torch.equal(b.weights, a.weights) and b.svc.shard.version == a.svc.shard.version > 0
     assert b.svc.controller.clocks == a.svc.controller.clocks == {0: 4, 1: 3}
-    assert b.svc.controller.active == {0, 1} and b.svc.plan_hash == "plan" and b.svc.resumed_from == a.svc.shard.version
+    assert b.svc.controller.active == {0, 1} and b.svc.state.plan_hash == "plan" and b.svc.state.resumed_from == a.svc.shard.version
     assert b.hello(0).fields["last_seq"] == a.hello(0).fields["last_seq"] == 20  # the dedup table came along
     carry_on(a)
     want = a.weights, a.svc.shard.version, dict(a.svc.controller.clocks)
     carry_on(b)  # had b kept a's tensors instead of copies, this would step them a second time
     assert torch.equal(b.weights, want[0]) and b.svc.shard.version == want[1] and b.svc.controller.clocks == want[2]
-    assert b.svc.stats.duplicates == 1 and not b.svc.stats.dropped
+    assert b.svc.state.stats.duplicates == 1 and not b.svc.state.stats.dropped
 
 
 def test_a_state_dict_is_plain_data_that_survives_torch_save():
@@ -119,7 +119,7 @@ def test_a_state_of_another_job_or_a_broken_one_is_refused_and_nothing_changes()
     other = Svc(mode="sync", workers=3)
     with pytest.raises(CheckpointError, match=r"another job: workers 2 \(this server: 3\)"):
         other.svc.load_state_dict(state)
-    assert other.svc.shard is None and other.svc.plan_hash is None and other.svc.resumed_from is None
+    assert other.svc.shard is None and other.svc.state.plan_hash is None and other.svc.state.resumed_from is None
     with pytest.raises(CheckpointError, match=r"optimizer 'sgd' \(this server: 'adam'\)"):
         Svc(mode="sync", optim=ADAM).svc.load_state_dict(state)
     momentum = state["shard_state"]["optimizer"]["state"][0]
@@ -136,7 +136,7 @@ def test_a_restored_sync_shard_behind_the_others_counts_its_void_sum_as_late():
     b = Svc(mode="sync")
     b.svc.load_state_dict(a.svc.state_dict())
     b.req(MsgType.PUSH, 1, seq=40, clock=5, tensor=g(1))  # the other shards committed clocks 3 and 4
-    assert b.svc.stats.dropped == {"late": 1} and b.svc.summary()["lost_clocks"] == 2
+    assert b.svc.state.stats.dropped == {"late": 1} and b.svc.summary()["lost_clocks"] == 2
     assert b.svc.controller.open_clock == 5 and b.svc.controller.arrived == {1}
 
 

@@ -157,7 +157,7 @@ def test_lr_scale_is_counted_in_the_stats_and_prometheus():
     from prometheus_client.parser import text_string_to_metric_families
 
     from psrv.metrics import ServerMetrics
-    from psrv.server.stats import ShardStats
+    from psrv.server.counters import ShardStats
 
     registry = CollectorRegistry()
     stats = ShardStats(metrics=ServerMetrics(registry, shard=0, mode="async"))

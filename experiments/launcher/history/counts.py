@@ -1,7 +1,7 @@
 """Rule 5, the counts: each DIR/server-K.json's `pushes`, `updates_applied` and `version`, and summary.json's
 `pushes`, `updates_applied` and `updates_applied_per_shard`, against what the shards' final lineages hold.
 
-What they count (psrv/server/stats.py, experiments/launcher/summary.py): a shard's `pushes` are the pushes it settled,
+What they count (psrv/server/counters.py, experiments/launcher/summary.py): a shard's `pushes` are the pushes it settled,
 applied or dropped, each once; `updates_applied` its optimizer steps (async and ssp: one per push applied; sync:
 one per clock committed with a gradient in it); `version` the version after its last step. summary.json's
 `pushes` are the workers' steps that pushed, so every one of them settled once on each shard: it is held against

@@ -34,27 +34,30 @@ JOIN_NOTICE = 10.0    # and says in the log that it still waits this often
 
 
 class Follower:
-    """`service` is the passive ShardService (psrv/server/service.py) it feeds; used through its public
-    members: cfg, transport, shard, pulls, load_replica_state, apply, expire, now, history, timing, faults."""
+    """What a backup of `replication`'s shard (psrv/server/replication/handler.py) does while it follows: it
+    reads the shard's state (`replication.state`), uses the handler's timing, faults, epoch (the handler holds
+    it), `not_primary` and `load_replica_state`, and its service's `apply`, `pause`, `membership` (an expiry)
+    and `pulls` (the pull copies' numbers)."""
 
-    def __init__(self, service, primary: str):
+    def __init__(self, replication, primary: str):
         """`primary`: the address to follow, or several, comma-separated: the replicas of a shard, of which
         whichever is the primary will answer (the witness says which, once it has a configuration)."""
-        if not service.cfg.witness:
+        cfg = replication.state.cfg
+        if not cfg.witness:
             raise ValueError("--backup-of needs --witness DIR: a directory this backup and its primary both reach "
                              "(the same path on every replica of the shard), where the shard's epochs are decided")
-        self.s = service
-        self.witness = Witness(service.cfg.witness, service.cfg.shard)
-        self.address = service.transport.address
+        self.s = replication
+        self.state = replication.state
+        self.witness = Witness(cfg.witness, cfg.shard)
+        self.address = self.state.transport.address
         self.candidates = primary.split(",")  # whom to ask before the witness names a primary
         self.primary = self.candidates[0]
-        self.link = service.transport.link(self.primary)  # on the shard's own transport
-        self.epoch = 0
+        self.link = self.state.transport.link(self.primary)  # on the shard's own transport
         self.expected: int | None = None  # the next op's number; None until the state came
         self.replicas: list[str] = []
-        self.heard = service.now()
+        self.heard = self.state.now()
         self._asked = -float("inf")
-        self._said = service.now()  # when we last said we still wait to join (every JOIN_NOTICE seconds)
+        self._said = self.state.now()  # when we last said we still wait to join (every JOIN_NOTICE seconds)
         self.on_following: Callable[[], None] | None = None  # called once, when the primary's state came
         self.refused: str = ""  # a primary that cannot take backups said why
         self.held: list[tuple[Hashable, list]] = []  # workers' requests while we follow
@@ -76,7 +79,7 @@ class Follower:
         if not self.following:
             return False
         self.link.recv(0)  # reads the link's connection events: nothing else comes on it while we follow
-        return not self.link.down(0) and self.s.now() - self.heard < self.s.timing.silence / 2
+        return not self.link.down(0) and self.state.now() - self.heard < self.s.timing.silence / 2
 
     def _send_back(self) -> None:
         """The primary was heard again: the workers' requests held meanwhile go back to it."""
@@ -93,7 +96,7 @@ class Follower:
         if op == "refused":
             self.refused = str(head.get("why", "the primary refused this backup"))
             return
-        if epoch < self.epoch:
+        if epoch < self.s.epoch:
             self._say(peer, "fenced")
             return
         if op == "state":
@@ -101,28 +104,29 @@ class Follower:
             return
         if not self.following:
             return  # ops before our state: it is on its way
-        if epoch > self.epoch and not self._confirm(epoch):
+        if epoch > self.s.epoch and not self._confirm(epoch):
             return
-        self.heard = self.s.now()
+        self.heard = self.state.now()
         self._send_back()  # the primary lives: the workers that came here go back to it
         if op == "ping":
             self._say(peer, "ack", n=self.expected - 1)
             return
         if int(head.get("n", -1)) != self.expected:
-            log.warning("shard %d: op %s came, op %d expected; asking for the state again", self.s.cfg.shard,
+            log.warning("shard %d: op %s came, op %d expected; asking for the state again", self.state.cfg.shard,
                         head.get("n"), self.expected)
             self.expected = None
             self._say(peer, "gap", n=head.get("n"))
             return
         late = self.s.faults.late_ack() if self.s.faults is not None else 0.0
         if late:  # a nemesis's late ack: this loop stalls, as a backup's does when its host is starved
-            self.s.pause(late)
+            self.s.service.pause(late)
         self._say(peer, "ack", n=self.expected)
         self.expected += 1
         if op == "req":
-            self.s.apply(head.get("peer"), payload, judged=head.get("judged"))
+            self.s.service.apply(head.get("peer"), payload, judged=head.get("judged"))
         elif op == "expire":
-            self.s.expire([int(w) for w in head.get("workers", [])], [int(w) for w in head.get("unheard", [])])
+            self.s.service.membership.expire([int(w) for w in head.get("workers", [])],
+                                             [int(w) for w in head.get("unheard", [])])
 
     def _take_state(self, peer: Hashable, head: dict, payload: list) -> None:
         """The primary added us at `epoch` and sends its state: we follow from op n."""
@@ -130,14 +134,14 @@ class Follower:
         replicas = [str(r) for r in head.get("replicas", [])]
         self.s.load_replica_state(stream.state_from(payload[0]) if payload else None,
                                   source=f"primary {replicas[0] if replicas else self.primary}'s state")
-        self.s.pulls.numbers = head.get("pull_numbers", self.s.pulls.numbers)
-        self.epoch, self.expected, self.replicas = epoch, int(head["n"]) + 1, replicas
+        self.s.service.pulls.copies.numbers = head.get("pull_numbers", self.s.service.pulls.copies.numbers)
+        self.s.epoch, self.expected, self.replicas = epoch, int(head["n"]) + 1, replicas
         self.primary = replicas[0] if replicas else self.primary
-        self.heard = self.s.now()
+        self.heard = self.state.now()
         self._send_back()
-        self.s.history.record("state", **{"from": self.primary}, n=self.expected - 1, epoch=epoch)
-        self.s.history.record("epoch", epoch=epoch, role="backup", primary=self.primary)
-        log.info("shard %d: following %s from op %d (epoch %d)", self.s.cfg.shard, self.primary,
+        self.state.history.record("state", **{"from": self.primary}, n=self.expected - 1, epoch=epoch)
+        self.state.history.record("epoch", epoch=epoch, role="backup", primary=self.primary)
+        log.info("shard %d: following %s from op %d (epoch %d)", self.state.cfg.shard, self.primary,
                  self.expected - 1, epoch)
         self._say(peer, "ack", n=self.expected - 1)
         if self.on_following is not None:
@@ -150,18 +154,18 @@ class Follower:
         config = self.witness.read(epoch)
         if config is None or config.primary != self.primary or self.address not in config.backups:
             log.warning("shard %d: a stream op at epoch %d that the witness does not give to %s with this backup; "
-                        "ignored", self.s.cfg.shard, epoch, self.primary)
+                        "ignored", self.state.cfg.shard, epoch, self.primary)
             return False
-        self.epoch = epoch
-        self.s.history.record("epoch", epoch=epoch, role="backup", primary=self.primary)
+        self.s.epoch = epoch
+        self.state.history.record("epoch", epoch=epoch, role="backup", primary=self.primary)
         return True
 
     def _say(self, peer: Hashable, op: str, **fields) -> None:
-        self.s.transport.send(peer, stream.frames_of(op, self.epoch, **fields))
+        self.state.transport.send(peer, stream.frames_of(op, self.s.epoch, **fields))
 
     def tick(self) -> bool:
         """Every turn of the loop; True when the primary has been silent long enough to claim the shard."""
-        now = self.s.now()
+        now = self.state.now()
         if not self.following:
             if now - self._asked >= JOIN_EVERY:
                 self._asked = now
@@ -171,7 +175,7 @@ class Follower:
             if now - self._said >= JOIN_NOTICE:
                 self._said = now
                 log.warning("shard %d: this backup has waited %.0fs to join its primary at %s; is `psrv serve` "
-                            "running there?", self.s.cfg.shard, now - self.heard, self.primary)
+                            "running there?", self.state.cfg.shard, now - self.heard, self.primary)
             return False
         return now - self.heard >= self._bound()
 
@@ -182,12 +186,12 @@ class Follower:
 
     def due(self) -> float:
         """Seconds until tick() may claim the shard (the loop waits no longer than that for a message)."""
-        return max(0.0, self.heard + self._bound() - self.s.now()) if self.following else JOIN_EVERY
+        return max(0.0, self.heard + self._bound() - self.state.now()) if self.following else JOIN_EVERY
 
     def lost_place(self, primary: str) -> None:
         """The witness gave the shard to `primary` at a later epoch than ours: follow it again, from its state."""
         log.warning("shard %d: the witness says %s serves this shard now; this backup joins it again",
-                    self.s.cfg.shard, primary)
+                    self.state.cfg.shard, primary)
         self.expected, self.held = None, []
         self._asked = -float("inf")
         self._target(primary)
@@ -198,20 +202,20 @@ class Follower:
         latest = self.witness.latest()
         if latest is not None and latest.finished:
             log.info("shard %d: the shard finished (every worker left) while this backup was joining; it ends",
-                     self.s.cfg.shard)
-            self.s.stopped = True
+                     self.state.cfg.shard)
+            self.state.stopped = True
             return
         if latest is not None and latest.primary != self.address:
             self._target(latest.primary)
         elif latest is None and len(self.candidates) > 1:
             self._target(self.candidates[(self.candidates.index(self.primary) + 1) % len(self.candidates)]
                          if self.primary in self.candidates else self.candidates[0])
-        self.link.send(0, stream.frames_of("join", self.epoch, address=self.address))
+        self.link.send(0, stream.frames_of("join", self.s.epoch, address=self.address))
 
     def _target(self, address: str) -> None:
         if address != self.primary:
             self.link.close()
-            self.primary, self.link = address, self.s.transport.link(address)
+            self.primary, self.link = address, self.state.transport.link(address)
 
     def close(self) -> None:
         self.link.close()

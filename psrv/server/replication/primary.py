@@ -48,13 +48,16 @@ class Backup:
 
 
 class Replicas:
-    """`service` is the ShardService (psrv/server/service.py) whose backups these are; used through its
-    public members: cfg, shard, chunks, held, transport, stopped, now, history, timing (psrv/timeouts.py),
-    replica_state."""
+    """The backups of `replication`'s shard (psrv/server/replication/handler.py) while it is the primary: it
+    reads the shard's state (`replication.state`) and uses the handler's timing (psrv/timeouts.py),
+    `replica_state` and epoch (the handler holds it: `serve_as` sets it), and its service's `sent`, `handle`
+    and `pushes` (a chunked push half applied holds a join back)."""
 
-    def __init__(self, service):
-        self.s = service
-        self.witness = Witness(service.cfg.witness, service.cfg.shard) if service.cfg.witness else None
+    def __init__(self, replication):
+        self.s = replication
+        self.state = replication.state
+        cfg = replication.state.cfg
+        self.witness = Witness(cfg.witness, cfg.shard) if cfg.witness else None
         self.config: Configuration | None = None  # this primary's configuration, once claimed
         self.backups: list[Backup] = []   # the configuration's backups, each sent the state
         self.joining: list[str] = []      # backups that asked to join: added once nothing is half done
@@ -64,23 +67,23 @@ class Replicas:
         self.fenced = False
         self.linger_until = -float("inf")  # once fenced: until when it tells workers where the shard went
         self.admitted = 0                 # backups sent the state so far (a backup asking again counts again)
-        self._pinged = service.now()
+        self._pinged = self.state.now()
         self._blocked_until = -float("inf")  # after a claim the witness could not take: when to try again
         # Over torch RPC a primary knows how many backups its world holds (`rpc_backups`): the workers' requests
         # wait until they have joined (at most AWAIT_BACKUPS s), so none joins after the first pushes and every
         # replica counts what its primary counts. Over zmq `psrv run` starts the workers once the backups follow.
-        self.expected = 0 if service.cfg.backup_of else int(getattr(service.cfg, "rpc_backups", 0) or 0)
+        self.expected = 0 if cfg.backup_of else int(getattr(cfg, "rpc_backups", 0) or 0)
         self.early: list[tuple[Hashable, list]] = []
-        self._started = service.now()
+        self._started = self.state.now()
 
     @property
     def epoch(self) -> int:
-        return self.config.epoch if self.config is not None else 0
+        return self.s.epoch
 
     @property
     def addresses(self) -> list[str]:
         """This shard's replicas as workers are told them (WELCOME's `replicas`): this one, then its backups."""
-        return [self.s.transport.address, *(b.address for b in self.backups)]
+        return [self.state.transport.address, *(b.address for b in self.backups)]
 
     def said(self) -> dict:
         """What every push and pull answer says of the shard's replication: its epoch, and with a witness the
@@ -92,10 +95,10 @@ class Replicas:
         """A primary started with a witness claims epoch 0; ValueError if the shard already has one."""
         if self.witness is None:
             return
-        address = self.s.transport.address
+        address = self.state.transport.address
         won, latest = self.witness.claim(Configuration(0, address, (), "start"))
         if not won:
-            raise ValueError(f"shard {self.s.cfg.shard}'s witness {self.witness.dir} already holds epoch "
+            raise ValueError(f"shard {self.state.cfg.shard}'s witness {self.witness.dir} already holds epoch "
                              f"{latest.epoch}, served by {latest.primary}: another primary serves this shard; "
                              f"start this server with --backup-of that address, or give it a fresh --witness")
         self.serve_as(latest)
@@ -103,7 +106,8 @@ class Replicas:
     def serve_as(self, config: Configuration) -> None:
         """This replica serves `config` as its primary from now (its start, a takeover, a change it claimed)."""
         self.config = config
-        self.s.history.record("epoch", epoch=config.epoch, role="primary", primary=config.primary,
+        self.s.epoch = config.epoch
+        self.state.history.record("epoch", epoch=config.epoch, role="primary", primary=config.primary,
                               backups=list(config.backups))
 
     def _claim(self, config: Configuration) -> bool:
@@ -112,9 +116,9 @@ class Replicas:
         try:
             won, latest = self.witness.claim(config)
         except OSError as exc:
-            self._blocked_until = self.s.now() + RETRY_CLAIM
+            self._blocked_until = self.state.now() + RETRY_CLAIM
             log.error("shard %d: could not claim epoch %d on the witness %s (%s); acknowledging nothing until it "
-                      "can", self.s.cfg.shard, config.epoch, self.witness.dir, exc)
+                      "can", self.state.cfg.shard, config.epoch, self.witness.dir, exc)
             return False
         if not won:
             self.fence(latest.epoch, f"{latest.primary} (witness: {latest.why})")
@@ -138,7 +142,7 @@ class Replicas:
             if held and not self.fenced:
                 self.settle()
             for peer, frames, note in held if not self.fenced else ():
-                self.s.sent(peer, frames, note)
+                self.s.service.sent(peer, frames, note)
 
     def hold(self, peer: Hashable, frames: list, note: dict | None) -> bool:
         """Keep a reply for the end of `deferring` (True), or leave it to be sent now (False), once every backup
@@ -168,7 +172,7 @@ class Replicas:
         frames = stream.frames_of(op, self.epoch, payload, n=self.n, **fields)
         for b in self.backups:
             b.link.send(0, frames)
-        self._pinged = self.s.now()
+        self._pinged = self.state.now()
         self.unacked = self.n
 
     def settle(self) -> None:
@@ -197,7 +201,7 @@ class Replicas:
                 if time.monotonic() < deadline:
                     continue
                 why = f"no ack of op {n} within {bound:g}s"
-            log.warning("shard %d: backup %s: %s; dropping it at the next epoch", self.s.cfg.shard, b.address, why)
+            log.warning("shard %d: backup %s: %s; dropping it at the next epoch", self.state.cfg.shard, b.address, why)
             if self._drop(b, why=f"drop {b.address}: {why}"):
                 return
             deadline = time.monotonic() + RETRY_CLAIM  # the witness was out of reach: wait for the ack on
@@ -205,8 +209,8 @@ class Replicas:
     def _ping(self) -> None:
         """A ping to every backup where the stream has been quiet for ping_every (the backups' sign that the
         primary lives): from the loop's tick, and inside a wait for acks, where the tick does not run."""
-        if self.backups and self.s.now() - self._pinged >= self.s.timing.ping_every:
-            self._pinged = self.s.now()
+        if self.backups and self.state.now() - self._pinged >= self.s.timing.ping_every:
+            self._pinged = self.state.now()
             for b in self.backups:
                 b.link.send(0, stream.frames_of("ping", self.epoch, n=self.n))
 
@@ -240,11 +244,11 @@ class Replicas:
         if self.fenced:
             return
         log.error("shard %d: %s took this shard over at epoch %d (this primary's is %d); this primary stops "
-                  "without answering", self.s.cfg.shard, by, epoch, self.epoch)
-        self.s.history.record("fenced", epoch=epoch, by=by)
+                  "without answering", self.state.cfg.shard, by, epoch, self.epoch)
+        self.state.history.record("fenced", epoch=epoch, by=by)
         self.fenced = True
-        self.linger_until = self.s.now() + self.s.timing.fenced_linger
-        self.s.stopped = True
+        self.linger_until = self.state.now() + self.s.timing.fenced_linger
+        self.state.stopped = True
 
     # --- joining ------------------------------------------------------------------
     def awaiting(self, peer: Hashable, frames: list) -> bool:
@@ -255,10 +259,10 @@ class Replicas:
         return True
 
     def _late(self) -> bool:
-        late = self.s.now() - self._started > AWAIT_BACKUPS
+        late = self.state.now() - self._started > AWAIT_BACKUPS
         if late and self.expected:
             log.warning("shard %d: %d of %d backups joined within %gs; serving without the others",
-                        self.s.cfg.shard, len(self.backups), self.expected, AWAIT_BACKUPS)
+                        self.state.cfg.shard, len(self.backups), self.expected, AWAIT_BACKUPS)
             self.expected = 0
         return late
 
@@ -269,9 +273,9 @@ class Replicas:
         "join" of an earlier epoch was said before it was added (queued while this primary started, or crossing
         its state) and changes nothing."""
         if self.witness is None or self.config is None:
-            link = self.s.transport.link(address)
-            link.send(0, stream.frames_of("refused", self.epoch, why=f"shard {self.s.cfg.shard}'s primary at "
-                                          f"{self.s.transport.address} has no --witness"))
+            link = self.state.transport.link(address)
+            link.send(0, stream.frames_of("refused", self.epoch, why=f"shard {self.state.cfg.shard}'s primary at "
+                                          f"{self.state.transport.address} has no --witness"))
             link.close()
             return
         if any(b.address == address and epoch < b.since for b in self.backups):
@@ -281,8 +285,8 @@ class Replicas:
 
     def tick(self) -> None:
         """Every turn of the loop: add those joining, ping an idle stream, read acks and fencing."""
-        if self.joining and not self.s.chunks.applying and not len(self.s.held) \
-                and self.s.now() >= self._blocked_until:
+        if self.joining and not self.s.service.pushes.chunks.applying and not len(self.s.service.pushes.held) \
+                and self.state.now() >= self._blocked_until:
             joining, self.joining = self.joining, []
             for i, address in enumerate(joining):
                 if not self._admit(address):
@@ -291,7 +295,7 @@ class Replicas:
         if self.early and (len(self.backups) >= self.expected or self._late()):
             early, self.early = self.early, []
             for peer, frames in early:  # the requests that waited for the backups, in the order they came
-                self.s.handle(peer, frames)
+                self.s.service.handle(peer, frames)
         for b in list(self.backups):
             got = b.link.recv(0)
             while got is not None and not self.fenced and b in self.backups:
@@ -301,7 +305,7 @@ class Replicas:
 
     def _admit(self, address: str) -> bool:
         """Add a joining backup at a new epoch and send it the shard's state with what a checkpoint leaves out
-        but a backup needs (psrv/server/service.py replica_state); it then follows the stream. False when no
+        but a backup needs (psrv/server/replication/handler.py replica_state); it then follows the stream. False when no
         claim could be made now."""
         for b in [b for b in self.backups if b.address == address]:  # asking again: it lost track, from the state
             self.backups.remove(b)
@@ -309,17 +313,17 @@ class Replicas:
         if not self._claim(self.config.adding(address, why=f"join {address}")):
             return False
         state = self.s.replica_state()
-        link = self.s.transport.link(address)
+        link = self.state.transport.link(address)
         payload = [stream.state_bytes(state)] if state is not None else []
         self.backups.append(Backup(address, link, since=self.epoch))  # listed before it can say it follows
-        self.s.history.record("sent_state", to=address, n=self.n, epoch=self.epoch)
+        self.state.history.record("sent_state", to=address, n=self.n, epoch=self.epoch)
         link.send(0, stream.frames_of("state", self.epoch, payload, n=self.n, replicas=self.addresses,
-                                      pull_numbers=self.s.pulls.numbers))
+                                      pull_numbers=self.s.service.pulls.copies.numbers))
         self.unacked = self.n  # (torch RPC) the next op waits for the state's ack: sent at once, it could overtake
                                # the state, and a backup drops an op that comes before its state
         self.admitted += 1
-        log.info("shard %d: backup %s joined at op %d (epoch %d, version %d)", self.s.cfg.shard, address, self.n,
-                 self.epoch, self.s.shard.version if self.s.shard is not None else 0)
+        log.info("shard %d: backup %s joined at op %d (epoch %d, version %d)", self.state.cfg.shard, address, self.n,
+                 self.epoch, self.state.shard.version if self.state.shard is not None else 0)
         return True
 
     def finish(self) -> None:
@@ -328,7 +332,8 @@ class Replicas:
             try:
                 self.witness.claim(self.config.ended())
             except OSError as exc:
-                log.warning("shard %d: could not say on the witness that the shard finished (%s)", self.s.cfg.shard, exc)
+                log.warning("shard %d: could not say on the witness that the shard finished (%s)",
+                            self.state.cfg.shard, exc)
 
     def close(self) -> None:
         for b in self.backups:

@@ -1,5 +1,5 @@
 """The replication stream's wire form: what a primary shard and its backups say to each other
-(psrv/server/replicas.py, psrv/server/follower.py).
+(primary.py, follower.py).
 
 A stream message is [MARK, msgpack header, payload frames...]. MARK starts with 0xC1, a byte msgpack never
 writes, so it can never be taken for a request (whose first frame is a msgpack header) nor for a payload

@@ -8,7 +8,7 @@ math on views); the push counts as one update once all n are in, and is answered
 last chunk (i = n-1) finds every chunk applied. A re-sent push re-sends every chunk: those already
 applied are skipped, so each is applied exactly once; a lost chunk leaves the push unanswered, and
 the client's probe then re-sends it. Pulls are held while a push is half applied, so no pull reads
-one, and so are the other workers' pushes (psrv/server/queued.py): pushes are applied one at a time, in
+one, and so are the other workers' pushes (psrv/server/pushes/queued.py): pushes are applied one at a time, in
 the order of their first message, each at its own step count and lr, bit for bit the whole pushes in
 that order. INIT goes in chunks alike (copied into the weights). The receive memory is one chunk, not
 one shard. The shard's summary counts the pushes that came in chunks (`chunked_pushes`, at their first).
@@ -86,10 +86,11 @@ class OpenPush:
 
 class ChunkedPushes:
     """The open chunked push of each worker (at most one: a worker waits for a push's answer), kept for
-    `service` (psrv/server/service.py ShardService), whose public members only it uses."""
+    `pushes` (psrv/server/pushes/handler.py), whose answers and late streaks it shares; `s`: the shard's state."""
 
-    def __init__(self, service):
-        self.s = service
+    def __init__(self, pushes):
+        self.p = pushes
+        self.s = pushes.state
         self.open: dict[int, OpenPush] = {}
         self.init: tuple[tuple[int, int, int], set[int], list[int]] | None = None  # INIT's chunks: (worker, seq, n)
 
@@ -169,7 +170,7 @@ class ChunkedPushes:
         stats = self.s.stats
         stats.pushed(time.perf_counter() - push.started, None)
         stats.drop("partial")
-        self.s.history.record("drop", w=worker, seq=push.seq, clock=push.ctx.clock, epoch=self.s.epoch,
+        self.s.history.record("drop", w=worker, seq=push.seq, clock=push.ctx.clock, epoch=self.p.epoch,
                               why="partial", applied_chunks=push.applied)
         if push.applied:
             self.s.shard.end_slices()
@@ -183,10 +184,10 @@ class ChunkedPushes:
         info = {"version": shard.version, "staleness": staleness}
         if decision is Decision.DROP:
             s.stats.drop("late")
-            info = {**info, "dropped": "late", "staleness": 0, **s.late.dropped(
+            info = {**info, "dropped": "late", "staleness": 0, **self.p.late.dropped(
                 msg.worker, clock=msg.clock, pushed=pushed, open_clock=s.controller.next_clock(msg.worker))}
         else:
-            s.late.applied(msg.worker)
+            self.p.late.applied(msg.worker)
         return OpenPush(msg.seq, n, decision, PushContext(msg.worker, msg.clock, msg.base_version, staleness), info)
 
     def _step(self, push: OpenPush, grad: torch.Tensor, lo: int, hi: int, i: int) -> None:
@@ -195,7 +196,7 @@ class ChunkedPushes:
         if not validate.all_finite(grad):
             push.refused = f"chunk {i} has NaN or Inf; refused with the chunks after it"
             return
-        self.s.before_write()  # replies still reading the weights must leave before we write them
+        self.p.before_write()  # replies still reading the weights must leave before we write them
         push.scale = self.s.shard.apply_slice(grad, lo, hi, push.ctx)
         push.applied += 1
 
@@ -208,7 +209,7 @@ class ChunkedPushes:
             s.stats.applied(shard.version, lr_scale=push.scale)
         s.stats.pushed(time.perf_counter() - push.started, None if "dropped" in push.info else push.info["staleness"])
         s.stats.membership(s.controller.active, {msg.worker: s.controller.clocks[msg.worker]})
-        return s.record_answer(msg, {**push.info, "version": shard.version})
+        return self.p.record_answer(msg, {**push.info, "version": shard.version})
 
     def _refused(self, msg: Message, push: OpenPush) -> dict:
         """A push with a non-finite chunk, counted once (dropped "invalid"). With nothing applied it
@@ -223,8 +224,8 @@ class ChunkedPushes:
                         "applied; refused, and those chunks stay applied (psrv's client sends such a push whole)",
                         s.cfg.shard, msg.worker, push.applied, push.chunks)
         elif s.cfg.nonfinite == "skip":
-            return s.record_answer(msg, {**push.info, "version": shard.version, "dropped": "nonfinite",
+            return self.p.record_answer(msg, {**push.info, "version": shard.version, "dropped": "nonfinite",
                                          "staleness": 0})
         refusal = push.refused + (f" ({push.applied} before it were applied)" if push.applied else "") + " (see --nonfinite)"
-        s.record_answer(msg, {**push.info, "version": shard.version, "refused": refusal})
+        self.p.record_answer(msg, {**push.info, "version": shard.version, "refused": refusal})
         raise ProtocolError(ErrorCode.NONFINITE, refusal)

@@ -21,7 +21,7 @@ worker's copy of it (after a HELLO, until a whole dense pull or that fragment's 
 reply, every fragment but the one the retry brings), and at every `resync`-th pull of that fragment, counted
 per fragment (a count over all pulls would, with fragments taken in turn, resync the same one each time).
 
-A shard's backups hold the same copies (psrv/server/replicas.py): a backup that joins gets them with the
+A shard's backups hold the same copies (psrv/server/replication/primary.py): a backup that joins gets them with the
 shard's state (`state_dict`), numbers included, and then answers the same pulls alike. They are not in a
 checkpoint: a restarted shard is another life, whose copies restart dense."""
 from __future__ import annotations

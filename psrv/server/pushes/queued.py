@@ -1,4 +1,4 @@
-"""Pushes held back while another worker's chunked push is half applied (psrv/server/chunked.py).
+"""Pushes held back while another worker's chunked push is half applied (psrv/server/pushes/chunked.py).
 
 A shard applies a chunked push chunk by chunk as it arrives. Were a second worker's push applied in
 between, some elements would take it before the first push and others after, which no order of

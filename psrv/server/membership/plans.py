@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from psrv.protocol import ErrorCode, ProtocolError
+from psrv.protocol import ErrorCode, Message, ProtocolError
 
 Layout = tuple[tuple[str, tuple[int, ...]], ...]
 
@@ -29,6 +29,20 @@ class Model:
     hash: str
     total: int | None = None
     layout: Layout | None = None
+
+
+def model_of(msg: Message) -> Model:
+    """What a HELLO (already checked by validate.hello) says of its worker's model, for Plans:
+    the plan's hash, the parameter count, and `layout` ([[name, [dims...]], ...]) where it was sent."""
+    f = msg.fields
+    layout = f.get("layout")
+    if layout is None:
+        return Model(f["plan_hash"], f["total"])
+    if not (isinstance(layout, list) and all(
+            isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) and isinstance(e[1], list)
+            and all(type(d) is int and d >= 0 for d in e[1]) for e in layout)):
+        raise ProtocolError(ErrorCode.MALFORMED, "HELLO's layout must be [[name, [dims...]], ...]")
+    return Model(f["plan_hash"], f["total"], tuple((name, tuple(dims)) for name, dims in layout))
 
 
 class Settled(NamedTuple):

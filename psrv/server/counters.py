@@ -17,7 +17,7 @@ class ShardStats:
     updates_applied: int = 0
     pushes_applied: int = 0     # pushes whose gradient went into an update (sync: into its clock's mean)
     partially_applied: int = 0  # chunked pushes given up half applied (dropped, yet they moved the weights)
-    chunked_pushes: int = 0     # pushes that came in chunks (psrv/server/chunked.py), counted at their first
+    chunked_pushes: int = 0     # pushes that came in chunks (psrv/server/pushes/chunked.py), counted at their first
     dropped: collections.Counter = field(default_factory=collections.Counter)
     duplicates: int = 0
     errors: int = 0
@@ -107,7 +107,7 @@ class ShardStats:
         if self.metrics:
             self.metrics.forget_worker(worker)
 
-    # --- a backup's copy (psrv/server/replica_state.py) -----------------------
+    # --- a backup's copy (psrv/server/replication/handler.py `replica_state`) -----------------------
     COUNTS = ("pushes", "pulls", "updates_applied", "pushes_applied", "partially_applied", "chunked_pushes",
               "duplicates", "errors", "bytes_in", "bytes_out", "max_clock_gap", "wait_seconds")
 

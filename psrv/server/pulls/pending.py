@@ -20,8 +20,8 @@ class Pending:
     final: bool      # rank 0's last pull: also waits until every other worker has left
     received: float
     push: dict | None  # the push half of a PUSH_PULL, for the reply
-    view: object = 0   # the number of the copy a compressed pull's worker holds (psrv/server/pulls.py)
-    fragment: tuple | None = None  # streaming DiLoCo: answer with this fragment's weights only (psrv/server/fragments.py)
+    view: object = 0   # the number of the copy a compressed pull's worker holds (psrv/server/pulls/copies.py)
+    fragment: tuple | None = None  # streaming DiLoCo: this fragment's weights only (psrv/server/fragments.py)
 
 
 class PendingPulls:

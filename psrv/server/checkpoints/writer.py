@@ -10,7 +10,7 @@ it has checkpointed), which then costs a memcpy without page faults. At most one
 queued: it starts from the state of that moment once the write in flight is done (so writes slower
 than --checkpoint-every run back to back, never piled up). save_now() (a CHECKPOINT request, the
 final checkpoint at exit or SIGTERM) waits for the write in flight, then writes and waits for its own.
-A CHECKPOINT request is answered off the loop too (psrv/server/persistence.py AdminCheckpoints).
+A CHECKPOINT request is answered off the loop too (psrv/server/checkpoints/handler.py AdminCheckpoints).
 A crash mid-write leaves the previous checkpoint whole: only the temporary file is torn.
 The writer thread runs at a lower CPU priority (nice +WRITER_NICE, Linux), so on a busy host the
 serialising and hashing take the cores the shard's loop leaves idle.
