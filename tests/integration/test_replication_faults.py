@@ -35,8 +35,10 @@ def _stall_before_op(server, *, op: int, seconds: float) -> list[float]:
 
 @pytest.mark.parametrize("mode", ["ssp", "sync"])
 def test_a_backup_dropped_for_a_late_ack_joins_again_and_never_takes_over_a_live_primary(mode, tmp_path):
-    """The backup's loop stalls 1 s on an op mid-run; the primary gives it up after its ack timeout (0.5 s here)
-    and goes on without it only once the witness has it at a new epoch. The backup, back, finds the epoch moved
+    """The backup's loop stalls 2 s on an op mid-run; the primary gives it up after its ack timeout (0.5 s here)
+    and goes on without it only once the witness has it at a new epoch (the 1.5 s between is the primary's to do
+    so on a starved host: at a 1 s stall, four pytest processes on 2 cores once starved it past it, and the
+    backup, back, rightly took over a primary silent longer than its bound). The backup, back, finds the epoch moved
     on and asks to join again, and is taken back with the state while a pull is pending (worker 0 held at its
     step 10, worker 1 waiting at the barrier or the bound). Before the witness the primary dropped it on its
     own and took it back only with no pull pending; the backup took over 0.5 s later with the primary alive,
@@ -46,7 +48,7 @@ def test_a_backup_dropped_for_a_late_ack_joins_again_and_never_takes_over_a_live
     started, go = threading.Event(), threading.Event()
     try:
         wait_for(lambda: following(backup))
-        stalled = _stall_before_op(backup, op=12, seconds=1.0)
+        stalled = _stall_before_op(backup, op=12, seconds=2.0)
         threads = run_workers(primary.address, 2, started=started, go=go)
         replicas = primary.service.replication.replicas
         wait_for(lambda: stalled and started.is_set() and replicas.admitted >= 2 and replicas.backups
