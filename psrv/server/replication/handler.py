@@ -88,11 +88,11 @@ class Replication:
             self.follower.on_stream(peer, head, payload)
         elif head["op"] in ("ack", "gap", "fenced"):
             return
-        elif head["epoch"] < self.replicas.epoch:  # an older primary's stream: the shard is ours now
-            s.transport.send(peer, stream.frames_of("fenced", self.replicas.epoch))
+        elif head["epoch"] < self.epoch:  # an older primary's stream: the shard is ours now
+            s.transport.send(peer, stream.frames_of("fenced", self.epoch))
         else:  # a stream of our epoch or a later one, from another primary: we may be the stale one
             latest = self.replicas.witness.latest() if self.replicas.witness is not None else None
-            if latest is not None and latest.epoch > self.replicas.epoch:
+            if latest is not None and latest.epoch > self.epoch:
                 self.replicas.fence(latest.epoch, f"{latest.primary} (witness: {latest.why})")
 
     def backup_stats(self, peer: Hashable, frames: list) -> bool:
