@@ -144,9 +144,10 @@ class Replication:
         """This backup is the shard's primary at `config`'s epoch: the workers' requests it held are answered
         now, and each worker has a full worker_timeout to find it."""
         s = self.state
-        f, self.follower = self.follower, None
+        f = self.follower
+        self.replicas.serve_as(config)  # the epoch first: whoever sees this replica follow no more sees it too
+        self.follower = None
         f.close()
-        self.replicas.serve_as(config)
         silent = s.now() - f.heard
         s.liveness.look()  # the time it followed is no one's silence
         s.liveness.restart_clocks(s.controller.active)
