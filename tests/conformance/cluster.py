@@ -189,7 +189,8 @@ def _state(server: Server) -> dict:
     """A shard's whole state: its state_dict, the workers' compressed-pull copies and the per-fragment outer
     optimizers beside it."""
     service = server.service
-    return {**service.state_dict(), "pulls": service.pulls.copies.state_dict(), "fragments": service.state.fragments.state_dict()}
+    return {**service.state_dict(), "pulls": service.pulls.copies.state_dict(),
+            "fragments": service.state.fragments.state_dict()}
 
 
 def run(cfg: RunConfig, *, nan: bool, hooks: Hooks | None = None) -> Outcome:

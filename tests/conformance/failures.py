@@ -204,7 +204,8 @@ class JoinBackup(AtStep):
                                             witness=self.witness_dir)).start()
         self.backups.append(backup)  # stopped and recorded at the end, like the others
         deadline = time.monotonic() + TIMEOUT
-        while not (backup.service.replication.follower.following and backup.address in primary.service.replication.replicas.addresses[1:]):
+        while not (backup.service.replication.follower.following
+                   and backup.address in primary.service.replication.replicas.addresses[1:]):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the backup of shard {self.shard} never followed {primary.address}")
             time.sleep(0.01)

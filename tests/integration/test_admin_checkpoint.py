@@ -45,7 +45,8 @@ def test_a_checkpoint_request_is_written_off_the_loop_and_answered_when_on_disk(
     started = time.perf_counter()
     ask(svc, 100)
     asked = time.perf_counter() - started
-    assert not answers(svc, 100) and svc.checkpoints.writer.writing, "the request's write runs from a thread, not the loop"
+    assert not answers(svc, 100) and svc.checkpoints.writer.writing, \
+        "the request's write runs from a thread, not the loop"
     latencies = [push(svc, seq, 2.0) for seq in range(6, 12)]  # answered while it writes
     assert svc.checkpoints.writer.writing and not answers(svc, 100), "the write ended before the pushes: pace it slower"
 

@@ -92,7 +92,7 @@ def test_pushes_are_answered_while_a_checkpoint_is_written_and_it_holds_the_stat
     started = time.perf_counter()
     assert svc.checkpoints.start()
     copied = time.perf_counter() - started
-    assert svc.checkpoints.writer.writing and not svc.checkpoints.start()  # one write in flight, a second is not started
+    assert svc.checkpoints.writer.writing and not svc.checkpoints.start()  # one write in flight, no second one
     latencies = [push(svc, seq, 2.0) for seq in range(6, 16)]
     assert svc.checkpoints.writer.writing, "the write ended before the pushes: pace it slower to test anything"
     svc.checkpoints.writer.wait(30)
@@ -109,7 +109,7 @@ def test_pushes_are_answered_while_a_checkpoint_is_written_and_it_holds_the_stat
     assert svc.summary()["checkpoints"] == 1 and svc.summary()["checkpoint_version"] == 3
 
     push(svc, 16, 3.0)
-    assert svc.checkpoints.start() and svc.checkpoints.writer.writing  # version 14 in flight, then the final one at exit:
+    assert svc.checkpoints.start() and svc.checkpoints.writer.writing  # version 14 in flight, then the final one:
     assert svc.checkpoints.save() is not None and not svc.checkpoints.writer.writing  # it waited for the one in flight
     assert read_verified(checkpoint_path(tmp_path, shard=0, num_shards=1))["shard_state"]["version"] == 14
     assert svc.summary()["checkpoints"] == 3

@@ -66,7 +66,8 @@ def test_a_backup_that_joins_while_workers_push_catches_up_from_the_state(pull, 
         assert theirs["errors"] == ours["errors"] == 0, (theirs["errors"], ours["errors"])
         assert_same_state(primary.service.state_dict(), backup.service.state_dict())
         assert_same_state(primary.service.pulls.copies.state_dict(), backup.service.pulls.copies.state_dict(), "pulls")
-        assert_same_state(primary.service.state.fragments.state_dict(), backup.service.state.fragments.state_dict(), "fragments")
+        assert_same_state(primary.service.state.fragments.state_dict(), backup.service.state.fragments.state_dict(),
+                          "fragments")
         assert len(primary.service.state.fragments.state_dict()["fragments"]) == (fragments if fragments > 1 else 0)
     finally:
         for s in (primary, backup):

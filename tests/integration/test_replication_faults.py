@@ -53,7 +53,7 @@ def test_a_backup_dropped_for_a_late_ack_joins_again_and_never_takes_over_a_live
         replicas = primary.service.replication.replicas
         wait_for(lambda: stalled and started.is_set() and replicas.admitted >= 2 and replicas.backups
                  and following(backup))
-        assert len(primary.service.pulls.pending) > 0 or mode == "ssp"  # taken back with a pull waiting (sync: rank 1's)
+        assert len(primary.service.pulls.pending) > 0 or mode == "ssp"  # taken back with a pull waiting (sync: rank 1)
         ours, theirs = finish(threads, go, primary, backup)
     finally:
         go.set()
@@ -81,9 +81,12 @@ def test_two_backups_of_a_dead_primary_elect_one_and_the_other_follows_it(tmp_pa
         stall(backups[0], 3.0)
         primary.stop()
         primary.join(30)
-        wait_for(lambda: len([b for b in backups if b.service.replication.follower is None]) == 1  # one won the epoch ...
-                 and all(following(b) for b in backups if b.service.replication.follower is not None)  # ... the other follows it
-                 and len(next(b for b in backups if b.service.replication.follower is None).service.replication.replicas.backups) == 1)
+
+        def primaries():
+            return [b for b in backups if b.service.replication.follower is None]
+        wait_for(lambda: len(primaries()) == 1  # one won the epoch ...
+                 and all(following(b) for b in backups if b not in primaries())  # ... the other follows it
+                 and len(primaries()[0].service.replication.replicas.backups) == 1)
         records = finish(threads, go, *backups)
     finally:
         go.set()

@@ -92,7 +92,8 @@ def test_a_service_carries_on_from_its_state_dict_exactly(mode, optim):
     b.svc.load_state_dict(a.svc.state_dict())
     assert torch.equal(b.weights, a.weights) and b.svc.shard.version == a.svc.shard.version > 0
     assert b.svc.controller.clocks == a.svc.controller.clocks == {0: 4, 1: 3}
-    assert b.svc.controller.active == {0, 1} and b.svc.state.plan_hash == "plan" and b.svc.state.resumed_from == a.svc.shard.version
+    assert b.svc.controller.active == {0, 1} and b.svc.state.plan_hash == "plan"
+    assert b.svc.state.resumed_from == a.svc.shard.version
     assert b.hello(0).fields["last_seq"] == a.hello(0).fields["last_seq"] == 20  # the dedup table came along
     carry_on(a)
     want = a.weights, a.svc.shard.version, dict(a.svc.controller.clocks)
