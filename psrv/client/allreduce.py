@@ -272,8 +272,7 @@ def _init_group(backend: str, rank: int, world_size: int, timeout: float) -> Non
         init_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=wait)
     else:
         raise ValueError("psrv.AllReduceWorker: WORLD_SIZE > 1 under an all-reduce mode needs MASTER_ADDR and "
-                         "MASTER_PORT "
-                         "(psrv run --script and torchrun set them)")
+                         "MASTER_PORT (psrv run --script and torchrun set them)")
 
 
 def _optimizer(config: RunConfig, model: torch.nn.Module) -> torch.optim.Optimizer:

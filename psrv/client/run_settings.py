@@ -73,9 +73,8 @@ class TakesRunSettings(type):
         mode = allreduce_mode()
         if mode is not None:
             raise ValueError(f"psrv.Worker is the parameter-server worker, and this run all-reduces "
-                             f"(PSRV_MODE={mode}): "
-                             "call psrv.make_worker(model), which is psrv.AllReduceWorker there and psrv.Worker "
-                             "in a parameter-server mode")
+                             f"(PSRV_MODE={mode}): call psrv.make_worker(model), which is psrv.AllReduceWorker there "
+                             "and psrv.Worker in a parameter-server mode")
         config = run_config_from_env()
         if config is None:
             return super().__call__(*args, **keywords)

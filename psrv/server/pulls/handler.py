@@ -89,8 +89,7 @@ class Pulls:
                              "epoch": replication.epoch})]
         if p.push is not None:
             fields["push"] = p.push
-            notes.append(("ack", {"w": p.worker, "seq": p.seq, "epoch": replication.epoch,
-                                  "version": p.push.get("version"), "dropped": p.push.get("dropped")}))
+            notes.append(self.service.pushes.acked(p.worker, p.seq, p.push))
         for peer in p.peers:
             self.service.reply(peer, Message(MsgType.WEIGHTS, seq=p.seq, fields=fields, tensor=tensor, parts=parts),
                                notes)

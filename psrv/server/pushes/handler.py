@@ -62,7 +62,8 @@ class Pushes:
         if pushed is None:  # a chunk, not the push's last: the push is answered once, at its end
             return
         info = {**pushed, **s.speeds.fastest(s.controller.active), **self.service.replication.replicas.said()}
-        self.service.reply(peer, Message(MsgType.OK, seq=msg.seq, fields=info), [self.acked(msg, info)])
+        ack = self.acked(msg.worker, msg.seq, info)
+        self.service.reply(peer, Message(MsgType.OK, seq=msg.seq, fields=info), [ack])
         self.service.pulls.release()
 
     def take(self, msg: Message) -> dict | None:
@@ -174,9 +175,10 @@ class Pushes:
         else:
             self.state.history.record("apply", **where, version=version)
 
-    def acked(self, msg: Message, info: dict) -> tuple[str, dict]:
-        """The history's event for push `msg` acknowledged with `info` (its answer)."""
-        return ("ack", {"w": msg.worker, "seq": msg.seq, "epoch": self.epoch,
+    def acked(self, worker: int, seq: int, info: dict) -> tuple[str, dict]:
+        """The history's event for push `seq` of `worker` acknowledged with `info` (its answer, alone or in a
+        PUSH_PULL's WEIGHTS)."""
+        return ("ack", {"w": worker, "seq": seq, "epoch": self.epoch,
                         "version": info.get("version"), "dropped": info.get("dropped")})
 
     def before_write(self) -> None:
