@@ -25,9 +25,11 @@ $(STAMP): pyproject.toml
 run: setup
 	$(BIN)/psrv run --out runs/default
 
+# The tests' processes start psrv (and pytest rewrites the test files) hundreds of times: with bytecode writing on, each
+# module is compiled once, where PYTHONDONTWRITEBYTECODE in the caller's environment would compile it in every process.
 test: setup
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder --durations=15
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder --durations=15
 
 bench: setup
 	$(BIN)/python -m psrv.experiments.bench

@@ -7,6 +7,7 @@ run's summary.json the union, and `psrv experiment` reuses a finished run only w
 from __future__ import annotations
 
 import hashlib
+import os
 import platform
 import site
 import sys
@@ -48,18 +49,29 @@ def _is_user_code(name: str, module) -> bool:
 def imported_files() -> dict[str, str]:
     """{absolute path: sha256} of every module file this process has imported that is neither psrv's nor
     installed (the standard library, site-packages): the entry script (__main__) and its own modules."""
-    roots = _installed_roots()
+    roots = [str(root).rstrip(os.sep) + os.sep for root in _installed_roots()]
+    folders: dict[str, str] = {}  # a module's folder as named -> its real path: one walk per folder, not per file
     found: dict[str, str] = {}
     for name, module in list(sys.modules.items()):
         file = getattr(module, "__file__", None)
         if not file or not _is_user_code(name, module):
             continue
-        path = Path(file).resolve()
-        if not path.is_file() or any(part in _VENDORED for part in path.parts) or \
-                any(path.is_relative_to(root) for root in roots):
+        path = _real_path(file, folders)
+        if any(part in _VENDORED for part in path.split(os.sep)) or path.startswith(tuple(roots)) \
+                or not os.path.isfile(path):
             continue
-        found[str(path)] = sha256_of(path)
+        found[path] = sha256_of(path)
     return dict(sorted(found.items()))
+
+
+def _real_path(file: str, folders: dict[str, str]) -> str:
+    """os.path.realpath(file), with its folder's real path taken from `folders` (filled in here): the file is
+    its real folder's entry unless it is itself a link. Over torch's thousand modules, a realpath each took 50 ms."""
+    head, tail = os.path.split(file)
+    real = folders.get(head)
+    if real is None:
+        real = folders[head] = os.path.realpath(head)
+    return os.path.realpath(file) if os.path.islink(file) else os.path.join(real, tail)
 
 
 def sha256_of(path: str | Path) -> str:

@@ -32,7 +32,10 @@ from pathlib import Path
 _PRELOAD = ("torch", "setproctitle", "psrv.server.run", "psrv.workers.loop", "psrv.workers.jobs", "psrv.cli.main",
             # no job imports sklearn (digits reads its CSV: workers/jobs/digits.py)
             "psrv.cli.serve", "psrv.cli.worker",
-            "psrv.workers.allreduce.main", "psrv.workers.allreduce.loop")
+            "psrv.workers.allreduce.main", "psrv.workers.allreduce.loop",
+            # what every shard and worker imports once started (its transport, a worker's data and the weights'
+            # file format): 35-45 ms of each child's start otherwise
+            "psrv.transport.zmq", "psrv.transport.shm", "psrv.workers.data", "torch.utils.serialization")
 
 
 def _threads() -> int:

@@ -27,6 +27,26 @@ def test_a_script_and_its_helper_are_hashed_and_nothing_installed_is(tmp_path: P
     assert got["versions"] == versions() and got["versions"]["python"] == platform.python_version()
 
 
+def test_modules_reached_through_links_are_recorded_at_their_real_paths(tmp_path: Path) -> None:
+    """A folder that is a link (lib -> ../real) and a module file that is one (h2.py -> ../real/linked.py): each
+    file is named by its real path, as Path.resolve names it."""
+    real, proj = tmp_path / "real", tmp_path / "proj"
+    real.mkdir()
+    proj.mkdir()
+    (real / "helper.py").write_text("A = 1\n")
+    (real / "linked.py").write_text("B = 2\n")
+    (proj / "lib").symlink_to(real, target_is_directory=True)
+    (proj / "h2.py").symlink_to(real / "linked.py")
+    (proj / "train.py").write_text(
+        "import json, lib.helper, h2\n"
+        "from psrv.code_inputs import code_inputs\n"
+        "print(json.dumps(sorted(code_inputs()['files'])))\n")
+    out = subprocess.run([sys.executable, "train.py"], cwd=proj, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    want = sorted(str(p.resolve()) for p in (real / "helper.py", real / "linked.py", proj / "train.py"))
+    assert json.loads(out.stdout) == want
+
+
 def test_a_runs_inputs_are_the_union_of_its_workers() -> None:
     a = {"versions": {"psrv": "1"}, "files": {"/x/a.py": "1"}}
     b = {"versions": {"psrv": "1"}, "files": {"/x/b.py": "2"}}
