@@ -82,7 +82,10 @@ def test_the_whole_script_runs_in_a_spec_under_every_mode_with_its_held_out_metr
             with open(run / "evals.csv") as f:
                 evals = list(csv.DictReader(f))
             assert [e["step"] for e in evals] == ["0", "20", "40", "60"], variant       # the script's log_eval calls
-            assert float(evals[0]["eval_accuracy"]) < 0.3 and s["eval_accuracy"] >= 0.5, (variant, s)
+            if variant in ("sync", "ddp"):  # nothing moves the weights before rank 0's first step (a barrier, a
+                # broadcast); in async and ssp rank 1 may push before rank 0's first pull (0.745 at step 0, once)
+                assert float(evals[0]["eval_accuracy"]) < 0.3, (variant, evals[0])
+            assert s["eval_accuracy"] >= 0.5, (variant, s)
             assert s["eval_accuracy"] == float(evals[-1]["eval_accuracy"])
             assert s["pushes"] == 120
     report = (out / "report.md").read_text()
