@@ -34,7 +34,7 @@ _PRELOAD = ("torch", "setproctitle", "psrv.server.run", "psrv.workers.loop", "ps
             "psrv.cli.serve", "psrv.cli.worker",
             "psrv.workers.allreduce.main", "psrv.workers.allreduce.loop",
             # what every shard and worker imports once started (its transport, a worker's data and the weights'
-            # file format): 35-45 ms of each child's start otherwise
+            # file format): 36-42 ms of each child's start otherwise (docs/architecture.md, "Start-up")
             "psrv.transport.zmq", "psrv.transport.shm", "psrv.workers.data", "torch.utils.serialization")
 
 

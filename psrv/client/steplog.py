@@ -269,7 +269,7 @@ class StepLog:
             files.state.parent.mkdir(parents=True, exist_ok=True)
             torch.save({k: v.detach().cpu().clone() for k, v in state.items()}, files.state)
         if files.record is not None:  # the code that ran, for the run's reuse: only where a record is kept (its
-            # scan of sys.modules took 60 ms, once per worker of every in-process run of the test suite)
+            # scan of sys.modules: 15 ms over torch's modules)
             write_json(files.record, {**record, "inputs": code_inputs()})
         if self.metrics is not None and whole:  # it has left the shards: it finished, it did not die
             self.metrics.finished.set(1)

@@ -12,15 +12,18 @@ from pathlib import Path
 from psrv.code_inputs import merged, versions
 
 
+def inputs_of_script(folder: Path, imports: str) -> dict:
+    """code_inputs() as `python train.py` in `folder` records it, train.py importing `imports` first."""
+    (folder / "train.py").write_text(f"import json, {imports}\nfrom psrv.code_inputs import code_inputs\n"
+                                     "print(json.dumps(code_inputs()))\n")
+    out = subprocess.run([sys.executable, "train.py"], cwd=folder, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
 def test_a_script_and_its_helper_are_hashed_and_nothing_installed_is(tmp_path: Path) -> None:
     (tmp_path / "helper.py").write_text("import json\nNOISE = 0.1\n")
-    (tmp_path / "train.py").write_text(
-        "import json, sys, torch, psrv, helper\n"
-        "from psrv.code_inputs import code_inputs\n"
-        "print(json.dumps(code_inputs()))\n")
-    out = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    got = json.loads(out.stdout)
+    got = inputs_of_script(tmp_path, "sys, torch, psrv, helper")
     files = {str((tmp_path / n).resolve()): hashlib.sha256((tmp_path / n).read_bytes()).hexdigest()
              for n in ("helper.py", "train.py")}
     assert got["files"] == files  # not json, torch or psrv: their versions say what they were
@@ -37,14 +40,9 @@ def test_modules_reached_through_links_are_recorded_at_their_real_paths(tmp_path
     (real / "linked.py").write_text("B = 2\n")
     (proj / "lib").symlink_to(real, target_is_directory=True)
     (proj / "h2.py").symlink_to(real / "linked.py")
-    (proj / "train.py").write_text(
-        "import json, lib.helper, h2\n"
-        "from psrv.code_inputs import code_inputs\n"
-        "print(json.dumps(sorted(code_inputs()['files'])))\n")
-    out = subprocess.run([sys.executable, "train.py"], cwd=proj, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    want = sorted(str(p.resolve()) for p in (real / "helper.py", real / "linked.py", proj / "train.py"))
-    assert json.loads(out.stdout) == want
+    got = inputs_of_script(proj, "lib.helper, h2")
+    assert sorted(got["files"]) == sorted(str(p.resolve()) for p in (real / "helper.py", real / "linked.py",
+                                                                     proj / "train.py"))
 
 
 def test_a_runs_inputs_are_the_union_of_its_workers() -> None:
