@@ -108,31 +108,30 @@ def kind(command: str) -> str:
     return "python -c" if " -c " in command else (command.split(" ")[0] or "?")
 
 
+def _summed(items) -> dict[str, list[float]]:
+    """(key, CPU, other) items -> {key: [how many, CPU, other]}, summed."""
+    sums: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    for key, cpu, other in items:
+        entry = sums[key]
+        entry[0] += 1
+        entry[1] += cpu
+        entry[2] += other
+    return sums
+
+
 def report(path: Path, top: int = 30) -> str:
-    lines = []
+    """The plugin's folder by test file (CPU, wall), or the sampler's file by kind of process (CPU, system)."""
     if path.is_dir():
         rows = [r for f in sorted(path.glob("cpu-*.json")) for r in json.loads(f.read_text())]
-        by_file: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
-        for test, wall, own, children in rows:
-            entry = by_file[test.split("::")[0]]
-            entry[0] += 1
-            entry[1] += own + children
-            entry[2] += wall
-        total = sum(e[1] for e in by_file.values())
-        lines.append(f"{len(rows)} tests, {total:.0f} s of CPU counted")
-        for name, (count, cpu, wall) in sorted(by_file.items(), key=lambda kv: -kv[1][1])[:top]:
-            lines.append(f"{cpu:7.1f} s CPU {wall:7.1f} s wall {count:5d} tests  {name}")
-        return "\n".join(lines)
-    seen = json.loads(path.read_text())
-    by_kind: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
-    for command, user, system in seen.values():
-        entry = by_kind[kind(command)]
-        entry[0] += 1
-        entry[1] += user
-        entry[2] += system
-    lines.append(f"{len(seen)} processes, {sum(e[1] + e[2] for e in by_kind.values()):.0f} s of CPU")
-    for name, (count, user, system) in sorted(by_kind.items(), key=lambda kv: -(kv[1][1] + kv[1][2]))[:top]:
-        lines.append(f"{user + system:7.1f} s CPU ({system:5.1f} system) {count:5d} processes  {name}")
+        sums = _summed((test.split("::")[0], own + children, wall) for test, wall, own, children in rows)
+        head, line = f"{len(rows)} tests", "{cpu:7.1f} s CPU {other:7.1f} s wall {n:5d} tests  {name}"
+    else:
+        seen = json.loads(path.read_text())
+        sums = _summed((kind(command), user + system, system) for command, user, system in seen.values())
+        head, line = f"{len(seen)} processes", "{cpu:7.1f} s CPU ({other:5.1f} system) {n:5d} processes  {name}"
+    lines = [f"{head}, {sum(e[1] for e in sums.values()):.0f} s of CPU"]
+    for name, (n, cpu, other) in sorted(sums.items(), key=lambda kv: -kv[1][1])[:top]:
+        lines.append(line.format(cpu=cpu, other=other, n=n, name=name))
     return "\n".join(lines)
 
 
