@@ -13,12 +13,15 @@ Writes DIR/results.json (rows like `make bench`'s) and DIR/results.md after ever
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
 import importlib.util
 import json
 import os
 import platform
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -38,6 +41,7 @@ SHARE = {"tests": 0.12, "apply": 0.04, "copies": 0.03, "samples": 0.50, "placeme
 GPU_TEST_FILES = ("tests/unit/test_gpu.py", "tests/integration/test_user_mistakes.py",
                   "tests/integration/test_library.py")
 GPU_TEST_KEYWORDS = "gpu or cuda or device"
+INTERRUPT_GRACE = 30.0  # seconds an interrupted pytest has to print its failures and summary
 # module -> the test files (or a file's tests, FILE::TEST) that need it; the extras installed by `make setup`
 SUITE_NEEDS = {"kubernetes_validate": ("tests/unit/test_kubernetes_manifests.py",),
                "mlflow": ("tests/unit/test_tracking_mlflow.py",
@@ -75,19 +79,34 @@ def machine() -> dict:
 
 
 def pytest(args: list[str], log: Path, timeout: float) -> dict:
-    """Run pytest with `args` from the repository root, its output in `log`; its exit code and last line."""
+    """Run pytest with `args` from the repository root, its output in `log`; its exit code and last line. At the
+    budget its process group is interrupted (SIGINT), as Ctrl-C would, so that it still prints the failures' tracebacks and its
+    summary (the first lent H200's suite was killed at 84% and kept 6 failures' names only); killed if it has not
+    ended INTERRUPT_GRACE seconds later. A stopped run's summary counts the outcomes `-v` printed."""
     argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rfEs", *args]
+    grace = min(INTERRUPT_GRACE, max(timeout, 1) / 4)
     with open(log, "w") as f:
         f.write(" ".join(argv) + "\n\n")
         f.flush()
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            code = subprocess.run(argv, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=max(timeout, 1)).returncode
+            code = proc.wait(timeout=max(timeout - grace, 1))
         except subprocess.TimeoutExpired:
             code = None
-    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+            os.killpg(proc.pid, signal.SIGINT)  # the controller and its xdist workers, as Ctrl-C in a terminal
+            try:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    text = log.read_text(errors="replace")
+    lines = [line for line in text.splitlines() if line.strip()]
     last = lines[-1].strip("= ") if lines else ""
-    return {"returncode": code, "summary": last if code is not None else f"stopped at the budget ({timeout:.0f} s)",
-            "log": log.name}
+    if code is None:
+        counts = collections.Counter(re.findall(r"^\[gw\d+\] \[ *\d+%\] ([A-Z]+) ", text, re.M))
+        seen = ", ".join(f"{n} {outcome.lower()}" for outcome, n in sorted(counts.items()))
+        last = f"stopped at the budget ({timeout:.0f} s){': ' + seen if seen else ''}"
+    return {"returncode": code, "summary": last, "log": log.name}
 
 
 def describe(r: dict) -> str:
@@ -164,7 +183,7 @@ def run_part(name: str, a: argparse.Namespace, *, cuda: bool, gpu: str | None, d
                 ignore += ["--deselect" if "::" in path else "--ignore", path]
                 said.append(f"SKIPPED suite {'test' if '::' in path else 'file'} {path}: {module} is not installed "
                             "here (carry it: deploy/gpu/prepare.sh)")
-        doc["tests"]["suite"] = pytest(["-v", "-n", str(min(os.cpu_count() or 1, 16)), "--dist", "loadfile", *ignore,
+        doc["tests"]["suite"] = pytest(["-v", "--tb=short", "-n", str(min(os.cpu_count() or 1, 16)), "--dist", "loadfile", *ignore,
                                         "tests"], a.out / "pytest-suite.txt", left - 10)
     elif name == "copies" and not cuda:
         said.append(f"SKIPPED copies: not run {no_cuda()} (pinned memory needs it): {WHAT['copies']}")

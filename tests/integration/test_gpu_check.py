@@ -55,3 +55,17 @@ def test_the_gpu_test_selection_names_every_test_file_with_a_gpu_mark_or_a_cuda_
              if re.search(r"mark\.gpu|cuda\.is_available|cuda\.device_count", p.read_text())} - {this}
     assert found == set(gpu_check.GPU_TEST_FILES)
     assert all((ROOT / path.split("::")[0]).is_file() for paths in gpu_check.SUITE_NEEDS.values() for path in paths)
+
+
+@pytest.mark.timeout(90)
+def test_a_pytest_stopped_at_its_budget_still_prints_its_failures_and_counts_what_ran(tmp_path):
+    """The suite part's pytest is interrupted at the budget as Ctrl-C would, so the failures that ran before it are
+    in the log with their tracebacks (a kill, as before, kept only their names)."""
+    (tmp_path / "test_budget.py").write_text(
+        "import time\n\ndef test_fails():\n    assert 1 == 2, 'the failure message'\n\n"
+        "def test_passes():\n    pass\n\ndef test_sleeps():\n    time.sleep(120)\n")
+    log = tmp_path / "log.txt"
+    got = gpu_check.pytest(["-v", "--tb=short", "-n", "1", str(tmp_path / "test_budget.py")], log, 20)
+    assert got["returncode"] is None and got["summary"] == "stopped at the budget (20 s): 1 failed, 1 passed", got
+    text = log.read_text()
+    assert "AssertionError: the failure message" in text and "KeyboardInterrupt" in text, text[-3000:]
