@@ -139,7 +139,7 @@ def markdown(doc: dict) -> str:
     m = doc["machine"]
     gpu = (f"{m['gpu']} ({m.get('gpu_memory_gib')} GiB, driver {m.get('driver', '?')}), CUDA {m['cuda']}"
            if m.get("gpu") else "no GPU")
-    head = (f"**REHEARSAL on the CPU: these are not GPU figures.** " if doc.get("rehearsal") else "")
+    head = ("**REHEARSAL on the CPU: these are not GPU figures.** " if doc.get("rehearsal") else "")
     lines = [f"{head}{gpu}; {m['cores']} cores, {m['cpu']}, torch {m['torch']}, Python {m['python']}, {m['date']}; "
              f"seconds per part: {doc['part_seconds']}"]
     lines += [""] if doc["tests"] or doc["said"] else []
