@@ -101,3 +101,30 @@ def test_dgcs_warm_up_sends_ratio_to_the_stage_over_five_in_four_equal_stages():
         assert warmup_ratio(ratio, clock, pushes) == pytest.approx(ratio ** (stage / 5), rel=1e-12), clock
     assert warmup_ratio(ratio, pushes, pushes) == ratio and warmup_ratio(ratio, 500, pushes) == ratio
     assert [round(1 - ratio ** (s / 5), 3) for s in range(1, 5)] == [0.749, 0.937, 0.984, 0.996]  # the paper's
+
+
+@pytest.mark.parametrize("name, dtype", [("float16", torch.float16), ("bfloat16", torch.bfloat16)])
+@pytest.mark.parametrize("ef", [True, False])
+def test_a_cast_pull_moves_the_copy_by_the_change_cast_and_its_exact_ranges_to_the_weights(name, dtype, ef):
+    """`--compress-pull float16|bfloat16`, which no matrix case runs (its rounding, 2^-11 or 2^-8 of a step's
+    change, is under the matrix's tolerance: make mutants found the cast reached by no case). The reference, from
+    the definition (docs/compression.md): the copy x moves by the change w - x cast to the dtype and back, and
+    with error feedback the exact (dense) ranges take the weights themselves; without it they take their change.
+    Parts of another dtype or size are refused."""
+    from psrv.codecs.pull import decode_pull, encode_pull, make_pull_codec
+    g = torch.Generator().manual_seed(5)
+    w, x = torch.randn(3000, generator=g), torch.randn(3000, generator=g)
+    dense = [[0, 10], [2990, 3000]]
+    fields, parts = encode_pull(make_pull_codec(name), x, w, ef=ef, dense=dense, among=None)
+    copy = x.clone()
+    decode_pull(fields, parts, 3000).apply_to(copy)
+    want = x + (w - x).to(dtype).float()
+    for a, b in dense:
+        want[a:b] = w[a:b] if ef else x[a:b] + (w[a:b] - x[a:b])
+    assert torch.equal(copy, want)
+    assert parts["values"].dtype == dtype and fields["name"] == name and fields["ef"] is ef
+    other = torch.float16 if dtype == torch.bfloat16 else torch.bfloat16
+    with pytest.raises(ProtocolError, match=f"part 'values' is {str(other).removeprefix('torch.')}"):
+        decode_pull(fields, {**parts, "values": parts["values"].to(other)}, 3000)
+    with pytest.raises(ProtocolError, match="part 'values' has 2999 elements"):
+        decode_pull(fields, {**parts, "values": parts["values"][:-1]}, 3000)

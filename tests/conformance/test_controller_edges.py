@@ -1,10 +1,13 @@
 """What no case of the matrix shows about the consistency controllers, found by `make mutants`
 (tests/conformance/mutants.py): SSP with its bound at zero is accepted and is BSP's barrier (the matrix's ssp
-cases use bounds of 1 and more), and a negative bound is refused in one line naming it."""
+cases use bounds of 1 and more), and a negative bound is refused in one line naming it; BSP's barrier with a
+worker that rejoins while the others push (it counts from the next clock), a restored shard's jump to the clock
+the workers are at, and its state through a checkpoint, whole (the matrix restarts no sync shard mid-clock)."""
 import pytest
 
 from psrv.server.consistency import make_controller
 from psrv.server.consistency.ssp import SSPController
+from psrv.server.consistency.sync import SyncController
 
 
 def bsp_pull_ready(clocks: dict[int, int], clock: int) -> bool:
@@ -27,3 +30,103 @@ def test_ssp_at_staleness_0_is_accepted_and_is_the_bsp_barrier():
 def test_a_negative_staleness_is_refused_naming_it():
     with pytest.raises(ValueError, match=r"^staleness must be >= 0; got -1$"):
         SSPController(2, staleness=-1)
+
+
+def observed(c: SyncController) -> dict:
+    """Everything a sync controller's answers depend on, as plain values."""
+    return {"open_clock": c.open_clock, "arrived": set(c.arrived), "voided": set(c.voided), "skipped": c.skipped,
+            "joining": dict(c.joining), "active": set(c.active), "clocks": dict(c.clocks), "min": c.min_clock(),
+            "pushing": c.pushing(), "needed": c.needed(), "ready": c.commit_ready()}
+
+
+def test_a_worker_rejoining_while_others_push_counts_from_the_next_clock_and_never_holds_the_open_one():
+    """BSP with a rejoin, from its definition: the open clock's barrier waits for the workers that were pushing
+    it when it opened; a worker that rejoins meanwhile pulls the open clock's commit and is waited for from the
+    clock after it, and from then on as any other. Alone, a joiner is waited for at once."""
+    c = SyncController(3)
+    c.push(0, 0)
+    c.leave(2)
+    c.join(2)  # 0 and 1 still push clock 0
+    assert c.counted_from(2) == 1 and c.next_clock(2) == 1 and c.pushing() == {0, 1}
+    c.push(1, 0)
+    assert c.commit_ready()  # without 2: it counts from clock 1
+    c.committed()
+    assert c.open_clock == 1 and c.counted_from(2) is None and c.pushing() == {0, 1, 2} and c.needed() == 3
+    c.push(0, 1)
+    c.push(1, 1)
+    assert not c.commit_ready()  # clock 1 waits for the joiner now
+    c.push(2, 1)
+    assert c.commit_ready()
+
+    alone = SyncController(2)
+    alone.leave(0)
+    alone.leave(1)
+    alone.join(1)  # no one else pushes: it counts at once
+    assert alone.counted_from(1) is None and alone.pushing() == {1} and alone.next_clock(1) == 0
+
+
+def test_a_joiner_that_pulls_a_later_clock_is_counted_from_that_one():
+    c = SyncController(3)
+    c.push(0, 0)
+    c.leave(2)
+    c.join(2)
+    c.expect(2, 3)  # another shard welcomed it later: this one must not wait for clocks 1 and 2 of it
+    assert c.counted_from(2) == 3
+    c.expect(2, 2)  # an earlier clock changes nothing
+    assert c.counted_from(2) == 3
+    for clock in (0, 1):
+        c.push(0, clock)
+        c.push(1, clock)
+        assert c.commit_ready() and 2 not in c.pushing(), clock
+        c.committed()
+    c.push(0, 2)
+    c.push(1, 2)
+    c.committed()
+    assert c.open_clock == 3 and c.pushing() == {0, 1, 2}
+
+
+def test_a_restored_shard_jumps_to_the_clock_the_workers_push_and_counts_the_clocks_it_lost():
+    """A shard restored from a checkpoint of clock 3 gets a push for clock 7 (the others committed 3 to 6): its
+    open clock jumps to 7, the sum it held is void, 4 clocks are counted lost, a joiner due by then counts now;
+    the same push on a shard never restored, or a clock not ahead of it, changes nothing."""
+    c = SyncController(3)
+    for clock in range(3):
+        for w in range(3):
+            c.push(w, clock)
+        c.committed()
+    c.push(0, 3)
+    c.joining = {1: 5, 2: 9}
+    restored = SyncController(3)
+    restored.load_state_dict(c.state_dict())
+    assert restored.catch_up(3) == 0 and restored.open_clock == 3 and restored.arrived == {0}
+    assert restored.catch_up(7) == 4
+    assert (restored.open_clock, restored.arrived, restored.voided, restored.skipped) == (7, set(), set(), 4)
+    assert restored.joining == {2: 9}
+    assert restored.catch_up(9) == 2 and restored.skipped == 6 and restored.joining == {}
+    before = observed(c)
+    assert c.catch_up(7) == 0 and observed(c) == before  # never restored: no clock it did not open is skipped
+
+
+def test_a_sync_controllers_state_survives_a_checkpoint_whole():
+    """Mid-clock, with a voided push, a joiner, clocks lost to an earlier restore and a worker gone: a controller
+    loaded from its state_dict answers as the one saved, and is marked restored."""
+    c = SyncController(4, backup_workers=1)
+    for w in range(4):
+        c.push(w, 0)
+    c.committed()
+    c.push(0, 1)
+    c.push(1, 1)
+    c.void(1)
+    c.leave(3)
+    c.join(3)
+    c.skipped = 2
+    state = c.state_dict()
+    loaded = SyncController(4, backup_workers=1)
+    loaded.load_state_dict(state)
+    assert observed(loaded) == observed(c)
+    assert observed(loaded) == {"open_clock": 1, "arrived": {0, 1}, "voided": {1}, "skipped": 2, "joining": {3: 2},
+                                "active": {0, 1, 2, 3}, "clocks": {0: 2, 1: 2, 2: 1, 3: 1}, "min": 1,
+                                "pushing": {0, 1, 2}, "needed": 2, "ready": False}
+    assert loaded.resumed and not c.resumed
+    with pytest.raises(ValueError, match="checkpoint holds a 'sync' controller, this server runs 'ssp'"):
+        SSPController(4, staleness=1).load_state_dict(state)

@@ -68,3 +68,30 @@ def test_gpu0_as_the_parameter_server_matches_the_cpu_server(transport, tmp_path
     assert on_gpu["device"] == "cuda:0" and on_cpu["updates_applied"] == on_gpu["updates_applied"] == 20
     torch.testing.assert_close(torch.load(tmp_path / "gpu" / "params.pt"), torch.load(tmp_path / "cpu" / "params.pt"),
                                rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("spec", ["int8", "fp4", "topk:0.1", "randomk:0.1", "float16"])
+@pytest.mark.parametrize("ef", [True, False])
+def test_cpu_parts_decode_into_a_cuda_copy_as_into_a_cpu_one(spec, ef):
+    """A shard on cuda:0 decodes a push's CPU parts into its buffer, and a GPU worker applies a pull's CPU parts
+    to its copy: the same numbers as on the CPU. Kills the `device=` mutants of the decoders and of
+    PullDelta.apply_to that no CPU-only case can (make mutants; the meta device accepts CPU operands there)."""
+    from psrv.codecs import make
+    from psrv.codecs.pull import decode_pull, encode_pull, make_pull_codec
+    g = torch.Generator().manual_seed(7)
+    n = 2051
+    w, x = torch.randn(n, generator=g), torch.randn(n, generator=g)
+    fields, parts = encode_pull(make_pull_codec(spec), x, w, ef=ef, dense=[[0, 7]], among=None)
+    cpu, gpu = x.clone(), x.to("cuda:0")
+    decode_pull(fields, parts, n).apply_to(cpu)
+    decode_pull(fields, parts, n).apply_to(gpu)
+    assert torch.equal(gpu.cpu(), cpu)
+    if spec == "float16":
+        return
+    codec = make(spec, seed=0)
+    pushed = codec.encode(torch.randn(n, generator=g), None)
+    decoded = type(codec).decode(pushed, codec.params(), n)
+    on_cpu, on_gpu = torch.ones(n), torch.ones(n, device="cuda:0")
+    decoded.add_into(on_cpu, torch.empty(n))
+    decoded.add_into(on_gpu, torch.empty(n, device="cuda:0"))
+    assert torch.equal(on_gpu.cpu(), on_cpu)
