@@ -46,7 +46,7 @@ class Cast(Codec):
         return DenseDecoded(lambda out: out.copy_(values), [values])
 
 
-def make_pull_codec(spec: str, *, seed: int = 0, sign_scale: str = "l2") -> Codec:
+def make_pull_codec(spec: str, *, seed: int, sign_scale: str) -> Codec:
     """The codec a --compress-pull value names (ValueError for another): the push's lossy codecs, or a cast."""
     name, _ = parse(spec)
     return Cast(name) if name in CAST_DTYPES else make(spec, seed=seed, sign_scale=sign_scale)
@@ -100,7 +100,7 @@ def decode_pull(fields: dict, parts: dict[str, torch.Tensor], size: int) -> Pull
     if not isinstance(fields, dict):
         raise ProtocolError(ErrorCode.MALFORMED, "pull_codec must be a map")
     name = fields.get("name")
-    decoder = Cast if name in CAST_DTYPES else LOSSY.get(name) if isinstance(name, str) else None
+    decoder = (Cast if name in CAST_DTYPES else LOSSY.get(name)) if isinstance(name, str) else None  # a list: no crash
     if decoder is None:
         raise ProtocolError(ErrorCode.MALFORMED, f"unknown pull codec {name!r}")
     if fields.get("n") != size:

@@ -114,8 +114,8 @@ def test_a_cast_pull_moves_the_copy_by_the_change_cast_and_its_exact_ranges_to_t
     from psrv.codecs.pull import decode_pull, encode_pull, make_pull_codec
     g = torch.Generator().manual_seed(5)
     w, x = torch.randn(3000, generator=g), torch.randn(3000, generator=g)
-    dense = [[0, 10], [2990, 3000]]
-    fields, parts = encode_pull(make_pull_codec(name), x, w, ef=ef, dense=dense, among=None)
+    dense = [[3, 10], [1500, 1512], [2990, 3000]]  # three, none at 0: each range's values are found by offset
+    fields, parts = encode_pull(make_pull_codec(name, seed=0, sign_scale="l1"), x, w, ef=ef, dense=dense, among=None)
     copy = x.clone()
     decode_pull(fields, parts, 3000).apply_to(copy)
     want = x + (w - x).to(dtype).float()
@@ -128,3 +128,35 @@ def test_a_cast_pull_moves_the_copy_by_the_change_cast_and_its_exact_ranges_to_t
         decode_pull(fields, {**parts, "values": parts["values"].to(other)}, 3000)
     with pytest.raises(ProtocolError, match="part 'values' has 2999 elements"):
         decode_pull(fields, {**parts, "values": parts["values"][:-1]}, 3000)
+
+
+def test_a_malformed_pull_header_is_refused_in_its_one_line_with_its_code():
+    """A worker refuses a pull whose header is not a map or names no codec it knows (MALFORMED), or whose size
+    is not the range's (BAD_TENSOR), each with a line that says which, before anything is applied."""
+    from psrv.codecs.pull import decode_pull, encode_pull, make_pull_codec
+    from psrv.protocol import ErrorCode
+    fields, parts = encode_pull(make_pull_codec("topk:0.1", seed=0, sign_scale="l1"), torch.zeros(50), torch.randn(50),
+                                ef=True, dense=[], among=None)
+    for header, code, line in (
+            (["topk"], ErrorCode.MALFORMED, "pull_codec must be a map"),
+            ({**fields, "name": "zstd"}, ErrorCode.MALFORMED, "unknown pull codec 'zstd'"),
+            ({**fields, "name": ["topk"]}, ErrorCode.MALFORMED, "unknown pull codec ['topk']"),
+            ({**fields, "n": 49}, ErrorCode.BAD_TENSOR, "compressed pull for 49 elements; this range has 50")):
+        with pytest.raises(ProtocolError) as refused:
+            decode_pull(header, parts, 50)
+        assert (refused.value.code, refused.value.message) == (code, line)
+
+
+def test_a_pull_codec_is_the_push_codec_it_names_with_the_shards_seed_and_sign_scale():
+    """The shard makes each worker's pull codec with a seed of its own (random-k's draws) and the sign scale
+    the worker asked for: both reach the codec (the matrix's pulls are top-k and sign at l1, its default)."""
+    from psrv.codecs.pull import make_pull_codec
+    x = torch.randn(5000, generator=torch.Generator().manual_seed(11))
+    for seed in (7, 8):
+        got = make_pull_codec("randomk:0.1", seed=seed, sign_scale="l2").encode(x, None)["indices"]
+        assert torch.equal(got, make("randomk:0.1", seed=seed).encode(x, None)["indices"]), seed
+    scales = {scale: make_pull_codec("sign", seed=0, sign_scale=scale).encode(x, None)["scales"]
+              for scale in ("l1", "l2")}
+    for scale, got in scales.items():
+        assert torch.equal(got, make("sign", sign_scale=scale).encode(x, None)["scales"]), scale
+    assert not torch.equal(scales["l1"], scales["l2"])

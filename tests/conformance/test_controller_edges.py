@@ -58,6 +58,12 @@ def test_a_worker_rejoining_while_others_push_counts_from_the_next_clock_and_nev
     c.push(2, 1)
     assert c.commit_ready()
 
+    c.leave(0)
+    c.join(0)  # a joiner again, then gone before it counted: no clock waits for it
+    assert c.counted_from(0) == 2
+    c.leave(0)
+    assert c.counted_from(0) is None and c.pushing() == {1, 2}
+
     alone = SyncController(2)
     alone.leave(0)
     alone.leave(1)
@@ -130,3 +136,25 @@ def test_a_sync_controllers_state_survives_a_checkpoint_whole():
     assert loaded.resumed and not c.resumed
     with pytest.raises(ValueError, match="checkpoint holds a 'sync' controller, this server runs 'ssp'"):
         SSPController(4, staleness=1).load_state_dict(state)
+
+
+def test_sync_backup_workers_are_fewer_than_the_workers_or_refused_naming_the_range():
+    assert SyncController(3, backup_workers=2).needed() == 1
+    for backups in (3, -1):
+        with pytest.raises(ValueError, match=rf"^backup_workers must be in \[0, 3\); got {backups}$"):
+            SyncController(3, backup_workers=backups)
+
+
+def test_a_clock_no_one_is_left_to_push_ends_empty_so_a_joiner_waiting_past_it_is_not_held():
+    """Worker 1 rejoins while worker 0 is to push clock 0, so it counts from clock 1; then worker 0 leaves
+    without pushing. No gradient will come for clock 0, and the joiner waits for clock 1: clock 0 must end
+    (empty). Before worker 0 left, clock 0 waited for it."""
+    c = SyncController(2)
+    c.leave(1)
+    c.join(1)
+    assert c.counted_from(1) == 1 and c.commit_ready() is False
+    c.leave(0)
+    assert c.pushing() == set() and c.commit_ready() is True
+    c.committed()
+    assert c.open_clock == 1 and c.pushing() == {1}
+    assert SyncController(2).commit_ready() is False  # no one has pushed, no one joins: nothing ends

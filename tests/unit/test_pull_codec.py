@@ -110,7 +110,8 @@ def test_bad_worker_settings_say_the_option():
 
 
 def test_a_reply_that_disagrees_with_its_header_is_refused():
-    fields, parts = encode_pull(make_pull_codec("sign"), torch.zeros(N), torch.randn(N), ef=True, dense=[], among=None)
+    fields, parts = encode_pull(make_pull_codec("sign", seed=0, sign_scale="l1"), torch.zeros(N), torch.randn(N),
+                                ef=True, dense=[], among=None)
     with pytest.raises(ProtocolError, match="elements"):
         decode_pull(fields, parts, N - 1)
     with pytest.raises(ProtocolError, match="unknown pull codec"):
