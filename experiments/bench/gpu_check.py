@@ -88,7 +88,10 @@ def pytest(args: list[str], log: Path, timeout: float) -> dict:
     with open(log, "w") as f:
         f.write(" ".join(argv) + "\n\n")
         f.flush()
-        proc = subprocess.Popen(argv, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        # its own process group, and Ctrl-C's default there: a caller that ignores SIGINT (an xdist worker does)
+        # would hand that on through exec, and pytest would never be interrupted
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             code = proc.wait(timeout=max(timeout - grace, 1))
         except subprocess.TimeoutExpired:

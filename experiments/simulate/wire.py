@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from psrv.client.pull_view import PULL_SIGN_SCALE
 from psrv.codecs import make, parse
 from psrv.codecs.pull import encode_pull, make_pull_codec
 from psrv.codecs.push import PushEncoder, dense_ranges
@@ -67,7 +68,7 @@ def _replies(worker, plan: PartitionPlan, weights: torch.Tensor, seed: int) -> t
     dense = [float(frame_bytes(Message(MsgType.WEIGHTS, tensor=weights[lo:hi]))) for lo, hi in plan.ranges]
     if not worker.compress_pull:
         return tuple(dense)
-    codec = make_pull_codec(worker.compress_pull, seed=seed)
+    codec = make_pull_codec(worker.compress_pull, seed=seed, sign_scale=PULL_SIGN_SCALE)
     resync = worker.pull_resync
     out = []
     for s, (lo, hi) in enumerate(plan.ranges):
@@ -117,7 +118,7 @@ def _fragment_reply(worker, plan: PartitionPlan, frags, f: int, s: int, weights:
     dense = float(frame_bytes(Message(MsgType.WEIGHTS, tensor=weights)))
     if not worker.compress_pull or not weights.numel():  # a fragment with no piece here: answered dense, empty
         return dense
-    codec = make_pull_codec(worker.compress_pull, seed=0).for_shard(s)
+    codec = make_pull_codec(worker.compress_pull, seed=0, sign_scale=PULL_SIGN_SCALE).for_shard(s)
     ranges = within(dense_ranges(plan, s, worker.compress_min_numel), tuple(map(tuple, frags.shard_ranges(f, s))))
     fields, parts = encode_pull(codec, torch.zeros_like(weights), weights, ef=worker.pull_error_feedback,
                                 dense=ranges, among=_covered(ranges, weights.numel()))

@@ -28,7 +28,7 @@ from psrv.codecs.push import PushEncoder
 from psrv.client.heartbeat import Heartbeat
 from psrv.client.momentum_correction import MomentumCorrection, from_welcomes as velocity_from
 from psrv.client.onebit import LocalMomentum, from_welcomes, momentum_encoder
-from psrv.client.pull_view import PullView
+from psrv.client.pull_view import PULL_SIGN_SCALE, PullView
 from psrv.client.push_messages import PushMessages
 from psrv.client.settings import CLIENT_KEYWORDS, overlaid
 from psrv.protocol import ErrorCode, Message, MsgType
@@ -94,7 +94,7 @@ class PSClient(PushMessages):
         self.pull_view = None if not settings.compress_pull else PullView(
             plan, settings.compress_pull, error_feedback=settings.pull_error_feedback, resync=settings.pull_resync,
             min_numel=settings.compress_min_numel if pull_min_numel is None else pull_min_numel,
-            sign_scale="l1")  # l1: sign's scale that shrinks a residual (pull_view.py)
+            sign_scale=PULL_SIGN_SCALE)
         self.onebit: LocalMomentum | None = None  # set by hello() when the shards run onebit_adam
         self.momentum_correction, self.momentum_masking = settings.momentum_correction, settings.momentum_masking
         self.velocity: MomentumCorrection | None = None  # set by hello(): a lossy codec meets SGD momentum

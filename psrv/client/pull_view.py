@@ -20,6 +20,8 @@ from psrv.codecs.push import dense_ranges
 from psrv.partition import PartitionPlan
 from psrv.protocol import Message
 
+PULL_SIGN_SCALE = "l1"  # the sign scale a worker asks its shards' sign pulls for: mean |x| shrinks a residual
+
 
 class PullView:
     """`spec`: the codec (the push's names); `error_feedback`: the shards keep the residual; `resync`: every
