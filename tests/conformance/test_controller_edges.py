@@ -158,3 +158,26 @@ def test_a_clock_no_one_is_left_to_push_ends_empty_so_a_joiner_waiting_past_it_i
     c.committed()
     assert c.open_clock == 1 and c.pushing() == {1}
     assert SyncController(2).commit_ready() is False  # no one has pushed, no one joins: nothing ends
+
+
+def test_a_joiner_that_says_hello_again_once_alone_is_counted_at_once():
+    """Worker 1 rejoins while worker 0 pushes (it counts from clock 1); worker 0 leaves; worker 1's HELLO comes
+    again. Alone now, it is waited for at once, as a first join alone is: its earlier joining clock is gone."""
+    c = SyncController(2)
+    c.leave(1)
+    c.join(1)
+    c.leave(0)
+    assert c.counted_from(1) == 1
+    c.join(1)
+    assert c.counted_from(1) is None and c.pushing() == {1} and c.next_clock(1) == 0
+
+
+def test_a_state_saved_before_voided_skipped_and_joining_were_kept_loads_with_none():
+    """A sync controller's state from before it kept voided pushes, lost clocks and joiners (their keys
+    absent) loads as one with none of them."""
+    c = SyncController(2)
+    c.load_state_dict({"mode": "sync", "active": [0, 1], "clocks": {"0": 3, "1": 2}, "open_clock": 2,
+                       "arrived": [0]})
+    assert observed(c) == {"open_clock": 2, "arrived": {0}, "voided": set(), "skipped": 0, "joining": {},
+                           "active": {0, 1}, "clocks": {0: 3, 1: 2}, "min": 2, "pushing": {0, 1}, "needed": 2,
+                           "ready": False}
