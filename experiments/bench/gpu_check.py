@@ -80,16 +80,17 @@ def machine() -> dict:
 
 def pytest(args: list[str], log: Path, timeout: float) -> dict:
     """Run pytest with `args` from the repository root, its output in `log`; its exit code and last line. At the
-    budget its process group is interrupted (SIGINT), as Ctrl-C would, so that it still prints the failures' tracebacks and its
-    summary (the first lent H200's suite was killed at 84% and kept 6 failures' names only); killed if it has not
-    ended INTERRUPT_GRACE seconds later. A stopped run's summary counts the outcomes `-v` printed."""
+    budget its process group is interrupted (SIGINT), as Ctrl-C would, so that it still prints the failures'
+    tracebacks and its summary (the first lent H200's suite was killed at 84% and kept 6 failures' names only);
+    killed if it has not ended INTERRUPT_GRACE seconds later. A stopped run's summary counts the outcomes `-v`
+    printed."""
     argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rfEs", *args]
     grace = min(INTERRUPT_GRACE, max(timeout, 1) / 4)
     with open(log, "w") as f:
         f.write(" ".join(argv) + "\n\n")
         f.flush()
-        # its own process group, and Ctrl-C's default there: a caller that ignores SIGINT (an xdist worker does)
-        # would hand that on through exec, and pytest would never be interrupted
+        # its own process group, and Ctrl-C's default there: a caller that ignores SIGINT (a shell's background
+        # job does) would hand that on through exec, and pytest would never be interrupted
         proc = subprocess.Popen(argv, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
@@ -186,8 +187,8 @@ def run_part(name: str, a: argparse.Namespace, *, cuda: bool, gpu: str | None, d
                 ignore += ["--deselect" if "::" in path else "--ignore", path]
                 said.append(f"SKIPPED suite {'test' if '::' in path else 'file'} {path}: {module} is not installed "
                             "here (carry it: deploy/gpu/prepare.sh)")
-        doc["tests"]["suite"] = pytest(["-v", "--tb=short", "-n", str(min(os.cpu_count() or 1, 16)), "--dist", "loadfile", *ignore,
-                                        "tests"], a.out / "pytest-suite.txt", left - 10)
+        doc["tests"]["suite"] = pytest(["-v", "--tb=short", "-n", str(min(os.cpu_count() or 1, 16)), "--dist",
+                                        "loadfile", *ignore, "tests"], a.out / "pytest-suite.txt", left - 10)
     elif name == "copies" and not cuda:
         said.append(f"SKIPPED copies: not run {no_cuda()} (pinned memory needs it): {WHAT['copies']}")
     elif gpu is None:
