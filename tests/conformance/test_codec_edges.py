@@ -145,6 +145,12 @@ def test_a_malformed_pull_header_is_refused_in_its_one_line_with_its_code():
         with pytest.raises(ProtocolError) as refused:
             decode_pull(header, parts, 50)
         assert (refused.value.code, refused.value.message) == (code, line)
+    for dense in (None, torch.zeros(3, dtype=torch.float16)):  # exact ranges with no float32 part for them
+        bent = {k: v for k, v in parts.items() if k != "dense"} | ({} if dense is None else {"dense": dense})
+        with pytest.raises(ProtocolError) as refused:
+            decode_pull({**fields, "dense": [[0, 3]]}, bent, 50)
+        assert (refused.value.code, refused.value.message) == (
+            ErrorCode.BAD_TENSOR, "dense ranges need a float32 part 'dense'")
 
 
 def test_a_pull_codec_is_the_push_codec_it_names_with_the_shards_seed_and_sign_scale():
