@@ -155,7 +155,8 @@ def test_a_malformed_pull_header_is_refused_in_its_one_line_with_its_code():
 
 def test_a_pull_codec_is_the_push_codec_it_names_with_the_shards_seed_and_sign_scale():
     """The shard makes each worker's pull codec with a seed of its own (random-k's draws) and the sign scale
-    the worker asked for: both reach the codec (the matrix's pulls are top-k and sign at l1, its default)."""
+    the worker asked for: both reach the codec (the matrix's pulls are top-k, and sign at l1, the scale workers
+    ask for)."""
     from psrv.codecs.pull import make_pull_codec
     x = torch.randn(5000, generator=torch.Generator().manual_seed(11))
     for seed in (7, 8):
