@@ -29,7 +29,7 @@ import sys
 import traceback
 from pathlib import Path
 
-_PRELOAD = ("torch", "setproctitle", "psrv.server.run", "psrv.workers.loop", "psrv.workers.jobs", "psrv.cli.main",
+PRELOAD = ("torch", "setproctitle", "psrv.server.run", "psrv.workers.loop", "psrv.workers.jobs", "psrv.cli.main",
             # no job imports sklearn (digits reads its CSV: workers/jobs/digits.py)
             "psrv.cli.serve", "psrv.cli.worker",
             "psrv.workers.allreduce.main", "psrv.workers.allreduce.loop",
@@ -99,7 +99,7 @@ def _child(request: dict, sock: socket.socket, parent: int) -> None:
 def serve(fd: int) -> int:
     """The fork server's loop over socket `fd`: fork on each request, report each child's end."""
     sock = socket.socket(fileno=fd)
-    for name in _PRELOAD:
+    for name in PRELOAD:
         try:
             __import__(name)
         except ImportError:
