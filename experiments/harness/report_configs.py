@@ -66,7 +66,8 @@ def _optimizer(cfg: RunConfig) -> str:
         parts.append(f"clip grad norm {opt.clip_grad_norm:g}")
     if opt.update_rule != "plain":
         extra = f" (lambda {opt.dc_lambda:g})" if opt.update_rule.startswith("dc-") else \
-            f" (period {opt.dn_period or 'the workers'})" if opt.update_rule == "dn" else ""
+            f" (period {opt.dn_period or 'the workers'})" if opt.update_rule == "dn" else \
+            f" (alpha {opt.cgad_alpha:g}, cutoff {opt.cgad_cutoff or 'none'})" if opt.update_rule == "cgad" else ""
         parts.append(f"update rule {opt.update_rule}{extra}")
     if worker.local_updates:
         parts.append(f"{worker.local_steps} local steps per push, inner {worker.inner_optimizer} "

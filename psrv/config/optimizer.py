@@ -10,10 +10,12 @@ from psrv.config.base import ConfigError, Section, setting
 OPTIMIZERS = ("sgd", "adam", "adamw", "onebit_adam")  # onebit_adam: psrv/server/onebit_adam.py
 LR_SCHEDULES = ("constant", "warmup_cosine", "step", "linear")  # psrv/schedule.py has their formulas
 SGD_MOMENTUM = 0.9  # momentum's default with sgd; adam and adamw take none
-UPDATE_RULES = ("plain", "staleness-lr", "dc-asgd", "dc-asgd-a", "dn")  # psrv/server/rules registers them
-STALENESS_RULES = ("staleness-lr", "dc-asgd", "dc-asgd-a")  # they correct a push for its staleness: none in sync
-VELOCITY_RULES = ("plain", "staleness-lr")  # they only scale the step: momentum correction's velocity fits them
+UPDATE_RULES = ("plain", "staleness-lr", "dc-asgd", "dc-asgd-a", "dn", "cgad")  # psrv/server/rules registers them
+STALENESS_RULES = ("staleness-lr", "dc-asgd", "dc-asgd-a", "cgad")  # they correct a push for its staleness: none in sync
+VELOCITY_RULES = ("plain", "staleness-lr", "cgad")  # they only scale the step: momentum correction's velocity fits them
 DC_LAMBDA = {"dc-asgd": 0.04, "dc-asgd-a": 2.0}  # dc_lambda's default with each (Zheng et al. 2017)
+# cgad's alpha and cutoff with it: psrv's choice (the paper's defaults were not available to us; docs/algorithms.md)
+CGAD_DEFAULTS = {"cgad_alpha": 0.1, "cgad_cutoff": 16}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,13 +61,19 @@ class OptimConfig(GradClip):
     lr_gamma: float = setting(0.1, "step: the factor", minimum=0.0, maximum=1.0, above=True)
     update_rule: str = setting("plain", "how a shard treats a push's gradient before the step: plain, "
                                "staleness-lr (g/max(1,staleness)), dc-asgd, dc-asgd-a (delay compensation), "
-                               "dn (delayed Nesterov, sgd --nesterov only); docs/algorithms.md. sync steps on "
+                               "dn (delayed Nesterov, sgd --nesterov only), cgad (g*sigma(staleness), cosine-gated "
+                               "decay); docs/algorithms.md. sync steps on "
                                "each clock's mean, which has no staleness: it takes plain or dn (there "
                                "SGD-Nesterov) and refuses the others", choices=UPDATE_RULES)
     dc_lambda: float | None = setting(None, "dc-asgd's lambda (default 0.04), dc-asgd-a's lambda0 (default 2.0)",
                                       minimum=0.0)
     dn_period: int = setting(0, "dn: pushes N per momentum update (0: the number of workers; mode sync: 1)",
                              minimum=0, metavar="N")
+    cgad_alpha: float | None = setting(None, "cgad: the decay rate alpha of sigma(tau) = gate(tau) exp(-alpha "
+                                       f"tau) (default {CGAD_DEFAULTS['cgad_alpha']})", minimum=0.0,
+                                       metavar="ALPHA")
+    cgad_cutoff: int | None = setting(None, "cgad: the staleness at and past which the cosine gate is 0; 0: no gate "
+                                      f"(default {CGAD_DEFAULTS['cgad_cutoff']})", minimum=0, metavar="TAU")
 
     def validate(self) -> None:
         super().validate()
@@ -83,6 +91,11 @@ class OptimConfig(GradClip):
         elif self.update_rule not in DC_LAMBDA and self.dc_lambda:
             raise ConfigError("dc_lambda", f"only used by update_rule dc-asgd or dc-asgd-a (it is "
                               f"{self.update_rule!r}); remove it")
+        for key, default in CGAD_DEFAULTS.items():
+            if getattr(self, key) is None:
+                object.__setattr__(self, key, default if self.update_rule == "cgad" else type(default)(0))
+            elif self.update_rule != "cgad" and getattr(self, key):  # 0: what a stored config of another rule holds
+                raise ConfigError(key, f"only used by update_rule cgad (it is {self.update_rule!r}); remove it")
         if self.momentum is None:
             object.__setattr__(self, "momentum", SGD_MOMENTUM if self.name == "sgd" else 0.0)
         elif self.momentum and self.name != "sgd":

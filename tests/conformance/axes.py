@@ -36,7 +36,7 @@ AXES: dict[str, tuple] = {
     "sign_scale": ("auto", "l2", "l1"),
     "mode": ("sync", "async", "ssp"),
     "optimizer": ("sgd", "nesterov", "adam", "adamw", "onebit_adam"),
-    "rule": ("plain", "staleness-lr", "dc-asgd", "dc-asgd-a", "dn"),
+    "rule": ("plain", "staleness-lr", "dc-asgd", "dc-asgd-a", "dn", "cgad"),
     "local": (1, 2),
     "fragments": (1, 2),
     "outer": ("float32", "bfloat16", "int8", "fp4"),
@@ -59,6 +59,9 @@ LR = {"sgd": 0.05, "nesterov": 0.05, "adam": 0.003, "adamw": 0.003, "onebit_adam
 # compensation moved the tiny job's weights by less than the tolerance (plain SGD in dc-asgd's place passed every
 # case); under these, by 28 to 2500 times it in every case of two workers (one has no delay to compensate)
 DC_LAMBDA = {"dc-asgd": (100.0, 1e7), "dc-asgd-a": (10.0, 3000.0)}
+# cgad's alpha and cutoff: a case's pushes are at most a few updates stale, so the cutoff is 3 (the gate at 0.75 and
+# 0.25 for staleness 1 and 2, 0 from 3) and alpha 0.5, where both show; psrv's defaults (0.1, 16) barely would
+CGAD = {"cgad_alpha": 0.5, "cgad_cutoff": 3}
 
 
 def case_id(case: dict) -> str:
@@ -90,7 +93,8 @@ def run_config(case: dict, *, workers: int | None = None) -> RunConfig:
                  "momentum": 0.9 if sgd else 0.0, "nesterov": c["optimizer"] == "nesterov",
                  "freeze_step": 2 if c["optimizer"] == "onebit_adam" else 0, "dc_lambda": dc_lambda,
                  "lr_schedule": c["schedule"], "warmup_steps": 1 if cosine else 0,
-                 "lr_decay_steps": STEPS if cosine else 0}
+                 "lr_decay_steps": STEPS if cosine else 0,
+                 **(CGAD if c["rule"] == "cgad" else {"cgad_alpha": 0.0, "cgad_cutoff": 0})}
     ef_off = c["ef"] == "off"  # each side's error feedback is turned off where that side has a lossy codec
     worker = {"wire_dtype": c["wire"], "compress": codec,
               "error_feedback": not (ef_off and (c["codec"] != "none" or c["optimizer"] == "onebit_adam")),

@@ -233,10 +233,17 @@ def load() -> tuple[list[dict], list[dict], dict[Pair, tuple], dict[str, dict]]:
 
 
 def main() -> None:
-    import sys
+    import argparse
     import time
+    parser = argparse.ArgumentParser(prog="python -m tests.conformance.covering",
+                                     description="Build the conformance matrix's plan again and write it to "
+                                     f"{PLAN.relative_to(Path.cwd()) if PLAN.is_relative_to(Path.cwd()) else PLAN} "
+                                     "(minutes: every case's reference runs once, to measure its levels).")
+    parser.add_argument("--extend", action="store_true", help="keep the stored cases (a new axis at its first "
+                        "level in them) and add only the cases that cover the pairs they leave out")
+    args = parser.parse_args()
     began = time.monotonic()
-    triples, pairs, unheld, measured = extend() if "--extend" in sys.argv[1:] else build()
+    triples, pairs, unheld, measured = extend() if args.extend else build()
     triples, pairs = ([{axis: case[axis] for axis in AXES} for case in cases] for cases in (triples, pairs))
     PLAN.write_text(json.dumps({"triples": triples, "pairs": pairs,
                                 "unheld": [[list(map(list, pair)), *why] for pair, why in sorted(unheld.items(), key=repr)],

@@ -36,7 +36,7 @@ def why_inert(axis: str, c: dict) -> str | None:
     if axis == "chunks":
         for cond, why in ((rpc, "torch RPC sends a push whole"),
                           (c["mode"] == "sync", "a sync shard takes pushes whole (its clock's mean)"),
-                          (c["rule"] not in ("plain", "staleness-lr"), f"{c['rule']} takes a push whole"),
+                          (c["rule"] not in ("plain", "staleness-lr", "cgad"), f"{c['rule']} takes a push whole"),
                           (c["codec"] != "none", "a compressed push goes whole"),
                           (c["fragments"] > 1, "a fragment goes whole"),
                           (c["local"] > 1 and c["outer"] in ("int8", "fp4"), "a quantised outer gradient goes whole"),

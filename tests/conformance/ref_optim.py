@@ -14,6 +14,8 @@ psrv's optimizer, rule or schedule code): one flat parameter vector and its opti
   g + lam g g (w - w_bak), lam constant, or lam0 / (sqrt(MS) + 1e-7) with MS <- 0.95 MS + 0.05 g^2.
   Delayed Nesterov (Liu et al. 2024), period N: sum += d (d = g + wd w); t mod N != 0: w -= lr d / N;
   else m <- mu m + sum / N, w -= lr (d / N + mu m), sum <- 0; N = 1 is SGD-Nesterov.
+  CGAD (Shah and Sun 2026): g sigma(tau), sigma(tau) = gamma(tau) exp(-alpha tau), gamma the cosine gate from 1
+  at tau = 0 to 0 at the cutoff c, (1 + cos(pi tau / c)) / 2, and 0 from c on (c = 0: no gate).
 - lr schedule by update count k: warm-up (k + 1)/(W + 1) for k < W, then cosine from lr to 0 over D.
 - clip by global norm (torch's clip_grad_norm_): g * min(1, c / (|g| + 1e-6)).
 
@@ -50,7 +52,7 @@ DOCUMENTED = {
 # state it
 PSRV_DIFFERS = {"momentum": 0.9}
 STATED = ("name", "lr", "weight_decay", "clip_grad_norm", "update_rule", "lr_schedule", "warmup_steps",
-          "lr_decay_steps", "momentum", "nesterov", "freeze_step", "dc_lambda")
+          "lr_decay_steps", "momentum", "nesterov", "freeze_step", "dc_lambda", "cgad_alpha", "cgad_cutoff")
 
 
 def settings(o) -> SimpleNamespace:
@@ -67,6 +69,13 @@ def lr_at(o, k: int) -> float:
     assert o.lr_schedule == "warmup_cosine", o.lr_schedule
     t, d, f = k - o.warmup_steps, o.lr_decay_steps, o.lr_end_factor
     return o.lr * (f if t >= d else f + (1.0 - f) * (1.0 + math.cos(math.pi * t / d)) / 2)
+
+
+def cgad_sigma(tau: int, alpha: float, cutoff: int) -> float:
+    if cutoff and tau >= cutoff:
+        return 0.0
+    gate = (1.0 + math.cos(math.pi * tau / cutoff)) / 2 if cutoff else 1.0  # as a float: rounded as psrv's is
+    return gate * math.exp(-alpha * tau)
 
 
 def clipped(g: torch.Tensor, c: float) -> torch.Tensor:
@@ -99,10 +108,13 @@ class ServerMath:
     def step(self, g: torch.Tensor, *, worker: int | None, staleness: int, momentum_push: bool = False,
              velocity: bool = False) -> None:
         o, lr = self.o, lr_at(self.o, self.k)
-        scale = 1.0 / max(1, staleness) if self.rule == "staleness-lr" else 1.0 / self.period if self.rule == "dn" else 1.0
+        scale = 1.0 / max(1, staleness) if self.rule == "staleness-lr" else 1.0 / self.period if self.rule == "dn" else \
+            cgad_sigma(staleness, o.cgad_alpha, o.cgad_cutoff) if self.rule == "cgad" else 1.0
         self.lr_scales[f"{round(scale, 6):g}"] += 1
         if self.rule == "staleness-lr" and staleness > 1:
             g = torch.div(g, staleness)
+        elif self.rule == "cgad" and scale != 1.0:
+            g = torch.mul(g, scale)
         elif self.rule in ("dc-asgd", "dc-asgd-a") and worker is not None and worker in self.bak:
             if self.rule == "dc-asgd-a":
                 self.ms.mul_(o.dc_mean_square).addcmul_(g, g, value=1 - o.dc_mean_square)

@@ -3,6 +3,7 @@
 shard's device; a DC-ASGD push from a worker the shard never answered a pull is plain, at lr scale 1; and
 1-bit Adam frozen after a single Adam step (the matrix's cases freeze at 2) matches its reference."""
 import re
+from collections import Counter
 from types import SimpleNamespace
 
 import pytest
@@ -141,3 +142,25 @@ def test_onebit_adam_frozen_after_a_single_adam_step_matches_the_reference():
         ref.step(push, worker=None, staleness=0, momentum_push=i >= 1)
     assert torch.allclose(s.param.data, ref.w, atol=1e-6, rtol=0), (s.param.data - ref.w).abs().max().item()
     assert not torch.allclose(ref.w, randn(1))  # the steps moved the weights
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_cgad_at_every_age_up_to_past_its_cutoff_matches_the_reference(optimizer):
+    """The matrix's pushes are at most a few updates stale; here ages 0 to 7 against a cutoff of 4 (the gate's
+    cosine below it, zero at and past it) and the default cutoff, with each optimizer's lr scale, against
+    tests/conformance/ref_optim.py's CGAD."""
+    from tests.conformance.ref_optim import ServerMath, settings
+    for alpha, cutoff in ((0.3, 4), (0.1, 16)):
+        o = OptimConfig(optimizer, lr=0.05 if optimizer == "sgd" else 0.003, update_rule="cgad",
+                        cgad_alpha=alpha, cgad_cutoff=cutoff)
+        s = Shard(SIZE, o)
+        s.init(randn(1))
+        ref = ServerMath(settings(o), randn(1), workers=2, mode="async")
+        scales = []
+        for tau in range(8):
+            push = randn(30 + tau)
+            scales.append(s.apply(push, PushContext(tau % 2, staleness=tau)))
+            ref.step(push, worker=tau % 2, staleness=tau)
+        assert torch.allclose(s.param.data, ref.w, atol=1e-6, rtol=0), (s.param.data - ref.w).abs().max().item()
+        assert Counter(f"{round(x, 6):g}" for x in scales) == ref.lr_scales
+        assert scales[0] == 1.0 and (cutoff > 7 or scales[cutoff:] == [0.0] * (8 - cutoff)), scales

@@ -6,7 +6,8 @@ import pytest
 from psrv.cli import build_parser
 
 SURFACE = {
-    "serve": ((), ("--backup-of", "--backup-workers", "--bind", "--bulk", "--checkpoint-dir", "--checkpoint-every", "--clip-grad-norm", "--config",
+    "serve": ((), ("--backup-of", "--backup-workers", "--bind", "--bulk", "--cgad-alpha", "--cgad-cutoff", "--checkpoint-dir", "--checkpoint-every",
+                   "--clip-grad-norm", "--config",
                    "--curve-keys", "--dc-lambda", "--device", "--dn-period", "--failure-bound", "--freeze-step", "--join-timeout",
                    "--log-level", "--lr", "--lr-decay-steps", "--lr-end-factor", "--lr-gamma", "--lr-schedule",
                    "--lr-step-size", "--max-message-bytes", "--metrics-host", "--metrics-linger", "--metrics-port",
@@ -26,7 +27,8 @@ SURFACE = {
                     "--threads", "--transient-stragglers", "--transport", "--wire-dtype", "--world-size")),
     "keygen": (("dir",), ("--log-level", "--workers")),
     "admin": (("action",), ("--curve-keys", "--log-level", "--servers")),
-    "run": ((), ("--backup-workers", "--bandwidth", "--batch-size", "--bulk", "--checkpoint-every",
+    "run": ((), ("--backup-workers", "--bandwidth", "--batch-size", "--bulk", "--cgad-alpha", "--cgad-cutoff",
+                 "--checkpoint-every",
                  "--clip-grad-norm", "--compress", "--compress-min-numel", "--compress-pull", "--compress-warmup",
                  "--compute-ms", "--config", "--dc-lambda", "--ddp-comm-hook", "--device", "--dn-period",
                  "--dry-run", "--eval-every", "--failure-bound", "--fragments", "--freeze-step", "--goodput-baseline", "--image",
@@ -49,7 +51,8 @@ SURFACE = {
                                "--tensorboard")),
     "top": ((), ("--interval", "--log-level", "--once", "--servers", "--timeout")),
     "check": (("run",), ("--log-level",)),
-    "simulate": ((), ("--against", "--backup-workers", "--bandwidth-gbps", "--batch-size", "--calibrate", "--clip-grad-norm",
+    "simulate": ((), ("--against", "--backup-workers", "--bandwidth-gbps", "--batch-size", "--calibrate",
+                      "--cgad-alpha", "--cgad-cutoff", "--clip-grad-norm",
                       "--codec-cost", "--compress", "--compress-min-numel", "--compress-pull",
                       "--compute", "--compute-csv", "--compute-ms", "--config", "--dc-lambda", "--dn-period",
                       "--eval-every", "--forward-fraction", "--fragments", "--freeze-step", "--inner-lr", "--inner-optimizer", "--job", "--latency-ms", "--level",

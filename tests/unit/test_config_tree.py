@@ -28,6 +28,8 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     "lr_gamma": {"optimizer": {"lr_schedule": "step", "lr_step_size": 3}},
     "dc_lambda": {"optimizer": {"update_rule": "dc-asgd"}},
     "dn_period": {"optimizer": {"update_rule": "dn", "nesterov": True}},
+    "cgad_alpha": {"mode": "async", "optimizer": {"update_rule": "cgad"}},
+    "cgad_cutoff": {"mode": "async", "optimizer": {"update_rule": "cgad"}},
     "inner_lr": {"worker": {"local_steps": 5}},
     "fragments": {"worker": {"local_steps": 4}}, "outer_dtype": {"worker": {"local_steps": 4}},
     "ddp_comm_hook": {"mode": "ddp"}, "wait_barrier": {"mode": "ddp"}, "stall_timeout": {"mode": "ddp"},
@@ -42,7 +44,7 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     "pull_error_feedback": {"worker": {"compress_pull": "topk:0.1"}}}
 OTHER = {"worker.compress": "topk:0.01", "worker.compress_pull": "sign", "mode": "sync", "cluster.device": "cuda:1", "job.name": "synthetic_mlp", "faults.straggler": "1:2",
          "faults.transient_stragglers": "0.1:4", "optimizer.momentum": 0.5, "optimizer.betas": (0.8, 0.99),
-         "optimizer.dc_lambda": 0.5, "worker.inner_lr": 0.01, "tensorboard": "runs/tb", "network.bandwidth": "200mbit",
+         "optimizer.dc_lambda": 0.5, "optimizer.cgad_alpha": 0.5, "optimizer.cgad_cutoff": 4, "worker.inner_lr": 0.01, "tensorboard": "runs/tb", "network.bandwidth": "200mbit",
          "job.script": SCRIPT, "job.script_args": ("--epochs", "2"), "job.script_sha256": "0" * 64,
          "kill.server": "1:5", "kill.worker": "1:5", "nemesis.schedule": "pause worker:1 at step 5 for 1s",
          "mlflow": "sqlite:///runs/mlflow.db"}

@@ -171,3 +171,40 @@ def test_lr_scale_is_counted_in_the_stats_and_prometheus():
         generate_latest(registry).decode()) for x in f.samples if x.name.startswith("psrv_lr_scale")}
     assert got[("psrv_lr_scale_count", None)] == 5
     assert got[("psrv_lr_scale_bucket", "0.3333333333333333")] == 2 and got[("psrv_lr_scale_bucket", "0.5")] == 3
+
+
+def test_cgad_defaults_and_refusals():
+    o = OptimConfig("adam", update_rule="cgad")
+    assert (o.cgad_alpha, o.cgad_cutoff) == (0.1, 16)
+    assert (OptimConfig().cgad_alpha, OptimConfig().cgad_cutoff) == (0.0, 0)
+    for key in ("cgad_alpha", "cgad_cutoff"):
+        with pytest.raises(ConfigError, match=f"{key}: only used by update_rule cgad"):
+            OptimConfig(update_rule="staleness-lr", **{key: 1})
+
+
+def test_cgad_scale_is_its_formula():
+    from psrv.server.rules.cgad import cgad_scale
+    assert cgad_scale(0, 0.1, 16) == 1.0  # a fresh push: plain (the paper's sigma(0) = 1)
+    assert cgad_scale(3, 0.1, 16) == pytest.approx((1 + math.cos(math.pi * 3 / 16)) / 2 * math.exp(-0.3))
+    assert cgad_scale(8, 0.0, 16) == pytest.approx(0.5)  # the gate's half-way point
+    assert cgad_scale(16, 0.1, 16) == 0.0 and cgad_scale(40, 0.1, 16) == 0.0  # at and past the cutoff
+    assert cgad_scale(40, 0.1, 0) == pytest.approx(math.exp(-4.0))  # no gate: Adam-Decay
+
+
+def test_cgad_with_its_knobs_at_zero_is_plain_bit_for_bit_and_otherwise_scales_what_enters_adam():
+    seq = pushes()
+    for name in ("sgd", "adam"):
+        kw = {"momentum": 0.0} if name == "adam" else {}
+        def make(rule, **more):
+            s = Shard(SIZE, OptimConfig(name, lr=0.01, update_rule=rule, **kw, **more))
+            s.init(torch.randn(SIZE, generator=torch.Generator().manual_seed(1)))
+            return s
+        plain = run(make("plain"), seq)
+        assert torch.equal(run(make("cgad", cgad_alpha=0.0, cgad_cutoff=0), seq), plain)
+        assert torch.equal(run(make("cgad"), seq, stale=False), plain)  # every push fresh
+        assert not torch.equal(run(make("cgad"), seq), plain)  # the test can tell them apart
+    # Adam's moments take sigma * g: one push of age 2, alpha ln 2, no gate -> g / 4 into m and v
+    s = Shard(2, OptimConfig("adam", lr=1.0, update_rule="cgad", cgad_alpha=math.log(2), cgad_cutoff=0))
+    s.init(torch.zeros(2))
+    assert s.apply(torch.tensor([4.0, -8.0]), PushContext(0, staleness=2)) == pytest.approx(0.25)
+    torch.testing.assert_close(s.optimizer.state["exp_avg"], torch.tensor([0.1, -0.2]))

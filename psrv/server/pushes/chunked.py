@@ -41,7 +41,7 @@ from psrv.server.rules import PushContext
 
 log = logging.getLogger("psrv.server")
 CHUNK_MODES = ("async", "ssp")
-CHUNK_RULES = ("plain", "staleness-lr")  # element by element, from the push's context alone
+CHUNK_RULES = ("plain", "staleness-lr", "cgad")  # element by element, from the push's context alone
 CHUNK_OPTIMIZERS = ("sgd", "adam", "adamw")
 
 
