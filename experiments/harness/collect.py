@@ -25,6 +25,7 @@ from typing import Any
 from psrv.config.base import config_hash
 
 from psrv.experiments.launcher.provenance import stored_config
+from psrv.experiments.harness.goodput import baselines, useful_rate
 from psrv.experiments.harness.spec import ExperimentSpec, TargetSpec, Variant
 from psrv.experiments.harness.traffic import busiest
 from psrv.atomic import replacing
@@ -34,7 +35,8 @@ log = logging.getLogger(__name__)
 METRICS = ("wall_seconds", "samples_per_second", "final_loss", "eval_accuracy", "final_target_metric",
            "time_to_target_seconds", "updates_applied", "mean_staleness", "max_staleness",
            "wait_fraction", "seconds_per_step", "busiest_bytes_in_per_step", "busiest_bytes_out_per_step",
-           "server_own_bytes_per_step", "bytes_per_sample", "compression_ratio")
+           "server_own_bytes_per_step", "bytes_per_sample", "compression_ratio",
+           "useful_samples_per_second", "goodput")  # experiments/harness/goodput.py
 _FROM_SUMMARY = ("wall_seconds", "samples_per_second", "final_loss", "eval_accuracy",
                  "updates_applied", "mean_staleness", "max_staleness",
                  "bytes_per_sample", "compression_ratio")  # the workers' measured wire bytes (docs/compression.md)
@@ -226,6 +228,8 @@ def run_metrics(path: str | Path, target: TargetSpec, *, variant: str = "",
     values["busiest_bytes_in_per_step"] = top["in"] if top else None
     values["busiest_bytes_out_per_step"] = top["out"] if top else None
     values["server_own_bytes_per_step"] = top.get("own_count") if top else None  # in + out, with the start
+    values["useful_samples_per_second"] = useful_rate(path, stored_config(path))
+    values["goodput"] = None  # against the spec's fault-free variant, where it has one (collect)
     return RunMetrics(variant=variant, repeat=repeat, values=values, diverged=lost)
 
 
@@ -283,7 +287,7 @@ def collect(out_dir: str | Path, spec: ExperimentSpec) -> list[VariantSummary]:
     """Merge every variant's repeats, then write DIR/runs.csv and DIR/summary.csv."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    summaries, run_rows = [], []
+    summaries, run_rows, found = [], [], {}
     for variant in spec.variants:
         repeats = spec_repeats(out, spec, variant.name)
         merge_variant(out, variant.name, repeats)
@@ -292,6 +296,10 @@ def collect(out_dir: str | Path, spec: ExperimentSpec) -> list[VariantSummary]:
         if len(runs) < spec.repeats:
             log.warning("collect: variant %s has %d of %d repeats finished", variant.name,
                         len(runs), spec.repeats)
+        found[variant.name] = (repeats, runs)
+    _goodput(found)
+    for variant in spec.variants:
+        repeats, runs = found[variant.name]
         run_rows += [{"variant": variant.name, "repeat": run.repeat, "mode": variant.mode,
                       "staleness": variant.staleness, "reached_target": int(run.reached_target),
                       "diverged": int(run.diverged),
@@ -301,6 +309,18 @@ def collect(out_dir: str | Path, spec: ExperimentSpec) -> list[VariantSummary]:
     _write_csv(out / "summary.csv", SUMMARY_COLUMNS, [s.row() for s in summaries])
     log.info("collect: wrote %s (%d variants)", out / "summary.csv", len(summaries))
     return summaries
+
+
+def _goodput(found: dict[str, tuple[list[tuple[int, Path]], list[RunMetrics]]]) -> None:
+    """Each run's goodput: its useful samples/s over the same repeat's of the variant that is the same run without
+    its faults or stragglers (experiments/harness/goodput.py), where the spec has one."""
+    configs = {name: stored_config(repeats[0][1]) for name, (repeats, _) in found.items() if repeats}
+    for name, base in baselines(configs).items():
+        base_rates = {run.repeat: run.values["useful_samples_per_second"] for run in found[base][1]}
+        for run in found[name][1]:
+            rate, base_rate = run.values["useful_samples_per_second"], base_rates.get(run.repeat)
+            run.values["goodput"] = rate / base_rate if rate is not None and base_rate else None
+        log.info("collect: goodput of %s against %s, the same runs without its faults", name, base)
 
 
 def read_summary(out_dir: str | Path) -> list[VariantSummary]:

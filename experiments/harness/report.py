@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 from psrv.experiments.harness.collect import Stat, VariantSummary, failed_repeats, number, read_csv, read_summary
+from psrv.experiments.harness.goodput import goodput_lines
 from psrv.experiments.harness.plots import write_plots
 from psrv.experiments.harness.report_configs import (command_lines, disagreement_section, disagreements,
                                         mixed_folder_lines, overridden_section, setup_lines, stored_runs)
@@ -179,7 +180,8 @@ def write_report(out_dir: str | Path, spec: ExperimentSpec, *, spec_path: str | 
               *_ddp_gaps(summaries, spec, per_repeat(out)), "", "## Summary", "",
               "Mean ± sample std over repeats (summary.csv has every value; "
               "docs/experiments.md defines each column).", "", *_table(summaries, spec.target.metric), "",
-              *_failed_lines(out, spec), *traffic_lines(spec, summaries), "## Plots", ""]
+              *_failed_lines(out, spec), *goodput_lines(summaries, runs), *traffic_lines(spec, summaries),
+              "## Plots", ""]
     for caption, rel in plots:
         lines += [f"### {caption}", "", f"![{caption}]({rel})", ""]
     lines += command_lines(runs, spec)

@@ -34,9 +34,11 @@ PLOTS = ("loss_curves", "accuracy_curves", "worker_timeline", "throughput", "tim
          "staleness_over_time")
 
 
-def write_spec(tmp_path: Path, modes: tuple[str, ...], *, job: str = "digits_mlp", workers: int = 2) -> Path:
+def write_spec(tmp_path: Path, modes: tuple[str, ...], *, job: str = "digits_mlp", workers: int = 2,
+               more: str = "") -> Path:
     path = tmp_path / "tiny.toml"
-    path.write_text(SPEC.format(job=job, workers=workers) + "".join(f'\n[[variants]]\nmode = "{m}"\n' for m in modes))
+    path.write_text(SPEC.format(job=job, workers=workers) + "".join(f'\n[[variants]]\nmode = "{m}"\n' for m in modes)
+                    + more)
     return path
 
 
@@ -69,7 +71,7 @@ def assert_mlflow_has_the_runs(uri: str, out: Path, variants) -> dict[str, str]:
     assert len(runs) == len(found) and set(runs) == {f"{v}/seed-0" for v in variants} | {"report"}
     for variant in variants:
         run, folder = runs[f"{variant}/seed-0"], out / variant / "rep-0"
-        assert (run.data.params["mode"], run.data.params["optimizer.lr"]) == (variant, "0.05")
+        assert (run.data.params["mode"], run.data.params["optimizer.lr"]) == (variant.split("-")[0], "0.05")
         with open(folder / "steps.csv", newline="") as f:
             steps = [int(r["step"]) for r in csv.DictReader(f) if r["worker"] == "1"]
         assert [m.step for m in client.get_metric_history(run.info.run_id, "worker-1/loss")] == steps == list(range(20))
@@ -84,15 +86,23 @@ def assert_mlflow_has_the_runs(uri: str, out: Path, variants) -> dict[str, str]:
 @pytest.mark.timeout(330)
 def test_experiment_runs_every_variant_then_resumes(tmp_path):
     # stays slow (two harness runs, 2 variants x 2 workers): every variant, both workers and the resume are its point
-    spec, out, tb = write_spec(tmp_path, ("sync", "async")), tmp_path / "out", tmp_path / "tb"
+    straggler = '\n[[variants]]\nname = "async-straggler"\nmode = "async"\nfaults = { straggler = "1:4" }\n'
+    spec, out, tb = write_spec(tmp_path, ("sync", "async"), more=straggler), tmp_path / "out", tmp_path / "tb"
     mlflow = f"sqlite:///{tmp_path}/mlflow.db"
     first = experiment(spec, out, timeout=240, extra=("--tensorboard", str(tb), "--mlflow", mlflow))
     assert first.returncode == 0, first.stdout[-4000:]
     assert f"report: {out / 'report.md'}" in first.stdout
     with open(out / "summary.csv", newline="") as f:
         rows = {row["variant"]: row for row in csv.DictReader(f)}
-    assert set(rows) == {"sync", "async"}
+    assert set(rows) == {"sync", "async", "async-straggler"}
     assert rows["sync"]["updates_applied"] == "20" and rows["sync"]["repeats"] == "1"
+    # goodput: the straggler's useful samples/s over its fault-free variant's (the same seed), and for no other
+    with open(out / "runs.csv", newline="") as f:
+        runs = {row["variant"]: row for row in csv.DictReader(f)}
+    useful = {v: float(runs[v]["useful_samples_per_second"]) for v in runs}
+    assert all(rate > 0 for rate in useful.values()), useful
+    assert float(rows["async-straggler"]["goodput"]) == pytest.approx(useful["async-straggler"] / useful["async"])
+    assert rows["async"]["goodput"] == rows["sync"]["goodput"] == ""
     for variant in rows:
         for name in ("steps.csv", "evals.csv"):
             assert len((out / variant / name).read_text().splitlines()) > 1, f"{variant}/{name} is empty"
@@ -100,9 +110,10 @@ def test_experiment_runs_every_variant_then_resumes(tmp_path):
         assert (out / "plots" / f"{plot}.png").stat().st_size > 1000, plot
     report = (out / "report.md").read_text()
     assert "sync" in report and "async" in report and "plots/throughput.png" in report
+    assert "| `async-straggler` | `async` |" in report.split("## Goodput")[1], report
     for variant in rows:  # one TensorBoard run per variant and seed, the scalars of its steps.csv
         assert_events_are_the_steps(tb / "tiny" / variant / "seed-0", out / variant / "rep-0" / "steps.csv")
-    assert f"MLflow {mlflow}, experiment 'tiny': runs 2 logged; report logged" in first.stdout
+    assert f"MLflow {mlflow}, experiment 'tiny': runs 3 logged; report logged" in first.stdout
     logged = assert_mlflow_has_the_runs(mlflow, out, rows)
 
     reps = {p: p.stat().st_mtime_ns for v in rows for p in [out / v / "rep-0", out / v / "rep-0" / "summary.json"]}
@@ -110,9 +121,9 @@ def test_experiment_runs_every_variant_then_resumes(tmp_path):
     t0 = time.monotonic()
     second = experiment(spec, out, timeout=120, extra=("--tensorboard", str(tmp_path / "tb2")))
     assert second.returncode == 0, second.stdout[-4000:]
-    assert f"MLflow {mlflow}, experiment 'tiny': runs 2 already there" in second.stdout
+    assert f"MLflow {mlflow}, experiment 'tiny': runs 3 already there" in second.stdout
     assert assert_mlflow_has_the_runs(mlflow, out, rows) == logged
-    assert "skipped sync rep-0" in second.stdout and "skipped async rep-0" in second.stdout
+    assert all(f"skipped {v} rep-0" in second.stdout for v in rows)
     assert not [line for line in second.stdout.splitlines() if line.startswith("finished ")]
     assert {p: p.stat().st_mtime_ns for p in reps} == reps, "a finished run was run again"
     assert time.monotonic() - t0 < 90

@@ -1,0 +1,91 @@
+"""Goodput in an experiment (docs/experiments.md, "Goodput"): each run's useful samples per second, measured from
+its histories as `psrv run --goodput-baseline` measures them (experiments/launcher/goodput/), and, for a variant
+with faults or stragglers, that rate over the rate of the spec's variant that is the same run without them, repeat
+by repeat (the same seed). A run's faults are its FAULTS settings; every other setting must be equal for a variant
+to be another's baseline."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from psrv.config import RunConfig
+from psrv.experiments.launcher.goodput.report import measured
+from psrv.experiments.launcher.history.reading import HistoryError
+from psrv.experiments.launcher.provenance import OUTPUT_KEYS, differences, stored_config
+
+log = logging.getLogger(__name__)
+# what a fault-free baseline may differ in: the faults and stragglers themselves (not faults.compute_ms, the
+# emulated compute every run of a comparison has), and the steps (a rate is compared, not a count)
+FAULTS = ("nemesis.", "kill.", "restarts.", "faults.straggler", "faults.transient_stragglers")
+IGNORED = ("job.steps", *OUTPUT_KEYS)
+
+
+def useful_rate(run: Path, cfg: RunConfig) -> float | None:
+    """Run folder `run`'s useful samples per second (steps every shard applied, while every rank ran); None where
+    its history holds none or cannot be read (said once in the log)."""
+    try:
+        _, m = measured(run, cfg)
+    except HistoryError as exc:
+        log.warning("goodput: %s: %s", run, exc)
+        return None
+    return None if m is None else m.rate
+
+
+def faulted(cfg: RunConfig, base: RunConfig) -> bool | None:
+    """True where `cfg` is `base` with faults or stragglers added, False where the two are the same run, None
+    where they differ in anything else."""
+    diffs = [key for key, _, _ in differences(base, cfg) if not key.startswith(IGNORED)]
+    if any(not key.startswith(FAULTS) for key in diffs):
+        return None
+    return has_faults(cfg) and not has_faults(base)
+
+
+def has_faults(cfg: RunConfig) -> bool:
+    """Faults or stragglers done on purpose (restarts.workers is a remedy for them, not one)."""
+    f = cfg.faults
+    return bool(f.straggler or f.transient_stragglers or cfg.kill.server or cfg.kill.worker or cfg.nemesis.schedule)
+
+
+def baselines(configs: dict[str, RunConfig]) -> dict[str, str]:
+    """Variant -> the variant that is the same run without its faults (by each variant's first repeat's stored
+    config), for every variant with faults that has one in the spec; the first such, in the spec's order."""
+    out = {}
+    for name, cfg in configs.items():
+        for other, base in configs.items():
+            if other != name and faulted(cfg, base):
+                out[name] = other
+                break
+    return out
+
+
+def goodput_lines(summaries, runs) -> list[str]:
+    """report.md's "Goodput" section: each variant with faults or stragglers against the spec's variant that is
+    the same run without them (`runs`: report_configs.stored_runs), or a line saying the spec has none."""
+    configs = {}
+    for run in runs:
+        if run.config is not None:
+            configs.setdefault(run.variant, run.config)
+    pairs = baselines(configs)
+    faulty = [name for name, cfg in configs.items() if has_faults(cfg)]
+    if not faulty:
+        return []
+    lines = ["## Goodput", "", "Useful samples per second (the steps every shard applied, while every rank ran: "
+             "docs/reliability.md, \"Goodput\") of each variant with faults or stragglers, over those of the "
+             "variant that is the same run without them, repeat by repeat (the same seed); mean ± sample std.", "",
+             "| variant | without its faults | useful samples/s | goodput |", "|---|---|---|---|"]
+    stats = {s.variant: s.stats for s in summaries}
+    for name in faulty:
+        st = stats.get(name)
+        if st is None:
+            continue
+        base = pairs.get(name)
+        lines.append(f"| `{name}` | {f'`{base}`' if base else 'none in this spec'} | "
+                     f"{_fmt(st['useful_samples_per_second'])} | {_fmt(st['goodput']) if base else '—'} |")
+    return [*lines, ""]
+
+
+def _fmt(stat) -> str:
+    if stat.mean is None:
+        return "—"
+    num = lambda x, digits: f"{x:.0f}" if abs(x) >= 10 ** digits else f"{x:.{digits}g}"  # noqa: E731
+    return num(stat.mean, 3) + (f" ± {num(stat.std, 2)}" if stat.std is not None else "")
