@@ -25,7 +25,7 @@ from typing import Any
 from psrv.config.base import config_hash
 
 from psrv.experiments.launcher.provenance import stored_config
-from psrv.experiments.harness.goodput import baselines, useful_rate
+from psrv.experiments.harness.goodput import baselines, first_configs, useful_rate
 from psrv.experiments.harness.spec import ExperimentSpec, TargetSpec, Variant
 from psrv.experiments.harness.traffic import busiest
 from psrv.atomic import replacing
@@ -228,7 +228,7 @@ def run_metrics(path: str | Path, target: TargetSpec, *, variant: str = "",
     values["busiest_bytes_in_per_step"] = top["in"] if top else None
     values["busiest_bytes_out_per_step"] = top["out"] if top else None
     values["server_own_bytes_per_step"] = top.get("own_count") if top else None  # in + out, with the start
-    values["useful_samples_per_second"] = useful_rate(path, stored_config(path))
+    values["useful_samples_per_second"] = useful_rate(path)
     values["goodput"] = None  # against the spec's fault-free variant, where it has one (collect)
     return RunMetrics(variant=variant, repeat=repeat, values=values, diverged=lost)
 
@@ -314,7 +314,7 @@ def collect(out_dir: str | Path, spec: ExperimentSpec) -> list[VariantSummary]:
 def _goodput(found: dict[str, tuple[list[tuple[int, Path]], list[RunMetrics]]]) -> None:
     """Each run's goodput: its useful samples/s over the same repeat's of the variant that is the same run without
     its faults or stragglers (experiments/harness/goodput.py), where the spec has one."""
-    configs = {name: stored_config(repeats[0][1]) for name, (repeats, _) in found.items() if repeats}
+    configs = first_configs({name: [path for _, path in repeats] for name, (repeats, _) in found.items()})
     for name, base in baselines(configs).items():
         base_rates = {run.repeat: run.values["useful_samples_per_second"] for run in found[base][1]}
         for run in found[name][1]:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 from psrv.config import RunConfig
 from psrv.experiments.launcher.goodput.report import measured
-from psrv.experiments.launcher.history.reading import HistoryError
 from psrv.experiments.launcher.provenance import OUTPUT_KEYS, differences, stored_config
 
 log = logging.getLogger(__name__)
@@ -20,15 +19,30 @@ FAULTS = ("nemesis.", "kill.", "restarts.", "faults.straggler", "faults.transien
 IGNORED = ("job.steps", *OUTPUT_KEYS)
 
 
-def useful_rate(run: Path, cfg: RunConfig) -> float | None:
+def useful_rate(run: Path) -> float | None:
     """Run folder `run`'s useful samples per second (steps every shard applied, while every rank ran); None where
-    its history holds none or cannot be read (said once in the log)."""
+    it has no history (an all-reduce run records none), no stored config, or a history that holds none or cannot
+    be read (those two said in the log)."""
+    if not (run / "history").is_dir():
+        return None
     try:
-        _, m = measured(run, cfg)
-    except HistoryError as exc:
+        _, m = measured(run, stored_config(run))
+    except ValueError as exc:  # HistoryError is one
         log.warning("goodput: %s: %s", run, exc)
         return None
     return None if m is None else m.rate
+
+
+def first_configs(found: dict[str, list[Path]]) -> dict[str, RunConfig]:
+    """Each variant's first finished repeat's stored config (a variant whose run has none is left out)."""
+    configs = {}
+    for name, paths in found.items():
+        try:
+            if paths:
+                configs[name] = stored_config(paths[0])
+        except ValueError:
+            continue
+    return configs
 
 
 def faulted(cfg: RunConfig, base: RunConfig) -> bool | None:
