@@ -25,7 +25,7 @@ from typing import Any
 from psrv.config.base import config_hash
 
 from psrv.experiments.launcher.provenance import stored_config
-from psrv.experiments.harness.goodput import baselines, first_configs, useful_rate
+from psrv.experiments.harness.goodput import baselines, first_configs, useful_rates
 from psrv.experiments.harness.spec import ExperimentSpec, TargetSpec, Variant
 from psrv.experiments.harness.traffic import busiest
 from psrv.atomic import replacing
@@ -36,7 +36,8 @@ METRICS = ("wall_seconds", "samples_per_second", "final_loss", "eval_accuracy", 
            "time_to_target_seconds", "updates_applied", "mean_staleness", "max_staleness",
            "wait_fraction", "seconds_per_step", "busiest_bytes_in_per_step", "busiest_bytes_out_per_step",
            "server_own_bytes_per_step", "bytes_per_sample", "compression_ratio",
-           "useful_samples_per_second", "goodput")  # experiments/harness/goodput.py
+           "useful_samples_per_second", "useful_samples_per_second_end_to_end", "goodput",
+           "goodput_end_to_end")  # experiments/harness/goodput.py
 _FROM_SUMMARY = ("wall_seconds", "samples_per_second", "final_loss", "eval_accuracy",
                  "updates_applied", "mean_staleness", "max_staleness",
                  "bytes_per_sample", "compression_ratio")  # the workers' measured wire bytes (docs/compression.md)
@@ -228,8 +229,8 @@ def run_metrics(path: str | Path, target: TargetSpec, *, variant: str = "",
     values["busiest_bytes_in_per_step"] = top["in"] if top else None
     values["busiest_bytes_out_per_step"] = top["out"] if top else None
     values["server_own_bytes_per_step"] = top.get("own_count") if top else None  # in + out, with the start
-    values["useful_samples_per_second"] = useful_rate(path)
-    values["goodput"] = None  # against the spec's fault-free variant, where it has one (collect)
+    values["useful_samples_per_second"], values["useful_samples_per_second_end_to_end"] = useful_rates(path)
+    values["goodput"] = values["goodput_end_to_end"] = None  # against the spec's fault-free variant (collect)
     return RunMetrics(variant=variant, repeat=repeat, values=values, diverged=lost)
 
 
@@ -316,10 +317,12 @@ def _goodput(found: dict[str, tuple[list[tuple[int, Path]], list[RunMetrics]]]) 
     its faults or stragglers (experiments/harness/goodput.py), where the spec has one."""
     configs = first_configs({name: [path for _, path in repeats] for name, (repeats, _) in found.items()})
     for name, base in baselines(configs).items():
-        base_rates = {run.repeat: run.values["useful_samples_per_second"] for run in found[base][1]}
-        for run in found[name][1]:
-            rate, base_rate = run.values["useful_samples_per_second"], base_rates.get(run.repeat)
-            run.values["goodput"] = rate / base_rate if rate is not None and base_rate else None
+        for metric, rate in (("goodput", "useful_samples_per_second"),
+                             ("goodput_end_to_end", "useful_samples_per_second_end_to_end")):
+            base_rates = {run.repeat: run.values[rate] for run in found[base][1]}
+            for run in found[name][1]:
+                mine, theirs = run.values[rate], base_rates.get(run.repeat)
+                run.values[metric] = mine / theirs if mine is not None and theirs else None
         log.info("collect: goodput of %s against %s, the same runs without its faults", name, base)
 
 

@@ -19,18 +19,19 @@ FAULTS = ("nemesis.", "kill.", "restarts.", "faults.straggler", "faults.transien
 IGNORED = ("job.steps", *OUTPUT_KEYS)
 
 
-def useful_rate(run: Path) -> float | None:
-    """Run folder `run`'s useful samples per second (steps every shard applied, while every rank ran); None where
-    it has no history (an all-reduce run records none), no stored config, or a history that holds none or cannot
-    be read (those two said in the log)."""
+def useful_rates(run: Path) -> tuple[float | None, float | None]:
+    """Run folder `run`'s useful samples per second (steps every shard applied) while every rank ran, and end to
+    end (from its first push to its last useful step, with the tail in which the ranks that fell behind finish
+    alone); (None, None) where it has no history (an all-reduce run records none), no stored config, or a history
+    that holds none or cannot be read (those two said in the log)."""
     if not (run / "history").is_dir():
-        return None
+        return None, None
     try:
         _, m = measured(run, stored_config(run))
     except ValueError as exc:  # HistoryError is one
         log.warning("goodput: %s: %s", run, exc)
-        return None
-    return None if m is None else m.rate
+        return None, None
+    return (None, None) if m is None else (m.rate, m.whole_rate)
 
 
 def first_configs(found: dict[str, list[Path]]) -> dict[str, RunConfig]:
@@ -85,8 +86,10 @@ def goodput_lines(summaries, runs) -> list[str]:
         return []
     lines = ["## Goodput", "", "Useful samples per second (the steps every shard applied, while every rank ran: "
              "docs/reliability.md, \"Goodput\") of each variant with faults or stragglers, over those of the "
-             "variant that is the same run without them, repeat by repeat (the same seed); mean ± sample std.", "",
-             "| variant | without its faults | useful samples/s | goodput |", "|---|---|---|---|"]
+             "variant that is the same run without them, repeat by repeat (the same seed); end to end, the same "
+             "from the first push to the last useful step, with the tail in which the ranks that fell behind "
+             "finish alone; mean ± sample std.", "",
+             "| variant | without its faults | useful samples/s | goodput | end to end |", "|---|---|---|---|---|"]
     stats = {s.variant: s.stats for s in summaries}
     for name in faulty:
         st = stats.get(name)
@@ -94,7 +97,8 @@ def goodput_lines(summaries, runs) -> list[str]:
             continue
         base = pairs.get(name)
         lines.append(f"| `{name}` | {f'`{base}`' if base else 'none in this spec'} | "
-                     f"{_fmt(st['useful_samples_per_second'])} | {_fmt(st['goodput']) if base else '—'} |")
+                     f"{_fmt(st['useful_samples_per_second'])} | {_fmt(st['goodput']) if base else '—'} | "
+                     f"{_fmt(st['goodput_end_to_end']) if base else '—'} |")
     return [*lines, ""]
 
 
