@@ -1,0 +1,68 @@
+"""What no case of the matrix reaches in the shard's optimizers (psrv/server/optim.py), found by `make mutants`:
+torch's fused kernels, which a shard takes from FUSED_MIN_ELEMENTS elements on (the matrix's job has 120,010, so
+never), whole and in chunks; a chunked SGD push without momentum and at momentum 1 (the matrix's SGD is at 0.9);
+and the two refusals of a step an optimizer cannot take. Each against tests/conformance/ref_optim.py."""
+import pytest
+import torch
+
+from psrv.config import OptimConfig
+from psrv.server.optim import flat_optimizer
+from psrv.server.rules import PushContext
+from psrv.server.shard import Shard
+from tests.conformance.ref_optim import ServerMath, settings
+
+SIZE = 1000
+CHUNKS = ((0, 300), (300, 701), (701, SIZE))
+OPTIMIZERS = {"sgd": {"momentum": 0.9}, "nesterov": {"momentum": 0.9, "nesterov": True}, "sgd-m0": {"momentum": 0.0},
+              "sgd-m1": {"momentum": 1.0}, "adam": {}, "adamw": {"weight_decay": 0.01}}
+
+
+def randn(seed: int) -> torch.Tensor:
+    return torch.randn(SIZE, generator=torch.Generator().manual_seed(seed))
+
+
+def config(name: str) -> OptimConfig:
+    kind = "sgd" if name.startswith(("sgd", "nesterov")) else name
+    return OptimConfig(kind, lr=0.05 if kind == "sgd" else 0.003, **OPTIMIZERS[name])
+
+
+def run(name: str, *, fused: bool, sliced: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the shard's weights, the reference's) after four pushes, whole or in three chunks each."""
+    o = config(name)
+    s = Shard(SIZE, o)
+    s.optimizer = flat_optimizer(o, s.param, fused=fused)
+    s.init(randn(1))
+    ref = ServerMath(settings(o), randn(1), workers=1, mode="async")
+    for i in range(4):
+        g = randn(10 + i)
+        if sliced:
+            for lo, hi in CHUNKS:
+                s.apply_slice(g[lo:hi], lo, hi, PushContext(0))
+            s.end_slices()
+        else:
+            s.apply(g, PushContext(0))
+        ref.step(g, worker=0, staleness=0)
+    return s.param.data.clone(), ref.w
+
+
+@pytest.mark.parametrize("sliced", [False, True], ids=["whole", "chunked"])
+@pytest.mark.parametrize("name", ["sgd", "nesterov", "adam", "adamw"])
+def test_fused_kernels_match_the_reference(name, sliced):
+    got, want = run(name, fused=True, sliced=sliced)
+    assert torch.allclose(got, want, atol=1e-6, rtol=0), (got - want).abs().max().item()
+    assert not torch.allclose(want, randn(1))
+
+
+@pytest.mark.parametrize("name", ["sgd-m0", "sgd-m1"])
+def test_a_chunked_sgd_push_without_momentum_or_at_momentum_one_matches_the_reference(name):
+    got, want = run(name, fused=False, sliced=True)
+    assert torch.allclose(got, want, atol=1e-6, rtol=0), (got - want).abs().max().item()
+
+
+def test_an_optimizer_refuses_the_step_it_cannot_take():
+    adam = flat_optimizer(OptimConfig("adam"), torch.zeros(4), fused=False)
+    with pytest.raises(ValueError, match="^a velocity is stepped by sgd only; this shard runs adam$"):
+        adam.plain_step(torch.ones(4))
+    onebit = flat_optimizer(OptimConfig("onebit_adam", freeze_step=2), torch.zeros(4), fused=False)
+    with pytest.raises(ValueError, match="^onebit_adam takes pushes whole$"):
+        onebit.step_slice(torch.ones(2), 0, 2)
