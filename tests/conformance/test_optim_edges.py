@@ -66,3 +66,37 @@ def test_an_optimizer_refuses_the_step_it_cannot_take():
     onebit = flat_optimizer(OptimConfig("onebit_adam", freeze_step=2), torch.zeros(4), fused=False)
     with pytest.raises(ValueError, match="^onebit_adam takes pushes whole$"):
         onebit.step_slice(torch.ones(2), 0, 2)
+
+
+@pytest.mark.parametrize("name", ["sgd", "nesterov", "adam", "adamw"])
+def test_the_state_dict_is_torch_optims_own(name):
+    """FlatOptimizer.state_dict promises torch.optim's layout (a checkpoint's `optimizer`, read by anyone's
+    torch.optim.load_state_dict): after the same three steps, its group's every key is torch.optim.SGD's, Adam's
+    or AdamW's with the same value, and its state is theirs, key for key."""
+    o = config(name)
+    mine = flat_optimizer(o, torch.nn.Parameter(randn(1).clone(), requires_grad=False), fused=False)
+    p = torch.nn.Parameter(randn(1).clone())
+    kind = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[o.name]
+    args = {"momentum": o.momentum, "nesterov": o.nesterov} if o.name == "sgd" else {"betas": o.betas, "eps": o.eps}
+    theirs = kind([p], lr=o.lr, weight_decay=o.weight_decay, **args)
+    for i in range(3):
+        g = randn(20 + i)
+        mine.step(g)
+        p.grad = g.clone()
+        theirs.step()
+    got, want = mine.state_dict(), theirs.state_dict()
+    group = want["param_groups"][0]
+    assert got["param_groups"][0] and all(group[k] == v for k, v in got["param_groups"][0].items()), \
+        (got["param_groups"][0], group)
+    assert set(got["param_groups"][0]) >= {"lr", "weight_decay", "params"} | set(args)
+    assert set(got["state"]) == set(want["state"]) == {0} and set(got["state"][0]) == set(want["state"][0])
+    for key, value in want["state"][0].items():
+        assert torch.allclose(got["state"][0][key].float(), value.float(), atol=1e-6), key
+    # and torch.optim's own state dict, loaded, goes on as torch.optim does
+    again = flat_optimizer(o, torch.nn.Parameter(p.detach().clone(), requires_grad=False), fused=False)
+    again.load_state_dict(want)
+    g = randn(30)
+    again.step(g)
+    p.grad = g.clone()
+    theirs.step()
+    assert torch.allclose(again.param.data, p.detach(), atol=1e-6), (again.param.data - p.detach()).abs().max().item()
