@@ -100,3 +100,25 @@ def test_the_state_dict_is_torch_optims_own(name):
     p.grad = g.clone()
     theirs.step()
     assert torch.allclose(again.param.data, p.detach(), atol=1e-6), (again.param.data - p.detach()).abs().max().item()
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["single", "fused"])
+@pytest.mark.parametrize("name", ["sgd", "adam"])
+def test_a_float64_default_dtype_changes_no_bit(name, fused):
+    """A host that made float64 torch's default (as test_rule_edges.py checks for the rules): the optimizer's
+    state is float32 all the same, Adam's step count too, and the weights after the same pushes are bit for bit."""
+    want = run(name, fused=fused, sliced=False)[0]
+    init, grads = randn(1), [randn(10 + i) for i in range(4)]  # drawn in float32, as run() draws them
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        s = Shard(SIZE, config(name))
+        s.optimizer = flat_optimizer(s.optim_cfg, s.param, fused=fused)
+        s.init(init)
+        for g in grads:
+            s.apply(g, PushContext(0))
+    finally:
+        torch.set_default_dtype(before)
+    kept = {k: v.dtype for k, v in s.optimizer.state.items()}
+    assert kept and set(kept.values()) == {torch.float32}, kept
+    assert torch.equal(s.param.data, want), (s.param.data - want).abs().max().item()

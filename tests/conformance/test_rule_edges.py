@@ -147,10 +147,10 @@ def test_onebit_adam_frozen_after_a_single_adam_step_matches_the_reference():
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_cgad_at_every_age_up_to_past_its_cutoff_matches_the_reference(optimizer):
     """The matrix's pushes are at most a few updates stale; here ages 0 to 7 against a cutoff of 4 (the gate's
-    cosine below it, zero at and past it) and the default cutoff, with each optimizer's lr scale, against
+    cosine below it, zero at and past it), the default cutoff and none, with each optimizer's lr scale, against
     tests/conformance/ref_optim.py's CGAD."""
     from tests.conformance.ref_optim import ServerMath, settings
-    for alpha, cutoff in ((0.3, 4), (0.1, 16)):
+    for alpha, cutoff in ((0.3, 4), (0.1, 16), (0.2, 0)):  # the last: no gate
         o = OptimConfig(optimizer, lr=0.05 if optimizer == "sgd" else 0.003, update_rule="cgad",
                         cgad_alpha=alpha, cgad_cutoff=cutoff)
         s = Shard(SIZE, o)
@@ -163,4 +163,4 @@ def test_cgad_at_every_age_up_to_past_its_cutoff_matches_the_reference(optimizer
             ref.step(push, worker=tau % 2, staleness=tau)
         assert torch.allclose(s.param.data, ref.w, atol=1e-6, rtol=0), (s.param.data - ref.w).abs().max().item()
         assert Counter(f"{round(x, 6):g}" for x in scales) == ref.lr_scales
-        assert scales[0] == 1.0 and (cutoff > 7 or scales[cutoff:] == [0.0] * (8 - cutoff)), scales
+        assert scales[0] == 1.0 and (not cutoff or cutoff > 7 or scales[cutoff:] == [0.0] * (8 - cutoff)), scales
