@@ -53,9 +53,10 @@ def test_fused_kernels_match_the_reference(name, sliced):
     assert not torch.allclose(want, randn(1))
 
 
+@pytest.mark.parametrize("sliced", [False, True], ids=["whole", "chunked"])
 @pytest.mark.parametrize("name", ["sgd-m0", "sgd-m1"])
-def test_a_chunked_sgd_push_without_momentum_or_at_momentum_one_matches_the_reference(name):
-    got, want = run(name, fused=False, sliced=True)
+def test_sgd_without_momentum_or_at_momentum_one_matches_the_reference(name, sliced):
+    got, want = run(name, fused=False, sliced=sliced)
     assert torch.allclose(got, want, atol=1e-6, rtol=0), (got - want).abs().max().item()
 
 
@@ -122,3 +123,19 @@ def test_a_float64_default_dtype_changes_no_bit(name, fused):
     kept = {k: v.dtype for k, v in s.optimizer.state.items()}
     assert kept and set(kept.values()) == {torch.float32}, kept
     assert torch.equal(s.param.data, want), (s.param.data - want).abs().max().item()
+
+
+def test_onebit_adam_takes_the_clocks_word_for_its_freeze():
+    """A warm-up clock with no step (every push of it dropped as non-finite) leaves one Adam step where the
+    freeze is at two; the next clock's pushes are momenta all the same, as the workers' clocks say: the shard
+    takes the frozen step, not another Adam step, as tests/conformance/ref_optim.py's 1-bit Adam does."""
+    o = OptimConfig("onebit_adam", lr=0.003, freeze_step=2)
+    s = Shard(SIZE, o)
+    s.init(randn(1))
+    ref = ServerMath(settings(o), randn(1), workers=1, mode="sync")
+    for i, momenta in enumerate((False, True, True)):  # clock 0, then clocks 2 and 3 (clock 1 had no step)
+        push = randn(40 + i)
+        s.accumulate(push, momentum=momenta)
+        s.apply_accumulated()
+        ref.step(push, worker=None, staleness=0, momentum_push=momenta)
+    assert torch.allclose(s.param.data, ref.w, atol=1e-6, rtol=0), (s.param.data - ref.w).abs().max().item()
