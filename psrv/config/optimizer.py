@@ -11,7 +11,7 @@ OPTIMIZERS = ("sgd", "adam", "adamw", "onebit_adam")  # onebit_adam: psrv/server
 LR_SCHEDULES = ("constant", "warmup_cosine", "step", "linear")  # psrv/schedule.py has their formulas
 SGD_MOMENTUM = 0.9  # momentum's default with sgd; adam and adamw take none
 UPDATE_RULES = ("plain", "staleness-lr", "dc-asgd", "dc-asgd-a", "dn", "cgad")  # psrv/server/rules registers them
-STALENESS_RULES = ("staleness-lr", "dc-asgd", "dc-asgd-a", "cgad")  # they correct a push for its staleness: none in sync
+STALENESS_RULES = ("staleness-lr", "dc-asgd", "dc-asgd-a", "cgad")  # they correct a push's staleness: none in sync
 VELOCITY_RULES = ("plain", "staleness-lr", "cgad")  # they only scale the step: momentum correction's velocity fits them
 DC_LAMBDA = {"dc-asgd": 0.04, "dc-asgd-a": 2.0}  # dc_lambda's default with each (Zheng et al. 2017)
 # cgad's alpha and cutoff with it: psrv's choice (the paper's defaults were not available to us; docs/algorithms.md)

@@ -108,8 +108,8 @@ class ServerMath:
     def step(self, g: torch.Tensor, *, worker: int | None, staleness: int, momentum_push: bool = False,
              velocity: bool = False) -> None:
         o, lr = self.o, lr_at(self.o, self.k)
-        scale = 1.0 / max(1, staleness) if self.rule == "staleness-lr" else 1.0 / self.period if self.rule == "dn" else \
-            cgad_sigma(staleness, o.cgad_alpha, o.cgad_cutoff) if self.rule == "cgad" else 1.0
+        scale = (1.0 / max(1, staleness) if self.rule == "staleness-lr" else 1.0 / self.period if self.rule == "dn"
+                 else cgad_sigma(staleness, o.cgad_alpha, o.cgad_cutoff) if self.rule == "cgad" else 1.0)
         self.lr_scales[f"{round(scale, 6):g}"] += 1
         if self.rule == "staleness-lr" and staleness > 1:
             g = torch.div(g, staleness)

@@ -44,7 +44,8 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     "pull_error_feedback": {"worker": {"compress_pull": "topk:0.1"}}}
 OTHER = {"worker.compress": "topk:0.01", "worker.compress_pull": "sign", "mode": "sync", "cluster.device": "cuda:1", "job.name": "synthetic_mlp", "faults.straggler": "1:2",
          "faults.transient_stragglers": "0.1:4", "optimizer.momentum": 0.5, "optimizer.betas": (0.8, 0.99),
-         "optimizer.dc_lambda": 0.5, "optimizer.cgad_alpha": 0.5, "optimizer.cgad_cutoff": 4, "worker.inner_lr": 0.01, "tensorboard": "runs/tb", "network.bandwidth": "200mbit",
+         "optimizer.dc_lambda": 0.5, "optimizer.cgad_alpha": 0.5, "optimizer.cgad_cutoff": 4,
+         "worker.inner_lr": 0.01, "tensorboard": "runs/tb", "network.bandwidth": "200mbit",
          "job.script": SCRIPT, "job.script_args": ("--epochs", "2"), "job.script_sha256": "0" * 64,
          "kill.server": "1:5", "kill.worker": "1:5", "nemesis.schedule": "pause worker:1 at step 5 for 1s",
          "mlflow": "sqlite:///runs/mlflow.db"}
