@@ -2,21 +2,21 @@
 its histories as `psrv run --goodput-baseline` measures them (experiments/launcher/goodput/), and, for a variant
 with faults or stragglers, that rate over the rate of the spec's variant that is the same run without them, repeat
 by repeat (the same seed). A run's faults are its FAULTS settings; every other setting must be equal for a variant
-to be another's baseline."""
+to be another's baseline. report.md's Goodput section is experiments/harness/report.py's."""
 from __future__ import annotations
 
 import logging
 from pathlib import Path
 
 from psrv.config import RunConfig
-from psrv.experiments.launcher.goodput.report import measured
+from psrv.experiments.launcher.goodput.report import FAULT_KEYS, measured
 from psrv.experiments.launcher.provenance import OUTPUT_KEYS, differences, stored_config
 
 log = logging.getLogger(__name__)
-# what a fault-free baseline may differ in: the faults and stragglers themselves (not faults.compute_ms, the
-# emulated compute every run of a comparison has), and the steps (a rate is compared, not a count)
-FAULTS = ("nemesis.", "kill.", "restarts.", "faults.straggler", "faults.transient_stragglers")
-IGNORED = ("job.steps", *OUTPUT_KEYS)
+# what a fault-free baseline may differ in: what `psrv run --goodput-baseline` allows (the faults, restarts and
+# steps), the stragglers (not faults.compute_ms, the emulated compute every run of a comparison has), and where
+# results also go
+MAY_DIFFER = (*FAULT_KEYS, "faults.straggler", "faults.transient_stragglers", *OUTPUT_KEYS)
 
 
 def useful_rates(run: Path) -> tuple[float | None, float | None]:
@@ -49,8 +49,7 @@ def first_configs(found: dict[str, list[Path]]) -> dict[str, RunConfig]:
 def faulted(cfg: RunConfig, base: RunConfig) -> bool | None:
     """True where `cfg` is `base` with faults or stragglers added, False where the two are the same run, None
     where they differ in anything else."""
-    diffs = [key for key, _, _ in differences(base, cfg) if not key.startswith(IGNORED)]
-    if any(not key.startswith(FAULTS) for key in diffs):
+    if any(not key.startswith(MAY_DIFFER) for key, _, _ in differences(base, cfg)):
         return None
     return has_faults(cfg) and not has_faults(base)
 
@@ -71,39 +70,3 @@ def baselines(configs: dict[str, RunConfig]) -> dict[str, str]:
                 out[name] = other
                 break
     return out
-
-
-def goodput_lines(summaries, runs) -> list[str]:
-    """report.md's "Goodput" section: each variant with faults or stragglers against the spec's variant that is
-    the same run without them (`runs`: report_configs.stored_runs), or a line saying the spec has none."""
-    configs = {}
-    for run in runs:
-        if run.config is not None:
-            configs.setdefault(run.variant, run.config)
-    pairs = baselines(configs)
-    faulty = [name for name, cfg in configs.items() if has_faults(cfg)]
-    if not faulty:
-        return []
-    lines = ["## Goodput", "", "Useful samples per second (the steps every shard applied, while every rank ran: "
-             "docs/reliability.md, \"Goodput\") of each variant with faults or stragglers, over those of the "
-             "variant that is the same run without them, repeat by repeat (the same seed); end to end, the same "
-             "from the first push to the last useful step, with the tail in which the ranks that fell behind "
-             "finish alone; mean ± sample std.", "",
-             "| variant | without its faults | useful samples/s | goodput | end to end |", "|---|---|---|---|---|"]
-    stats = {s.variant: s.stats for s in summaries}
-    for name in faulty:
-        st = stats.get(name)
-        if st is None:
-            continue
-        base = pairs.get(name)
-        lines.append(f"| `{name}` | {f'`{base}`' if base else 'none in this spec'} | "
-                     f"{_fmt(st['useful_samples_per_second'])} | {_fmt(st['goodput']) if base else '—'} | "
-                     f"{_fmt(st['goodput_end_to_end']) if base else '—'} |")
-    return [*lines, ""]
-
-
-def _fmt(stat) -> str:
-    if stat.mean is None:
-        return "—"
-    num = lambda x, digits: f"{x:.0f}" if abs(x) >= 10 ** digits else f"{x:.{digits}g}"  # noqa: E731
-    return num(stat.mean, 3) + (f" ± {num(stat.std, 2)}" if stat.std is not None else "")

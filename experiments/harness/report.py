@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 from psrv.experiments.harness.collect import Stat, VariantSummary, failed_repeats, number, read_csv, read_summary
-from psrv.experiments.harness.goodput import goodput_lines
+from psrv.experiments.harness.goodput import baselines, has_faults
 from psrv.experiments.harness.plots import write_plots
 from psrv.experiments.harness.report_configs import (command_lines, disagreement_section, disagreements,
                                         mixed_folder_lines, overridden_section, setup_lines, stored_runs)
@@ -61,6 +61,33 @@ def _table(summaries: list[VariantSummary], metric: str | None = None) -> list[s
                  _fmt(st["bytes_per_sample"], 3) if s.mode in MODES else "n/a"]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+def _goodput_lines(summaries: list[VariantSummary], runs) -> list[str]:
+    """The "Goodput" section: each variant with faults or stragglers against the spec's variant that is the same
+    run without them (experiments/harness/goodput.py; `runs`: report_configs.stored_runs), or "none in this
+    spec"; nothing where no variant has faults."""
+    configs = {}
+    for run in runs:
+        if run.config is not None:
+            configs.setdefault(run.variant, run.config)
+    pairs = baselines(configs)
+    stats = {s.variant: s.stats for s in summaries}
+    faulty = [name for name, cfg in configs.items() if has_faults(cfg) and name in stats]
+    if not faulty:
+        return []
+    lines = ["## Goodput", "", "Useful samples per second (the steps every shard applied, while every rank ran: "
+             "docs/reliability.md, \"Goodput\") of each variant with faults or stragglers, over those of the "
+             "variant that is the same run without them, repeat by repeat (the same seed); end to end, the same "
+             "from the first push to the last useful step, with the tail in which the ranks that fell behind "
+             "finish alone; mean ± sample std.", "",
+             "| variant | without its faults | useful samples/s | goodput | end to end |", "|---|---|---|---|---|"]
+    for name in faulty:
+        st, base = stats[name], pairs.get(name)
+        lines.append(f"| `{name}` | {f'`{base}`' if base else 'none in this spec'} | "
+                     f"{_fmt(st['useful_samples_per_second'], 3)} | {_fmt(st['goodput'], 3) if base else '—'} | "
+                     f"{_fmt(st['goodput_end_to_end'], 3) if base else '—'} |")
+    return [*lines, ""]
 
 
 def _failed_lines(out: Path, spec: ExperimentSpec) -> list[str]:
@@ -180,7 +207,7 @@ def write_report(out_dir: str | Path, spec: ExperimentSpec, *, spec_path: str | 
               *_ddp_gaps(summaries, spec, per_repeat(out)), "", "## Summary", "",
               "Mean ± sample std over repeats (summary.csv has every value; "
               "docs/experiments.md defines each column).", "", *_table(summaries, spec.target.metric), "",
-              *_failed_lines(out, spec), *goodput_lines(summaries, runs), *traffic_lines(spec, summaries),
+              *_failed_lines(out, spec), *_goodput_lines(summaries, runs), *traffic_lines(spec, summaries),
               "## Plots", ""]
     for caption, rel in plots:
         lines += [f"### {caption}", "", f"![{caption}]({rel})", ""]
