@@ -35,11 +35,12 @@ class Proc:
             f.write(text)
         self.lines += text.count("\n")
 
-    def apply(self, w: int, seq: int, clock: int, epoch: int = 0) -> int:
-        """A push applied (sync: accumulated, the version stays)."""
+    def apply(self, w: int, seq: int, clock: int, epoch: int = 0, age: int | None = None) -> int:
+        """A push applied (sync: accumulated, the version stays; `age`: the merges since its weights)."""
         if self.run.mode != "sync":
             self.version += 1
-        return self("apply", w=w, seq=seq, clock=clock, version=self.version, epoch=epoch)
+        return self("apply", w=w, seq=seq, clock=clock, version=self.version, epoch=epoch,
+                    **({} if age is None else {"age": age}))
 
     def commit(self, clock: int, pushed: list[int], need: int, active: list[int] | None = None) -> int:
         self.version += 1
@@ -49,7 +50,7 @@ class Proc:
 
 class RunFolder:
     def __init__(self, tmp: Path, *, mode: str, workers: int = 2, servers: int = 1, staleness: int = 2,
-                 backup_workers: int = 0):
+                 backup_workers: int = 0, quorum: int = 0, quorum_max_age: int = 0):
         self.dir, self.mode, self.workers = tmp, mode, workers
         self.history = tmp / "history"
         self.history.mkdir(parents=True)
@@ -60,6 +61,8 @@ class RunFolder:
             config["staleness"] = staleness
         if backup_workers:
             config["backup_workers"] = backup_workers
+        if quorum:
+            config.update(quorum=quorum, quorum_max_age=quorum_max_age)
         (tmp / "config.json").write_text(json.dumps(config))
 
     def worker(self, w: int) -> Proc:

@@ -106,9 +106,11 @@ class Variant:
 
 
 def default_name(cfg: RunConfig) -> str:
-    """'sync', 'sync-b1', 'ssp-2', 'async' or 'ddp'."""
+    """'sync', 'sync-b1', 'sync-q2', 'ssp-2', 'async' or 'ddp'."""
     if cfg.mode == "ssp":
         return f"ssp-{cfg.staleness}"
+    if cfg.quorum:
+        return f"sync-q{cfg.quorum}" + (f"-age{cfg.quorum_max_age}" if cfg.quorum_max_age else "")
     return f"sync-b{cfg.backup_workers}" if cfg.backup_workers else cfg.mode
 
 

@@ -33,7 +33,8 @@ KIND, RUN_DIR, SHA = "psrv.kind", "psrv.run_dir", "psrv.sha256"
 REPORT_FILES = ("report.md", "summary.csv", "runs.csv")
 RUN_EXPERIMENT = "psrv run"  # `psrv run --mlflow URI`'s experiment: it has no spec to name one
 # settings summary.json repeats (experiments/launcher/summary.py): params already, no metric (its `staleness` is SSP's bound)
-SUMMARY_SETTINGS = ("staleness", "num_workers", "steps", "batch_size", "backup_workers", "lr", "seed", "freeze_step")
+SUMMARY_SETTINGS = ("staleness", "num_workers", "steps", "batch_size", "backup_workers", "quorum", "quorum_max_age", "lr",
+                    "seed", "freeze_step")
 
 
 def check_uri(uri: str) -> None:

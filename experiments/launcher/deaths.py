@@ -20,11 +20,11 @@ BAD_INPUT = 2  # psrv's exit code for a ValueError (psrv/cli/main.py): every ran
 def survives_workers(cfg: RunConfig, *, script: bool) -> bool:
     """Whether the run goes on without a worker that dies: the shipped loop's workers (a script's run needs every
     rank's record) in async and ssp, which never wait for all, and in sync with backup workers, whose barrier
-    needs N-b gradients; plain sync ends (its run would no longer be the one asked for: every rank's gradient in
-    every clock)."""
+    needs N-b gradients, or a quorum, whose merges need Q workers of those still pushing; plain sync ends
+    (its run would no longer be the one asked for: every rank's gradient in every clock)."""
     if script or cfg.is_allreduce:
         return False
-    return cfg.mode in ("async", "ssp") or (cfg.mode == "sync" and cfg.backup_workers > 0)
+    return cfg.mode in ("async", "ssp") or (cfg.mode == "sync" and (cfg.backup_workers > 0 or cfg.quorum > 0))
 
 
 def last_clock(out: Path, rank: int, pid: int) -> int | None:

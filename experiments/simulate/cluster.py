@@ -42,13 +42,15 @@ class Recorded:
 
 
 class Cluster:
-    def __init__(self, *, workers: int, shards: int, mode: str, staleness: int, backup_workers: int,
+    def __init__(self, *, workers: int, shards: int, mode: str, staleness: int, backup_workers: int, quorum: int = 0,
+                 quorum_max_age: int = 0,
                  steps: int, local_steps: int, compute: list[list[float]], latency: float,
                  push_transfer: tuple[float, ...], reply_transfer: tuple[float, ...], server_seconds: float, sample: int, batch_size: int,
                  learner=None, codec: CodecCost | None = None,
                  ready: list[tuple[int, float]] | None = None, compute_holds_encodes: bool = False):
         self.n, self.s, self.steps, self.h = workers, shards, steps, local_steps
-        self.controllers = [make_controller(mode, workers, staleness=staleness, backup_workers=backup_workers)
+        self.controllers = [make_controller(mode, workers, staleness=staleness, backup_workers=backup_workers,
+                                            quorum=quorum, quorum_max_age=quorum_max_age)
                             for _ in range(shards)]
         self.compute, self.latency = compute, latency
         self.server_seconds, self.sample, self.batch_size = server_seconds, sample, batch_size
@@ -156,7 +158,7 @@ class Cluster:
             in_free[s] = arrive
             th = (arrive if arrive > busy[s] else busy[s]) + server + unpack[s]  # the shard's thread, a push at a time
             busy[s] = th
-            decision = ctrl.push(w, clock)
+            decision = ctrl.push(w, clock, version[s] - base[s])
             if decision is DROP:
                 self.rec.dropped[s] += 1
             else:

@@ -43,7 +43,8 @@ def simulate(cfg: SimulationConfig, *, out: str | Path | None = None, plan: Part
         from psrv.experiments.simulate.learning import Learner
         learner = Learner(cfg, job, plan)
     cluster = Cluster(workers=n, shards=cfg.cluster.servers, mode=cfg.mode, staleness=cfg.staleness,
-                      backup_workers=cfg.backup_workers, steps=cfg.job.steps, local_steps=pushes_every(cfg.worker),
+                      backup_workers=cfg.backup_workers, quorum=cfg.quorum, quorum_max_age=cfg.quorum_max_age,
+                      steps=cfg.job.steps, local_steps=pushes_every(cfg.worker),
                       compute=compute, latency=network.latency, push_transfer=network.push_transfer,
                       reply_transfer=network.reply_transfer,
                       server_seconds=sim.server_ms / 1000.0, sample=sim.sample_workers,
@@ -97,6 +98,7 @@ def summarise(cfg: SimulationConfig, rec: Recorded, *, learner, plan_total: int,
         "mode": cfg.mode, "staleness": cfg.staleness if cfg.mode == "ssp" else 0, "transport": "simulated",
         "job": cfg.job.script or cfg.job.name, "num_servers": cfg.cluster.servers, "num_workers": cfg.cluster.workers,
         "steps": cfg.job.steps, "batch_size": cfg.job.batch_size, "backup_workers": cfg.backup_workers,
+        "quorum": cfg.quorum, "quorum_max_age": cfg.quorum_max_age,
         "local_steps": cfg.worker.local_steps, "optimizer": cfg.optimizer.name, "lr": cfg.optimizer.lr,
         "update_rule": cfg.optimizer.update_rule, "seed": cfg.seed,
         "initial_loss": final.get("initial_loss"), "final_loss": final.get("final_loss"),

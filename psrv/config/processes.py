@@ -67,12 +67,17 @@ def _staleness_rule(optim: OptimConfig, mode: str) -> None:
                           "use mode async or ssp, or update_rule plain")
 
 
-def _onebit_adam(optim: OptimConfig, mode: str, backup_workers: int) -> None:
+def _onebit_adam(optim: OptimConfig, mode: str, backup_workers: int, quorum: int = 0) -> None:
     """onebit_adam is built for sync: each clock's mean of the workers' momenta is the momentum of the
     mean gradient only when every worker pushes every clock (psrv/server/onebit_adam.py)."""
-    if optim.name == "onebit_adam" and (mode != "sync" or backup_workers):
-        raise ConfigError("optimizer.name", "onebit_adam runs in mode 'sync' without backup_workers "
-                          f"(mode is {mode!r}, backup_workers {backup_workers})")
+    if optim.name == "onebit_adam" and (mode != "sync" or backup_workers or quorum):
+        raise ConfigError("optimizer.name", "onebit_adam runs in mode 'sync' without backup_workers or quorum "
+                          f"(mode is {mode!r}, backup_workers {backup_workers}, quorum {quorum})")
+
+
+def _quorum(quorum: int, workers: int, key: str) -> None:
+    if quorum > workers:
+        raise ConfigError("quorum", f"must be at most {key} ({workers}); got {quorum}")
 
 
 def _momentum_correction(run: RunConfig) -> None:
@@ -198,6 +203,7 @@ class ServerConfig(ThreadSettings, ServeSettings, ServerSettings, Consistency, P
             raise ConfigError("shard", f"must be in [0, num_shards={self.num_shards}); got {self.shard}")
         if not self.backup_workers < self.workers:
             raise ConfigError("backup_workers", f"must be < workers ({self.workers}); got {self.backup_workers}")
+        _quorum(self.quorum, self.workers, "workers")
         if self.resume and not self.checkpoint_dir:
             raise ConfigError("resume", "needs checkpoint_dir (where the checkpoints are)")
         if self.curve_keys and self.transport != "zmq":
@@ -206,7 +212,7 @@ class ServerConfig(ThreadSettings, ServeSettings, ServerSettings, Consistency, P
         if self.witness:  # replicated: its failovers must not outlast a worker's timeout
             _timeouts(self.timeouts())
         _one_shard_clip(self.optimizer.clip_grad_norm, self.mode, self.num_shards, "num_shards")
-        _onebit_adam(self.optimizer, self.mode, self.backup_workers)
+        _onebit_adam(self.optimizer, self.mode, self.backup_workers, self.quorum)
         _staleness_rule(self.optimizer, self.mode)
         if self.optimizer.update_rule == "dn":  # the shard is told its N
             n = _dn_period(self.optimizer, self.mode, self.workers)
@@ -271,6 +277,14 @@ class RunConfig(Trackers, Seeded, Consistency):
         n = self.cluster.workers
         if self.backup_workers >= n:
             raise ConfigError("backup_workers", f"must be < cluster.workers ({n}); got {self.backup_workers}")
+        _quorum(self.quorum, n, "cluster.workers")
+        if self.quorum and isinstance(self.worker.local_steps, str):
+            raise ConfigError("quorum", f"with local_steps {self.worker.local_steps!r} is not built: a merge is the "
+                              "mean over its pushes, token-weighted only where each covers as many samples (give an "
+                              "integer H)")
+        if self.quorum and self.worker.fragments > 1:
+            raise ConfigError("quorum", "with fragments (streaming DiLoCo) is not built: a merge takes whole pushes "
+                              "(give fragments 1, or the barrier)")
         straggler = self.faults.straggler_pair()
         if straggler and straggler[0] >= n:
             raise ConfigError("faults.straggler", f"rank must be in 0..{n - 1} (cluster.workers = {n}); "
@@ -299,7 +313,7 @@ class RunConfig(Trackers, Seeded, Consistency):
                                   f"pushes by its speed through the servers; mode {self.mode!r} has none "
                                   "(give an integer H)")
         _one_shard_clip(self.optimizer.clip_grad_norm, self.mode, self.cluster.servers, "cluster.servers")
-        _onebit_adam(self.optimizer, self.mode, self.backup_workers)
+        _onebit_adam(self.optimizer, self.mode, self.backup_workers, self.quorum)
         _staleness_rule(self.optimizer, self.mode)
         if self.optimizer.name == "onebit_adam" and (self.worker.local_updates or self.worker.wire_dtype != "float32"
                                                      or self.worker.compress in CASTS):

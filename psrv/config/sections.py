@@ -101,11 +101,23 @@ class Consistency(Section):
     staleness: int = setting(2, "SSP bound s: no worker runs more than s clocks ahead of the slowest",
                              minimum=0)
     backup_workers: int = setting(0, "sync: apply a clock once N-b gradients are in", minimum=0)
+    quorum: int = setting(0, "sync: merge once Q distinct workers' pushes of any clock are in (Decoupled DiLoCo's "
+                          "minimum quorum), answering every pull at once, so no worker waits for the slowest; a "
+                          "faster worker's second push joins the same merge (0: the barrier)", minimum=0, metavar="Q")
+    quorum_max_age: int = setting(0, "with --quorum: drop a push computed on weights more than A merges old as late "
+                                  "(0: every push joins the open merge)", minimum=0, metavar="A")
 
     def validate(self) -> None:
         super().validate()
         if self.backup_workers and self.mode != "sync":
             raise ConfigError("backup_workers", f"applies to mode 'sync' only (mode is {self.mode!r})")
+        if self.quorum and self.mode != "sync":
+            raise ConfigError("quorum", f"is a setting of mode 'sync' (mode is {self.mode!r})")
+        if self.quorum and self.backup_workers:
+            raise ConfigError("quorum", "replaces backup_workers (a quorum of N-b is backup workers without the "
+                              "barrier): give one of them")
+        if self.quorum_max_age and not self.quorum:
+            raise ConfigError("quorum_max_age", "applies with quorum only (the barrier's pushes are all fresh)")
 
 
 @dataclass(frozen=True, kw_only=True)

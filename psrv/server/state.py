@@ -11,7 +11,7 @@ from typing import Callable
 from psrv.config import ServerConfig
 from psrv.history import History
 from psrv.protocol import ErrorCode, Message, ProtocolError
-from psrv.server.consistency import Controller, make_controller
+from psrv.server.consistency import Controller, controller_for
 from psrv.server.fragments import FragmentShards
 from psrv.server.liveness import Liveness
 from psrv.server.dedup import Dedup
@@ -44,7 +44,7 @@ class ShardState:
     def fresh(cls, cfg: ServerConfig, transport: ServerTransport, *, now: Callable[[], float], history: History,
               metrics, join_timeout: float) -> "ShardState":
         return cls(cfg, transport, now, history, ShardStats(metrics=metrics),
-                   make_controller(cfg.mode, cfg.workers, staleness=cfg.staleness, backup_workers=cfg.backup_workers),
+                   controller_for(cfg),
                    Liveness(timeout=cfg.worker_timeout, join_timeout=join_timeout, now=now), Dedup(),
                    FragmentShards(), WorkerSpeeds())
 

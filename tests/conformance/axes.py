@@ -42,6 +42,7 @@ AXES: dict[str, tuple] = {
     "outer": ("float32", "bfloat16", "int8", "fp4"),
     "nonfinite": ("none", "skip", "reject"),
     "backup": (0, 1),
+    "quorum": (0, 2),  # sync's merges of Q distinct workers' pushes (0: the barrier)
     "clip": (0.0, 1.0),
     "schedule": ("constant", "warmup_cosine"),
     "weight_decay": (0.0, 0.01),
@@ -72,9 +73,9 @@ def case_id(case: dict) -> str:
 
 
 def workers_of(case: dict) -> int:
-    """Two workers; one where a run's order cannot be fixed (torch RPC under async or ssp: psrv run's
+    """Two workers; one where a run's order cannot be fixed (torch RPC under async, ssp or a quorum: psrv run's
     workers free-run there, and two of them interleave as they may)."""
-    return 1 if case["transport"] == "rpc" and case["mode"] != "sync" else 2
+    return 1 if case["transport"] == "rpc" and (case["mode"] != "sync" or case["quorum"]) else 2
 
 
 def run_config(case: dict, *, workers: int | None = None) -> RunConfig:
@@ -106,7 +107,7 @@ def run_config(case: dict, *, workers: int | None = None) -> RunConfig:
               "pull_error_feedback": not (ef_off and c["pull"] != "none"), "pull_resync": PULL_RESYNC}
     if c["local"] > 1:
         worker.update(inner_optimizer="sgd", inner_lr=0.05)
-    tree = {"mode": c["mode"], "staleness": 1, "backup_workers": c["backup"], "seed": SEED,
+    tree = {"mode": c["mode"], "staleness": 1, "backup_workers": c["backup"], "quorum": c["quorum"], "seed": SEED,
             "cluster": {"servers": c["shards"], "workers": workers or workers_of(c), "transport": c["transport"],
                         "shared_memory": "auto" if c["plane"] == "shm" else "off",
                         "bulk": "auto" if c["plane"] == "bulk" else "off", "replicas": c["replicas"]},

@@ -4,7 +4,7 @@ on 127.0.0.1, every worker a thread driving psrv.Worker through the loop psrv's 
 cluster.replicas, each shard's backups (psrv.Server threads with backup_of, as `psrv run --replicas`
 starts them) follow it before any worker starts, so every acknowledged push went through the stream.
 
-The order is fixed, so a run repeats bit for bit: in sync (without backup workers) the two workers
+The order is fixed, so a run repeats bit for bit: in sync (without backup workers or a quorum) the two workers
 run free, as the mean of two gradients does not depend on their order; everywhere else they take
 turns, one whole step each (push, apply, pull), who goes first rotating from step to step (`order`).
 
@@ -210,7 +210,7 @@ def run(cfg: RunConfig, *, nan: bool, hooks: Hooks | None = None) -> Outcome:
         witness.cleanup()
         raise
     n = cfg.cluster.workers
-    turns = Turns(list(range(n)), cfg.job.steps, free=cfg.mode == "sync" and not cfg.backup_workers)
+    turns = Turns(list(range(n)), cfg.job.steps, free=cfg.mode == "sync" and not cfg.backup_workers and not cfg.quorum)
     ready = threading.Barrier(n, timeout=TIMEOUT)
     out = Outcome(params=torch.empty(0), shards=[])
     failures: list[BaseException] = []

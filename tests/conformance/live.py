@@ -71,6 +71,8 @@ def why_inert(axis: str, c: dict) -> str | None:
             return "the NaN is rank 1's, and one worker runs"
         if c["mode"] == "sync" and c["backup"] and level == "skip" and (c["local"] == 1 or c["fragments"] > 1):
             return "with a backup worker the NaN push is second in its clock: dropped as late before it is looked at"
+    if axis == "quorum" and pushers < 2:
+        return "one worker: each push merges alone, as sync's clock of one"
     if axis == "mode" and level == "ssp" and pushers < 2:
         return "one worker: ssp is async"
     return None

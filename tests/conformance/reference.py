@@ -6,7 +6,9 @@ What it models of the protocol: a worker pushes its slice of the flat gradient (
 gradient w_pulled - w_now every H-th step with local steps) to every shard; a non-finite slice is
 never compressed (it goes whole and raw) and is refused (--nonfinite reject: the worker stops) or
 dropped (skip); sync averages each clock's finite pushes and steps once, dropping a backup worker's late
-push; async and ssp step on every push; a push's staleness is the update count when applied minus the
+push; under a quorum (sync's `quorum` Q) a shard steps once on the mean of the pushes since its last step, of
+any clocks, once Q distinct workers still pushing have a gradient there (or every one of them has pushed), and
+no worker waits; async and ssp step on every push; a push's staleness is the update count when applied minus the
 one its worker last pulled.
 
 Compressed pulls (DoubleSqueeze, Tang et al. 2019; DORE, Liu et al. 2020): each worker holds a copy x of
@@ -206,8 +208,9 @@ class Reference:
         self.hist[staleness] += pushes
 
     def run(self) -> Expected:
-        sync_free = self.mode == "sync" and not self.cfg.backup_workers
+        sync_free = self.mode == "sync" and not self.cfg.backup_workers and not self.cfg.quorum
         clock = {wk.rank: 0 for wk in self.workers}
+        self.merge, self.merge_arrived = [], set()  # a quorum's open merge: (worker, sent, keep, age), who pushed
         for step in range(self.steps):
             live = [wk for wk in self.workers if wk.alive]
             if sync_free:
@@ -217,7 +220,9 @@ class Reference:
                 self.closed, self.waiting = False, []
                 for rank in order(step, [w.rank for w in self.workers]):
                     if rank in by_rank and by_rank[rank].alive:
-                        self._turn(by_rank[rank], step, clock)
+                        (self._quorum_turn if self.cfg.quorum else self._turn)(by_rank[rank], step, clock)
+        if self.merge:  # what the last merge holds commits as the workers finish (none is left to push)
+            self._merge()
         return Expected(self.server.w, {**self.counts, "dropped": dict(self.counts["dropped"])}, self.hist,
                         self.step_staleness, self.refused, dict(self.server.lr_scales))
 
@@ -287,6 +292,49 @@ class Reference:
             self.server.pulled(pulling.rank, held)
         if self.closed:
             self.waiting = []
+
+
+    def _quorum_turn(self, wk: _Worker, step: int, clock: dict) -> None:
+        """One whole step of one worker under a quorum: its push joins the open merge (its age: the updates
+        since its weights), which steps once Q distinct workers still pushing have a gradient in it (every one
+        of them pushed, where fewer are left); its pull is answered at once."""
+        v = self._compute(wk, step)
+        if v is None:
+            self.step_staleness[wk.rank].append(0)
+            return
+        sent, finite, keep = self._encode(wk, v, clock[wk.rank])
+        fate = self._settle(wk, finite)
+        if fate == "refused":  # it leaves: the open merge no longer waits for it
+            self._merge_if_ready()
+            return
+        age = self.server.k - wk.base
+        self.merge_arrived.add(wk.rank)
+        if fate == "ok":
+            self.merge.append((wk, sent, keep, age))
+        self.step_staleness[wk.rank].append(age if fate == "ok" else 0)
+        clock[wk.rank] += 1
+        self._merge_if_ready()
+        held = self._pull(wk)
+        wk.base = self.server.k
+        self.server.pulled(wk.rank, held)
+
+    def _merge_if_ready(self) -> None:
+        pushing = {w.rank for w in self.workers if w.alive}
+        with_gradient = {w.rank for w, *_ in self.merge}
+        need = max(1, min(self.cfg.quorum, len(pushing)))
+        if with_gradient and (len(with_gradient & pushing) >= need or pushing <= self.merge_arrived):
+            self._merge()
+
+    def _merge(self) -> None:
+        """The open merge's step: the mean of its pushes (each worker's as many as it made), each counted at
+        its own age."""
+        mean = sum(sent for _, sent, _, _ in self.merge) / len(self.merge)
+        self._apply(mean, worker=None, staleness=0, pushes=len(self.merge), momentum_push=False)
+        self.hist[0] -= len(self.merge)
+        self.hist += Counter(age for *_, age in self.merge)
+        for wk, _, keep, _ in self.merge:
+            wk.settle(keep, self.ranges)
+        self.merge, self.merge_arrived = [], set()
 
 
 def _draw_seed(rank: int, shard: int) -> int:

@@ -215,6 +215,60 @@ def test_a_clock_committed_twice(tmp_path):
     assert "clock 0 commits a second time" in only(check_run(tmp_path), 3, p.file, line).message
 
 
+def quorum_push(run, w, p, seq, clock, *, age=0):
+    run.push(w, seq, clock)
+    p.apply(w.w, seq, clock, age=age)
+    run.ack(w, p, seq)
+
+
+def test_a_clean_quorum_run_merges_any_clocks_and_a_workers_second_push(tmp_path):
+    """Quorum 2 of 3: worker 0 pushes twice before worker 2's first closes the merge; then 1 and 0."""
+    run = RunFolder(tmp_path, mode="sync", workers=3, quorum=2, quorum_max_age=3)
+    ws, p = [run.worker(w) for w in range(3)], run.replica(0, "primary", A)
+    quorum_push(run, ws[0], p, 1, 0)
+    quorum_push(run, ws[0], p, 2, 1)
+    quorum_push(run, ws[2], p, 1, 0)
+    p.commit(0, [0, 2], need=2)
+    quorum_push(run, ws[1], p, 1, 0, age=1)
+    quorum_push(run, ws[0], p, 3, 2, age=1)
+    p.commit(1, [0, 1], need=2)
+    result = check_run(tmp_path)
+    assert result.ok, result.line()
+    assert result.counts.commits == 2
+
+
+def test_a_quorum_merge_of_one_worker_twice_is_short_of_its_quorum(tmp_path):
+    run = RunFolder(tmp_path, mode="sync", workers=3, quorum=2)
+    ws, p = [run.worker(w) for w in range(3)], run.replica(0, "primary", A)
+    quorum_push(run, ws[0], p, 1, 0)
+    quorum_push(run, ws[0], p, 2, 1)
+    line = p.commit(0, [0], need=2)
+    assert "merge 0 holds the pushes of 1 workers still pushing ({0}) and needs exactly 2" \
+        in only(check_run(tmp_path), 3, p.file, line).message
+
+
+def test_a_quorum_merge_that_waited_for_more_than_its_quorum(tmp_path):
+    run = RunFolder(tmp_path, mode="sync", workers=3, quorum=2)
+    ws, p = [run.worker(w) for w in range(3)], run.replica(0, "primary", A)
+    for w in ws:
+        quorum_push(run, w, p, 1, 0)
+    line = p.commit(0, [0, 1, 2], need=3)
+    assert "waited for 3 workers, but with {0, 1, 2} still pushing and quorum 2 it needs 2" \
+        in only(check_run(tmp_path), 3, p.file, line).message
+
+
+def test_a_push_older_than_quorum_max_age_in_a_merge(tmp_path):
+    run = RunFolder(tmp_path, mode="sync", workers=2, quorum=2, quorum_max_age=2)
+    ws, p = [run.worker(w) for w in range(2)], run.replica(0, "primary", A)
+    quorum_push(run, ws[0], p, 1, 0)
+    run.push(ws[1], 1, 0)
+    line = p.apply(1, 1, 0, age=3)
+    run.ack(ws[1], p, 1)
+    p.commit(0, [0, 1], need=2)
+    assert "3 merges old went into merge 0; --quorum-max-age 2 drops it" \
+        in only(check_run(tmp_path), 3, p.file, line).message
+
+
 # --- rule 4 -----------------------------------------------------------------------------------------------
 
 def test_an_ssp_answer_beyond_the_bound(tmp_path):

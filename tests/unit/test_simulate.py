@@ -151,8 +151,8 @@ class _CountingController:
         self._inner, self._drops, self._shard = inner, drops, len(drops)
         drops.append(0)
 
-    def push(self, worker, clock):
-        decision = self._inner.push(worker, clock)
+    def push(self, worker, clock, age=0):
+        decision = self._inner.push(worker, clock, age)
         if decision is Decision.DROP:
             self._drops[self._shard] += 1
         return decision

@@ -1,5 +1,8 @@
 """Rule 3, the sync barrier: each `commit` holds exactly the pushes accumulated for its clock, as many of the
-workers still pushing as `need` says (fewer only once every one of them is in), and each clock commits once."""
+workers still pushing as `need` says (fewer only once every one of them is in), and each clock commits once.
+Under `--quorum Q` (psrv/server/consistency/quorum.py) a commit is a merge of the pushes accumulated since the
+last one, of any clocks and a worker's more than one: Q distinct workers still pushing (fewer only once every
+one of them is in), and no push older than `--quorum-max-age` merges."""
 from __future__ import annotations
 
 from psrv.experiments.launcher.history.reading import Event
@@ -76,9 +79,51 @@ class Barrier:
                        + (f"; {_names(missing)} had not pushed it" if counted < need else ""))
 
 
-def check(shard: int, lineage: list[Event], *, workers: int, backup_workers: int) -> tuple[list[Violation], int]:
+class Merges(Barrier):
+    """Rule 3 under a quorum: each commit merges whatever was accumulated since the last one."""
+
+    def __init__(self, shard: int, workers: int, quorum: int, max_age: int):
+        super().__init__(shard, workers, 0)
+        self.quorum, self.max_age = quorum, max_age
+
+    def see(self, e: Event) -> None:
+        if e.ev == "drop" and e["why"] in VOID_DROPS:  # a merge's voided pushes, whatever their clock
+            self.members.see(e)
+            self.voided.setdefault(-1, set()).add(e["w"])
+            return
+        super().see(e)
+
+    def _commit(self, e: Event) -> None:
+        c, need = e["clock"], e["need"]
+        self.commits += 1
+        if c in self.committed:
+            self._flag(e, f"merge {c} commits a second time (first at {self.committed[c].where})")
+        self.committed.setdefault(c, e)
+        pushers = {a["w"] for a in self.accumulated}
+        for a in self.accumulated:
+            age = a.fields.get("age")
+            if self.max_age and age is not None and age > self.max_age:
+                self._flag(a, f"worker {a['w']}'s push {age} merges old went into merge {c}; --quorum-max-age "
+                           f"{self.max_age} drops it")
+        if set(e["pushed"]) != pushers:
+            self._flag(e, f"merge {c} lists workers {_names(e['pushed'])}, but the lineage accumulated the pushes "
+                       f"of {_names(pushers)} for it")
+        pushing = self.members.pushing()
+        expect = max(1, min(self.quorum, len(pushing)))
+        if need != expect:
+            self._flag(e, f"merge {c} waited for {need} workers, but with {_names(pushing)} still pushing and "
+                       f"quorum {self.quorum} it needs {expect}")
+        counted = len(pushers & pushing)
+        everyone = pushing <= pushers | self.voided.get(-1, set())
+        if counted > need or (counted < need and not everyone):
+            self._flag(e, f"merge {c} holds the pushes of {counted} workers still pushing "
+                       f"({_names(pushers & pushing)}) and needs exactly {need}")
+
+
+def check(shard: int, lineage: list[Event], *, workers: int, backup_workers: int, quorum: int = 0,
+          quorum_max_age: int = 0) -> tuple[list[Violation], int]:
     """Rule 3's violations in one lineage, and its commits."""
-    barrier = Barrier(shard, workers, backup_workers)
+    barrier = Merges(shard, workers, quorum, quorum_max_age) if quorum else Barrier(shard, workers, backup_workers)
     for e in lineage:
         barrier.see(e)
     return barrier.found, barrier.commits

@@ -47,7 +47,8 @@ def check_run(run: str | Path) -> CheckResult:
         for replica in history.replicas:  # each replica's own state: what it committed and answered from
             lineage = history.lineage(replica)
             if cfg.mode == "sync":
-                broken, n = barrier.check(k, lineage, workers=cfg.cluster.workers, backup_workers=cfg.backup_workers)
+                broken, n = barrier.check(k, lineage, workers=cfg.cluster.workers, backup_workers=cfg.backup_workers,
+                                          quorum=cfg.quorum, quorum_max_age=cfg.quorum_max_age)
                 found += broken
                 commits += n if replica is history.final else 0
             elif cfg.mode == "ssp":

@@ -16,7 +16,7 @@ import logging
 from typing import TYPE_CHECKING, NamedTuple
 
 from psrv.checkpoint import CheckpointError
-from psrv.server.consistency import Controller, make_controller
+from psrv.server.consistency import Controller, controller_for
 from psrv.server.dedup import Dedup
 from psrv.server.fragments import FragmentShards
 from psrv.server.liveness import Liveness
@@ -69,8 +69,7 @@ def build(state: dict, cfg: "ServerConfig", *, liveness: Liveness, source: str) 
     try:
         shard = Shard(size, cfg.optimizer, device=cfg.device)
         shard.load_state_dict(state["shard_state"])
-        controller = make_controller(cfg.mode, cfg.workers, staleness=cfg.staleness,
-                                     backup_workers=cfg.backup_workers)
+        controller = controller_for(cfg)
         controller.load_state_dict(state["controller"])
         dedup = Dedup()
         dedup.load_state_dict(state["dedup"])

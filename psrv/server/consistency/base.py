@@ -64,8 +64,9 @@ class Controller:
         return max(0, clock - self.min_clock()) if self.active else 0
 
     # --- the policy -------------------------------------------------------
-    def push(self, worker: int, clock: int) -> Decision:
-        """Record a push of `worker`'s gradient for `clock` and say what to do with it."""
+    def push(self, worker: int, clock: int, age: int = 0) -> Decision:
+        """Record a push of `worker`'s gradient for `clock`, computed on weights `age` updates old, and say what
+        to do with it."""
         old = self.clocks.get(worker, 0)
         new = self.clocks[worker] = max(old, clock + 1)
         if new != old and worker in self.active:
@@ -75,9 +76,9 @@ class Controller:
                 del self._at[old]
                 if old == self._min:
                     self._min = min(self._at)
-        return self._decide(worker, clock)
+        return self._decide(worker, clock, age)
 
-    def _decide(self, worker: int, clock: int) -> Decision:
+    def _decide(self, worker: int, clock: int, age: int) -> Decision:
         raise NotImplementedError
 
     def void(self, worker: int) -> None:

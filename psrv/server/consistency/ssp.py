@@ -11,7 +11,7 @@ class SSPController(Controller):
         super().__init__(num_workers)
         self.staleness = staleness
 
-    def _decide(self, worker: int, clock: int) -> Decision:
+    def _decide(self, worker: int, clock: int, age: int) -> Decision:
         return Decision.APPLY
 
     def pull_ready(self, worker: int, clock: int) -> bool:

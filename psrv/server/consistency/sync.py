@@ -20,7 +20,7 @@ class SyncController(Controller):
         self.skipped = 0              # clocks lost to a restore (their updates are gone)
         self.joining: dict[int, int] = {}  # a (re)joined worker -> the first clock the barrier waits for it, > open
 
-    def _decide(self, worker: int, clock: int) -> Decision:
+    def _decide(self, worker: int, clock: int, age: int) -> Decision:
         if clock != self.open_clock or worker in self.arrived:
             return Decision.DROP
         self.arrived.add(worker)

@@ -96,7 +96,8 @@ class Pushes:
                         s.cfg.shard, msg.worker, msg.clock)
             s.stats.drop("late", shard.discard_accumulated())  # the others applied that clock without us
         pushed = s.controller.clocks.get(msg.worker, 0)
-        decision = s.controller.push(msg.worker, msg.clock)
+        staleness = max(0, shard.version - msg.base_version)
+        decision = s.controller.push(msg.worker, msg.clock, staleness)
         if decision is Decision.DROP:
             s.stats.drop("late")
             s.stats.pushed(time.perf_counter() - started, None)
@@ -111,7 +112,6 @@ class Pushes:
             info = self.record_answer(msg, {"version": shard.version, "dropped": "nonfinite", "staleness": 0})
             self.commit_if_ready()
             return info
-        staleness = max(0, shard.version - msg.base_version)
         self.before_write()  # replies still reading the weights must leave before we write them
         if decision is Decision.APPLY:  # the update rule sees the push's context (psrv/server/rules)
             ctx = PushContext(msg.worker, msg.clock, msg.base_version, staleness)
@@ -123,7 +123,7 @@ class Pushes:
                 shard.accumulate(grad, momentum=onebit_adam.is_momentum(msg))
             else:
                 s.fragments.accumulate(shard, fragment, grad)
-            self.took(msg, version=shard.version)  # in the history before the clock it may close (docs/history.md)
+            self.took(msg, version=shard.version, age=staleness)  # before the merge it may close (docs/history.md)
             self.commit_if_ready()
         s.stats.pushed(time.perf_counter() - started, staleness)
         s.stats.membership(s.controller.active, {msg.worker: s.controller.clocks[msg.worker]})
@@ -144,9 +144,9 @@ class Pushes:
             s.stats.applied(s.shard.version, pushes=n)
         else:
             log.warning("shard %d: clock %d had no finite gradient (or no worker left to push it); moving on "
-                        "without a step", s.cfg.shard, s.controller.next_clock(-1))
+                        "without a step", s.cfg.shard, s.controller.open_clock)
         c = s.controller
-        s.history.record("commit", clock=c.next_clock(-1), version=s.shard.version, epoch=self.epoch,
+        s.history.record("commit", clock=c.open_clock, version=s.shard.version, epoch=self.epoch,
                          pushed=sorted(c.arrived - c.voided), arrived=sorted(c.arrived), pushing=sorted(c.pushing()),
                          active=sorted(c.active), need=c.needed())
         c.committed()
@@ -167,13 +167,14 @@ class Pushes:
                       version=info.get("version"))
         return info
 
-    def took(self, msg: Message, *, why: str | None = None, version: int | None = None) -> None:
-        """Push `msg` in the history: applied (sync: into its clock's sum), or dropped for `why`."""
+    def took(self, msg: Message, *, why: str | None = None, version: int | None = None, age: int | None = None) -> None:
+        """Push `msg` in the history: applied (sync: into its clock's sum, with the merges since its weights,
+        `age`), or dropped for `why`."""
         where = {"w": msg.worker, "seq": msg.seq, "clock": msg.clock, "epoch": self.epoch}
         if why:
             self.state.history.record("drop", **where, why=why)
         else:
-            self.state.history.record("apply", **where, version=version)
+            self.state.history.record("apply", **where, version=version, **({} if age is None else {"age": age}))
 
     def acked(self, worker: int, seq: int, info: dict) -> tuple[str, dict]:
         """The history's event for push `seq` of `worker` acknowledged with `info` (its answer, alone or in a

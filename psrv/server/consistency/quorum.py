@@ -1,0 +1,72 @@
+"""Quorum merges, a setting of sync (`--quorum Q`; Decoupled DiLoCo's minimum quorum, arXiv 2604.21428): a
+shard buffers pushes of any clock into the open merge, and applies their mean as ONE step once Q distinct
+workers still pushing are in it (or every one of them is, when fewer than Q push). Every pull is answered at
+once: no worker waits for the slowest, and a worker faster than the others may push twice into one merge,
+where each of its pushes counts (each stands for the same batches: the mean is weighted by samples where
+every push covers as many). A push computed on weights more than `max_age` merges old is dropped as late
+(0: none is); the rest join the open merge whatever their age.
+
+Its clocks are each worker's own count of pushes (async's); `open_clock` counts the merges."""
+from collections import Counter
+
+from psrv.server.consistency.base import Controller, Decision
+
+
+class QuorumController(Controller):
+    mode = "quorum"
+
+    def __init__(self, num_workers: int, *, quorum: int, max_age: int = 0):
+        if not 1 <= quorum <= num_workers:
+            raise ValueError(f"quorum must be in [1, {num_workers}]; got {quorum}")
+        if max_age < 0:
+            raise ValueError(f"quorum max_age must be >= 0; got {max_age}")
+        super().__init__(num_workers)
+        self.quorum, self.max_age = quorum, max_age
+        self.open_clock = 0  # merges committed
+        self.arrived: set[int] = set()  # distinct workers with a push in the open merge
+        self.gradients: Counter = Counter()  # each one's pushes in it with a gradient (a non-finite one, skipped: none)
+
+    def _decide(self, worker: int, clock: int, age: int) -> Decision:
+        if self.max_age and age > self.max_age:
+            return Decision.DROP
+        self.arrived.add(worker)
+        self.gradients[worker] += 1
+        return Decision.ACCUMULATE
+
+    def needed(self) -> int:
+        return max(1, min(self.quorum, len(self.pushing())))
+
+    def commit_ready(self) -> bool:
+        """Q distinct workers still pushing are in the open merge with a gradient, or every worker still
+        pushing has pushed into it (the last merge, once the others finished or left)."""
+        if not self.gradients:
+            return False
+        return len(self.gradients.keys() & self.pushing()) >= self.needed() or self.pushing() <= self.arrived
+
+    def void(self, worker: int) -> None:
+        """The push just decided carried no gradient: it fills no quorum (its worker still arrived)."""
+        self.gradients[worker] -= 1
+        if self.gradients[worker] <= 0:
+            del self.gradients[worker]
+
+    def committed(self) -> None:
+        self.open_clock += 1
+        self.arrived, self.gradients = set(), Counter()
+
+    def pull_ready(self, worker: int, clock: int) -> bool:
+        return True
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "quorum": self.quorum, "max_age": self.max_age, "open_clock": self.open_clock,
+                "arrived": sorted(self.arrived), "gradients": {int(w): int(n) for w, n in self.gradients.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.open_clock = int(state["open_clock"])
+        self.arrived = {int(w) for w in state["arrived"]}
+        self.gradients = Counter({int(w): int(n) for w, n in state["gradients"].items()})
+
+    @property
+    def voided(self) -> set[int]:
+        """The workers in the open merge with no gradient in it (the history's commit lists the others)."""
+        return self.arrived - self.gradients.keys()
