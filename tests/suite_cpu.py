@@ -78,9 +78,10 @@ def sample(out: Path, stop: Path | None = None, every: float = 0.5) -> None:
                     key = f"{pid}:{fields[19]}"  # a pid with its start time: one process, though pids are reused
                     entry = seen.setdefault(key, ["", 0.0, 0.0])
                     entry[1], entry[2] = int(fields[11]) / tick, int(fields[12]) / tick
-                    if not entry[0]:
-                        entry[0] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(
-                            errors="replace").strip()[:300]
+                    # read each time: a process seen between its fork and its exec shows its parent's command
+                    command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(
+                        errors="replace").strip()[:300]
+                    entry[0] = command or entry[0]
                 except (OSError, ValueError, IndexError):
                     continue
             time.sleep(every)
