@@ -3,10 +3,14 @@ shard, whose DISCONNECTED event comes the moment the peer's process ends (the ke
 sockets), long before a probe of it could go unanswered."""
 from __future__ import annotations
 
+import itertools
+import os
+
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+_NAMES = itertools.count()  # each monitor's own inproc endpoint (next() is atomic under the GIL)
 
 
 class Watch:
@@ -18,7 +22,9 @@ class Watch:
         self._down: set[int] = set()
 
     def add(self, shard: int, sock: zmq.Socket) -> None:
-        monitor = sock.get_monitor_socket(EVENTS)
+        # pyzmq's default endpoint is named by the socket's file descriptor, which a socket opened by another
+        # thread of this process may take over from one just closed: a name of its own can never be another's
+        monitor = sock.get_monitor_socket(EVENTS, addr=f"inproc://psrv-watch-{os.getpid()}-{next(_NAMES)}")
         self._monitors[shard] = monitor
         self._poller.register(monitor, zmq.POLLIN)
 
