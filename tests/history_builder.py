@@ -42,15 +42,15 @@ class Proc:
         return self("apply", w=w, seq=seq, clock=clock, version=self.version, epoch=epoch,
                     **({} if age is None else {"age": age}))
 
-    def commit(self, clock: int, pushed: list[int], need: int, active: list[int] | None = None) -> int:
+    def commit(self, clock: int, pushed: list[int], need: int, active: list[int] | None = None, **more) -> int:
         self.version += 1
         return self("commit", clock=clock, version=self.version, pushed=pushed, need=need,
-                    active=list(range(self.run.workers)) if active is None else active)
+                    active=list(range(self.run.workers)) if active is None else active, **more)
 
 
 class RunFolder:
     def __init__(self, tmp: Path, *, mode: str, workers: int = 2, servers: int = 1, staleness: int = 2,
-                 backup_workers: int = 0, quorum: int = 0, quorum_max_age: int = 0):
+                 backup_workers: int = 0, quorum: int = 0, quorum_max_age: int = 0, quorum_grace: float = 0.0):
         self.dir, self.mode, self.workers = tmp, mode, workers
         self.history = tmp / "history"
         self.history.mkdir(parents=True)
@@ -62,7 +62,7 @@ class RunFolder:
         if backup_workers:
             config["backup_workers"] = backup_workers
         if quorum:
-            config.update(quorum=quorum, quorum_max_age=quorum_max_age)
+            config.update(quorum=quorum, quorum_max_age=quorum_max_age, quorum_grace=quorum_grace)
         (tmp / "config.json").write_text(json.dumps(config))
 
     def worker(self, w: int) -> Proc:

@@ -43,15 +43,18 @@ class Recorded:
 
 class Cluster:
     def __init__(self, *, workers: int, shards: int, mode: str, staleness: int, backup_workers: int, quorum: int = 0,
-                 quorum_max_age: int = 0,
+                 quorum_max_age: int = 0, quorum_grace: float = 0.0,
                  steps: int, local_steps: int, compute: list[list[float]], latency: float,
                  push_transfer: tuple[float, ...], reply_transfer: tuple[float, ...], server_seconds: float, sample: int, batch_size: int,
                  learner=None, codec: CodecCost | None = None,
                  ready: list[tuple[int, float]] | None = None, compute_holds_encodes: bool = False):
         self.n, self.s, self.steps, self.h = workers, shards, steps, local_steps
         self.controllers = [make_controller(mode, workers, staleness=staleness, backup_workers=backup_workers,
-                                            quorum=quorum, quorum_max_age=quorum_max_age)
+                                            quorum=quorum, quorum_max_age=quorum_max_age,
+                                            quorum_grace=quorum_grace > 0)
                             for _ in range(shards)]
+        self.grace = quorum_grace
+        self.grace_since: list[float | None] = [None] * shards  # when each shard's open merge had its Q workers
         self.compute, self.latency = compute, latency
         self.server_seconds, self.sample, self.batch_size = server_seconds, sample, batch_size
         self.learner = learner
@@ -158,6 +161,14 @@ class Cluster:
             in_free[s] = arrive
             th = (arrive if arrive > busy[s] else busy[s]) + server + unpack[s]  # the shard's thread, a push at a time
             busy[s] = th
+            if self.grace and self.grace_since[s] is not None and th - self.grace_since[s] >= self.grace:
+                ctrl.expire()  # as the shard: a window over closes its merge before the push that finds it so
+                if ctrl.commit_ready():
+                    if learner is not None:
+                        learner.commit(s)
+                    ctrl.committed()
+                    version[s] += 1
+                    self.grace_since[s] = None
             decision = ctrl.push(w, clock, version[s] - base[s])
             if decision is DROP:
                 self.rec.dropped[s] += 1
@@ -177,6 +188,9 @@ class Cluster:
                             learner.commit(s)
                         ctrl.committed()
                         version[s] += 1
+                        self.grace_since[s] = None
+                    elif self.grace and self.grace_since[s] is None and ctrl.met():
+                        self.grace_since[s] = th
             heappush(waiting, (clock + 1, w, th))
             ready = ctrl.pull_ready
             while waiting and ready(waiting[0][1], waiting[0][0]):  # as _release, inline: the hot path

@@ -106,6 +106,9 @@ class Consistency(Section):
                           "faster worker's second push joins the same merge (0: the barrier)", minimum=0, metavar="Q")
     quorum_max_age: int = setting(0, "with --quorum: drop a push computed on weights more than A merges old as late "
                                   "(0: every push joins the open merge)", minimum=0, metavar="A")
+    quorum_grace: float = setting(0.0, "with --quorum: once Q workers are in, hold the merge open up to SECONDS for the "
+                                  "others' pushes (judged as each request arrives, so replicated shards close it "
+                                  "alike; 0: merge at the Q-th)", minimum=0.0, metavar="SECONDS")
 
     def validate(self) -> None:
         super().validate()
@@ -118,6 +121,8 @@ class Consistency(Section):
                               "barrier): give one of them")
         if self.quorum_max_age and not self.quorum:
             raise ConfigError("quorum_max_age", "applies with quorum only (the barrier's pushes are all fresh)")
+        if self.quorum_grace and not self.quorum:
+            raise ConfigError("quorum_grace", "applies with quorum only (the barrier waits for every worker)")
 
 
 @dataclass(frozen=True, kw_only=True)

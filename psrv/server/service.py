@@ -167,6 +167,7 @@ class ShardService:
                 if msg.type in REPLICATED:
                     replicas.send("req", frames, peer=peer, judged=judged)
                 try:
+                    self.pushes.end_grace(judged)
                     self._serve(peer, msg, check=True)
                     self.drain()
                 finally:
@@ -177,7 +178,8 @@ class ShardService:
         backups decide alike (a second process claiming a live rank is refused by both): how long the worker
         has been silent, and whether it was ever heard from."""
         liveness = self.state.liveness
-        return {"silent": liveness.silent(msg.worker), "heard": msg.worker in liveness.last_seen}
+        return {"silent": liveness.silent(msg.worker), "heard": msg.worker in liveness.last_seen,
+                **self.pushes.grace.judged()}
 
     def apply(self, peer: Hashable, frames: list, *, judged: dict | None = None) -> None:
         """Decode and serve one request its primary forwarded to this backup, with the primary's `judged`."""
@@ -185,6 +187,7 @@ class ShardService:
         if msg is not None:
             self.state.judged = judged
             try:
+                self.pushes.end_grace(judged)
                 self._serve(peer, msg, check=True)
                 self.drain()
             finally:

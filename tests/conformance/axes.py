@@ -42,7 +42,8 @@ AXES: dict[str, tuple] = {
     "outer": ("float32", "bfloat16", "int8", "fp4"),
     "nonfinite": ("none", "skip", "reject"),
     "backup": (0, 1),
-    "quorum": (0, 2),  # sync's merges of Q distinct workers' pushes (0: the barrier)
+    "quorum": (0, 2, 1),  # sync's merges of Q distinct workers' pushes (0: the barrier)
+    "grace": (0.0, 30.0),  # --quorum-grace: never over in a case's turns, so a merge waits for every worker
     "clip": (0.0, 1.0),
     "schedule": ("constant", "warmup_cosine"),
     "weight_decay": (0.0, 0.01),
@@ -107,7 +108,8 @@ def run_config(case: dict, *, workers: int | None = None) -> RunConfig:
               "pull_error_feedback": not (ef_off and c["pull"] != "none"), "pull_resync": PULL_RESYNC}
     if c["local"] > 1:
         worker.update(inner_optimizer="sgd", inner_lr=0.05)
-    tree = {"mode": c["mode"], "staleness": 1, "backup_workers": c["backup"], "quorum": c["quorum"], "seed": SEED,
+    tree = {"mode": c["mode"], "staleness": 1, "backup_workers": c["backup"], "quorum": c["quorum"],
+            "quorum_grace": c["grace"], "seed": SEED,
             "cluster": {"servers": c["shards"], "workers": workers or workers_of(c), "transport": c["transport"],
                         "shared_memory": "auto" if c["plane"] == "shm" else "off",
                         "bulk": "auto" if c["plane"] == "bulk" else "off", "replicas": c["replicas"]},

@@ -7,8 +7,8 @@ gradient w_pulled - w_now every H-th step with local steps) to every shard; a no
 never compressed (it goes whole and raw) and is refused (--nonfinite reject: the worker stops) or
 dropped (skip); sync averages each clock's finite pushes and steps once, dropping a backup worker's late
 push; under a quorum (sync's `quorum` Q) a shard steps once on the mean of the pushes since its last step, of
-any clocks, once Q distinct workers still pushing have a gradient there (or every one of them has pushed), and
-no worker waits; async and ssp step on every push; a push's staleness is the update count when applied minus the
+any clocks, once Q distinct workers still pushing have a gradient there (or every one of them has pushed: with
+a grace window, which a case's turns never outlast, only then), and no worker waits; async and ssp step on every push; a push's staleness is the update count when applied minus the
 one its worker last pulled.
 
 Compressed pulls (DoubleSqueeze, Tang et al. 2019; DORE, Liu et al. 2020): each worker holds a copy x of
@@ -322,7 +322,8 @@ class Reference:
         pushing = {w.rank for w in self.workers if w.alive}
         with_gradient = {w.rank for w, *_ in self.merge}
         need = max(1, min(self.cfg.quorum, len(pushing)))
-        if with_gradient and (len(with_gradient & pushing) >= need or pushing <= self.merge_arrived):
+        met = len(with_gradient & pushing) >= need and not self.cfg.quorum_grace  # a case's window is never over
+        if with_gradient and (met or pushing <= self.merge_arrived):
             self._merge()
 
     def _merge(self) -> None:

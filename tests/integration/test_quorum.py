@@ -44,3 +44,27 @@ def test_quorum_max_age_drops_the_slow_workers_old_pushes_and_says_so(tmp_path):
     assert [sh["dropped"]["late"] for sh in shards] == [s["dropped"]] * 2, s  # a push goes to both shards
     result = check_run(tmp_path)  # no merge holds a push older than 1 (rule 3)
     assert result.ok, result.line()
+
+
+def _commits(out) -> list[dict]:
+    """Every merge of shard 0's final primary and its backups, from the recorded history."""
+    events = []
+    for f in sorted((out / "history").glob("shard-0.*.jsonl")):
+        events += [e for e in map(json.loads, f.read_text().splitlines()) if e.get("ev") == "commit"]
+    return events
+
+
+@pytest.mark.timeout(150)
+def test_a_grace_window_lets_the_slow_worker_into_merges_and_replicas_close_them_alike(tmp_path):
+    """Quorum 1 of 3 with a window of 0.5 s, far more than the slow worker's lag: a merge waits for all three,
+    as the backup's lineage shows too, but where the failover (shard 0's primary killed halfway) outlasts the
+    window; the history checker holds each merge to its rule."""
+    s = psrv_run(tmp_path, *ARGS, "--quorum", "1", "--quorum-grace", "0.5", "--replicas", "1", "--kill-server", "0:30",
+                 timeout=120)
+    assert s["quorum_grace"] == 0.5 and s["complete"], s
+    commits = _commits(tmp_path)
+    whole = [e for e in commits if set(e["pushing"]) <= set(e["pushed"])]
+    assert len(whole) >= 0.8 * len(commits) and sum(e["due"] for e in commits) <= 0.1 * len(commits), commits
+    result = check_run(tmp_path)
+    assert result.ok, result.line()
+    assert result.counts.epochs > 2  # the backup took shard 0 over

@@ -257,6 +257,20 @@ def test_a_quorum_merge_that_waited_for_more_than_its_quorum(tmp_path):
         in only(check_run(tmp_path), 3, p.file, line).message
 
 
+@pytest.mark.parametrize("due", [True, False])
+def test_a_grace_merge_holds_more_than_its_quorum_only_once_its_window_is_over(tmp_path, due):
+    run = RunFolder(tmp_path, mode="sync", workers=3, quorum=1, quorum_grace=0.5)
+    ws, p = [run.worker(w) for w in range(3)], run.replica(0, "primary", A)
+    quorum_push(run, ws[0], p, 1, 0)
+    quorum_push(run, ws[1], p, 1, 0)
+    line = p.commit(0, [0, 1], need=1, due=due)
+    result = check_run(tmp_path)
+    if due:
+        assert result.ok, result.line()
+    else:
+        assert "with its grace window not over, and needs 1" in only(result, 3, p.file, line).message
+
+
 def test_a_push_older_than_quorum_max_age_in_a_merge(tmp_path):
     run = RunFolder(tmp_path, mode="sync", workers=2, quorum=2, quorum_max_age=2)
     ws, p = [run.worker(w) for w in range(2)], run.replica(0, "primary", A)

@@ -78,6 +78,21 @@ def test_quorum_one_is_async_step_for_step_and_quorum_n_of_one_worker_is_sync():
     assert one.open_clock == sync.open_clock == 3
 
 
+def test_a_grace_window_holds_a_met_merge_open_until_it_is_over_or_everyone_is_in():
+    c = QuorumController(3, quorum=1, grace=True)
+    c.push(0, 0)
+    assert c.met() and not c.commit_ready()  # its Q workers are in; the window runs
+    c.push(1, 0)
+    assert not c.commit_ready()
+    c.expire()
+    assert c.commit_ready()
+    c.committed()
+    assert not c.due  # each merge has its own window
+    for w in range(3):
+        c.push(w, 1)
+    assert c.commit_ready()  # everyone still pushing is in: no window to wait out
+
+
 def test_state_round_trips_and_a_sync_checkpoint_is_refused():
     c = QuorumController(3, quorum=2, max_age=4)
     c.push(0, 0)
@@ -86,6 +101,12 @@ def test_state_round_trips_and_a_sync_checkpoint_is_refused():
     d = QuorumController(3, quorum=2, max_age=4)
     d.load_state_dict(c.state_dict())
     assert (d.arrived, d.voided, d.open_clock, d.clocks) == (c.arrived, c.voided, c.open_clock, c.clocks)
+    g = QuorumController(3, quorum=1, grace=True)
+    g.push(0, 0)
+    g.expire()
+    h = QuorumController(3, quorum=1, grace=True)
+    h.load_state_dict(g.state_dict())
+    assert h.due and h.commit_ready()
     with pytest.raises(ValueError, match="'sync' controller"):
         d.load_state_dict(SyncController(3).state_dict())
 
@@ -101,6 +122,7 @@ def test_make_controller_builds_it_only_for_sync_with_a_quorum():
     ({"mode": "async", "quorum": 1}, "quorum"),
     ({"mode": "sync", "quorum": 1, "backup_workers": 1}, "quorum"),
     ({"mode": "sync", "quorum_max_age": 2}, "quorum_max_age"),
+    ({"mode": "sync", "quorum_grace": 0.5}, "quorum_grace"),
     ({"mode": "sync", "quorum": 5}, "quorum"),
     ({"mode": "sync", "quorum": 2, "worker": {"local_steps": "auto:4"}}, "quorum"),
     ({"mode": "sync", "quorum": 2, "worker": {"local_steps": 4, "fragments": 2}}, "quorum"),

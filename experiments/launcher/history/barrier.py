@@ -2,7 +2,8 @@
 workers still pushing as `need` says (fewer only once every one of them is in), and each clock commits once.
 Under `--quorum Q` (psrv/server/consistency/quorum.py) a commit is a merge of the pushes accumulated since the
 last one, of any clocks and a worker's more than one: Q distinct workers still pushing (fewer only once every
-one of them is in), and no push older than `--quorum-max-age` merges."""
+one of them is in; with `--quorum-grace`, more once its window is over, `due`), and no push older than
+`--quorum-max-age` merges."""
 from __future__ import annotations
 
 from psrv.experiments.launcher.history.reading import Event
@@ -82,9 +83,9 @@ class Barrier:
 class Merges(Barrier):
     """Rule 3 under a quorum: each commit merges whatever was accumulated since the last one."""
 
-    def __init__(self, shard: int, workers: int, quorum: int, max_age: int):
+    def __init__(self, shard: int, workers: int, quorum: int, max_age: int, grace: bool):
         super().__init__(shard, workers, 0)
-        self.quorum, self.max_age = quorum, max_age
+        self.quorum, self.max_age, self.grace = quorum, max_age, grace
 
     def see(self, e: Event) -> None:
         if e.ev == "drop" and e["why"] in VOID_DROPS:  # a merge's voided pushes, whatever their clock
@@ -115,15 +116,21 @@ class Merges(Barrier):
                        f"quorum {self.quorum} it needs {expect}")
         counted = len(pushers & pushing)
         everyone = pushing <= pushers | self.voided.get(-1, set())
-        if counted > need or (counted < need and not everyone):
+        if self.grace:  # it waits past its Q workers for more until its window is over (`due`) or all are in
+            if not everyone and (counted < need or not e.fields.get("due")):
+                self._flag(e, f"merge {c} holds the pushes of {counted} workers still pushing "
+                           f"({_names(pushers & pushing)}) of {len(pushing)}, with its grace window "
+                           + ("over" if e.fields.get("due") else "not over") + f", and needs {need}")
+        elif counted > need or (counted < need and not everyone):
             self._flag(e, f"merge {c} holds the pushes of {counted} workers still pushing "
                        f"({_names(pushers & pushing)}) and needs exactly {need}")
 
 
 def check(shard: int, lineage: list[Event], *, workers: int, backup_workers: int, quorum: int = 0,
-          quorum_max_age: int = 0) -> tuple[list[Violation], int]:
+          quorum_max_age: int = 0, quorum_grace: float = 0.0) -> tuple[list[Violation], int]:
     """Rule 3's violations in one lineage, and its commits."""
-    barrier = Merges(shard, workers, quorum, quorum_max_age) if quorum else Barrier(shard, workers, backup_workers)
+    barrier = (Merges(shard, workers, quorum, quorum_max_age, quorum_grace > 0) if quorum
+               else Barrier(shard, workers, backup_workers))
     for e in lineage:
         barrier.see(e)
     return barrier.found, barrier.commits

@@ -48,7 +48,8 @@ def check_run(run: str | Path) -> CheckResult:
             lineage = history.lineage(replica)
             if cfg.mode == "sync":
                 broken, n = barrier.check(k, lineage, workers=cfg.cluster.workers, backup_workers=cfg.backup_workers,
-                                          quorum=cfg.quorum, quorum_max_age=cfg.quorum_max_age)
+                                          quorum=cfg.quorum, quorum_max_age=cfg.quorum_max_age,
+                                          quorum_grace=cfg.quorum_grace)
                 found += broken
                 commits += n if replica is history.final else 0
             elif cfg.mode == "ssp":

@@ -4,7 +4,9 @@ workers still pushing are in it (or every one of them is, when fewer than Q push
 once: no worker waits for the slowest, and a worker faster than the others may push twice into one merge,
 where each of its pushes counts (each stands for the same batches: the mean is weighted by samples where
 every push covers as many). A push computed on weights more than `max_age` merges old is dropped as late
-(0: none is); the rest join the open merge whatever their age.
+(0: none is); the rest join the open merge whatever their age. With `grace`, a merge that has its Q workers
+stays open for more until the shard says its grace window is over (`expire`: psrv/server/pushes/grace.py
+judges the window in seconds as requests arrive), or until every worker still pushing is in.
 
 Its clocks are each worker's own count of pushes (async's); `open_clock` counts the merges."""
 from collections import Counter
@@ -15,13 +17,14 @@ from psrv.server.consistency.base import Controller, Decision
 class QuorumController(Controller):
     mode = "quorum"
 
-    def __init__(self, num_workers: int, *, quorum: int, max_age: int = 0):
+    def __init__(self, num_workers: int, *, quorum: int, max_age: int = 0, grace: bool = False):
         if not 1 <= quorum <= num_workers:
             raise ValueError(f"quorum must be in [1, {num_workers}]; got {quorum}")
         if max_age < 0:
             raise ValueError(f"quorum max_age must be >= 0; got {max_age}")
         super().__init__(num_workers)
-        self.quorum, self.max_age = quorum, max_age
+        self.quorum, self.max_age, self.grace = quorum, max_age, grace
+        self.due = False  # with grace: the open merge's window is over
         self.open_clock = 0  # merges committed
         self.arrived: set[int] = set()  # distinct workers with a push in the open merge
         self.gradients: Counter = Counter()  # each one's pushes in it with a gradient (a non-finite one, skipped: none)
@@ -41,7 +44,15 @@ class QuorumController(Controller):
         pushing has pushed into it (the last merge, once the others finished or left)."""
         if not self.gradients:
             return False
-        return len(self.gradients.keys() & self.pushing()) >= self.needed() or self.pushing() <= self.arrived
+        return self.pushing() <= self.arrived or self.met() and (not self.grace or self.due)
+
+    def met(self) -> bool:
+        """Q distinct workers still pushing have a gradient in the open merge (its grace window may run)."""
+        return len(self.gradients.keys() & self.pushing()) >= self.needed()
+
+    def expire(self) -> None:
+        """The open merge's grace window is over: it closes once it has its Q workers."""
+        self.due = True
 
     def void(self, worker: int) -> None:
         """The push just decided carried no gradient: it fills no quorum (its worker still arrived)."""
@@ -51,20 +62,22 @@ class QuorumController(Controller):
 
     def committed(self) -> None:
         self.open_clock += 1
-        self.arrived, self.gradients = set(), Counter()
+        self.arrived, self.gradients, self.due = set(), Counter(), False
 
     def pull_ready(self, worker: int, clock: int) -> bool:
         return True
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "quorum": self.quorum, "max_age": self.max_age, "open_clock": self.open_clock,
-                "arrived": sorted(self.arrived), "gradients": {int(w): int(n) for w, n in self.gradients.items()}}
+                "arrived": sorted(self.arrived), "gradients": {int(w): int(n) for w, n in self.gradients.items()},
+                "due": self.due}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.open_clock = int(state["open_clock"])
         self.arrived = {int(w) for w in state["arrived"]}
         self.gradients = Counter({int(w): int(n) for w, n in state["gradients"].items()})
+        self.due = bool(state.get("due", False))
 
     @property
     def voided(self) -> set[int]:

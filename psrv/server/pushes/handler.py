@@ -14,6 +14,7 @@ from psrv.server import onebit_adam, validate
 from psrv.server.consistency import Decision
 from psrv.server.fragments import fragment_key, numel
 from psrv.server.pushes.chunked import ChunkedPushes
+from psrv.server.pushes.grace import GraceWindow
 from psrv.server.dedup import refused_again
 from psrv.server.pushes.late import LateStreaks
 from psrv.server.pushes.queued import HeldPushes
@@ -32,6 +33,7 @@ class Pushes:
         self.chunks = ChunkedPushes(self)  # pushes arriving chunk by chunk
         self.held = HeldPushes()  # other workers' pushes while a chunked one is half applied
         self.late = LateStreaks(shard=state.cfg.shard)
+        self.grace = GraceWindow(state)  # a quorum's grace window (--quorum-grace)
 
     @property
     def epoch(self) -> int:
@@ -136,6 +138,8 @@ class Pushes:
         without a step (nothing to average)."""
         s = self.state
         if s.shard is None or not s.controller.commit_ready():
+            if s.shard is not None:
+                self.grace.opened()
             return
         if s.shard.accumulated or s.fragments.accumulated:
             self.before_write()
@@ -148,8 +152,19 @@ class Pushes:
         c = s.controller
         s.history.record("commit", clock=c.open_clock, version=s.shard.version, epoch=self.epoch,
                          pushed=sorted(c.arrived - c.voided), arrived=sorted(c.arrived), pushing=sorted(c.pushing()),
-                         active=sorted(c.active), need=c.needed())
+                         active=sorted(c.active), need=c.needed(), **self._graced())
         c.committed()
+        self.grace.closed()
+
+    def _graced(self) -> dict:
+        """A quorum's merge in the history: whether its grace window closed it (then it may hold more than Q)."""
+        c = self.state.controller
+        return {"due": bool(c.due)} if self.grace.seconds else {}
+
+    def end_grace(self, judged: dict | None) -> None:
+        """Before a request is handled: where the primary judged the open merge's grace window over, it closes."""
+        if self.grace.take(judged):
+            self.commit_if_ready()
 
     def forget(self, worker: int) -> None:
         """`worker` left or restarted: its half-sent push is dropped, and the pushes it sent while another
