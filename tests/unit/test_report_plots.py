@@ -1,5 +1,5 @@
 """The report plots' arithmetic, against the same numbers counted by hand: samples seen and updates
-applied at an evaluation, the clock gap at each step, and which modes get a staleness panel."""
+applied at an evaluation, the clock gap at each step, and which modes (and sync's quorum) get a staleness panel."""
 from __future__ import annotations
 
 from psrv.experiments.harness.plots.figure import VariantData, has_staleness
@@ -32,5 +32,10 @@ def test_the_clock_gap_is_a_workers_clock_minus_the_slowest_when_it_finished_a_s
     assert clock_gaps(v) == [1, 2, 0, 2, 0, 0]
 
 
-def test_only_async_and_ssp_have_a_spread_of_staleness() -> None:
-    assert [m for m in ("sync", "async", "ssp", "ddp", "fsdp", "zero1") if has_staleness(m)] == ["async", "ssp"]
+def test_only_async_ssp_and_a_syncs_quorum_have_a_spread_of_staleness() -> None:
+    def variant(mode: str, quorum: int = 0) -> VariantData:
+        return VariantData(name=mode, mode=mode, steps=[], evals=[], updates={}, quorum=quorum)
+
+    modes = ("sync", "async", "ssp", "ddp", "fsdp", "zero1")
+    assert [m for m in modes if has_staleness(variant(m))] == ["async", "ssp"]
+    assert has_staleness(variant("sync", quorum=2))  # its merges hold pushes of older weights

@@ -43,9 +43,9 @@ def write_plots(out_dir: str | Path, spec: ExperimentSpec,
     plot_throughput(paths["plots/throughput.png"], summaries)
     plot_breakdown(paths["plots/time_breakdown.png"], data)
     if plot_distributions(out / "plots/staleness.png", data):
-        plots.append(("Staleness and clock gap (async and ssp variants)", "plots/staleness.png"))
+        plots.append(("Staleness and clock gap (async, ssp and quorum variants)", "plots/staleness.png"))
     if plot_over_time(out / "plots/staleness_over_time.png", data):
-        plots.append(("Staleness over time (async and ssp variants)", "plots/staleness_over_time.png"))
+        plots.append(("Staleness over time (async, ssp and quorum variants)", "plots/staleness_over_time.png"))
     if plot_traffic(out / "plots/traffic.png", spec, summaries):
         plots.append(("Traffic of the busiest process per step", "plots/traffic.png"))
     return plots

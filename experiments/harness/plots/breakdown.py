@@ -44,7 +44,7 @@ def plot_breakdown(path: Path, data: list[VariantData]) -> None:
     for k, (v, m) in enumerate(zip(data, means)):
         if not v.steps:
             ax.annotate("no runs", (k, 0), ha="center", va="bottom", fontsize="x-small")
-        elif not has_staleness(v.mode) and v.mode != "sync" and m["wait_seconds"] == 0.0 and v.steps:
+        elif not has_staleness(v) and v.mode != "sync" and m["wait_seconds"] == 0.0 and v.steps:
             # an all-reduce rank that logs no wait: its wait for the slowest rank is inside communication
             ax.annotate("wait not logged:\nin communication", (k, bottom[k]), ha="center", va="bottom",
                         fontsize="x-small")

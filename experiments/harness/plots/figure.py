@@ -61,9 +61,10 @@ def pushed(row: dict[str, str]) -> bool:
     return row.get("pushed") != "False"
 
 
-def has_staleness(mode: str) -> bool:
-    """async and ssp measure a spread of staleness; sync's is always 0 and all-reduce has none."""
-    return mode in MODES and mode != "sync"
+def has_staleness(v: "VariantData") -> bool:
+    """async, ssp and sync's quorum merges measure a spread of staleness; sync's barrier's is always 0 and
+    all-reduce has none."""
+    return v.mode in MODES and (v.mode != "sync" or v.quorum > 0)
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ class VariantData:
     steps: Rows
     evals: Rows
     updates: dict[int, float]  # repeat -> updates applied in that run (summary.json, via runs.csv)
+    quorum: int = 0  # sync's --quorum (its merges have stale pushes)
 
     def repeats(self) -> list[int]:
         return sorted({int(number(r.get("repeat")) or 0) for r in self.steps + self.evals})
@@ -94,5 +96,6 @@ def load(out: Path, spec: ExperimentSpec) -> list[VariantData]:
         updates = {int(number(r["repeat"]) or 0): number(r.get("updates_applied")) or 0.0
                    for r in runs if r.get("variant") == v.name}
         data.append(VariantData(name=v.name, mode=v.mode, steps=read_csv(out / v.name / "steps.csv"),
-                                evals=read_csv(out / v.name / "evals.csv"), updates=updates))
+                                evals=read_csv(out / v.name / "evals.csv"), updates=updates,
+                                quorum=v.config.quorum))
     return data

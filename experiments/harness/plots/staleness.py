@@ -1,5 +1,6 @@
-"""Staleness and clock gap, for the modes that have a spread of them (async, ssp): their distributions
-over every repeat, and staleness over wall time. sync (always 0) and all-reduce (none) get no panel.
+"""Staleness and clock gap, for the modes that have a spread of them (async, ssp, sync's quorum merges): their
+distributions over every repeat, and staleness over wall time. sync's barrier (always 0) and all-reduce (none) get
+no panel.
 
 Staleness is each push's, as the worker's step log records it (the servers' version when applied minus
 the version it read); with local steps only the rows that pushed count (steps.csv's `pushed`), as
@@ -44,7 +45,7 @@ def _bars(ax, values: list[float], i: int, xlabel: str) -> None:
 def plot_distributions(path: Path, data: list[VariantData]) -> bool:
     """Staleness (top row) and clock gap (bottom row) histograms; False (nothing written) if no variant
     has them."""
-    shown = [(i, v) for i, v in enumerate(data) if has_staleness(v.mode) and staleness_values(v)]
+    shown = [(i, v) for i, v in enumerate(data) if has_staleness(v) and staleness_values(v)]
     if not shown:
         return False
     fig, axes = figure(2, len(shown), width=3.6 * len(shown), height=5.6)
@@ -54,7 +55,7 @@ def plot_distributions(path: Path, data: list[VariantData]) -> bool:
         top.set_title(v.name, fontsize="medium")
         _bars(bottom, clock_gaps(v), i, "clock gap (pushes ahead of the slowest)")
     fig.suptitle("Staleness of each push (top) and clock gap at each push (bottom), all repeats;\n"
-                 "sync and all-reduce have none to show", fontsize="medium")  # two lines: fits two panels
+                 "sync's barrier and all-reduce have none to show", fontsize="medium")  # two lines: fits two panels
     save(fig, path)
     return True
 
@@ -63,7 +64,7 @@ def plot_over_time(path: Path, data: list[VariantData], *, bins: int = 30) -> bo
     """Mean staleness in `bins` slices of wall time, per variant with staleness; False if none."""
     fig, (ax,) = figure()
     for i, v in enumerate(data):
-        if not has_staleness(v.mode):
+        if not has_staleness(v):
             continue
         points = [(number(r.get("wall_time")), number(r.get("staleness"))) for r in v.steps if pushed(r)]
         points = [(t, s) for t, s in points if t is not None and s is not None]
