@@ -86,10 +86,12 @@ class LocalPeriod:
         return self.since_push > 0
 
     def push_fields(self) -> dict:
-        """What a push tells the servers: this worker's seconds per inner step (dynamic only)."""
+        """What a push tells the servers: the inner steps it covers (a quorum's merge weighs its pushes by them),
+        and this worker's seconds per inner step (dynamic only)."""
+        fields = {"inner_steps": self.since_push}
         if self.dynamic and self.step_seconds is not None:
-            return {"step_seconds": float(self.step_seconds)}
-        return {}
+            fields["step_seconds"] = float(self.step_seconds)
+        return fields
 
 
 def plan_steps(base: int, fastest: float, mine: float) -> int:

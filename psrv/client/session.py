@@ -289,7 +289,7 @@ class Worker(LocalRounds, CompressionState, RecordedWorker, metaclass=TakesRunSe
         if self._clip_here:  # no early sends then: the whole gradient is here
             clip_flat_(self._flat.grads, self.clip_grad_norm)
         pushing, self._pushing = self._begin(), None
-        if self._period is not None:  # auto:H: this worker's speed rides on its push
+        if self._period is not None:  # its inner steps (and, auto:H, this worker's speed) ride on its push
             pushing.annotate(self._period.push_fields())
         self.early_sends += pushing.early
         reply = pushing.finish()

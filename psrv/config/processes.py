@@ -278,10 +278,6 @@ class RunConfig(Trackers, Seeded, Consistency):
         if self.backup_workers >= n:
             raise ConfigError("backup_workers", f"must be < cluster.workers ({n}); got {self.backup_workers}")
         _quorum(self.quorum, n, "cluster.workers")
-        if self.quorum and isinstance(self.worker.local_steps, str):
-            raise ConfigError("quorum", f"with local_steps {self.worker.local_steps!r} is not built: a merge is the "
-                              "mean over its pushes, token-weighted only where each covers as many samples (give an "
-                              "integer H)")
         if self.quorum and self.worker.fragments > 1:
             raise ConfigError("quorum", "with fragments (streaming DiLoCo) is not built: a merge takes whole pushes "
                               "(give fragments 1, or the barrier)")

@@ -31,6 +31,7 @@ class Shard:
         self.rule = make_rule(optim, size, self.device)  # optim.update_rule (psrv/server/rules)
         self._accum: torch.Tensor | None = None  # the open clock's sum (sync mode), made at its first use
         self._accumulated = 0
+        self._weight = 0  # the sum's weights (each push's 1, or under a quorum its inner steps)
         self._velocity = False  # the open clock's pushes are velocities (momentum correction)
         self._momentum = False  # the open clock's pushes are onebit_adam's momenta (after the freeze)
         self._cast: torch.Tensor | None = None  # a float32 copy of a bf16/fp16 (or off-device) gradient
@@ -88,8 +89,9 @@ class Shard:
             self._cast = torch.empty(self.size, dtype=torch.float32, device=self.device)
         return self._cast
 
-    def accumulate(self, grad: torch.Tensor | Decoded, *, momentum: bool = False) -> None:
-        """Add `grad` to the open clock's float32 sum (sync mode); a compressed push straight into it
+    def accumulate(self, grad: torch.Tensor | Decoded, *, momentum: bool = False, weight: int = 1) -> None:
+        """Add `grad` to the open clock's float32 sum (sync mode), times `weight` (a quorum's merge: the inner
+        steps the push covers; the mean divides by their sum); a compressed push straight into it
         (a sparse one by scatter-add). NOT_ALLOWED, nothing added, for a velocity among gradients or
         the other way round, and for a velocity where this shard clips the mean (it needs gradients)."""
         velocity = isinstance(grad, Velocity)
@@ -102,13 +104,19 @@ class Shard:
         if self._accum is None:
             self._accum = torch.zeros(self.size, dtype=torch.float32, device=self.device)
         if isinstance(grad, Decoded):
-            grad.add_into(self._accum, self._scratch())
-            self._accumulated += 1
-            return
-        if grad.device != self.device:
-            grad = grad.to(self.device)
-        self._accum.add_(grad)  # a bf16/fp16 gradient is widened element by element, not copied
+            if weight == 1:
+                grad.add_into(self._accum, self._scratch())
+            else:
+                self._accum.add_(grad.densify(self._scratch()), alpha=weight)
+        else:
+            if grad.device != self.device:
+                grad = grad.to(self.device)
+            if weight == 1:
+                self._accum.add_(grad)  # a bf16/fp16 gradient is widened element by element, not copied
+            else:
+                self._accum.add_(grad, alpha=weight)
         self._accumulated += 1
+        self._weight += weight
 
     def apply_accumulated(self) -> int:
         """One optimizer step with the mean of the accumulated gradients (sync mode), clipped first to
@@ -116,12 +124,12 @@ class Shard:
         global); returns how many."""
         n = self._accumulated
         assert n > 0 and self._accum is not None, "apply_accumulated with nothing accumulated"
-        self._accum.div_(n)
+        self._accum.div_(self._weight)
         if self.optim_cfg.clip_grad_norm:
             clip_flat_(self._accum, self.optim_cfg.clip_grad_norm)
         self._step(self._accum, SYNC, velocity=self._velocity, momentum=self._momentum)
         self._accum.zero_()
-        self._accumulated = 0
+        self._accumulated = self._weight = 0
         return n
 
     def _step(self, grad: torch.Tensor, ctx: PushContext, *, velocity: bool = False,
@@ -144,7 +152,7 @@ class Shard:
     def discard_accumulated(self) -> int:
         """Forget the open clock's sum (its clock was overtaken after a restore); returns how many
         gradients it held."""
-        n, self._accumulated = self._accumulated, 0
+        n, self._accumulated, self._weight = self._accumulated, 0, 0
         if self._accum is not None:
             self._accum.zero_()
         return n
@@ -160,6 +168,7 @@ class Shard:
             state["accum"] = self._accum
             state["accum_velocity"] = self._velocity
             state["accum_momentum"] = self._momentum
+            state["accum_weight"] = self._weight
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -182,6 +191,7 @@ class Shard:
         if "accum" in state:
             self._accum = state["accum"].to(self.device, torch.float32).clone()
             self._accumulated = int(state["accumulated"])
+            self._weight = int(state.get("accum_weight", self._accumulated))
             self._velocity = bool(state.get("accum_velocity", False))
             self._momentum = bool(state.get("accum_momentum", False))
         self.initialised = bool(state.get("initialised", True))

@@ -69,6 +69,14 @@ def push(msg: Message, size: int) -> torch.Tensor | Decoded:
     return velocity.Velocity(grad) if msg.fields.get("velocity") else grad
 
 
+def inner_steps(msg: Message) -> int:
+    """The inner steps a push of local steps covers (`inner_steps`; 1 without it: one step's gradient), checked."""
+    value = msg.fields.get("inner_steps", 1)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ProtocolError(ErrorCode.MALFORMED, f"inner_steps must be an integer >= 1; got {value!r}")
+    return value
+
+
 def optimizer_welcome(optim: OptimConfig) -> dict:
     """What WELCOME tells a worker of the shards' optimizer, for momentum correction (psrv/server/velocity.py)."""
     return velocity.welcome(optim)

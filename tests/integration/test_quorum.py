@@ -68,3 +68,17 @@ def test_a_grace_window_lets_the_slow_worker_into_merges_and_replicas_close_them
     result = check_run(tmp_path)
     assert result.ok, result.line()
     assert result.counts.epochs > 2  # the backup took shard 0 over
+
+
+@pytest.mark.timeout(150)
+def test_a_quorum_takes_dynamic_local_steps_whose_pushes_cover_different_steps(tmp_path):
+    """auto:8: the slow worker plans fewer inner steps per push; each push says how many (`inner_steps`) and a
+    merge weighs it by them (tests/unit/test_quorum_merge.py checks the weighted mean)."""
+    s = psrv_run(tmp_path, *ARGS, "--quorum", "2", "--local-steps", "auto:8", "--inner-optimizer", "sgd",
+                 "--inner-lr", "0.05", "--lr", "1.0", timeout=120)
+    assert s["complete"] and s["final_loss"] < s["initial_loss"], s
+    per_push = {w["rank"]: w["inner_steps_per_push"] for w in map(json.loads, (
+        (tmp_path / f"worker-{r}.json").read_text() for r in range(3)))}
+    assert min(per_push[2][1:]) < 8 == max(per_push[0]), per_push  # the slow worker's pushes cover fewer
+    result = check_run(tmp_path)
+    assert result.ok, result.line()

@@ -37,7 +37,7 @@ def test_a_period_times_its_inner_steps_and_replans_after_each_push():
     for step in range(30):
         clock += 0.030  # this worker takes 30 ms per inner step
         if period.stepped(clock):
-            assert period.push_fields() == {"step_seconds": pytest.approx(0.030)}
+            assert period.push_fields() == {"step_seconds": pytest.approx(0.030), "inner_steps": period.since_push}
             period.pushed(fastest=0.010)  # the fastest worker takes 10 ms
             pushes.append(step)
         clock += 0.001  # step() itself: not counted as compute
@@ -47,10 +47,12 @@ def test_a_period_times_its_inner_steps_and_replans_after_each_push():
     for i in range(8):
         due.append(fixed.stepped(float(i)))
         if due[-1]:
+            assert fixed.push_fields() == {"inner_steps": 4}  # no speed of its own: its steps only
             fixed.pushed(fastest=0.001)                     # a fixed H ignores the others' speed
         fixed.returned(i + 0.5)
     assert due == [False, False, False, True] * 2 and fixed.history == [4, 4] and fixed.h == 4
-    assert fixed.push_fields() == {}                        # and sends none of its own
+    fixed.stepped(9.0)
+    assert fixed.push_fields() == {"inner_steps": 1}        # close()'s push of the steps left over
 
 
 def test_servers_keep_the_active_workers_fastest_and_refuse_bad_speeds():

@@ -19,9 +19,10 @@ SIZE, CHUNKS = 1000, 3
 class Driven:
     """One shard served by hand: `send(worker, type, ...)` hands it one message from that worker."""
 
-    def __init__(self, mode: str = "async", workers: int = 2, nonfinite: str = "reject", optim: OptimConfig | None = None):
+    def __init__(self, mode: str = "async", workers: int = 2, nonfinite: str = "reject", optim: OptimConfig | None = None,
+                 **server):
         cfg = ServerConfig(workers=workers, mode=mode, nonfinite=nonfinite, worker_timeout=1e6,
-                           optimizer=optim or OptimConfig(name="adam", lr=0.01))
+                           optimizer=optim or OptimConfig(name="adam", lr=0.01), **server)
         self.net = RecordingNet()
         self.svc = ShardService(cfg, self.net, join_timeout=1e6)
         self.seq = {w: 10 for w in range(workers)}

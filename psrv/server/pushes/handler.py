@@ -81,6 +81,7 @@ class Pushes:
         fragment = fragment_key(msg, shard.size)  # streaming DiLoCo: one fragment's elements (psrv/server/fragments.py)
         grad = validate.push(msg, shard.size if fragment is None else numel(fragment))  # dense, or checked compressed
         validate.push_kind(msg, s.cfg.optimizer)  # a velocity or momentum only where the optimizer takes one
+        weight = validate.inner_steps(msg) if s.cfg.quorum else 1  # a merge weighs a push by the steps it covers
         replayed = s.dedup.replay(msg.worker, msg.seq, shard.version)
         if replayed is not None:
             s.stats.duplicate()
@@ -122,7 +123,7 @@ class Pushes:
         else:
             if fragment is None:
                 s.fragments.check_whole()
-                shard.accumulate(grad, momentum=onebit_adam.is_momentum(msg))
+                shard.accumulate(grad, momentum=onebit_adam.is_momentum(msg), weight=weight)
             else:
                 s.fragments.accumulate(shard, fragment, grad)
             self.took(msg, version=shard.version, age=staleness)  # before the merge it may close (docs/history.md)
