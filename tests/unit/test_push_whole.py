@@ -20,11 +20,11 @@ class Driven:
     """One shard served by hand: `send(worker, type, ...)` hands it one message from that worker."""
 
     def __init__(self, mode: str = "async", workers: int = 2, nonfinite: str = "reject", optim: OptimConfig | None = None,
-                 **server):
+                 now=None, **server):
         cfg = ServerConfig(workers=workers, mode=mode, nonfinite=nonfinite, worker_timeout=1e6,
                            optimizer=optim or OptimConfig(name="adam", lr=0.01), **server)
         self.net = RecordingNet()
-        self.svc = ShardService(cfg, self.net, join_timeout=1e6)
+        self.svc = ShardService(cfg, self.net, join_timeout=1e6, **({} if now is None else {"now": now}))
         self.seq = {w: 10 for w in range(workers)}
         hello = {"plan_hash": "p", "total": SIZE, "num_shards": 1, "shard": 0, "world_size": workers}
         for w in range(workers):

@@ -1,5 +1,6 @@
 """A quorum's merge weighs each push by the inner steps it covers (`inner_steps`, which a push of local steps
-carries): the shard driven by hand (tests/unit/test_push_whole.Driven), against the weighted mean by hand."""
+carries), and its grace window closes at the first request after it is over (psrv/server/pushes/grace.py): the
+shard driven by hand (tests/unit/test_push_whole.Driven, its clock too), against the weighted mean by hand."""
 from __future__ import annotations
 
 import pytest
@@ -58,3 +59,23 @@ def test_without_a_quorum_the_barrier_ignores_it():
     d.send(0, MsgType.PUSH, clock=0, tensor=g0, fields={"inner_steps": 1})
     d.send(1, MsgType.PUSH, clock=0, tensor=g1, fields={"inner_steps": 7})
     assert torch.allclose(d.weights, w0 - (g0 + g1) / 2, atol=1e-6)
+
+
+def test_a_grace_window_closes_its_merge_at_the_first_request_after_it_and_before_that_request():
+    clock = [100.0]
+    d = Driven(mode="sync", workers=3, optim=SGD, quorum=1, quorum_grace=0.5, now=lambda: clock[0])
+    w0, (g0, g1, g2) = d.weights, grads(3)
+    d.send(0, MsgType.PUSH, clock=0, tensor=g0)  # the quorum of 1 is in: the window opens at 100.0
+    clock[0] = 100.4
+    d.send(1, MsgType.PUSH, clock=0, tensor=g1)  # within the window: it joins the merge
+    assert d.counts()[1] == 0
+    clock[0] = 100.6
+    d.send(2, MsgType.PUSH, clock=0, tensor=g2)  # the window is over: the merge closes first, this push opens the next
+    assert d.counts()[1] == 1
+    assert torch.allclose(d.weights, w0 - (g0 + g1) / 2, atol=1e-6)
+    d.send(0, MsgType.PULL, clock=1)  # a pull at 100.6: the next merge's window (opened at 100.6) is not over
+    assert d.counts()[1] == 1
+    clock[0] = 101.2
+    d.send(1, MsgType.PULL, clock=1)  # any request after it closes it
+    assert d.counts()[1] == 2
+    assert torch.allclose(d.weights, w0 - (g0 + g1) / 2 - g2, atol=1e-6)
