@@ -73,7 +73,7 @@ def test_a_grace_window_lets_the_slow_worker_into_merges_and_replicas_close_them
 @pytest.mark.timeout(150)
 def test_a_quorum_takes_dynamic_local_steps_whose_pushes_cover_different_steps(tmp_path):
     """auto:8: the slow worker plans fewer inner steps per push; each push says how many (`inner_steps`) and a
-    merge weighs it by them (tests/unit/test_quorum_merge.py checks the weighted mean)."""
+    merge weighs it by them (tests/conformance/test_quorum_merge.py checks the weighted mean)."""
     s = psrv_run(tmp_path, *ARGS, "--quorum", "2", "--local-steps", "auto:8", "--inner-optimizer", "sgd",
                  "--inner-lr", "0.05", "--lr", "1.0", timeout=120)
     assert s["complete"] and s["final_loss"] < s["initial_loss"], s

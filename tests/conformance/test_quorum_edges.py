@@ -1,5 +1,7 @@
-"""The quorum setting of sync (psrv/server/consistency/quorum.py): merges of Q distinct workers' pushes of any
-clock, every pull answered at once, the age rule, and its degenerate cases against sync and async."""
+"""What the matrix's turns cannot show of sync's quorum (psrv/server/consistency/quorum.py), in the conformance
+suite so that `make mutants` runs it: merges of Q distinct workers' pushes of any clock, every pull answered at
+once, the age rule (no case's push is old enough), the grace window, the state through a checkpoint, the
+degenerate cases against sync and async, and the config tree's refusals."""
 import pytest
 
 from psrv.config import ConfigError, RunConfig, from_dict
