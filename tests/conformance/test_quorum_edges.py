@@ -50,6 +50,17 @@ def test_a_non_finite_push_fills_no_quorum_but_its_worker_arrived():
     assert c.commit_ready()  # as sync's clock: every worker still pushing is in, with the gradients there are
 
 
+def test_a_workers_non_finite_push_takes_back_only_itself_of_its_gradients_in_a_merge():
+    c = QuorumController(3, quorum=2)
+    c.push(0, 0)
+    c.push(0, 1)
+    c.push(0, 2)
+    c.void(0)  # its third push had no gradient: its first two are still in the merge
+    assert c.gradients[0] == 2 and not c.commit_ready()
+    c.push(1, 0)
+    assert c.commit_ready()
+
+
 def test_fewer_pushing_than_q_merge_once_every_one_is_in():
     c = QuorumController(3, quorum=3)
     c.push(0, 0)
@@ -118,6 +129,8 @@ def test_make_controller_builds_it_only_for_sync_with_a_quorum():
     assert isinstance(make_controller("sync", 2), SyncController)
     with pytest.raises(ValueError, match="quorum must be in"):
         QuorumController(2, quorum=3)
+    with pytest.raises(ValueError, match="max_age must be >= 0; got -1"):
+        QuorumController(2, quorum=1, max_age=-1)
 
 
 @pytest.mark.parametrize("tree, key", [

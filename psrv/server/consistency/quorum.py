@@ -68,16 +68,15 @@ class QuorumController(Controller):
         return True
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "quorum": self.quorum, "max_age": self.max_age, "open_clock": self.open_clock,
-                "arrived": sorted(self.arrived), "gradients": {int(w): int(n) for w, n in self.gradients.items()},
-                "due": self.due}
+        return {**super().state_dict(), "open_clock": self.open_clock, "arrived": sorted(self.arrived),
+                "gradients": {int(w): int(n) for w, n in self.gradients.items()}, "due": self.due}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.open_clock = int(state["open_clock"])
         self.arrived = {int(w) for w in state["arrived"]}
         self.gradients = Counter({int(w): int(n) for w, n in state["gradients"].items()})
-        self.due = bool(state.get("due", False))
+        self.due = bool(state["due"])
 
     @property
     def voided(self) -> set[int]:
