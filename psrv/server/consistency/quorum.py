@@ -2,9 +2,9 @@
 shard buffers pushes of any clock into the open merge, and applies their mean as ONE step once Q distinct
 workers still pushing are in it (or every one of them is, when fewer than Q push). Every pull is answered at
 once: no worker waits for the slowest, and a worker faster than the others may push twice into one merge,
-where each of its pushes counts (each stands for the same batches: the mean is weighted by samples where
-every push covers as many). A push computed on weights more than `max_age` merges old is dropped as late
-(0: none is); the rest join the open merge whatever their age. With `grace`, a merge that has its Q workers
+where each of its pushes counts (the shard weighs each by the inner steps it covers: Shard.accumulate). A push
+computed on weights more than `max_age` merges old is dropped as late (0: none is); the rest join the open merge
+whatever their age. With `grace`, a merge that has its Q workers
 stays open for more until the shard says its grace window is over (`expire`: psrv/server/pushes/grace.py
 judges the window in seconds as requests arrive), or until every worker still pushing is in.
 
@@ -27,7 +27,7 @@ class QuorumController(Controller):
         self.due = False  # with grace: the open merge's window is over
         self.open_clock = 0  # merges committed
         self.arrived: set[int] = set()  # distinct workers with a push in the open merge
-        self.gradients: Counter = Counter()  # each one's pushes in it with a gradient (a non-finite one, skipped: none)
+        self.gradients: Counter = Counter()  # each one's pushes in it with a gradient (none for a non-finite one)
 
     def _decide(self, worker: int, clock: int, age: int) -> Decision:
         if self.max_age and age > self.max_age:

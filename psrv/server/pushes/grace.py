@@ -11,7 +11,7 @@ from psrv.server.state import ShardState
 class GraceWindow:
     def __init__(self, state: ShardState):
         self.state = state
-        self.seconds = getattr(state.cfg, "quorum_grace", 0.0) if state.cfg.quorum else 0.0
+        self.seconds = state.cfg.quorum_grace if state.cfg.quorum else 0.0
         self.since: float | None = None  # when the open merge had its Q workers (the primary's clock)
 
     def due(self) -> bool:
