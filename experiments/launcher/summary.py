@@ -106,6 +106,7 @@ def build_summary(cfg: RunConfig, out: Path, *, interrupted: bool = False, kille
         "mean_staleness": (sum(staleness) / len(staleness) if staleness else 0.0) if measured else None,
         "max_clock_gap": max((s["max_clock_gap"] for s in servers), default=0) if measured else None,
         "dropped": sum(sum(s["dropped"].values()) for s in servers[:1]),
+        "dropped_per_shard": [sum(s["dropped"].values()) for s in servers],
         **_lr_scale(servers, cfg.optimizer.update_rule if measured else None),
         **_wire_bytes(workers, samples),
         "lost_workers": sorted({w for s in servers for w in s.get("lost_workers", [])}),

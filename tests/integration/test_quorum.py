@@ -41,7 +41,9 @@ def test_quorum_max_age_drops_the_slow_workers_old_pushes_and_says_so(tmp_path):
         late = shard["dropped"].get("late", 0)
         assert late > 0 and shard["pushes_applied"] + late == shard["pushes"] == 3 * 60, shard
         assert max(int(k) for k in shard["staleness_histogram"]) <= 1, shard["staleness_histogram"]
-    assert [sh["dropped"]["late"] for sh in shards] == [s["dropped"]] * 2, s  # a push goes to both shards
+    # each shard judges a push's age by its own merges, so the shards may drop different pushes
+    assert s["dropped_per_shard"] == [sh["dropped"]["late"] for sh in shards]
+    assert s["dropped"] == s["dropped_per_shard"][0]
     result = check_run(tmp_path)  # no merge holds a push older than 1 (rule 3)
     assert result.ok, result.line()
 
