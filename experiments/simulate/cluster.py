@@ -163,12 +163,7 @@ class Cluster:
             busy[s] = th
             if self.grace and self.grace_since[s] is not None and th - self.grace_since[s] >= self.grace:
                 ctrl.expire()  # as the shard: a window over closes its merge before the push that finds it so
-                if ctrl.commit_ready():
-                    if learner is not None:
-                        learner.commit(s)
-                    ctrl.committed()
-                    version[s] += 1
-                    self.grace_since[s] = None
+                self._commit_if_ready(s, ctrl)
             decision = ctrl.push(w, clock, version[s] - base[s])
             if decision is DROP:
                 self.rec.dropped[s] += 1
@@ -183,14 +178,9 @@ class Cluster:
                 else:
                     if learner is not None:
                         learner.accumulate(s, grad)
-                    if ctrl.commit_ready():
-                        if learner is not None:
-                            learner.commit(s)
-                        ctrl.committed()
-                        version[s] += 1
-                        self.grace_since[s] = None
-                    elif self.grace and self.grace_since[s] is None and ctrl.met():
-                        self.grace_since[s] = th
+                    if not self._commit_if_ready(s, ctrl) and self.grace and self.grace_since[s] is None \
+                            and ctrl.met():
+                        self.grace_since[s] = th  # a quorum's grace window opens
             heappush(waiting, (clock + 1, w, th))
             ready = ctrl.pull_ready
             while waiting and ready(waiting[0][1], waiting[0][0]):  # as _release, inline: the hot path
@@ -212,6 +202,18 @@ class Cluster:
                 replies[pw] -= 1
                 if not replies[pw]:
                     self._step_done(pw)
+
+    def _commit_if_ready(self, s: int, ctrl) -> bool:
+        """Shard s's buffered pushes as one step, where its controller says they are complete (sync's clock, a
+        quorum's merge); whether it stepped."""
+        if not ctrl.commit_ready():
+            return False
+        if self.learner is not None:
+            self.learner.commit(s)
+        ctrl.committed()
+        self.version[s] += 1
+        self.grace_since[s] = None
+        return True
 
     def _release(self, s: int, t: float) -> None:
         """Answer every held pull of shard `s` the controller allows at `t`. pull_ready is monotone in

@@ -212,3 +212,16 @@ def test_a_simulation_spec_names_its_diverged_runs(tmp_path):
     assert (rows["sane"]["diverged"], rows["huge-lr"]["diverged"]) == ("False", "True"), rows
     report = (tmp_path / "out" / "report.md").read_text()
     assert f"- **huge-lr at N=4 diverged**: {rows['huge-lr']['diverged_why']}" in report and "sane at" not in report
+
+
+def test_a_quorum_merges_without_the_slow_worker_and_a_grace_window_lets_it_in():
+    """sync's quorum on the simulator's own controllers: 4 workers, one 4x slower. Quorum 3 merges more often
+    than sync's 60 clocks, with stale pushes; a window longer than the slow worker's lag makes every merge wait
+    for it (60 merges, as sync), one shorter than the fast workers' spread changes nothing."""
+    base = {"mode": "sync", "cluster": {"workers": 4, "servers": 1}, "faults": {"compute_ms": 20.0, "straggler": "3:4"}}
+    barrier = sim(**base)
+    quorum = sim(**base, quorum=3)
+    assert barrier["updates_applied"] == 60 and barrier["max_staleness"] == 0
+    assert quorum["updates_applied"] > 60 and quorum["max_staleness"] >= 2 and quorum["quorum"] == 3
+    assert sim(**base, quorum=3, quorum_grace=10.0)["updates_applied"] == 60
+    assert sim(**base, quorum=3, quorum_grace=1e-6)["updates_applied"] == quorum["updates_applied"]
