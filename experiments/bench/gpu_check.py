@@ -78,14 +78,15 @@ def machine() -> dict:
     return found
 
 
-def pytest(args: list[str], log: Path, timeout: float) -> dict:
+def pytest(args: list[str], log: Path, timeout: float, *, grace: float | None = None) -> dict:
     """Run pytest with `args` from the repository root, its output in `log`; its exit code and last line. At the
     budget its process group is interrupted (SIGINT), as Ctrl-C would, so that it still prints the failures'
     tracebacks and its summary (the first lent H200's suite was killed at 84% and kept 6 failures' names only);
-    killed if it has not ended INTERRUPT_GRACE seconds later. A stopped run's summary counts the outcomes `-v`
+    killed if it has not ended `grace` seconds later (default: INTERRUPT_GRACE, at most a quarter of the budget;
+    the interrupt comes `grace` before the budget's end). A stopped run's summary counts the outcomes `-v`
     printed."""
     argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rfEs", *args]
-    grace = min(INTERRUPT_GRACE, max(timeout, 1) / 4)
+    grace = min(INTERRUPT_GRACE, max(timeout, 1) / 4) if grace is None else grace
     with open(log, "w") as f:
         f.write(" ".join(argv) + "\n\n")
         f.flush()
