@@ -111,10 +111,7 @@ class Shard:
         else:
             if grad.device != self.device:
                 grad = grad.to(self.device)
-            if weight == 1:
-                self._accum.add_(grad)  # a bf16/fp16 gradient is widened element by element, not copied
-            else:
-                self._accum.add_(grad, alpha=weight)
+            self._accum.add_(grad, alpha=weight)  # a bf16/fp16 gradient is widened element by element, not copied
         self._accumulated += 1
         self._weight += weight
 

@@ -41,12 +41,17 @@ class Barrier:
     def _flag(self, e: Event, message: str) -> None:
         self.found.append(Violation.at(3, e, f"shard {self.shard}: {message}"))
 
-    def _commit(self, e: Event) -> None:
-        c, need = e["clock"], e["need"]
+    def _once(self, e: Event, what: str) -> None:
+        """Count commit `e`; flagged where its clock (`what`: "clock" or, under a quorum, "merge") committed before."""
+        c = e["clock"]
         self.commits += 1
         if c in self.committed:
-            self._flag(e, f"clock {c} commits a second time (first at {self.committed[c].where})")
+            self._flag(e, f"{what} {c} commits a second time (first at {self.committed[c].where})")
         self.committed.setdefault(c, e)
+
+    def _commit(self, e: Event) -> None:
+        c, need = e["clock"], e["need"]
+        self._once(e, "clock")
         held: dict[int, Event] = {}
         for a in self.accumulated:
             if a["clock"] != c:
@@ -96,10 +101,7 @@ class Merges(Barrier):
 
     def _commit(self, e: Event) -> None:
         c, need = e["clock"], e["need"]
-        self.commits += 1
-        if c in self.committed:
-            self._flag(e, f"merge {c} commits a second time (first at {self.committed[c].where})")
-        self.committed.setdefault(c, e)
+        self._once(e, "merge")
         pushers = {a["w"] for a in self.accumulated}
         for a in self.accumulated:
             age = a.fields.get("age")
