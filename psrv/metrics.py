@@ -57,7 +57,7 @@ _SERVER = {
     "lr_scale": _Spec(Histogram, "psrv_lr_scale",
                       "Per optimizer step: the factor the update rule scaled the gradient by, i.e. its "
                       "effective lr over --lr (staleness-lr: 1/max(1, staleness); cgad: its sigma(staleness); dn: "
-                      "1/N; 1 for plain, dc-asgd and every sync step).", (), LR_SCALE_BUCKETS),
+                      "1/N; 1 for plain, dc-asgd, heloco and every sync step).", (), LR_SCALE_BUCKETS),
     "wait_seconds": _Spec(Counter, "psrv_wait_seconds_total",
                           "Seconds answered pulls spent between arrival and answer (held by the BSP "
                           "barrier or the SSP bound), summed."),

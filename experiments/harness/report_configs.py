@@ -67,7 +67,9 @@ def _optimizer(cfg: RunConfig) -> str:
     if opt.update_rule != "plain":
         extra = f" (lambda {opt.dc_lambda:g})" if opt.update_rule.startswith("dc-") else \
             f" (period {opt.dn_period or 'the workers'})" if opt.update_rule == "dn" else \
-            f" (alpha {opt.cgad_alpha:g}, cutoff {opt.cgad_cutoff or 'none'})" if opt.update_rule == "cgad" else ""
+            f" (alpha {opt.cgad_alpha:g}, cutoff {opt.cgad_cutoff or 'none'})" if opt.update_rule == "cgad" else \
+            (f" (keep {opt.heloco_keep:g}, shrink {opt.heloco_shrink:g}, reorient {opt.heloco_reorient:g}, kappa "
+             f"{opt.heloco_kappa:g}, block {opt.heloco_block or 'the slice'})") if opt.update_rule == "heloco" else ""
         parts.append(f"update rule {opt.update_rule}{extra}")
     if worker.local_updates:
         parts.append(f"{worker.local_steps} local steps per push, inner {worker.inner_optimizer} "

@@ -175,11 +175,17 @@ def _payload_bytes(servers: list[dict]) -> dict[str, int]:
 
 def _lr_scale(servers: list[dict], rule: str | None) -> dict:
     """The servers' update rule (psrv/server/rules) and the lr scale it applied: the mean over every
-    shard's optimizer steps, and shard 0's histogram (scale -> steps); None for ddp."""
+    shard's optimizer steps, and shard 0's histogram (scale -> steps); what the rule did, summed over the
+    shards (`rule_counts`); None for ddp."""
     steps = [(float(k), n) for s in servers for k, n in s.get("lr_scale_histogram", {}).items()]
     total = sum(n for _, n in steps)
+    counts: dict[str, int] = {}
+    for s in servers:  # what the rule did (heloco: blocks kept, shrunk, turned), every shard's summed
+        for key, n in s.get("rule_counts", {}).items():
+            counts[key] = counts.get(key, 0) + n
     return {"update_rule": rule, "mean_lr_scale": sum(k * n for k, n in steps) / total if total else None,
-            "lr_scale_histogram": servers[0].get("lr_scale_histogram") if servers and rule else None}
+            "lr_scale_histogram": servers[0].get("lr_scale_histogram") if servers and rule else None,
+            "rule_counts": counts if rule else None}
 
 
 def write_tables(out: Path, *, interrupted: bool = False) -> None:

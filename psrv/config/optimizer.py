@@ -10,12 +10,17 @@ from psrv.config.base import ConfigError, Section, setting
 OPTIMIZERS = ("sgd", "adam", "adamw", "onebit_adam")  # onebit_adam: psrv/server/onebit_adam.py
 LR_SCHEDULES = ("constant", "warmup_cosine", "step", "linear")  # psrv/schedule.py has their formulas
 SGD_MOMENTUM = 0.9  # momentum's default with sgd; adam and adamw take none
-UPDATE_RULES = ("plain", "staleness-lr", "dc-asgd", "dc-asgd-a", "dn", "cgad")  # psrv/server/rules registers them
-STALENESS_RULES = ("staleness-lr", "dc-asgd", "dc-asgd-a", "cgad")  # they correct a push's staleness: none in sync
+UPDATE_RULES = ("plain", "staleness-lr", "dc-asgd", "dc-asgd-a", "dn", "cgad", "heloco")  # psrv/server/rules registers them
+STALENESS_RULES = ("staleness-lr", "dc-asgd", "dc-asgd-a", "cgad", "heloco")  # they correct a push's staleness: none in sync
+NESTEROV_RULES = ("dn", "heloco")  # they step with their own Nesterov momentum: sgd --nesterov only
 VELOCITY_RULES = ("plain", "staleness-lr", "cgad")  # they only scale the step: momentum correction's velocity fits them
 DC_LAMBDA = {"dc-asgd": 0.04, "dc-asgd-a": 2.0}  # dc_lambda's default with each (Zheng et al. 2017)
 # cgad's alpha and cutoff with it: psrv's choice (the paper's defaults were not available to us; docs/algorithms.md)
 CGAD_DEFAULTS = {"cgad_alpha": 0.1, "cgad_cutoff": 16}
+# heloco's keep threshold, strengths, kappa and block: psrv's choice too (the paper's were not at hand)
+HELOCO_DEFAULTS = {"heloco_keep": 0.3, "heloco_shrink": 1.0, "heloco_reorient": 0.5, "heloco_kappa": 1.0,
+                   "heloco_block": 1 << 20}
+RULE_KNOBS = {"cgad": CGAD_DEFAULTS, "heloco": HELOCO_DEFAULTS}  # a rule's own settings: refused under another
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,7 +67,8 @@ class OptimConfig(GradClip):
     update_rule: str = setting("plain", "how a shard treats a push's gradient before the step: plain, "
                                "staleness-lr (g/max(1,staleness)), dc-asgd, dc-asgd-a (delay compensation), "
                                "dn (delayed Nesterov, sgd --nesterov only), cgad (g*sigma(staleness), cosine-gated "
-                               "decay); docs/algorithms.md. sync steps on "
+                               "decay), heloco (a push turned toward the outer momentum, sgd --nesterov only); "
+                               "docs/algorithms.md. sync steps on "
                                "each clock's mean, which has no staleness: it takes plain or dn (there "
                                "SGD-Nesterov) and refuses the others", choices=UPDATE_RULES)
     dc_lambda: float | None = setting(None, "dc-asgd's lambda (default 0.04), dc-asgd-a's lambda0 (default 2.0)",
@@ -74,6 +80,22 @@ class OptimConfig(GradClip):
                                        metavar="ALPHA")
     cgad_cutoff: int | None = setting(None, "cgad: the staleness at and past which the cosine gate is 0; 0: no gate "
                                       f"(default {CGAD_DEFAULTS['cgad_cutoff']})", minimum=0, metavar="TAU")
+    heloco_keep: float | None = setting(None, "heloco: the cosine c_ok with the outer momentum at and above which a "
+                                        f"block of a push is kept as it is (default {HELOCO_DEFAULTS['heloco_keep']})",
+                                        minimum=-1.0, maximum=1.0, metavar="C")
+    heloco_shrink: float | None = setting(None, "heloco: k_s, how strongly a block against the momentum loses that "
+                                          f"component (default {HELOCO_DEFAULTS['heloco_shrink']}; 0: never)",
+                                          minimum=0.0, metavar="K")
+    heloco_reorient: float | None = setting(None, "heloco: k_d, how strongly a block below the keep threshold is "
+                                            "turned toward the momentum (default "
+                                            f"{HELOCO_DEFAULTS['heloco_reorient']}; 0: never)", minimum=0.0,
+                                            metavar="K")
+    heloco_kappa: float | None = setting(None, "heloco: kappa in the confidence |d| / (|d| + kappa |m|) that scales "
+                                         f"each correction (default {HELOCO_DEFAULTS['heloco_kappa']})",
+                                         minimum=0.0, metavar="KAPPA")
+    heloco_block: int | None = setting(None, "heloco: elements per block of a shard's slice, each corrected on "
+                                       f"its own (default {HELOCO_DEFAULTS['heloco_block']}; 0: the whole slice)",
+                                       minimum=0, metavar="N")
 
     def validate(self) -> None:
         super().validate()
@@ -91,19 +113,21 @@ class OptimConfig(GradClip):
         elif self.update_rule not in DC_LAMBDA and self.dc_lambda:
             raise ConfigError("dc_lambda", f"only used by update_rule dc-asgd or dc-asgd-a (it is "
                               f"{self.update_rule!r}); remove it")
-        for key, default in CGAD_DEFAULTS.items():
-            if getattr(self, key) is None:
-                object.__setattr__(self, key, default if self.update_rule == "cgad" else type(default)(0))
-            elif self.update_rule != "cgad" and getattr(self, key):  # 0: what a stored config of another rule holds
-                raise ConfigError(key, f"only used by update_rule cgad (it is {self.update_rule!r}); remove it")
+        for rule, knobs in RULE_KNOBS.items():
+            for key, default in knobs.items():
+                if getattr(self, key) is None:
+                    object.__setattr__(self, key, default if self.update_rule == rule else type(default)(0))
+                elif self.update_rule != rule and getattr(self, key):  # 0: what a stored config of another rule holds
+                    raise ConfigError(key, f"only used by update_rule {rule} (it is {self.update_rule!r}); remove it")
         if self.momentum is None:
             object.__setattr__(self, "momentum", SGD_MOMENTUM if self.name == "sgd" else 0.0)
         elif self.momentum and self.name != "sgd":
             raise ConfigError("momentum", f"only used by optimizer 'sgd' ({self.name!r} takes none); remove it")
         if self.nesterov and (self.name != "sgd" or self.momentum == 0):
             raise ConfigError("nesterov", "needs optimizer 'sgd' with momentum > 0")
-        if self.update_rule == "dn" and not self.nesterov:
-            raise ConfigError("update_rule", "dn is delayed Nesterov: needs optimizer 'sgd' with nesterov")
+        if self.update_rule in NESTEROV_RULES and not self.nesterov:
+            raise ConfigError("update_rule", {"dn": "dn is delayed Nesterov", "heloco": "heloco steps with its own "
+                              "outer Nesterov momentum"}[self.update_rule] + ": needs optimizer 'sgd' with nesterov")
         if self.dn_period and self.update_rule != "dn":
             raise ConfigError("dn_period", f"only used by update_rule dn (it is {self.update_rule!r}); remove it")
         if self.name == "onebit_adam":

@@ -26,6 +26,8 @@ failover loses none.
 """
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 
 from psrv.codecs import Decoded
@@ -72,6 +74,10 @@ class FragmentShards:
     def accumulated(self) -> int:
         """Pushes in the open sync clock's fragment sum."""
         return self._shards[self.open].accumulated if self.open is not None else 0
+
+    def rule_counts(self) -> Counter:
+        """What the fragments' update rules did (UpdateRule.counts), summed."""
+        return sum((Counter(sub.rule.counts()) for sub in self._shards.values()), Counter())
 
     def weights(self, shard: Shard, key: Key) -> torch.Tensor:
         """The fragment's weights, gathered (a pull's answer)."""

@@ -36,7 +36,7 @@ AXES: dict[str, tuple] = {
     "sign_scale": ("auto", "l2", "l1"),
     "mode": ("sync", "async", "ssp"),
     "optimizer": ("sgd", "nesterov", "adam", "adamw", "onebit_adam"),
-    "rule": ("plain", "staleness-lr", "dc-asgd", "dc-asgd-a", "dn", "cgad"),
+    "rule": ("plain", "staleness-lr", "dc-asgd", "dc-asgd-a", "dn", "cgad", "heloco"),
     "local": (1, 2),
     "fragments": (1, 2),
     "outer": ("float32", "bfloat16", "int8", "fp4"),
@@ -66,6 +66,11 @@ DC_LAMBDA = {"dc-asgd": (100.0, 1e7), "dc-asgd-a": (10.0, 3000.0)}
 # cgad's alpha and cutoff: a case's pushes are at most a few updates stale, so the cutoff is 3 (the gate at 0.75 and
 # 0.25 for staleness 1 and 2, 0 from 3) and alpha 0.5, where both show; psrv's defaults (0.1, 16) barely would
 CGAD = {"cgad_alpha": 0.5, "cgad_cutoff": 3}
+# heloco's knobs: a case's pushes mostly agree with the momentum (cosine 0.3 to 0.9 per block), so the keep threshold
+# is 0.95 and the blocks 4096 elements (a shard's slice holds 15 to 30), where both corrections show: blocks are
+# turned, and some (against the momentum) shrunk (test_rule_edges.py counts them in the plan's cases)
+HELOCO = {"heloco_keep": 0.95, "heloco_shrink": 2.0, "heloco_reorient": 1.0, "heloco_kappa": 0.5, "heloco_block": 4096}
+HELOCO_OFF = {key: 0 for key in HELOCO}
 
 
 def case_id(case: dict) -> str:
@@ -98,7 +103,8 @@ def run_config(case: dict, *, workers: int | None = None) -> RunConfig:
                  "freeze_step": 2 if c["optimizer"] == "onebit_adam" else 0, "dc_lambda": dc_lambda,
                  "lr_schedule": c["schedule"], "warmup_steps": 1 if cosine else 0,
                  "lr_decay_steps": STEPS if cosine else 0,
-                 **(CGAD if c["rule"] == "cgad" else {"cgad_alpha": 0.0, "cgad_cutoff": 0})}
+                 **(CGAD if c["rule"] == "cgad" else {"cgad_alpha": 0.0, "cgad_cutoff": 0}),
+                 **(HELOCO if c["rule"] == "heloco" else HELOCO_OFF)}
     ef_off = c["ef"] == "off"  # each side's error feedback is turned off where that side has a lossy codec
     worker = {"wire_dtype": c["wire"], "compress": codec,
               "error_feedback": not (ef_off and (c["codec"] != "none" or c["optimizer"] == "onebit_adam")),

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from psrv.config import RunConfig, from_dict
+from psrv.config.optimizer import NESTEROV_RULES
 from psrv.protocol import MsgType, ProtocolError, decode
 from psrv.server.replication import stream
 from psrv.server.run import Server
@@ -37,7 +38,7 @@ def config(mode: str, *, steps: int = 6, shards: int = 1, replicas: int = 0, chu
     `rule` the shards' update rule (its state must survive the fault too); `compress` the push codec (with error
     feedback, and momentum correction under sgd)."""
     optim = {"name": "sgd", "lr": 0.05, "momentum": 0.9} if optimizer == "sgd" else {"name": optimizer, "lr": 0.003}
-    optim.update(update_rule=rule, **({"nesterov": True} if rule == "dn" else {}))  # dn is delayed Nesterov
+    optim.update(update_rule=rule, **({"nesterov": True} if rule in NESTEROV_RULES else {}))  # dn, heloco: their own Nesterov
     worker = {"push_chunk_mb": chunk_mb, "local_steps": local, "fragments": fragments, "outer_dtype": outer,
               "request_timeout": 30.0, "compress": compress}
     if local > 1:

@@ -16,6 +16,10 @@ psrv's optimizer, rule or schedule code): one flat parameter vector and its opti
   else m <- mu m + sum / N, w -= lr (d / N + mu m), sum <- 0; N = 1 is SGD-Nesterov.
   CGAD (Shah and Sun 2026): g sigma(tau), sigma(tau) = gamma(tau) exp(-alpha tau), gamma the cosine gate from 1
   at tau = 0 to 0 at the cutoff c, (1 + cos(pi tau / c)) / 2, and 0 from c on (c = 0: no gate).
+  HeLoCo (Al Asif et al. 2026), per block b of B elements of the slice: u = d_b/|d_b|, v = m_b/|m_b|, c = u.v,
+  conf = |d_b| / (|d_b| + kappa |m_b| + 1e-8); c >= c_ok: kept; c < 0: d_b - min(k_s (-c) conf, 1) c |d_b| v;
+  else |d_b| t / max(|t|, 1e-8), t = (1 - l) u + l v, l = min(k_d (1 - c) conf, 1); a zero m_b or d_b: kept.
+  Then d = that + wd w, m <- mu m + (1 - mu) d, w <- w - lr (d + mu m).
 - lr schedule by update count k: warm-up (k + 1)/(W + 1) for k < W, then cosine from lr to 0 over D.
 - clip by global norm (torch's clip_grad_norm_): g * min(1, c / (|g| + 1e-6)).
 
@@ -52,7 +56,8 @@ DOCUMENTED = {
 # state it
 PSRV_DIFFERS = {"momentum": 0.9}
 STATED = ("name", "lr", "weight_decay", "clip_grad_norm", "update_rule", "lr_schedule", "warmup_steps",
-          "lr_decay_steps", "momentum", "nesterov", "freeze_step", "dc_lambda", "cgad_alpha", "cgad_cutoff")
+          "lr_decay_steps", "momentum", "nesterov", "freeze_step", "dc_lambda", "cgad_alpha", "cgad_cutoff", "heloco_keep", "heloco_shrink", "heloco_reorient",
+          "heloco_kappa", "heloco_block")
 
 
 def settings(o) -> SimpleNamespace:
@@ -78,6 +83,35 @@ def cgad_sigma(tau: int, alpha: float, cutoff: int) -> float:
     return gate * math.exp(-alpha * tau)
 
 
+def heloco_corrected(g: torch.Tensor, m: torch.Tensor, o, slices) -> tuple[torch.Tensor, Counter]:
+    """HeLoCo's correction of `g` against the outer momentum `m`, block by block within each shard's slice
+    ((lo, hi) of the vector), and the blocks per case."""
+    out, cases = g.clone(), Counter()
+    for start, end in slices:
+        size = o.heloco_block or max(1, end - start)
+        for lo in range(start, end, size):
+            hi = min(lo + size, end)
+            d, mb = g[lo:hi], m[lo:hi]
+            nd, nm = float(d.norm()), float(mb.norm())
+            if nd == 0 or nm == 0:
+                cases["kept"] += 1
+                continue
+            u, v = d / nd, mb / nm
+            c = float((u * v).sum())
+            conf = nd / (nd + o.heloco_kappa * nm + 1e-8)
+            if c >= o.heloco_keep:
+                cases["kept"] += 1
+            elif c < 0:
+                out[lo:hi] = d - min(o.heloco_shrink * -c * conf, 1.0) * c * nd * v
+                cases["shrunk"] += 1
+            else:
+                lam = min(o.heloco_reorient * (1 - c) * conf, 1.0)
+                t = (1 - lam) * u + lam * v
+                out[lo:hi] = nd * t / max(float(t.norm()), 1e-8)
+                cases["reoriented"] += 1
+    return out, cases
+
+
 def clipped(g: torch.Tensor, c: float) -> torch.Tensor:
     if not c:
         return g
@@ -96,6 +130,8 @@ class ServerMath:
         self.ms = torch.zeros_like(w)                        # dc-asgd-a's mean square
         self.period = 1 if mode == "sync" else workers  # dn's N: a round of every worker's push (Liu et al. 2024)
         self.dn_m, self.dn_sum, self.dn_t = torch.zeros_like(w), torch.zeros_like(w), 0
+        self.heloco_m, self.heloco_cases = torch.zeros_like(w), Counter()  # heloco's momentum, its blocks per case
+        self.slices = [(0, len(w))]  # each shard's slice of w (heloco's blocks lie within one)
         self.warm: int | None = None  # 1-bit Adam: the Adam steps before the first frozen one
         self.lr_scales: Counter = Counter()  # each update's lr scale by the rule (staleness-lr: 1/tau; dn: 1/N)
         self.rule = o.update_rule if mode != "sync" or o.update_rule == "dn" else "plain"
@@ -115,6 +151,9 @@ class ServerMath:
             g = torch.div(g, staleness)
         elif self.rule == "cgad" and scale != 1.0:
             g = torch.mul(g, scale)
+        elif self.rule == "heloco":
+            g, cases = heloco_corrected(g, self.heloco_m, o, self.slices)
+            self.heloco_cases.update(cases)
         elif self.rule in ("dc-asgd", "dc-asgd-a") and worker is not None and worker in self.bak:
             if self.rule == "dc-asgd-a":
                 self.ms.mul_(o.dc_mean_square).addcmul_(g, g, value=1 - o.dc_mean_square)
@@ -127,6 +166,10 @@ class ServerMath:
             self.w.add_(g, alpha=-lr)
         elif self.rule == "dn":
             self._dn(g, lr)
+        elif self.rule == "heloco":
+            d = g.add(self.w, alpha=o.weight_decay) if o.weight_decay else g
+            self.heloco_m.mul_(o.momentum).add_(d, alpha=1 - o.momentum)
+            self.w.add_(d.add(self.heloco_m, alpha=o.momentum), alpha=-lr)
         elif o.name == "sgd":
             self._sgd(g, lr)
         elif o.name == "onebit_adam" and momentum_push:

@@ -46,6 +46,8 @@ class StreamingReference(Reference):
         self.pieces = [[(int(torch.searchsorted(ix, lo)), int(torch.searchsorted(ix, hi))) for lo, hi in self.ranges]
                        for ix in self.index]  # each shard's piece of the fragment vector
         self.maths = [ServerMath(self.o, self.server.w[ix], workers=self.n, mode=self.mode) for ix in self.index]
+        for fragment_math, pieces in zip(self.maths, self.pieces):
+            fragment_math.slices = pieces
         self.k = 0  # the shards' version: updates of any fragment
         whole = covered(0, at, self.sizes, MIN_NUMEL)
         self.cover = [whole[ix] for ix in self.index]  # the pulls' codec covers these elements of each fragment

@@ -98,6 +98,7 @@ class Reference:
         base, extra = divmod(total, s)
         starts = [i * base + min(i, extra) for i in range(s + 1)]
         self.ranges = list(zip(starts, starts[1:]))
+        self.server.slices = self.ranges
         self.codec = w.compress if w.compress in CODEC_SPEC.values() and w.compress else ""
         self.ef, self.min_numel, self.wire = w.error_feedback, MIN_NUMEL, w.wire_dtype
         if w.fragments == 1 and w.outer_dtype in ("int8", "fp4"):  # the outer dtype is the codec, over every

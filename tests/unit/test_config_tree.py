@@ -31,6 +31,8 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     "dn_period": {"optimizer": {"update_rule": "dn", "nesterov": True}},
     "cgad_alpha": {"mode": "async", "optimizer": {"update_rule": "cgad"}},
     "cgad_cutoff": {"mode": "async", "optimizer": {"update_rule": "cgad"}},
+    **{key: {"mode": "async", "optimizer": {"update_rule": "heloco", "nesterov": True}}
+       for key in ("heloco_keep", "heloco_shrink", "heloco_reorient", "heloco_kappa", "heloco_block")},
     "inner_lr": {"worker": {"local_steps": 5}},
     "fragments": {"worker": {"local_steps": 4}}, "outer_dtype": {"worker": {"local_steps": 4}},
     "ddp_comm_hook": {"mode": "ddp"}, "wait_barrier": {"mode": "ddp"}, "stall_timeout": {"mode": "ddp"},
@@ -46,6 +48,8 @@ COMPANIONS: dict[str, dict[str, Any]] = {
 OTHER = {"worker.compress": "topk:0.01", "worker.compress_pull": "sign", "mode": "sync", "cluster.device": "cuda:1", "job.name": "synthetic_mlp", "faults.straggler": "1:2",
          "faults.transient_stragglers": "0.1:4", "optimizer.momentum": 0.5, "optimizer.betas": (0.8, 0.99),
          "optimizer.dc_lambda": 0.5, "optimizer.cgad_alpha": 0.5, "optimizer.cgad_cutoff": 4,
+         "optimizer.heloco_keep": 0.5, "optimizer.heloco_shrink": 2.0, "optimizer.heloco_reorient": 0.25,
+         "optimizer.heloco_kappa": 2.0, "optimizer.heloco_block": 64,
          "worker.inner_lr": 0.01, "tensorboard": "runs/tb", "network.bandwidth": "200mbit",
          "job.script": SCRIPT, "job.script_args": ("--epochs", "2"), "job.script_sha256": "0" * 64,
          "kill.server": "1:5", "kill.worker": "1:5", "nemesis.schedule": "pause worker:1 at step 5 for 1s",

@@ -11,19 +11,20 @@ import pytest
 
 from psrv.cli.main import main
 from psrv.config import ConfigError, OptimConfig, RunConfig, ServerConfig, from_dict, to_dict
-from psrv.config.optimizer import STALENESS_RULES, UPDATE_RULES
+from psrv.config.optimizer import NESTEROV_RULES, STALENESS_RULES, UPDATE_RULES
 from psrv.config.sections import ALLREDUCE_MODES
 from psrv.experiments.harness.spec import spec_from_dict
 
 
 @pytest.mark.parametrize("rule", STALENESS_RULES)
 def test_sync_refuses_a_staleness_rule_in_one_line_naming_both_settings(rule):
+    optimizer = {"update_rule": rule, **({"nesterov": True} if rule in NESTEROV_RULES else {})}
     with pytest.raises(ConfigError) as err:
-        from_dict(RunConfig, {"mode": "sync", "optimizer": {"update_rule": rule}})
+        from_dict(RunConfig, {"mode": "sync", "optimizer": optimizer})
     text = str(err.value)
     assert text.startswith(f"optimizer.update_rule: {rule!r}") and "mode 'sync'" in text and "\n" not in text
     with pytest.raises(ConfigError, match="optimizer.update_rule.*mode 'sync'"):
-        ServerConfig(mode="sync", workers=2, optimizer=OptimConfig(update_rule=rule))
+        ServerConfig(mode="sync", workers=2, optimizer=OptimConfig(**optimizer))
 
 
 def test_every_other_pair_of_mode_and_rule_is_taken():
@@ -31,7 +32,7 @@ def test_every_other_pair_of_mode_and_rule_is_taken():
         for rule in UPDATE_RULES:
             if mode == "sync" and rule in STALENESS_RULES:
                 continue
-            optimizer = {"update_rule": rule, **({"nesterov": True} if rule == "dn" else {})}
+            optimizer = {"update_rule": rule, **({"nesterov": True} if rule in NESTEROV_RULES else {})}
             cfg = from_dict(RunConfig, {"mode": mode, "optimizer": optimizer})
             assert cfg.optimizer.update_rule == rule
             assert from_dict(RunConfig, json.loads(json.dumps(to_dict(cfg)))) == cfg  # a process's JSON
@@ -60,7 +61,7 @@ def test_an_allreduce_mode_refuses_every_rule_but_plain(mode):
     for rule in UPDATE_RULES:
         if rule == "plain":
             continue
-        optimizer = {"update_rule": rule, **({"nesterov": True} if rule == "dn" else {})}
+        optimizer = {"update_rule": rule, **({"nesterov": True} if rule in NESTEROV_RULES else {})}
         with pytest.raises(ConfigError) as err:
             from_dict(RunConfig, {"mode": mode, "optimizer": optimizer})
         assert str(err.value).startswith("optimizer.update_rule: is how a shard treats a push; "

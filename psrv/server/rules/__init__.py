@@ -8,6 +8,6 @@ Formulas and sources: docs/algorithms.md.
 from __future__ import annotations
 
 from psrv.server.rules.base import RULES, PushContext, UpdateRule, make_rule, register
-from psrv.server.rules import cgad, dc, dn, staleness  # noqa: F401  (they register themselves)
+from psrv.server.rules import cgad, dc, dn, heloco, staleness  # noqa: F401  (they register themselves)
 
 __all__ = ["RULES", "PushContext", "UpdateRule", "make_rule", "register"]

@@ -62,6 +62,11 @@ class UpdateRule:
     def pulled(self, worker: int, weights: torch.Tensor) -> None:
         """`worker`'s pull was answered with `weights` (the shard's own tensor: copy what you keep)."""
 
+    def counts(self) -> dict[str, int]:
+        """What the rule did, for the run's summary (`rule_counts`, summed over a shard's fragments); {} for a
+        rule that only scales (its lr scales are counted apart)."""
+        return {}
+
     def state_dict(self) -> dict:
         return {"name": self.name}
 

@@ -18,11 +18,19 @@ class Stats:
     def on_stats(self, peer, msg: Message) -> None:
         self.service.reply(peer, Message(MsgType.STATS, seq=msg.seq, fields=self.summary()))
 
+    def rule_counts(self) -> dict[str, int]:
+        """What the update rule did on this shard and its fragments (UpdateRule.counts; {} for most rules)."""
+        s = self.state
+        counts = s.fragments.rule_counts()
+        if s.shard is not None:
+            counts.update(s.shard.rule.counts())
+        return dict(sorted(counts.items()))
+
     def summary(self) -> dict:
         s, replication = self.state, self.service.replication
         cfg, c = s.cfg, s.controller
         return {"shard": cfg.shard, "num_shards": cfg.num_shards, "mode": cfg.mode,
-                "update_rule": cfg.optimizer.update_rule, "staleness": cfg.staleness, "workers": cfg.workers,
+                "update_rule": cfg.optimizer.update_rule, "rule_counts": self.rule_counts(), "staleness": cfg.staleness, "workers": cfg.workers,
                 "version": s.shard.version if s.shard else 0, "plan_hash": s.plan_hash,
                 "active": sorted(c.active), "clocks": {str(w): n for w, n in c.clocks.items()},
                 "resumed_from": s.resumed_from, "lost_clocks": c.skipped,
