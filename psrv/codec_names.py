@@ -4,14 +4,16 @@ the codecs themselves."""
 from __future__ import annotations
 
 CASTS = {"float16": "float16", "fp16": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
-LOSSY_NAMES = ("topk", "randomk", "sign", "int8", "fp4")
-FORMS = "topk:RATIO, randomk:RATIO, sign, int8, fp4, float16 (fp16), bfloat16 (bf16), or '' for none"
+LOSSY_NAMES = ("topk", "randomk", "sign", "int8", "fp4", "sparseloco")
+RATIO_NAMES = ("topk", "randomk", "sparseloco")  # NAME:RATIO
+FORMS = ("topk:RATIO, randomk:RATIO, sign, int8, fp4, sparseloco:RATIO (chunked top-k, 2-bit values), float16 (fp16), "
+         "bfloat16 (bf16), or '' for none")
 
 
 def parse(spec: str) -> tuple[str, float | None]:
     """(name, ratio) of a --compress value; ValueError naming the accepted forms otherwise."""
     name, _, arg = spec.partition(":")
-    if name in ("topk", "randomk"):
+    if name in RATIO_NAMES:
         try:
             ratio = float(arg)
         except ValueError:

@@ -88,7 +88,7 @@ class PSClient(PushMessages):
         scale = "l2" if settings.sign_scale == "auto" else settings.sign_scale  # auto: l2 (onebit_adam's: onebit.py)
         codec = make_codec(compress, seed=worker, sign_scale=scale)
         self._encoder_options = {"error_feedback": settings.error_feedback, "min_numel": settings.compress_min_numel,
-                                 "warmup": settings.compress_warmup}
+                                 "warmup": settings.compress_warmup, "decay": settings.error_feedback_decay}
         self.encoder = None if codec is None else PushEncoder(codec, plan, **self._encoder_options)
         self.compress = compress  # the codec pushes run with (onebit_adam's sign where none was given)
         self.pull_view = None if not settings.compress_pull else PullView(

@@ -16,8 +16,8 @@ ALIASES = {"timeout": "request_timeout"}  # keyword -> setting
 _LOOP_ONLY = ("inner_optimizer", "inner_lr")  # the shipped loop's own: a script's optimizer is the script's
 WORKER_KEYWORDS = tuple({v: k for k, v in ALIASES.items()}.get(f.name, f.name)
                         for f in dataclasses.fields(WorkerSettings) if f.name not in _LOOP_ONLY)
-CLIENT_KEYWORDS = ("timeout", "wire_dtype", "compress", "error_feedback", "compress_min_numel", "momentum_correction",
-                   "momentum_masking", "compress_warmup", "sign_scale", "push_chunk_mb", "compress_pull",
+CLIENT_KEYWORDS = ("timeout", "wire_dtype", "compress", "error_feedback", "error_feedback_decay", "compress_min_numel",
+                   "momentum_correction", "momentum_masking", "compress_warmup", "sign_scale", "push_chunk_mb", "compress_pull",
                    "pull_error_feedback", "pull_resync")  # what PSClient reads
 
 

@@ -9,9 +9,10 @@ from psrv.codecs.fp4 import Fp4
 from psrv.codecs.int8 import Int8
 from psrv.codecs.randomk import RandomK
 from psrv.codecs.sign import Sign
+from psrv.codecs.sparseloco import SparseLoCo
 from psrv.codecs.topk import TopK
 
-LOSSY = {"topk": TopK, "randomk": RandomK, "sign": Sign, "int8": Int8, "fp4": Fp4}  # decoders by header name
+LOSSY = {"topk": TopK, "randomk": RandomK, "sign": Sign, "int8": Int8, "fp4": Fp4, "sparseloco": SparseLoCo}  # decoders by header name
 
 
 def make(spec: str, *, seed: int = 0, sign_scale: str = "l1") -> Codec | None:
@@ -24,6 +25,8 @@ def make(spec: str, *, seed: int = 0, sign_scale: str = "l1") -> Codec | None:
         return TopK(ratio)
     if name == "randomk":
         return RandomK(ratio, seed=seed)
+    if name == "sparseloco":
+        return SparseLoCo(ratio)
     if name == "sign":
         return Sign(scale=sign_scale)
     return LOSSY[name]() if name in LOSSY else None

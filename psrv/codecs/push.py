@@ -21,6 +21,7 @@ from psrv.partition import PartitionPlan
 from psrv.protocol import ErrorCode, ProtocolError
 
 MAX_DENSE_RANGES = 2048  # keeps the header far under its 64 KiB
+WARMED = ("topk", "randomk")  # the codecs DGC's warm-up raises the ratio of
 
 
 def dense_ranges(plan: PartitionPlan, shard: int, min_numel: int) -> list[list[int]]:
@@ -89,11 +90,13 @@ class PushEncoder(SettledOnAnswer):
     makes it the residual, `applied=False` (dropped late, or non-finite) keeps the one before, so
     the residual owed from earlier pushes is never lost with a dropped one. `chosen[shard]`: the
     shard-relative indices a sparse codec sent in the last push (None for sign and int8). `warmup`: the
-    pushes of DGC's warm-up training, over which a sparse codec's ratio rises to its own (`warmup_ratio`)."""
+    pushes of DGC's warm-up training, over which top-k's or random-k's ratio rises to its own (`warmup_ratio`).
+    `decay`: the residual's factor before it joins a push (--error-feedback-decay; 1: plain EF-SGD)."""
 
     def __init__(self, codec: Codec, plan: PartitionPlan, *, error_feedback: bool = True, min_numel: int = 0,
-                 warmup: int = 0, device: torch.device | str = "cpu"):
-        self.codec, self.ranges, self.warmup = codec, plan.ranges, warmup
+                 warmup: int = 0, decay: float = 1.0, device: torch.device | str = "cpu"):
+        self.codec, self.ranges, self.decay = codec, plan.ranges, decay
+        self.warmup = warmup if codec.name in WARMED else 0
         self.codecs = [codec.for_shard(s) for s in range(plan.num_shards)]
         self.error = torch.zeros(plan.total, dtype=torch.float32, device=device) if error_feedback else None
         self._next = torch.zeros_like(self.error) if error_feedback else None  # each shard's pending residual
@@ -110,7 +113,12 @@ class PushEncoder(SettledOnAnswer):
             self.error, self._next = self.error.to(grad.device), self._next.to(grad.device)
         if self.among[shard] is not None and self.among[shard].device != grad.device:
             self.among[shard] = self.among[shard].to(grad.device)
-        x = grad[lo:hi].float() if self.error is None else grad[lo:hi] + self.error[lo:hi]
+        if self.error is None:
+            x = grad[lo:hi].float()
+        elif self.decay != 1.0:  # e <- decay e + g
+            x = torch.add(grad[lo:hi], self.error[lo:hi], alpha=self.decay)
+        else:
+            x = grad[lo:hi] + self.error[lo:hi]
         fields = {"name": self.codec.name, **self.codec.params(), "n": hi - lo}
         if "ratio" in fields and self.warmup:  # top-k, random-k: the header says the ratio this push sent
             fields["ratio"] = warmup_ratio(fields["ratio"], clock, self.warmup)

@@ -27,6 +27,9 @@ def worker_knobs(w) -> None:
     if w.sign_scale != "auto" and push not in ("sign", ""):
         raise ConfigError("sign_scale", f"is the scale of --compress sign (or of onebit_adam's momenta); compress "
                           f"is {w.compress!r}: remove it")
+    if w.error_feedback_decay != 1.0 and not (push in LOSSY_NAMES and w.error_feedback):
+        raise ConfigError("error_feedback_decay", "decays the error feedback of a lossy --compress, and none runs here "
+                          f"(compress {w.compress!r}, error feedback {'on' if w.error_feedback else 'off'}): remove it")
     if w.momentum_masking and not (push in SPARSE and w.error_feedback and w.momentum_correction):
         raise ConfigError("momentum_masking", "masks momentum correction's velocity where top-k or random-k sent; "
                           "it needs --compress topk/randomk with error feedback and momentum correction: remove it")

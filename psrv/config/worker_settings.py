@@ -38,6 +38,11 @@ class WorkerSettings(Section):
                             "none: sign)", check=_compress, metavar="CODEC")
     error_feedback: bool = setting(True, "turn off the error feedback of a lossy --compress (default: each "
                                    "worker adds what its last pushes left out to the next)", flag="no-error-feedback")
+    error_feedback_decay: float = setting(1.0, "multiply the error-feedback residual by BETA before it joins the next "
+                                          "push: e <- BETA e + g, send C(e), e <- e - C(e). Under local steps with a "
+                                          "sparse codec and an outer SGD without momentum this accumulator stands in "
+                                          "for the outer momentum: SparseLoCo (Sarfi et al. 2025; docs/compression.md). "
+                                          "1: plain error feedback", minimum=0.0, maximum=1.0, metavar="BETA")
     momentum_correction: bool = setting(True, "turn off momentum correction (default: with a lossy --compress, "
                                         "its error feedback and SGD momentum on the servers, each worker keeps the "
                                         "velocity, pushes it compressed with error feedback and the servers step it "

@@ -16,7 +16,7 @@ from psrv.protocol.messages import PROTOCOL_VERSION, ErrorCode, Message, MsgType
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
-PART_DTYPES = {**DTYPES, "int32": torch.int32, "int8": torch.int8, "uint8": torch.uint8}
+PART_DTYPES = {**DTYPES, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8}
 PART_DTYPE_NAMES = {v: k for k, v in PART_DTYPES.items()}
 MAX_HEADER_BYTES = 64 * 1024
 MAX_PARTS = 8

@@ -27,8 +27,9 @@ AXES: dict[str, tuple] = {
     # numeric axes
     "shards": (1, 3),
     "wire": ("float32", "bfloat16", "float16"),
-    "codec": ("none", "topk", "randomk", "sign", "int8"),
+    "codec": ("none", "topk", "randomk", "sign", "int8", "sparseloco"),
     "ef": ("on", "off"),  # error feedback on both sides: the worker's push residual, the shards' pull residual
+    "ef_decay": (1.0, 0.5),  # --error-feedback-decay: the push residual's factor (SparseLoCo's accumulator)
     "pull": ("none", "topk", "sign"),  # --compress-pull
     "correction": ("on", "off"),
     "warmup": (0, 2),
@@ -55,7 +56,8 @@ _OWNERS = {str(level): sum(str(level) in map(str, levels) for levels in AXES.val
 PATH_AXES = ("transport", "plane", "chunks", "overlap", "replicas")
 DATA_PATH = ("plane", "chunks", "wire", "codec")  # every triple of these is covered
 DEFAULT = {axis: levels[0] for axis, levels in AXES.items()}
-CODEC_SPEC = {"none": "", "topk": "topk:0.1", "randomk": "randomk:0.1", "sign": "sign", "int8": "int8"}
+CODEC_SPEC = {"none": "", "topk": "topk:0.1", "randomk": "randomk:0.1", "sign": "sign", "int8": "int8",
+              "sparseloco": "sparseloco:0.05"}
 ATOL, RTOL = 1e-5, 1e-4  # a case's weights against the reference's (torch.allclose): its sums may run in another order
 PULL_RESYNC = 3  # of a case's pulls (the first, one per step, rank 0's final), the fourth is a resync
 LR = {"sgd": 0.05, "nesterov": 0.05, "adam": 0.003, "adamw": 0.003, "onebit_adam": 0.003}
@@ -108,6 +110,7 @@ def run_config(case: dict, *, workers: int | None = None) -> RunConfig:
     ef_off = c["ef"] == "off"  # each side's error feedback is turned off where that side has a lossy codec
     worker = {"wire_dtype": c["wire"], "compress": codec,
               "error_feedback": not (ef_off and (c["codec"] != "none" or c["optimizer"] == "onebit_adam")),
+              "error_feedback_decay": c["ef_decay"],
               "momentum_correction": c["correction"] == "on" or not corrects(c), "compress_warmup": c["warmup"],
               "momentum_masking": c["masking"] == "on", "sign_scale": c["sign_scale"],
               "push_chunk_mb": CHUNK_MB if c["chunks"] == "on" else 0.0, "overlap": c["overlap"] == "on",

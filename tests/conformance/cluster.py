@@ -263,6 +263,7 @@ def _worker(cfg: RunConfig, rank: int, job, addresses: list[str], *, turns: Turn
                       clip_grad_norm=w.clip_grad_norm, local_steps=w.local_steps if w.local_updates else None,
                       fragments=w.fragments, outer_dtype=w.outer_dtype,
                       compress=w.compress, error_feedback=w.error_feedback, compress_min_numel=w.compress_min_numel,
+                      error_feedback_decay=w.error_feedback_decay,
                       momentum_correction=w.momentum_correction, momentum_masking=w.momentum_masking,
                       compress_warmup=w.compress_warmup, sign_scale=w.sign_scale,
                       shared_memory=w.shared_memory, bulk=w.bulk, push_chunk_mb=w.push_chunk_mb,

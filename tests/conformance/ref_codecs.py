@@ -12,8 +12,13 @@ small tensors (under compress_min_numel) sent exactly beside the codec, and erro
   Karimireddy et al. 2019).
 - int8 (absmax, per block of 1024): s = max |x_i| over the block's covered elements / 127, q = round(x/s)
   clamped to [-127, 127], received as q s; an all-zero block has s = 1. fp4: the same with 7 for 127.
+- SparseLoCo's (Sarfi et al. 2025, and the quantiser of its reference code, tplr's TopKCompressor with 4 bins
+  over 6 sigma): the covered elements in chunks of 4096, in each the max(1, round(4096 ratio)) of largest |x_i|
+  (a shorter last chunk: at most its length); over those K values v, shift = mean v, c = v - shift,
+  sigma = |c| / sqrt(K - 1), step = 6 sigma / 4 (1 if 0), code = clamp(round(c / step + 2), 0, 3), and each is
+  received as shift + the mean of the c that share its code.
 - error feedback (EF-SGD, Karimireddy et al. 2019): x = g + e; send C(x); e <- x - C(x) once the push
-  was applied (a dropped push leaves e as it was).
+  was applied (a dropped push leaves e as it was). With a decay beta (SparseLoCo's accumulator): x = g + beta e.
 - momentum correction (Lin et al. 2018, Deep Gradient Compression, Algorithm 1 with momentum factor
   masking), where the servers run SGD with momentum m: u <- m u + (g + wd w); x = u (Nesterov: g + wd w
   + m u) + e; send C(x); with masking, zero u where a sparse codec sent; the servers step w <- w - lr C(x), no momentum
@@ -58,6 +63,28 @@ def pulled(name: str, copy: torch.Tensor, w: torch.Tensor, ref: torch.Tensor, co
     return out
 
 
+def _sparseloco(x: torch.Tensor, among: torch.Tensor, ratio: float) -> tuple[torch.Tensor, torch.Tensor]:
+    chunk = 4096
+    k = max(1, min(chunk, round(ratio * chunk)))
+    chosen = []
+    for start in range(0, among.numel(), chunk):
+        positions = among[start:start + chunk]
+        chosen.append(positions[torch.topk(x[positions].abs(), min(k, positions.numel()), sorted=False).indices])
+    chosen = torch.cat(chosen) if chosen else among[:0]
+    v = x[chosen]
+    c = v - v.mean()
+    sigma = c.norm() / math.sqrt(v.numel() - 1) if v.numel() > 1 else torch.tensor(0.0)
+    step = float(6.0 * sigma / 4) or 1.0  # in float32, as the codec rounds it: a code at a boundary goes one way
+    codes = torch.round(c / step + 2).clamp(0, 3)
+    out = x.clone()
+    out[among] = 0.0
+    for code in range(4):
+        took = codes == code
+        if took.any():
+            out[chosen[took]] = v.mean() + c[took].mean()  # torch's mean: its sum's order is the codec's
+    return out, chosen
+
+
 def _blocks(x: torch.Tensor) -> list[slice]:
     return [slice(i, min(i + BLOCK, x.numel())) for i in range(0, x.numel(), BLOCK)]
 
@@ -68,6 +95,8 @@ def received(name: str, x: torch.Tensor, cover: torch.Tensor, *, ratio: float, d
     the others; the positions a sparse codec chose, None for a dense one)."""
     out = x.clone()
     among = cover.nonzero().view(-1)
+    if name == "sparseloco":
+        return _sparseloco(x, among, ratio)
     if name in ("topk", "randomk"):
         n = among.numel()
         k = min(n, max(1 if n else 0, math.ceil(ratio * n)))

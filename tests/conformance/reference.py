@@ -144,8 +144,8 @@ class Reference:
             return v.to(CAST[self.wire]).float(), True, {}
         ratio = float(self.codec.partition(":")[2] or 0)
         warmup = self.cfg.worker.compress_warmup
-        if ratio and clock < warmup:  # DGC's warm-up training: stage s of four sends RATIO^((s+1)/5)
-            ratio = ratio ** ((4 * clock // warmup + 1) / 5)
+        if ratio and clock < warmup and name in ("topk", "randomk"):  # DGC's warm-up training: stage s of four
+            ratio = ratio ** ((4 * clock // warmup + 1) / 5)  # sends RATIO^((s+1)/5)
         out, keep = v.clone(), {}
         for s, (lo, hi) in enumerate(self.ranges):
             d, velocity = v[lo:hi], None
@@ -154,7 +154,8 @@ class Reference:
                 g = d.add(wk.pulled[lo:hi], alpha=self.o.weight_decay) if self.o.weight_decay else d
                 velocity = torch.mul(wk.velocity[lo:hi], self.o.momentum).add_(g)
                 d = torch.add(g, velocity, alpha=self.o.momentum) if self.o.nesterov else velocity
-            x = d + wk.error[s] if self.ef and s in wk.error else d.clone()
+            beta = self.cfg.worker.error_feedback_decay  # SparseLoCo's accumulator: x = g + beta e
+            x = d + beta * wk.error[s] if self.ef and s in wk.error else d.clone()
             draw = wk.draws.setdefault(s, torch.Generator().manual_seed(_draw_seed(wk.rank, s)))
             sent, chosen = received(name, x, covered(lo, hi, self.sizes, self.min_numel),
                                     ratio=ratio, draw=draw, sign_scale=self._sign_scale())

@@ -44,12 +44,13 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     "error_feedback": {"worker": {"compress": "topk:0.1"}}, "compress_warmup": {"worker": {"compress": "topk:0.1"}},
     "momentum_correction": {"worker": {"compress": "topk:0.1"}},
     "momentum_masking": {"worker": {"compress": "topk:0.1"}}, "sign_scale": {"worker": {"compress": "sign"}},
-    "pull_error_feedback": {"worker": {"compress_pull": "topk:0.1"}}}
+    "pull_error_feedback": {"worker": {"compress_pull": "topk:0.1"}},
+    "error_feedback_decay": {"worker": {"compress": "topk:0.1"}}}
 OTHER = {"worker.compress": "topk:0.01", "worker.compress_pull": "sign", "mode": "sync", "cluster.device": "cuda:1", "job.name": "synthetic_mlp", "faults.straggler": "1:2",
          "faults.transient_stragglers": "0.1:4", "optimizer.momentum": 0.5, "optimizer.betas": (0.8, 0.99),
          "optimizer.dc_lambda": 0.5, "optimizer.cgad_alpha": 0.5, "optimizer.cgad_cutoff": 4,
          "optimizer.heloco_keep": 0.5, "optimizer.heloco_shrink": 2.0, "optimizer.heloco_reorient": 0.25,
-         "optimizer.heloco_kappa": 2.0, "optimizer.heloco_block": 64,
+         "optimizer.heloco_kappa": 2.0, "optimizer.heloco_block": 64, "worker.error_feedback_decay": 0.5,
          "worker.inner_lr": 0.01, "tensorboard": "runs/tb", "network.bandwidth": "200mbit",
          "job.script": SCRIPT, "job.script_args": ("--epochs", "2"), "job.script_sha256": "0" * 64,
          "kill.server": "1:5", "kill.worker": "1:5", "nemesis.schedule": "pause worker:1 at step 5 for 1s",

@@ -49,11 +49,13 @@ def test_from_settings_passes_every_worker_setting_by_name():
     cfg = WorkerConfig(servers=("tcp://127.0.0.1:1",), rank=1, world_size=3, compress="topk:0.1",
                        compress_min_numel=7, compress_warmup=3, request_timeout=4.5, push_chunk_mb=2.0,
                        shared_memory="off", bulk="auto", wire_dtype="float32", compress_pull="sign",
-                       pull_error_feedback=False, momentum_masking=True, overlap=False, clip_grad_norm=1.5)
+                       pull_error_feedback=False, momentum_masking=True, overlap=False, clip_grad_norm=1.5,
+                       error_feedback_decay=0.9)
     got = _Keywords.from_settings(None, cfg, overlap=True).keywords
     assert got == {"servers": ("tcp://127.0.0.1:1",), "rank": 1, "world_size": 3, "transport": "zmq",
                    "timeout": 4.5, "curve_keys": "", "wire_dtype": "float32", "overlap": True,  # the override
                    "clip_grad_norm": 1.5, "local_steps": None, "compress": "topk:0.1", "error_feedback": True,
+                   "error_feedback_decay": 0.9,
                    "compress_min_numel": 7, "momentum_correction": True, "momentum_masking": True,
                    "compress_warmup": 3, "sign_scale": "auto", "shared_memory": "off", "bulk": "auto",
                    "push_chunk_mb": 2.0, "compress_pull": "sign", "pull_error_feedback": False, "pull_resync": 100,
