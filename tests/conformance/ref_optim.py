@@ -99,16 +99,19 @@ def heloco_corrected(g: torch.Tensor, m: torch.Tensor, o, slices) -> tuple[torch
             u, v = d / nd, mb / nm
             c = float((u * v).sum())
             conf = nd / (nd + o.heloco_kappa * nm + 1e-8)
+            beta = min(o.heloco_shrink * -c * conf, 1.0)
+            lam = min(o.heloco_reorient * (1 - c) * conf, 1.0)
             if c >= o.heloco_keep:
                 cases["kept"] += 1
-            elif c < 0:
-                out[lo:hi] = d - min(o.heloco_shrink * -c * conf, 1.0) * c * nd * v
+            elif c < 0 and beta > 0:
+                out[lo:hi] = d - beta * c * nd * v
                 cases["shrunk"] += 1
-            else:
-                lam = min(o.heloco_reorient * (1 - c) * conf, 1.0)
+            elif c >= 0 and lam > 0:
                 t = (1 - lam) * u + lam * v
                 out[lo:hi] = nd * t / max(float(t.norm()), 1e-8)
                 cases["reoriented"] += 1
+            else:  # a strength of 0 moves nothing
+                cases["kept"] += 1
     return out, cases
 
 

@@ -62,7 +62,8 @@ def test_heloco_without_a_correction_is_the_uncorrected_outer_step(off):
     """Knobs that correct nothing leave every push as it came: the paper's outer Nesterov step (its momentum
     dampened by 1 - mu), written out here, not psrv's plain SGD-Nesterov (torch's, undampened)."""
     o = OptimConfig("sgd", lr=0.05, momentum=0.9, nesterov=True, update_rule="heloco", heloco_block=37, **off)
-    s, _ = both(o, pushes(8))
+    s, ref = both(o, pushes(8))
+    assert s.rule.blocks["shrunk"] == s.rule.blocks["reoriented"] == 0 == ref.heloco_cases["shrunk"]  # none moved
     w, m = randn(1), torch.zeros(SIZE)
     for push in pushes(8):
         m = 0.9 * m + 0.1 * push

@@ -29,7 +29,7 @@ BRANCHES = ("kept", "shrunk", "reoriented")
 
 def correct(delta: torch.Tensor, m: torch.Tensor, cfg, out: torch.Tensor) -> list[int]:
     """Write Δ̂ (delta corrected against m, block by block) into `out`; returns the blocks per branch
-    (BRANCHES order)."""
+    (BRANCHES order), a block counted as changed only where its strength moved it (β or λ above 0)."""
     counts = [0, 0, 0]
     size = cfg.heloco_block or max(1, delta.numel())
     out.copy_(delta)
@@ -42,14 +42,14 @@ def correct(delta: torch.Tensor, m: torch.Tensor, cfg, out: torch.Tensor) -> lis
         v_hat = v / mn
         c = torch.dot(d, v_hat).item() / dn
         conf = dn / (dn + cfg.heloco_kappa * mn + EPS)
-        if c >= cfg.heloco_keep:
+        beta = min(cfg.heloco_shrink * (-c) * conf, SHRINK_CAP) if c < 0 else 0.0
+        lam = min(cfg.heloco_reorient * (1.0 - c) * conf, 1.0) if 0 <= c < cfg.heloco_keep else 0.0
+        if c >= cfg.heloco_keep or not (beta or lam):  # aligned, or a strength of 0: the block as it came
             counts[0] += 1
-        elif c < 0:
-            beta = min(cfg.heloco_shrink * (-c) * conf, SHRINK_CAP)
+        elif beta:
             out[lo:lo + size].add_(v_hat, alpha=-beta * c * dn)
             counts[1] += 1
         else:
-            lam = min(cfg.heloco_reorient * (1.0 - c) * conf, 1.0)
             u = (d / dn).mul_(1.0 - lam).add_(v_hat, alpha=lam)
             out[lo:lo + size].copy_(u.mul_(dn / max(torch.linalg.vector_norm(u).item(), EPS)))
             counts[2] += 1
