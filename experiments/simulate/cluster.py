@@ -11,7 +11,12 @@ every worker's messages cross it in the order they were sent, so a push is handl
 in the event that sends it, and the heap holds one event per worker: its next push.
 
 A learner (experiments/simulate/learning.py) may ride along: it computes each push's gradient on the
-weights the worker pulled and applies it on a real psrv Shard, in the order simulated here."""
+weights the worker pulled and applies it on a real psrv Shard, in the order simulated here.
+
+Failures (`fail_mtbf`, experiments/simulate/failures.py): a worker fails at times drawn per worker; its pending event
+is cancelled (each heap entry carries the worker's generation), the steps of its round not yet answered are lost and
+done again, it leaves every shard's active set as the shard service's _remove makes it, and it rejoins after
+`fail_down` seconds, pulling the weights for the clock the shards hand it before it computes again."""
 from __future__ import annotations
 
 import heapq
@@ -38,6 +43,9 @@ class Recorded:
     dropped: list[int] = field(default_factory=list)      # per shard: the late pushes its controller dropped
     updates: list[int] = field(default_factory=list)      # per shard
     end: list[float] = field(default_factory=list)        # per worker: its last step's end
+    failures: int = 0                                     # workers' failures
+    lost_steps: int = 0                                   # steps computed, then lost to a failure and done again
+    dropped_steps: int = 0                                # steps whose push some shard dropped (late)
     rows: list[dict] = field(default_factory=list)        # the sampled workers' steps
 
 
@@ -47,7 +55,8 @@ class Cluster:
                  steps: int, local_steps: int, compute: list[list[float]], latency: float,
                  push_transfer: tuple[float, ...], reply_transfer: tuple[float, ...], server_seconds: float, sample: int, batch_size: int,
                  learner=None, codec: CodecCost | None = None,
-                 ready: list[tuple[int, float]] | None = None, compute_holds_encodes: bool = False):
+                 ready: list[tuple[int, float]] | None = None, compute_holds_encodes: bool = False,
+                 failures=None):
         self.n, self.s, self.steps, self.h = workers, shards, steps, local_steps
         self.controllers = [make_controller(mode, workers, staleness=staleness, backup_workers=backup_workers,
                                             quorum=quorum, quorum_max_age=quorum_max_age,
@@ -84,21 +93,33 @@ class Cluster:
         ready = ready if ready is not None else [(s, 0.0) for s in range(shards)]
         gaps = [f - before for (_, f), before in zip(ready, [0.0] + [f for _, f in ready])]
         self.order = [(s, gap, *self.shards[s]) for (s, _), gap in zip(ready, gaps)]  # in sending order
-        self.heap: list[tuple[float, int]] = []
+        self.heap: list[tuple[float, int, int]] = []          # (time, worker, its generation): its next push
         self.leaving: list[tuple[int, float]] = []             # workers done, their LEAVE not yet handled
         self.rec = Recorded(dropped=[0] * shards)
+        self.gen = [0] * workers                                # bumped by a failure: the events before it are void
+        self.round_first = [0] * workers                        # the first step of each worker's round
+        self.round_start = [0.0] * workers                      # when its compute began
+        self.round_dropped = [False] * workers                  # some shard dropped the round's push
+        self.failures = failures                                # experiments/simulate/failures.py, or None
+        self.down = [False] * workers
+        self.rejoining = [False] * workers                      # its replies answer a rejoin's pull, not a push
 
     # --- the loop -------------------------------------------------------------
     def run(self) -> Recorded:
         for w in range(self.n):
             self._start_round(w, 0.0)
-        heap, push, leaving = self.heap, self._push, self.leaving
-        while heap or leaving:
+        heap, push, leaving, gen = self.heap, self._push, self.leaving, self.gen
+        fails = self.failures.heap if self.failures is not None else []
+        while heap or leaving or fails:
             if leaving:  # after the event that ended their last step
                 self._leave(*leaving.pop())
                 continue
-            t, w = heapq.heappop(heap)
-            push(t, w)
+            if fails and (not heap or fails[0][0] <= heap[0][0]):
+                self.failures.next(self)
+                continue
+            t, w, g = heapq.heappop(heap)
+            if g == gen[w]:
+                push(t, w)
         self.rec.updates = list(self.version)
         return self.rec
 
@@ -108,6 +129,7 @@ class Cluster:
         first = self.done[w]
         last = min(first + self.h, self.steps)
         times = self.compute[w]
+        self.round_first[w], self.round_start[w], self.round_dropped[w] = first, t, False
         for step in range(first, last - 1):
             t += times[step]
             self._row(w, step, t, times[step], 0.0, 0.0, None)
@@ -118,7 +140,7 @@ class Cluster:
             return
         self.rec.compute += sum(times[first:last])
         self.round_compute[w] = times[last - 1]
-        heapq.heappush(self.heap, (t + times[last - 1], w))
+        heapq.heappush(self.heap, (t + times[last - 1], w, self.gen[w]))
 
     def _start_push(self, w: int, t: float, compute: float) -> None:
         """With overlap: worker `w` begins at `t` the step it pushes, `compute` seconds drawn for it; its
@@ -128,7 +150,7 @@ class Cluster:
         self.started[w], self.pure[w] = t, pure
         self.round_compute[w] = pure + self.encoding
         first, gap = self.order[0][:2]
-        heapq.heappush(self.heap, (t + gap * pure + self.encode[first], w))
+        heapq.heappush(self.heap, (t + gap * pure + self.encode[first], w, self.gen[w]))
 
     def _push(self, t: float, w: int) -> None:
         """Worker `w` sends each shard its slice (one PUSH_PULL each): without overlap, all after its compute,
@@ -167,6 +189,7 @@ class Cluster:
             decision = ctrl.push(w, clock, version[s] - base[s])
             if decision is DROP:
                 self.rec.dropped[s] += 1
+                self.round_dropped[w] = True
             else:
                 stale = version[s] - base[s]
                 if stale > self.step_stale[w]:
@@ -244,8 +267,13 @@ class Cluster:
                 self._step_done(w)
 
     def _step_done(self, w: int) -> None:
-        """Every shard's reply reached worker `w`: its pushing step ends."""
+        """Every shard's reply reached worker `w`: its pushing step ends (after a rejoin: its first pull came,
+        and it starts computing)."""
         end = self.reply_at[w]
+        if self.rejoining[w]:
+            self.rejoining[w] = False
+            self._start_round(w, end)
+            return
         in_flight = end - self.pushed_at[w]
         wait = min(self.held[w], in_flight)
         rec = self.rec
@@ -254,6 +282,8 @@ class Cluster:
         rec.pushes += 1
         rec.staleness[self.step_stale[w]] += 1
         step = self.done[w]
+        if self.round_dropped[w]:
+            rec.dropped_steps += step + 1 - self.round_first[w]
         self._row(w, step, end, self.round_compute[w], in_flight - wait, wait, self.step_stale[w])
         self.done[w] = step + 1
         if self.learner is not None:

@@ -47,6 +47,9 @@ class SimulationConfig(RunConfig):
         if self.simulate.level == "learning" and (w.compress or w.compress_pull or w.wire_dtype != "float32"):
             raise ConfigError("simulate.level", "learning with compressed pushes or pulls (their loss of precision) "
                               "is not simulated; use level 'timing', where they set the bytes")
+        if self.simulate.level == "learning" and self.simulate.fail_mtbf:
+            raise ConfigError("simulate.fail_mtbf", "failures at the learning level (a lost round's gradients) are not "
+                              "simulated; use level 'timing'")
         if self.simulate.level == "learning" and self.worker.local_updates:
             raise ConfigError("simulate.level", "learning with local steps (an inner optimizer per worker) is not "
                               "simulated; use level 'timing' or local_steps 1")

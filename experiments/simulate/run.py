@@ -37,26 +37,20 @@ def simulate(cfg: SimulationConfig, *, out: str | Path | None = None, plan: Part
     model = ComputeModel(sim, cfg.faults, seed=cfg.seed)
     codec = codec_cost(sim.codec_cost, cfg.worker, plan, seed=cfg.seed)  # timed before the clock starts
     started = time.perf_counter()
-    compute = [model.times(w, cfg.job.steps) for w in range(n)]
     learner = None
     if sim.level == "learning":
         from psrv.experiments.simulate.learning import Learner
         learner = Learner(cfg, job, plan)
-    cluster = Cluster(workers=n, shards=cfg.cluster.servers, mode=cfg.mode, staleness=cfg.staleness,
-                      backup_workers=cfg.backup_workers, quorum=cfg.quorum, quorum_max_age=cfg.quorum_max_age,
-                      quorum_grace=cfg.quorum_grace, steps=cfg.job.steps, local_steps=pushes_every(cfg.worker),
-                      compute=compute, latency=network.latency, push_transfer=network.push_transfer,
-                      reply_transfer=network.reply_transfer,
-                      server_seconds=sim.server_ms / 1000.0, sample=sim.sample_workers,
-                      batch_size=cfg.job.batch_size, learner=learner, codec=codec,
-                      ready=ready_order(plan, sim.forward_fraction) if overlaps(cfg) else None,
-                      compute_holds_encodes=sim.compute == "steps.csv" and compute_holds_encodes(sim.compute_csv))
-    rec = cluster.run()
+    rec = _run(cfg, model, network, plan, codec, learner)
     if learner is not None:
         learner.finish(max(rec.end, default=0.0))
+    clean = None
+    if sim.goodput:  # the same run without failures or stragglers: goodput's baseline
+        base = clean_config(cfg)
+        clean = _run(base, ComputeModel(base.simulate, base.faults, seed=base.seed), network, plan, codec, None)
     elapsed = time.perf_counter() - started
     summary = summarise(cfg, rec, learner=learner, plan_total=plan.total, network=network, elapsed=elapsed,
-                        codec=codec)
+                        codec=codec, clean=clean)
     log.info("simulated %d pushes in %.2fs", rec.pushes, elapsed)
     if summary["diverged"]:
         log.warning("the simulated training diverged (%s, N=%d): %s; summary.json says diverged: true",
@@ -68,6 +62,34 @@ def simulate(cfg: SimulationConfig, *, out: str | Path | None = None, plan: Part
             import torch
             torch.save(learner.final_weights, Path(out) / "params.pt")
     return summary
+
+
+def clean_config(cfg: SimulationConfig) -> SimulationConfig:
+    """`cfg` without failures, stragglers or goodput's second run: goodput's baseline."""
+    import dataclasses
+    return dataclasses.replace(
+        cfg, simulate=dataclasses.replace(cfg.simulate, fail_mtbf=0.0, fail_down=1.0, goodput=False),
+        faults=dataclasses.replace(cfg.faults, straggler="", transient_stragglers=""))
+
+
+def _run(cfg: SimulationConfig, model: ComputeModel, network: NetworkModel, plan: PartitionPlan, codec, learner) -> Recorded:
+    sim, n = cfg.simulate, cfg.cluster.workers
+    compute = [model.times(w, cfg.job.steps) for w in range(n)]
+    failures = None
+    if sim.fail_mtbf:
+        from psrv.experiments.simulate.failures import Failures
+        failures = Failures(n, mtbf=sim.fail_mtbf, down=sim.fail_down, seed=cfg.seed, steps=cfg.job.steps)
+    cluster = Cluster(workers=n, shards=cfg.cluster.servers, mode=cfg.mode, staleness=cfg.staleness,
+                      backup_workers=cfg.backup_workers, quorum=cfg.quorum, quorum_max_age=cfg.quorum_max_age,
+                      quorum_grace=cfg.quorum_grace, steps=cfg.job.steps, local_steps=pushes_every(cfg.worker),
+                      compute=compute, latency=network.latency, push_transfer=network.push_transfer,
+                      reply_transfer=network.reply_transfer,
+                      server_seconds=sim.server_ms / 1000.0, sample=sim.sample_workers,
+                      batch_size=cfg.job.batch_size, learner=learner, codec=codec,
+                      ready=ready_order(plan, sim.forward_fraction) if overlaps(cfg) else None,
+                      compute_holds_encodes=sim.compute == "steps.csv" and compute_holds_encodes(sim.compute_csv),
+                      failures=failures)
+    return cluster.run()
 
 
 def script_refusal(script: str) -> str:
@@ -83,8 +105,14 @@ def pushes_every(worker) -> int:
     return worker.local_steps // worker.fragments
 
 
+def useful(cfg: SimulationConfig, rec: Recorded) -> tuple[int, float]:
+    """(useful samples: every step's but those of rounds some shard dropped; their rate end to end)."""
+    samples = (cfg.cluster.workers * cfg.job.steps - rec.dropped_steps) * cfg.job.batch_size
+    return samples, samples / max(max(rec.end, default=0.0), 1e-12)
+
+
 def summarise(cfg: SimulationConfig, rec: Recorded, *, learner, plan_total: int, network: NetworkModel,
-              elapsed: float, codec: CodecCost | None = None) -> dict:
+              elapsed: float, codec: CodecCost | None = None, clean: Recorded | None = None) -> dict:
     """summary.json of a simulated run: the keys a real run's has (docs/usage.md), where the simulation
     measures them, and the simulator's own (level, wait_fraction, histograms, codec_cost_ms: what the codecs
     were charged per message and shard, simulator_seconds)."""
@@ -93,6 +121,7 @@ def summarise(cfg: SimulationConfig, rec: Recorded, *, learner, plan_total: int,
     stale = sum(k * v for k, v in rec.staleness.items())
     busy = rec.compute + rec.communication + rec.wait
     final = learner.final if learner is not None else {}
+    kept, rate = useful(cfg, rec)
     return {
         "simulated": True, "complete": True, "level": cfg.simulate.level,
         "mode": cfg.mode, "staleness": cfg.staleness if cfg.mode == "ssp" else 0, "transport": "simulated",
@@ -123,5 +152,9 @@ def summarise(cfg: SimulationConfig, rec: Recorded, *, learner, plan_total: int,
         "codec_cost_ms": (codec or CodecCost.none(cfg.cluster.servers)).as_ms(),
         "codec_cost_load_average": codec.load_average if codec is not None else None,
         "sampled_workers": min(cfg.simulate.sample_workers, cfg.cluster.workers),
+        "failures": rec.failures, "lost_samples": rec.lost_steps * cfg.job.batch_size,
+        "dropped_samples": rec.dropped_steps * cfg.job.batch_size, "useful_samples": kept,
+        "useful_samples_per_second_end_to_end": rate,
+        "goodput_end_to_end": rate / useful(cfg, clean)[1] if clean is not None else None,
         "simulator_seconds": elapsed,
     }

@@ -371,8 +371,19 @@ class SimulateSettings(Section):
                                       "forward's one: synthetic_mlp measures 0.33-0.35)", minimum=0.0, maximum=1.0)
     sample_workers: int = setting(8, "the first K workers' every step goes into steps.csv", minimum=1,
                                   metavar="K")
+    fail_mtbf: float = setting(0.0, "each worker fails after an exponential time of this mean, in simulated seconds "
+                               "(drawn per worker from the seed), loses the steps since its last answered push, "
+                               "and rejoins --fail-down seconds later with the shards' current weights; 0: no "
+                               "failures (timing level only)", minimum=0.0, metavar="SECONDS")
+    fail_down: float = setting(1.0, "seconds a failed worker is down before it rejoins", minimum=0.0,
+                               metavar="SECONDS")
+    goodput: bool = setting(False, "simulate the same run again without failures and stragglers, and report goodput: "
+                            "useful samples/s over that clean run's")
 
     def validate(self) -> None:
         super().validate()
         if (self.compute == "steps.csv") != bool(self.compute_csv):
             raise ConfigError("compute_csv", "goes with compute 'steps.csv', and it needs one")
+        if self.fail_down != 1.0 and not self.fail_mtbf:
+            raise ConfigError("fail_down", "is how long a failed worker stays down, and --fail-mtbf is 0 (no failures): "
+                              "remove it")

@@ -181,3 +181,32 @@ def test_a_state_saved_before_voided_skipped_and_joining_were_kept_loads_with_no
     assert observed(c) == {"open_clock": 2, "arrived": {0}, "voided": set(), "skipped": 0, "joining": {},
                            "active": {0, 1}, "clocks": {0: 3, 1: 2}, "min": 2, "pushing": {0, 1}, "needed": 2,
                            "ready": False}
+
+
+@pytest.mark.parametrize("mode", ["sync", "async", "ssp", "quorum"])
+def test_the_slowest_active_clock_is_kept_through_pushes_leaves_and_joins(mode):
+    """The controllers keep the slowest active worker's clock incrementally (a leave or join counts one clock, not
+    every worker's): after every step of a random run of pushes, leaves and rejoins it is the minimum over the
+    active workers' clocks, written out here, and clock_gap and SSP's pulls follow it."""
+    import random
+    draw = random.Random(7)
+    c = make_controller("sync" if mode == "quorum" else mode, 5, staleness=2, quorum=2 if mode == "quorum" else 0)
+    clocks = {w: 0 for w in range(5)}
+    active = set(range(5))
+    for _ in range(400):
+        w, what = draw.randrange(5), draw.random()
+        if what < 0.15:
+            c.leave(w)
+            active.discard(w)
+        elif what < 0.3:
+            c.join(w)
+            active.add(w)
+        else:
+            clock = clocks[w] + draw.randrange(0, 3) if mode != "sync" else c.next_clock(w)
+            c.push(w, clock)
+            clocks[w] = max(clocks[w], clock + 1)
+            if c.commit_ready():
+                c.committed()
+        want = min((clocks[x] for x in active), default=0)
+        assert c.min_clock() == want, (mode, w, what, clocks, active)
+        assert c.clock_gap(want + 3) == (3 if active else 0)

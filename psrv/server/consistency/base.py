@@ -30,15 +30,28 @@ class Controller:
 
     # --- membership -------------------------------------------------------
     def leave(self, worker: int) -> None:
-        self.active.discard(worker)
+        """`worker` leaves the active set: its clock leaves the count (in constant time: a run's N workers
+        leaving at its end would otherwise cost N scans of N clocks on every shard)."""
+        if worker in self.active:
+            self.active.discard(worker)
+            self._uncount(self.clocks.get(worker, 0))
         self.finishing.discard(worker)
-        self._recount()
 
     def join(self, worker: int) -> None:
-        self.active.add(worker)
         self.finishing.discard(worker)
-        self.clocks.setdefault(worker, 0)
-        self._recount()
+        clock = self.clocks.setdefault(worker, 0)
+        if worker not in self.active:
+            self.active.add(worker)
+            self._min = clock if not self._at or clock < self._min else self._min
+            self._at[clock] += 1
+
+    def _uncount(self, clock: int) -> None:
+        """One active worker at `clock` fewer."""
+        self._at[clock] -= 1
+        if not self._at[clock]:
+            del self._at[clock]
+            if clock == self._min:
+                self._min = min(self._at, default=0)
 
     def expect(self, worker: int, clock: int) -> None:
         """`worker` pulls the weights for `clock`, the next it pushes (sync: where a joiner starts to count)."""
@@ -71,11 +84,7 @@ class Controller:
         new = self.clocks[worker] = max(old, clock + 1)
         if new != old and worker in self.active:
             self._at[new] += 1
-            self._at[old] -= 1
-            if not self._at[old]:
-                del self._at[old]
-                if old == self._min:
-                    self._min = min(self._at)
+            self._uncount(old)
         return self._decide(worker, clock, age)
 
     def _decide(self, worker: int, clock: int, age: int) -> Decision:
