@@ -42,10 +42,11 @@ def both(o: OptimConfig, seq) -> tuple[Shard, ServerMath]:
 
 KNOBS = [dict(heloco_keep=0.3, heloco_shrink=1.0, heloco_reorient=0.5, heloco_kappa=1.0, heloco_block=1 << 20),
          dict(heloco_keep=0.8, heloco_shrink=3.0, heloco_reorient=2.0, heloco_kappa=0.2, heloco_block=37),
-         dict(heloco_keep=0.95, heloco_shrink=0.5, heloco_reorient=0.1, heloco_kappa=4.0, heloco_block=0)]
+         dict(heloco_keep=0.95, heloco_shrink=0.5, heloco_reorient=0.1, heloco_kappa=4.0, heloco_block=0),
+         dict(heloco_keep=0.8, heloco_shrink=0.0, heloco_reorient=2.0, heloco_kappa=0.2, heloco_block=37)]
 
 
-@pytest.mark.parametrize("knobs", KNOBS, ids=["defaults", "blocks-of-37", "whole-slice"])
+@pytest.mark.parametrize("knobs", KNOBS, ids=["defaults", "blocks-of-37", "whole-slice", "turn-only"])
 @pytest.mark.parametrize("decay", [0.0, 0.01])
 def test_heloco_matches_the_reference_in_each_of_its_cases(knobs, decay):
     o = OptimConfig("sgd", lr=0.05, momentum=0.9, nesterov=True, weight_decay=decay, update_rule="heloco", **knobs)
@@ -53,8 +54,10 @@ def test_heloco_matches_the_reference_in_each_of_its_cases(knobs, decay):
     assert torch.allclose(s.param.data, ref.w, atol=1e-6, rtol=0), (s.param.data - ref.w).abs().max().item()
     assert torch.allclose(s.rule.momentum, ref.heloco_m, atol=1e-6, rtol=0)
     assert Counter(s.rule.blocks) == ref.heloco_cases + Counter(dict.fromkeys(s.rule.blocks, 0))
-    if knobs["heloco_block"] == 37:  # every case taken, so a wrong one fails here
+    if knobs["heloco_block"] == 37 and knobs["heloco_shrink"]:  # every case taken, so a wrong one fails here
         assert min(s.rule.blocks.values()) > 0, s.rule.blocks
+    if not knobs["heloco_shrink"]:  # a block against the momentum is kept, never turned instead
+        assert s.rule.blocks["shrunk"] == 0 and ref.heloco_cases["kept"] > 9, (s.rule.blocks, ref.heloco_cases)
 
 
 @pytest.mark.parametrize("off", [dict(heloco_shrink=0.0, heloco_reorient=0.0), dict(heloco_keep=-1.0)])
@@ -63,7 +66,7 @@ def test_heloco_without_a_correction_is_the_uncorrected_outer_step(off):
     dampened by 1 - mu), written out here, not psrv's plain SGD-Nesterov (torch's, undampened)."""
     o = OptimConfig("sgd", lr=0.05, momentum=0.9, nesterov=True, update_rule="heloco", heloco_block=37, **off)
     s, ref = both(o, pushes(8))
-    assert s.rule.blocks["shrunk"] == s.rule.blocks["reoriented"] == 0 == ref.heloco_cases["shrunk"]  # none moved
+    assert s.rule.blocks == {"kept": 8 * 9, "shrunk": 0, "reoriented": 0}  # 9 blocks a push, none moved
     w, m = randn(1), torch.zeros(SIZE)
     for push in pushes(8):
         m = 0.9 * m + 0.1 * push
@@ -106,6 +109,14 @@ def test_heloco_refusals_and_defaults():
         OptimConfig("sgd", update_rule="heloco")
     with pytest.raises(ConfigError, match="heloco_block: only used by update_rule heloco"):
         OptimConfig("sgd", nesterov=True, update_rule="dn", heloco_block=8)
+
+
+def test_heloco_state_of_another_size_is_refused_naming_both():
+    o = OptimConfig("sgd", lr=0.05, momentum=0.9, nesterov=True, update_rule="heloco")
+    s = Shard(SIZE, o)
+    with pytest.raises(ValueError, match=r"^rule state momentum has shape \(5,\), this shard 300$"):
+        s.rule.load_state_dict({"name": "heloco", "momentum": torch.zeros(5), "kept": 0, "shrunk": 0,
+                                "reoriented": 0})
 
 
 def test_heloco_state_survives_a_checkpoint():

@@ -137,3 +137,44 @@ def test_the_decay_is_refused_where_no_residual_runs():
                                 "worker": {"compress": "sparseloco:0.02", "error_feedback_decay": 0.95,
                                            "local_steps": 4}})
     assert cfg.worker.error_feedback_decay == 0.95
+
+
+def test_a_push_of_whole_chunks_and_one_all_dense_decode():
+    """A shard range of exactly two chunks (no short last one) and one that travels wholly dense (nothing for the
+    codec to choose) both decode to the reference's."""
+    x = vector(7, 2 * CHUNK)
+    want, _ = received("sparseloco", x, torch.ones(2 * CHUNK, dtype=torch.bool), ratio=0.01, draw=None)
+    assert torch.allclose(sent(x, 0.01, []), want, atol=1e-6, rtol=0)
+    small = vector(8, 40)
+    assert torch.equal(sent(small, 0.01, [[0, 40]]), small)  # the dense part alone
+
+
+def test_two_chosen_values_decode_to_their_mean():
+    """The quantiser's step is 6 sigma / 4: for two values, sigma = |v1 - v2| / sqrt 2, and both fall in the middle
+    code, whose value is their mean (how coarse 2 bits over 6 sigma is: the reference code's choice)."""
+    x = torch.zeros(CHUNK + 10)
+    x[5], x[CHUNK + 3] = 5.0, -3.0
+    got = sent(x, 1 / CHUNK, [])  # k = 1 a chunk: two chosen
+    assert got[5].item() == pytest.approx(1.0) and got[CHUNK + 3].item() == pytest.approx(1.0)
+    assert int((got != 0).sum()) == 2
+
+
+def test_the_header_and_positions_are_checked_with_their_lines():
+    codec = SparseLoCo(0.05)
+    x = vector(9)
+    fields = {"name": codec.name, **codec.params(), "n": N}
+    parts = codec.encode(x, None)
+    line = r"sparseloco needs chunk 4096 and a ratio in \(0, 1\]; got chunk 4096, ratio "
+    for ratio in (0.0, 2.0, 1):
+        with pytest.raises(ProtocolError, match=line + repr(ratio)):
+            decode_push({**fields, "ratio": ratio}, parts, N)
+    whole = SparseLoCo(1.0)
+    assert torch.allclose(decode_push({**fields, "ratio": 1.0}, whole.encode(x, None), N).densify(torch.empty(N)),
+                          received("sparseloco", x, torch.ones(N, dtype=torch.bool), ratio=1.0, draw=None)[0],
+                          atol=1e-6, rtol=0)
+    edge = parts["positions"].clone()
+    edge[-1] = N - 2 * CHUNK  # the short last chunk's length: one past its end
+    with pytest.raises(ProtocolError, match=": sparseloco positions outside their chunk$"):
+        decode_push(fields, {**parts, "positions": edge}, N)
+    with pytest.raises(ProtocolError, match=r": dense must be a list of \[start, stop\] pairs$"):
+        decode_push({**fields, "dense": [[5, "x"]]}, parts, N)

@@ -90,4 +90,4 @@ class HeLoCo(UpdateRule):
         if tuple(state["momentum"].shape) != (self.size,):
             raise ValueError(f"rule state momentum has shape {tuple(state['momentum'].shape)}, this shard {self.size}")
         self.momentum = state["momentum"].to(self.device, torch.float32).clone()
-        self.blocks = {branch: int(state.get(branch, 0)) for branch in BRANCHES}
+        self.blocks = {branch: int(state[branch]) for branch in BRANCHES}
