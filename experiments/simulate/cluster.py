@@ -112,7 +112,7 @@ class Cluster:
         fails = self.failures.heap if self.failures is not None else []
         while heap or leaving or fails:
             if leaving:  # after the event that ended their last step
-                self._leave(*leaving.pop())
+                self.leave(*leaving.pop())
                 continue
             if fails and (not heap or fails[0][0] <= heap[0][0]):
                 self.failures.next(self)
@@ -206,7 +206,7 @@ class Cluster:
                         self.grace_since[s] = th  # a quorum's grace window opens
             heappush(waiting, (clock + 1, w, th))
             ready = ctrl.pull_ready
-            while waiting and ready(waiting[0][1], waiting[0][0]):  # as _release, inline: the hot path
+            while waiting and ready(waiting[0][1], waiting[0][0]):  # as release, inline: the hot path
                 pclock, pw, since = heappop(waiting)
                 gaps[ctrl.clock_gap(pclock)] += 1
                 bases[pw][s] = version[s]
@@ -238,7 +238,7 @@ class Cluster:
         self.grace_since[s] = None
         return True
 
-    def _release(self, s: int, t: float) -> None:
+    def release(self, s: int, t: float) -> None:
         """Answer every held pull of shard `s` the controller allows at `t`. pull_ready is monotone in
         the pull's clock for every controller, so the held pulls are kept by clock and the first one
         not ready ends the scan."""
@@ -294,7 +294,7 @@ class Cluster:
             rec.end.append(end)
             self.leaving.append((w, end + self.latency))
 
-    def _leave(self, w: int, t: float) -> None:
+    def leave(self, w: int, t: float) -> None:
         """Worker `w`'s LEAVE reaches every shard at `t`: as the shard service's _remove, it leaves the
         active set, and a clock or held pull waiting on it goes on."""
         for s, ctrl in enumerate(self.controllers):
@@ -305,7 +305,7 @@ class Cluster:
                     self.learner.commit(s)
                 ctrl.committed()
                 self.version[s] += 1
-            self._release(s, th)
+            self.release(s, th)
 
     def _row(self, w: int, step: int, end: float, compute: float, comm: float, wait: float,
              staleness: int | None) -> None:

@@ -66,7 +66,7 @@ def fail(c, w: int, t: float) -> None:
             heapq.heapify(waiting)
     if w < c.sample:
         rec.rows[:] = [row for row in rec.rows if row["worker"] != w or row["wall_time"] <= t]
-    c._leave(w, t)
+    c.leave(w, t)
 
 
 def rejoin(c, w: int, t: float) -> None:
@@ -81,4 +81,4 @@ def rejoin(c, w: int, t: float) -> None:
         ctrl.expect(w, clock)
         heapq.heappush(c.waiting[s], (clock, w, t))
     for s in range(c.s):
-        c._release(s, t + c.latency)
+        c.release(s, t + c.latency)
