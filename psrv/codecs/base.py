@@ -56,6 +56,17 @@ class Codec(abc.ABC):
     def decode(parts: dict[str, torch.Tensor], params: dict, n: int) -> Decoded: ...
 
 
+def complement(ranges: list[list[int]], n: int, device="cpu") -> torch.Tensor | None:
+    """The positions of [0, n) outside `ranges` (a push's dense ranges: the ones a codec covers), int64; None where
+    there are no ranges (all covered)."""
+    if not ranges:
+        return None
+    keep = torch.ones(n, dtype=torch.bool)
+    for a, b in ranges:
+        keep[a:b] = False
+    return keep.nonzero().view(-1).to(device)
+
+
 def part(parts: dict[str, torch.Tensor], name: str, dtype: torch.dtype, numel: int | None = None) -> torch.Tensor:
     """Part `name`, of `dtype` and (when given) `numel` elements; BAD_TENSOR otherwise."""
     t = parts.get(name)

@@ -15,7 +15,7 @@ import math
 import torch
 
 from psrv.codecs import LOSSY
-from psrv.codecs.base import Codec, Decoded, bad
+from psrv.codecs.base import Codec, Decoded, bad, complement
 from psrv.codecs.sparse import SparseDecoded, warmup_ratio
 from psrv.partition import PartitionPlan
 from psrv.protocol import ErrorCode, ProtocolError
@@ -103,7 +103,7 @@ class PushEncoder(SettledOnAnswer):
         self._pending: set[int] = set()  # shards whose last encoded push is not settled yet
         self.chosen: list[torch.Tensor | None] = [None] * plan.num_shards
         self.dense = [dense_ranges(plan, s, min_numel) for s in range(plan.num_shards)]
-        self.among = [_complement(r, hi - lo, device) for r, (lo, hi) in zip(self.dense, self.ranges)]
+        self.among = [complement(r, hi - lo, device) for r, (lo, hi) in zip(self.dense, self.ranges)]
 
     def encode(self, grad: torch.Tensor, shard: int, clock: int = 0) -> tuple[dict, dict[str, torch.Tensor]]:
         """(fields, parts) of shard's push of the flat `grad` at `clock` (the warm-up's); the residual it
@@ -160,15 +160,6 @@ def finite(t: torch.Tensor) -> bool:
     if math.isfinite(t.sum(dtype=torch.float32).item()):
         return True
     return bool(torch.isfinite(t).all())
-
-
-def _complement(ranges: list[list[int]], n: int, device) -> torch.Tensor | None:
-    if not ranges:
-        return None
-    keep = torch.ones(n, dtype=torch.bool)
-    for a, b in ranges:
-        keep[a:b] = False
-    return keep.nonzero().view(-1).to(device)
 
 
 class WithDense(Decoded):

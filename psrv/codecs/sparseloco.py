@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from psrv.codecs.base import Codec, Decoded, bad, part
+from psrv.codecs.base import Codec, Decoded, bad, complement, part
 
 CHUNK = 4096
 BINS, RANGE_SIGMAS = 4, 6.0
@@ -139,11 +139,7 @@ def covered_positions(dense: list, n: int) -> torch.Tensor | None:
         total = sum(b - a for a, b in dense)
     except (TypeError, ValueError):
         raise bad("dense must be a list of [start, stop] pairs") from None
-    checked_ranges(dense, n, total)
-    keep = torch.ones(n, dtype=torch.bool)
-    for a, b in dense:
-        keep[a:b] = False
-    return keep.nonzero().view(-1)
+    return complement(checked_ranges(dense, n, total), n)
 
 
 class QuantisedSparse(Decoded):
