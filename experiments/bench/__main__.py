@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from psrv.experiments.bench import (apply, checkpoint_latency, colocated, end_to_end, failover, memory, metrics_overhead,
-                                    replicas, scaling, startup, wire, worker_options)
+                                    replicas, scaling, startup, transports, wire, worker_options)
 
 
 def machine() -> dict:
@@ -56,6 +56,7 @@ def suite(smoke: bool) -> list[tuple[str, Callable[[], list[dict]]]]:
                                                       variants=(("async", 0), ("ddp", 0)), workers=1)),
                 ("worker_options", lambda: worker_options.run("digits_mlp", 1, 10, servers=1, workers=1,
                                                               variants=("baseline", "overlap+bfloat16"))),
+                ("transports", lambda: transports.run(repeats=1, steps=10, workers=1)),
                 ("metrics_overhead", lambda: metrics_overhead.run(10, 1, workers=1)),
                 ("startup", lambda: startup.run(1, servers=1, workers=2, steps=5)),
                 ("failover", lambda: [failover.run(2)])]
@@ -63,6 +64,7 @@ def suite(smoke: bool) -> list[tuple[str, Callable[[], list[dict]]]]:
             ("colocated", lambda: colocated.run([16, 64], 9)),
             ("apply", lambda: apply.run(64, 9)),
             ("end_to_end", lambda: end_to_end.run(["synthetic_mlp", "digits_mlp"], 2)),
+            ("transports", lambda: transports.run("digits_mlp", 3)),
             ("worker_options", lambda: worker_options.run("synthetic_mlp", 2, 40)),
             ("scaling", lambda: scaling.run([1, 4, 16, 32, 64], 3.0, repeats=3)),
             ("memory", lambda: memory.run(256)),
@@ -92,6 +94,8 @@ def goal(r: dict) -> tuple[str, float] | None:
         return {"sync": (">=", 1.0), "async": (">=", 1.3)}.get(r["variant"])
     if b == "metrics_overhead":
         return (">=", 0.98)
+    if b == "transports":  # a job's samples/s over torch RPC against ZeroMQ
+        return (">=", 0.5)
     if b == "startup":  # launch to the first step, forked from the fork server against each process started itself
         return ("<=", 0.8)
     if b == "checkpoint_latency":  # push p99 while a 256 MB Adam shard checkpoints, against without
@@ -134,6 +138,10 @@ def describe(r: dict) -> str:
     if b == "worker_options":
         return (f"options {r['job']} {r['variant']}: {r['samples_per_second']:.0f} samples/s vs "
                 f"{r['baseline_samples_per_second']:.0f}, loss {r['final_loss']:.3f}")
+    if b == "transports":
+        return (f"transports {r['job']} {r['mode']} {r['servers']}x{r['workers']}: rpc {r['samples_per_second']:.0f} "
+                f"samples/s (spread {r['spread'][0]:.0f} to {r['spread'][1]:.0f}) vs zmq "
+                f"{r['baseline_samples_per_second']:.0f} ({r['baseline_spread'][0]:.0f} to {r['baseline_spread'][1]:.0f})")
     if b == "metrics_overhead":
         return f"metrics {r['job']} {r['mode']}: {r['steps_per_second_on']:.1f} steps/s on vs {r['steps_per_second_off']:.1f} off"
     if b == "startup":

@@ -199,6 +199,13 @@ def place_backup(world: RpcWorld, shard: int, *, timeout: float) -> tuple[RpcWor
     return world, world.backup_rank(shard, j)
 
 
+# TensorPipe's transports, in the order it prefers them: TCP (libuv) only. Its default prefers "shm" between
+# processes of one host, whose reactor thread polls busily: on 2 cores the threads a shard's reply needs (torch's
+# own for a clone, RPC's) then wait for a time slice, and a 100 KB PUSH_PULL took 8.2 ms against 1.7 ms over TCP
+# (python -m psrv.experiments.bench.rpc_vs_zmq --sizes-mb 0.1; docs/transports.md).
+TRANSPORTS = ["uv"]
+
+
 def join(world: RpcWorld, rank: int, *, init_timeout: float, shutdown_timeout: float) -> None:
     """Join the world as rank `rank`; blocks until every member has joined (or raises after init_timeout)."""
     try:
@@ -207,7 +214,7 @@ def join(world: RpcWorld, rank: int, *, init_timeout: float, shutdown_timeout: f
         pass
     url = (f"{SCHEME}://{world.master}?servers={world.servers}&workers={world.workers}"
            f"&replicas={world.replicas or 0}&timeout={init_timeout}")
-    options = rpc.TensorPipeRpcBackendOptions(init_method=url, rpc_timeout=shutdown_timeout)
+    options = rpc.TensorPipeRpcBackendOptions(init_method=url, rpc_timeout=shutdown_timeout, _transports=TRANSPORTS)
     log.info("%s joining the RPC world of %d at %s", world.name(rank), world.size, world.master)
     with warnings.catch_warnings():  # torch's own use of a gloo group inside init_rpc warns about itself
         warnings.filterwarnings("ignore", message="You are using a Backend")
