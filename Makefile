@@ -35,7 +35,9 @@ test: setup
 	$(BIN)/lint-imports --no-cache
 	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder --durations=15
 
+# The peers bench runs Ray's parameter-server example beside psrv: Ray is installed for it here, not by setup.
 bench: setup
+	$(BIN)/python -c "import ray" 2>/dev/null || $(BIN)/pip install -q --no-compile -e ".[test,peers]"
 	$(BIN)/python -m psrv.experiments.bench
 
 bench-smoke: setup

@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from psrv.experiments.bench import (apply, checkpoint_latency, colocated, end_to_end, failover, memory, metrics_overhead,
-                                    replicas, scaling, startup, transports, wire, worker_options)
+                                    peers, replicas, scaling, startup, transports, wire, worker_options)
 
 
 def machine() -> dict:
@@ -57,6 +57,8 @@ def suite(smoke: bool) -> list[tuple[str, Callable[[], list[dict]]]]:
                 ("worker_options", lambda: worker_options.run("digits_mlp", 1, 10, servers=1, workers=1,
                                                               variants=("baseline", "overlap+bfloat16"))),
                 ("transports", lambda: transports.run(repeats=1, steps=10, workers=1)),
+                ("peers", lambda: peers.run((("torch_rpc_example", "digits_mlp", "async", 1),), repeats=1,
+                                            steps={"digits_mlp": 10})),
                 ("metrics_overhead", lambda: metrics_overhead.run(10, 1, workers=1)),
                 ("startup", lambda: startup.run(1, servers=1, workers=2, steps=5)),
                 ("failover", lambda: [failover.run(2)])]
@@ -65,6 +67,7 @@ def suite(smoke: bool) -> list[tuple[str, Callable[[], list[dict]]]]:
             ("apply", lambda: apply.run(64, 9)),
             ("end_to_end", lambda: end_to_end.run(["synthetic_mlp", "digits_mlp"], 2)),
             ("transports", lambda: transports.run("digits_mlp", 3)),
+            ("peers", lambda: peers.run(repeats=3)),
             ("worker_options", lambda: worker_options.run("synthetic_mlp", 2, 40)),
             ("scaling", lambda: scaling.run([1, 4, 16, 32, 64], 3.0, repeats=3)),
             ("memory", lambda: memory.run(256)),
@@ -96,6 +99,8 @@ def goal(r: dict) -> tuple[str, float] | None:
         return (">=", 0.98)
     if b == "transports":  # a job's samples/s over torch RPC against ZeroMQ
         return (">=", 0.5)
+    if b == "peers":  # psrv's samples/s against a peer's parameter-server example, same job and mode
+        return (">=", 3.0)
     if b == "startup":  # launch to the first step, forked from the fork server against each process started itself
         return ("<=", 0.8)
     if b == "checkpoint_latency":  # push p99 while a 256 MB Adam shard checkpoints, against without
@@ -138,6 +143,10 @@ def describe(r: dict) -> str:
     if b == "worker_options":
         return (f"options {r['job']} {r['variant']}: {r['samples_per_second']:.0f} samples/s vs "
                 f"{r['baseline_samples_per_second']:.0f}, loss {r['final_loss']:.3f}")
+    if b == "peers":
+        return (f"peers {r['job']} {r['mode']} x{r['workers']}: psrv {r['samples_per_second']:.0f} samples/s "
+                f"({r['spread'][0]:.0f} to {r['spread'][1]:.0f}) vs {r['peer']} {r['baseline_samples_per_second']:.0f} "
+                f"({r['baseline_spread'][0]:.0f} to {r['baseline_spread'][1]:.0f})")
     if b == "transports":
         return (f"transports {r['job']} {r['mode']} {r['servers']}x{r['workers']}: rpc {r['samples_per_second']:.0f} "
                 f"samples/s (spread {r['spread'][0]:.0f} to {r['spread'][1]:.0f}) vs zmq "

@@ -10,7 +10,7 @@ import pytest
 from tests.helpers import run_in_session
 
 KINDS = {"wire", "colocated", "apply", "end_to_end", "scaling", "memory", "metrics_overhead", "worker_options",
-         "startup", "failover", "transports"}
+         "startup", "failover", "transports", "peers"}
 
 
 @pytest.mark.timeout(200)
@@ -56,7 +56,7 @@ def recomputed(r: dict, results: list[dict]) -> float:
         return r["samples_per_second"] / r["ddp_samples_per_second"]
     if b == "metrics_overhead":
         return r["steps_per_second_on"] / r["steps_per_second_off"]
-    if b in ("worker_options", "transports"):
+    if b in ("worker_options", "transports", "peers"):
         return r["samples_per_second"] / r["baseline_samples_per_second"]
     if b == "memory" and r["role"] == "worker":
         return (r["peak_rss_bytes"] - r["baseline_bytes"]) / r["model_bytes"]
