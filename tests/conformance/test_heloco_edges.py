@@ -152,3 +152,18 @@ def test_the_plans_heloco_cases_show_the_correction_itself():
             seen.update(math.heloco_cases)
     assert seen["shrunk"] and seen["reoriented"], seen
     assert HELOCO["heloco_keep"] < 1.0
+
+
+@pytest.mark.parametrize("delta, m, branch", [
+    ([1.0, 0.0], [-2.0, 0.0], 1),   # |delta| exactly 1, against m: shrunk (a norm of 1 is not a zero norm)
+    ([2.0, 0.0], [-1.0, 0.0], 1),   # |m| exactly 1, against it: shrunk
+    ([1.0, 0.0], [0.0, 3.0], 2),    # orthogonal: a cosine of exactly 0 is turned toward m, not kept
+])
+def test_heloco_at_exact_norms_and_a_cosine_of_zero(delta, m, branch):
+    from psrv.server.rules.heloco import correct
+    o = OptimConfig("sgd", lr=1.0, momentum=0.5, nesterov=True, update_rule="heloco", heloco_keep=0.5,
+                    heloco_shrink=1.0, heloco_reorient=1.0, heloco_kappa=1.0, heloco_block=0)
+    out = torch.empty(2)
+    counts = correct(torch.tensor(delta), torch.tensor(m), o, out)
+    assert counts[branch] == 1 and sum(counts) == 1, counts
+    assert not torch.equal(out, torch.tensor(delta))  # the block moved

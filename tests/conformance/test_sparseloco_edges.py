@@ -178,3 +178,11 @@ def test_the_header_and_positions_are_checked_with_their_lines():
         decode_push(fields, {**parts, "positions": edge}, N)
     with pytest.raises(ProtocolError, match=r": dense must be a list of \[start, stop\] pairs$"):
         decode_push({**fields, "dense": [[5, "x"]]}, parts, N)
+
+
+def test_an_empty_selection_quantises_to_a_finite_table():
+    """A shard whose every position is in the push's dense ranges chooses nothing: its (unread) table must stay
+    finite, or the shard's finiteness check of the push's floats would refuse a finite push."""
+    from psrv.codecs.sparseloco import quantise
+    codes, table = quantise(torch.empty(0))
+    assert codes.numel() == 0 and bool(torch.isfinite(table).all()), table
