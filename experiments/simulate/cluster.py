@@ -46,6 +46,9 @@ class Recorded:
     failures: int = 0                                     # workers' failures
     lost_steps: int = 0                                   # steps computed, then lost to a failure and done again
     dropped_steps: int = 0                                # steps whose push some shard dropped (late)
+    first_push: float | None = None                       # the span (goodput while every rank ran): its start,
+    span_end: float | None = None                         # the first worker's last step's end,
+    span_steps: int = 0                                   # and the useful steps done by then
     rows: list[dict] = field(default_factory=list)        # the sampled workers' steps
 
 
@@ -156,6 +159,8 @@ class Cluster:
         """Worker `w` sends each shard its slice (one PUSH_PULL each): without overlap, all after its compute,
         which ended at `t`; with overlap, each as backward finishes it (its first at `t`), the slices' encodes
         on the worker's thread between the parts of backward."""
+        if self.rec.first_push is None:
+            self.rec.first_push = t
         clock, base, lat, server = self.clock[w], self.base[w], self.latency, self.server_seconds
         learner, version, in_free, busy = self.learner, self.version, self.in_free, self.busy
         gaps, bases, out_free, held, reply_at = self.rec.clock_gap, self.base, self.out_free, self.held, self.reply_at
@@ -291,6 +296,8 @@ class Cluster:
         if step + 1 < self.steps:
             self._start_round(w, end)
         else:
+            if not rec.end:  # the first worker done: the span of every rank running ends (a real run's goodput)
+                rec.span_end, rec.span_steps = end, sum(self.done) - rec.dropped_steps
             rec.end.append(end)
             self.leaving.append((w, end + self.latency))
 

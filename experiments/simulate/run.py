@@ -111,6 +111,14 @@ def useful(cfg: SimulationConfig, rec: Recorded) -> tuple[int, float]:
     return samples, samples / max(max(rec.end, default=0.0), 1e-12)
 
 
+def useful_while_all_ran(cfg: SimulationConfig, rec: Recorded) -> float | None:
+    """Useful samples/s from the first push to the first worker's last step: a real run's goodput span
+    (docs/reliability.md, "Goodput"), where a step counts once its reply is back (a real run: once applied)."""
+    if rec.first_push is None or rec.span_end is None:
+        return None
+    return rec.span_steps * cfg.job.batch_size / max(rec.span_end - rec.first_push, 1e-12)
+
+
 def summarise(cfg: SimulationConfig, rec: Recorded, *, learner, plan_total: int, network: NetworkModel,
               elapsed: float, codec: CodecCost | None = None, clean: Recorded | None = None) -> dict:
     """summary.json of a simulated run: the keys a real run's has (docs/usage.md), where the simulation
@@ -156,5 +164,11 @@ def summarise(cfg: SimulationConfig, rec: Recorded, *, learner, plan_total: int,
         "dropped_samples": rec.dropped_steps * cfg.job.batch_size, "useful_samples": kept,
         "useful_samples_per_second_end_to_end": rate,
         "goodput_end_to_end": rate / useful(cfg, clean)[1] if clean is not None else None,
+        "useful_samples_per_second": useful_while_all_ran(cfg, rec),
+        "goodput": _ratio(useful_while_all_ran(cfg, rec), useful_while_all_ran(cfg, clean) if clean else None),
         "simulator_seconds": elapsed,
     }
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None

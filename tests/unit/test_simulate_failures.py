@@ -78,3 +78,18 @@ def test_failures_are_refused_where_they_mean_nothing():
         from_dict(SimulationConfig, {"simulate": {"fail_mtbf": 1.0, "level": "learning"}})
     with pytest.raises(ValueError, match="too short"):
         sim(mode="async", cluster={"workers": 1}, job={"steps": 2}, simulate={"fail_mtbf": 0.0005})
+
+
+@pytest.mark.parametrize("mode, expected", [("async", (3 * 60 + 60 // 4) / (4 * 60)), ("sync", 0.25)])
+def test_goodput_while_every_rank_ran_with_a_4x_straggler(mode, expected):
+    """`goodput` is a real run's: useful samples/s from the first push to the first worker done, over the clean
+    run's. Async: by the time the 3 fast workers have done their 60 steps the slow one has done 15 (0.8125); sync:
+    every clock waits for the slow one, so the whole run goes at its pace (0.25). End to end, both are a quarter."""
+    s = sim(mode=mode, cluster={"workers": 4, "servers": 1}, faults={"compute_ms": 20.0, "straggler": "1:4"},
+            simulate={"goodput": True, "latency_ms": 0.01})
+    assert s["goodput"] == pytest.approx(expected, abs=0.02), s["goodput"]
+    assert s["goodput_end_to_end"] == pytest.approx(0.25, abs=0.02)
+    clean = sim(mode=mode, cluster={"workers": 4, "servers": 1}, simulate={"latency_ms": 0.01})
+    assert clean["goodput"] is None and clean["useful_samples_per_second"] == pytest.approx(
+        4 * clean["batch_size"] / COMPUTE, rel=0.05)  # four steps of 21 ms at a time, every rank running
+    assert s["useful_samples_per_second"] == pytest.approx(s["goodput"] * clean["useful_samples_per_second"])
