@@ -14,6 +14,7 @@ faster), with both spreads (min to max over the repeats).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import subprocess
@@ -46,12 +47,16 @@ def _peer(peer: str, job: str, mode: str, workers: int, steps: int, out: Path) -
            "--out", str(out)] + (["--mode", mode] if peer == "ray" else [])
     proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=600)
     if proc.returncode:
-        raise RuntimeError(f"peers: {peer} {job} {mode} failed: {proc.stderr.strip().splitlines()[-1:]}")
+        last = (proc.stderr.strip().splitlines() or ["no error output"])[-1]
+        raise RuntimeError(f"peers: {peer} {job} {mode} failed (exit {proc.returncode}): {last}")
     return json.loads(out.read_text())["samples_per_second"]
 
 
 def run(rows=ROWS, repeats: int = 3, steps: dict[str, int] | None = None) -> list[dict]:
     steps = {**STEPS, **(steps or {})}
+    if any(peer == "ray" for peer, *_ in rows) and importlib.util.find_spec("ray") is None:
+        raise RuntimeError("peers: the Ray rows need Ray: pip install -e '.[peers]' (make bench installs it), "
+                           "or --peers torch_rpc_example")
     results = []
     with tempfile.TemporaryDirectory(prefix="psrv-peers-") as d:
         for peer, job, mode, workers in rows:

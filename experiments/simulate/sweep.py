@@ -20,6 +20,8 @@ COLUMNS = ("variant", "workers", "mode", "staleness", "backup_workers", "samples
            "failures", "lost_samples", "useful_samples_per_second_end_to_end", "goodput_end_to_end", "goodput",
            "diverged", "diverged_why")  # diverged: learning level only (docs/simulator.md)
 _SPEC_KEYS = ("name", "description", "workers", "variants")
+FRACTIONS = ("backup_fraction", "quorum_fraction")  # a variant's settings given as a share of N
+GOODPUT = (("goodput", "goodput while every rank ran"), ("goodput_end_to_end", "goodput end to end"))
 
 
 def load(path: str | Path) -> tuple[dict, list[tuple[str, int, SimulationConfig]]]:
@@ -36,11 +38,16 @@ def load(path: str | Path) -> tuple[dict, list[tuple[str, int, SimulationConfig]
         name = variant.get("name")
         if not name:
             raise ValueError(f"{path}: every [[variants]] table needs a name")
-        keys = {k: v for k, v in variant.items() if k not in ("name", "backup_fraction")}
+        keys = {k: v for k, v in variant.items() if k not in ("name", *FRACTIONS)}
         for n in ns:
             over = {"cluster": {"workers": n}}
             if "backup_fraction" in variant:
                 over["backup_workers"] = int(variant["backup_fraction"] * n)
+            if "quorum_fraction" in variant:  # a quorum that grows with N: Q = round(f x N), at least 1
+                f = variant["quorum_fraction"]
+                if not isinstance(f, (int, float)) or not 0 < f <= 1:
+                    raise ValueError(f"{path}: variant {name}: quorum_fraction must be in (0, 1]; got {f!r}")
+                over["quorum"] = max(1, round(f * n))
             try:
                 runs.append((name, n, from_dict(SimulationConfig, merge(merge(base, keys), over))))
             except ValueError as exc:
@@ -75,7 +82,8 @@ def write_report(out: Path, header: dict, rows: list[dict], *, spec_path: Path, 
              f"{example.faults.compute_ms} ms" + (f", sigma {sim.sigma}" if sim.compute == "lognormal" else "")
              + f"), latency {sim.latency_ms} ms, {sim.bandwidth_gbps} Gbit/s links.", ""]
     for metric, label in (("samples_per_second", "samples/s"), ("wait_fraction", "wait fraction"),
-                          ("mean_staleness", "mean staleness"), ("max_clock_gap", "max clock gap")):
+                          ("mean_staleness", "mean staleness"), ("max_clock_gap", "max clock gap"),
+                          *_goodput_metrics(rows)):
         lines += [f"## {label}", "", "| variant | " + " | ".join(f"N={n}" for n in header["workers"]) + " |",
                   "|---|" + "---:|" * len(header["workers"])]
         for v in variants:
@@ -86,10 +94,16 @@ def write_report(out: Path, header: dict, rows: list[dict], *, spec_path: Path, 
     if diverged:  # the learning level: a run whose training diverged says so, and why
         lines += ["## Diverged", "", *(f"- **{r['variant']} at N={r['workers']} diverged**: {r['diverged_why']}"
                                        for r in diverged), ""]
-    lines += ["Plots: plots/samples_per_second.png, plots/wait_fraction.png, plots/mean_staleness.png.", ""]
+    plotted = ["samples_per_second", "wait_fraction", "mean_staleness", *(m for m, _ in _goodput_metrics(rows))]
+    lines += ["Plots: " + ", ".join(f"plots/{m}.png" for m in plotted) + ".", ""]
     (out / "report.md").write_text("\n".join(lines))
     _plots(out / "plots", header, rows, variants)
     (out / "spec.json").write_text(json.dumps(header, indent=1))
+
+
+def _goodput_metrics(rows: list[dict]) -> tuple[tuple[str, str], ...]:
+    """Goodput's two figures, where some variant simulated its clean twin (`simulate.goodput`)."""
+    return tuple(m for m in GOODPUT if any(r.get(m[0]) is not None for r in rows))
 
 
 def _fmt(v) -> str:
@@ -101,10 +115,12 @@ def _plots(where: Path, header: dict, rows: list[dict], variants: list[str]) -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     where.mkdir(parents=True, exist_ok=True)
-    for metric in ("samples_per_second", "wait_fraction", "mean_staleness"):
+    for metric in ("samples_per_second", "wait_fraction", "mean_staleness", *(m for m, _ in _goodput_metrics(rows))):
         fig, ax = plt.subplots(figsize=(6.5, 4))
         for v in variants:
-            pts = sorted((r["workers"], r[metric]) for r in rows if r["variant"] == v)
+            pts = sorted((r["workers"], r[metric]) for r in rows if r["variant"] == v and r[metric] is not None)
+            if not pts:
+                continue
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=v)
         ax.set_xscale("log", base=2)
         if metric == "samples_per_second":

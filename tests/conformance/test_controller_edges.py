@@ -5,7 +5,7 @@ worker that rejoins while the others push (it counts from the next clock), a res
 the workers are at, and its state through a checkpoint, whole (the matrix restarts no sync shard mid-clock)."""
 import pytest
 
-from psrv.server.consistency import make_controller
+from psrv.server.consistency import Decision, make_controller
 from psrv.server.consistency.ssp import SSPController
 from psrv.server.consistency.sync import SyncController
 
@@ -210,3 +210,37 @@ def test_the_slowest_active_clock_is_kept_through_pushes_leaves_and_joins(mode):
         want = min((clocks[x] for x in active), default=0)
         assert c.min_clock() == want, (mode, w, what, clocks, active)
         assert c.clock_gap(want + 3) == (3 if active else 0)
+
+
+@pytest.mark.parametrize("mode", ["sync", "quorum"])
+def test_the_counted_barrier_is_the_scanned_one_through_joins_leaves_finishes_and_loads(mode):
+    """A barrier's test per push counts its workers (pushing_count, and commit_ready's early answer) instead of
+    scanning them: after every step of a random run of pushes (some of them void), leaves, joins, finishes and loads, the
+    count is len(pushing()) and commit_ready is the test written out from the sets."""
+    import random
+    draw = random.Random(11)
+    c = make_controller("sync", 6, quorum=3 if mode == "quorum" else 0, backup_workers=1 if mode == "sync" else 0)
+    for _ in range(600):
+        w, what = draw.randrange(6), draw.random()
+        if what < 0.1:
+            c.leave(w)
+        elif what < 0.2:
+            c.join(w)
+        elif what < 0.27:
+            c.finish(w)
+        elif what < 0.3:
+            c.load_state_dict(c.state_dict())
+        elif c.push(w, c.next_clock(w)) is not Decision.DROP and what < 0.4:
+            c.void(w)  # a non-finite push: no gradient
+        pushing = c.pushing()
+        assert c.pushing_count() == len(pushing), (mode, w, what)
+        if mode == "sync":
+            have = (c.arrived - c.voided) & pushing
+            want = (bool(c.joining) and not pushing) if not c.arrived else \
+                len(have) >= max(1, len(pushing) - c.backup_workers) or pushing <= c.arrived
+        else:
+            met = len(c.gradients.keys() & pushing) >= max(1, min(c.quorum, len(pushing)))
+            want = bool(c.gradients) and (pushing <= c.arrived or met)
+        assert c.commit_ready() == want, (mode, w, what)
+        if want:
+            c.committed()

@@ -132,6 +132,25 @@ def test_a_simulation_spec_runs_every_variant_at_every_n(tmp_path):
     assert summary["simulated"] is True and summary["num_workers"] == 8
 
 
+def test_a_quorum_fraction_follows_n_and_goodput_gets_its_table(tmp_path):
+    spec = tmp_path / "simulate_quorum.toml"
+    spec.write_text('name = "q"\nworkers = [4, 10]\n[job]\nsteps = 10\n[faults]\ncompute_ms = 20.0\n'
+                    '[simulate]\ngoodput = true\n'
+                    '[[variants]]\nname = "q75"\nmode = "sync"\nquorum_fraction = 0.75\n'
+                    '[[variants]]\nname = "async-straggler"\nmode = "async"\nfaults = { straggler = "0:4" }\n')
+    assert main(["simulate", "--spec", str(spec), "--out", str(tmp_path / "out")]) == 0
+    assert [json.loads((tmp_path / "out" / "q75" / f"N-{n}" / "summary.json").read_text())["quorum"]
+            for n in (4, 10)] == [3, 8]  # round(0.75 x N)
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "## goodput while every rank ran" in report and "## goodput end to end" in report
+    assert (tmp_path / "out" / "plots" / "goodput.png").exists()
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "b"\nworkers = [4]\n[[variants]]\nname = "q"\nmode = "sync"\nquorum_fraction = 1.5\n')
+    from psrv.experiments.simulate.sweep import load
+    with pytest.raises(ValueError, match="quorum_fraction must be in"):
+        load(bad)
+
+
 def test_the_shipped_simulation_spec_loads():
     from pathlib import Path
 

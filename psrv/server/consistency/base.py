@@ -69,6 +69,12 @@ class Controller:
         """The workers a barrier waits for: active and not finished."""
         return self.active - self.finishing
 
+    def pushing_count(self) -> int:
+        """len(pushing()) without building the set (a barrier's test per push would cost a scan of every
+        worker): `finishing` holds active workers only (finish adds an active one, leave drops it from both,
+        a load keeps the active ones)."""
+        return len(self.active) - len(self.finishing)
+
     def min_clock(self) -> int:
         return self._min
 
@@ -124,4 +130,5 @@ class Controller:
             raise ValueError(f"checkpoint holds a {state.get('mode')!r} controller, this server runs {self.mode!r}")
         self.active = {int(w) for w in state["active"]}
         self.clocks = {int(w): int(c) for w, c in state["clocks"].items()}
+        self.finishing &= self.active
         self._recount()

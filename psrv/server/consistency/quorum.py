@@ -28,27 +28,63 @@ class QuorumController(Controller):
         self.open_clock = 0  # merges committed
         self.arrived: set[int] = set()  # distinct workers with a push in the open merge
         self.gradients: Counter = Counter()  # each one's pushes in it with a gradient (none for a non-finite one)
+        # How many of `arrived` and of `gradients`' workers are still pushing, kept per push, leave, join and
+        # finish: the merge's tests per push count instead of scanning every worker (_recount_merge: from the sets)
+        self._in_arrived = self._in_gradients = 0
+
+    def _pushing(self, worker: int) -> bool:
+        return worker in self.active and worker not in self.finishing
+
+    def _recount_merge(self) -> None:
+        self._in_arrived = sum(1 for w in self.arrived if self._pushing(w))
+        self._in_gradients = sum(1 for w in self.gradients if self._pushing(w))
+
+    def _counted(self, worker: int, sign: int) -> None:
+        """`worker` starts (+1) or stops (-1) pushing: its place in the open merge counts, or no longer."""
+        self._in_arrived += sign * (worker in self.arrived)
+        self._in_gradients += sign * (worker in self.gradients)
+
+    def leave(self, worker: int) -> None:
+        if self._pushing(worker):
+            self._counted(worker, -1)
+        super().leave(worker)
+
+    def finish(self, worker: int) -> None:
+        if self._pushing(worker):
+            self._counted(worker, -1)
+        super().finish(worker)
+
+    def join(self, worker: int) -> None:
+        was = self._pushing(worker)
+        super().join(worker)
+        if not was and self._pushing(worker):
+            self._counted(worker, +1)
 
     def _decide(self, worker: int, clock: int, age: int) -> Decision:
         if self.max_age and age > self.max_age:
             return Decision.DROP
-        self.arrived.add(worker)
+        pushing = self._pushing(worker)
+        if worker not in self.arrived:
+            self.arrived.add(worker)
+            self._in_arrived += pushing
+        if not self.gradients[worker]:
+            self._in_gradients += pushing
         self.gradients[worker] += 1
         return Decision.ACCUMULATE
 
     def needed(self) -> int:
-        return max(1, min(self.quorum, len(self.pushing())))
+        return max(1, min(self.quorum, self.pushing_count()))
 
     def commit_ready(self) -> bool:
         """Q distinct workers still pushing are in the open merge with a gradient, or every worker still
         pushing has pushed into it (the last merge, once the others finished or left)."""
         if not self.gradients:
             return False
-        return self.pushing() <= self.arrived or self.met() and (not self.grace or self.due)
+        return self._in_arrived == self.pushing_count() or self.met() and (not self.grace or self.due)
 
     def met(self) -> bool:
         """Q distinct workers still pushing have a gradient in the open merge (its grace window may run)."""
-        return len(self.gradients.keys() & self.pushing()) >= self.needed()
+        return self._in_gradients >= self.needed()
 
     def expire(self) -> None:
         """The open merge's grace window is over: it closes once it has its Q workers."""
@@ -59,10 +95,12 @@ class QuorumController(Controller):
         self.gradients[worker] -= 1
         if self.gradients[worker] <= 0:
             del self.gradients[worker]
+            self._in_gradients -= self._pushing(worker)
 
     def committed(self) -> None:
         self.open_clock += 1
         self.arrived, self.gradients, self.due = set(), Counter(), False
+        self._in_arrived = self._in_gradients = 0
 
     def pull_ready(self, worker: int, clock: int) -> bool:
         return True
@@ -77,6 +115,7 @@ class QuorumController(Controller):
         self.arrived = {int(w) for w in state["arrived"]}
         self.gradients = Counter({int(w): int(n) for w, n in state["gradients"].items()})
         self.due = bool(state["due"])
+        self._recount_merge()
 
     @property
     def voided(self) -> set[int]:

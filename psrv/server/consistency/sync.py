@@ -51,8 +51,12 @@ class SyncController(Controller):
         """The workers the open clock's barrier waits for: active, not finished, not joining a later clock."""
         return super().pushing() - self.joining.keys()
 
+    def pushing_count(self) -> int:
+        """len(pushing()): a joiner counts out unless it is finishing too (already out); O(joiners)."""
+        return super().pushing_count() - sum(1 for w in self.joining if w in self.active and w not in self.finishing)
+
     def needed(self) -> int:
-        return max(1, len(self.pushing()) - self.backup_workers)
+        return max(1, self.pushing_count() - self.backup_workers)
 
     def commit_ready(self) -> bool:
         # A worker that pushed this clock and then left (or finished) keeps its gradient in the sum,
@@ -62,7 +66,10 @@ class SyncController(Controller):
         # worker is done with the clock, so it never holds the clock either.
         if not self.arrived:  # no gradient: only a clock no one is left to push, a joiner waiting past it, ends
             return bool(self.joining) and not self.pushing()
-        return len((self.arrived - self.voided) & self.pushing()) >= self.needed() or self.pushing() <= self.arrived
+        if len(self.arrived) < self.needed():  # fewer in than the quorum, and than every worker still pushing:
+            return False  # neither test below can pass (each push's test costs no scan of every worker)
+        pushing = self.pushing()
+        return len((self.arrived - self.voided) & pushing) >= self.needed() or pushing <= self.arrived
 
     def void(self, worker: int) -> None:
         self.voided.add(worker)
