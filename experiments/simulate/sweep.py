@@ -117,11 +117,14 @@ def _plots(where: Path, header: dict, rows: list[dict], variants: list[str]) -> 
     where.mkdir(parents=True, exist_ok=True)
     for metric in ("samples_per_second", "wait_fraction", "mean_staleness", *(m for m, _ in _goodput_metrics(rows))):
         fig, ax = plt.subplots(figsize=(6.5, 4))
-        for v in variants:
+        for i, v in enumerate(variants):
             pts = sorted((r["workers"], r[metric]) for r in rows if r["variant"] == v and r[metric] is not None)
             if not pts:
                 continue
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=v)
+            # each variant its own marker, line style and size, hollow markers over filled ones: two variants
+            # with equal values (a quorum's timing is async's) both stay visible, not one under the other
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="osD^v"[i % 5], linestyle=("-", "--", ":", "-.")[i % 4],
+                    markersize=max(3.0, 9.0 - 1.5 * i), fillstyle="full" if i % 2 == 0 else "none", label=v)
         ax.set_xscale("log", base=2)
         if metric == "samples_per_second":
             ax.set_yscale("log")
