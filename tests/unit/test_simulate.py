@@ -163,6 +163,17 @@ def test_the_shipped_simulation_spec_loads():
         {("sync", 0), ("sync-backup-5pct", 51), ("sync-backup-20pct", 204)}
 
 
+def test_the_shipped_scale_spec_loads_with_a_quorum_of_three_quarters():
+    from pathlib import Path
+
+    from psrv.experiments.simulate.sweep import load
+    spec = Path(__file__).resolve().parents[2] / "experiments" / "specs" / "simulate_scale.toml"
+    header, runs = load(spec)
+    assert header["workers"] == [1000, 10000, 100000] and len(runs) == 4 * 3
+    assert {n: cfg.quorum for name, n, cfg in runs if name == "quorum75"} == {1000: 750, 10000: 7500, 100000: 75000}
+    assert all(cfg.simulate.goodput and cfg.faults.transient_stragglers for _, _, cfg in runs)
+
+
 class _CountingController:
     """A controller as the simulator made it, counting its own DROP decisions (the recount)."""
 
