@@ -74,7 +74,7 @@ class Cluster:
         self.base = [[0] * shards for _ in range(workers)]     # versions each worker last pulled
         self.clock = [0] * workers                              # the clock of each worker's next push
         self.done = [0] * workers                               # steps finished
-        self.waiting = [[] for _ in range(shards)]              # held pulls: (clock, worker, since)
+        self.waiting = [[] for _ in range(shards)]              # held pulls: (clock, worker, since, its gen)
         self.in_free = [0.0] * shards                           # a shard's link, to it
         self.out_free = [0.0] * shards                          # and from it
         self.busy = [0.0] * shards                              # the shard's thread
@@ -164,7 +164,7 @@ class Cluster:
         clock, base, lat, server = self.clock[w], self.base[w], self.latency, self.server_seconds
         learner, version, in_free, busy = self.learner, self.version, self.in_free, self.busy
         gaps, bases, out_free, held, reply_at = self.rec.clock_gap, self.base, self.out_free, self.held, self.reply_at
-        clocks, replies = self.clock, self.replies
+        clocks, replies, gen = self.clock, self.replies, self.gen
         encode, unpack, pack, decode = self.encode, self.unpack, self.pack, self.decode
         grad = learner.gradient(w, self.done[w]) if learner is not None else None
         pure = self.pure[w]
@@ -209,10 +209,12 @@ class Cluster:
                     if not self._commit_if_ready(s, ctrl) and self.grace and self.grace_since[s] is None \
                             and ctrl.met():
                         self.grace_since[s] = th  # a quorum's grace window opens
-            heappush(waiting, (clock + 1, w, th))
+            heappush(waiting, (clock + 1, w, th, gen[w]))
             ready = ctrl.pull_ready
-            while waiting and ready(waiting[0][1], waiting[0][0]):  # as release, inline: the hot path
-                pclock, pw, since = heappop(waiting)
+            while waiting and (waiting[0][3] != gen[waiting[0][1]] or ready(waiting[0][1], waiting[0][0])):
+                pclock, pw, since, g = heappop(waiting)  # as release, inline: the hot path
+                if g != gen[pw]:
+                    continue  # the pull of a worker that failed since: dropped here, not searched for at the failure
                 gaps[ctrl.clock_gap(pclock)] += 1
                 bases[pw][s] = version[s]
                 if learner is not None:
@@ -250,8 +252,11 @@ class Cluster:
         _, rtx, ctrl, waiting = self.shards[s]
         lat, ready, gaps, version, learner = self.latency, ctrl.pull_ready, self.rec.clock_gap, self.version[s], self.learner
         held, reply_at, clocks, replies, out_free = self.held, self.reply_at, self.clock, self.replies, self.out_free
-        while waiting and ready(waiting[0][1], waiting[0][0]):
-            clock, w, since = heappop(waiting)
+        gen = self.gen
+        while waiting and (waiting[0][3] != gen[waiting[0][1]] or ready(waiting[0][1], waiting[0][0])):
+            clock, w, since, g = heappop(waiting)
+            if g != gen[w]:
+                continue  # the pull of a worker that failed since (failures.py fail)
             gaps[ctrl.clock_gap(clock)] += 1
             self.base[w][s] = version
             if learner is not None:

@@ -60,10 +60,8 @@ def fail(c, w: int, t: float) -> None:
     rec.lost_steps += started
     c.done[w] = c.round_first[w]
     c.replies[w] = 0
-    for waiting in c.waiting:
-        if any(entry[1] == w for entry in waiting):
-            waiting[:] = [entry for entry in waiting if entry[1] != w]
-            heapq.heapify(waiting)
+    # its held pulls stay in the shards' heaps, stale by the generation just raised: release drops them when they
+    # come up (a scan of every held pull here cost each failure O(N))
     if w < c.sample:
         rec.rows[:] = [row for row in rec.rows if row["worker"] != w or row["wall_time"] <= t]
     c.leave(w, t)
@@ -79,6 +77,6 @@ def rejoin(c, w: int, t: float) -> None:
     c.pushed_at[w], c.replies[w], c.held[w], c.reply_at[w] = t, c.s, 0.0, t
     for s, ctrl in enumerate(c.controllers):
         ctrl.expect(w, clock)
-        heapq.heappush(c.waiting[s], (clock, w, t))
+        heapq.heappush(c.waiting[s], (clock, w, t, c.gen[w]))
     for s in range(c.s):
         c.release(s, t + c.latency)

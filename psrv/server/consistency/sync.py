@@ -31,7 +31,7 @@ class SyncController(Controller):
         weights (the open clock's commit) it pulls first, so its start-up never holds them; alone, at once."""
         self.joining.pop(worker, None)
         super().join(worker)
-        if self.pushing() - {worker}:
+        if self.pushing_count() > 1:  # another worker still pushes (this one does, being active and not joining)
             self.joining[worker] = self.open_clock + 1
 
     def leave(self, worker: int) -> None:
@@ -52,8 +52,10 @@ class SyncController(Controller):
         return super().pushing() - self.joining.keys()
 
     def pushing_count(self) -> int:
-        """len(pushing()): a joiner counts out unless it is finishing too (already out); O(joiners)."""
-        return super().pushing_count() - sum(1 for w in self.joining if w in self.active and w not in self.finishing)
+        """len(pushing()): the joiners count out, but those finishing too are out already; joiners are active
+        (join adds them once active, leave drops them, a load keeps the active ones). O(the smaller of the two)."""
+        small, big = sorted((self.joining.keys(), self.finishing), key=len)
+        return super().pushing_count() - len(self.joining) + sum(1 for w in small if w in big)
 
     def needed(self) -> int:
         return max(1, self.pushing_count() - self.backup_workers)
@@ -107,5 +109,5 @@ class SyncController(Controller):
         self.arrived = {int(w) for w in state["arrived"]}
         self.voided = {int(w) for w in state.get("voided", [])}
         self.skipped = int(state.get("skipped", 0))
-        self.joining = {int(w): int(c) for w, c in state.get("joining", {}).items()}
+        self.joining = {int(w): int(c) for w, c in state.get("joining", {}).items() if int(w) in self.active}
         self.resumed = True
