@@ -144,13 +144,9 @@ def describe(r: dict) -> str:
         return (f"options {r['job']} {r['variant']}: {r['samples_per_second']:.0f} samples/s vs "
                 f"{r['baseline_samples_per_second']:.0f}, loss {r['final_loss']:.3f}")
     if b == "peers":
-        return (f"peers {r['job']} {r['mode']} x{r['workers']}: psrv {r['samples_per_second']:.0f} samples/s "
-                f"({r['spread'][0]:.0f} to {r['spread'][1]:.0f}) vs {r['peer']} {r['baseline_samples_per_second']:.0f} "
-                f"({r['baseline_spread'][0]:.0f} to {r['baseline_spread'][1]:.0f})")
+        return f"peers {r['job']} {r['mode']} x{r['workers']}: " + _versus(r, "psrv", r["peer"])
     if b == "transports":
-        return (f"transports {r['job']} {r['mode']} {r['servers']}x{r['workers']}: rpc {r['samples_per_second']:.0f} "
-                f"samples/s (spread {r['spread'][0]:.0f} to {r['spread'][1]:.0f}) vs zmq "
-                f"{r['baseline_samples_per_second']:.0f} ({r['baseline_spread'][0]:.0f} to {r['baseline_spread'][1]:.0f})")
+        return f"transports {r['job']} {r['mode']} {r['servers']}x{r['workers']}: " + _versus(r, "rpc", "zmq")
     if b == "metrics_overhead":
         return f"metrics {r['job']} {r['mode']}: {r['steps_per_second_on']:.1f} steps/s on vs {r['steps_per_second_off']:.1f} off"
     if b == "startup":
@@ -180,6 +176,12 @@ def describe(r: dict) -> str:
         return (f"memory worker {r['job']}: {r['peak_rss_bytes']/2**20:.0f} MiB vs plain torch "
                 f"{r['baseline_bytes']/2**20:.0f} MiB, in model sizes" + (f", median of {r['repeats']}" if "repeats" in r else ""))
     return f"memory server {r['size_mb']} MB adam: {r['peak_rss_bytes']/2**20:.0f} MiB vs {r['baseline_bytes']/2**20:.0f} MiB"
+
+
+def _versus(r: dict, ours: str, theirs: str) -> str:
+    """Two medians of samples/s, each with its spread over the repeats (min to max)."""
+    return (f"{ours} {r['samples_per_second']:.0f} samples/s ({r['spread'][0]:.0f} to {r['spread'][1]:.0f}) vs "
+            f"{theirs} {r['baseline_samples_per_second']:.0f} ({r['baseline_spread'][0]:.0f} to {r['baseline_spread'][1]:.0f})")
 
 
 def markdown(doc: dict) -> str:
