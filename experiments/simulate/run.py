@@ -130,6 +130,7 @@ def summarise(cfg: SimulationConfig, rec: Recorded, *, learner, plan_total: int,
     busy = rec.compute + rec.communication + rec.wait
     final = learner.final if learner is not None else {}
     kept, rate = useful(cfg, rec)
+    while_all_ran = useful_while_all_ran(cfg, rec)
     return {
         "simulated": True, "complete": True, "level": cfg.simulate.level,
         "mode": cfg.mode, "staleness": cfg.staleness if cfg.mode == "ssp" else 0, "transport": "simulated",
@@ -164,8 +165,8 @@ def summarise(cfg: SimulationConfig, rec: Recorded, *, learner, plan_total: int,
         "dropped_samples": rec.dropped_steps * cfg.job.batch_size, "useful_samples": kept,
         "useful_samples_per_second_end_to_end": rate,
         "goodput_end_to_end": rate / useful(cfg, clean)[1] if clean is not None else None,
-        "useful_samples_per_second": useful_while_all_ran(cfg, rec),
-        "goodput": _ratio(useful_while_all_ran(cfg, rec), useful_while_all_ran(cfg, clean) if clean else None),
+        "useful_samples_per_second": while_all_ran,
+        "goodput": _ratio(while_all_ran, useful_while_all_ran(cfg, clean) if clean else None),
         "simulator_seconds": elapsed,
     }
 

@@ -94,8 +94,7 @@ def write_report(out: Path, header: dict, rows: list[dict], *, spec_path: Path, 
     if diverged:  # the learning level: a run whose training diverged says so, and why
         lines += ["## Diverged", "", *(f"- **{r['variant']} at N={r['workers']} diverged**: {r['diverged_why']}"
                                        for r in diverged), ""]
-    plotted = ["samples_per_second", "wait_fraction", "mean_staleness", *(m for m, _ in _goodput_metrics(rows))]
-    lines += ["Plots: " + ", ".join(f"plots/{m}.png" for m in plotted) + ".", ""]
+    lines += ["Plots: " + ", ".join(f"plots/{m}.png" for m in _plotted(rows)) + ".", ""]
     (out / "report.md").write_text("\n".join(lines))
     _plots(out / "plots", header, rows, variants)
     (out / "spec.json").write_text(json.dumps(header, indent=1))
@@ -104,6 +103,11 @@ def write_report(out: Path, header: dict, rows: list[dict], *, spec_path: Path, 
 def _goodput_metrics(rows: list[dict]) -> tuple[tuple[str, str], ...]:
     """Goodput's two figures, where some variant simulated its clean twin (`simulate.goodput`)."""
     return tuple(m for m in GOODPUT if any(r.get(m[0]) is not None for r in rows))
+
+
+def _plotted(rows: list[dict]) -> tuple[str, ...]:
+    """The metrics each spec's plots show (and its report names)."""
+    return ("samples_per_second", "wait_fraction", "mean_staleness", *(m for m, _ in _goodput_metrics(rows)))
 
 
 def _fmt(v) -> str:
@@ -115,7 +119,7 @@ def _plots(where: Path, header: dict, rows: list[dict], variants: list[str]) -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     where.mkdir(parents=True, exist_ok=True)
-    for metric in ("samples_per_second", "wait_fraction", "mean_staleness", *(m for m, _ in _goodput_metrics(rows))):
+    for metric in _plotted(rows):
         fig, ax = plt.subplots(figsize=(6.5, 4))
         for i, v in enumerate(variants):
             pts = sorted((r["workers"], r[metric]) for r in rows if r["variant"] == v and r[metric] is not None)

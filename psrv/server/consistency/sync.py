@@ -68,10 +68,11 @@ class SyncController(Controller):
         # worker is done with the clock, so it never holds the clock either.
         if not self.arrived:  # no gradient: only a clock no one is left to push, a joiner waiting past it, ends
             return bool(self.joining) and not self.pushing()
-        if len(self.arrived) < self.needed():  # fewer in than the quorum, and than every worker still pushing:
+        need = self.needed()
+        if len(self.arrived) < need:  # fewer in than the quorum, and than every worker still pushing:
             return False  # neither test below can pass (each push's test costs no scan of every worker)
         pushing = self.pushing()
-        return len((self.arrived - self.voided) & pushing) >= self.needed() or pushing <= self.arrived
+        return len((self.arrived - self.voided) & pushing) >= need or pushing <= self.arrived
 
     def void(self, worker: int) -> None:
         self.voided.add(worker)
