@@ -278,9 +278,6 @@ class RunConfig(Trackers, Seeded, Consistency):
         if self.backup_workers >= n:
             raise ConfigError("backup_workers", f"must be < cluster.workers ({n}); got {self.backup_workers}")
         _quorum(self.quorum, n, "cluster.workers")
-        if self.quorum and self.worker.fragments > 1:
-            raise ConfigError("quorum", "with fragments (streaming DiLoCo) is not built: a merge takes whole pushes "
-                              "(give fragments 1, or the barrier)")
         straggler = self.faults.straggler_pair()
         if straggler and straggler[0] >= n:
             raise ConfigError("faults.straggler", f"rank must be in 0..{n - 1} (cluster.workers = {n}); "

@@ -19,7 +19,10 @@ fragment push whose pseudo-gradient has a NaN or Inf anywhere with `nonfinite` (
 then treats it as non-finite (--nonfinite), an empty or finite piece too.
 
 Every push of a sync clock must carry the same fragment (the workers sync them in one order); a push of
-another fragment, or a whole push, into a clock open with a fragment is refused, NOT_ALLOWED. The
+another fragment, or a whole push, into a clock open with a fragment is refused, NOT_ALLOWED. A quorum's
+merge (`--quorum`, Decoupled DiLoCo's setting) takes pushes of any fragments, as workers at different clocks
+send them: each fragment in it steps once, on the mean of its own pushes, in the order the fragments first came
+in (a whole push still cannot join fragments, nor they it). The
 per-fragment optimizer states are in the shard's state (`state_dict`, checkpoints/snapshot.py), so a checkpoint
 holds them (a --resume goes on with each fragment's lr schedule) and a backup that joins gets them, so a
 failover loses none.
@@ -64,16 +67,16 @@ def numel(key: Key) -> int:
 
 
 class FragmentShards:
-    """The per-fragment optimizers of one shard, and the fragment of the open sync clock."""
+    """The per-fragment optimizers of one shard, and the fragments of the open sync clock or quorum merge."""
 
     def __init__(self) -> None:
         self._shards: dict[Key, Shard] = {}
-        self.open: Key | None = None  # the fragment the open sync clock accumulates
+        self.open: list[Key] = []  # the fragments the open sync clock (one) or quorum merge accumulates, as they came
 
     @property
     def accumulated(self) -> int:
-        """Pushes in the open sync clock's fragment sum."""
-        return self._shards[self.open].accumulated if self.open is not None else 0
+        """Pushes in the open clock's or merge's fragment sums."""
+        return sum(self._shards[key].accumulated for key in self.open)
 
     def rule_counts(self) -> Counter:
         """What the fragments' update rules did (UpdateRule.counts), summed."""
@@ -92,32 +95,37 @@ class FragmentShards:
         self._scatter(shard, key, sub)
         return scale
 
-    def accumulate(self, shard: Shard, key: Key, grad: torch.Tensor | Decoded) -> None:
-        """Add `grad` to the open sync clock's sum of fragment `key`; NOT_ALLOWED for another fragment, or a
-        fragment where whole pushes are accumulating."""
-        if shard.accumulated or self.open not in (None, key):
+    def accumulate(self, shard: Shard, key: Key, grad: torch.Tensor | Decoded, *, merge: bool = False,
+                   weight: int = 1) -> None:
+        """Add `grad` (times `weight`) to fragment `key`'s sum in the open sync clock, or with `merge` in the
+        open quorum merge, which takes any fragments; NOT_ALLOWED for a fragment where whole pushes are
+        accumulating, and in a sync clock for another fragment than its own."""
+        if shard.accumulated or not merge and self.open and self.open != [key]:
             raise ProtocolError(ErrorCode.NOT_ALLOWED, "this sync clock accumulates another fragment (or the whole "
                                 "shard): every worker must sync the same fragment at the same clock")
-        self._sub(shard, key).accumulate(grad)
-        self.open = key
+        self._sub(shard, key).accumulate(grad, weight=weight)
+        if key not in self.open:
+            self.open.append(key)
 
     def check_whole(self) -> None:
-        """A whole push may join the open sync clock only where no fragment accumulates."""
-        if self.open is not None:
+        """A whole push may join the open sync clock or merge only where no fragment accumulates."""
+        if self.open:
             raise ProtocolError(ErrorCode.NOT_ALLOWED, "this sync clock accumulates a fragment; a whole push "
                                 "cannot join it")
 
-    def apply_accumulated(self, shard: Shard) -> int:
-        """The open clock's step: the fragment's optimizer with the mean of its pushes; returns how many."""
-        key, self.open = self.open, None
-        sub = self._gathered(shard, key)
-        n = sub.apply_accumulated()
-        self._scatter(shard, key, sub)
-        return n
+    def apply_accumulated(self, shard: Shard) -> list[int]:
+        """The open clock's or merge's step: each fragment's optimizer with the mean of its pushes, in the order
+        the fragments came in (each an update: it moves the shard's version by one); returns each one's pushes."""
+        keys, self.open, steps = self.open, [], []
+        for key in keys:
+            sub = self._gathered(shard, key)
+            steps.append(sub.apply_accumulated())
+            self._scatter(shard, key, sub)
+        return steps
 
     def state_dict(self) -> dict:
         """Each fragment's ranges and its Shard's state_dict (its outer optimizer), and the open clock's."""
-        return {"open": None if self.open is None else [list(r) for r in self.open],
+        return {"opened": [[list(r) for r in key] for key in self.open],
                 "fragments": [[[list(r) for r in key], sub.state_dict()] for key, sub in self._shards.items()]}
 
     def load_state_dict(self, state: dict, shard: Shard) -> None:
@@ -129,7 +137,7 @@ class FragmentShards:
             sub.load_state_dict(saved)
             subs[key] = sub
         self._shards = subs
-        self.open = None if state["open"] is None else tuple((int(a), int(b)) for a, b in state["open"])
+        self.open = [tuple((int(a), int(b)) for a, b in key) for key in _open_keys(state)]
 
     def _sub(self, shard: Shard, key: Key) -> Shard:
         sub = self._shards.get(key)
@@ -155,3 +163,11 @@ class FragmentShards:
             shard.weights[a:b].copy_(sub.weights[at:at + b - a])
             at += b - a
         shard.version += 1
+
+
+def _open_keys(state: dict) -> list:
+    """The open fragments' saved ranges: `opened`, or from a state saved before quorum merges took fragments,
+    `open` (one fragment's ranges, or None)."""
+    if "opened" in state:
+        return state["opened"]
+    return [] if state["open"] is None else [state["open"]]

@@ -254,6 +254,9 @@ STREAMING = [  # (mode, H, F, config options)
     ("async", 4, 2, (("replicas", 1),)),
     ("async", 6, 3, (("shards", 2), ("outer", "bfloat16"), ("steps", 12))),
     ("ssp", 6, 2, (("optimizer", "adam"), ("steps", 12))),
+    ("sync", 4, 2, (("quorum", 1),)),  # Decoupled DiLoCo's setting: each fragment push merges alone
+    ("sync", 4, 2, (("quorum", 2),)),  # both workers' pushes of a fragment in one merge
+    ("sync", 4, 2, (("quorum", 1), ("grace", 30.0), ("replicas", 1))),  # the window holds it open for the second
 ]
 
 
@@ -268,15 +271,16 @@ def test_streaming_with_inner_steps_between_fragment_pushes(mode, h, f, options,
     for rank, rows in got.out.steps.items():
         pushed = [row["pushed"] for row in rows]
         assert pushed == [(s + 1) % every == 0 for s in range(steps)], f"rank {rank} pushed at {pushed}"
-    per = steps // h * (1 if mode == "sync" else cfg.cluster.workers)  # each fragment's outer steps
+    alone = mode != "sync" or cfg.quorum == 1 and not cfg.quorum_grace  # each push an outer step of its own
+    per = steps // h * (cfg.cluster.workers if alone else 1)  # each fragment's outer steps
     for shard, state in enumerate(got.states):  # one outer optimizer per fragment piece (the empty ones share one)
         versions = [sub["version"] for _, sub in state["fragments"]["fragments"]]
         assert got.out.shards[shard]["version"] == sum(versions) == f * per, f"shard {shard}: {versions}"
         if cfg.cluster.servers == 1:
             assert versions == [per] * f, f"each fragment's outer steps {versions}, expected {per}"
     if cfg.cluster.replicas:
-        alone = plain(config(mode, local=h, fragments=f, **{**opts, "replicas": 0}))
-        assert torch.equal(got.out.params, alone.out.params), "the weights of the same case without backups"
+        solo = plain(config(mode, local=h, fragments=f, **{**opts, "replicas": 0}))
+        assert torch.equal(got.out.params, solo.out.params), "the weights of the same case without backups"
         for b in got.out.backups:
             assert_same_state(b.primary_state, b.state, f"shard {b.shard}")
 

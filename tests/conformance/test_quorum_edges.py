@@ -138,7 +138,6 @@ def test_make_controller_builds_it_only_for_sync_with_a_quorum():
     ({"mode": "sync", "quorum_max_age": 2}, "quorum_max_age"),
     ({"mode": "sync", "quorum_grace": 0.5}, "quorum_grace"),
     ({"mode": "sync", "quorum": 5}, "quorum"),
-    ({"mode": "sync", "quorum": 2, "worker": {"local_steps": 4, "fragments": 2}}, "quorum"),
     ({"mode": "sync", "quorum": 2, "optimizer": {"name": "onebit_adam", "freeze_step": 2}},
      "optimizer.name"),
 ])
@@ -151,3 +150,6 @@ def test_the_config_tree_refuses_a_quorum_where_it_does_nothing_or_is_not_built(
 def test_a_quorum_config_is_accepted_and_stored():
     cfg = from_dict(RunConfig, {"mode": "sync", "quorum": 3, "quorum_max_age": 4, "cluster": {"workers": 4}})
     assert (cfg.quorum, cfg.quorum_max_age) == (3, 4)
+    streaming = from_dict(RunConfig, {"mode": "sync", "quorum": 2, "cluster": {"workers": 4},
+                                      "worker": {"local_steps": 4, "fragments": 2}})  # Decoupled DiLoCo's setting
+    assert (streaming.quorum, streaming.worker.fragments) == (2, 2)

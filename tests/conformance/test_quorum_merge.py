@@ -79,3 +79,39 @@ def test_a_grace_window_closes_its_merge_at_the_first_request_after_it_and_befor
     d.send(1, MsgType.PULL, clock=1)  # any request after it closes it
     assert d.counts()[1] == 2
     assert torch.allclose(d.weights, w0 - (g0 + g1) / 2 - g2, atol=1e-6)
+
+
+def test_a_merge_of_fragment_pushes_steps_each_fragment_on_the_mean_of_its_own():
+    """Decoupled DiLoCo's setting: workers at different clocks push different fragments into one merge; each
+    fragment steps once, by its own optimizer, on the mean of the pushes that carried it; a whole push cannot
+    join them."""
+    half = SIZE // 2
+    a, b = [[0, half]], [[half, SIZE]]
+    d = Driven(mode="sync", workers=2, optim=SGD, quorum=2)
+    w0, (g0, g1, g2) = d.weights, grads(3)
+    d.send(0, MsgType.PUSH, clock=0, tensor=g0[:half], fields={"fragment": a})
+    d.send(0, MsgType.PUSH, clock=1, tensor=g1[half:], fields={"fragment": b})  # its next fragment, the same merge
+    assert d.counts()[1] == 0  # one worker of the two
+    d.send(1, MsgType.PUSH, clock=0, tensor=g2[:half], fields={"fragment": a})
+    pushes, updates, _, version = d.counts()
+    assert (pushes, updates, version) == (3, 2, 2), d.counts()  # two fragments stepped: the version moves by two
+    want = w0.clone()
+    want[:half] -= (g0[:half] + g2[:half]) / 2
+    want[half:] -= g1[half:]
+    assert torch.allclose(d.weights, want, atol=1e-6), (d.weights - want).abs().max()
+    d.send(1, MsgType.PUSH, clock=1, tensor=g0[half:], fields={"fragment": b})
+    d.send(0, MsgType.PUSH, clock=2, tensor=g1)  # a whole push into a merge of fragments
+    reply = d.net.out[-1]
+    assert reply.type is MsgType.ERROR and "fragment" in str(reply.fields), reply.fields
+    assert d.counts()[1] == 2  # nothing of it applied
+
+
+def test_a_sync_clock_still_refuses_a_second_fragment():
+    half = SIZE // 2
+    d = Driven(mode="sync", workers=2, optim=SGD)
+    w0, (g0, g1) = d.weights, grads(2)
+    d.send(0, MsgType.PUSH, clock=0, tensor=g0[:half], fields={"fragment": [[0, half]]})
+    d.send(1, MsgType.PUSH, clock=0, tensor=g1[half:], fields={"fragment": [[half, SIZE]]})
+    reply = d.net.out[-1]
+    assert reply.type is MsgType.ERROR and "same fragment" in str(reply.fields), reply.fields
+    assert torch.equal(d.weights, w0) and d.counts()[1] == 0

@@ -84,3 +84,18 @@ def test_a_quorum_takes_dynamic_local_steps_whose_pushes_cover_different_steps(t
     assert min(per_push[2][1:]) < 8 == max(per_push[0]), per_push  # the slow worker's pushes cover fewer
     result = check_run(tmp_path)
     assert result.ok, result.line()
+
+
+@pytest.mark.timeout(150)
+def test_a_quorum_merges_fragment_pushes_of_workers_at_different_fragments(tmp_path):
+    """Decoupled DiLoCo's setting: streaming DiLoCo's fragments (H 4, F 2) under a quorum of 2 of 3, the slow
+    worker a fragment behind the others at times: a merge then holds both fragments, and steps each once (an
+    update each: more updates than merges); the history checker holds each merge to its rule."""
+    s = psrv_run(tmp_path, *ARGS, "--quorum", "2", "--local-steps", "4", "--fragments", "2", "--inner-optimizer",
+                 "sgd", "--inner-lr", "0.05", "--lr", "0.7", timeout=120)
+    assert s["complete"] and s["final_loss"] < s["initial_loss"], s
+    result = check_run(tmp_path)
+    assert result.ok, result.line()
+    shards = _shards(tmp_path)
+    assert all(sh["pushes_applied"] == sh["pushes"] == 3 * 60 // 2 for sh in shards), shards
+    assert sum(sh["updates_applied"] for sh in shards) > result.counts.commits, (shards, result.counts)

@@ -76,6 +76,26 @@ def test_a_sync_clock_takes_one_fragment_only():
             wrong()
         assert err.value.code is ErrorCode.NOT_ALLOWED
     frags.accumulate(shard, ((0, 2),), 3 * torch.ones(2))
-    assert frags.accumulated == 2 and frags.apply_accumulated(shard) == 2  # the mean 2: Nesterov's 0.5 (2 + 0.9 * 2)
-    assert shard.weights[:3].tolist() == pytest.approx([-1.9, -0.9, 2.0]) and frags.open is None
+    assert frags.accumulated == 2 and frags.apply_accumulated(shard) == [2]  # the mean 2: Nesterov's 0.5 (2 + 0.9 * 2)
+    assert shard.weights[:3].tolist() == pytest.approx([-1.9, -0.9, 2.0]) and frags.open == []
     assert shard.version == 1
+
+
+def test_a_quorum_merge_takes_fragments_and_its_open_ones_survive_a_state_dict():
+    shard, frags = _shard(), FragmentShards()
+    frags.accumulate(shard, ((2, 4),), torch.ones(2), merge=True)
+    frags.accumulate(shard, ((0, 2),), torch.ones(2), merge=True, weight=3)
+    frags.accumulate(shard, ((2, 4),), 3 * torch.ones(2), merge=True)
+    with pytest.raises(ProtocolError) as err:
+        frags.check_whole()
+    assert err.value.code is ErrorCode.NOT_ALLOWED
+    again = FragmentShards()
+    again.load_state_dict(frags.state_dict(), shard)
+    assert again.open == [((2, 4),), ((0, 2),)] and again.accumulated == 3
+    assert again.apply_accumulated(shard) == [2, 1] and shard.version == 2  # in the order they came in
+    legacy = {**frags.state_dict(), "open": [[2, 4]]}  # saved before a merge took fragments: one open fragment
+    del legacy["opened"]
+    again.load_state_dict(legacy, shard)
+    assert again.open == [((2, 4),)]
+    again.load_state_dict({**legacy, "open": None}, shard)
+    assert again.open == []

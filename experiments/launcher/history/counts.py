@@ -1,12 +1,13 @@
 """Rule 5, the counts: each DIR/server-K.json's `pushes`, `updates_applied` and `version`, and summary.json's
 `pushes`, `updates_applied` and `updates_applied_per_shard`, against what the shards' final lineages hold.
 
-What they count (psrv/server/counters.py, experiments/launcher/summary.py): a shard's `pushes` are the pushes it settled,
-applied or dropped, each once; `updates_applied` its optimizer steps (async and ssp: one per push applied; sync:
-one per clock committed with a gradient in it); `version` the version after its last step. summary.json's
-`pushes` are the workers' steps that pushed, so every one of them settled once on each shard: it is held against
-shard 0's, and only for a complete run in which no worker life died (--kill-worker, the nemesis's kill, a restart:
-the summary leaves out the steps of a life that wrote no record)."""
+What they count (psrv/server/counters.py, experiments/launcher/summary.py): a shard's `pushes` are the pushes it
+settled, applied or dropped, each once; `updates_applied` its optimizer steps (async and ssp: one per push applied;
+sync: one per clock committed with a gradient in it, or as many as a quorum's merge of fragments says, `updates`:
+one per fragment in it); `version` the version after its last step. summary.json's `pushes` are the workers' steps
+that pushed, so every one of them settled once on each shard: it is held against shard 0's, and only for a complete
+run in which no worker life died (--kill-worker, the nemesis's kill, a restart: the summary leaves out the steps of
+a life that wrote no record)."""
 from __future__ import annotations
 
 import json
@@ -30,7 +31,7 @@ class Held:
 def held(lineage: list[Event], mode: str) -> Held:
     pushes = sum(e.ev in ("apply", "drop") for e in lineage)
     if mode == "sync":
-        updates = sum(e.ev == "commit" and bool(e["pushed"]) for e in lineage)
+        updates = sum(e.fields.get("updates", 1) for e in lineage if e.ev == "commit" and e["pushed"])
     else:
         updates = sum(e.ev == "apply" for e in lineage)
     version = next((e["version"] for e in reversed(lineage) if e.ev in ("apply", "commit")), 0)

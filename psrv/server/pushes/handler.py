@@ -125,7 +125,7 @@ class Pushes:
                 s.fragments.check_whole()
                 shard.accumulate(grad, momentum=onebit_adam.is_momentum(msg), weight=weight)
             else:
-                s.fragments.accumulate(shard, fragment, grad)
+                s.fragments.accumulate(shard, fragment, grad, merge=bool(s.cfg.quorum), weight=weight)
             self.took(msg, version=shard.version, age=staleness)  # before the merge it may close (docs/history.md)
             self.commit_if_ready()
         s.stats.pushed(time.perf_counter() - started, staleness)
@@ -142,18 +142,21 @@ class Pushes:
             if s.shard is not None:
                 self.grace.opened()
             return
+        steps: list[int] = []
         if s.shard.accumulated or s.fragments.accumulated:
             self.before_write()
             # the rule sees the mean at staleness 0 (lr scale 1); a fragment's with its own optimizer
-            n = s.shard.apply_accumulated() if s.shard.accumulated else s.fragments.apply_accumulated(s.shard)
-            s.stats.applied(s.shard.version, pushes=n)
+            steps = [s.shard.apply_accumulated()] if s.shard.accumulated else s.fragments.apply_accumulated(s.shard)
+            for n in steps:  # a quorum's merge steps each fragment in it once
+                s.stats.applied(s.shard.version, pushes=n)
         else:
             log.warning("shard %d: clock %d had no finite gradient (or no worker left to push it); moving on "
                         "without a step", s.cfg.shard, s.controller.open_clock)
         c = s.controller
         s.history.record("commit", clock=c.open_clock, version=s.shard.version, epoch=self.epoch,
                          pushed=sorted(c.arrived - c.voided), arrived=sorted(c.arrived), pushing=sorted(c.pushing()),
-                         active=sorted(c.active), need=c.needed(), **self._graced())
+                         active=sorted(c.active), need=c.needed(), **self._graced(),
+                         **({"updates": len(steps)} if len(steps) > 1 else {}))  # a merge of fragments
         c.committed()
         self.grace.closed()
 
