@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from psrv.experiments.simulate.codec_cost import CodecCost
 from psrv.server.consistency import Decision, make_controller
+from psrv.server.pushes.grace import PushTimes, adaptive_end
 
 APPLY, ACCUMULATE, DROP = Decision.APPLY, Decision.ACCUMULATE, Decision.DROP
 
@@ -54,7 +55,7 @@ class Recorded:
 
 class Cluster:
     def __init__(self, *, workers: int, shards: int, mode: str, staleness: int, backup_workers: int, quorum: int = 0,
-                 quorum_max_age: int = 0, quorum_grace: float = 0.0,
+                 quorum_max_age: int = 0, quorum_grace: float = 0.0, quorum_grace_adaptive: bool = False,
                  steps: int, local_steps: int, compute: list[list[float]], latency: float,
                  push_transfer: tuple[float, ...], reply_transfer: tuple[float, ...], server_seconds: float, sample: int, batch_size: int,
                  learner=None, codec: CodecCost | None = None,
@@ -66,7 +67,10 @@ class Cluster:
                                             quorum_grace=quorum_grace > 0)
                             for _ in range(shards)]
         self.grace = quorum_grace
-        self.grace_since: list[float | None] = [None] * shards  # when each shard's open merge had its Q workers
+        self.grace_until: list[float | None] = [None] * shards  # when each shard's open merge's window ends
+        # adaptive (psrv/server/pushes/grace.py): each shard's view of the workers' pushes, and the end planned
+        # for the push that completes a merge's quorum
+        self.push_times = [PushTimes() for _ in range(shards)] if quorum_grace and quorum_grace_adaptive else None
         self.compute, self.latency = compute, latency
         self.server_seconds, self.sample, self.batch_size = server_seconds, sample, batch_size
         self.learner = learner
@@ -188,9 +192,13 @@ class Cluster:
             in_free[s] = arrive
             th = (arrive if arrive > busy[s] else busy[s]) + server + unpack[s]  # the shard's thread, a push at a time
             busy[s] = th
-            if self.grace and self.grace_since[s] is not None and th - self.grace_since[s] >= self.grace:
-                ctrl.expire()  # as the shard: a window over closes its merge before the push that finds it so
-                self._commit_if_ready(s, ctrl)
+            planned = None
+            if self.grace:
+                if self.grace_until[s] is not None and th >= self.grace_until[s]:
+                    ctrl.expire()  # as the shard: a window over closes its merge before the push that finds it so
+                    self._commit_if_ready(s, ctrl)
+                if self.push_times is not None:
+                    planned = self._adaptive(s, w, th, ctrl)
             decision = ctrl.push(w, clock, version[s] - base[s])
             if decision is DROP:
                 self.rec.dropped[s] += 1
@@ -206,9 +214,9 @@ class Cluster:
                 else:
                     if learner is not None:
                         learner.accumulate(s, grad)
-                    if not self._commit_if_ready(s, ctrl) and self.grace and self.grace_since[s] is None \
+                    if not self._commit_if_ready(s, ctrl) and self.grace and self.grace_until[s] is None \
                             and ctrl.met():
-                        self.grace_since[s] = th  # a quorum's grace window opens
+                        self.grace_until[s] = planned if planned is not None else th + self.grace  # its window opens
             heappush(waiting, (clock + 1, w, th, gen[w]))
             ready = ctrl.pull_ready
             while waiting and (waiting[0][3] != gen[waiting[0][1]] or ready(waiting[0][1], waiting[0][0])):
@@ -242,8 +250,21 @@ class Cluster:
             self.learner.commit(s)
         ctrl.committed()
         self.version[s] += 1
-        self.grace_since[s] = None
+        self.grace_until[s] = None
         return True
+
+    def _adaptive(self, s: int, w: int, th: float, ctrl) -> float | None:
+        """As the shard's primary judges a push under an adaptive window: the push noted; where it completes the
+        open merge's quorum, the window's end (the push itself, when none: the merge then closes with it)."""
+        times = self.push_times[s]
+        times.saw(w, th)
+        if self.grace_until[s] is not None or not ctrl.completes(w):
+            return None
+        inside = ctrl.arrived | {w}
+        end = adaptive_end(th, inside, (x for x in ctrl.pushing() if x not in inside), times, self.grace)
+        if end <= th:
+            ctrl.expire()
+        return end
 
     def release(self, s: int, t: float) -> None:
         """Answer every held pull of shard `s` the controller allows at `t`. pull_ready is monotone in
@@ -311,12 +332,10 @@ class Cluster:
         active set, and a clock or held pull waiting on it goes on."""
         for s, ctrl in enumerate(self.controllers):
             ctrl.leave(w)
+            if self.push_times is not None:
+                self.push_times[s].forget(w)  # as the shard forgets a worker that left
             th = t if t > self.busy[s] else self.busy[s]
-            if ctrl.commit_ready():
-                if self.learner is not None:
-                    self.learner.commit(s)
-                ctrl.committed()
-                self.version[s] += 1
+            self._commit_if_ready(s, ctrl)  # its window, if one ran, ends with it
             self.release(s, th)
 
     def _row(self, w: int, step: int, end: float, compute: float, comm: float, wait: float,

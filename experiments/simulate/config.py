@@ -10,7 +10,8 @@ from psrv.config.sections import SimulateSettings
 # The settings of a run the simulator models (a key, or a section ending in '.'); the others (where
 # tensors live, the transport, timeouts, error feedback's effect on learning, the all-reduce baselines) it does not:
 # `psrv simulate` has no option for them and refuses them set in a --config file.
-SIMULATED = ("mode", "staleness", "backup_workers", "quorum", "quorum_max_age", "quorum_grace", "seed", "cluster.servers",
+SIMULATED = ("mode", "staleness", "backup_workers", "quorum", "quorum_max_age", "quorum_grace",
+             "quorum_grace_adaptive", "seed", "cluster.servers",
              "cluster.workers", "job.", "optimizer.", "worker.local_steps", "worker.overlap", "worker.wire_dtype", "worker.compress", "worker.compress_min_numel",
              "worker.compress_pull", "worker.pull_error_feedback", "worker.pull_resync", "worker.fragments",
              "worker.outer_dtype", "worker.inner_optimizer", "worker.inner_lr", "faults.compute_ms",

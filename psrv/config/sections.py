@@ -109,6 +109,11 @@ class Consistency(Section):
     quorum_grace: float = setting(0.0, "with --quorum: once Q workers are in, hold the merge open up to SECONDS for the "
                                   "others' pushes (judged as each request arrives, so replicated shards close it "
                                   "alike; 0: merge at the Q-th)", minimum=0.0, metavar="SECONDS")
+    quorum_grace_adaptive: bool = setting(False, "with --quorum-grace: end the window early, at the Q-th push "
+                                          "already, unless a worker outside the merge is expected to push before "
+                                          "one inside pushes again (each worker's next push expected from its mean "
+                                          "interval between pushes); then hold it until that re-push is due, at most "
+                                          "--quorum-grace seconds")
 
     def validate(self) -> None:
         super().validate()
@@ -123,6 +128,9 @@ class Consistency(Section):
             raise ConfigError("quorum_max_age", "applies with quorum only (the barrier's pushes are all fresh)")
         if self.quorum_grace and not self.quorum:
             raise ConfigError("quorum_grace", "applies with quorum only (the barrier waits for every worker)")
+        if self.quorum_grace_adaptive and not self.quorum_grace:
+            raise ConfigError("quorum_grace_adaptive", "adapts the grace window: give --quorum-grace SECONDS, its "
+                              "longest")
 
 
 @dataclass(frozen=True, kw_only=True)

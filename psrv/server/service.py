@@ -179,7 +179,7 @@ class ShardService:
         has been silent, and whether it was ever heard from."""
         liveness = self.state.liveness
         return {"silent": liveness.silent(msg.worker), "heard": msg.worker in liveness.last_seen,
-                **self.pushes.grace.judged()}
+                **self.pushes.grace.judged(msg)}
 
     def apply(self, peer: Hashable, frames: list, *, judged: dict | None = None) -> None:
         """Decode and serve one request its primary forwarded to this backup, with the primary's `judged`."""

@@ -46,7 +46,9 @@ AXES: dict[str, tuple] = {
     "quorum": (0, 2, 1),  # sync's merges of Q distinct workers' pushes (0: the barrier)
     "grace": (0.0, 30.0),  # --quorum-grace: never over in a case's turns, so a merge waits for every worker
     # --quorum-max-age is no axis: in a case's turns no push is more than one merge old, and an age limit (>= 1)
-    # drops nothing there; tests/integration/test_quorum.py drops real late pushes, the checker's rule 3 sees them
+    # drops nothing there; tests/integration/test_quorum.py drops real late pushes, the checker's rule 3 sees them.
+    # --quorum-grace-adaptive is none either: it reads when pushes arrive, which the turns leave to the machine;
+    # test_quorum_merge.py scripts the clock and checks each merge it closes by hand
     "clip": (0.0, 1.0),
     "schedule": ("constant", "warmup_cosine"),
     "weight_decay": (0.0, 0.01),

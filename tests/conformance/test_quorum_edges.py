@@ -137,6 +137,7 @@ def test_make_controller_builds_it_only_for_sync_with_a_quorum():
     ({"mode": "sync", "quorum": 1, "backup_workers": 1}, "quorum"),
     ({"mode": "sync", "quorum_max_age": 2}, "quorum_max_age"),
     ({"mode": "sync", "quorum_grace": 0.5}, "quorum_grace"),
+    ({"mode": "sync", "quorum": 1, "quorum_grace_adaptive": True}, "quorum_grace_adaptive"),
     ({"mode": "sync", "quorum": 5}, "quorum"),
     ({"mode": "sync", "quorum": 2, "optimizer": {"name": "onebit_adam", "freeze_step": 2}},
      "optimizer.name"),

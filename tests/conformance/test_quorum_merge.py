@@ -115,3 +115,50 @@ def test_a_sync_clock_still_refuses_a_second_fragment():
     reply = d.net.out[-1]
     assert reply.type is MsgType.ERROR and "same fragment" in str(reply.fields), reply.fields
     assert torch.equal(d.weights, w0) and d.counts()[1] == 0
+
+
+# --- the adaptive grace window (--quorum-grace-adaptive) -----------------------------------------------------
+# 3 workers, Q = 2, a window of at most 10 s: workers 0 and 1 push every second (0.1 s apart), worker 2 every 2 s
+# from 0.5 s, and not after 4.5 s (dead). (time, worker, updates after it), derived by hand from the rule in
+# psrv/server/pushes/grace.py's docstring:
+ADAPTIVE = [
+    (0.0, 0, 0), (0.1, 1, 0),  # Q in; worker 2 has no interval yet: wait (up to 10 s; no re-push expected yet)
+    (0.5, 2, 1),               # every worker in: merge 1
+    (1.0, 0, 1), (1.1, 1, 1),  # Q in; worker 2 still has no interval: wait until worker 0's re-push, due at 2.0
+    (2.0, 0, 2),               # the window is over: merge 2 {0, 1} closes before this push, which opens merge 3
+    (2.1, 1, 2), (2.5, 2, 3),  # Q in, wait until 3.0; worker 2 comes: merge 3 holds all three
+    (3.0, 0, 3), (3.1, 1, 4),  # worker 2 is expected at 4.5, after worker 0's re-push at 4.0: no window, merge 4 now
+    (4.0, 0, 4), (4.1, 1, 4),  # worker 2 expected at 4.5, before 5.0: wait
+    (4.5, 2, 5),               # it comes: merge 5 holds all three
+    (5.0, 0, 5), (5.1, 1, 6),  # worker 2 expected at 6.5, after 6.0: merge 6 now
+    (6.0, 0, 6), (6.1, 1, 6),  # 6.5 is before 7.0: wait (worker 2 is dead, but not yet late)
+    (7.0, 0, 7), (7.1, 1, 7),  # merge 7 closes at 7.0; worker 2 late by less than its interval (8.5): wait
+    (8.0, 0, 8), (8.1, 1, 8),  # merge 8 at 8.0; 8.5 is still after 8.1: wait
+    (9.0, 0, 9), (9.1, 1, 10),  # merge 9 at 9.0; worker 2 late by more than an interval: not waited for
+]
+MERGES = [(0, 1, 2), (3, 4), (5, 6, 7), (8, 9), (10, 11, 12), (13, 14), (15, 16), (17, 18), (19, 20), (21, 22)]
+
+
+def test_an_adaptive_window_waits_only_for_a_worker_expected_before_the_merges_own_push_again():
+    clock = [0.0]
+    d = Driven(mode="sync", workers=3, optim=SGD, quorum=2, quorum_grace=10.0, quorum_grace_adaptive=True,
+               now=lambda: clock[0])
+    w0, g = d.weights, grads(len(ADAPTIVE))
+    for i, (t, worker, updates) in enumerate(ADAPTIVE):
+        clock[0] = t
+        d.send(worker, MsgType.PUSH_PULL, clock=i, tensor=g[i])
+        assert d.net.out[-1].type is MsgType.OK or d.net.out[-1].type is MsgType.WEIGHTS, d.net.out[-1].fields
+        assert d.counts()[1] == updates, f"at {t} s (worker {worker}): {d.counts()[1]} merges, expected {updates}"
+    want = w0 - sum(sum(g[i] for i in m) / len(m) for m in MERGES)
+    assert torch.allclose(d.weights, want, atol=1e-5), (d.weights - want).abs().max()
+
+
+def test_a_fixed_window_waits_its_seconds_where_the_adaptive_one_would_not():
+    """The same pushes under a fixed window of 10 s: every merge but the first waits for the window or for all
+    three (none closes at the Q-th), so fewer merges than the adaptive window's."""
+    clock = [0.0]
+    d = Driven(mode="sync", workers=3, optim=SGD, quorum=2, quorum_grace=10.0, now=lambda: clock[0])
+    for i, (t, worker, _) in enumerate(ADAPTIVE):
+        clock[0] = t
+        d.send(worker, MsgType.PUSH_PULL, clock=i, tensor=grads(1)[0])
+    assert d.counts()[1] == 3  # all three at 0.5, 2.5 and 4.5; the 10 s window is never over by 9.1

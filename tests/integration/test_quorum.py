@@ -99,3 +99,19 @@ def test_a_quorum_merges_fragment_pushes_of_workers_at_different_fragments(tmp_p
     shards = _shards(tmp_path)
     assert all(sh["pushes_applied"] == sh["pushes"] == 3 * 60 // 2 for sh in shards), shards
     assert sum(sh["updates_applied"] for sh in shards) > result.counts.commits, (shards, result.counts)
+
+
+@pytest.mark.timeout(150)
+def test_an_adaptive_window_closes_merges_without_the_slow_worker_and_replicas_close_them_alike(tmp_path):
+    """Quorum 2 of 3 with an adaptive window of at most 0.5 s: where the slow worker (6x) is not expected before
+    the fast pair pushes again, a merge closes at its Q-th push (the fixed window above waits for it every
+    time); the backup's lineage agrees across the failover (shard 0's primary killed halfway), rule 3 holds."""
+    s = psrv_run(tmp_path, *ARGS, "--quorum", "2", "--quorum-grace", "0.5", "--quorum-grace-adaptive",
+                 "--replicas", "1", "--kill-server", "0:30", timeout=120)
+    assert s["quorum_grace_adaptive"] and s["complete"], s
+    commits = _commits(tmp_path)
+    without_slow = [e for e in commits if 2 in e["pushing"] and 2 not in e["pushed"]]
+    assert len(without_slow) >= 10 and all(e["due"] for e in without_slow), commits
+    result = check_run(tmp_path)
+    assert result.ok, result.line()
+    assert result.counts.epochs > 2

@@ -22,6 +22,7 @@ SCRIPT = str(Path(__file__).resolve().parents[1] / "integration" / "script_loop.
 COMPANIONS: dict[str, dict[str, Any]] = {
     "backup_workers": {"mode": "sync"}, "mode": {}, "quorum": {"mode": "sync"},
     "quorum_max_age": {"mode": "sync", "quorum": 1}, "quorum_grace": {"mode": "sync", "quorum": 1},
+    "quorum_grace_adaptive": {"mode": "sync", "quorum": 1, "quorum_grace": 0.5},
     "lr_schedule": {"optimizer": {"lr_decay_steps": 10}},  # its other value, warmup_cosine, needs a horizon
     "lr_decay_steps": {"optimizer": {"lr_schedule": "linear"}},
     "lr_end_factor": {"optimizer": {"lr_schedule": "linear", "lr_decay_steps": 10}},

@@ -255,3 +255,15 @@ def test_a_quorum_merges_without_the_slow_worker_and_a_grace_window_lets_it_in()
     assert quorum["updates_applied"] > 60 and quorum["max_staleness"] >= 2 and quorum["quorum"] == 3
     assert sim(**base, quorum=3, quorum_grace=10.0)["updates_applied"] == 60
     assert sim(**base, quorum=3, quorum_grace=1e-6)["updates_applied"] == quorum["updates_applied"]
+
+
+def test_an_adaptive_window_waits_for_the_slow_worker_only_when_it_is_due_first():
+    """The same cluster under an adaptive window of at most 10 s (psrv/server/pushes/grace.py, on the
+    simulator's clock): the slow worker is waited for only where its push is due before a fast worker's next,
+    so there are more merges than the fixed window's 60, and fewer than with no window, each of which holds
+    the slow worker's push with the fast ones' where it waits."""
+    base = {"mode": "sync", "cluster": {"workers": 4, "servers": 1}, "faults": {"compute_ms": 20.0, "straggler": "3:4"}}
+    quorum = sim(**base, quorum=3)
+    adaptive = sim(**base, quorum=3, quorum_grace=10.0, quorum_grace_adaptive=True)
+    assert adaptive["quorum_grace_adaptive"] is True
+    assert 60 < adaptive["updates_applied"] < quorum["updates_applied"], (adaptive, quorum["updates_applied"])

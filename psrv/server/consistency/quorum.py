@@ -86,6 +86,12 @@ class QuorumController(Controller):
         """Q distinct workers still pushing have a gradient in the open merge (its grace window may run)."""
         return self._in_gradients >= self.needed()
 
+    def completes(self, worker: int) -> bool:
+        """Whether a gradient of `worker` now would give the open merge its Q workers (the adaptive grace window
+        is judged for that push before it is handled)."""
+        return not self.met() and self._pushing(worker) and not self.gradients[worker] \
+            and self._in_gradients + 1 >= self.needed()
+
     def expire(self) -> None:
         """The open merge's grace window is over: it closes once it has its Q workers."""
         self.due = True

@@ -2,33 +2,95 @@
 its Q workers, it waits up to SECONDS for the others' pushes. Time is read by the primary alone, as each
 replicated request arrives (ShardService._judge sends `merge_due` with it in the stream): the window closes at
 the first request after it is over, on the primary and on every backup alike, never in between. A merge whose
-window is over closes before that request is handled, so a push arriving then joins the next merge."""
+window is over closes before that request is handled, so a push arriving then joins the next merge.
+
+Adaptive (`--quorum-grace-adaptive`): the window is worth holding only for a worker that will push before the
+merge's own workers push again (then they would push into it a second time, on weights a merge old). So, judged
+by the primary as the push that completes the quorum arrives: each worker's next push is expected at its last
+push plus its mean interval between pushes (`PushTimes`); the window runs until the earliest expected re-push of a
+worker inside the merge, at most SECONDS, if some worker still pushing outside it is expected by then (or is new
+or late by less than one interval: it may be about to push); otherwise it is zero, and the merge closes with that
+push, as with no window. A worker late by more than an interval (dead, or far slower) is not waited for."""
 from __future__ import annotations
 
+from psrv.protocol import Message, MsgType
 from psrv.server.state import ShardState
+
+PUSHES = (MsgType.PUSH, MsgType.PUSH_PULL)
+
+
+class PushTimes:
+    """Each worker's last push and its mean interval between pushes (each new interval weighs half), on one clock."""
+
+    def __init__(self) -> None:
+        self.last: dict[int, float] = {}
+        self.gap: dict[int, float] = {}
+
+    def saw(self, worker: int, t: float) -> None:
+        if worker in self.last:
+            interval = t - self.last[worker]
+            self.gap[worker] = interval if worker not in self.gap else (self.gap[worker] + interval) / 2
+        self.last[worker] = t
+
+    def forget(self, worker: int) -> None:
+        self.last.pop(worker, None)
+        self.gap.pop(worker, None)
+
+
+def adaptive_end(t: float, inside: set[int], outside: set[int], times: PushTimes, longest: float) -> float:
+    """When an adaptive window that opens at `t` ends: at `t` itself (none), or at the earliest expected re-push
+    of a worker `inside` the merge, at most `t + longest`, where a worker `outside` it (still pushing) may push
+    by then. A worker without an interval yet may push at any time; so may one whose expected push is past by
+    less than its interval."""
+    bound = min([t + longest] + [times.last[w] + times.gap[w] for w in inside if w in times.gap])
+    for w in outside:
+        if w not in times.gap:
+            return bound
+        expected = times.last[w] + times.gap[w]
+        if expected <= bound and expected + times.gap[w] >= t:
+            return bound
+    return t
 
 
 class GraceWindow:
     def __init__(self, state: ShardState):
         self.state = state
         self.seconds = state.cfg.quorum_grace if state.cfg.quorum else 0.0
+        self.adaptive = bool(self.seconds and state.cfg.quorum_grace_adaptive)
         self.since: float | None = None  # when the open merge had its Q workers (the primary's clock)
+        self.until: float | None = None  # when its window ends
+        self.times = PushTimes()  # adaptive: each worker's pushes, as the primary saw them arrive
+        self._planned: float | None = None  # adaptive: the end judged for the request in hand, if it completes Q
 
-    def due(self) -> bool:
-        """The primary's judgement for the request in hand: is the open merge's window over?"""
-        return self.since is not None and self.state.now() - self.since >= self.seconds
-
-    def judged(self) -> dict:
-        return {"merge_due": self.due()} if self.seconds else {}
+    def judged(self, msg: Message) -> dict:
+        """The primary's judgement for the request in hand: is the open merge's window over? Adaptive, for the
+        push that gives the merge its Q workers: is its window none at all (then it closes with this push)?"""
+        if not self.seconds:
+            return {}
+        now = self.state.now()
+        due = self.until is not None and now >= self.until
+        if self.adaptive and msg.type in PUSHES:
+            self.times.saw(msg.worker, now)
+            c = self.state.controller
+            if self.since is None and c.completes(msg.worker):
+                inside = c.arrived | {msg.worker}
+                self._planned = adaptive_end(now, inside, c.pushing() - inside, self.times, self.seconds)
+                due = self._planned <= now
+        return {"merge_due": due}
 
     def opened(self) -> None:
         """The open merge was looked at and stays open: its window starts once it has its Q workers."""
         c = self.state.controller
         if self.seconds and self.since is None and c.met():
             self.since = self.state.now()
+            self.until = self._planned if self._planned is not None else self.since + self.seconds
+        self._planned = None
 
     def closed(self) -> None:
-        self.since = None
+        self.since = self.until = self._planned = None
+
+    def forget(self, worker: int) -> None:
+        self.times.forget(worker)
 
     def take(self, judged: dict | None) -> bool:
         """The request in hand's judgement, before it is handled: True where it ends the open merge's window."""

@@ -175,6 +175,7 @@ class Pushes:
         was half applied."""
         self.chunks.forget(worker)
         self.held.drop(worker)
+        self.grace.forget(worker)
 
     # --- answers and their record ---------------------------------------------
     def record_answer(self, msg: Message, info: dict, *, recorded: bool = False) -> dict:
