@@ -243,7 +243,12 @@ def format_summary(s: dict) -> str:
         rows.append(("failovers", ", ".join(f"shard {f['shard']} to {f['new_primary']} at epoch {f['epoch']}"
                                             + (f", version {f['version']}" if "version" in f else "")
                                             for f in s["replication"]["failovers"]) or "none"))
-    rows += _goodput_rows(s.get("goodput"), s.get("history_check"))
+    if s.get("simulated"):  # psrv simulate --goodput: ratios against its run without stragglers or failures
+        if "goodput" in s:
+            rows.append(("goodput", f"{_share(s['goodput'])} (while every worker ran), end to end "
+                                    f"{_share(s.get('goodput_end_to_end'))}, against the same run simulated clean"))
+    else:
+        rows += _goodput_rows(s.get("goodput"), s.get("history_check"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {fmt(v)}" for k, v in rows)
 

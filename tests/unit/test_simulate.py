@@ -267,3 +267,13 @@ def test_an_adaptive_window_waits_for_the_slow_worker_only_when_it_is_due_first(
     adaptive = sim(**base, quorum=3, quorum_grace=10.0, quorum_grace_adaptive=True)
     assert adaptive["quorum_grace_adaptive"] is True
     assert 60 < adaptive["updates_applied"] < quorum["updates_applied"], (adaptive, quorum["updates_applied"])
+
+
+def test_a_single_simulation_with_goodput_prints_it(tmp_path, capsys):
+    """`psrv simulate --goodput` ends with its summary table: the simulator's goodput is a ratio, not a real run's
+    goodput block (printing it as one crashed, after summary.json was written)."""
+    assert main(["simulate", "--mode", "sync", "--quorum", "3", "--workers", "4", "--servers", "1", "--steps", "40",
+                 "--compute-ms", "5", "--straggler", "1:4", "--goodput", "--out", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    s = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert f"goodput             {s['goodput']:.3f} (while every worker ran), end to end " in printed, printed
