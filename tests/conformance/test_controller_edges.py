@@ -244,3 +244,23 @@ def test_the_counted_barrier_is_the_scanned_one_through_joins_leaves_finishes_an
         assert c.commit_ready() == want, (mode, w, what)
         if want:
             c.committed()
+
+
+@pytest.mark.parametrize("mode", ["async", "ssp", "sync"])
+def test_a_finished_worker_that_joins_again_pushes_again(mode):
+    """A worker whose final pull came (finish) and that says HELLO again (a relaunch) is no longer finished: it
+    pushes again (under sync, from the clock after the open one, as any joiner), and the slowest clock is its own."""
+    c = make_controller(mode, 3, staleness=1)
+    for w in range(3):
+        c.push(w, 0)
+    c.finish(1)
+    assert c.pushing() == {0, 2} and c.pushing_count() == 2
+    c.leave(1)
+    c.join(1)
+    c.finish(2)
+    c.join(2)  # a HELLO again without a leave
+    assert not c.finishing and c.min_clock() == 1
+    if mode == "sync":  # joiners, counted from the clock after the open one
+        assert (c.counted_from(1), c.counted_from(2)) == (c.open_clock + 1, c.open_clock + 1)
+    else:
+        assert c.pushing() == {0, 1, 2} and c.pushing_count() == 3
