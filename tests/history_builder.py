@@ -43,7 +43,7 @@ class Proc:
                     **({} if age is None else {"age": age}))
 
     def commit(self, clock: int, pushed: list[int], need: int, active: list[int] | None = None, **more) -> int:
-        self.version += 1
+        self.version += more.get("updates", 1)  # a quorum's merge of fragments: one step each
         return self("commit", clock=clock, version=self.version, pushed=pushed, need=need,
                     active=list(range(self.run.workers)) if active is None else active, **more)
 

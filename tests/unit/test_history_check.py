@@ -237,6 +237,26 @@ def test_a_clean_quorum_run_merges_any_clocks_and_a_workers_second_push(tmp_path
     assert result.counts.commits == 2
 
 
+def test_a_quorum_merge_of_fragments_counts_its_steps_and_its_version_must_move_by_them(tmp_path):
+    """A merge of two fragments' pushes (streaming DiLoCo under a quorum) steps each: `updates` 2, the version
+    two on; a merge whose version moved by two while it says one step is flagged."""
+    run = RunFolder(tmp_path, mode="sync", workers=2, quorum=2)
+    ws, p = [run.worker(w) for w in range(2)], run.replica(0, "primary", A)
+    quorum_push(run, ws[0], p, 1, 0)
+    quorum_push(run, ws[1], p, 1, 0)
+    p.commit(0, [0, 1], need=2, updates=2)
+    quorum_push(run, ws[0], p, 2, 1)
+    quorum_push(run, ws[1], p, 2, 1)
+    p.commit(1, [0, 1], need=2)
+    result = check_run(tmp_path)
+    assert result.ok, result.line()
+    quorum_push(run, ws[0], p, 3, 2, age=1)
+    quorum_push(run, ws[1], p, 3, 2, age=1)
+    line = p("commit", clock=2, version=p.version + 2, pushed=[0, 1], need=2, active=[0, 1])
+    assert "merge 2 moved the version from 3 to 5, but it took 1 step" in only(check_run(tmp_path), 3, p.file,
+                                                                               line).message
+
+
 def test_a_quorum_merge_of_one_worker_twice_is_short_of_its_quorum(tmp_path):
     run = RunFolder(tmp_path, mode="sync", workers=3, quorum=2)
     ws, p = [run.worker(w) for w in range(3)], run.replica(0, "primary", A)

@@ -91,17 +91,26 @@ class Merges(Barrier):
     def __init__(self, shard: int, workers: int, quorum: int, max_age: int, grace: bool):
         super().__init__(shard, workers, 0)
         self.quorum, self.max_age, self.grace = quorum, max_age, grace
+        self.version: int | None = None  # after the lineage's last merge (None before one, and after a state load)
 
     def see(self, e: Event) -> None:
         if e.ev == "drop" and e["why"] in VOID_DROPS:  # a merge's voided pushes, whatever their clock
             self.members.see(e)
             self.voided.setdefault(-1, set()).add(e["w"])
             return
+        if e.ev == "state":  # a state taken whole (a backup joining): its version is the primary's
+            self.version = None
         super().see(e)
 
     def _commit(self, e: Event) -> None:
         c, need = e["clock"], e["need"]
         self._once(e, "merge")
+        # only merges step a quorum's shard: each moves the version by its steps (one per fragment in it)
+        steps = e.fields.get("updates", 1) if e["pushed"] else 0
+        if self.version is not None and e["version"] != self.version + steps:
+            self._flag(e, f"merge {c} moved the version from {self.version} to {e['version']}, but it took {steps} "
+                       f"step{'s' if steps != 1 else ''}")
+        self.version = e["version"]
         pushers = {a["w"] for a in self.accumulated}
         for a in self.accumulated:
             age = a.fields.get("age")
