@@ -146,8 +146,9 @@ def test_an_adaptive_window_waits_only_for_a_worker_expected_before_the_merges_o
     w0, g = d.weights, grads(len(ADAPTIVE))
     for i, (t, worker, updates) in enumerate(ADAPTIVE):
         clock[0] = t
-        d.send(worker, MsgType.PUSH_PULL, clock=i, tensor=g[i])
-        assert d.net.out[-1].type is MsgType.OK or d.net.out[-1].type is MsgType.WEIGHTS, d.net.out[-1].fields
+        kind = MsgType.PUSH_PULL if worker == 1 else MsgType.PUSH  # the window reads both kinds of push
+        d.send(worker, kind, clock=i, tensor=g[i])
+        assert d.net.out[-1].type is not MsgType.ERROR, d.net.out[-1].fields
         assert d.counts()[1] == updates, f"at {t} s (worker {worker}): {d.counts()[1]} merges, expected {updates}"
     want = w0 - sum(sum(g[i] for i in m) / len(m) for m in MERGES)
     assert torch.allclose(d.weights, want, atol=1e-5), (d.weights - want).abs().max()
@@ -162,3 +163,24 @@ def test_a_fixed_window_waits_its_seconds_where_the_adaptive_one_would_not():
         clock[0] = t
         d.send(worker, MsgType.PUSH_PULL, clock=i, tensor=grads(1)[0])
     assert d.counts()[1] == 3  # all three at 0.5, 2.5 and 4.5; the 10 s window is never over by 9.1
+
+
+def test_the_adaptive_windows_end_at_its_edges():
+    """adaptive_end's comparisons at equality, its ceiling, and PushTimes' mean (each new interval weighs half)."""
+    from psrv.server.pushes.grace import PushTimes, adaptive_end
+    times = PushTimes()
+    for w, at in [(0, 0.0), (0, 1.0), (0, 3.0)]:  # intervals 1 then 2: the mean 1.5, the next push due at 4.5
+        times.saw(w, at)
+    assert times.gap[0] == 1.5
+    times.saw(1, 2.0), times.saw(1, 3.5)  # due at 5.0
+    assert adaptive_end(3.2, {0}, set(), times, 10.0) == 3.2  # no one outside: no window
+    assert adaptive_end(3.2, {0}, {1}, times, 10.0) == 3.2  # 1 is due at 5.0, after 0's re-push at 4.5
+    assert adaptive_end(3.2, {1}, {0}, times, 10.0) == 5.0  # 0 is due at 4.5, before 1's re-push at 5.0
+    assert adaptive_end(3.0, {1}, {0}, times, 1.0) == 3.0  # the ceiling (4.0) comes before 0 is due: none
+    assert adaptive_end(3.0, {1}, {0}, times, 1.5) == 4.5  # due exactly at the window's end: waited for
+    times.saw(2, 0.0), times.saw(2, 1.0)  # due at 2.0, late since
+    assert adaptive_end(3.0, {1}, {2}, times, 10.0) == 5.0  # late by exactly its interval: still waited for
+    assert adaptive_end(3.01, {1}, {2}, times, 10.0) == 3.01  # late by more: not
+    assert adaptive_end(3.0, {1}, {3}, times, 10.0) == 5.0  # never seen: it may push at any time
+    times.forget(1)
+    assert adaptive_end(3.0, {1}, {3}, times, 10.0) == 13.0  # no re-push known inside: the ceiling
