@@ -224,7 +224,7 @@ class StreamingReference(Reference):
         """One worker's whole step under a quorum: its fragment push joins the open merge, which may close;
         its pull is answered at once."""
         if not self._begin_step(wk):  # its last push was refused: the merge no longer waits for it
-            self._merge_when_ready()
+            self._merge_if_ready()
             return
         if not self._pushes_now(step):
             return
@@ -236,16 +236,8 @@ class StreamingReference(Reference):
         self.merge_arrived.add(wk.rank)
         if fate == "ok":
             self.merge.append((wk, f, sent, age))
-        self._merge_when_ready()
+        self._merge_if_ready()
         self._answer(wk, f, age)
-
-    def _merge_when_ready(self) -> None:
-        pushing = {w.rank for w in self.workers if w.alive}
-        with_push = {w.rank for w, *_ in self.merge}
-        need = max(1, min(self.cfg.quorum, len(pushing)))
-        met = len(with_push & pushing) >= need and not self.cfg.quorum_grace  # a case's window is never over
-        if with_push and (met or pushing <= self.merge_arrived):
-            self._close_merge()
 
     def _close_merge(self) -> None:
         """Each fragment in the open merge steps once, on the mean of its pushes, in the order they came in."""

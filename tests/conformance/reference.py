@@ -224,7 +224,7 @@ class Reference:
                     if rank in by_rank and by_rank[rank].alive:
                         (self._quorum_turn if self.cfg.quorum else self._turn)(by_rank[rank], step, clock)
         if self.merge:  # what the last merge holds commits as the workers finish (none is left to push)
-            self._merge()
+            self._close_merge()
         return Expected(self.server.w, {**self.counts, "dropped": dict(self.counts["dropped"])}, self.hist,
                         self.step_staleness, self.refused, dict(self.server.lr_scales))
 
@@ -326,9 +326,9 @@ class Reference:
         need = max(1, min(self.cfg.quorum, len(pushing)))
         met = len(with_gradient & pushing) >= need and not self.cfg.quorum_grace  # a case's window is never over
         if with_gradient and (met or pushing <= self.merge_arrived):
-            self._merge()
+            self._close_merge()
 
-    def _merge(self) -> None:
+    def _close_merge(self) -> None:
         """The open merge's step: the mean of its pushes (each worker's as many as it made), each counted at
         its own age."""
         mean = sum(sent for _, sent, _, _ in self.merge) / len(self.merge)
