@@ -184,3 +184,41 @@ def test_the_adaptive_windows_end_at_its_edges():
     assert adaptive_end(3.0, {1}, {3}, times, 10.0) == 5.0  # never seen: it may push at any time
     times.forget(1)
     assert adaptive_end(3.0, {1}, {3}, times, 10.0) == 13.0  # no re-push known inside: the ceiling
+    times.saw(1, 10.0)
+    assert 1 not in times.gap  # forgotten whole: its next push is its first
+
+
+def _scripted(events, *, ceiling: float) -> list[int]:
+    """Each event's merge count after it: (time, worker) pushes, or (time, worker, "hello") a worker's HELLO
+    again (a restart), on a shard of 3 workers, Q = 2, an adaptive window of at most `ceiling` seconds."""
+    clock = [0.0]
+    d = Driven(mode="sync", workers=3, optim=SGD, quorum=2, quorum_grace=ceiling, quorum_grace_adaptive=True,
+               now=lambda: clock[0])
+    hello = {"plan_hash": "p", "total": SIZE, "num_shards": 1, "shard": 0, "world_size": 3}
+    g, counts = grads(len(events)), []
+    for i, (t, worker, *hello_again) in enumerate(events):
+        clock[0] = t
+        if hello_again:
+            d.send(worker, MsgType.HELLO, fields=hello)
+        else:
+            d.send(worker, MsgType.PUSH, clock=i, tensor=g[i])
+        assert d.net.out[-1].type is not MsgType.ERROR, d.net.out[-1].fields
+        counts.append(d.counts()[1])
+    return counts
+
+
+def test_the_window_is_judged_at_the_push_that_completes_the_quorum_not_before():
+    """Workers push every second, at .0, .5 and .7; a ceiling of 0.3 s. At 2.0 (worker 0, the merge's first push)
+    no one is due within 0.3 s; at 2.5 (worker 1, the quorum) worker 2 is due at 2.7, before 2.8: the window waits
+    for it, and merge 3 holds all three. Judged at 2.0 instead, it would close at 2.5 without worker 2."""
+    events = [(k + dt, w) for k in range(3) for w, dt in enumerate((0.0, 0.5, 0.7))]
+    assert _scripted(events, ceiling=0.3) == [0, 0, 1, 1, 1, 2, 2, 2, 3]
+
+
+def test_a_worker_that_says_hello_again_is_new_to_the_window():
+    """Worker 2 pushes every 4 s, workers 0 and 1 every second: once its interval is known (4.5), it is not
+    waited for (5.1: merge 6 at once); restarted (HELLO at 5.2), its pushes are forgotten and it may push at any
+    time: at 6.1 the window waits (until 7.0)."""
+    events = [(0.0, 0), (0.1, 1), (0.5, 2), (1.0, 0), (1.1, 1), (2.0, 0), (2.1, 1), (3.0, 0), (3.1, 1), (4.0, 0),
+              (4.1, 1), (4.5, 2), (5.0, 0), (5.1, 1), (5.2, 2, "hello"), (6.0, 0), (6.1, 1)]
+    assert _scripted(events, ceiling=10.0) == [0, 0, 1, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 6, 6]
