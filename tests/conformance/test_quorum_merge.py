@@ -222,3 +222,16 @@ def test_a_worker_that_says_hello_again_is_new_to_the_window():
     events = [(0.0, 0), (0.1, 1), (0.5, 2), (1.0, 0), (1.1, 1), (2.0, 0), (2.1, 1), (3.0, 0), (3.1, 1), (4.0, 0),
               (4.1, 1), (4.5, 2), (5.0, 0), (5.1, 1), (5.2, 2, "hello"), (6.0, 0), (6.1, 1)]
     assert _scripted(events, ceiling=10.0) == [0, 0, 1, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 6, 6]
+
+
+def test_a_shard_built_from_its_config_drops_a_push_older_than_quorum_max_age():
+    """--quorum-max-age reaches the shard's controller from its config (consistency/__init__.py controller_for):
+    quorum 1, max age 1: worker 1's push on weights two merges old is dropped as late, one merge old is not."""
+    d = Driven(mode="sync", workers=3, optim=SGD, quorum=1, quorum_max_age=1)
+    g = grads(4)
+    d.send(0, MsgType.PUSH, clock=0, tensor=g[0], base_version=0)  # merge 1
+    d.send(0, MsgType.PUSH, clock=1, tensor=g[1], base_version=1)  # merge 2
+    d.send(1, MsgType.PUSH, clock=0, tensor=g[2], base_version=1)  # one merge old: merged (3)
+    d.send(2, MsgType.PUSH, clock=0, tensor=g[3], base_version=1)  # two merges old: dropped
+    pushes, updates, dropped, _ = d.counts()
+    assert (pushes, updates, dropped) == (4, 3, {"late": 1}), d.counts()
