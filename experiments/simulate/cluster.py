@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from psrv.experiments.simulate.codec_cost import CodecCost
 from psrv.server.consistency import Decision, make_controller
-from psrv.server.pushes.grace import PushTimes, adaptive_end
+from psrv.server.pushes.grace import PushTimes, planned_end
 
 APPLY, ACCUMULATE, DROP = Decision.APPLY, Decision.ACCUMULATE, Decision.DROP
 
@@ -258,11 +258,8 @@ class Cluster:
         open merge's quorum, the window's end (the push itself, when none: the merge then closes with it)."""
         times = self.push_times[s]
         times.saw(w, th)
-        if self.grace_until[s] is not None or not ctrl.completes(w):
-            return None
-        inside = ctrl.arrived | {w}
-        end = adaptive_end(th, inside, (x for x in ctrl.pushing() if x not in inside), times, self.grace)
-        if end <= th:
+        end = None if self.grace_until[s] is not None else planned_end(ctrl, w, th, times, self.grace)
+        if end is not None and end <= th:
             ctrl.expire()
         return end
 

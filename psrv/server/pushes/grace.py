@@ -13,6 +13,8 @@ or late by less than one interval: it may be about to push); otherwise it is zer
 push, as with no window. A worker late by more than an interval (dead, or far slower) is not waited for."""
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from psrv.protocol import Message, MsgType
 from psrv.server.state import ShardState
 
@@ -37,7 +39,17 @@ class PushTimes:
         self.gap.pop(worker, None)
 
 
-def adaptive_end(t: float, inside: set[int], outside: set[int], times: PushTimes, longest: float) -> float:
+def planned_end(controller, worker: int, t: float, times: PushTimes, longest: float) -> float | None:
+    """Where a push of `worker` arriving at `t` would give `controller`'s open merge its Q workers, the end of its
+    adaptive window (adaptive_end, `t` itself for none); else None. The shard's primary and the simulator ask it
+    alike."""
+    if not controller.completes(worker):
+        return None
+    inside = controller.arrived | {worker}
+    return adaptive_end(t, inside, (w for w in controller.pushing() if w not in inside), times, longest)
+
+
+def adaptive_end(t: float, inside: set[int], outside: Iterable[int], times: PushTimes, longest: float) -> float:
     """When an adaptive window that opens at `t` ends: at `t` itself (none), or at the earliest expected re-push
     of a worker `inside` the merge, at most `t + longest`, where a worker `outside` it (still pushing) may push
     by then. A worker without an interval yet may push at any time; so may one whose expected push is past by
@@ -71,11 +83,10 @@ class GraceWindow:
         due = self.until is not None and now >= self.until
         if self.adaptive and msg.type in PUSHES:
             self.times.saw(msg.worker, now)
-            c = self.state.controller
-            if self.since is None and c.completes(msg.worker):
-                inside = c.arrived | {msg.worker}
-                self._planned = adaptive_end(now, inside, c.pushing() - inside, self.times, self.seconds)
-                due = self._planned <= now
+            planned = None if self.since is not None else \
+                planned_end(self.state.controller, msg.worker, now, self.times, self.seconds)
+            if planned is not None:
+                self._planned, due = planned, planned <= now
         return {"merge_due": due}
 
     def opened(self) -> None:
