@@ -35,12 +35,13 @@ class Proc:
             f.write(text)
         self.lines += text.count("\n")
 
-    def apply(self, w: int, seq: int, clock: int, epoch: int = 0, age: int | None = None) -> int:
-        """A push applied (sync: accumulated, the version stays; `age`: the merges since its weights)."""
+    def apply(self, w: int, seq: int, clock: int, epoch: int = 0, age: int | None = None, part: int | None = None) -> int:
+        """A push applied (sync: accumulated, the version stays; `age`: the merges since its weights; `part`: the
+        fragment whose quorum merge it joins)."""
         if self.run.mode != "sync":
             self.version += 1
         return self("apply", w=w, seq=seq, clock=clock, version=self.version, epoch=epoch,
-                    **({} if age is None else {"age": age}))
+                    **({} if age is None else {"age": age}), **({} if part is None else {"part": part}))
 
     def commit(self, clock: int, pushed: list[int], need: int, active: list[int] | None = None, **more) -> int:
         self.version += more.get("updates", 1)  # a quorum's merge of fragments: one step each

@@ -19,10 +19,11 @@ fragment push whose pseudo-gradient has a NaN or Inf anywhere with `nonfinite` (
 then treats it as non-finite (--nonfinite), an empty or finite piece too.
 
 Every push of a sync clock must carry the same fragment (the workers sync them in one order); a push of
-another fragment, or a whole push, into a clock open with a fragment is refused, NOT_ALLOWED. A quorum's
-merge (`--quorum`, Decoupled DiLoCo's setting) takes pushes of any fragments, as workers at different clocks
-send them: each fragment in it steps once, on the mean of its own pushes, in the order the fragments first came
-in (a whole push still cannot join fragments, nor they it). The
+another fragment, or a whole push, into a clock open with a fragment is refused, NOT_ALLOWED. Under a quorum
+(`--quorum`, Decoupled DiLoCo's setting) each fragment has a merge of its own (psrv/server/consistency/quorum.py,
+its part: `part_of`), which takes that fragment's pushes as workers at different clocks send them and steps it
+once, on their mean, when it closes; merges of several fragments are open at once (a whole push still cannot
+join fragments, nor they it). The
 per-fragment optimizer states are in the shard's state (`state_dict`, checkpoints/snapshot.py), so a checkpoint
 holds them (a --resume goes on with each fragment's lr schedule) and a backup that joins gets them, so a
 failover loses none.
@@ -66,17 +67,30 @@ def numel(key: Key) -> int:
     return sum(b - a for a, b in key)
 
 
+def part_of(key: Key) -> int:
+    """The fragment's id in this shard, a quorum's merge's part: its first element (fragments are disjoint);
+    -1 for one with no piece here (all such fragments of a shard share one empty Shard, and so one merge)."""
+    return key[0][0] if key else -1
+
+
 class FragmentShards:
-    """The per-fragment optimizers of one shard, and the fragments of the open sync clock or quorum merge."""
+    """The per-fragment optimizers of one shard, and the fragments of the open sync clock or quorum merges."""
 
     def __init__(self) -> None:
         self._shards: dict[Key, Shard] = {}
-        self.open: list[Key] = []  # the fragments the open sync clock (one) or quorum merge accumulates, as they came
+        self.open: list[Key] = []  # the fragments the open sync clock (one) or quorum merges accumulate, as they came
 
     @property
     def accumulated(self) -> int:
-        """Pushes in the open clock's or merge's fragment sums."""
+        """Pushes in the open clock's or merges' fragment sums."""
         return sum(self._shards[key].accumulated for key in self.open)
+
+    def accumulated_in(self, part: int | None) -> int:
+        """Pushes in `part`'s sum (a quorum's merge of one fragment); None: in every open one."""
+        return sum(self._shards[key].accumulated for key in self._keys(part))
+
+    def _keys(self, part: int | None) -> list[Key]:
+        return list(self.open) if part is None else [key for key in self.open if part_of(key) == part]
 
     def rule_counts(self) -> Counter:
         """What the fragments' update rules did (UpdateRule.counts), summed."""
@@ -97,8 +111,8 @@ class FragmentShards:
 
     def accumulate(self, shard: Shard, key: Key, grad: torch.Tensor | Decoded, *, merge: bool = False,
                    weight: int = 1) -> None:
-        """Add `grad` (times `weight`) to fragment `key`'s sum in the open sync clock, or with `merge` in the
-        open quorum merge, which takes any fragments; NOT_ALLOWED for a fragment where whole pushes are
+        """Add `grad` (times `weight`) to fragment `key`'s sum in the open sync clock, or with `merge` in its
+        open quorum merge (other fragments' may be open beside it); NOT_ALLOWED for a fragment where whole pushes are
         accumulating, and in a sync clock for another fragment than its own."""
         if shard.accumulated or not merge and self.open and self.open != [key]:
             raise ProtocolError(ErrorCode.NOT_ALLOWED, "this sync clock accumulates another fragment (or the whole "
@@ -113,10 +127,11 @@ class FragmentShards:
             raise ProtocolError(ErrorCode.NOT_ALLOWED, "this sync clock accumulates a fragment; a whole push "
                                 "cannot join it")
 
-    def apply_accumulated(self, shard: Shard) -> list[int]:
-        """The open clock's or merge's step: each fragment's optimizer with the mean of its pushes, in the order
-        the fragments came in (each an update: it moves the shard's version by one); returns each one's pushes."""
-        keys, self.open, steps = self.open, [], []
+    def apply_accumulated(self, shard: Shard, part: int | None = None) -> list[int]:
+        """The open clock's step, or a quorum's merge's of `part`: the fragment's optimizer with the mean of its
+        pushes (an update: it moves the shard's version by one); returns its pushes, in a list."""
+        keys, steps = self._keys(part), []
+        self.open = [key for key in self.open if key not in keys]
         for key in keys:
             sub = self._gathered(shard, key)
             steps.append(sub.apply_accumulated())

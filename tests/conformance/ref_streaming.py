@@ -16,11 +16,12 @@ tests/conformance/cluster.py fixes.
 - A worker whose weights have NaN or Inf anywhere at a push (an inner step on a NaN gradient) pushes its
   fragment as it is (non-finite where the NaN reached it) and restarts every fragment from its last sync, so
   one NaN costs one push.
-- Under a quorum (Decoupled DiLoCo's setting) every push joins the open merge whatever its fragment, and is
-  answered at once; the merge closes as the plain reference's does (Q distinct workers still pushing with a
-  finite push in it, or every one of them in it; a case's grace window is never over), and then each fragment
-  in it steps once on the mean of its own pushes, in the order the fragments first came in. A push's staleness
-  is its age when it came in; a worker whose push was refused stops counting at its next step.
+- Under a quorum (Decoupled DiLoCo's setting: the synchronizer's quorum is per fragment) each fragment has an
+  open merge of its own: a push joins its fragment's, and is answered at once; a fragment's merge closes as the
+  plain reference's merge does (Q distinct workers still pushing with a finite push of that fragment in it, or
+  every one of them in it; a case's grace window is never over), and the fragment steps once on the mean of its
+  pushes. What is still open when the workers finish closes then. A push's staleness is its age when it came
+  in; a worker whose push was refused stops counting at its next step.
 - Compressed pulls (DoubleSqueeze, Tang et al. 2019; DORE, Liu et al. 2020), per fragment: the answer is the
   worker's copy of f brought to copy_f + C(w_f - r_f), per shard piece of f with the pulls' codec (small
   tensors exactly), where r_f is the shards' mirror of that copy with error feedback and the fragment's
@@ -146,7 +147,9 @@ class StreamingReference(Reference):
     # --- the run ---------------------------------------------------------------------------
     def run(self) -> Expected:
         sync_free = self.mode == "sync" and not self.cfg.backup_workers and not self.cfg.quorum
-        self.merge, self.merge_arrived = [], set()  # a quorum's open merge: (worker, fragment, sent, age), who pushed
+        # a quorum's open merges, per fragment: (worker, fragment, sent, age) each, and who pushed to it
+        self.merges: dict[int, list] = {}
+        self.arrivals: dict[int, set[int]] = {}
         for step in range(self.steps):
             live = [wk for wk in self.workers if wk.alive]
             if sync_free:
@@ -157,8 +160,8 @@ class StreamingReference(Reference):
                 for rank in order(step, [w.rank for w in self.workers]):
                     if rank in by_rank and by_rank[rank].alive:
                         (self._quorum_turn if self.cfg.quorum else self._turn)(by_rank[rank], step)
-        if self.merge:  # what the last merge holds commits as the workers finish
-            self._close_merge()
+        for f in list(self.merges):  # what the last merges hold commits as the workers finish
+            self._close_fragment(f)
         for wk in self.workers:  # close(): the answer in flight
             if wk.alive and not wk.refused_now:
                 self._merge(wk)
@@ -223,8 +226,9 @@ class StreamingReference(Reference):
     def _quorum_turn(self, wk: _Worker, step: int) -> None:
         """One worker's whole step under a quorum: its fragment push joins the open merge, which may close;
         its pull is answered at once."""
-        if not self._begin_step(wk):  # its last push was refused: the merge no longer waits for it
-            self._merge_if_ready()
+        if not self._begin_step(wk):  # its last push was refused: the merges no longer wait for it
+            for f in list(self.merges):
+                self._fragment_if_ready(f)
             return
         if not self._pushes_now(step):
             return
@@ -233,21 +237,31 @@ class StreamingReference(Reference):
         if fate == "refused":
             return
         age = self.k - wk.base if fate == "ok" else 0
-        self.merge_arrived.add(wk.rank)
+        self.arrivals.setdefault(f, set()).add(wk.rank)
+        merge = self.merges.setdefault(f, [])
         if fate == "ok":
-            self.merge.append((wk, f, sent, age))
-        self._merge_if_ready()
+            merge.append((wk, f, sent, age))
+        self._fragment_if_ready(f)
         self._answer(wk, f, age)
 
-    def _close_merge(self) -> None:
-        """Each fragment in the open merge steps once, on the mean of its pushes, in the order they came in."""
-        fragments = list(dict.fromkeys(f for _, f, _, _ in self.merge))
-        for f in fragments:
-            mine = [sent for _, g, sent, _ in self.merge if g == f]
-            self._apply_fragment(f, sum(mine) / len(mine), worker=None, staleness=0, pushes=len(mine))
-        self.hist[0] -= len(self.merge)
-        self.hist += Counter(age for *_, age in self.merge)
-        self.merge, self.merge_arrived = [], set()
+    def _fragment_if_ready(self, f: int) -> None:
+        pushing = {w.rank for w in self.workers if w.alive}
+        with_gradient = {w.rank for w, *_ in self.merges.get(f, [])}
+        need = max(1, min(self.cfg.quorum, len(pushing)))
+        met = len(with_gradient & pushing) >= need and not self.cfg.quorum_grace  # a case's window is never over
+        if with_gradient and (met or pushing <= self.arrivals.get(f, set())):
+            self._close_fragment(f)
+
+    def _close_fragment(self, f: int) -> None:
+        """Fragment f's open merge: one step on the mean of its pushes, each counted at its own age."""
+        merge = self.merges.pop(f, [])
+        self.arrivals.pop(f, None)
+        if not merge:
+            return
+        self._apply_fragment(f, sum(sent for _, _, sent, _ in merge) / len(merge), worker=None, staleness=0,
+                             pushes=len(merge))
+        self.hist[0] -= len(merge)
+        self.hist += Counter(age for *_, age in merge)
 
 
 def reference_of(cfg, *, nan: bool) -> Reference:

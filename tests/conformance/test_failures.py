@@ -257,6 +257,9 @@ STREAMING = [  # (mode, H, F, config options)
     ("sync", 4, 2, (("quorum", 1),)),  # Decoupled DiLoCo's setting: each fragment push merges alone
     ("sync", 4, 2, (("quorum", 2),)),  # both workers' pushes of a fragment in one merge
     ("sync", 4, 2, (("quorum", 1), ("grace", 30.0), ("replicas", 1))),  # the window holds it open for the second
+    # the quorum is per fragment: the third worker's push of a fragment waits in that fragment's next merge for
+    # another worker's push of it (a merge of any fragments would step it alone, beside the other fragment)
+    ("sync", 4, 2, (("quorum", 2), ("workers", 3))),
 ]
 
 
@@ -273,10 +276,12 @@ def test_streaming_with_inner_steps_between_fragment_pushes(mode, h, f, options,
         assert pushed == [(s + 1) % every == 0 for s in range(steps)], f"rank {rank} pushed at {pushed}"
     alone = mode != "sync" or cfg.quorum == 1 and not cfg.quorum_grace  # each push an outer step of its own
     per = steps // h * (cfg.cluster.workers if alone else 1)  # each fragment's outer steps
+    exact = alone or cfg.quorum in (0, cfg.cluster.workers)  # else the reference's count of merges (plain)
     for shard, state in enumerate(got.states):  # one outer optimizer per fragment piece (the empty ones share one)
         versions = [sub["version"] for _, sub in state["fragments"]["fragments"]]
-        assert got.out.shards[shard]["version"] == sum(versions) == f * per, f"shard {shard}: {versions}"
-        if cfg.cluster.servers == 1:
+        assert got.out.shards[shard]["version"] == sum(versions), f"shard {shard}: {versions}"
+        assert not exact or sum(versions) == f * per, f"shard {shard}: {versions}, expected {per} each"
+        if cfg.cluster.servers == 1 and exact:
             assert versions == [per] * f, f"each fragment's outer steps {versions}, expected {per}"
     if cfg.cluster.replicas:
         solo = plain(config(mode, local=h, fragments=f, **{**opts, "replicas": 0}))

@@ -123,6 +123,36 @@ def test_state_round_trips_and_a_sync_checkpoint_is_refused():
         d.load_state_dict(SyncController(3).state_dict())
 
 
+def test_each_part_has_its_merge_and_the_state_is_the_same_whichever_part_is_selected():
+    """Merges per fragment (`part`): a push to part 8 does not fill part 0's quorum; a worker leaving completes
+    a parked merge; the saved state holds every open merge, alike whichever one is selected (a backup's equals
+    its primary's), and a state saved before parts (one merge) loads as part None's."""
+    c = QuorumController(3, quorum=2)
+    c.push(0, 0, part=0)
+    c.push(1, 0, part=8)
+    assert not c.commit_ready() and c.parts() == [8, 0]
+    c.select(0)
+    assert not c.commit_ready() and c.arrived == {0}
+    saved = c.state_dict()
+    c.select(8)
+    assert c.state_dict() == saved
+    d = QuorumController(3, quorum=2)
+    d.load_state_dict(saved)
+    assert sorted(d.parts(), key=str) == [0, 8, None] and d.state_dict() == saved
+    c.push(2, 1, part=0)
+    assert c.commit_ready() and c.part == 0  # workers 0 and 2 in part 0's merge
+    c.committed()
+    c.leave(2)
+    c.leave(0)  # one worker still pushing: part 8's merge holds it
+    c.select(8)
+    assert c.commit_ready()
+    old = {**QuorumController(3, quorum=2).state_dict(), "arrived": [1], "gradients": {"1": 1}, "due": False}
+    del old["merges"]
+    e = QuorumController(3, quorum=2)
+    e.load_state_dict(old)
+    assert (e.part, e.arrived, e.gradients[1]) == (None, {1}, 1)
+
+
 def test_make_controller_builds_it_only_for_sync_with_a_quorum():
     assert isinstance(make_controller("sync", 2, quorum=2), QuorumController)
     assert isinstance(make_controller("sync", 2), SyncController)

@@ -81,29 +81,57 @@ def test_a_grace_window_closes_its_merge_at_the_first_request_after_it_and_befor
     assert torch.allclose(d.weights, w0 - (g0 + g1) / 2 - g2, atol=1e-6)
 
 
-def test_a_merge_of_fragment_pushes_steps_each_fragment_on_the_mean_of_its_own():
-    """Decoupled DiLoCo's setting: workers at different clocks push different fragments into one merge; each
-    fragment steps once, by its own optimizer, on the mean of the pushes that carried it; a whole push cannot
-    join them."""
+def test_each_fragment_merges_on_its_own_quorum_and_a_late_push_waits_for_its_fragments_next_merge():
+    """Decoupled DiLoCo's setting: the quorum is per fragment. Q = 2 of 2: worker 0's pushes of fragments a and b
+    wait for worker 1's of each; fragment a steps once, on the mean of a's pushes, while b's merge stays open; a
+    whole push cannot join fragments."""
     half = SIZE // 2
     a, b = [[0, half]], [[half, SIZE]]
     d = Driven(mode="sync", workers=2, optim=SGD, quorum=2)
-    w0, (g0, g1, g2) = d.weights, grads(3)
+    w0, (g0, g1, g2, g3) = d.weights, grads(4)
     d.send(0, MsgType.PUSH, clock=0, tensor=g0[:half], fields={"fragment": a})
-    d.send(0, MsgType.PUSH, clock=1, tensor=g1[half:], fields={"fragment": b})  # its next fragment, the same merge
-    assert d.counts()[1] == 0  # one worker of the two
+    d.send(0, MsgType.PUSH, clock=1, tensor=g1[half:], fields={"fragment": b})  # its next fragment: b's merge
+    assert d.counts()[1] == 0  # one worker of the two in each
     d.send(1, MsgType.PUSH, clock=0, tensor=g2[:half], fields={"fragment": a})
     pushes, updates, _, version = d.counts()
-    assert (pushes, updates, version) == (3, 2, 2), d.counts()  # two fragments stepped: the version moves by two
+    assert (pushes, updates, version) == (3, 1, 1), d.counts()  # a's merge closed; b's has one worker of two
     want = w0.clone()
     want[:half] -= (g0[:half] + g2[:half]) / 2
-    want[half:] -= g1[half:]
     assert torch.allclose(d.weights, want, atol=1e-6), (d.weights - want).abs().max()
-    d.send(1, MsgType.PUSH, clock=1, tensor=g0[half:], fields={"fragment": b})
-    d.send(0, MsgType.PUSH, clock=2, tensor=g1)  # a whole push into a merge of fragments
+    d.send(0, MsgType.PUSH, clock=2, tensor=g3[:half], fields={"fragment": a})  # a's next merge, beside b's
+    assert d.counts()[1] == 1
+    d.send(1, MsgType.PUSH, clock=1, tensor=g2[half:], fields={"fragment": b})
+    assert d.counts()[1] == 2  # b's merge closed on its two pushes; a's second still waits for worker 1
+    want[half:] -= (g1[half:] + g2[half:]) / 2
+    assert torch.allclose(d.weights, want, atol=1e-6), (d.weights - want).abs().max()
+    d.send(0, MsgType.PUSH, clock=3, tensor=g1)  # a whole push beside a fragment's open merge
     reply = d.net.out[-1]
     assert reply.type is MsgType.ERROR and "fragment" in str(reply.fields), reply.fields
     assert d.counts()[1] == 2  # nothing of it applied
+    d.send(1, MsgType.PUSH, clock=2, tensor=g0[:half], fields={"fragment": a})
+    want[:half] -= (g3[:half] + g0[:half]) / 2
+    assert d.counts()[1] == 3 and torch.allclose(d.weights, want, atol=1e-6), d.counts()
+
+
+def test_each_fragments_merge_has_a_grace_window_of_its_own():
+    """Q = 1 of 2, a window of 1 s, the clock by hand: fragment a's merge opens at 0.0, b's at 0.5. At 1.2 a's
+    window is over (it closes alone, before the request is handled) and b's is not: worker 1's push of b joins
+    b's merge, which then has both workers. One window for both merges would have closed b's without it."""
+    half, clock = SIZE // 2, [0.0]
+    a, b = [[0, half]], [[half, SIZE]]
+    d = Driven(mode="sync", workers=2, optim=SGD, quorum=1, quorum_grace=1.0, now=lambda: clock[0])
+    w0, (g0, g1, g2) = d.weights, grads(3)
+    d.send(0, MsgType.PUSH, clock=0, tensor=g0[:half], fields={"fragment": a})
+    clock[0] = 0.5
+    d.send(0, MsgType.PUSH, clock=1, tensor=g1[half:], fields={"fragment": b})
+    assert d.counts()[1] == 0  # both met, both windows open
+    clock[0] = 1.2
+    d.send(1, MsgType.PUSH, clock=0, tensor=g2[half:], fields={"fragment": b})
+    assert d.counts()[1] == 2
+    want = w0.clone()
+    want[:half] -= g0[:half]
+    want[half:] -= (g1[half:] + g2[half:]) / 2
+    assert torch.allclose(d.weights, want, atol=1e-6), (d.weights - want).abs().max()
 
 
 def test_a_sync_clock_still_refuses_a_second_fragment():

@@ -87,10 +87,11 @@ def test_a_quorum_takes_dynamic_local_steps_whose_pushes_cover_different_steps(t
 
 
 @pytest.mark.timeout(150)
-def test_a_quorum_merges_fragment_pushes_of_workers_at_different_fragments(tmp_path):
+def test_a_quorum_merges_each_fragment_on_its_own_quorum(tmp_path):
     """Decoupled DiLoCo's setting: streaming DiLoCo's fragments (H 4, F 2) under a quorum of 2 of 3, the slow
-    worker a fragment behind the others at times: a merge then holds both fragments, and steps each once (an
-    update each: more updates than merges); the history checker holds each merge to its rule."""
+    worker a fragment behind the others at times: each fragment has merges of its own (the commit's `part`),
+    each an update of that fragment, each of two workers' pushes of it while two still push; the history checker
+    holds each merge to its part's pushes."""
     s = psrv_run(tmp_path, *ARGS, "--quorum", "2", "--local-steps", "4", "--fragments", "2", "--inner-optimizer",
                  "sgd", "--inner-lr", "0.05", "--lr", "0.7", timeout=120)
     assert s["complete"] and s["final_loss"] < s["initial_loss"], s
@@ -98,7 +99,9 @@ def test_a_quorum_merges_fragment_pushes_of_workers_at_different_fragments(tmp_p
     assert result.ok, result.line()
     shards = _shards(tmp_path)
     assert all(sh["pushes_applied"] == sh["pushes"] == 3 * 60 // 2 for sh in shards), shards
-    assert sum(sh["updates_applied"] for sh in shards) > result.counts.commits, (shards, result.counts)
+    merges = [e for e in _commits(tmp_path) if e["pushed"]]
+    assert len({e["part"] for e in merges}) == 2 and shards[0]["updates_applied"] == len(merges), merges[:4]
+    assert all(len(e["pushed"]) >= 2 for e in merges if len(e["pushing"]) >= 2), merges
 
 
 @pytest.mark.timeout(150)

@@ -215,9 +215,9 @@ def test_a_clock_committed_twice(tmp_path):
     assert "clock 0 commits a second time" in only(check_run(tmp_path), 3, p.file, line).message
 
 
-def quorum_push(run, w, p, seq, clock, *, age=0):
+def quorum_push(run, w, p, seq, clock, *, age=0, part=None):
     run.push(w, seq, clock)
-    p.apply(w.w, seq, clock, age=age)
+    p.apply(w.w, seq, clock, age=age, part=part)
     run.ack(w, p, seq)
 
 
@@ -237,24 +237,37 @@ def test_a_clean_quorum_run_merges_any_clocks_and_a_workers_second_push(tmp_path
     assert result.counts.commits == 2
 
 
-def test_a_quorum_merge_of_fragments_counts_its_steps_and_its_version_must_move_by_them(tmp_path):
-    """A merge of two fragments' pushes (streaming DiLoCo under a quorum) steps each: `updates` 2, the version
-    two on; a merge whose version moved by two while it says one step is flagged."""
+def test_quorum_merges_of_fragments_each_take_their_own_parts_pushes_and_step_once(tmp_path):
+    """Streaming DiLoCo under a quorum: each fragment (`part`) merges its own pushes. Worker 0's push of part 8
+    waits in its merge while part 0's closes; a commit of part 8 that lists a push of part 0, or moves the
+    version by two, is flagged."""
     run = RunFolder(tmp_path, mode="sync", workers=2, quorum=2)
     ws, p = [run.worker(w) for w in range(2)], run.replica(0, "primary", A)
-    quorum_push(run, ws[0], p, 1, 0)
-    quorum_push(run, ws[1], p, 1, 0)
-    p.commit(0, [0, 1], need=2, updates=2)
-    quorum_push(run, ws[0], p, 2, 1)
-    quorum_push(run, ws[1], p, 2, 1)
-    p.commit(1, [0, 1], need=2)
+    quorum_push(run, ws[0], p, 1, 0, part=0)
+    quorum_push(run, ws[0], p, 2, 1, part=8)
+    quorum_push(run, ws[1], p, 1, 0, part=0)
+    p.commit(0, [0, 1], need=2, part=0)
+    quorum_push(run, ws[1], p, 2, 1, part=8)
+    p.commit(1, [0, 1], need=2, part=8)
     result = check_run(tmp_path)
     assert result.ok, result.line()
-    quorum_push(run, ws[0], p, 3, 2, age=1)
-    quorum_push(run, ws[1], p, 3, 2, age=1)
-    line = p("commit", clock=2, version=p.version + 2, pushed=[0, 1], need=2, active=[0, 1])
-    assert "merge 2 moved the version from 3 to 5, but it took 1 step" in only(check_run(tmp_path), 3, p.file,
-                                                                               line).message
+    quorum_push(run, ws[0], p, 3, 2, age=1, part=0)
+    quorum_push(run, ws[1], p, 3, 2, age=1, part=8)
+    line = p.commit(2, [0, 1], need=2, part=8)  # worker 0's push went to part 0's merge
+    assert "merge 2 lists workers {0, 1}, but the lineage accumulated the pushes of {1}" \
+        in only(check_run(tmp_path), 3, p.file, line).message
+
+
+def test_a_quorum_merge_must_move_the_version_by_one(tmp_path):
+    run = RunFolder(tmp_path, mode="sync", workers=2, quorum=2)
+    ws, p = [run.worker(w) for w in range(2)], run.replica(0, "primary", A)
+    for seq in (1, 2):
+        quorum_push(run, ws[0], p, seq, seq - 1, age=seq - 1)
+        quorum_push(run, ws[1], p, seq, seq - 1, age=seq - 1)
+    p.commit(0, [0, 1], need=2)
+    line = p("commit", clock=1, version=p.version + 2, pushed=[0, 1], need=2, active=[0, 1])
+    assert "merge 1 moved the version from 1 to 3, but it took 1 step" in only(check_run(tmp_path), 3, p.file,
+                                                                             line).message
 
 
 def test_a_quorum_merge_of_one_worker_twice_is_short_of_its_quorum(tmp_path):

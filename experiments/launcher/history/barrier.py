@@ -3,7 +3,8 @@ workers still pushing as `need` says (fewer only once every one of them is in), 
 Under `--quorum Q` (psrv/server/consistency/quorum.py) a commit is a merge of the pushes accumulated since the
 last one, of any clocks and a worker's more than one: Q distinct workers still pushing (fewer only once every
 one of them is in; with `--quorum-grace`, more once its window is over, `due`), and no push older than
-`--quorum-max-age` merges."""
+`--quorum-max-age` merges. With streaming DiLoCo's fragments each fragment has merges of its own: a push and a
+commit name the fragment's `part`, and a commit merges the pushes of its part alone."""
 from __future__ import annotations
 
 from psrv.experiments.launcher.history.reading import Event
@@ -86,26 +87,36 @@ class Barrier:
 
 
 class Merges(Barrier):
-    """Rule 3 under a quorum: each commit merges whatever was accumulated since the last one."""
+    """Rule 3 under a quorum: each commit merges whatever its part accumulated since the part's last one."""
 
     def __init__(self, shard: int, workers: int, quorum: int, max_age: int, grace: bool):
         super().__init__(shard, workers, 0)
         self.quorum, self.max_age, self.grace = quorum, max_age, grace
         self.version: int | None = None  # after the lineage's last merge (None before one, and after a state load)
+        self.parts: dict = {}  # part -> its `apply` events since its last merge (a whole push's part: None)
+        self.voided_in: dict = {}  # part -> workers whose push to it came with no gradient (VOID_DROPS)
 
     def see(self, e: Event) -> None:
+        part = e.fields.get("part")
         if e.ev == "drop" and e["why"] in VOID_DROPS:  # a merge's voided pushes, whatever their clock
             self.members.see(e)
-            self.voided.setdefault(-1, set()).add(e["w"])
+            self.voided_in.setdefault(part, set()).add(e["w"])
             return
         if e.ev == "state":  # a state taken whole (a backup joining): its version is the primary's
             self.version = None
+        if e.ev == "apply":
+            self.members.see(e)
+            self.parts.setdefault(part, []).append(e)
+            return
+        if e.ev == "commit":  # the merge of its part: the pushes accumulated there
+            self.accumulated, self.voided = self.parts.pop(part, []), {-1: self.voided_in.pop(part, set())}
         super().see(e)
 
     def _commit(self, e: Event) -> None:
         c, need = e["clock"], e["need"]
         self._once(e, "merge")
-        # only merges step a quorum's shard: each moves the version by its steps (one per fragment in it)
+        # only merges step a quorum's shard: each moves the version by one (a history from before merges were
+        # per fragment says `updates` where one stepped several)
         steps = e.fields.get("updates", 1) if e["pushed"] else 0
         if self.version is not None and e["version"] != self.version + steps:
             self._flag(e, f"merge {c} moved the version from {self.version} to {e['version']}, but it took {steps} "

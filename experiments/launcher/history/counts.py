@@ -3,8 +3,8 @@
 
 What they count (psrv/server/counters.py, experiments/launcher/summary.py): a shard's `pushes` are the pushes it
 settled, applied or dropped, each once; `updates_applied` its optimizer steps (async and ssp: one per push applied;
-sync: one per clock committed with a gradient in it, or as many as a quorum's merge of fragments says, `updates`:
-one per fragment in it); `version` the version after its last step. summary.json's `pushes` are the workers' steps
+sync: one per clock committed with a gradient in it, a quorum's merge too, or as many as an older history's merge of
+fragments says, `updates`); `version` the version after its last step. summary.json's `pushes` are the workers' steps
 that pushed, so every one of them settled once on each shard: it is held against shard 0's, and only for a complete
 run in which no worker life died (--kill-worker, the nemesis's kill, a restart: the summary leaves out the steps of
 a life that wrote no record)."""

@@ -83,9 +83,10 @@ class Controller:
         return max(0, clock - self.min_clock()) if self.active else 0
 
     # --- the policy -------------------------------------------------------
-    def push(self, worker: int, clock: int, age: int = 0) -> Decision:
+    def push(self, worker: int, clock: int, age: int = 0, part: int | None = None) -> Decision:
         """Record a push of `worker`'s gradient for `clock`, computed on weights `age` updates old, and say what
-        to do with it."""
+        to do with it; `part`: the fragment it carries, where a quorum merges per part (select)."""
+        self.select(part)
         old = self.clocks.get(worker, 0)
         new = self.clocks[worker] = max(old, clock + 1)
         if new != old and worker in self.active:
@@ -95,6 +96,13 @@ class Controller:
 
     def _decide(self, worker: int, clock: int, age: int) -> Decision:
         raise NotImplementedError
+
+    def select(self, part: int | None) -> None:
+        """Look at `part`'s open merge (a quorum's merges are per fragment); the other modes have one clock."""
+
+    def parts(self) -> list[int | None]:
+        """The parts with an open clock or merge (QuorumController: one per fragment)."""
+        return [None]
 
     def void(self, worker: int) -> None:
         """`worker`'s push just recorded carries no gradient (dropped as non-finite): sync leaves it out

@@ -8,7 +8,14 @@ whatever their age. With `grace`, a merge that has its Q workers
 stays open for more until the shard says its grace window is over (`expire`: psrv/server/pushes/grace.py
 judges the window in seconds as requests arrive), or until every worker still pushing is in.
 
-Its clocks are each worker's own count of pushes (async's); `open_clock` counts the merges."""
+Merges are per part: with streaming DiLoCo's fragments (`--fragments F`) each fragment of the shard has a merge of
+its own, as in Decoupled DiLoCo, where the synchronizer's quorum is per fragment: fragment p's outer step happens
+once Q workers' pushes of p are in, and a late push of p joins p's next merge, never another fragment's. `push`
+names the part (the fragment's id, psrv/server/fragments.py `part_of`; None for whole pushes, the one part
+there is) and selects its merge: the merge's state below (`arrived`, `gradients`, `due`) is the selected
+part's, the others' parked (`_parked`) until a push or a `select` names them.
+
+Its clocks are each worker's own count of pushes (async's); `open_clock` counts the merges, of every part."""
 from collections import Counter
 
 from psrv.server.consistency.base import Controller, Decision
@@ -31,6 +38,22 @@ class QuorumController(Controller):
         # How many of `arrived` and of `gradients`' workers are still pushing, kept per push, leave, join and
         # finish: the merge's tests per push count instead of scanning every worker (_recount_merge: from the sets)
         self._in_arrived = self._in_gradients = 0
+        self.part: int | None = None  # the selected merge's part
+        self._parked: dict[int | None, tuple[set[int], Counter, bool]] = {}  # the other parts' open merges
+
+    def select(self, part: int | None) -> None:
+        """Make `part`'s open merge the one the methods below look at (a new one, empty, where it has none)."""
+        if part == self.part:
+            return
+        if self.arrived or self.due:
+            self._parked[self.part] = (self.arrived, self.gradients, self.due)
+        self.arrived, self.gradients, self.due = self._parked.pop(part, (set(), Counter(), False))
+        self.part = part
+        self._recount_merge()
+
+    def parts(self) -> list[int | None]:
+        """The parts with an open merge (the selected one first), or the selected one alone."""
+        return [self.part, *self._parked]
 
     def _pushing(self, worker: int) -> bool:
         return worker in self.active and worker not in self.finishing
@@ -104,6 +127,7 @@ class QuorumController(Controller):
             self._in_gradients -= self._pushing(worker)
 
     def committed(self) -> None:
+        """The selected part's merge closed: its next one is empty."""
         self.open_clock += 1
         self.arrived, self.gradients, self.due = set(), Counter(), False
         self._in_arrived = self._in_gradients = 0
@@ -112,18 +136,35 @@ class QuorumController(Controller):
         return True
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "open_clock": self.open_clock, "arrived": sorted(self.arrived),
-                "gradients": {int(w): int(n) for w, n in self.gradients.items()}, "due": self.due}
+        merges = {**self._parked, **({self.part: (self.arrived, self.gradients, self.due)}
+                                     if self.arrived or self.due else {})}  # whichever part is selected: a backup's
+        return {**super().state_dict(), "open_clock": self.open_clock,  # state equals its primary's
+                "merges": [[part, _merge_state(*merges[part])] for part in sorted(merges, key=_order)]}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.open_clock = int(state["open_clock"])
-        self.arrived = {int(w) for w in state["arrived"]}
-        self.gradients = Counter({int(w): int(n) for w, n in state["gradients"].items()})
-        self.due = bool(state["due"])
+        # a state saved before merges were per part holds one, of part None
+        merges = [[None, state]] if "merges" not in state else state["merges"]
+        self._parked = {part: _loaded_merge(merge) for part, merge in merges}
+        self.part = None
+        self.arrived, self.gradients, self.due = self._parked.pop(None, (set(), Counter(), False))
         self._recount_merge()
 
     @property
     def voided(self) -> set[int]:
         """The workers in the open merge with no gradient in it (the history's commit lists the others)."""
         return self.arrived - self.gradients.keys()
+
+
+def _order(part: int | None) -> tuple[bool, int]:
+    return part is not None, part or 0
+
+
+def _merge_state(arrived: set[int], gradients: Counter, due: bool) -> dict:
+    return {"arrived": sorted(arrived), "gradients": {int(w): int(n) for w, n in gradients.items()}, "due": due}
+
+
+def _loaded_merge(state: dict) -> tuple[set[int], Counter, bool]:
+    return ({int(w) for w in state["arrived"]}, Counter({int(w): int(n) for w, n in state["gradients"].items()}),
+            bool(state["due"]))

@@ -10,7 +10,10 @@ by the primary as the push that completes the quorum arrives: each worker's next
 push plus its mean interval between pushes (`PushTimes`); the window runs until the earliest expected re-push of a
 worker inside the merge, at most SECONDS, if some worker still pushing outside it is expected by then (or is new
 or late by less than one interval: it may be about to push); otherwise it is zero, and the merge closes with that
-push, as with no window. A worker late by more than an interval (dead, or far slower) is not waited for."""
+push, as with no window. A worker late by more than an interval (dead, or far slower) is not waited for.
+
+Where merges are per fragment (streaming DiLoCo's fragments under a quorum), each fragment's merge has a window of
+its own, and the primary's judgement lists the parts whose windows are over (`merge_due`)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -40,9 +43,9 @@ class PushTimes:
 
 
 def planned_end(controller, worker: int, t: float, times: PushTimes, longest: float) -> float | None:
-    """Where a push of `worker` arriving at `t` would give `controller`'s open merge its Q workers, the end of its
-    adaptive window (adaptive_end, `t` itself for none); else None. The shard's primary and the simulator ask it
-    alike."""
+    """Where a push of `worker` arriving at `t` would give `controller`'s selected merge its Q workers, the end of
+    its adaptive window (adaptive_end, `t` itself for none); else None. The shard's primary and the simulator ask
+    it alike."""
     if not controller.completes(worker):
         return None
     inside = controller.arrived | {worker}
@@ -69,43 +72,64 @@ class GraceWindow:
         self.state = state
         self.seconds = state.cfg.quorum_grace if state.cfg.quorum else 0.0
         self.adaptive = bool(self.seconds and state.cfg.quorum_grace_adaptive)
-        self.since: float | None = None  # when the open merge had its Q workers (the primary's clock)
-        self.until: float | None = None  # when its window ends
+        self.until: dict[int | None, float] = {}  # each part's open merge with its Q workers: when its window ends
         self.times = PushTimes()  # adaptive: each worker's pushes, as the primary saw them arrive
-        self._planned: float | None = None  # adaptive: the end judged for the request in hand, if it completes Q
+        self._planned: tuple[int | None, float] | None = None  # adaptive: the part and end judged for the push in
+        # hand, if it completes that part's Q
 
     def judged(self, msg: Message) -> dict:
-        """The primary's judgement for the request in hand: is the open merge's window over? Adaptive, for the
-        push that gives the merge its Q workers: is its window none at all (then it closes with this push)?"""
+        """The primary's judgement for the request in hand: the parts whose merge's window is over. Adaptive, for
+        the push that gives its part's merge its Q workers: is its window none at all (then it closes with this
+        push)?"""
         if not self.seconds:
             return {}
         now = self.state.now()
-        due = self.until is not None and now >= self.until
+        due = [part for part, until in self.until.items() if now >= until]
         if self.adaptive and msg.type in PUSHES:
             self.times.saw(msg.worker, now)
-            planned = None if self.since is not None else \
-                planned_end(self.state.controller, msg.worker, now, self.times, self.seconds)
-            if planned is not None:
-                self._planned, due = planned, planned <= now
+            part = _part(msg)
+            c = self.state.controller
+            if part not in self.until:
+                c.select(part)
+                planned = planned_end(c, msg.worker, now, self.times, self.seconds)
+                if planned is not None:
+                    self._planned = (part, planned)
+                    due += [part] if planned <= now else []
         return {"merge_due": due}
 
-    def opened(self) -> None:
-        """The open merge was looked at and stays open: its window starts once it has its Q workers."""
+    def opened(self, part: int | None) -> None:
+        """Part `part`'s merge (selected) was looked at and stays open: its window starts once it has its Q
+        workers."""
         c = self.state.controller
-        if self.seconds and self.since is None and c.met():
-            self.since = self.state.now()
-            self.until = self._planned if self._planned is not None else self.since + self.seconds
-        self._planned = None
+        if self.seconds and part not in self.until and c.met():
+            planned = self._planned[1] if self._planned is not None and self._planned[0] == part else None
+            self.until[part] = planned if planned is not None else self.state.now() + self.seconds
+        if self._planned is not None and self._planned[0] == part:
+            self._planned = None
 
-    def closed(self) -> None:
-        self.since = self.until = self._planned = None
+    def closed(self, part: int | None) -> None:
+        self.until.pop(part, None)
+        if self._planned is not None and self._planned[0] == part:
+            self._planned = None
 
     def forget(self, worker: int) -> None:
         self.times.forget(worker)
 
     def take(self, judged: dict | None) -> bool:
-        """The request in hand's judgement, before it is handled: True where it ends the open merge's window."""
+        """The request in hand's judgement, before it is handled: True where it ends a merge's window."""
         if not self.seconds or not judged or not judged.get("merge_due"):
             return False
-        self.state.controller.expire()
+        for part in judged["merge_due"]:
+            self.state.controller.select(part)
+            self.state.controller.expire()
         return True
+
+
+def _part(msg: Message) -> int | None:
+    """The part a push names, as psrv/server/fragments.py `part_of` gives it (None: a whole push; a malformed
+    field is refused when the push is handled)."""
+    ranges = msg.fields.get("fragment")
+    if not isinstance(ranges, list):
+        return None
+    first = ranges[0] if ranges else None
+    return -1 if first is None else first[0] if isinstance(first, list) and first and type(first[0]) is int else None

@@ -12,7 +12,7 @@ import time
 from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError
 from psrv.server import onebit_adam, validate
 from psrv.server.consistency import Decision
-from psrv.server.fragments import fragment_key, numel
+from psrv.server.fragments import fragment_key, numel, part_of
 from psrv.server.pushes.chunked import ChunkedPushes
 from psrv.server.pushes.grace import GraceWindow
 from psrv.server.dedup import refused_again
@@ -100,7 +100,8 @@ class Pushes:
             s.stats.drop("late", shard.discard_accumulated())  # the others applied that clock without us
         pushed = s.controller.clocks.get(msg.worker, 0)
         staleness = max(0, shard.version - msg.base_version)
-        decision = s.controller.push(msg.worker, msg.clock, staleness)
+        part = part_of(fragment) if s.cfg.quorum and fragment is not None else None  # a quorum merges per fragment
+        decision = s.controller.push(msg.worker, msg.clock, staleness, part)
         if decision is Decision.DROP:
             s.stats.drop("late")
             s.stats.pushed(time.perf_counter() - started, None)
@@ -112,7 +113,8 @@ class Pushes:
             s.controller.void(msg.worker)
             s.stats.drop("invalid")
             s.stats.pushed(time.perf_counter() - started, None)
-            info = self.record_answer(msg, {"version": shard.version, "dropped": "nonfinite", "staleness": 0})
+            info = self.record_answer(msg, {"version": shard.version, "dropped": "nonfinite", "staleness": 0},
+                                      part=part)
             self.commit_if_ready()
             return info
         self.before_write()  # replies still reading the weights must leave before we write them
@@ -126,7 +128,7 @@ class Pushes:
                 shard.accumulate(grad, momentum=onebit_adam.is_momentum(msg), weight=weight)
             else:
                 s.fragments.accumulate(shard, fragment, grad, merge=bool(s.cfg.quorum), weight=weight)
-            self.took(msg, version=shard.version, age=staleness)  # before the merge it may close (docs/history.md)
+            self.took(msg, version=shard.version, age=staleness, part=part)  # before the merge it may close (docs/history.md)
             self.commit_if_ready()
         s.stats.pushed(time.perf_counter() - started, staleness)
         s.stats.membership(s.controller.active, {msg.worker: s.controller.clocks[msg.worker]})
@@ -134,20 +136,27 @@ class Pushes:
                                   recorded=decision is not Decision.APPLY)
 
     def commit_if_ready(self) -> None:
-        """Sync: apply the open clock once the controller says it is complete; a clock whose every push
-        was dropped as non-finite, or that no worker is left to push while a joiner waits past it, moves on
-        without a step (nothing to average)."""
+        """Sync: apply the open clock once the controller says it is complete, or each quorum merge (one per
+        fragment) that is; a clock whose every push was dropped as non-finite, or that no worker is left to
+        push while a joiner waits past it, moves on without a step (nothing to average)."""
         s = self.state
-        if s.shard is None or not s.controller.commit_ready():
-            if s.shard is not None:
-                self.grace.opened()
+        if s.shard is None:
             return
-        steps: list[int] = []
-        if s.shard.accumulated or s.fragments.accumulated:
+        for part in s.controller.parts():
+            s.controller.select(part)
+            if s.controller.commit_ready():
+                self._commit(part)
+            else:
+                self.grace.opened(part)
+
+    def _commit(self, part: int | None) -> None:
+        s = self.state
+        if s.shard.accumulated or s.fragments.accumulated_in(part):
             self.before_write()
             # the rule sees the mean at staleness 0 (lr scale 1); a fragment's with its own optimizer
-            steps = [s.shard.apply_accumulated()] if s.shard.accumulated else s.fragments.apply_accumulated(s.shard)
-            for n in steps:  # a quorum's merge steps each fragment in it once
+            steps = [s.shard.apply_accumulated()] if s.shard.accumulated else \
+                s.fragments.apply_accumulated(s.shard, part)
+            for n in steps:
                 s.stats.applied(s.shard.version, pushes=n)
         else:
             log.warning("shard %d: clock %d had no finite gradient (or no worker left to push it); moving on "
@@ -156,9 +165,9 @@ class Pushes:
         s.history.record("commit", clock=c.open_clock, version=s.shard.version, epoch=self.epoch,
                          pushed=sorted(c.arrived - c.voided), arrived=sorted(c.arrived), pushing=sorted(c.pushing()),
                          active=sorted(c.active), need=c.needed(), **self._graced(),
-                         **({"updates": len(steps)} if len(steps) > 1 else {}))  # a merge of fragments
+                         **({} if part is None else {"part": part}))  # a quorum's merge of one fragment
         c.committed()
-        self.grace.closed()
+        self.grace.closed(part)
 
     def _graced(self) -> dict:
         """A quorum's merge in the history: whether its grace window closed it (then it may hold more than Q)."""
@@ -178,19 +187,21 @@ class Pushes:
         self.grace.forget(worker)
 
     # --- answers and their record ---------------------------------------------
-    def record_answer(self, msg: Message, info: dict, *, recorded: bool = False) -> dict:
+    def record_answer(self, msg: Message, info: dict, *, recorded: bool = False, part: int | None = None) -> dict:
         """`info`, push `msg`'s answer, recorded so a re-send of it is answered alike (psrv/server/dedup.py),
         and in the history as applied or dropped unless `recorded` already (docs/history.md)."""
         self.state.dedup.record(msg.worker, msg.seq, info)
         if not recorded:
             self.took(msg, why=info.get("dropped") or ("invalid" if "refused" in info else None),
-                      version=info.get("version"))
+                      version=info.get("version"), part=part)
         return info
 
-    def took(self, msg: Message, *, why: str | None = None, version: int | None = None, age: int | None = None) -> None:
+    def took(self, msg: Message, *, why: str | None = None, version: int | None = None, age: int | None = None,
+             part: int | None = None) -> None:
         """Push `msg` in the history: applied (sync: into its clock's sum, with the merges since its weights,
-        `age`), or dropped for `why`."""
-        where = {"w": msg.worker, "seq": msg.seq, "clock": msg.clock, "epoch": self.epoch}
+        `age`), or dropped for `why`; `part`: the fragment whose quorum merge it went to."""
+        where = {"w": msg.worker, "seq": msg.seq, "clock": msg.clock, "epoch": self.epoch,
+                 **({} if part is None else {"part": part})}
         if why:
             self.state.history.record("drop", **where, why=why)
         else:
