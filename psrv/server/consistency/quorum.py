@@ -17,6 +17,7 @@ part's, the others' parked (`_parked`) until a push or a `select` names them.
 
 Its clocks are each worker's own count of pushes (async's); `open_clock` counts the merges, of every part."""
 from collections import Counter
+from dataclasses import dataclass
 
 from psrv.server.consistency.base import Controller, Decision
 
@@ -39,17 +40,19 @@ class QuorumController(Controller):
         # finish: the merge's tests per push count instead of scanning every worker (_recount_merge: from the sets)
         self._in_arrived = self._in_gradients = 0
         self.part: int | None = None  # the selected merge's part
-        self._parked: dict[int | None, tuple[set[int], Counter, bool]] = {}  # the other parts' open merges
+        self._parked: dict[int | None, _Merge] = {}  # the other parts' open merges, their counts kept too
 
     def select(self, part: int | None) -> None:
         """Make `part`'s open merge the one the methods below look at (a new one, empty, where it has none)."""
         if part == self.part:
             return
         if self.arrived or self.due:
-            self._parked[self.part] = (self.arrived, self.gradients, self.due)
-        self.arrived, self.gradients, self.due = self._parked.pop(part, (set(), Counter(), False))
+            self._parked[self.part] = _Merge(self.arrived, self.gradients, self.due, self._in_arrived,
+                                             self._in_gradients)
+        m = self._parked.pop(part, None) or _Merge(set(), Counter(), False, 0, 0)
+        self.arrived, self.gradients, self.due, self._in_arrived, self._in_gradients = \
+            m.arrived, m.gradients, m.due, m.in_arrived, m.in_gradients
         self.part = part
-        self._recount_merge()
 
     def parts(self) -> list[int | None]:
         """The parts with an open merge (the selected one first), or the selected one alone."""
@@ -63,9 +66,12 @@ class QuorumController(Controller):
         self._in_gradients = sum(1 for w in self.gradients if self._pushing(w))
 
     def _counted(self, worker: int, sign: int) -> None:
-        """`worker` starts (+1) or stops (-1) pushing: its place in the open merge counts, or no longer."""
+        """`worker` starts (+1) or stops (-1) pushing: its place in the open merges counts, or no longer."""
         self._in_arrived += sign * (worker in self.arrived)
         self._in_gradients += sign * (worker in self.gradients)
+        for m in self._parked.values():
+            m.in_arrived += sign * (worker in m.arrived)
+            m.in_gradients += sign * (worker in m.gradients)
 
     def leave(self, worker: int) -> None:
         if self._pushing(worker):
@@ -136,9 +142,10 @@ class QuorumController(Controller):
         return True
 
     def state_dict(self) -> dict:
-        merges = {**self._parked, **({self.part: (self.arrived, self.gradients, self.due)}
-                                     if self.arrived or self.due else {})}  # whichever part is selected: a backup's
-        return {**super().state_dict(), "open_clock": self.open_clock,  # state equals its primary's
+        merges = {part: (m.arrived, m.gradients, m.due) for part, m in self._parked.items()}
+        if self.arrived or self.due:  # whichever part is selected: a backup's state equals its primary's
+            merges[self.part] = (self.arrived, self.gradients, self.due)
+        return {**super().state_dict(), "open_clock": self.open_clock,
                 "merges": [[part, _merge_state(*merges[part])] for part in sorted(merges, key=_order)]}
 
     def load_state_dict(self, state: dict) -> None:
@@ -146,10 +153,17 @@ class QuorumController(Controller):
         self.open_clock = int(state["open_clock"])
         # a state saved before merges were per part holds one, of part None
         merges = [[None, state]] if "merges" not in state else state["merges"]
-        self._parked = {part: _loaded_merge(merge) for part, merge in merges}
+        self._parked = {part: self._loaded_merge(merge) for part, merge in merges}
         self.part = None
-        self.arrived, self.gradients, self.due = self._parked.pop(None, (set(), Counter(), False))
+        m = self._parked.pop(None, None) or _Merge(set(), Counter(), False, 0, 0)
+        self.arrived, self.gradients, self.due = m.arrived, m.gradients, m.due
         self._recount_merge()
+
+    def _loaded_merge(self, state: dict) -> "_Merge":
+        arrived = {int(w) for w in state["arrived"]}
+        gradients = Counter({int(w): int(n) for w, n in state["gradients"].items()})
+        return _Merge(arrived, gradients, bool(state["due"]), sum(1 for w in arrived if self._pushing(w)),
+                      sum(1 for w in gradients if self._pushing(w)))
 
     @property
     def voided(self) -> set[int]:
@@ -165,6 +179,11 @@ def _merge_state(arrived: set[int], gradients: Counter, due: bool) -> dict:
     return {"arrived": sorted(arrived), "gradients": {int(w): int(n) for w, n in gradients.items()}, "due": due}
 
 
-def _loaded_merge(state: dict) -> tuple[set[int], Counter, bool]:
-    return ({int(w) for w in state["arrived"]}, Counter({int(w): int(n) for w, n in state["gradients"].items()}),
-            bool(state["due"]))
+@dataclass(slots=True)
+class _Merge:
+    """A parked part's open merge: as the selected one's attributes, with its counts of workers still pushing."""
+    arrived: set[int]
+    gradients: Counter
+    due: bool
+    in_arrived: int
+    in_gradients: int
