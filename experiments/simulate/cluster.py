@@ -60,14 +60,17 @@ class Cluster:
                  push_transfer: tuple[float, ...], reply_transfer: tuple[float, ...], server_seconds: float, sample: int, batch_size: int,
                  learner=None, codec: CodecCost | None = None,
                  ready: list[tuple[int, float]] | None = None, compute_holds_encodes: bool = False,
-                 failures=None):
+                 failures=None, fragments: int = 1):
         self.n, self.s, self.steps, self.h = workers, shards, steps, local_steps
+        # streaming DiLoCo's fragments under a quorum: a worker's k-th push carries fragment k mod F, and each
+        # fragment has its own merges (psrv/server/consistency/quorum.py `select`); None: merges of whole pushes
+        self.fragments = fragments if quorum and fragments > 1 else None
         self.controllers = [make_controller(mode, workers, staleness=staleness, backup_workers=backup_workers,
                                             quorum=quorum, quorum_max_age=quorum_max_age,
                                             quorum_grace=quorum_grace > 0)
                             for _ in range(shards)]
         self.grace = quorum_grace
-        self.grace_until: list[float | None] = [None] * shards  # when each shard's open merge's window ends
+        self.grace_until: list[dict] = [{} for _ in range(shards)]  # each shard's merges' windows: part -> end
         # adaptive (psrv/server/pushes/grace.py): each shard's view of the workers' pushes, and the end planned
         # for the push that completes a merge's quorum
         self.push_times = [PushTimes() for _ in range(shards)] if quorum_grace and quorum_grace_adaptive else None
@@ -192,14 +195,17 @@ class Cluster:
             in_free[s] = arrive
             th = (arrive if arrive > busy[s] else busy[s]) + server + unpack[s]  # the shard's thread, a push at a time
             busy[s] = th
-            planned = None
+            planned, part = None, None if self.fragments is None else clock % self.fragments
             if self.grace:
-                if self.grace_until[s] is not None and th >= self.grace_until[s]:
-                    ctrl.expire()  # as the shard: a window over closes its merge before the push that finds it so
-                    self._commit_if_ready(s, ctrl)
+                over = [p for p, end in self.grace_until[s].items() if th >= end]
+                for p in over:  # as the shard: a window over closes its merge before the push that finds it so
+                    ctrl.select(p)
+                    ctrl.expire()
+                if over:
+                    self._commit_all(s, ctrl)
                 if self.push_times is not None:
-                    planned = self._adaptive(s, w, th, ctrl)
-            decision = ctrl.push(w, clock, version[s] - base[s])
+                    planned = self._adaptive(s, w, th, ctrl, part)
+            decision = ctrl.push(w, clock, version[s] - base[s], part)
             if decision is DROP:
                 self.rec.dropped[s] += 1
                 self.round_dropped[w] = True
@@ -214,9 +220,9 @@ class Cluster:
                 else:
                     if learner is not None:
                         learner.accumulate(s, grad)
-                    if not self._commit_if_ready(s, ctrl) and self.grace and self.grace_until[s] is None \
+                    if not self._commit_if_ready(s, ctrl, part) and self.grace and part not in self.grace_until[s] \
                             and ctrl.met():
-                        self.grace_until[s] = planned if planned is not None else th + self.grace  # its window opens
+                        self.grace_until[s][part] = planned if planned is not None else th + self.grace  # it opens
             heappush(waiting, (clock + 1, w, th, gen[w]))
             ready = ctrl.pull_ready
             while waiting and (waiting[0][3] != gen[waiting[0][1]] or ready(waiting[0][1], waiting[0][0])):
@@ -241,24 +247,31 @@ class Cluster:
                 if not replies[pw]:
                     self._step_done(pw)
 
-    def _commit_if_ready(self, s: int, ctrl) -> bool:
-        """Shard s's buffered pushes as one step, where its controller says they are complete (sync's clock, a
-        quorum's merge); whether it stepped."""
+    def _commit_if_ready(self, s: int, ctrl, part: int | None = None) -> bool:
+        """Shard s's buffered pushes (of `part`, a quorum's merge of one fragment) as one step, where its
+        controller says they are complete (sync's clock, a quorum's merge); whether it stepped."""
+        ctrl.select(part)
         if not ctrl.commit_ready():
             return False
         if self.learner is not None:
             self.learner.commit(s)
         ctrl.committed()
         self.version[s] += 1
-        self.grace_until[s] = None
+        self.grace_until[s].pop(part, None)
         return True
 
-    def _adaptive(self, s: int, w: int, th: float, ctrl) -> float | None:
-        """As the shard's primary judges a push under an adaptive window: the push noted; where it completes the
-        open merge's quorum, the window's end (the push itself, when none: the merge then closes with it)."""
+    def _commit_all(self, s: int, ctrl) -> None:
+        """Every open merge of shard s that is complete steps (a worker left, windows ended)."""
+        for part in ctrl.parts():
+            self._commit_if_ready(s, ctrl, part)
+
+    def _adaptive(self, s: int, w: int, th: float, ctrl, part: int | None) -> float | None:
+        """As the shard's primary judges a push under an adaptive window: the push noted; where it completes its
+        part's open merge's quorum, the window's end (the push itself, when none: the merge then closes with it)."""
         times = self.push_times[s]
         times.saw(w, th)
-        end = None if self.grace_until[s] is not None else planned_end(ctrl, w, th, times, self.grace)
+        ctrl.select(part)
+        end = None if part in self.grace_until[s] else planned_end(ctrl, w, th, times, self.grace)
         if end is not None and end <= th:
             ctrl.expire()
         return end
@@ -332,7 +345,7 @@ class Cluster:
             if self.push_times is not None:
                 self.push_times[s].forget(w)  # as the shard forgets a worker that left
             th = t if t > self.busy[s] else self.busy[s]
-            self._commit_if_ready(s, ctrl)  # its window, if one ran, ends with it
+            self._commit_all(s, ctrl)  # its window, if one ran, ends with it
             self.release(s, th)
 
     def _row(self, w: int, step: int, end: float, compute: float, comm: float, wait: float,

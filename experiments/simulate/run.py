@@ -89,7 +89,7 @@ def _run(cfg: SimulationConfig, model: ComputeModel, network: NetworkModel, plan
                       batch_size=cfg.job.batch_size, learner=learner, codec=codec,
                       ready=ready_order(plan, sim.forward_fraction) if overlaps(cfg) else None,
                       compute_holds_encodes=sim.compute == "steps.csv" and compute_holds_encodes(sim.compute_csv),
-                      failures=failures)
+                      failures=failures, fragments=cfg.worker.fragments)
     return cluster.run()
 
 

@@ -181,8 +181,8 @@ class _CountingController:
         self._inner, self._drops, self._shard = inner, drops, len(drops)
         drops.append(0)
 
-    def push(self, worker, clock, age=0):
-        decision = self._inner.push(worker, clock, age)
+    def push(self, worker, clock, age=0, part=None):
+        decision = self._inner.push(worker, clock, age, part)
         if decision is Decision.DROP:
             self._drops[self._shard] += 1
         return decision
@@ -205,6 +205,33 @@ def test_dropped_is_one_shards_count_whatever_the_number_of_shards(monkeypatch):
         reported[servers], recounted[servers] = (s["dropped"], s.get("dropped_per_shard")), (drops[0], drops)
     assert recounted[1][0] > 0 and reported == recounted, (reported, recounted)
     assert len({dropped for dropped, _ in reported.values()}) == 1, reported
+
+
+class _MergeLog:
+    """A quorum controller as the simulator made it, noting each merge's part and workers as it closes."""
+
+    def __init__(self, inner, merges: list):
+        self._inner, self._merges = inner, merges
+
+    def committed(self):
+        self._merges.append((self._inner.part, set(self._inner.gradients), self._inner.pushing_count()))
+        self._inner.committed()
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def test_a_simulated_quorum_merges_each_fragment_on_its_own(monkeypatch):
+    """Streaming DiLoCo (H 4, F 2) under quorum 2 of 3, one worker slower: as psrv's shards, each merge is of one
+    fragment (a worker's k-th push carries fragment k mod 2) and holds two workers' pushes of it while two
+    still push; each is one update."""
+    made, merges = cluster_module.make_controller, []
+    monkeypatch.setattr(cluster_module, "make_controller", lambda *a, **k: _MergeLog(made(*a, **k), merges))
+    s = sim(mode="sync", quorum=2, cluster={"workers": 3, "servers": 1}, worker={"local_steps": 4, "fragments": 2},
+            faults={"compute_ms": 20.0, "straggler": "2:3"})
+    assert s["updates_applied"] == len(merges) > 0
+    assert {part for part, _, _ in merges} == {0, 1}, merges
+    assert all(len(workers) >= 2 for _, workers, pushing in merges if pushing >= 2), merges
 
 
 @pytest.mark.parametrize("lr", [5.0, 1e30])
