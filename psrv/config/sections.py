@@ -103,7 +103,8 @@ class Consistency(Section):
     backup_workers: int = setting(0, "sync: apply a clock once N-b gradients are in", minimum=0)
     quorum: int = setting(0, "sync: merge once Q distinct workers' pushes of any clock are in (Decoupled DiLoCo's "
                           "minimum quorum), answering every pull at once, so no worker waits for the slowest; a "
-                          "faster worker's second push joins the same merge (0: the barrier)", minimum=0, metavar="Q")
+                          "faster worker's second push joins the same merge; with --fragments each fragment merges "
+                          "on its own Q (0: the barrier)", minimum=0, metavar="Q")
     quorum_max_age: int = setting(0, "with --quorum: drop a push computed on weights more than A merges old as late "
                                   "(0: every push joins the open merge)", minimum=0, metavar="A")
     quorum_grace: float = setting(0.0, "with --quorum: once Q workers are in, hold the merge open up to SECONDS for the "
