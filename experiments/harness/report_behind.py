@@ -1,13 +1,16 @@
-"""The report's lines on variants that fell far behind: for each, what its runs' data show (staleness, the
-momentum on the lr, the lr scale the update rule applied, compression without error feedback) and the
-remedy settings to try, from those data alone (docs/experiments.md, "Variants far behind").
+"""The report's lines on variants that fell far behind: for each, what its runs' data show (staleness, a
+quorum's merges, the momentum on the lr, the lr scale the update rule applied, compression without error
+feedback, the workers' own training loss where the held-out loss of the servers' weights is far above it) and
+the remedy settings to try, from those data alone (docs/experiments.md, "Variants far behind").
 
 A variant is far behind when a repeat diverged, when its mean final loss is above its mean initial loss
 (it learned nothing: collapsed), or when it is more than FAR times the best variant's.
 """
 from __future__ import annotations
 
+import csv
 import json
+import math
 from pathlib import Path
 
 from psrv.codec_names import parse
@@ -15,6 +18,8 @@ from psrv.experiments.harness.collect import VariantSummary
 from psrv.experiments.harness.report_configs import StoredRun
 
 FAR = 2.0  # a final loss this many times the best variant's is far behind
+TAIL = 0.1  # the workers' training loss: over each one's last tenth of steps
+APART = 2.0  # a held-out loss this many times the workers' training loss: the servers' weights lag theirs
 
 
 def _mean(values: list[float]) -> float | None:
@@ -32,6 +37,29 @@ def _recorded(runs: list[StoredRun], key: str) -> float | None:
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value:
             values.append(float(value))
     return _mean(values)
+
+
+def _training_loss(runs: list[StoredRun]) -> float | None:
+    """The workers' own training loss at the end: over each worker's last TAIL of steps (steps.csv), the mean over
+    workers and runs (None where no run has rows)."""
+    means = []
+    for run in runs:
+        try:
+            with open(Path(run.path) / "steps.csv", newline="") as f:
+                rows = list(csv.DictReader(f))
+        except OSError:
+            continue
+        by_worker: dict[str, list[float]] = {}
+        for row in rows:
+            try:
+                by_worker.setdefault(row["worker"], []).append(float(row["loss"]))
+            except (KeyError, TypeError, ValueError):
+                continue
+        for losses in by_worker.values():
+            tail = [v for v in losses[-max(1, int(len(losses) * TAIL)):] if math.isfinite(v)]
+            if tail:
+                means.append(sum(tail) / len(tail))
+    return _mean(means)
 
 
 def _why(s: VariantSummary, best: VariantSummary | None, runs: list[StoredRun]) -> str | None:
@@ -58,6 +86,12 @@ def _data_and_remedies(s: VariantSummary, runs: list[StoredRun]) -> tuple[list[s
     data, remedies = [], []
     opt, lr, momentum = cfg.optimizer, cfg.optimizer.lr, cfg.optimizer.momentum
     stale = s.stats["mean_staleness"].mean
+    if cfg.quorum and stale is not None:
+        data.append(f"quorum {cfg.quorum} of {cfg.cluster.workers}, mean age {stale:.3g} merges"
+                    + (f", a grace window of {cfg.quorum_grace:g} s" if cfg.quorum_grace else ", no grace window"))
+        if stale > 0.5 and not cfg.quorum_grace_adaptive:
+            remedies.append("`--quorum-grace 1 --quorum-grace-adaptive` (lets a late worker into the merge where "
+                            "it is due first)")
     if cfg.mode in ("async", "ssp") and stale is not None:
         worst = s.stats["max_staleness"].mean or 0
         data.append(f"mean staleness {stale:.3g} (max {worst:.3g}" + (", the repeats' mean" if s.repeats > 1 else "") + ")")
@@ -78,6 +112,11 @@ def _data_and_remedies(s: VariantSummary, runs: list[StoredRun]) -> tuple[list[s
         data.append(f"{opt.name}, lr {lr:g}")
     if s.diverged or (opt.name == "sgd" and momentum < 1 and lr / (1 - momentum) >= 1):
         remedies += [f"`--lr {lr / 2:g}`", "`--clip-grad-norm 1.0`"]
+    trained, final = _training_loss(runs), s.stats["final_loss"].mean
+    if trained is not None and final is not None and final > APART * trained:
+        data.append(f"the workers' own training loss over their last {TAIL:.0%} of steps was {trained:.3g}: the "
+                    "held-out loss is of the servers' final weights (rank 0's final pull), "
+                    f"{final / trained:.1f}x that")
     w = cfg.worker
     if w.compress:
         data.append(f"pushes compressed {w.compress}" + ("" if w.error_feedback else " without error feedback"))

@@ -50,3 +50,24 @@ def test_diverged_and_far_behind_and_compression_without_error_feedback(tmp_path
     assert "pushes compressed topk:0.001 without error feedback" in lines[1]
     assert "error feedback (drop `--no-error-feedback`)" in lines[1] and "a larger topk ratio than 0.001" in lines[1]
     assert behind_lines([sync[0]], [sync[1]]) == []  # nothing behind: no section
+
+
+def test_a_quorum_far_behind_says_its_merges_and_where_the_workers_own_loss_was(tmp_path):
+    """A quorum's data: its merges' mean age and window, the adaptive window to try; where the held-out loss of the
+    servers' weights is over 2x the workers' own training loss at the end (their last tenth of steps.csv), it
+    says so; a variant whose workers' loss is as high says nothing of it."""
+    sync = _variant(tmp_path, "sync", {"mode": "sync"}, final=0.3)
+    quorum = _variant(tmp_path, "q3", {"mode": "sync", "quorum": 3, "cluster": {"workers": 4}}, final=1.0, stale=0.97)
+    near = _variant(tmp_path, "q3-near", {"mode": "sync", "quorum": 3, "cluster": {"workers": 4},
+                                          "quorum_grace": 1.0, "quorum_grace_adaptive": True}, final=0.9, stale=0.7)
+    for run, late in ((quorum[1], 0.4), (near[1], 0.6)):
+        rows = ["wall_time,worker,step,loss"] + [f"{s},{w},{s},{2.0 if s < 18 else late}" for w in (0, 1)
+                                                 for s in range(20)] + ["9,1,20,nan"]
+        (run.path / "steps.csv").write_text("\n".join(rows) + "\n")
+    lines = [line for line in behind_lines(*map(list, zip(sync, quorum, near))) if line.startswith("- ")]
+    assert lines[0] == (
+        "- `q3` is far behind: final loss 1, 3.3x `sync`'s 0.3. The data: quorum 3 of 4, mean age 0.97 merges, no "
+        "grace window; momentum 0.9 on lr 0.05 (lr/(1-momentum) = 0.5); the workers' own training loss over their last 10% of steps was 0.4: the "
+        "held-out loss is of the servers' final weights (rank 0's final pull), 2.5x that. Try: `--quorum-grace 1 "
+        "--quorum-grace-adaptive` (lets a late worker into the merge where it is due first).")
+    assert "a grace window of 1 s" in lines[1] and "training loss" not in lines[1] and "Try" not in lines[1]
