@@ -10,7 +10,6 @@ A push's messages, cast or compressed shard by shard, are made by PushMessages (
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import secrets
@@ -31,6 +30,7 @@ from psrv.client.onebit import LocalMomentum, from_welcomes, momentum_encoder
 from psrv.client.pull_view import PULL_SIGN_SCALE, PullView
 from psrv.client.push_messages import PushMessages
 from psrv.client.settings import CLIENT_KEYWORDS, overlaid
+from psrv.client.shard_addresses import ShardAddresses
 from psrv.protocol import ErrorCode, Message, MsgType
 from psrv.partition import PartitionPlan
 from psrv.protocol.codec import DTYPES
@@ -39,7 +39,6 @@ from psrv.client.waiting import LIBRARY_OPTION
 from psrv.transport import ClientTransport, create_client
 
 PREDECESSOR_DEAD = "PSRV_PREDECESSOR_DEAD"  # set by psrv run for a worker it restarted
-REPLICAS = "PSRV_REPLICAS"  # and each shard's replicas then, {shard: [address, ...]}, as JSON
 
 log = logging.getLogger("psrv.client.psclient")
 _PLACE = defaults_of(Placement)  # the planes' and transport's defaults: one source
@@ -115,10 +114,8 @@ class PSClient(PushMessages):
                                         shared_memory=shared_memory, bulk=bulk, watch=True, **self._options)
         # each shard's replicas (`failover`): told by WELCOME, and those the transport knows from the start (the
         # backups of a fixed RPC world, which may join their primary only after this worker's HELLO)
-        self.replicas = [[a, *self.net.replicas(s)] for s, a in enumerate(self.servers)]
-        for s, addresses in json.loads(os.environ.get(REPLICAS, "{}")).items():  # psrv run's restarted worker
-            if 0 <= int(s) < len(self.replicas):
-                self.replicas[int(s)] = list(dict.fromkeys([*self.replicas[int(s)], *map(str, addresses)]))
+        self.addresses = ShardAddresses(self.servers, self.net, worker=worker)
+        self.servers = self.addresses.servers  # one list, updated in place as shards move
         # zmq sockets are not thread-safe: the heartbeat thread opens its own (rpc has one world per process)
         self._heartbeat_on = heartbeat and transport == "zmq"
         self._heartbeat: Heartbeat | None = None
@@ -141,9 +138,9 @@ class PSClient(PushMessages):
         self.chunked = self.push_chunk_bytes > 0 and all(w.get("chunks") for w in welcomes)
         for s, w in enumerate(welcomes):  # a replicated shard's backups: where to go if its primary falls silent
             if isinstance(w.get("replicas"), list):
-                self.replicas[s] = list(dict.fromkeys([self.servers[s], *map(str, w["replicas"]), *self.replicas[s]]))
+                self.addresses.welcomed(s, w["replicas"])
         bounds = [float(w["failure_bound"]) for s, w in enumerate(welcomes)
-                  if len(self.replicas[s]) > 1 and isinstance(w.get("failure_bound"), (int, float))]
+                  if self.addresses.replicated(s) and isinstance(w.get("failure_bound"), (int, float))]
         if bounds:  # a replicated shard's silence is probed within its failure bound (psrv/timeouts.py)
             self.retry_interval = min(self.retry_interval, Timeouts(min(bounds), 0.0).probe_after)
         # A restarted worker continues after its previous life's seqs, so no push of it looks re-sent.
@@ -272,40 +269,6 @@ class PSClient(PushMessages):
         if self._heartbeat is not None:
             self._heartbeat.stop()
             self._heartbeat = None
-
-    def failover(self, shard: int, *, why: str = "silent") -> bool:
-        """Move `shard` to its next replica (RoundTrip, once a probe went unanswered or the connection broke):
-        False where it has none. Its backup takes over once the primary falls silent (psrv/server/follower.py),
-        and holds what reaches it before then; a request re-sent there keeps its seq, so nothing is applied
-        twice."""
-        replicas = self.replicas[shard]
-        if len(replicas) < 2:
-            return False
-        here = replicas.index(self.servers[shard]) if self.servers[shard] in replicas else -1
-        self.servers[shard] = replicas[(here + 1) % len(replicas)]
-        log.warning("worker %d: shard %d %s at %s; trying its replica %s", self.worker, shard, why,
-                    replicas[here], self.servers[shard])
-        self.net.redirect(shard, self.servers[shard])
-        return True
-
-    def moved(self, shard: int, addresses: list) -> bool:
-        """A replica that does not serve `shard` (a backup, a fenced primary) said `addresses` do (NOT_PRIMARY):
-        move to their primary; False if that is where this worker already is."""
-        self.heard_replicas(shard, addresses)
-        if str(addresses[0]) == self.servers[shard]:
-            return False
-        log.info("worker %d: shard %d's replica %s does not serve it; going to its primary %s", self.worker, shard,
-                 self.servers[shard], addresses[0])
-        self.servers[shard] = str(addresses[0])
-        self.net.redirect(shard, self.servers[shard])
-        return True
-
-    def heard_replicas(self, shard: int, addresses: list) -> None:
-        """A reply named `shard`'s replicas now: its primary, then its backups; two older ones stay, last (a
-        failover it has not heard of yet may have gone to one of them)."""
-        if addresses and addresses != self.replicas[shard][:len(addresses)]:
-            known = list(dict.fromkeys([*map(str, addresses), *self.replicas[shard]]))
-            self.replicas[shard] = known[:len(addresses) + 2]
 
     def message(self, mtype: MsgType, **kw) -> Message:
         """A request from this worker (RoundTrip's too): its id and session filled in."""

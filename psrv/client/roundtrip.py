@@ -1,7 +1,7 @@
 """One request to every shard and its replies, through lost messages, lost replies and restarted
 shards (PSClient's mechanics; `client` below is the psrv.client.psclient.PSClient that owns it, a module
-that imports this one, used through its public face: `net`, `servers`, `timeout_option`, `message`, `failover`,
-`heard_replicas`, `hello_message`, `fill_push`, `receive_weights`); PSError, what an ERROR reply becomes; Reply, what a push or pull saw; and
+that imports this one, used through its public face: `net`, `servers`, `timeout_option`, `message`, `addresses`
+(psrv/client/shard_addresses.py: `failover`, `moved`, `heard`), `hello_message`, `fill_push`, `receive_weights`); PSError, what an ERROR reply becomes; Reply, what a push or pull saw; and
 WireBytes, what the round trips' frames came to (PSClient.wire)."""
 from __future__ import annotations
 
@@ -193,7 +193,7 @@ class RoundTrip:
         there, same seq; True if one moved. Its backup holds the request until it takes over, then answers."""
         moved = False
         for s, r in enumerate(self.replies):
-            if r is None and self.net.down(s) and self.c.failover(s, why="connection broke"):
+            if r is None and self.net.down(s) and self.c.addresses.failover(s, why="connection broke"):
                 self.probing[s] = False
                 self._resend(s)
                 moved = True
@@ -206,7 +206,7 @@ class RoundTrip:
             if self.probing[s]:  # no answer to the last probe either: a fresh connection, to its next replica if any
                 log.info("worker %d: shard %d silent; reconnecting and re-sending %s seq %d",
                          self.c.worker, s, self.kind, self.seq)
-                if not self.c.failover(s):
+                if not self.c.addresses.failover(s):
                     self.net.reconnect(s)
                 self._resend(s)
             probe = self.c.message(MsgType.HEARTBEAT, seq=self.seq, fields={"probe": self.seq})
@@ -243,7 +243,7 @@ class RoundTrip:
         if reply.type is MsgType.OK and "probe" in reply.fields:
             self.probing[s] = False
             if isinstance(reply.fields.get("replicas"), list):  # a request held long follows the shard's replicas
-                self.c.heard_replicas(s, reply.fields["replicas"])
+                self.c.addresses.heard(s, reply.fields["replicas"])
             if not reply.fields.get("holding"):  # the request, or its answer, was lost
                 self._resend(s)
             return True
@@ -254,7 +254,7 @@ class RoundTrip:
         if reply.type is MsgType.ERROR:
             f = reply.fields
             if f.get("code") == ErrorCode.NOT_PRIMARY and f.get("replicas"):
-                if self.c.moved(s, f["replicas"]):  # a fenced primary named who serves the shard now: ask there
+                if self.c.addresses.moved(s, f["replicas"]):  # a fenced primary named who serves the shard now: ask there
                     self.probing[s] = False
                     self._resend(s)
                 return True
@@ -272,7 +272,7 @@ class RoundTrip:
         self.replies[s] = reply
         self._record(s, reply)
         if isinstance(reply.fields.get("replicas"), list):  # the shard's replicas now (failovers, replacements)
-            self.c.heard_replicas(s, reply.fields["replicas"])
+            self.c.addresses.heard(s, reply.fields["replicas"])
         return True
 
     def _record(self, s: int, reply: Message) -> None:

@@ -43,5 +43,5 @@ def test_a_backup_the_transport_names_is_kept_after_a_welcome_that_lists_only_th
     client = PSClient([PRIMARY], PartitionPlan((ParamSpec("w", (4,)),), 1), worker=0, world_size=1,
                       heartbeat=False, net=net)
     client.hello()
-    assert client.replicas[0] == [PRIMARY, BACKUP]
-    assert client.failover(0) and net.redirected == [(0, BACKUP)] and client.servers[0] == BACKUP
+    assert client.addresses.replicas[0] == [PRIMARY, BACKUP]
+    assert client.addresses.failover(0) and net.redirected == [(0, BACKUP)] and client.servers[0] == BACKUP
