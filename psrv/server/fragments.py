@@ -85,22 +85,12 @@ class FragmentShards:
         """Pushes in the open clock's or merges' fragment sums."""
         return sum(self._shards[key].accumulated for key in self.open)
 
-    def accumulated_in(self, part: int | None) -> int:
-        """Pushes in `part`'s sum (a quorum's merge of one fragment); None: in every open one."""
-        return sum(self._shards[key].accumulated for key in self._keys(part))
-
     def _keys(self, part: int | None) -> list[Key]:
         return list(self.open) if part is None else [key for key in self.open if part_of(key) == part]
 
     def rule_counts(self) -> Counter:
         """What the fragments' update rules did (UpdateRule.counts), summed."""
         return sum((Counter(sub.rule.counts()) for sub in self._shards.values()), Counter())
-
-    def weights(self, shard: Shard, key: Key) -> torch.Tensor:
-        """The fragment's weights, gathered (a pull's answer)."""
-        if not key:
-            return shard.weights[:0]
-        return torch.cat([shard.weights[a:b] for a, b in key])
 
     def apply(self, shard: Shard, key: Key, grad: torch.Tensor | Decoded, ctx: PushContext) -> float:
         """One step of the fragment's own optimizer with `grad` (async, ssp); returns the rule's lr scale."""
@@ -109,8 +99,7 @@ class FragmentShards:
         self._scatter(shard, key, sub)
         return scale
 
-    def accumulate(self, shard: Shard, key: Key, grad: torch.Tensor | Decoded, *, merge: bool = False,
-                   weight: int = 1) -> None:
+    def accumulate(self, shard: Shard, key: Key, grad: torch.Tensor | Decoded, *, merge: bool, weight: int) -> None:
         """Add `grad` (times `weight`) to fragment `key`'s sum in the open sync clock, or with `merge` in its
         open quorum merge (other fragments' may be open beside it); NOT_ALLOWED for a fragment where whole pushes are
         accumulating, and in a sync clock for another fragment than its own."""

@@ -139,6 +139,10 @@ def test_each_part_has_its_merge_and_the_state_is_the_same_whichever_part_is_sel
     d = QuorumController(3, quorum=2)
     d.load_state_dict(saved)
     assert sorted(d.parts(), key=str) == [0, 8, None] and d.state_dict() == saved
+    d.select(0)
+    assert not d.commit_ready()  # the loaded merge counts one worker still pushing, of two needed
+    d.push(2, 1, part=0)
+    assert d.commit_ready()
     c.push(2, 1, part=0)
     assert c.commit_ready() and c.part == 0  # workers 0 and 2 in part 0's merge
     c.committed()

@@ -134,6 +134,37 @@ def test_each_fragments_merge_has_a_grace_window_of_its_own():
     assert torch.allclose(d.weights, want, atol=1e-6), (d.weights - want).abs().max()
 
 
+def test_an_empty_fragment_merges_apart_from_every_fragment_with_a_piece():
+    """A fragment with no piece in this shard (an empty push, part -1) has a merge of its own, even beside a
+    fragment whose first element is 1: Q = 2 of 2, one push of each, no merge closes."""
+    d = Driven(mode="sync", workers=2, optim=SGD, quorum=2)
+    w0, (g0,) = d.weights, grads(1)
+    d.send(0, MsgType.PUSH, clock=0, tensor=g0[1:SIZE // 2], fields={"fragment": [[1, SIZE // 2]]})
+    d.send(1, MsgType.PUSH, clock=0, tensor=g0[:0], fields={"fragment": []})
+    assert d.net.out[-1].type is not MsgType.ERROR, d.net.out[-1].fields
+    assert d.counts()[1] == 0 and torch.equal(d.weights, w0), d.counts()
+
+
+def test_an_adaptive_window_is_judged_on_the_pushed_fragments_merge():
+    """3 workers, Q = 2, an adaptive window of at most 10 s, fragments a and b in turn; worker 2 pushes a once (at
+    0.2) and no more. At 1.1 worker 1's push of b completes b's quorum: b's window is planned then, on b's merge,
+    to end at 2.0, when worker 0 is due again (worker 2, one push and no interval yet, may come by then). Worker
+    0's push at 2.0 finds it over: b closes before it. Planned on another merge, the window would be the 10 s."""
+    half, clock = SIZE // 2, [0.0]
+    a, b = [[0, half]], [[half, SIZE]]
+    d = Driven(mode="sync", workers=3, optim=SGD, quorum=2, quorum_grace=10.0, quorum_grace_adaptive=True,
+               now=lambda: clock[0])
+    events = [(0.0, 0, a), (0.1, 1, a), (0.2, 2, a), (1.0, 0, b), (1.1, 1, b), (2.0, 0, a)]
+    g, counts = grads(len(events)), []
+    for i, (t, worker, ranges) in enumerate(events):
+        clock[0] = t
+        lo, hi = ranges[0]
+        d.send(worker, MsgType.PUSH, clock=i, tensor=g[i][lo:hi], fields={"fragment": ranges})
+        assert d.net.out[-1].type is not MsgType.ERROR, d.net.out[-1].fields
+        counts.append(d.counts()[1])
+    assert counts == [0, 0, 1, 1, 1, 2]
+
+
 def test_a_sync_clock_still_refuses_a_second_fragment():
     half = SIZE // 2
     d = Driven(mode="sync", workers=2, optim=SGD)

@@ -34,10 +34,10 @@ class QuorumController(Controller):
         self.quorum, self.max_age, self.grace = quorum, max_age, grace
         self.due = False  # with grace: the open merge's window is over
         self.open_clock = 0  # merges committed
-        self.arrived: set[int] = set()  # distinct workers with a push in the open merge
+        self.arrived: set[int] = set()  # distinct workers with a push in the selected open merge
         self.gradients: Counter = Counter()  # each one's pushes in it with a gradient (none for a non-finite one)
         # How many of `arrived` and of `gradients`' workers are still pushing, kept per push, leave, join and
-        # finish: the merge's tests per push count instead of scanning every worker (_recount_merge: from the sets)
+        # finish: the merge's tests per push count instead of scanning every worker (_loaded_merge: from the sets)
         self._in_arrived = self._in_gradients = 0
         self.part: int | None = None  # the selected merge's part
         self._parked: dict[int | None, _Merge] = {}  # the other parts' open merges, their counts kept too
@@ -49,6 +49,10 @@ class QuorumController(Controller):
         if self.arrived or self.due:
             self._parked[self.part] = _Merge(self.arrived, self.gradients, self.due, self._in_arrived,
                                              self._in_gradients)
+        self._take(part)
+
+    def _take(self, part: int | None) -> None:
+        """`part`'s parked merge (a new one where it has none) becomes the selected one."""
         m = self._parked.pop(part, None) or _Merge(set(), Counter(), False, 0, 0)
         self.arrived, self.gradients, self.due, self._in_arrived, self._in_gradients = \
             m.arrived, m.gradients, m.due, m.in_arrived, m.in_gradients
@@ -60,10 +64,6 @@ class QuorumController(Controller):
 
     def _pushing(self, worker: int) -> bool:
         return worker in self.active and worker not in self.finishing
-
-    def _recount_merge(self) -> None:
-        self._in_arrived = sum(1 for w in self.arrived if self._pushing(w))
-        self._in_gradients = sum(1 for w in self.gradients if self._pushing(w))
 
     def _counted(self, worker: int, sign: int) -> None:
         """`worker` starts (+1) or stops (-1) pushing: its place in the open merges counts, or no longer."""
@@ -146,7 +146,7 @@ class QuorumController(Controller):
         if self.arrived or self.due:  # whichever part is selected: a backup's state equals its primary's
             merges[self.part] = (self.arrived, self.gradients, self.due)
         return {**super().state_dict(), "open_clock": self.open_clock,
-                "merges": [[part, _merge_state(*merges[part])] for part in sorted(merges, key=_order)]}
+                "merges": [[part, _merge_state(*merges[part])] for part in sorted(merges, key=repr)]}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
@@ -154,10 +154,7 @@ class QuorumController(Controller):
         # a state saved before merges were per part holds one, of part None
         merges = [[None, state]] if "merges" not in state else state["merges"]
         self._parked = {part: self._loaded_merge(merge) for part, merge in merges}
-        self.part = None
-        m = self._parked.pop(None, None) or _Merge(set(), Counter(), False, 0, 0)
-        self.arrived, self.gradients, self.due = m.arrived, m.gradients, m.due
-        self._recount_merge()
+        self._take(None)
 
     def _loaded_merge(self, state: dict) -> "_Merge":
         arrived = {int(w) for w in state["arrived"]}
@@ -169,10 +166,6 @@ class QuorumController(Controller):
     def voided(self) -> set[int]:
         """The workers in the open merge with no gradient in it (the history's commit lists the others)."""
         return self.arrived - self.gradients.keys()
-
-
-def _order(part: int | None) -> tuple[bool, int]:
-    return part is not None, part or 0
 
 
 def _merge_state(arrived: set[int], gradients: Counter, due: bool) -> dict:

@@ -151,7 +151,7 @@ class Pushes:
 
     def _commit(self, part: int | None) -> None:
         s = self.state
-        if s.shard.accumulated or s.fragments.accumulated_in(part):
+        if s.shard.accumulated or s.fragments.accumulated:  # a merge with a gradient has its fragment's
             self.before_write()
             # the rule sees the mean at staleness 0 (lr scale 1); a fragment's with its own optimizer
             steps = [s.shard.apply_accumulated()] if s.shard.accumulated else \
