@@ -163,6 +163,9 @@ def test_an_adaptive_window_is_judged_on_the_pushed_fragments_merge():
         assert d.net.out[-1].type is not MsgType.ERROR, d.net.out[-1].fields
         counts.append(d.counts()[1])
     assert counts == [0, 0, 1, 1, 1, 2]
+    for malformed in ([5], [[]], [["x", 3]]):  # judged before it is handled, refused when it is
+        d.send(1, MsgType.PUSH, clock=9, tensor=g[0][:3], fields={"fragment": malformed})
+        assert d.net.out[-1].type is MsgType.ERROR and d.counts()[1] == 2, d.net.out[-1].fields
 
 
 def test_a_sync_clock_still_refuses_a_second_fragment():
@@ -172,7 +175,9 @@ def test_a_sync_clock_still_refuses_a_second_fragment():
     d.send(0, MsgType.PUSH, clock=0, tensor=g0[:half], fields={"fragment": [[0, half]]})
     d.send(1, MsgType.PUSH, clock=0, tensor=g1[half:], fields={"fragment": [[half, SIZE]]})
     reply = d.net.out[-1]
-    assert reply.type is MsgType.ERROR and "same fragment" in str(reply.fields), reply.fields
+    assert reply.type is MsgType.ERROR and ("this sync clock accumulates another fragment (or the whole shard): every "
+                                            "worker must sync the same fragment at the same clock") \
+        in str(reply.fields), reply.fields  # the refusal's line, as a user reads it
     assert torch.equal(d.weights, w0) and d.counts()[1] == 0
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from psrv.protocol import Message, MsgType
+from psrv.server.fragments import part_of
 from psrv.server.state import ShardState
 
 PUSHES = (MsgType.PUSH, MsgType.PUSH_PULL)
@@ -126,10 +127,10 @@ class GraceWindow:
 
 
 def _part(msg: Message) -> int | None:
-    """The part a push names, as psrv/server/fragments.py `part_of` gives it (None: a whole push; a malformed
-    field is refused when the push is handled)."""
+    """The part a push names, as psrv/server/fragments.py `part_of` gives it (None: a whole push, or a field too
+    malformed to name one: such a push is refused when it is handled)."""
     ranges = msg.fields.get("fragment")
-    if not isinstance(ranges, list):
+    try:
+        return None if ranges is None else part_of(tuple(tuple(r) for r in ranges))
+    except (TypeError, IndexError):
         return None
-    first = ranges[0] if ranges else None
-    return -1 if first is None else first[0] if isinstance(first, list) and first and type(first[0]) is int else None
