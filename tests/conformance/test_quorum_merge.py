@@ -113,6 +113,17 @@ def test_each_fragment_merges_on_its_own_quorum_and_a_late_push_waits_for_its_fr
     assert d.counts()[1] == 3 and torch.allclose(d.weights, want, atol=1e-6), d.counts()
 
 
+def test_a_fragments_merge_weighs_its_pushes_by_their_inner_steps():
+    half = SIZE // 2
+    d = Driven(mode="sync", workers=2, optim=SGD, quorum=2)
+    w0, (g0, g1) = d.weights, grads(2)
+    d.send(0, MsgType.PUSH, clock=0, tensor=g0[:half], fields={"fragment": [[0, half]], "inner_steps": 3})
+    d.send(1, MsgType.PUSH, clock=0, tensor=g1[:half], fields={"fragment": [[0, half]], "inner_steps": 1})
+    want = w0.clone()
+    want[:half] -= (3 * g0[:half] + g1[:half]) / 4
+    assert d.counts()[1] == 1 and torch.allclose(d.weights, want, atol=1e-6), (d.weights - want).abs().max()
+
+
 def test_each_fragments_merge_has_a_grace_window_of_its_own():
     """Q = 1 of 2, a window of 1 s, the clock by hand: fragment a's merge opens at 0.0, b's at 0.5. At 1.2 a's
     window is over (it closes alone, before the request is handled) and b's is not: worker 1's push of b joins
