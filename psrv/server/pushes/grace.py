@@ -129,8 +129,7 @@ class GraceWindow:
 def _part(msg: Message) -> int | None:
     """The part a push names, as psrv/server/fragments.py `part_of` gives it (None: a whole push, or a field too
     malformed to name one: such a push is refused when it is handled)."""
-    ranges = msg.fields.get("fragment")
     try:
-        return None if ranges is None else part_of(tuple(tuple(r) for r in ranges))
-    except (TypeError, IndexError):
+        return part_of(tuple(tuple(r) for r in msg.fields["fragment"]))
+    except (KeyError, TypeError, IndexError):
         return None
