@@ -10,7 +10,9 @@ from psrv.codecs import make
 from psrv.codecs.push import PushEncoder
 from psrv.config import OptimConfig
 from psrv.partition import ParamSpec, PartitionPlan
-from psrv.protocol import MsgType
+from psrv.protocol import ErrorCode, MsgType, ProtocolError
+from psrv.server.fragments import FragmentShards
+from psrv.server.shard import Shard
 from tests.unit.test_push_whole import SIZE, Driven, grads
 
 SGD = OptimConfig(name="sgd", lr=1.0, momentum=0.0)
@@ -310,3 +312,35 @@ def test_a_shard_built_from_its_config_drops_a_push_older_than_quorum_max_age():
     d.send(2, MsgType.PUSH, clock=0, tensor=g[3], base_version=1)  # two merges old: dropped
     pushes, updates, dropped, _ = d.counts()
     assert (pushes, updates, dropped) == (4, 3, {"late": 1}), d.counts()
+
+
+def _shard() -> Shard:
+    shard = Shard(10, OptimConfig(name="sgd", lr=0.5, momentum=0.9, nesterov=True))
+    shard.init(torch.arange(10.0))
+    return shard
+
+
+def test_a_quorum_merges_open_fragments_survive_a_state_dict_and_an_older_one_loads():
+    """The fragments a shard's open merges accumulate are in its state (a checkpoint, a joining backup), and a
+    state saved before merges took fragments (one open fragment, `open`) still loads."""
+    shard, frags = _shard(), FragmentShards()
+    frags.accumulate(shard, ((2, 4),), torch.ones(2), merge=True, weight=1)
+    frags.accumulate(shard, ((0, 2),), torch.ones(2), merge=True, weight=3)  # a push of 3 inner steps
+    frags.accumulate(shard, ((2, 4),), 3 * torch.ones(2), merge=True, weight=1)
+    frags.accumulate(shard, ((0, 2),), 3 * torch.ones(2), merge=True, weight=1)
+    with pytest.raises(ProtocolError) as err:
+        frags.check_whole()
+    assert err.value.code is ErrorCode.NOT_ALLOWED
+    again = FragmentShards()
+    again.load_state_dict(frags.state_dict(), shard)
+    assert again.open == [((2, 4),), ((0, 2),)] and again.accumulated == 4
+    assert again.apply_accumulated(shard) == [2, 2] and shard.version == 2  # in the order they came in
+    # each fragment's mean weighs its pushes by their steps: (2, 4)'s (1 + 3) / 2 = 2, (0, 2)'s (3 + 3) / 4 = 1.5;
+    # Nesterov's first step is 0.5 (g + 0.9 g)
+    assert shard.weights[:4].tolist() == pytest.approx([-1.425, 1 - 1.425, 2 - 1.9, 3 - 1.9])
+    legacy = {**frags.state_dict(), "open": [[2, 4]]}  # saved before a merge took fragments: one open fragment
+    del legacy["opened"]
+    again.load_state_dict(legacy, shard)
+    assert again.open == [((2, 4),)]
+    again.load_state_dict({**legacy, "open": None}, shard)
+    assert again.open == []
