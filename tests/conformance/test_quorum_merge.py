@@ -344,3 +344,32 @@ def test_a_quorum_merges_open_fragments_survive_a_state_dict_and_an_older_one_lo
     assert again.open == [((2, 4),)]
     again.load_state_dict({**legacy, "open": None}, shard)
     assert again.open == []
+
+
+@pytest.mark.parametrize("optim", [OptimConfig(name="sgd", lr=1.0, momentum=0.0, update_rule="dc-asgd"),
+                                   OptimConfig(name="sgd", lr=1.0, momentum=0.0, clip_grad_norm=1.0)],
+                         ids=["dc-asgd", "clip"])
+def test_a_shard_that_needs_whole_pushes_refuses_a_fragment(optim):
+    """The config tree refuses fragments with dc-asgd or a clip; a client that pushes one anyway is refused by the
+    shard, NOT_ALLOWED, with nothing applied."""
+    d = Driven(mode="async", workers=1, optim=optim)
+    w0, (g,) = d.weights, grads(1)
+    d.send(0, MsgType.PUSH, clock=0, tensor=g[:4], fields={"fragment": [[0, 4]]})
+    reply = d.net.out[-1]
+    assert reply.type is MsgType.ERROR and reply.fields.get("code") == ErrorCode.NOT_ALLOWED.value, reply.fields
+    assert ("this shard clips by the global norm or corrects by each worker's pulled weights (dc-asgd): it takes "
+            "whole pushes, not fragments") in str(reply.fields), reply.fields
+    assert torch.equal(d.weights, w0) and d.counts()[1] == 0
+
+
+def test_a_fragment_of_three_ranges_steps_each_of_its_pieces():
+    """A fragment's pieces in a shard (one per tensor of it there), gathered and scattered in order: three here."""
+    d = Driven(mode="async", workers=1, optim=SGD)
+    w0, (g,) = d.weights, grads(1)
+    pieces = [[0, 3], [5, 9], [12, 14]]
+    sent = torch.cat([g[a:b] for a, b in pieces])
+    d.send(0, MsgType.PUSH, clock=0, tensor=sent, fields={"fragment": pieces})
+    want = w0.clone()
+    for a, b in pieces:
+        want[a:b] -= g[a:b]
+    assert d.counts()[1] == 1 and torch.allclose(d.weights, want, atol=1e-6), (d.weights - want).abs().max()
