@@ -115,7 +115,7 @@ class Pushes:
             s.stats.pushed(time.perf_counter() - started, None)
             info = self.record_answer(msg, {"version": shard.version, "dropped": "nonfinite", "staleness": 0},
                                       part=part)
-            self.commit_if_ready()
+            self.commit_if_ready([part])
             return info
         self.before_write()  # replies still reading the weights must leave before we write them
         if decision is Decision.APPLY:  # the update rule sees the push's context (psrv/server/rules)
@@ -129,20 +129,22 @@ class Pushes:
             else:
                 s.fragments.accumulate(shard, fragment, grad, merge=bool(s.cfg.quorum), weight=weight)
             self.took(msg, version=shard.version, age=staleness, part=part)  # before the merge it may close (docs/history.md)
-            self.commit_if_ready()
+            self.commit_if_ready([part])
         s.stats.pushed(time.perf_counter() - started, staleness)
         s.stats.membership(s.controller.active, {msg.worker: s.controller.clocks[msg.worker]})
         return self.record_answer(msg, {"version": shard.version, "staleness": staleness},
                                   recorded=decision is not Decision.APPLY)
 
-    def commit_if_ready(self) -> None:
+    def commit_if_ready(self, parts: list[int | None] | None = None) -> None:
         """Sync: apply the open clock once the controller says it is complete, or each quorum merge (one per
         fragment) that is; a clock whose every push was dropped as non-finite, or that no worker is left to
-        push while a joiner waits past it, moves on without a step (nothing to average)."""
+        push while a joiner waits past it, moves on without a step (nothing to average). `parts`: the merges to
+        look at (a push's own, the only one it can complete), else every open one (a worker left, a window
+        ended)."""
         s = self.state
         if s.shard is None:
             return
-        for part in s.controller.parts():
+        for part in s.controller.parts() if parts is None else parts:
             s.controller.select(part)
             if s.controller.commit_ready():
                 self._commit(part)
