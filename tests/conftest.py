@@ -1,5 +1,10 @@
-"""Shared fixtures: psrv processes a test starts are killed by PID at teardown."""
+"""Shared fixtures: psrv processes a test starts are killed by PID at teardown; the runs a test process starts fork
+their fork servers from one zygote of its own (psrv/cli/zygote.py)."""
 import os
+import signal
+import subprocess
+import sys
+import tempfile
 
 # MKL takes its fastest code path for the CPU it finds. On the lent H200 machine's Intel Xeon (AVX-512, torch 2.11),
 # three conformance cases whose int8 or sign codec turns a last-bit difference of a gradient into a whole
@@ -14,6 +19,46 @@ os.environ.setdefault("MKL_CBWR", "AVX2")
 import pytest  # noqa: E402
 
 from tests.helpers import Procs  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def zygote():
+    """One import of torch for every run this test process starts, not one per run's fork server (about 1.4 s of CPU
+    each, 140 runs in the suite): a zygote, whose socket the runs find in PSRV_ZYGOTE (os.environ, which the
+    processes a test starts inherit). Until it listens, and where a test takes it out of the environment, a run
+    starts its own fork server, as it does for a user. PSRV_TEST_ZYGOTE=0: no zygote. Yields its socket's path."""
+    if os.environ.get("PSRV_TEST_ZYGOTE", "1") == "0":
+        yield None
+        return
+    folder = tempfile.mkdtemp(prefix="psrv-zygote-")
+    path = os.path.join(folder, "socket")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    env.pop("PSRV_ZYGOTE", None)
+    with open(os.path.join(folder, "log"), "w") as log:
+        proc = subprocess.Popen([sys.executable, "-P", "-m", "psrv.cli.zygote", path], stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+    os.environ["PSRV_ZYGOTE"] = path
+    try:
+        yield path
+    finally:
+        os.environ.pop("PSRV_ZYGOTE", None)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        for name in ("socket", "log"):
+            if os.path.exists(os.path.join(folder, name)):
+                os.unlink(os.path.join(folder, name))
+        os.rmdir(folder)
+
+
+@pytest.fixture
+def own_fork_server(monkeypatch):
+    """A run started in this test starts its own fork server, as a user's does (a test of the launcher's own
+    process tree)."""
+    monkeypatch.delenv("PSRV_ZYGOTE", raising=False)
 
 
 @pytest.fixture

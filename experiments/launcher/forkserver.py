@@ -4,12 +4,18 @@ seconds of the run's start. experiments/launcher/cluster.py starts its `python -
 all-reduce baselines' ranks (`python -P -m psrv.workers.allreduce`) through it when it can (not on emulated hosts,
 not under a scheduler, not a user's script, which runs as its own `python FILE.py`), and each is a ForkedProcess:
 subprocess.Popen's poll, wait, returncode, send_signal and kill, which the launcher uses.
+
+Where PSRV_ZYGOTE names a zygote's socket (psrv/cli/zygote.py: torch imported once for many runs; the test suite
+starts one per test process), the fork server is forked from it rather than started, and is the same loop; where
+the zygote cannot be reached, the launcher starts its own.
 """
 from __future__ import annotations
 
 import json
 import os
+import select
 import selectors
+import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +23,7 @@ import time
 
 
 FORKABLE = ("psrv.cli", "psrv.workers.allreduce")  # the modules a forked child runs, as `python -P -m MODULE ARGS`
+ZYGOTE = "PSRV_ZYGOTE"  # a zygote's socket (psrv/cli/zygote.py): the fork server is forked from it, torch imported
 
 
 class ForkServerGone(RuntimeError):
@@ -29,11 +36,15 @@ class ForkServer:
 
     def __init__(self, env: dict[str, str], popen_options: dict, *, log: str, timeout: float = 60.0):
         ours, theirs = socket.socketpair()
-        options = {**popen_options, "pass_fds": (*popen_options.get("pass_fds", ()), theirs.fileno())}
-        with open(log, "w") as out:
-            self.proc = subprocess.Popen([sys.executable, "-P", "-m", "psrv.cli.forkserver", str(theirs.fileno())],
-                                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env={**env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, **options)
+        env = {**env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        zygote = os.environ.get(ZYGOTE)
+        self.proc = _from_zygote(zygote, theirs, popen_options, env, log) if zygote else None
+        if self.proc is None:
+            options = {**popen_options, "pass_fds": (*popen_options.get("pass_fds", ()), theirs.fileno())}
+            with open(log, "w") as out:
+                self.proc = subprocess.Popen([sys.executable, "-P", "-m", "psrv.cli.forkserver", str(theirs.fileno())],
+                                             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                             env=env, **options)
         theirs.close()
         self.sock, self.buffer, self.codes = ours, b"", {}
         self.selector = selectors.DefaultSelector()
@@ -68,7 +79,7 @@ class ForkServer:
                 return message
             if time.monotonic() > deadline or not self._read(max(0.0, deadline - time.monotonic())):
                 raise ForkServerGone("the fork server did not answer" if self.proc.poll() is None else
-                                     f"the fork server exited with code {self.proc.returncode}")
+                                     f"the fork server ended (exit code {self.proc.returncode})")
 
     def poll(self) -> None:
         """Take in every child's end reported so far."""
@@ -100,6 +111,53 @@ class ForkServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def _from_zygote(path: str, theirs: socket.socket, popen_options: dict, env: dict[str, str], log: str):
+    """The fork server forked by the zygote at `path` over `theirs`, with the fds `popen_options` passes (the run
+    folder's lock), as a ZygoteChild; None where the zygote cannot be reached or refuses (the launcher then starts its
+    own). The launcher's death reaches it as the end of `theirs`' stream, not as a death signal."""
+    request = {"log": os.path.abspath(log), "cwd": os.getcwd(), "env": env}
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(10)
+            conn.connect(path)
+            socket.send_fds(conn, [(json.dumps(request) + "\n").encode()],
+                            [theirs.fileno(), *popen_options.get("pass_fds", ())])
+            answer = b""
+            while not answer.endswith(b"\n"):
+                more = conn.recv(1 << 16)
+                if not more:
+                    return None
+                answer += more
+        pid = json.loads(answer).get("forked")
+        return ZygoteChild(pid) if isinstance(pid, int) else None
+    except (OSError, ValueError):
+        return None
+
+
+class ZygoteChild:
+    """A fork server the zygote forked, watched through its pidfd as a subprocess.Popen would be (its exit code is
+    the zygote's to read: -1 here once it has ended)."""
+
+    def __init__(self, pid: int):
+        self.pid, self.returncode = pid, None
+        self.fd = os.pidfd_open(pid)
+
+    def poll(self) -> int | None:
+        if self.returncode is None and select.select([self.fd], [], [], 0)[0]:
+            self.returncode = -1
+            os.close(self.fd)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None and not select.select([self.fd], [], [], timeout)[0]:
+            raise subprocess.TimeoutExpired(f"fork server {self.pid}", timeout)
+        return self.poll()
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            signal.pidfd_send_signal(self.fd, signal.SIGKILL)
 
 
 class ForkedProcess:

@@ -38,7 +38,7 @@ PRELOAD = ("torch", "setproctitle", "psrv.server.run", "psrv.workers.loop", "psr
             "psrv.transport.zmq", "psrv.transport.shm", "psrv.workers.data", "torch.utils.serialization")
 
 
-def _threads() -> int:
+def threads_now() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
@@ -96,9 +96,8 @@ def _child(request: dict, sock: socket.socket, parent: int) -> None:
     raise SystemExit(code)
 
 
-def serve(fd: int) -> int:
-    """The fork server's loop over socket `fd`: fork on each request, report each child's end."""
-    sock = socket.socket(fileno=fd)
+def preload() -> None:
+    """Import what every child needs, once, and keep it out of the collections; before any fork."""
     for name in PRELOAD:
         try:
             __import__(name)
@@ -106,7 +105,6 @@ def serve(fd: int) -> int:
             pass
     from psrv.cli.main import build_parser
     build_parser()  # the config sections' field types resolved once, here, not in every child's parse
-    me = os.getpid()
     from setproctitle import getproctitle, setproctitle
     setproctitle(getproctitle())  # set up here, where the environment is still the one it started with
     # what was imported stays out of every collection, here and in each child (the gc docs' advice before
@@ -114,9 +112,22 @@ def serve(fd: int) -> int:
     # copying each page they touch
     from psrv.process import freeze_imports
     freeze_imports()
-    if _threads() != 1:
-        sock.sendall((json.dumps({"unsafe": f"{_threads()} threads after the imports"}) + "\n").encode())
+
+
+def serve(fd: int) -> int:
+    """The fork server's loop over socket `fd`: fork on each request, report each child's end."""
+    sock = socket.socket(fileno=fd)
+    preload()
+    return serve_socket(sock)
+
+
+def serve_socket(sock: socket.socket) -> int:
+    """Fork on each request over `sock`, report each child's end, until the launcher closes its end or dies (then
+    SIGTERM what is left); after preload(), in this process or a zygote's fork (psrv/cli/zygote.py)."""
+    if threads_now() != 1:
+        sock.sendall((json.dumps({"unsafe": f"{threads_now()} threads after the imports"}) + "\n").encode())
         return 1
+    me = os.getpid()
     sock.sendall(b'{"ready": true}\n')
     children: set[int] = set()
     selector = selectors.DefaultSelector()
@@ -125,7 +136,7 @@ def serve(fd: int) -> int:
     while True:
         for _ in selector.select(timeout=0.05):
             data = sock.recv(1 << 16)
-            if not data:  # the launcher closed its end: its run is over
+            if not data:  # the launcher closed its end (or died): its run is over
                 for pid in children:
                     try:
                         os.kill(pid, signal.SIGTERM)

@@ -19,6 +19,9 @@ from psrv.client.admin import admin_request
 from psrv.protocol import MsgType
 from tests.helpers import ROOT, psrv_argv
 
+# these walk the launcher's process tree, its fork server in it: no zygote (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("own_fork_server")
+
 STEPS = 400           # long enough that the other worker is still training when the first one stops
 TIMEOUT = "60"        # --worker-timeout: a worker lost to silence would stall the barrier this long
 

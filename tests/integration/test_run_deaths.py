@@ -19,6 +19,9 @@ from tests.conformance.job import NAN_STEP
 from tests.helpers import ROOT, psrv_argv
 from tests.integration.test_interrupts import _children
 
+# these walk the launcher's process tree, its fork server in it: no zygote (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("own_fork_server")
+
 SCRIPT = Path(__file__).with_name("script_loop.py")  # FAIL_AT: rank 1 raises before that step
 
 

@@ -15,6 +15,9 @@ import pytest
 from tests.helpers import ROOT, psrv_argv, run_in_session
 from tests.integration.test_interrupts import _alive, _children, _progress
 
+# these walk the launcher's process tree, its fork server in it: no zygote (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("own_fork_server")
+
 SCRIPT = Path(__file__).with_name("script_loop.py")
 RUN_LOCK, EXPERIMENT_LOCK = ".psrv-run.lock", ".psrv-experiment.lock"  # experiments/launcher/rundir.py's
 

@@ -14,6 +14,9 @@ from psrv.step_beacon import read_beacon
 from tests.helpers import ROOT, psrv_argv
 from tests.integration.test_interrupts import _alive, _children, _reap
 
+# these walk the launcher's process tree, its fork server in it: no zygote (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("own_fork_server")
+
 SCRIPT = Path(__file__).with_name("script_loop.py")
 
 

@@ -23,6 +23,9 @@ from tests.helpers import ROOT, psrv_argv, psrv_run, run_in_session
 from tests.integration.test_interrupts import _alive, _children, _reap, _wait_for_steps
 from tests.integration.test_worker_api import LR, MOMENTUM, WORKERS
 
+# these walk the launcher's process tree, its fork server in it: no zygote (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("own_fork_server")
+
 SCRIPT = Path(__file__).with_name("script_loop.py")
 STEPS, SHARDS = 12, 2
 SYNC = ("--mode", "sync", "--optimizer", "sgd", "--lr", str(LR), "--momentum", str(MOMENTUM))

@@ -18,6 +18,8 @@ ALLOWED = {
         "same module",
     ("workers/allreduce/__main__.py", "os._exit"):
         "the standard library's exit without cleanup, public despite its underscore",
+    ("psrv/cli/zygote.py", "os._exit"):
+        "the standard library's exit without cleanup, public despite its underscore",
     ("experiments/bench/colocated.py", "client.net._plane"):
         "the benchmark reports which payload plane the zmq transport chose; no public member says so",
 }
