@@ -46,6 +46,7 @@ class ZmqClient(ClientTransport):
                                   zmq.CURVE_SECRETKEY: secret})
         self._socks: list[zmq.Socket] = [self._connect(a) for a in self._addresses]
         self._poller = zmq.Poller()
+        self._wake: int | None = None  # wake_on's socket's fd
         self._watch = Watch(self._poller) if watch else None
         for shard, s in enumerate(self._socks):
             self._poller.register(s, zmq.POLLIN)
@@ -93,11 +94,17 @@ class ZmqClient(ClientTransport):
         for plane in self._planes.values():
             plane.idle()
 
+    def wake_on(self, sock) -> None:
+        """recv returns None at once whenever `sock` (a socket object) is readable: how another thread ends this
+        one's wait (psrv/client/heartbeat.py), instead of the wait running out."""
+        self._poller.register(sock, zmq.POLLIN)
+        self._wake = sock.fileno()  # how poll names a socket that is not zmq's
+
     def recv(self, timeout: float) -> tuple[int, list] | None:
         deadline = time.monotonic() + timeout
         while True:
             events = dict(self._poller.poll(int(max(0.0, deadline - time.monotonic()) * 1000)))
-            if not events:
+            if not events or (self._wake is not None and self._wake in events):
                 return None
             broke = self._watch is not None and self._watch.read(events)
             for shard, sock in enumerate(self._socks):
