@@ -46,7 +46,7 @@ class ForkServer:
                                              stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                              env=env, **options)
         theirs.close()
-        self.sock, self.buffer, self.codes = ours, b"", {}
+        self.sock, self.buffer, self.codes, self.closed = ours, b"", {}, False
         self.selector = selectors.DefaultSelector()
         self.selector.register(ours, selectors.EVENT_READ)
         first = self._next(timeout)
@@ -82,7 +82,9 @@ class ForkServer:
                                      f"the fork server ended (exit code {self.proc.returncode})")
 
     def poll(self) -> None:
-        """Take in every child's end reported so far."""
+        """Take in every child's end reported so far (none once closed)."""
+        if self.closed:
+            return
         while self.selector.select(0) and self._read(0):
             pass
         for _ in self._messages():  # nothing but ends comes unasked
@@ -103,7 +105,9 @@ class ForkServer:
 
     def close(self) -> None:
         """End the fork server (its children are ended or stopped by then)."""
+        self.closed = True
         try:
+            self.selector.close()  # an epoll fd: a launcher in a long-lived process (a test's) starts many runs
             self.sock.close()
         finally:
             try:
@@ -143,17 +147,23 @@ class ZygoteChild:
     def __init__(self, pid: int):
         self.pid, self.returncode = pid, None
         self.fd = os.pidfd_open(pid)
+        self._ended = select.poll()  # not select.select: a test process may hold more than 1024 fds
+        self._ended.register(self.fd, select.POLLIN)
 
-    def poll(self) -> int | None:
-        if self.returncode is None and select.select([self.fd], [], [], 0)[0]:
+    def _over(self, timeout: float | None) -> bool:
+        if self.returncode is None and self._ended.poll(None if timeout is None else int(timeout * 1000)):
             self.returncode = -1
             os.close(self.fd)
+        return self.returncode is not None
+
+    def poll(self) -> int | None:
+        self._over(0)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        if self.returncode is None and not select.select([self.fd], [], [], timeout)[0]:
+        if not self._over(timeout):
             raise subprocess.TimeoutExpired(f"fork server {self.pid}", timeout)
-        return self.poll()
+        return self.returncode
 
     def kill(self) -> None:
         if self.poll() is None:

@@ -140,3 +140,28 @@ def test_a_zygote_answers_a_malformed_request_with_why_and_goes_on(zygote, sent:
     server = ForkServer({**os.environ}, {"start_new_session": True}, log=str(tmp_path / "forkserver.log"))
     server.close()
     assert isinstance(server.proc, ZygoteChild)
+
+
+@pytest.mark.timeout(120)
+def test_a_launcher_holding_over_1024_fds_starts_and_ends_its_fork_server_and_keeps_none_of_its_fds(
+        tmp_path: Path, started_by: str) -> None:
+    """A test process starts many runs and may hold more than select() can watch; each run's fds go with it."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"the fd limit here is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    padding = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        before = len(os.listdir("/proc/self/fd"))
+        for _ in range(2):
+            server = ForkServer(dict(os.environ), {"start_new_session": True}, log=str(tmp_path / "forkserver.log"))
+            helped = server.start([*PSRV, "serve", "--help"], dict(os.environ), str(tmp_path / "help.log"))
+            assert helped.wait(30) == 0
+            server.close()
+            assert server.proc.poll() is not None
+        assert len(os.listdir("/proc/self/fd")) == before
+    finally:
+        for fd in padding:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
