@@ -129,5 +129,15 @@ def serve(path: str) -> int:
     return 0
 
 
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    p = argparse.ArgumentParser(prog="python -P -m psrv.cli.zygote", description=__doc__.split("\n\n")[0])
+    p.add_argument("socket", help="the unix socket to listen on (must not exist); launchers find it in PSRV_ZYGOTE")
+    a = p.parse_args(argv)
+    if os.path.exists(a.socket):
+        p.error(f"{a.socket} exists: another zygote may listen there (remove it if none does)")
+    return serve(a.socket)
+
+
 if __name__ == "__main__":
-    sys.exit(serve(sys.argv[1]))
+    sys.exit(main())

@@ -165,3 +165,12 @@ def test_a_launcher_holding_over_1024_fds_starts_and_ends_its_fork_server_and_ke
         for fd in padding:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_zygote_refuses_a_missing_or_taken_socket_in_one_line(tmp_path: Path) -> None:
+    taken = tmp_path / "socket"
+    taken.touch()
+    for args, said in (([], "the following arguments are required: socket"), ([str(taken)], f"{taken} exists")):
+        got = subprocess.run([sys.executable, "-P", "-m", "psrv.cli.zygote", *args], capture_output=True, text=True,
+                             timeout=60)
+        assert got.returncode == 2 and said in got.stderr.splitlines()[-1], got.stderr
