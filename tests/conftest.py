@@ -18,6 +18,7 @@ os.environ.setdefault("MKL_CBWR", "AVX2")
 
 import pytest  # noqa: E402
 
+from psrv.experiments.launcher.forkserver import ZYGOTE  # noqa: E402
 from tests.helpers import Procs  # noqa: E402
 
 
@@ -33,15 +34,15 @@ def zygote():
     folder = tempfile.mkdtemp(prefix="psrv-zygote-")
     path = os.path.join(folder, "socket")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    env.pop("PSRV_ZYGOTE", None)
+    env.pop(ZYGOTE, None)
     with open(os.path.join(folder, "log"), "w") as log:
         proc = subprocess.Popen([sys.executable, "-P", "-m", "psrv.cli.zygote", path], stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-    os.environ["PSRV_ZYGOTE"] = path
+    os.environ[ZYGOTE] = path
     try:
         yield path
     finally:
-        os.environ.pop("PSRV_ZYGOTE", None)
+        os.environ.pop(ZYGOTE, None)
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(10)
@@ -58,7 +59,7 @@ def zygote():
 def own_fork_server(monkeypatch):
     """A run started in this test starts its own fork server, as a user's does (a test of the launcher's own
     process tree)."""
-    monkeypatch.delenv("PSRV_ZYGOTE", raising=False)
+    monkeypatch.delenv(ZYGOTE, raising=False)
 
 
 @pytest.fixture

@@ -42,26 +42,36 @@ def threads_now() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
+def die_with_parent(parent: int | None) -> None:
+    """SIGTERM to this process when its parent dies (PR_SET_PDEATHSIG); with `parent`, a SystemExit at once if it
+    is no longer this process's parent (it died before the request was made)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.prctl(1, int(signal.SIGTERM))
+    if parent is not None and os.getppid() != parent:
+        raise SystemExit(128 + signal.SIGTERM)
+
+
+def output_to(log: str) -> None:
+    """This process's stdout and stderr to the file `log` (truncated), its stdin from /dev/null."""
+    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    for target, fd in ((0, null), (1, out), (2, out)):
+        os.dup2(fd, target)
+    os.close(out)
+    os.close(null)
+
+
 def _child(request: dict, sock: socket.socket, parent: int) -> None:
     """In the forked child: become `psrv ARGS`, and end as a Python process ends (SystemExit out through
     serve(), so its exit handlers run and its output is flushed); never returns."""
     code = 1
     try:
         os.setsid()
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG: SIGTERM when the fork server dies
-        if os.getppid() != parent:
-            raise SystemExit(128 + signal.SIGTERM)
+        die_with_parent(parent)  # the fork server
         sock.close()
         for sig in (signal.SIGCHLD, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
-        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.close(log)
-        os.close(null)
+        output_to(request["log"])
         sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True, line_buffering=True)
         sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True, line_buffering=True)
         from setproctitle import setproctitle

@@ -17,8 +17,6 @@ one); should one exist after the imports, it prints why and exits 1 before it li
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import json
 import os
 import selectors
@@ -26,7 +24,8 @@ import signal
 import socket
 import sys
 
-ENV = "PSRV_ZYGOTE"  # the socket a launcher asks for a fork server over
+from psrv.cli.forkserver import die_with_parent, output_to, preload, serve_socket, threads_now
+from psrv.experiments.launcher.forkserver import ZYGOTE
 
 
 def _forked_server(request: dict, fds: list[int], zygote: int) -> None:
@@ -34,23 +33,14 @@ def _forked_server(request: dict, fds: list[int], zygote: int) -> None:
     code = 1
     try:
         os.setsid()  # as the launcher's own, started with start_new_session
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG: SIGTERM when this zygote dies
-        if os.getppid() != zygote:
-            raise SystemExit(128 + signal.SIGTERM)
+        die_with_parent(zygote)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        null = os.open(os.devnull, os.O_RDONLY)
-        for target, fd in ((0, null), (1, log), (2, log)):
-            os.dup2(fd, target)
-        os.close(log)
-        os.close(null)
+        output_to(request["log"])
         os.chdir(request["cwd"])
         from setproctitle import setproctitle
         setproctitle(f"{sys.executable} -P -m psrv.cli.forkserver {fds[0]}")  # what ps shows: a run's fork server
         os.environ.clear()
         os.environ.update(request["env"])
-        from psrv.cli.forkserver import serve_socket
         code = serve_socket(socket.socket(fileno=fds[0]))  # fds[1:], the run lock, stay open: children inherit them
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else 1
@@ -64,9 +54,7 @@ def _forked_server(request: dict, fds: list[int], zygote: int) -> None:
 
 def serve(path: str) -> int:
     """Listen on the unix socket `path` and fork a fork server for each launcher that asks."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    libc.prctl(1, int(signal.SIGTERM))  # ends with the process that started it
-    from psrv.cli.forkserver import preload, threads_now
+    die_with_parent(None)  # ends with the process that started it
     preload()
     if threads_now() != 1:
         print(f"psrv zygote: {threads_now()} threads after the imports; a fork would copy one", file=sys.stderr)
@@ -132,7 +120,7 @@ def serve(path: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     import argparse
     p = argparse.ArgumentParser(prog="python -P -m psrv.cli.zygote", description=__doc__.split("\n\n")[0])
-    p.add_argument("socket", help="the unix socket to listen on (must not exist); launchers find it in PSRV_ZYGOTE")
+    p.add_argument("socket", help=f"the unix socket to listen on (must not exist); launchers find it in {ZYGOTE}")
     a = p.parse_args(argv)
     if os.path.exists(a.socket):
         p.error(f"{a.socket} exists: another zygote may listen there (remove it if none does)")
