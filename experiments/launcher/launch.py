@@ -11,6 +11,7 @@ from typing import Callable
 
 from psrv.config import RunConfig, ServerConfig, to_dict
 from psrv.config.base import config_hash
+from psrv.config.hierarchy import region_of
 
 from psrv.experiments.launcher.cluster import Cluster, RunFailed, RunInterrupted, free_port
 from psrv.experiments.launcher.deaths import Deaths
@@ -20,6 +21,7 @@ from psrv.experiments.launcher.nemesis import Nemesis, check_launch as check_nem
 from psrv.experiments.launcher.worker_restarts import WorkerRestarts
 from psrv.experiments.launcher.netns import EmulatedHosts, host_traffic
 from psrv.experiments.launcher.preflight import preflight
+from psrv.experiments.launcher.regions import hosts_needed, start_tiers, summary as regions_summary, worker_host
 from psrv.experiments.launcher.progress import progress_bar
 from psrv.experiments.launcher.replication import (StartupRestarts, replicated, settle as settle_replicas,
                                           start_backups, start_replacement, wait_following)
@@ -125,6 +127,8 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
             say(f"{out}: removed the {len(removed)} files the run before left there ({_listed(removed)}); "
                 "this run writes its own")
         processes = cfg.cluster.workers + (0 if cfg.is_allreduce else cfg.cluster.servers * (1 + cfg.cluster.replicas))
+        if cfg.hierarchy.regions > 1:  # a host per region, and one for the global shards
+            processes = hosts_needed(cfg)
         hosts = stack.enter_context(EmulatedHosts(processes, rate) if emulated_by(cfg) else
                                     scheduler_hosts(scheduler, processes, out=out, timeout=timeout))
         stack.enter_context(checkpoint_disk(cfg, out))  # a tmpfs at DIR/checkpoints for the nemesis's disk_full
@@ -171,7 +175,7 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
     def bind(host: int) -> str:  # a backup's own address (its emulated host's, else 127.0.0.1)
         return f"tcp://{cluster.address(host)}:0"
     restarts = ShardRestarts(cfg, out, started, kills,
-                             start=lambda i, shard, ready: _start_server(cluster, out, i, shard, ready, extra),
+                             start=lambda i, shard, ready: _start_server(cluster, out, f"server-{i}", shard, ready, extra),
                              replace_replica=lambda shard: start_replacement(cfg, out, shard, start_backup, backups,
                                                                              bind=bind))
     workers_back = WorkerRestarts(cfg, out, started, kills)  # --restart-workers: experiments/launcher/worker_restarts.py
@@ -193,25 +197,32 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
                 watch = StallWatch(cluster, names, out, fixed=cfg.allreduce.stall_timeout)
         else:
             settings = lambda i, c: replicated(cfg, out, restarts.shard_settings(i, c))  # noqa: E731
-            servers = _start_servers(cluster, cfg, out, extra, settings)
-            rendezvous = servers[0][1].rsplit("/", 1)[0] if cfg.cluster.transport == "rpc" else ""  # rpc://HOST:PORT
-            backups += start_backups(cfg, out, start_backup,  # --replicas: experiments/launcher/replication.py
-                                     bind=(lambda host: rendezvous) if rendezvous else bind)
-            servers += [(name, "") for name in backups]
-            if backups and not rendezvous:  # over zmq; an RPC world forms only once the workers join it too
-                def restart_shard(shard: int) -> None:  # before the workers: its replicas start again, whole
-                    _start_server(cluster, out, shard, settings(shard, cfg.server_config(
-                        shard, bind=f"tcp://{cluster.address(shard)}:0")), out / f"server-{shard}.addr", extra)
-                    start_backups(cfg, out, start_backup, bind=bind, shards=[shard])
-                startup = StartupRestarts(out, restart_shard)
-                recover, cluster.recover = cluster.recover, deaths.recover_or(startup.recover)
-                wait_following(cluster, out, backups)
-                cluster.recover = recover
-                restarts.dead_replicas += startup.done
-            start = start_torchrun_workers if launcher == "torchrun" else start_script_workers
-            primaries = [(n, a) for n, a in servers if a]
-            names = start(cluster, cfg, out, script, primaries, metrics=metrics, linger=metrics_linger) \
-                if script else _start_workers(cluster, cfg, out, [a for _, a in primaries], extra)
+            if cfg.hierarchy.tiered:  # regional shards under global ones: experiments/launcher/regions.py
+                def start_shard(name: str, host: int, config: ServerConfig, ready: Path) -> None:
+                    _start_server(cluster, out, name, config, ready, extra, host=host)
+                servers, by_region = start_tiers(cfg, out, cluster.address, start_shard)
+                names = _start_workers(cluster, cfg, out, lambda rank: by_region[region_of(
+                    rank, cfg.cluster.workers, cfg.hierarchy.regions)], extra)
+            else:
+                servers = _start_servers(cluster, cfg, out, extra, settings)
+                rendezvous = servers[0][1].rsplit("/", 1)[0] if cfg.cluster.transport == "rpc" else ""  # rpc://HOST:PORT
+                backups += start_backups(cfg, out, start_backup,  # --replicas: experiments/launcher/replication.py
+                                         bind=(lambda host: rendezvous) if rendezvous else bind)
+                servers += [(name, "") for name in backups]
+                if backups and not rendezvous:  # over zmq; an RPC world forms only once the workers join it too
+                    def restart_shard(shard: int) -> None:  # before the workers: its replicas start again, whole
+                        _start_server(cluster, out, f"server-{shard}", settings(shard, cfg.server_config(
+                            shard, bind=f"tcp://{cluster.address(shard)}:0")), out / f"server-{shard}.addr", extra)
+                        start_backups(cfg, out, start_backup, bind=bind, shards=[shard])
+                    startup = StartupRestarts(out, restart_shard)
+                    recover, cluster.recover = cluster.recover, deaths.recover_or(startup.recover)
+                    wait_following(cluster, out, backups)
+                    cluster.recover = recover
+                    restarts.dead_replicas += startup.done
+                start = start_torchrun_workers if launcher == "torchrun" else start_script_workers
+                primaries = [(n, a) for n, a in servers if a]
+                names = start(cluster, cfg, out, script, primaries, metrics=metrics, linger=metrics_linger) \
+                    if script else _start_workers(cluster, cfg, out, [a for _, a in primaries], extra)
         steps = cfg.job.steps if script is None else script.steps
         bar = _progress(cfg, out, steps=steps, enabled=progress, on_update=on_progress)
         expected = cfg.cluster.servers + workers if metrics and not cfg.is_allreduce else 0
@@ -233,10 +244,10 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
         cluster.wait([n for n, _ in servers], timeout=60)
     except KeyboardInterrupt as exc:  # the workers first: they leave the shards and write what they did
         interrupt = exc
-        cluster.interrupt([n for n in cluster.procs if not n.startswith("server-")], grace=3.0)
+        cluster.interrupt([n for n in cluster.procs if not n.startswith(("server-", "global-"))], grace=3.0)
     except RunFailed as exc:  # as for Ctrl-C: the workers still running leave and write what they did
         failure = exc
-        cluster.interrupt([n for n in cluster.procs if not n.startswith(("server-", "backup-"))], grace=3.0)
+        cluster.interrupt([n for n in cluster.procs if not n.startswith(("server-", "backup-", "global-"))], grace=3.0)
     finally:
         if bar is not None:
             bar.close()
@@ -251,7 +262,7 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
         # `faults`: what was killed on purpose, which shards came back, the clocks they lost, every other death
         summary = {**build_summary(cfg, out, interrupted=interrupted, failed=cause,
                                    killed=workers_back.missing(kills.ranks | deaths.ranks)),
-                   **network, "config_hash": config_hash(cfg),  # which config made these results
+                   **network, **regions_summary(cfg, out), "config_hash": config_hash(cfg),  # which config made these results
                    "launcher": launcher, "scheduler": scheduler,  # how and where it ran: not what it computed
                    **({"faults": {**restarts.summary(out), **workers_back.summary(), "deaths": deaths.done,
                                   **({"nemesis": nemesis.summary()} if nemesis.asked else {})}}
@@ -298,7 +309,8 @@ def _start_servers(cluster: Cluster, cfg: RunConfig, out: Path, extra: list[str]
     for i in range(cfg.cluster.servers):
         ready = out / f"server-{i}.addr"
         ready.unlink(missing_ok=True)
-        _start_server(cluster, out, i, settings(i, cfg.server_config(i, bind=binds[i])), ready, extra)
+        _start_server(cluster, out, f"server-{i}", settings(i, cfg.server_config(i, bind=binds[i])), ready, extra,
+                      host=0 if cfg.hierarchy.regions > 1 else i)
         names.append((f"server-{i}", ready))
     if rpc_master:  # the RPC world forms only once the workers join it too: do not wait for the servers
         return [(n, f"rpc://{rpc_master}/server-{i}") for i, (n, _) in enumerate(names)]
@@ -308,13 +320,14 @@ def _start_servers(cluster: Cluster, cfg: RunConfig, out: Path, extra: list[str]
     return [(n, f"@{r}") for n, r in names]
 
 
-def _start_server(cluster: Cluster, out: Path, shard: int, config: ServerConfig, ready: Path,
-                  extra: list[str]) -> None:
-    """Start shard `shard` as process server-K with `config` (written to DIR/config-server-K.json, the
-    config of its latest life), announcing its address in `ready`."""
-    path = write_config(out / f"config-server-{shard}.json", config)
-    cluster.start(f"server-{shard}", server_argv(str(path), str(out), shard, ["--ready-file", str(ready), *extra]),
-                  host=shard)
+def _start_server(cluster: Cluster, out: Path, name: str, config: ServerConfig, ready: Path,
+                  extra: list[str], *, host: int | None = None) -> None:
+    """Start a shard as process `name` (server-K; global-I under --regions) with `config` (written to
+    DIR/config-NAME.json, the config of its latest life), announcing its address in `ready`, writing its record
+    to DIR/NAME.json; on emulated host `host` (default: its shard's index)."""
+    path = write_config(out / f"config-{name}.json", config)
+    argv = _psrv("serve", "--config", str(path), "--out", f"{out}/{name}.json", "--ready-file", str(ready), *extra)
+    cluster.start(name, argv, host=config.shard if host is None else host)
 
 
 def _start_backup(cluster: Cluster, out: Path, name: str, host: int, config: ServerConfig, tail: list[str]) -> None:
@@ -324,16 +337,18 @@ def _start_backup(cluster: Cluster, out: Path, name: str, host: int, config: Ser
     cluster.start(name, _psrv("serve", "--config", str(path), *tail), host=host)
 
 
-def _start_workers(cluster: Cluster, cfg: RunConfig, out: Path, addresses: list[str],
+def _start_workers(cluster: Cluster, cfg: RunConfig, out: Path, addresses: list[str] | Callable[[int], list[str]],
                    extra: list[str]) -> list[str]:
+    """Start the shipped loop's workers, each reaching `addresses` (or `addresses(rank)`: its region's shards)."""
     names = []
     for rank in range(cfg.cluster.workers):
-        config = write_config(out / f"config-worker-{rank}.json",
-                              cfg.worker_config(rank, servers=tuple(addresses)))
+        mine = addresses(rank) if callable(addresses) else addresses
+        config = write_config(out / f"config-worker-{rank}.json", cfg.worker_config(rank, servers=tuple(mine)))
         argv = worker_argv(str(config), str(out), rank, cfg.mode, extra)
         if rank == 0:
             argv += rank0_argv(str(out))
-        cluster.start(f"worker-{rank}", argv, host=cfg.cluster.servers + rank)
+        cluster.start(f"worker-{rank}", argv,
+                      host=worker_host(cfg, rank) if cfg.hierarchy.regions > 1 else cfg.cluster.servers + rank)
         names.append(f"worker-{rank}")
     return names
 

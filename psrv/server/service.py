@@ -20,6 +20,7 @@ from psrv.history import History
 from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError, decode, encode
 from psrv.server.checkpoints.handler import Checkpoints
 from psrv.server.faults import InjectedFaults
+from psrv.server.hierarchy.upstream import Upstream
 from psrv.server.membership.handler import Membership
 from psrv.server.pulls.handler import Pulls
 from psrv.server.pushes.handler import Pushes
@@ -53,6 +54,7 @@ class ShardService:
         self.checkpoints = Checkpoints(self.state, self)
         self.stats = Stats(self.state, self)
         self.replication = Replication(self.state, self, faults=faults)
+        self.upstream = Upstream(self.state, self)  # a regional shard's syncs with its global one (--upstream)
         self._draining = False
         self.state.history.start("backup" if cfg.backup_of else "primary", shard=cfg.shard, address=transport.address)
         self.replication.begin()  # epoch 0 on the witness, if the shard has one
@@ -86,7 +88,7 @@ class ShardService:
         return self.state.cfg
 
     def summary(self) -> dict:
-        return self.stats.summary()
+        return {**self.stats.summary(), **self.upstream.summary()}
 
     def state_dict(self) -> dict:
         return self.checkpoints.state_dict()
@@ -125,6 +127,9 @@ class ShardService:
             self.membership.check_liveness()
             replicas.tick()
             self.checkpoints.tick()
+            self.upstream.tick()
+        if not s.stopped:  # its workers have left: a last sync, and the shard's weights are the global ones
+            self.upstream.finish()
         if replicas.fenced:
             replication.linger_fenced()
         if replication.follower is None and not s.controller.active:
@@ -203,7 +208,10 @@ class ShardService:
         """The request `frames` hold; None, with its ERROR reply made, when they hold none."""
         try:
             self.state.stats.received(sum(memoryview(f).nbytes for f in frames))
-            return decode(frames)
+            msg = decode(frames)
+            if self.state.cfg.first_rank and msg.worker >= 0:  # a region's shard: its ranks count from 0 here
+                msg.worker -= self.state.cfg.first_rank
+            return msg
         except Exception as exc:
             self.refuse(peer, 0, exc)
             return None

@@ -36,6 +36,7 @@ class ShardState:
     speeds: WorkerSpeeds        # local_steps 'auto:H': the workers' seconds per inner step
     shard: Shard | None = None  # built at the first HELLO, which brings its size
     plan_hash: str | None = None
+    plan_total: int | None = None  # the whole flat vector's elements, as the plan's HELLO says
     resumed_from: int | None = None
     stopped: bool = False
     judged: dict | None = None  # the primary's judgement of time for the request in hand (ShardService.handle)

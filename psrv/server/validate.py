@@ -31,9 +31,11 @@ def hello(cfg: ServerConfig, msg: Message) -> tuple[str, int]:
         raise ProtocolError(ErrorCode.PLAN_MISMATCH,
                             f"worker addressed shard {f.get('shard')!r} of {f.get('num_shards')!r}; "
                             f"this is shard {cfg.shard} of {cfg.num_shards} (check --servers order)")
-    if f.get("world_size") != cfg.workers:
+    world = cfg.world_size or cfg.workers  # a region's shard serves some of the run's ranks (--first-rank)
+    if f.get("world_size") != world:
         raise ProtocolError(ErrorCode.NOT_ALLOWED, f"worker says world size {f.get('world_size')!r}; "
-                            f"this server was started with --workers {cfg.workers}")
+                            f"this server was started with "
+                            + (f"--world-size {world}" if cfg.world_size else f"--workers {cfg.workers}"))
     plan_hash, total = f.get("plan_hash"), f.get("total")
     if not isinstance(plan_hash, str) or not isinstance(total, int) or total < cfg.num_shards:
         raise ProtocolError(ErrorCode.MALFORMED, "HELLO needs plan_hash (str) and total (int)")

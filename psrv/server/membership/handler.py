@@ -89,6 +89,7 @@ class Membership:
             weights = s.transport.share(torch.empty(size, dtype=torch.float32, device=s.cfg.device))
             s.shard = Shard(size, s.cfg.optimizer, device=s.cfg.device, weights=weights)
         s.plan_hash = self.plans.hash
+        s.plan_total = int(msg.fields["total"])
         for worker, refusal in settled.expelled.items():  # welcomed on another plan than rank 0's: refused now
             for pending in [p for p in pulls.pending if p.worker == worker]:
                 for waiting in pending.peers:
@@ -161,7 +162,9 @@ class Membership:
     def check_worker(self, msg: Message) -> None:
         s = self.state
         if not 0 <= msg.worker < s.cfg.workers:
-            raise ProtocolError(ErrorCode.NOT_ALLOWED,
+            first = s.cfg.first_rank
+            raise ProtocolError(ErrorCode.NOT_ALLOWED, f"worker id {msg.worker + first} outside [{first}, "
+                                f"{first + s.cfg.workers}) (--first-rank, --workers)" if first else
                                 f"worker id {msg.worker} outside [0, {s.cfg.workers}) (--workers)")
         if msg.type in NEEDS_ACTIVE and msg.worker in self.plans.refused:  # another model than rank 0's
             raise self.plans.refused[msg.worker]

@@ -1,0 +1,1 @@
+"""A regional shard under global ones: psrv/server/hierarchy/upstream.py."""
