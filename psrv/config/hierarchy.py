@@ -86,7 +86,8 @@ def check_hierarchy(run) -> None:
     refused = [(run.cluster.replicas, "cluster.replicas", "replicated shards"),
                (run.checkpoints.every, "checkpoints.every", "checkpointed shards"),
                (run.cluster.transport != "zmq", "cluster.transport", "torch RPC"),
-               (run.kill.server or run.kill.worker, "kill", "killed processes"),
+               (run.kill.server, "kill.server", "a killed shard"),
+               (run.kill.worker, "kill.worker", "a killed worker"),
                (run.nemesis.schedule, "nemesis.schedule", "a nemesis"),
                (run.restarts.workers, "restarts.workers", "restarted workers"),
                (run.worker.compress_pull, "worker.compress_pull", "compressed pulls (a sync moves the weights "
