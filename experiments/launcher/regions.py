@@ -41,7 +41,7 @@ def regional_config(cfg: RunConfig, region: int, shard: int, *, bind: str, upstr
     ranks = ranks_of(region, cfg.cluster.workers, cfg.hierarchy.regions)
     return replace(cfg.server_config(shard, bind=bind), workers=len(ranks), first_rank=ranks.start,
                    world_size=cfg.cluster.workers, upstream=upstream, upstream_every=cfg.hierarchy.region_every,
-                   region=region, regions=cfg.hierarchy.regions)
+                   region=region, upstream_world=cfg.hierarchy.regions)
 
 
 def start_tiers(cfg: RunConfig, out: Path, address: Callable[[int], str],

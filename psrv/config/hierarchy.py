@@ -43,7 +43,7 @@ class UpstreamSettings(Section):
                             "last sync there and takes the global weights plus its updates since; '' : none")
     upstream_every: int = setting(20, "updates between syncs with --upstream", minimum=1, metavar="K")
     region: int = setting(0, "this shard's region: its worker id at the global shard", minimum=0)
-    regions: int = setting(1, "regions in all: the global shard's workers", minimum=1)
+    upstream_world: int = setting(1, "regions in all: the global shard's workers", minimum=1)
     first_rank: int = setting(0, "the lowest rank this shard serves: its workers are ranks first_rank .. "
                               "first_rank + workers - 1 of the run", minimum=0)
     world_size: int = setting(0, "the world size the workers say (0: --workers): a region's shard serves some "

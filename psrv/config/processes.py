@@ -158,8 +158,8 @@ def _upstream(cfg: "ServerConfig") -> None:
     if cfg.world_size and not cfg.first_rank + cfg.workers <= cfg.world_size:
         raise ConfigError("first_rank", f"ranks {cfg.first_rank}..{cfg.first_rank + cfg.workers - 1} do not fit "
                                         f"world_size {cfg.world_size}")
-    if not cfg.region < cfg.regions:
-        raise ConfigError("region", f"must be in [0, regions={cfg.regions}); got {cfg.region}")
+    if not cfg.region < cfg.upstream_world:
+        raise ConfigError("region", f"must be in [0, upstream_world={cfg.upstream_world}); got {cfg.region}")
     if not cfg.upstream:
         return
     problem = "" if cfg.upstream.startswith("@") else address_problem(cfg.upstream, bind=False)

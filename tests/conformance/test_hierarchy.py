@@ -29,7 +29,7 @@ def _cluster(regions: int, every: int, local: OptimConfig, *, global_lr: float, 
     below = []
     for r in range(regions):
         s = Server(ServerConfig(mode="async", workers=1, first_rank=r, world_size=regions, upstream=top.address,
-                                upstream_every=every, region=r, regions=regions, optimizer=local))
+                                upstream_every=every, region=r, upstream_world=regions, optimizer=local))
         s.start()
         below.append(s)
     return top, below

@@ -35,6 +35,8 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     **{key: {"mode": "async", "optimizer": {"update_rule": "heloco", "nesterov": True}}
        for key in ("heloco_keep", "heloco_shrink", "heloco_reorient", "heloco_kappa", "heloco_block")},
     "inner_lr": {"worker": {"local_steps": 5}},
+    "regions": {"mode": "async"},  # regional shards are asynchronous
+    **{key: {"mode": "async", "hierarchy": {"regions": 2}} for key in ("region_every", "global_lr", "global_momentum")},
     "fragments": {"worker": {"local_steps": 4}}, "outer_dtype": {"worker": {"local_steps": 4}},
     "ddp_comm_hook": {"mode": "ddp"}, "wait_barrier": {"mode": "ddp"}, "stall_timeout": {"mode": "ddp"},
     "freeze_step": {"mode": "sync", "optimizer": {"name": "onebit_adam"}},

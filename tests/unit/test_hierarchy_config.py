@@ -51,7 +51,7 @@ def test_a_flat_run_on_regions_takes_any_mode():
     ({"upstream": "nowhere"}, "upstream"),
     ({"upstream": "tcp://127.0.0.1:5555", "checkpoint_dir": "/tmp/x"}, "checkpoint_dir"),
     ({"first_rank": 3, "workers": 2, "world_size": 4}, "first_rank"),
-    ({"region": 2, "regions": 2}, "region"),
+    ({"region": 2, "upstream_world": 2}, "region"),
 ])
 def test_a_regional_shard_refuses_what_it_does_not_carry(fields, key):
     with pytest.raises(ConfigError) as err:

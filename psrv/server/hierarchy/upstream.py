@@ -191,7 +191,7 @@ class Upstream:
         s = self.state
         hello = {"plan_hash": s.plan_hash, "total": s.plan_total, "num_shards": s.cfg.num_shards,
                  "shard": s.cfg.shard}
-        self.link = Link(s.cfg.upstream, region=s.cfg.region, regions=s.cfg.regions, hello=hello)
+        self.link = Link(s.cfg.upstream, region=s.cfg.region, regions=s.cfg.upstream_world, hello=hello)
         self.link.start()
         initial = s.shard.weights.detach().clone() if s.shard.initialised else None
         self.sent, self.sent_version = initial, s.shard.version
