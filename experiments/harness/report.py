@@ -9,6 +9,7 @@ from pathlib import Path
 from psrv.experiments.harness.collect import Stat, VariantSummary, failed_repeats, number, read_csv, read_summary
 from psrv.experiments.harness.goodput import baselines, has_faults
 from psrv.experiments.harness.plots import write_plots
+from psrv.experiments.harness.report_regions import regions_lines
 from psrv.experiments.harness.report_configs import (command_lines, disagreement_section, disagreements,
                                         mixed_folder_lines, overridden_section, setup_lines, stored_runs)
 from psrv.experiments.harness.report_behind import behind_lines
@@ -207,7 +208,7 @@ def write_report(out_dir: str | Path, spec: ExperimentSpec, *, spec_path: str | 
               *_ddp_gaps(summaries, spec, per_repeat(out)), "", "## Summary", "",
               "Mean ± sample std over repeats (summary.csv has every value; "
               "docs/experiments.md defines each column).", "", *_table(summaries, spec.target.metric), "",
-              *_failed_lines(out, spec), *_goodput_lines(summaries, runs), *traffic_lines(spec, summaries),
+              *_failed_lines(out, spec), *_goodput_lines(summaries, runs), *regions_lines(runs), *traffic_lines(spec, summaries),
               "## Plots", ""]
     for caption, rel in plots:
         lines += [f"### {caption}", "", f"![{caption}]({rel})", ""]
