@@ -117,6 +117,9 @@ def run_local(cfg: RunConfig, *, out: Path, metrics: bool = False, metrics_linge
     if rate and metrics:
         raise ValueError(f"network.bandwidth {rate}: --metrics serves each process's /metrics on its own emulated "
                          "host, out of Prometheus's reach; run without one of them")
+    if baseline is not None and cfg.hierarchy.tiered:
+        raise ValueError("--goodput-baseline reads the shards' histories, which do not follow a sync between regions "
+                         "(--regions with --region-every > 0); run without one of them")
     if baseline is not None and Path(baseline).resolve() == Path(out).resolve():
         raise ValueError(f"--goodput-baseline {baseline} is this run's own folder; name a finished fault-free run's")
     base = None if baseline is None else goodput_baseline(Path(baseline), cfg)  # measured now: a bad one fails first

@@ -56,7 +56,7 @@ def command(a: argparse.Namespace) -> int:
         stop_on_signals(server.stop, (signal.SIGTERM, signal.SIGINT))
     summary = serve(cfg, metrics_port=a.metrics_port, metrics_file=metrics_file(a), metrics_host=a.metrics_host,
                     metrics_linger=a.metrics_linger, ready_file=a.ready_file, on_ready=ready,
-                    history=History.from_env(f"shard-{cfg.shard}"),
+                    history=History.from_env(f"region-{cfg.region}-shard-{cfg.shard}" if cfg.upstream else f"shard-{cfg.shard}"),
                     faults=InjectedFaults(Path(faults) / f"{os.getpid()}.json") if faults else None)
     if a.out:
         write_json(a.out, summary)

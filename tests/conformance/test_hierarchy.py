@@ -5,6 +5,7 @@ Then the same shards left to run freely, a sync always in flight: nothing a regi
 twice."""
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -164,3 +165,59 @@ def test_free_running_regions_lose_nothing():
     # a region's last sync leaves it at the global weights of then: the region that ends last, at the final ones
     assert any(torch.equal(s._service.shard.weights, want) for s in below)
     assert all(u["syncs"] >= n // 3 for u, n in zip(ups, pushes))
+
+
+def test_a_region_silent_past_the_global_timeout_says_hello_again(caplog):
+    """Region 1 is silent for three of the global shard's worker timeouts between two syncs while region 0 keeps
+    syncing: the global shard drops region 1 and refuses its next sync; it says HELLO again, the sync goes through,
+    and nothing either region did is lost."""
+    lr = 0.125
+    caplog.set_level(logging.INFO, logger="psrv.server")
+    top = Server(ServerConfig(mode="async", workers=2, worker_timeout=0.5, failure_bound=0.2,
+                              optimizer=OptimConfig(name="sgd", lr=1.0, momentum=0.0)))
+    top.start()
+    below = [Server(ServerConfig(mode="async", workers=1, first_rank=r, world_size=2, upstream=top.address,
+                                 upstream_every=1, region=r, upstream_world=2,
+                                 optimizer=OptimConfig(name="sgd", lr=lr, momentum=0.0))) for r in range(2)]
+    for s in below:
+        s.start()
+    plan = PartitionPlan((ParamSpec("w", (SIZE,), "float32"),), 1)
+    pushes, quiet = [0, 0], threading.Event()
+
+    def work(r: int) -> None:
+        c = PSClient([below[r].address], plan, worker=r, world_size=2)
+        try:
+            c.hello()
+            w = torch.zeros(SIZE)
+            if r == 0:
+                c.init(torch.zeros(SIZE))
+            c.pull(clock=0, out=w)
+            for k in range(4):
+                c.push_pull(torch.ones(SIZE), clock=k, out=w)
+                pushes[r] += 1
+                if r == 1 and k == 1:
+                    _merged(below[1], 2)
+                    time.sleep(1.5)  # silent: the global shard's worker timeout is 0.5 s
+                    quiet.set()
+            while r == 0 and not quiet.is_set():  # region 0 keeps the global shard busy meanwhile
+                c.push_pull(torch.ones(SIZE), clock=pushes[0], out=w)
+                pushes[0] += 1
+                time.sleep(0.02)
+            c.leave()
+        finally:
+            c.close()
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        for s in below:
+            s.join()
+        summary = top.join()
+    finally:
+        for s in (*below, top):
+            s.close()
+    assert "region 1: the global shard" in caplog.text and "forgot it; HELLO again" in caplog.text
+    assert 0 < summary["version"] <= sum(pushes)  # one global update per sync, which may carry several updates
+    assert torch.equal(top._service.shard.weights, torch.full((SIZE,), -lr * sum(pushes)))

@@ -110,6 +110,25 @@ class Link(threading.Thread):
         return None
 
     def _ask(self, net, msg: Message) -> Message:
+        """One round trip; a global shard that forgot this region (silent past its --worker-timeout between two
+        syncs) refuses with `hello`: HELLO again, then the request once more (a refused push was not applied)."""
+        reply = self._once(net, msg)
+        if reply.type is MsgType.ERROR and reply.fields.get("hello") and msg.type is not MsgType.HELLO:
+            log.info("region %d: the global shard %s forgot it; HELLO again", self.region, self.address)
+            self._check(self._once(net, Message(MsgType.HELLO, fields={**self.hello, "world_size": self.regions})),
+                        MsgType.HELLO)
+            reply = self._once(net, msg)
+        return self._check(reply, msg.type)
+
+    def _check(self, reply: Message, asked: MsgType) -> Message:
+        if reply.type is MsgType.ERROR:
+            raise UpstreamError(f"the global shard {self.address} refused {asked.name}: "
+                                f"{reply.fields.get('message', reply.fields)}")
+        if isinstance(reply.fields.get("version"), int):
+            self.version = reply.fields["version"]
+        return reply
+
+    def _once(self, net, msg: Message) -> Message:
         self.seq += 1
         msg.worker, msg.seq, msg.session = self.region, self.seq, self.session
         frames = encode(msg)
@@ -122,13 +141,7 @@ class Link(threading.Thread):
             raise UpstreamError(f"{msg.type.name} to the global shard {self.address} unanswered in {TIMEOUT:.0f}s")
         _, reply_frames = got
         self.bytes_received += sum(memoryview(f).nbytes for f in reply_frames)
-        reply = decode(reply_frames)
-        if reply.type is MsgType.ERROR:
-            raise UpstreamError(f"the global shard {self.address} refused {msg.type.name}: "
-                                f"{reply.fields.get('message', reply.fields)}")
-        if isinstance(reply.fields.get("version"), int):
-            self.version = reply.fields["version"]
-        return reply
+        return decode(reply_frames)
 
 
 class Upstream:
