@@ -51,6 +51,7 @@ class Recorded:
     span_end: float | None = None                         # the first worker's last step's end,
     span_steps: int = 0                                   # and the useful steps done by then
     rows: list[dict] = field(default_factory=list)        # the sampled workers' steps
+    hierarchy: dict | None = None                         # with regions: the syncs (experiments/simulate/regions.py)
 
 
 class Cluster:
@@ -60,7 +61,7 @@ class Cluster:
                  push_transfer: tuple[float, ...], reply_transfer: tuple[float, ...], server_seconds: float, sample: int, batch_size: int,
                  learner=None, codec: CodecCost | None = None,
                  ready: list[tuple[int, float]] | None = None, compute_holds_encodes: bool = False,
-                 failures=None, fragments: int = 1):
+                 failures=None, fragments: int = 1, record_updates: bool = False):
         self.n, self.s, self.steps, self.h = workers, shards, steps, local_steps
         # streaming DiLoCo's fragments under a quorum: a worker's k-th push carries fragment k mod F, and each
         # fragment has its own merges (psrv/server/consistency/quorum.py `select`); None: merges of whole pushes
@@ -113,6 +114,8 @@ class Cluster:
         self.failures = failures                                # experiments/simulate/failures.py, or None
         self.down = [False] * workers
         self.rejoining = [False] * workers                      # its replies answer a rejoin's pull, not a push
+        # each shard's update times, for a region's syncs with the global shards (experiments/simulate/regions.py)
+        self.update_times: list[list[float]] | None = [[] for _ in range(shards)] if record_updates else None
 
     # --- the loop -------------------------------------------------------------
     def run(self) -> Recorded:
@@ -217,6 +220,8 @@ class Cluster:
                     if learner is not None:
                         learner.apply(s, w, clock, base[s], stale, grad)
                     version[s] += 1
+                    if self.update_times is not None:
+                        self.update_times[s].append(th)
                 else:
                     if learner is not None:
                         learner.accumulate(s, grad)

@@ -15,7 +15,8 @@ SIMULATED = ("mode", "staleness", "backup_workers", "quorum", "quorum_max_age", 
              "cluster.workers", "job.", "optimizer.", "worker.local_steps", "worker.overlap", "worker.wire_dtype", "worker.compress", "worker.compress_min_numel",
              "worker.compress_pull", "worker.pull_error_feedback", "worker.pull_resync", "worker.fragments",
              "worker.outer_dtype", "worker.inner_optimizer", "worker.inner_lr", "faults.compute_ms",
-             "faults.straggler", "faults.transient_stragglers", "simulate.")
+             "faults.straggler", "faults.transient_stragglers", "hierarchy.regions", "hierarchy.region_every",
+             "simulate.")
 
 
 def is_simulated(key: str) -> bool:
@@ -51,9 +52,27 @@ class SimulationConfig(RunConfig):
         if self.simulate.level == "learning" and self.simulate.fail_mtbf:
             raise ConfigError("simulate.fail_mtbf", "failures at the learning level (a lost round's gradients) are not "
                               "simulated; use level 'timing'")
+        _regions(self)
         if self.simulate.level == "learning" and self.worker.local_updates:
             raise ConfigError("simulate.level", "learning with local steps (an inner optimizer per worker) is not "
                               "simulated; use level 'timing' or local_steps 1")
 
 
 NOT_SIMULATED = tuple(key for key, _, _ in leaves(SimulationConfig) if not is_simulated(key))
+
+
+def _regions(cfg: SimulationConfig) -> None:
+    """Regional shards are simulated at the timing level, without failures (experiments/simulate/regions.py); their
+    goodput is end to end only (the span while every rank ran is not kept across the regions)."""
+    sim = cfg.simulate
+    if not cfg.hierarchy.tiered:
+        for key, default in (("region_latency_ms", 20.0), ("region_bandwidth_gbps", 1.0)):
+            if getattr(sim, key) != default:
+                raise ConfigError(f"simulate.{key}", "is the link between regions and the global shards: give "
+                                                     "--regions R (R > 1) and --region-every K > 0 too")
+        return
+    for given, key, what in ((sim.level == "learning", "simulate.level", "learning (level 'timing' only)"),
+                             (sim.fail_mtbf, "simulate.fail_mtbf", "failures")):
+        if given:
+            raise ConfigError(key, f"{what} with regional shards (--regions, --region-every > 0) is not simulated: "
+                                   "remove one")

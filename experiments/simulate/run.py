@@ -7,6 +7,7 @@ from pathlib import Path
 
 from psrv.partition import PartitionPlan
 
+from psrv.experiments.simulate import regions
 from psrv.experiments.simulate.cluster import Cluster, Recorded
 from psrv.experiments.simulate.codec_cost import CodecCost, codec_cost
 from psrv.experiments.simulate.compute import ComputeModel
@@ -73,8 +74,35 @@ def clean_config(cfg: SimulationConfig) -> SimulationConfig:
 
 
 def _run(cfg: SimulationConfig, model: ComputeModel, network: NetworkModel, plan: PartitionPlan, codec, learner) -> Recorded:
-    sim, n = cfg.simulate, cfg.cluster.workers
-    compute = [model.times(w, cfg.job.steps) for w in range(n)]
+    if cfg.hierarchy.tiered:
+        return _run_regions(cfg, model, network, plan, codec)
+    return _cluster(cfg, model, network, plan, codec, learner, range(cfg.cluster.workers)).run()
+
+
+def _run_regions(cfg: SimulationConfig, model: ComputeModel, network: NetworkModel, plan: PartitionPlan,
+                 codec) -> Recorded:
+    """Each region's cluster, then its shards' syncs with the global ones (experiments/simulate/regions.py); the
+    Recorded of all the regions' workers, with the syncs as its `hierarchy`."""
+    sim, h = cfg.simulate, cfg.hierarchy
+    clusters = [_cluster(cfg, model, network, plan, codec, None, ranks, record_updates=True)
+                for ranks in regions.region_ranks(cfg.cluster.workers, h.regions)]
+    records = [c.run() for c in clusters]
+    rec = regions.merge(records, [r.start for r in regions.region_ranks(cfg.cluster.workers, h.regions)],
+                        sim.sample_workers)
+    rec.hierarchy = {"regions": h.regions, "region_every": h.region_every,
+                     **regions.syncs([c.update_times for c in clusters], every=h.region_every,
+                                     slice_bytes=[4.0 * (hi - lo) for lo, hi in plan.ranges],
+                                     latency=sim.region_latency_ms / 1000.0,
+                                     bandwidth=sim.region_bandwidth_gbps * 1e9 / 8,
+                                     server_seconds=sim.server_ms / 1000.0)}
+    return rec
+
+
+def _cluster(cfg: SimulationConfig, model: ComputeModel, network: NetworkModel, plan: PartitionPlan, codec, learner,
+             ranks: range, *, record_updates: bool = False) -> Cluster:
+    """The cluster of the workers `ranks` (numbered from 0 in it) and the run's shards."""
+    sim, n = cfg.simulate, len(ranks)
+    compute = [model.times(w, cfg.job.steps) for w in ranks]
     failures = None
     if sim.fail_mtbf:
         from psrv.experiments.simulate.failures import Failures
@@ -89,8 +117,8 @@ def _run(cfg: SimulationConfig, model: ComputeModel, network: NetworkModel, plan
                       batch_size=cfg.job.batch_size, learner=learner, codec=codec,
                       ready=ready_order(plan, sim.forward_fraction) if overlaps(cfg) else None,
                       compute_holds_encodes=sim.compute == "steps.csv" and compute_holds_encodes(sim.compute_csv),
-                      failures=failures, fragments=cfg.worker.fragments)
-    return cluster.run()
+                      failures=failures, fragments=cfg.worker.fragments, record_updates=record_updates)
+    return cluster
 
 
 def script_refusal(script: str) -> str:
@@ -135,7 +163,8 @@ def summarise(cfg: SimulationConfig, rec: Recorded, *, learner, plan_total: int,
     return {
         "simulated": True, "complete": True, "level": cfg.simulate.level,
         "mode": cfg.mode, "staleness": cfg.staleness if cfg.mode == "ssp" else 0, "transport": "simulated",
-        "job": cfg.job.script or cfg.job.name, "num_servers": cfg.cluster.servers, "num_workers": cfg.cluster.workers,
+        "job": cfg.job.script or cfg.job.name, "num_servers": cfg.cluster.servers * (cfg.hierarchy.regions if cfg.hierarchy.tiered else 1),
+        "num_workers": cfg.cluster.workers,
         "steps": cfg.job.steps, "batch_size": cfg.job.batch_size, "backup_workers": cfg.backup_workers,
         "quorum": cfg.quorum, "quorum_max_age": cfg.quorum_max_age, "quorum_grace": cfg.quorum_grace,
         "quorum_grace_adaptive": cfg.quorum_grace_adaptive, "local_steps": cfg.worker.local_steps,
@@ -170,6 +199,7 @@ def summarise(cfg: SimulationConfig, rec: Recorded, *, learner, plan_total: int,
         "useful_samples_per_second": while_all_ran,
         "goodput": _ratio(while_all_ran, useful_while_all_ran(cfg, clean) if clean else None),
         "simulator_seconds": elapsed,
+        **({"hierarchy": rec.hierarchy} if rec.hierarchy else {}),
     }
 
 

@@ -369,6 +369,11 @@ class SimulateSettings(Section):
     bandwidth_gbps: float = setting(10.0, "bandwidth of every link, Gbit/s: a worker's own, and each server's, "
                                     "shared by all its workers' messages", minimum=0.0, above=True)
     server_ms: float = setting(0.0, "a shard's time to handle one push (one at a time), ms", minimum=0.0)
+    region_latency_ms: float = setting(20.0, "with --regions and --region-every K > 0: one-way latency between a "
+                                       "region and the global shards, ms", minimum=0.0)
+    region_bandwidth_gbps: float = setting(1.0, "with --regions and --region-every K > 0: bandwidth between a region "
+                                           "and the global shards, Gbit/s (each global shard's link shared by the "
+                                           "regions' syncs)", minimum=0.0, above=True)
     codec_cost: str = setting("measured", "the codecs' CPU time (compressed pushes and pulls, streaming DiLoCo's "
                               "outer dtype): measured (each encode and decode timed once on this machine with the "
                               "real codecs at the shard's size, charged to the worker or shard that does it, in "

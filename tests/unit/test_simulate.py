@@ -169,8 +169,9 @@ def test_the_shipped_scale_spec_loads_with_a_quorum_of_three_quarters():
     from psrv.experiments.simulate.sweep import load
     spec = Path(__file__).resolve().parents[2] / "experiments" / "specs" / "simulate_scale.toml"
     header, runs = load(spec)
-    assert header["workers"] == [1000, 10000, 100000] and len(runs) == 4 * 3
+    assert header["workers"] == [1000, 10000, 100000] and len(runs) == 5 * 3
     assert {n: cfg.quorum for name, n, cfg in runs if name == "quorum75"} == {1000: 750, 10000: 7500, 100000: 75000}
+    assert {cfg.hierarchy.regions for name, _, cfg in runs if name == "regions10"} == {10}
     assert all(cfg.simulate.goodput and cfg.faults.transient_stragglers for _, _, cfg in runs)
 
 
