@@ -228,7 +228,8 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
                     if script else _start_workers(cluster, cfg, out, [a for _, a in primaries], extra)
         steps = cfg.job.steps if script is None else script.steps
         bar = _progress(cfg, out, steps=steps, enabled=progress, on_update=on_progress)
-        expected = cfg.cluster.servers + workers if metrics and not cfg.is_allreduce else 0
+        shards = cfg.cluster.servers * (cfg.hierarchy.regions + 1 if cfg.hierarchy.tiered else 1)  # and global ones
+        expected = shards + workers if metrics and not cfg.is_allreduce else 0
         found = [0]
 
         def tick() -> None:
@@ -293,7 +294,7 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
 def write_targets(out: Path) -> int:
     """DIR/targets.json in Prometheus file_sd format, from the ports the processes announced."""
     groups = []
-    for role in ("server", "worker"):
+    for role in ("server", "global", "worker"):  # global: the global shards under --regions
         ports = sorted(out.glob(f"{role}-*.metrics"))
         targets = [f"127.0.0.1:{p.read_text().strip()}" for p in ports if p.read_text().strip()]
         if targets:
