@@ -91,7 +91,7 @@ def test_turns_match_the_reference(regions, turns, every, local, global_lr, glob
         for c in clients:
             c.leave()
         finals = [s.join()["upstream"] for s in below]
-        top.join()
+        top_summary = top.join()
     finally:
         for c in clients:
             c.close()
@@ -100,6 +100,18 @@ def test_turns_match_the_reference(regions, turns, every, local, global_lr, glob
     want_global, want_regions = ref_hierarchy.run(initial, gradient, turns, every=every, local=_local(local),
                                                   global_lr=global_lr, global_momentum=global_momentum)
     assert [f["syncs"] for f in finals] == [turns.count(r) for r in range(regions)]  # no last sync: nothing new
+    # each sync's staleness at the global shard: the other regions' syncs since this one last heard from it
+    version, seen, stale = 0, [0] * regions, []
+    for r in turns:
+        stale.append(version - seen[r])
+        version += 1
+        seen[r] = version
+    assert top_summary["staleness_histogram"] == {str(k): stale.count(k) for k in sorted(set(stale))}
+    # what the regions' links counted is what the global shard received and sent, to the byte
+    assert sum(f["bytes_sent"] for f in finals) == top_summary["bytes_in"]
+    assert sum(f["bytes_received"] for f in finals) == top_summary["bytes_out"]
+    assert all(f["seconds"] > 0 for f in finals) and top_summary["version"] == len(turns)
+    assert not any(s._service.upstream.link.is_alive() for s in below)  # each link's thread ended with its shard
     got = top._service.shard.weights
     assert torch.allclose(got, want_global, atol=ATOL, rtol=RTOL), (got - want_global).abs().max()
     for r in range(regions):
