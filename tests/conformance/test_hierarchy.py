@@ -15,6 +15,7 @@ import torch
 from psrv.client.psclient import PSClient
 from psrv.config import OptimConfig, ServerConfig
 from psrv.partition import ParamSpec, PartitionPlan
+from psrv.server.hierarchy import upstream
 from psrv.server.run import Server
 from tests.conformance import ref_hierarchy
 from tests.conformance.axes import ATOL, RTOL
@@ -179,11 +180,13 @@ def test_free_running_regions_lose_nothing():
     assert all(u["syncs"] >= n // 3 for u, n in zip(ups, pushes))
 
 
-def test_a_region_silent_past_the_global_timeout_says_hello_again(caplog):
+@pytest.mark.parametrize("heartbeats", [False, True], ids=["dropped", "kept-by-heartbeats"])
+def test_a_region_silent_past_the_global_timeout(caplog, monkeypatch, heartbeats):
     """Region 1 is silent for three of the global shard's worker timeouts between two syncs while region 0 keeps
-    syncing: the global shard drops region 1 and refuses its next sync; it says HELLO again, the sync goes through,
-    and nothing either region did is lost."""
+    syncing. Without its link's heartbeats, the global shard drops region 1 and refuses its next sync; it says HELLO
+    again and the sync goes through. With them, it is never dropped. Either way nothing either region did is lost."""
     lr = 0.125
+    monkeypatch.setattr(upstream.Link, "heartbeats", heartbeats)
     caplog.set_level(logging.INFO, logger="psrv.server")
     top = Server(ServerConfig(mode="async", workers=2, worker_timeout=0.5, failure_bound=0.2,
                               optimizer=OptimConfig(name="sgd", lr=1.0, momentum=0.0)))
@@ -194,7 +197,7 @@ def test_a_region_silent_past_the_global_timeout_says_hello_again(caplog):
     for s in below:
         s.start()
     plan = PartitionPlan((ParamSpec("w", (SIZE,), "float32"),), 1)
-    pushes, quiet = [0, 0], threading.Event()
+    pushes, quiet, done = [0, 0], threading.Event(), threading.Event()
 
     def work(r: int) -> None:
         c = PSClient([below[r].address], plan, worker=r, world_size=2)
@@ -211,7 +214,9 @@ def test_a_region_silent_past_the_global_timeout_says_hello_again(caplog):
                     _merged(below[1], 2)
                     time.sleep(1.5)  # silent: the global shard's worker timeout is 0.5 s
                     quiet.set()
-            while r == 0 and not quiet.is_set():  # region 0 keeps the global shard busy meanwhile
+            if r == 1:
+                done.set()
+            while r == 0 and not done.is_set():  # region 0 keeps the global shard busy until region 1 is done
                 c.push_pull(torch.ones(SIZE), clock=pushes[0], out=w)
                 pushes[0] += 1
                 time.sleep(0.02)
@@ -230,6 +235,9 @@ def test_a_region_silent_past_the_global_timeout_says_hello_again(caplog):
     finally:
         for s in (*below, top):
             s.close()
-    assert "region 1: the global shard" in caplog.text and "forgot it; HELLO again" in caplog.text
+    assert quiet.is_set()
+    dropped = "worker 1 silent for" in caplog.text
+    assert dropped == (not heartbeats)
+    assert ("region 1: the global shard" in caplog.text and "forgot it; HELLO again" in caplog.text) == dropped
     assert 0 < summary["version"] <= sum(pushes)  # one global update per sync, which may carry several updates
     assert torch.equal(top._service.shard.weights, torch.full((SIZE,), -lr * sum(pushes)))

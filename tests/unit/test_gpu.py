@@ -95,3 +95,37 @@ def test_cpu_parts_decode_into_a_cuda_copy_as_into_a_cpu_one(spec, ef):
     decoded.add_into(on_cpu, torch.empty(n))
     decoded.add_into(on_gpu, torch.empty(n, device="cuda:0"))
     assert torch.equal(on_gpu.cpu(), on_cpu)
+
+
+def test_a_regional_shard_on_cuda_syncs_as_on_cpu():
+    """A regional shard on GPU0 under a CPU global shard (psrv/server/hierarchy/upstream.py): the same global
+    weights as with every shard on the CPU (the link's tensors cross host memory both ways)."""
+    from psrv.client.psclient import PSClient
+    from psrv.config import ServerConfig
+    from psrv.partition import ParamSpec, PartitionPlan
+    from psrv.server.run import Server
+    size, plan = 1000, PartitionPlan((ParamSpec("w", (1000,), "float32"),), 1)
+    grads = [torch.randn(size, generator=torch.Generator().manual_seed(k)) for k in range(6)]
+
+    def run(device: str) -> torch.Tensor:
+        top = Server(ServerConfig(mode="async", workers=1, optimizer=OptimConfig("sgd", lr=1.0, momentum=0.0)))
+        top.start()
+        below = Server(ServerConfig(mode="async", workers=1, upstream=top.address, upstream_every=2, device=device,
+                                    optimizer=OptimConfig("sgd", lr=0.1, momentum=0.9)))
+        below.start()
+        c = PSClient([below.address], plan, worker=0, world_size=1)
+        try:
+            c.hello()
+            c.init(torch.zeros(size))
+            w = torch.zeros(size)
+            for k, g in enumerate(grads):
+                c.push_pull(g, clock=k, out=w)
+            c.leave()
+            below.join()
+            top.join()
+            return top._service.shard.weights.clone()
+        finally:
+            c.close()
+            below.close()
+            top.close()
+    torch.testing.assert_close(run("cuda:0"), run("cpu"), rtol=1e-5, atol=1e-6)

@@ -38,7 +38,11 @@ class UpstreamError(RuntimeError):
 
 class Link(threading.Thread):
     """The round trips to the global shard, one at a time, in order: `ask` queues one, `answer` (or `wait`)
-    gives the global weights it brought back, or raises what went wrong."""
+    gives the global weights it brought back, or raises what went wrong. Between them it sends a HEARTBEAT every
+    third of the global shard's --worker-timeout (its WELCOME says it), so a region whose syncs are far apart (a
+    long evaluation, slow workers) is not dropped, and says HELLO again where it was."""
+
+    heartbeats = True  # tests turn them off to see a region dropped and coming back
 
     def __init__(self, address: str, *, region: int, regions: int, hello: dict):
         super().__init__(name="psrv-upstream", daemon=True)
@@ -50,6 +54,7 @@ class Link(threading.Thread):
         self.version = 0  # the global shard's, at its last answer: the next push's base version
         self.bytes_sent = self.bytes_received = 0
         self.seconds = 0.0  # spent in round trips
+        self.beat: float | None = None  # seconds between heartbeats, once welcomed
 
     def ask(self, kind: str, tensor: torch.Tensor | None = None, clock: int = 0) -> None:
         self.jobs.put((kind, tensor, clock))
@@ -88,9 +93,17 @@ class Link(threading.Thread):
             self.results.put(UpstreamError(f"--upstream {self.address}: {exc}"))
             return
         try:
-            while (job := self.jobs.get()) is not None:
+            while True:
                 try:
-                    self.results.put(self._do(net, *job))
+                    job = self.jobs.get(timeout=self.beat)
+                except queue.Empty:  # nothing to do for a third of the worker timeout: a heartbeat
+                    job = ("beat", None, 0)
+                if job is None:
+                    break
+                try:
+                    result = self._do(net, *job)
+                    if job[0] != "beat":
+                        self.results.put(result)
                 except Exception as exc:  # noqa: BLE001
                     self.results.put(exc if isinstance(exc, UpstreamError) else UpstreamError(
                         f"sync with the global shard {address}: {type(exc).__name__}: {exc}"))
@@ -98,8 +111,14 @@ class Link(threading.Thread):
             net.close()
 
     def _do(self, net, kind: str, tensor: torch.Tensor | None, clock: int) -> torch.Tensor | None:
+        if kind == "beat":
+            if not self._ask(net, Message(MsgType.HEARTBEAT)).fields.get("active", True):
+                self._ask(net, self._hello())  # dropped meanwhile: back in before the next sync
+            return None
         if kind == "join":  # HELLO; INIT where this shard has weights to offer; then the global weights
-            self._ask(net, Message(MsgType.HELLO, fields={**self.hello, "world_size": self.regions}))
+            timeout = self._ask(net, self._hello()).fields.get("worker_timeout")
+            if self.heartbeats and isinstance(timeout, (int, float)) and timeout > 0:
+                self.beat = timeout / 3
             if tensor is not None:
                 self._ask(net, Message(MsgType.INIT, tensor=tensor))
             return self._ask(net, Message(MsgType.PULL, clock=0)).tensor.clone()
@@ -115,10 +134,12 @@ class Link(threading.Thread):
         reply = self._once(net, msg)
         if reply.type is MsgType.ERROR and reply.fields.get("hello") and msg.type is not MsgType.HELLO:
             log.info("region %d: the global shard %s forgot it; HELLO again", self.region, self.address)
-            self._check(self._once(net, Message(MsgType.HELLO, fields={**self.hello, "world_size": self.regions})),
-                        MsgType.HELLO)
+            self._check(self._once(net, self._hello()), MsgType.HELLO)
             reply = self._once(net, msg)
         return self._check(reply, msg.type)
+
+    def _hello(self) -> Message:
+        return Message(MsgType.HELLO, fields={**self.hello, "world_size": self.regions})
 
     def _check(self, reply: Message, asked: MsgType) -> Message:
         if reply.type is MsgType.ERROR:
@@ -208,7 +229,7 @@ class Upstream:
         self.link.start()
         initial = s.shard.weights.detach().clone() if s.shard.initialised else None
         self.sent, self.sent_version = initial, s.shard.version
-        self.link.ask("join", initial)
+        self.link.ask("join", None if initial is None else initial.cpu())
         log.info("shard %d: region %d syncing with %s every %d updates", s.cfg.shard, s.cfg.region,
                  s.cfg.upstream, self.every)
 
@@ -217,11 +238,12 @@ class Upstream:
         self.sent = shard.weights.detach().clone()
         self.sent_version = shard.version
         self.syncs += 1
-        self.link.ask("sync", self.anchor - self.sent, clock=self.syncs)
+        self.link.ask("sync", (self.anchor - self.sent).cpu(), clock=self.syncs)  # the wire takes host memory
 
     def _merge(self, global_weights: torch.Tensor) -> None:
         """w <- w + (g - w_sent): the global weights plus this shard's updates since it sent."""
         shard, pulls = self.state.shard, self.service.pulls
+        global_weights = global_weights.to(shard.device)  # a shard on a GPU: the link's tensors are in host memory
         self.service.pushes.before_write()  # replies still reading the weights leave first
         if not shard.initialised:  # a region but the first: its first weights are the global shard's
             shard.init(global_weights)
