@@ -162,7 +162,7 @@ def _upstream(cfg: "ServerConfig") -> None:
         raise ConfigError("region", f"must be in [0, upstream_world={cfg.upstream_world}); got {cfg.region}")
     if not cfg.upstream:
         return
-    problem = "" if cfg.upstream.startswith("@") else address_problem(cfg.upstream, bind=False)
+    problem = "" if cfg.upstream.startswith("@") else address_problem(cfg.upstream, bind=False, schemes=("tcp",))
     if problem:
         raise ConfigError("upstream", problem)
     for given, key, what in ((cfg.mode != "async", "mode", f"mode {cfg.mode!r} (a regional shard is async)"),

@@ -238,6 +238,78 @@ def test_a_region_silent_past_the_global_timeout(caplog, monkeypatch, heartbeats
     assert quiet.is_set()
     dropped = "worker 1 silent for" in caplog.text
     assert dropped == (not heartbeats)
-    assert ("region 1: the global shard" in caplog.text and "forgot it; HELLO again" in caplog.text) == dropped
+    said = f"region 1: the global shard {top.address} forgot it; HELLO again"
+    assert any(r.getMessage() == said for r in caplog.records) == dropped
     assert 0 < summary["version"] <= sum(pushes)  # one global update per sync, which may carry several updates
     assert torch.equal(top._service.shard.weights, torch.full((SIZE,), -lr * sum(pushes)))
+
+
+def _region0(top_address: str, **fields) -> Server:
+    return Server(ServerConfig(**{"mode": "async", "workers": 1, "upstream": top_address, "upstream_every": 1,
+                                  "region": 0, "upstream_world": 2, **fields}))
+
+
+def _init(shard: Server) -> PSClient:
+    c = PSClient([shard.address], PartitionPlan((ParamSpec("w", (SIZE,), "float32"),), 1), worker=0,
+                 world_size=1)
+    c.hello()
+    c.init(torch.zeros(SIZE))  # region 0's shard joins its global shard once it has weights
+    return c
+
+
+def test_an_upstream_ready_file_that_is_not_tcp_stops_the_regional_shard_naming_the_option(tmp_path):
+    """(An upstream given as an address is checked by the config tree: tests/unit/test_hierarchy_config.py.)"""
+    ready = tmp_path / "global-0.addr"
+    ready.write_text("ipc:///tmp/psrv-no-such-global\n")
+    shard = _region0(f"@{ready}")
+    shard.start()
+    c = _init(shard)
+    try:
+        c.leave()
+        with pytest.raises(upstream.UpstreamError) as err:
+            shard.join()
+    finally:
+        c.close()
+        shard.close()
+    assert str(err.value) == (f"--upstream @{ready}: 'ipc:///tmp/psrv-no-such-global': ipc:// is not a scheme psrv "
+                              "takes here; write tcp://HOST:PORT")
+
+
+def test_a_second_shard_of_a_live_region_is_refused_by_the_global_shard():
+    """Two processes syncing as region 0 at once: the global shard refuses the second (RANK_IN_USE: another
+    session holds the region), and the second regional shard stops saying so."""
+    top = Server(ServerConfig(mode="async", workers=2, optimizer=OptimConfig(name="sgd", lr=1.0, momentum=0.0)))
+    top.start()
+    first, second = _region0(top.address), _region0(top.address)
+    first.start()
+    c1 = _init(first)
+    _merged(first, 0)
+    second.start()
+    c2 = _init(second)
+    try:
+        c2.leave()
+        with pytest.raises(upstream.UpstreamError) as err:
+            second.join()
+        c1.leave()
+        first.join()
+    finally:
+        for c in (c1, c2):
+            c.close()
+        for s in (first, second, top):
+            s.close()
+    assert str(err.value).startswith(f"the global shard {top.address} refused HELLO: rank 0 is already in use")
+
+
+def test_a_global_shard_that_never_answers_stops_the_regional_shard(monkeypatch):
+    monkeypatch.setattr(upstream, "TIMEOUT", 1.0)
+    shard = _region0("tcp://127.0.0.1:9")  # discard: nothing answers there
+    shard.start()
+    c = _init(shard)
+    try:
+        c.leave()
+        with pytest.raises(upstream.UpstreamError) as err:
+            shard.join()
+    finally:
+        c.close()
+        shard.close()
+    assert str(err.value) == "HELLO to the global shard tcp://127.0.0.1:9 unanswered in 1s"

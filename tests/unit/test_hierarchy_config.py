@@ -49,6 +49,7 @@ def test_a_flat_run_on_regions_takes_any_mode():
 @pytest.mark.parametrize("fields,key", [
     ({"upstream": "tcp://127.0.0.1:5555", "mode": "sync"}, "mode"),
     ({"upstream": "nowhere"}, "upstream"),
+    ({"upstream": "ipc:///tmp/global"}, "upstream"),  # the link to a global shard is tcp
     ({"upstream": "tcp://127.0.0.1:5555", "checkpoint_dir": "/tmp/x"}, "checkpoint_dir"),
     ({"first_rank": 3, "workers": 2, "world_size": 4}, "first_rank"),
     ({"region": 2, "upstream_world": 2}, "region"),

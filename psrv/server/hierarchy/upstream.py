@@ -67,7 +67,9 @@ class Link(threading.Thread):
             return None
         return self._unwrap(result)
 
-    def wait(self, timeout: float = TIMEOUT) -> torch.Tensor | None:
+    def wait(self, timeout: float | None = None) -> torch.Tensor | None:
+        """The weights of the round trip in flight, once it ends (at most `timeout` seconds; None: TIMEOUT)."""
+        timeout = TIMEOUT if timeout is None else timeout
         try:
             result = self.results.get(timeout=timeout)
         except queue.Empty:
@@ -90,7 +92,7 @@ class Link(threading.Thread):
             (address,) = split_addresses(self.address, wait=TIMEOUT, option="--upstream", schemes=("tcp",))
             net = create_client("zmq", [address])
         except Exception as exc:  # noqa: BLE001 (said to the shard's loop, which stops on it)
-            self.results.put(UpstreamError(f"--upstream {self.address}: {exc}"))
+            self.results.put(UpstreamError(str(exc)))  # it names --upstream and the address
             return
         try:
             while True:
