@@ -15,8 +15,10 @@ import torch
 from psrv.client.psclient import PSClient
 from psrv.config import OptimConfig, ServerConfig
 from psrv.partition import ParamSpec, PartitionPlan
+from psrv.protocol import Message, MsgType, decode, encode
 from psrv.server.hierarchy import upstream
 from psrv.server.run import Server
+from psrv.transport import create_server
 from tests.conformance import ref_hierarchy
 from tests.conformance.axes import ATOL, RTOL
 
@@ -71,6 +73,7 @@ def _local(cfg: OptimConfig):
                          ids=["sgd-momentum-2-regions", "adam-3-regions", "one-region"])
 def test_turns_match_the_reference(regions, turns, every, local, global_lr, global_momentum):
     gradient, initial = _problem(regions)
+    began = time.perf_counter()
     top, below = _cluster(regions, every, local, global_lr=global_lr, global_momentum=global_momentum)
     plan = PartitionPlan((ParamSpec("w", (SIZE,), "float32"),), 1)
     clients = [PSClient([below[r].address], plan, worker=r, world_size=regions) for r in range(regions)]
@@ -93,6 +96,7 @@ def test_turns_match_the_reference(regions, turns, every, local, global_lr, glob
             c.leave()
         finals = [s.join()["upstream"] for s in below]
         top_summary = top.join()
+        took = time.perf_counter() - began
     finally:
         for c in clients:
             c.close()
@@ -111,7 +115,7 @@ def test_turns_match_the_reference(regions, turns, every, local, global_lr, glob
     # what the regions' links counted is what the global shard received and sent, to the byte
     assert sum(f["bytes_sent"] for f in finals) == top_summary["bytes_in"]
     assert sum(f["bytes_received"] for f in finals) == top_summary["bytes_out"]
-    assert all(f["seconds"] > 0 for f in finals) and top_summary["version"] == len(turns)
+    assert all(0 < f["seconds"] < took for f in finals) and top_summary["version"] == len(turns)
     assert not any(s._service.upstream.link.is_alive() for s in below)  # each link's thread ended with its shard
     got = top._service.shard.weights
     assert torch.allclose(got, want_global, atol=ATOL, rtol=RTOL), (got - want_global).abs().max()
@@ -313,3 +317,47 @@ def test_a_global_shard_that_never_answers_stops_the_regional_shard(monkeypatch)
         c.close()
         shard.close()
     assert str(err.value) == "HELLO to the global shard tcp://127.0.0.1:9 unanswered in 1s"
+
+
+class _ScriptedGlobal(threading.Thread):
+    """A global 'shard' on psrv's own zmq transport answering as told: WELCOME, OK, then `pull` for the PULL."""
+
+    def __init__(self, pull: Message):
+        super().__init__(daemon=True)
+        self.net = create_server("zmq", "tcp://127.0.0.1:0", shard=0, num_shards=1, workers=2)
+        self.address, self.pull, self.stop = self.net.address, pull, threading.Event()
+
+    def run(self) -> None:
+        answers = {MsgType.HELLO: lambda m: Message(MsgType.WELCOME, seq=m.seq, fields={"worker_timeout": 10.0}),
+                   MsgType.INIT: lambda m: Message(MsgType.OK, seq=m.seq),
+                   MsgType.PULL: lambda m: Message(self.pull.type, seq=m.seq, fields=self.pull.fields)}
+        while not self.stop.is_set():
+            got = self.net.recv(0.05)
+            if got is not None:
+                msg = decode(got[1])
+                self.net.send(got[0], encode(answers.get(msg.type, answers[MsgType.INIT])(msg)))
+
+
+@pytest.mark.parametrize("pull,said", [
+    (Message(MsgType.ERROR, fields={"code": 6, "message": "not now"}), "refused PULL: not now"),
+    (Message(MsgType.OK), "sync with the global shard {address}: AttributeError: "),  # weights without a tensor
+], ids=["refused", "malformed"])
+def test_a_global_shard_s_refusal_or_malformed_answer_stops_the_regional_shard(caplog, pull, said):
+    caplog.set_level(logging.INFO, logger="psrv.server")
+    top = _ScriptedGlobal(pull)
+    top.start()
+    shard = _region0(top.address)
+    shard.start()
+    c = _init(shard)
+    try:
+        c.leave()
+        with pytest.raises(upstream.UpstreamError) as err:
+            shard.join()
+    finally:
+        c.close()
+        shard.close()
+        top.stop.set()
+        top.join(5)
+        top.net.close()
+    assert said.format(address=top.address) in str(err.value)
+    assert "HELLO again" not in caplog.text  # a refusal without `hello` is not a region forgotten
