@@ -242,6 +242,8 @@ def test_a_region_silent_past_the_global_timeout(caplog, monkeypatch, heartbeats
     assert quiet.is_set()
     dropped = "worker 1 silent for" in caplog.text
     assert dropped == (not heartbeats)
+    joined = [f"shard 0: region {r} syncing with {top.address} every 1 updates" for r in range(2)]
+    assert all(any(rec.getMessage() == line for rec in caplog.records) for line in joined)
     said = f"region 1: the global shard {top.address} forgot it; HELLO again"
     assert any(r.getMessage() == said for r in caplog.records) == dropped
     assert 0 < summary["version"] <= sum(pushes)  # one global update per sync, which may carry several updates
