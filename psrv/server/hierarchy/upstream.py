@@ -68,8 +68,10 @@ class Link(threading.Thread):
         return self._unwrap(result)
 
     def wait(self, timeout: float | None = None) -> torch.Tensor | None:
-        """The weights of the round trip in flight, once it ends (at most `timeout` seconds; None: TIMEOUT)."""
-        timeout = TIMEOUT if timeout is None else timeout
+        """The weights of the job in flight, once it ends (at most `timeout` seconds). None: a backstop behind the
+        link's own timeouts, each TIMEOUT, of which a join has up to four (its ready file, HELLO, INIT, PULL), so
+        that the link says which round trip went unanswered."""
+        timeout = 5 * TIMEOUT if timeout is None else timeout
         try:
             result = self.results.get(timeout=timeout)
         except queue.Empty:
