@@ -181,7 +181,8 @@ def test_free_running_regions_lose_nothing():
     assert torch.equal(top._service.shard.weights, want), (top._service.shard.weights, want)
     # a region's last sync leaves it at the global weights of then: the region that ends last, at the final ones
     assert any(torch.equal(s._service.shard.weights, want) for s in below)
-    assert all(u["syncs"] >= n // 3 for u, n in zip(ups, pushes))
+    # a sync leaves once 3 updates have come and none is in flight, so each but the last carries 3 or more
+    assert all(1 <= u["syncs"] <= n // 3 + 1 for u, n in zip(ups, pushes))
 
 
 @pytest.mark.parametrize("heartbeats", [False, True], ids=["dropped", "kept-by-heartbeats"])
