@@ -1,11 +1,12 @@
 """A hierarchy of servers (HALoS's shape, docs/algorithms.md "A hierarchy of servers"): the run's workers in
 regions, each region's own shards serving its workers, and those shards syncing with global shards every K of
 their updates. `HierarchySettings` is the run's section (`psrv run --regions`); `UpstreamSettings` is what a
-regional shard is told (`psrv serve --upstream`); `check_hierarchy` refuses what the hierarchy does not carry."""
+regional shard is told (`psrv serve --upstream`); `check_hierarchy` and `check_upstream` refuse what the hierarchy does not carry."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from psrv.config.address_form import address_problem
 from psrv.config.base import ConfigError, Section, setting
 
 
@@ -97,3 +98,23 @@ def check_hierarchy(run) -> None:
         if given:
             raise ConfigError(key, f"{what} and regional shards (--regions with --region-every > 0) are not built "
                                    "together: remove one")
+
+
+def check_upstream(cfg) -> None:
+    """`cfg` (a ServerConfig) as a regional shard (--upstream) is a lone asynchronous primary over zmq; its ranks fit its world."""
+    if cfg.world_size and not cfg.first_rank + cfg.workers <= cfg.world_size:
+        raise ConfigError("first_rank", f"ranks {cfg.first_rank}..{cfg.first_rank + cfg.workers - 1} do not fit "
+                                        f"world_size {cfg.world_size}")
+    if not cfg.region < cfg.upstream_world:
+        raise ConfigError("region", f"must be in [0, upstream_world={cfg.upstream_world}); got {cfg.region}")
+    if not cfg.upstream:
+        return
+    problem = "" if cfg.upstream.startswith("@") else address_problem(cfg.upstream, bind=False, schemes=("tcp",))
+    if problem:
+        raise ConfigError("upstream", problem)
+    for given, key, what in ((cfg.mode != "async", "mode", f"mode {cfg.mode!r} (a regional shard is async)"),
+                             (cfg.transport != "zmq", "transport", "torch RPC"),
+                             (cfg.backup_of or cfg.witness, "backup_of", "replication"),
+                             (cfg.checkpoint_dir, "checkpoint_dir", "checkpoints")):
+        if given:
+            raise ConfigError(key, f"{what} and --upstream are not built together: remove one")

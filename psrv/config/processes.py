@@ -13,7 +13,7 @@ from psrv.codec_names import CASTS
 from psrv.config.address_form import address_problem, check_shard_addresses
 from psrv.config.base import ConfigError, Section, section, setting
 from psrv.config.codec_knobs import corrects, run_knobs
-from psrv.config.hierarchy import HierarchySettings, UpstreamSettings, check_hierarchy
+from psrv.config.hierarchy import HierarchySettings, UpstreamSettings, check_hierarchy, check_upstream
 from psrv.config.nemesis import NemesisSettings, check_nemesis
 from psrv.config.optimizer import STALENESS_RULES, VELOCITY_RULES, GradClip, OptimConfig
 from psrv.config.sections import Trackers
@@ -153,26 +153,6 @@ def _backup(cfg: "ServerConfig") -> None:
                                      "where the shard's epochs are claimed (docs/reliability.md, \"Fencing\")")
 
 
-def _upstream(cfg: "ServerConfig") -> None:
-    """A regional shard (--upstream) is a lone asynchronous primary over zmq; its ranks fit its world."""
-    if cfg.world_size and not cfg.first_rank + cfg.workers <= cfg.world_size:
-        raise ConfigError("first_rank", f"ranks {cfg.first_rank}..{cfg.first_rank + cfg.workers - 1} do not fit "
-                                        f"world_size {cfg.world_size}")
-    if not cfg.region < cfg.upstream_world:
-        raise ConfigError("region", f"must be in [0, upstream_world={cfg.upstream_world}); got {cfg.region}")
-    if not cfg.upstream:
-        return
-    problem = "" if cfg.upstream.startswith("@") else address_problem(cfg.upstream, bind=False, schemes=("tcp",))
-    if problem:
-        raise ConfigError("upstream", problem)
-    for given, key, what in ((cfg.mode != "async", "mode", f"mode {cfg.mode!r} (a regional shard is async)"),
-                             (cfg.transport != "zmq", "transport", "torch RPC"),
-                             (cfg.backup_of or cfg.witness, "backup_of", "replication"),
-                             (cfg.checkpoint_dir, "checkpoint_dir", "checkpoints")):
-        if given:
-            raise ConfigError(key, f"{what} and --upstream are not built together: remove one")
-
-
 def _rpc_backup(cfg: "ServerConfig", entries: list[str]) -> None:
     """Over torch RPC a backup follows one primary, its own shard's, in the world its bind names."""
     if len(entries) > 1:
@@ -235,7 +215,7 @@ class ServerConfig(UpstreamSettings, ThreadSettings, ServeSettings, ServerSettin
         _one_shard_clip(self.optimizer.clip_grad_norm, self.mode, self.num_shards, "num_shards")
         _onebit_adam(self.optimizer, self.mode, self.backup_workers, self.quorum)
         _staleness_rule(self.optimizer, self.mode)
-        _upstream(self)
+        check_upstream(self)
         if self.optimizer.update_rule == "dn":  # the shard is told its N
             n = _dn_period(self.optimizer, self.mode, self.workers)
             if n != self.optimizer.dn_period:
