@@ -11,7 +11,7 @@ from tests.helpers import psrv_run
 from tests.system.test_netns import _skip_unless_netns
 
 pytestmark = [pytest.mark.root]
-SAME = ("--workers", "4", "--regions", "2", "--mode", "async", "--steps", "30", "--bandwidth", "50mbit")
+SAME = ("--workers", "4", "--regions", "2", "--mode", "async", "--steps", "30", "--lr", "0.01", "--bandwidth", "50mbit")
 
 
 @pytest.mark.timeout(150)
