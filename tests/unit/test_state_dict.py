@@ -102,6 +102,27 @@ def test_a_service_carries_on_from_its_state_dict_exactly(mode, optim):
     assert b.svc.state.stats.duplicates == 1 and not b.svc.state.stats.dropped
 
 
+@pytest.mark.parametrize("mode,quorum", [("sync", 2), ("sync", 0)], ids=["quorum", "barrier"])
+def test_a_backup_from_the_replica_state_counts_a_finished_worker_out_as_its_primary_does(mode, quorum):
+    """Worker 0 pushed and sent its final pull; the state a joining backup loads says so: the backup's merge (or
+    barrier) waits for workers 1 and 2, as the primary's does, instead of closing on 0's push and 1's (it did,
+    in a fresh-clone run: rule 3 of the history flagged the backup's merge after the failover)."""
+    a = Svc(mode=mode, workers=3, quorum=quorum)
+    for w in range(3):
+        a.hello(w)
+    a.req(MsgType.INIT, 0, seq=2, tensor=torch.linspace(0, 1, SIZE))
+    a.req(MsgType.PUSH, 0, seq=10, clock=0, tensor=g(1))
+    a.req(MsgType.PULL, 0, seq=11, clock=1, final=True)
+    a.req(MsgType.PUSH, 1, seq=10, clock=0, tensor=g(2))
+    b = Svc(mode=mode, workers=3, quorum=quorum)
+    b.svc.replication.load_replica_state(a.svc.replication.replica_state(), source="the primary")
+    for s in (a, b):
+        assert s.svc.controller.finishing == {0} and s.svc.controller.pushing() == {1, 2}
+        assert s.svc.shard.version == 0  # one of the two workers still pushing is in: no step yet
+        s.req(MsgType.PUSH, 2, seq=10, clock=0, tensor=g(3))
+    assert b.svc.shard.version == a.svc.shard.version == 1 and torch.equal(b.weights, a.weights)
+
+
 def test_a_state_dict_is_plain_data_that_survives_torch_save():
     state = trained("sync", ADAM).svc.state_dict()
     assert set(state) == {"shard", "num_shards", "workers", "mode", "optimizer", "plan_hash", "size",

@@ -43,14 +43,16 @@ class Replication:
         """The state a joining backup starts from (docs/reliability.md, "Joining"): the shard's checkpoint
         state (streaming DiLoCo's per-fragment optimizers among it), and what a checkpoint leaves out but a
         backup must hold to go on as its primary would: the workers' compressed-pull copies, the pulls waiting
-        for their answer, the counters, who holds each rank, the workers' step speeds. None while the shard
-        has none (before the first HELLO)."""
+        for their answer, the counters, who holds each rank, the workers' step speeds, and the workers that sent
+        their final pull (a checkpoint's run ends, a backup's goes on: a merge or barrier counting one of them
+        would close at another time than its primary's). None while the shard has none (before the first HELLO)."""
         s, pulls = self.state, self.service.pulls
         if s.shard is None:
             return None
         return {**self.service.checkpoints.state_dict(), "pulls": pulls.copies.state_dict(),
                 "pending": pulls.pending.state_dict(), "stats": s.stats.state_dict(),
-                "sessions": self.service.membership.sessions.state_dict(), "speeds": dict(s.speeds.seconds)}
+                "sessions": self.service.membership.sessions.state_dict(), "speeds": dict(s.speeds.seconds),
+                "finishing": sorted(s.controller.finishing)}
 
     def load_replica_state(self, state: dict | None, *, source: str) -> None:
         """Carry on from a primary's replica_state (nothing to load while it had none)."""
@@ -58,7 +60,7 @@ class Replication:
             return
         s, pulls = self.state, self.service.pulls
         state = dict(state)
-        extra = {k: state.pop(k, None) for k in ("pulls", "pending", "stats", "sessions", "speeds")}
+        extra = {k: state.pop(k, None) for k in ("pulls", "pending", "stats", "sessions", "speeds", "finishing")}
         self.service.checkpoints.load_state_dict(state, source=source)
         s.resumed_from = None  # a backup carries the shard on; it did not resume a checkpoint
         if extra["pulls"] is not None:
@@ -71,6 +73,8 @@ class Replication:
             self.service.membership.sessions.load_state_dict(extra["sessions"])
         if extra["speeds"] is not None:
             s.speeds.seconds = {int(w): float(v) for w, v in extra["speeds"].items()}
+        for worker in extra["finishing"] or ():  # as the primary's finish did (a quorum's counts move with it)
+            s.controller.finish(int(worker))
 
     def on_stream(self, peer: Hashable, frames: list) -> None:
         """A replication message: a backup asking to join (we are the primary), or the primary's stream (we
