@@ -87,7 +87,7 @@ class Reference:
     def __init__(self, cfg, *, nan: bool):
         self.cfg, self.o, w = cfg, settings(cfg.optimizer), cfg.worker
         self.mode, self.n, self.steps = cfg.mode, cfg.cluster.workers, cfg.job.steps
-        torch.manual_seed(cfg.seed)
+        torch.random.default_generator.manual_seed(cfg.seed)  # as torch.manual_seed on the CPU (job.py `model`)
         w0 = parameters_to_vector((tiny.tiny(cfg.seed)).model.parameters()).detach().clone()
         self.workers = [_Worker(r, cfg, w0, nan) for r in range(self.n)]
         self.server = ServerMath(self.o, w0, workers=self.n, mode=cfg.mode)

@@ -96,7 +96,11 @@ def load_job(name: str, *, seed: int) -> Job:
     """Build the job `name` names (a shipped name, 'package.module:factory' or 'path/to/file.py:factory')."""
     factory = job_factory(name)
     import torch
-    torch.manual_seed(seed)
+    # torch.manual_seed's CPU part, and CUDA's where there is one: torch.manual_seed also queues a seed for each
+    # lazy device with its caller's stack formatted (XPU and MTIA too), milliseconds where no such device is
+    torch.random.default_generator.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
     job = factory(seed)
     if not isinstance(job, Job):
         raise ValueError(f"job factory {name!r} returned {type(job).__name__}, not workers.jobs.Job")
