@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+from psrv.experiments.launcher.forkserver import ZYGOTE, ForkServer, ForkServerGone
 from psrv.protocol import decode
 from psrv.transport.base import ServerTransport
 
@@ -22,17 +23,39 @@ def psrv_argv(*args: str) -> list[str]:
 
 
 class Procs:
-    """Processes a test started; every one is killed by PID at teardown."""
+    """Processes a test started; every one is killed by PID at teardown.
+
+    Where the test process has a zygote (tests/conftest.py; PSRV_ZYGOTE), each `psrv ARGS` is forked from a fork
+    server of the test's own, forked from it, as a run's processes are (experiments/launcher/forkserver.py): the
+    same `psrv.cli.main(ARGS)` in a session of its own, its output to the log, without importing torch again
+    (1.7 s of CPU a process, about 40 of them in the suite); `fresh=True`, or no zygote, starts
+    `python -m psrv.cli ARGS` as a user would."""
 
     def __init__(self, tmp: Path):
         self.tmp = tmp
-        self.started: list[subprocess.Popen] = []
+        self.started: list = []  # subprocess.Popen, or ForkedProcess with the same poll/wait/send_signal/kill
+        self.forks: ForkServer | None = None
+        self._tried = False
 
-    def start(self, name: str, *args: str) -> subprocess.Popen:
-        log = open(self.tmp / f"{name}.log", "w")
-        p = subprocess.Popen(psrv_argv(*args), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                             env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
-        log.close()
+    def _fork_server(self) -> ForkServer | None:
+        if not self._tried and os.environ.get(ZYGOTE):
+            self._tried = True
+            try:
+                self.forks = ForkServer(dict(os.environ), {}, log=str(self.tmp / "fork-server.log"))
+            except ForkServerGone:
+                self.forks = None
+        return self.forks
+
+    def start(self, name: str, *args: str, fresh: bool = False):
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        forks = None if fresh else self._fork_server()
+        if forks is not None and forks.alive():
+            p = forks.start([sys.executable, "-P", "-m", "psrv.cli", *args], env, str(self.tmp / f"{name}.log"),
+                            cwd=str(ROOT))
+        else:
+            with open(self.tmp / f"{name}.log", "w") as log:
+                p = subprocess.Popen(psrv_argv(*args), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
+                                     start_new_session=True)
         p.name = name
         self.started.append(p)
         return p
@@ -61,7 +84,9 @@ class Procs:
         for p in self.started:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+                p.wait(30)
+        if self.forks is not None:
+            self.forks.close()
 
 
 def run_in_session(argv: list[str], *, timeout: float, cwd: Path = ROOT) -> subprocess.CompletedProcess:

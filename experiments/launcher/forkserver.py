@@ -90,10 +90,11 @@ class ForkServer:
         for _ in self._messages():  # nothing but ends comes unasked
             pass
 
-    def start(self, argv: list[str], env: dict[str, str], log: str) -> "ForkedProcess":
+    def start(self, argv: list[str], env: dict[str, str], log: str, *, cwd: str | None = None) -> "ForkedProcess":
         """`argv` (python -P -m MODULE ARGS, MODULE psrv.cli or psrv.workers.allreduce) forked with `env`, its
-        output to `log`."""
-        request = {"module": argv[3], "args": argv[4:], "argv": argv, "env": env, "log": log, "cwd": os.getcwd()}
+        output to `log`, in the folder `cwd` (default: this process's)."""
+        request = {"module": argv[3], "args": argv[4:], "argv": argv, "env": env, "log": log,
+                   "cwd": cwd or os.getcwd()}
         self.sock.sendall((json.dumps(request) + "\n").encode())
         answer = self._next(30.0)
         if "started" not in answer:
