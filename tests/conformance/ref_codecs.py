@@ -85,10 +85,6 @@ def _sparseloco(x: torch.Tensor, among: torch.Tensor, ratio: float) -> tuple[tor
     return out, chosen
 
 
-def _blocks(x: torch.Tensor) -> list[slice]:
-    return [slice(i, min(i + BLOCK, x.numel())) for i in range(0, x.numel(), BLOCK)]
-
-
 def received(name: str, x: torch.Tensor, cover: torch.Tensor, *, ratio: float, draw: torch.Generator | None,
              sign_scale: str = "l1") -> tuple[torch.Tensor, torch.Tensor | None]:
     """(what the shard decodes for the slice x (float32): the codec on the covered elements, x exactly on
@@ -107,20 +103,24 @@ def received(name: str, x: torch.Tensor, cover: torch.Tensor, *, ratio: float, d
         out[among] = 0.0
         out[chosen] = x[chosen]
         return out, chosen
-    for b in _blocks(x):
-        xb, cb = x[b], cover[b]
-        if not cb.any():
-            continue
-        mags = xb[cb].abs()
-        if name == "sign":
-            scale = mags.square().mean().sqrt() if sign_scale == "l2" else mags.mean()
-            value = torch.where(xb >= 0, 1.0, -1.0) * scale
-        elif name in LEVELS:
-            top = LEVELS[name]
-            s = mags.max() / top
-            s = torch.where(s == 0, torch.ones_like(s), s)
-            value = torch.round(xb / s).clamp(-top, top) * s
-        else:
-            raise ValueError(name)
-        out[b] = torch.where(cb, value, xb)
+    # the blocks as the rows of a matrix (the last one padded with uncovered zeros), each row's statistics over
+    # its covered elements; a block with none is sent exact, as every uncovered element is
+    rows = -(-x.numel() // BLOCK)
+    pad = rows * BLOCK - x.numel()
+    xb = torch.nn.functional.pad(x, (0, pad)).view(rows, BLOCK)
+    cb = torch.nn.functional.pad(cover, (0, pad), value=False).view(rows, BLOCK)
+    mags = torch.where(cb, xb.abs(), 0.0)
+    count = cb.sum(1, keepdim=True).clamp(min=1)
+    if name == "sign":
+        scale = (mags.square().sum(1, keepdim=True) / count).sqrt() if sign_scale == "l2" else \
+            mags.sum(1, keepdim=True) / count
+        value = torch.where(xb >= 0, 1.0, -1.0) * scale
+    elif name in LEVELS:
+        top = LEVELS[name]
+        s = mags.amax(1, keepdim=True) / top
+        s = torch.where(s == 0, torch.ones_like(s), s)
+        value = torch.round(xb / s).clamp(-top, top) * s
+    else:
+        raise ValueError(name)
+    out = torch.where(cb, value, xb).view(-1)[:x.numel()]
     return out, None
