@@ -107,3 +107,23 @@ def test_a_push_older_than_quorum_max_age_in_a_merge(tmp_path):
     p.commit(0, [0, 1], need=2)
     assert "3 merges old went into merge 0; --quorum-max-age 2 drops it" \
         in only(check_run(tmp_path), 3, p.file, line).message
+
+
+def test_a_quorum_merge_that_counts_a_finished_worker_as_pushing_is_flagged(tmp_path):
+    """A replica whose controller lost worker 0's finish (a backup that joined after it, before 8f765fc) says 0 is
+    still pushing: the lineage's `member` events say it is not. Flagged at the merge whose `pushing` says so, even
+    where the merge's pushes fill the quorum either way."""
+    run = RunFolder(tmp_path, mode="sync", workers=3, quorum=2)
+    ws, p = [run.worker(w) for w in range(3)], run.replica(0, "primary", A)
+    quorum_push(run, ws[0], p, 1, 0)
+    p("member", w=0, what="finish", epoch=0)
+    quorum_push(run, ws[1], p, 1, 0)
+    quorum_push(run, ws[2], p, 1, 0)
+    p.commit(0, [0, 1, 2], need=2, pushing=[1, 2])
+    result = check_run(tmp_path)
+    assert result.ok, result.line()
+    quorum_push(run, ws[1], p, 2, 1)
+    quorum_push(run, ws[2], p, 2, 1)
+    line = p.commit(1, [1, 2], need=2, pushing=[0, 1, 2])
+    assert "merge 1 says {0, 1, 2} are pushing, but the lineage's `member` events make them {1, 2}" \
+        in only(check_run(tmp_path), 3, p.file, line).message

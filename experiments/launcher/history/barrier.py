@@ -42,6 +42,17 @@ class Barrier:
     def _flag(self, e: Event, message: str) -> None:
         self.found.append(Violation.at(3, e, f"shard {self.shard}: {message}"))
 
+    def _members_said(self, e: Event, what: str) -> set[int]:
+        """The workers still pushing, from the lineage's `member` events; flagged where commit `e` says other
+        active or pushing workers than those (a replica whose controller lost a worker's leave or finish)."""
+        m = self.members
+        pushing = m.pushing()
+        for key, rebuilt in (("active", m.active), ("pushing", pushing)):  # where the commit says them
+            if key in e.fields and set(e[key]) != rebuilt:
+                self._flag(e, f"{what} says {_names(e[key])} are {key}, but the lineage's `member` events make "
+                           f"them {_names(rebuilt)}")
+        return pushing
+
     def _once(self, e: Event, what: str) -> None:
         """Count commit `e`; flagged where its clock (`what`: "clock" or, under a quorum, "merge") committed before."""
         c = e["clock"]
@@ -67,12 +78,7 @@ class Barrier:
         if set(e["pushed"]) != pushers:
             self._flag(e, f"the commit of clock {c} lists workers {_names(e['pushed'])}, but the lineage "
                        f"accumulated the pushes of {_names(pushers)} for it")
-        m = self.members
-        pushing = m.pushing()
-        for key, rebuilt in (("active", m.active), ("pushing", pushing)):  # where the commit says them
-            if key in e.fields and set(e[key]) != rebuilt:
-                self._flag(e, f"the commit of clock {c} says {_names(e[key])} are {key}, but the lineage's "
-                           f"`member` events make them {_names(rebuilt)}")
+        pushing = self._members_said(e, f"the commit of clock {c}")
         expect = max(1, len(pushing) - self.backup_workers)
         if need != expect:
             self._flag(e, f"the commit of clock {c} waited for {need} pushes, but with {_names(pushing)} still "
@@ -131,7 +137,7 @@ class Merges(Barrier):
         if set(e["pushed"]) != pushers:
             self._flag(e, f"merge {c} lists workers {_names(e['pushed'])}, but the lineage accumulated the pushes "
                        f"of {_names(pushers)} for it")
-        pushing = self.members.pushing()
+        pushing = self._members_said(e, f"merge {c}")
         expect = max(1, min(self.quorum, len(pushing)))
         if need != expect:
             self._flag(e, f"merge {c} waited for {need} workers, but with {_names(pushing)} still pushing and "
