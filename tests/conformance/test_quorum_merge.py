@@ -147,6 +147,23 @@ def test_each_fragments_merge_has_a_grace_window_of_its_own():
     assert torch.allclose(d.weights, want, atol=1e-6), (d.weights - want).abs().max()
 
 
+def test_a_fragments_next_merge_starts_a_window_of_its_own():
+    """Q = 1 of 2, a window of 1 s, fragment a alone: merge 1 of a opens at 0.0 (its window until 1.0) and closes
+    at 0.2 with both workers in; merge 2 opens at 0.5, so its window runs until 1.5, and worker 1's push at 1.2
+    joins it. A window left over from merge 1 (over at 1.0) would close merge 2 at 1.2 without worker 1."""
+    half, clock = SIZE // 2, [0.0]
+    a = [[0, half]]
+    d = Driven(mode="sync", workers=2, optim=SGD, quorum=1, quorum_grace=1.0, now=lambda: clock[0])
+    w0, g = d.weights, grads(4)
+    for t, worker, i in [(0.0, 0, 0), (0.2, 1, 1), (0.5, 0, 2), (1.2, 1, 3)]:
+        clock[0] = t
+        d.send(worker, MsgType.PUSH, clock=i // 2, tensor=g[i][:half], fields={"fragment": a})
+    assert d.counts()[1] == 2
+    want = w0.clone()
+    want[:half] -= (g[0][:half] + g[1][:half]) / 2 + (g[2][:half] + g[3][:half]) / 2
+    assert torch.allclose(d.weights, want, atol=1e-6), (d.weights - want).abs().max()
+
+
 def test_an_empty_fragment_merges_apart_from_every_fragment_with_a_piece():
     """A fragment with no piece in this shard (an empty push, part -1) has a merge of its own, even beside a
     fragment whose first element is 1: Q = 2 of 2, one push of each, no merge closes."""
