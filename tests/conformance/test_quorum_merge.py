@@ -198,6 +198,26 @@ def test_an_adaptive_window_is_judged_on_the_pushed_fragments_merge():
         assert d.net.out[-1].type is MsgType.ERROR and d.counts()[1] == 2, d.net.out[-1].fields
 
 
+def test_an_adaptive_window_planned_as_another_fragments_window_ends_is_kept():
+    """3 workers, Q = 2, an adaptive window of at most 5 s, fragments a and b. a's merge has its Q at 0.1 (worker 2
+    never seen: the window runs to the ceiling, 5.1). At 5.2 worker 1's push completes b's quorum as a's window
+    ends: b's window is planned to end at worker 0's expected re-push, 6.0 (its last at 3.0, its interval 3.0),
+    and a's merge closes first. b's merge must keep that plan: a request at 7.0 closes it. Before, the look at b's
+    merge while a's closed (the push not yet in it) dropped the plan, and b's window ran to the ceiling, 10.2."""
+    half, clock = SIZE // 2, [0.0]
+    a, b = [[0, half]], [[half, SIZE]]
+    d = Driven(mode="sync", workers=3, optim=SGD, quorum=2, quorum_grace=5.0, quorum_grace_adaptive=True,
+               now=lambda: clock[0])
+    g, merges = grads(5), []
+    for i, (t, worker, fragment) in enumerate([(0.0, 0, a), (0.1, 1, a), (3.0, 0, b), (5.2, 1, b), (7.0, 2, a)]):
+        clock[0] = t
+        d.send(worker, MsgType.PUSH, clock=i, tensor=g[i][:half] if fragment is a else g[i][half:],
+               fields={"fragment": fragment})
+        assert d.net.out[-1].type is not MsgType.ERROR, d.net.out[-1].fields
+        merges.append(d.counts()[1])
+    assert merges == [0, 0, 0, 1, 2]  # a's merge at 5.2, b's at 7.0 (before worker 2's push, which opens a's next)
+
+
 def test_a_sync_clock_still_refuses_a_second_fragment():
     half = SIZE // 2
     d = Driven(mode="sync", workers=2, optim=SGD)

@@ -84,6 +84,7 @@ class GraceWindow:
         push)?"""
         if not self.seconds:
             return {}
+        self._planned = None  # a plan is for the request that made it: one unused (its push dropped) goes
         now = self.state.now()
         due = [part for part, until in self.until.items() if now >= until]
         if self.adaptive and msg.type in PUSHES:
@@ -103,15 +104,14 @@ class GraceWindow:
         workers."""
         c = self.state.controller
         if self.seconds and part not in self.until and c.met():
-            planned = self._planned[1] if self._planned is not None and self._planned[0] == part else None
+            planned = None
+            if self._planned is not None and self._planned[0] == part:  # its window starts now: the plan is used
+                planned, self._planned = self._planned[1], None
             self.until[part] = planned if planned is not None else self.state.now() + self.seconds
-        if self._planned is not None and self._planned[0] == part:
-            self._planned = None
+        # a merge looked at before the push in hand is in it (another part's window ended first) keeps the plan
 
     def closed(self, part: int | None) -> None:
         self.until.pop(part, None)
-        if self._planned is not None and self._planned[0] == part:
-            self._planned = None
 
     def forget(self, worker: int) -> None:
         self.times.forget(worker)
