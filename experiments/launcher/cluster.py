@@ -111,11 +111,16 @@ class Cluster:
         failure is then one line naming it, its exit code, its last line of output and its log. `explain`:
         for a process whose log says more (a launcher of several ranks), its exit code -> that one line.
         `host`: with emulated hosts, the one it runs on (its address: `address(host)`)."""
-        if self.hosts is not None and host is not None:
-            argv = self.hosts.wrap(host, argv, name=name)
-            self.host_of[name] = host
         full_env = {**os.environ, **self.env, **(env or {}), "PYTHONUNBUFFERED": "1"}
-        proc = self._forked(argv, full_env, name)
+        proc = None
+        if self.hosts is not None and host is not None:
+            self.host_of[name] = host
+            netns = getattr(self.hosts, "netns", None)  # an emulated host, entered by the forked child itself
+            proc = self._forked(argv, full_env, name, netns=netns(host)) if netns else None
+            if proc is None:
+                argv = self.hosts.wrap(host, argv, name=name)
+        elif self.hosts is None:
+            proc = self._forked(argv, full_env, name)
         if proc is None:
             log = open(self.out / f"{name}.log", "w")
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -131,18 +136,18 @@ class Cluster:
     def _popen_options(self) -> dict:
         return {"start_new_session": True, "pass_fds": self.keep_fds, "preexec_fn": self.preexec}
 
-    def _forked(self, argv: list[str], env: dict[str, str], name: str):
+    def _forked(self, argv: list[str], env: dict[str, str], name: str, *, netns: str = ""):
         """`argv`, a `python -P -m psrv.cli` or an all-reduce rank's `python -P -m psrv.workers.allreduce` on this
-        machine, forked from the run's fork server (experiments/launcher/forkserver.py), started first; None where
-        it cannot be (another command, emulated hosts or a scheduler, or a fork server that would not start: it
-        said why in its log)."""
-        if self.hosts is not None or self._forks is False or argv[:3] != [sys.executable, "-P", "-m"] \
-                or len(argv) < 4 or argv[3] not in FORKABLE:
+        machine (in the network namespace `netns`, an emulated host's), forked from the run's fork server
+        (experiments/launcher/forkserver.py), started first; None where it cannot be (another command, or a fork
+        server that would not start: it said why in its log)."""
+        if self._forks is False or argv[:3] != [sys.executable, "-P", "-m"] or len(argv) < 4 \
+                or argv[3] not in FORKABLE:
             return None
         try:
             if self._forks is None:
                 self._forks = ForkServer(env, self._popen_options(), log=str(self.out / "forkserver.log"))
-            return self._forks.start(argv, env, str(self.out / f"{name}.log"))
+            return self._forks.start(argv, env, str(self.out / f"{name}.log"), netns=netns)
         except (ForkServerGone, OSError) as exc:
             log.warning("starting the run's processes one by one: the fork server failed (%s)", exc)
             if self._forks:

@@ -1,8 +1,8 @@
 """A local run's psrv processes forked from one that has imported torch already (psrv/cli/forkserver.py), instead of
 each starting Python and importing torch itself: on 2 cores a run's six processes importing torch at once took
 seconds of the run's start. experiments/launcher/cluster.py starts its `python -P -m psrv.cli` processes and the
-all-reduce baselines' ranks (`python -P -m psrv.workers.allreduce`) through it when it can (not on emulated hosts,
-not under a scheduler, not a user's script, which runs as its own `python FILE.py`), and each is a ForkedProcess:
+all-reduce baselines' ranks (`python -P -m psrv.workers.allreduce`) through it when it can (on emulated hosts each
+child enters its host's network namespace itself; not under a scheduler, not a user's script, which runs as its own `python FILE.py`), and each is a ForkedProcess:
 subprocess.Popen's poll, wait, returncode, send_signal and kill, which the launcher uses.
 
 Where PSRV_ZYGOTE names a zygote's socket (psrv/cli/zygote.py: torch imported once for many runs; the test suite
@@ -90,11 +90,13 @@ class ForkServer:
         for _ in self._messages():  # nothing but ends comes unasked
             pass
 
-    def start(self, argv: list[str], env: dict[str, str], log: str, *, cwd: str | None = None) -> "ForkedProcess":
+    def start(self, argv: list[str], env: dict[str, str], log: str, *, cwd: str | None = None,
+              netns: str = "") -> "ForkedProcess":
         """`argv` (python -P -m MODULE ARGS, MODULE psrv.cli or psrv.workers.allreduce) forked with `env`, its
-        output to `log`, in the folder `cwd` (default: this process's)."""
+        output to `log`, in the folder `cwd` (default: this process's), in the network namespace `netns` (an
+        emulated host's; "": this process's)."""
         request = {"module": argv[3], "args": argv[4:], "argv": argv, "env": env, "log": log,
-                   "cwd": cwd or os.getcwd()}
+                   "cwd": cwd or os.getcwd(), "netns": netns}
         self.sock.sendall((json.dumps(request) + "\n").encode())
         answer = self._next(30.0)
         if "started" not in answer:

@@ -7,7 +7,9 @@ Each run gets a cluster of its own, so runs side by side never meet: subnet 10.7
 (1-254; N 0 is cluster.sh's default, left to clusters made by hand), bridge psrvbrN, namespaces
 psrvN-h0, psrvN-h1, ... Process i runs on host i, 10.77.N.(10+i): the servers first, then the workers
 (or the all-reduce ranks). Each host's eth0 counts its bytes (`ip -s link`), one process per host, so
-what a process sent and received is measured at its own interface (`interface_bytes`).
+what a process sent and received is measured at its own interface (`interface_bytes`). A run's psrv processes
+fork from its fork server and enter their host's namespace themselves (`netns`; psrv/cli/forkserver.py
+`enter_netns`); anything else (a script's ranks) starts under `ip netns exec` (`wrap`).
 """
 from __future__ import annotations
 
@@ -178,8 +180,14 @@ class EmulatedHosts:
     def address(self, host: int) -> str:
         return f"{self.names.subnet}.{10 + host}"
 
+    def netns(self, host: int) -> str:
+        """The network namespace a process forked for `host` enters (experiments/launcher/cluster.py: a run's
+        psrv processes fork from its fork server and enter it themselves, psrv/cli/forkserver.py)."""
+        return self.namespace(host)
+
     def wrap(self, host: int, argv: list[str], *, name: str = "") -> list[str]:
-        """`argv` run on `host` (ip netns exec execs it: the PID is the process's own); `name` is unused."""
+        """`argv` run on `host` (ip netns exec execs it: the PID is the process's own), for what does not fork
+        (a user's script, or every process where the fork server would not start); `name` is unused."""
         return ["ip", "netns", "exec", self.namespace(host), *argv]
 
     def interface_bytes(self, host: int) -> tuple[int, int]:

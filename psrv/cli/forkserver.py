@@ -3,7 +3,8 @@
 `psrv serve` / `psrv worker` the launcher asks for, so a run's processes start in milliseconds instead of
 each importing torch (about 2 s of CPU apiece, all at once on a run's start).
 
-It talks over the socket FD, a JSON object a line. Asked {"module", "args", "argv", "env", "cwd", "log"}, it
+It talks over the socket FD, a JSON object a line. Asked {"module", "args", "argv", "env", "cwd", "log"} (and
+"netns", an emulated host's network namespace, which the child enters first, as `ip netns exec` would), it
 forks a child that runs `python -m MODULE ARGS` (`psrv ARGS`, psrv.cli.main, or an all-reduce rank,
 psrv.workers.allreduce; FORKABLE) in a session of its own, its environment ENV, its output to LOG,
 as `python -m psrv.cli ARGS` would, its process title ARGV (what ps shows: the command it stands for), and
@@ -61,6 +62,40 @@ def output_to(log: str) -> None:
     os.close(null)
 
 
+CLONE_NEWNET, CLONE_NEWNS = 0x40000000, 0x00020000  # setns(2), unshare(2)
+MS_RDONLY, MS_BIND, MS_REC, MS_SLAVE, MNT_DETACH = 1, 4096, 16384, 1 << 19, 2  # mount(2), umount2(2)
+
+
+def enter_netns(name: str) -> None:
+    """Move this process into the network namespace `name` (/run/netns/NAME, as `ip netns add` makes it) as `ip
+    netns exec NAME` does (iproute2's netns_switch): the namespace, a mount namespace of its own in which /sys is
+    the namespace's and each file of /etc/netns/NAME is bound over /etc's (deploy/netns/cluster.sh writes each
+    host's hosts and resolv.conf there: without them a peer's reverse lookup waited 10 s for a resolver no host
+    reaches). Before any thread starts (setns moves the calling thread, and the threads it starts after). OSError,
+    naming it, where it cannot (not root, no such namespace)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+    def check(result: int, what: str) -> None:
+        if result != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"cannot enter network namespace {name}: {what}: {os.strerror(err)}")
+
+    fd = os.open(f"/run/netns/{name}", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        check(libc.setns(fd, CLONE_NEWNET), "setns")
+    finally:
+        os.close(fd)
+    check(libc.unshare(CLONE_NEWNS), "unshare")
+    check(libc.mount(b"", b"/", b"none", MS_SLAVE | MS_REC, None), "mount --make-rslave /")
+    readonly = MS_RDONLY if os.statvfs("/sys").f_flag & os.ST_RDONLY else 0
+    if libc.umount2(b"/sys", MNT_DETACH) == 0:  # as iproute2: a /sys that will not go is left as it is
+        check(libc.mount(name.encode(), b"/sys", b"sysfs", readonly, None), "mount /sys")
+    etc = f"/etc/netns/{name}"
+    for entry in sorted(os.listdir(etc)) if os.path.isdir(etc) else ():
+        check(libc.mount(f"{etc}/{entry}".encode(), f"/etc/{entry}".encode(), b"none", MS_BIND, None),
+              f"bind {etc}/{entry} over /etc/{entry}")
+
+
 def _child(request: dict, sock: socket.socket, parent: int) -> None:
     """In the forked child: become `psrv ARGS`, and end as a Python process ends (SystemExit out through
     serve(), so its exit handlers run and its output is flushed); never returns."""
@@ -72,6 +107,8 @@ def _child(request: dict, sock: socket.socket, parent: int) -> None:
         for sig in (signal.SIGCHLD, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
         output_to(request["log"])
+        if request.get("netns"):  # an emulated host's process (experiments/launcher/netns.py)
+            enter_netns(request["netns"])
         sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True, line_buffering=True)
         sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True, line_buffering=True)
         from setproctitle import setproctitle

@@ -190,3 +190,44 @@ def test_ddp_on_capped_emulated_hosts(no_cluster, tmp_path):
     assert s["complete"] and set(s["network"]["hosts"]) == {"worker-0", "worker-1"}, s
     assert all(h["bytes_sent"] > 0 for h in s["network"]["hosts"].values()), s["network"]
     assert not _left(s), "psrv run --bandwidth left namespaces or the bridge behind"
+
+
+def _view() -> dict:
+    """What a process sees of its host: its interfaces, its /etc/hosts, whether it can bind an address."""
+    return {"links": sorted(os.listdir("/sys/class/net")), "hosts": Path("/etc/hosts").read_text(),
+            "resolv": Path("/etc/resolv.conf").read_text()}
+
+
+@pytest.mark.timeout(60)
+def test_a_forked_process_enters_its_host_as_ip_netns_exec_would(emulated):
+    # a run's processes on emulated hosts fork from its fork server and enter their host themselves
+    # (psrv/cli/forkserver.py enter_netns): the same interfaces, /etc/hosts and resolv.conf (without the last two a
+    # peer's reverse lookup waited 10 s for a resolver), and the host's address to bind
+    from psrv.cli.forkserver import enter_netns
+    probe = ("import json, os, pathlib, socket; s = socket.socket(); s.bind((%r, 0)); "
+             "print(json.dumps({'links': sorted(os.listdir('/sys/class/net')), "
+             "'hosts': pathlib.Path('/etc/hosts').read_text(), "
+             "'resolv': pathlib.Path('/etc/resolv.conf').read_text()}))") % emulated.address(1)
+    wrapped = json.loads(subprocess.run(emulated.wrap(1, [sys.executable, "-c", probe]), capture_output=True,
+                                        text=True, timeout=30, check=True).stdout)
+    mine = _view()
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(read_fd)
+            enter_netns(emulated.netns(1))
+            import socket
+            socket.socket().bind((emulated.address(1), 0))
+            os.write(write_fd, json.dumps(_view()).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    with os.fdopen(read_fd) as pipe:
+        forked = json.loads(pipe.read() or "{}")
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0 and forked == wrapped, (forked, wrapped)
+    assert "eth0" in forked["links"] and emulated.namespace(2) in forked["hosts"]
+    assert _view() == mine  # the test process itself stays where it was
