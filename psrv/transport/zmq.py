@@ -6,6 +6,7 @@ entry points call; a library user may call it too (it is process-wide, so it is 
 from __future__ import annotations
 
 import time
+import weakref
 from typing import Any, Callable, Hashable, Sequence
 
 import msgpack
@@ -20,6 +21,16 @@ __all__ = ["ZmqClient", "ZmqServer"]
 
 
 RECEIVE_QUEUE = 4  # messages per peer a shard's socket receives ahead of its loop
+
+
+def _abandon(parts: dict) -> None:
+    """What a ZmqServer that was never closed holds, released in order: its socket (at once, linger 0), its
+    authenticator, then its own context (None: a shared one)."""
+    parts["sock"].close(linger=0)
+    if parts["auth"] is not None:
+        parts["auth"].stop()
+    if parts["ctx"] is not None:
+        parts["ctx"].term()
 
 
 def _resolve_bind(bind: str) -> str:
@@ -46,6 +57,10 @@ class ZmqServer(ServerTransport):
         self._ctx = zmq.Context() if self._own_ctx else (context or zmq.Context.instance())
         self._auth = None
         self._sock = self._ctx.socket(zmq.ROUTER)
+        # a server dropped without close() (a test's shard left to the collector) closes its socket before its
+        # context ends: a collection that finalised the context first blocked in term() on the open socket
+        self._parts: dict[str, Any] = {"sock": self._sock, "ctx": self._ctx if self._own_ctx else None, "auth": None}
+        self._abandon = weakref.finalize(self, _abandon, self._parts)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 0)  # replies to vanished peers are dropped
         # A few messages queued per peer, then zmq stops reading its connection until the shard takes one:
@@ -55,7 +70,7 @@ class ZmqServer(ServerTransport):
             self._sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
         self.authenticated = bool(curve_keys)
         if curve_keys:
-            self._auth = start_authenticator(self._ctx, curve_keys)
+            self._auth = self._parts["auth"] = start_authenticator(self._ctx, curve_keys)
             public, secret = server_pair(curve_keys)
             self._sock.curve_publickey, self._sock.curve_secretkey = public, secret
             self._sock.curve_server = True
@@ -173,6 +188,7 @@ class ZmqServer(ServerTransport):
         return ZmqClient([address], planes=self._link_planes(), link=True, watch=True)  # a broken one is seen
 
     def close(self) -> None:
+        self._abandon.detach()
         self._sock.close(linger=200)  # the last answers (a LEAVE's OK) still go out; a dead peer costs 0.2s
         # (term, below, waits for them: without it a process that exits at once lost 4 of 30 LEAVE answers)
         for plane in self._planes:
