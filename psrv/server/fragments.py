@@ -149,8 +149,9 @@ class FragmentShards:
             if shard.rule.records_pulls or shard.optim_cfg.clip_grad_norm:
                 raise ProtocolError(ErrorCode.NOT_ALLOWED, "this shard clips by the global norm or corrects by each "
                                     "worker's pulled weights (dc-asgd): it takes whole pushes, not fragments")
+            # its weights are the shard's own, gathered before each step (`_gathered`): nothing reads whether it
+            # was initialised, so it is left as made (mutation testing showed `initialised = True` did nothing)
             sub = self._shards[key] = Shard(numel(key), shard.optim_cfg, device=str(shard.device))
-            sub.initialised = True
         return sub
 
     def _gathered(self, shard: Shard, key: Key) -> Shard:

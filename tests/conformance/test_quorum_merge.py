@@ -163,7 +163,8 @@ def test_a_quorum_merges_open_fragments_survive_a_state_dict_and_an_older_one_lo
     frags.accumulate(shard, ((0, 2),), 3 * torch.ones(2), merge=True, weight=1)
     with pytest.raises(ProtocolError) as err:
         frags.check_whole()
-    assert err.value.code is ErrorCode.NOT_ALLOWED
+    assert err.value.code is ErrorCode.NOT_ALLOWED  # and the worker is told why, whole (an ERROR reply's message)
+    assert err.value.message == "this sync clock accumulates a fragment; a whole push cannot join it"
     again = FragmentShards()
     again.load_state_dict(frags.state_dict(), shard)
     assert again.open == [((2, 4),), ((0, 2),)] and again.accumulated == 4
