@@ -207,3 +207,41 @@ def test_a_fragment_of_three_ranges_steps_each_of_its_pieces():
     for a, b in pieces:
         want[a:b] -= g[a:b]
     assert d.counts()[1] == 1 and torch.allclose(d.weights, want, atol=1e-6), (d.weights - want).abs().max()
+
+
+
+def test_a_parked_fragments_merge_stops_counting_a_worker_that_leaves_and_counts_it_again_when_it_joins():
+    """A fragment's open merge, parked while another fragment's is selected, counts only the workers still
+    pushing toward its quorum, as the selected merge does: a worker that leaves stops counting there (its push
+    stays in the merge), one that joins again counts again, and one whose push carried no gradient (non-finite)
+    counts as arrived, not toward the quorum. The controller driven by hand, each decision against the rule read
+    from the sets: Q = 3 of the workers still pushing have a gradient in it, or every one of them arrived."""
+    from psrv.server.consistency.quorum import QuorumController
+    a, b = 0, 1
+    c = QuorumController(4, quorum=3)
+    assert c.parts() == [None]  # before any push: the whole pushes' one part, nothing open
+
+    def ready(part: int) -> bool:
+        c.select(part)
+        return c.commit_ready()
+
+    c.push(0, 0, part=a)
+    c.push(1, 0, part=a)
+    c.push(0, 1, part=b)  # b's merge selected: a's parked, workers 0 and 1 in it
+    c.leave(0)
+    assert not ready(a)  # pushing 1, 2, 3: only 1 of them in a's merge (0's push stays, uncounted)
+    c.push(2, 0, part=a)
+    assert not ready(a)  # 1 and 2: two of the three
+    c.select(b)
+    c.join(0)  # 0 pushes again: its push in a's parked merge counts again
+    assert ready(a)  # 0, 1, 2 of the pushing 0-3: Q
+    c.committed()
+    c.push(0, 2, part=a)
+    c.push(1, 1, part=a)
+    c.push(3, 0, part=a)
+    c.void(3)  # arrived without a gradient: 0, 1 toward Q, 0, 1, 3 arrived
+    assert not c.commit_ready()
+    c.select(b)
+    c.leave(0)  # a parked: 1 toward Q, 1 and 3 arrived, of the pushing 1, 2, 3
+    c.push(2, 1, part=a)
+    assert c.commit_ready()  # every pushing worker (1, 2, 3) arrived, though only 1 and 2 have gradients
