@@ -102,7 +102,14 @@ class Shard:
                                 "clips each clock's mean gradient; run the workers with --no-momentum-correction")
         self._velocity, self._momentum = velocity, momentum
         if self._accum is None:
-            self._accum = torch.zeros(self.size, dtype=torch.float32, device=self.device)
+            self._accum = torch.empty(self.size, dtype=torch.float32, device=self.device)
+        if not self._accumulated and weight == 1 and not isinstance(grad, Decoded):
+            # the clock's first gradient is the sum so far: written over the last clock's, no zeroing pass
+            self._accum.copy_(grad)  # a bf16/fp16 gradient widened element by element, as add_ does
+            self._accumulated, self._weight = 1, 1
+            return
+        if not self._accumulated:
+            self._accum.zero_()
         if isinstance(grad, Decoded):
             if weight == 1:
                 grad.add_into(self._accum, self._scratch())
@@ -125,8 +132,7 @@ class Shard:
         if self.optim_cfg.clip_grad_norm:
             clip_flat_(self._accum, self.optim_cfg.clip_grad_norm)
         self._step(self._accum, SYNC, velocity=self._velocity, momentum=self._momentum)
-        self._accum.zero_()
-        self._accumulated = self._weight = 0
+        self._accumulated = self._weight = 0  # the next clock's first gradient writes over the sum
         return n
 
     def _step(self, grad: torch.Tensor, ctx: PushContext, *, velocity: bool = False,
@@ -150,18 +156,16 @@ class Shard:
         """Forget the open clock's sum (its clock was overtaken after a restore); returns how many
         gradients it held."""
         n, self._accumulated, self._weight = self._accumulated, 0, 0
-        if self._accum is not None:
-            self._accum.zero_()
         return n
 
     def state_dict(self) -> dict:
-        """Parameters, optimizer state (torch.optim's layout), version, the open clock's sum and the update
-        rule's state ("rule": its name and what it keeps; another rule's is not loaded, that one starts fresh).
-        Tensors are the shard's own (as nn.Module.state_dict's are): save or copy before stepping on."""
+        """Parameters, optimizer state (torch.optim's layout), version, the open clock's sum (where it holds a
+        gradient) and the update rule's state ("rule": its name and what it keeps; another rule's is not
+        loaded, that one starts fresh). Tensors are the shard's own (as nn.Module.state_dict's are): save or copy before stepping on."""
         state = {"param": self.param.data, "optimizer": self.optimizer.state_dict(), "version": self.version,
                  "accumulated": self._accumulated, "initialised": self.initialised,
                  "rule": self.rule.state_dict()}
-        if self._accum is not None:
+        if self._accumulated:  # else what the buffer holds is no sum (the next gradient writes over it)
             state["accum"] = self._accum
             state["accum_velocity"] = self._velocity
             state["accum_momentum"] = self._momentum
@@ -191,4 +195,6 @@ class Shard:
             self._weight = int(state.get("accum_weight", self._accumulated))
             self._velocity = bool(state.get("accum_velocity", False))
             self._momentum = bool(state.get("accum_momentum", False))
+        else:
+            self._accumulated = self._weight = 0
         self.initialised = bool(state.get("initialised", True))

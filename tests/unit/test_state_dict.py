@@ -183,6 +183,34 @@ def test_a_shard_carries_on_from_its_state_dict(optim):
     assert wrong.version == 0 and not wrong.weights.any()
 
 
+
+def test_a_clocks_first_gradient_writes_over_the_last_sum_and_a_state_between_clocks_holds_none():
+    """Sync's sum is not zeroed after its step: the next clock's first gradient writes over it (bf16 widened as
+    an add would). A state taken between clocks holds no sum, and loading it closes the loader's open one."""
+    a = Shard(SIZE, SGD)
+    a.init(torch.zeros(SIZE))
+    a.accumulate(g(5))
+    a.accumulate(g(7))
+    a.apply_accumulated()  # the sum's buffer still holds g(5) + g(7), divided
+    state = a.state_dict()
+    assert "accum" not in state and state["accumulated"] == 0
+    b = Shard(SIZE, SGD)
+    b.init(torch.zeros(SIZE))
+    b.accumulate(g(9))  # an open clock, which the loaded state has not
+    b.load_state_dict(state)
+    for s in (a, b):
+        s.accumulate(g(2).to(torch.bfloat16))
+        s.accumulate(g(4), weight=1)
+        assert s.apply_accumulated() == 2
+    want = torch.zeros(SIZE, requires_grad=True)  # torch's SGD on each clock's mean, summed from zeros
+    opt = torch.optim.SGD([want], lr=SGD.lr, momentum=SGD.momentum, foreach=False)
+    for grads in ((g(5), g(7)), (g(2).to(torch.bfloat16).float(), g(4))):
+        want.grad = (torch.zeros(SIZE) + grads[0] + grads[1]) / 2
+        opt.step()
+    for s in (a, b):
+        assert torch.allclose(s.weights, want.detach(), rtol=0, atol=1e-7), (s.weights - want).abs().max()
+
+
 def test_controllers_carry_on_from_their_state_dicts():
     a = SyncController(3, backup_workers=1)
     a.push(0, 0), a.push(1, 0)
