@@ -66,6 +66,13 @@ class Prometheus:
         assert body["status"] == "success", body
         return body["data"]["result"]
 
+    def targets(self) -> dict[str, tuple]:
+        """Each active target's instance -> (health, last error, last scrape's time), as Prometheus says now."""
+        body = json.loads(_get(f"{self.url}/api/v1/targets?state=active"))
+        return {t["labels"].get("instance", t.get("scrapeUrl", "")): (t.get("health"), t.get("lastError"),
+                                                                       t.get("lastScrape"))
+                for t in body["data"]["activeTargets"]}
+
     def scalar(self, promql: str) -> float:
         result = self.query(promql)
         assert len(result) == 1, f"{promql} gave {result}; log:\n{self.log.read_text()[-2000:]}"

@@ -8,7 +8,9 @@ Needs root, iproute2, tc and prometheus; skipped otherwise, or while an emulated
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import shutil
 import subprocess
 import sys
@@ -52,26 +54,60 @@ def test_the_netns_recipe_as_written_is_scraped_from_the_root_namespace(tmp_path
         shutil.copy(ROOT / "deploy/prometheus" / name, tmp_path / name)
     (tmp_path / "targets.json").write_text(json.dumps(targets))
     prom = prometheus_for(tmp_path / "prometheus.yml")
+    found = time.monotonic() + 30  # ready is not yet discovered (file_sd): a run shorter than the wait went unseen
+    while set(prom.targets()) != {SERVER, *WORKERS}:
+        assert time.monotonic() < found, f"prometheus found {prom.targets()} of targets.json"
+        time.sleep(0.2)
+    started = time.monotonic()
     script = tmp_path / "recipe.sh"
     script.write_text("set -e\n" + _as_root_here(recipe))
+    seen: list[str] = []  # each change in a target's scrape state while the recipe runs: why one was never up
+    logs = tmp_path / "recipe.out", tmp_path / "recipe.err"
     try:
-        done = subprocess.run(["bash", str(script)], cwd=ROOT, capture_output=True, text=True, timeout=90)
+        with open(logs[0], "w") as out, open(logs[1], "w") as err:
+            done = subprocess.Popen(["bash", str(script)], cwd=ROOT, stdout=out, stderr=err, text=True,
+                                    start_new_session=True)  # its background processes share its group
+        try:
+            _watch(prom, done, seen, started + 90)
+            done.wait(timeout=max(1.0, started + 90 - time.monotonic()))
+        finally:
+            if done.poll() is None:
+                os.killpg(done.pid, signal.SIGKILL)
+                done.wait(10)
     finally:
         subprocess.run([str(CLUSTER), "down"], capture_output=True, timeout=30)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "torch threads" in done.stderr  # each process said its share of the cores
+    out, err = (f.read_text() for f in logs)
+    said = "\nscrapes seen:\n" + "\n".join(seen[-40:]) + f"\nrecipe's stderr:\n{err[-3000:]}"
+    assert done.returncode == 0, out[-3000:] + said
+    assert "torch threads" in err, said  # each process said its share of the cores
 
     def values(promql: str) -> dict[str, float]:
         return {r["metric"].get("instance", ""): float(r["value"][1]) for r in prom.query(promql)}
 
     deadline = time.monotonic() + 15  # the processes are gone: wait for a failed scrape of each worker
     while set(values('up{role="worker"} == 0')) != set(WORKERS):
-        assert time.monotonic() < deadline, values('up{role="worker"}')
+        assert time.monotonic() < deadline, str(values('up{role="worker"}')) + said
         time.sleep(0.5)
-    assert values("max_over_time(up[5m])") == {SERVER: 1, WORKERS[0]: 1, WORKERS[1]: 1}
+    assert values("max_over_time(up[5m])") == {SERVER: 1, WORKERS[0]: 1, WORKERS[1]: 1}, said
     assert values('last_over_time(psrv_worker_steps_total{mode="sync"}[5m])') == {w: 200 for w in WORKERS}
     assert values('last_over_time(psrv_worker_finished{mode="sync"}[5m])') == {w: 1 for w in WORKERS}
     assert values('last_over_time(psrv_shard_version{mode="sync"}[5m])') == {SERVER: 200}
     rules = yaml.safe_load((tmp_path / "rules.yml").read_text())
     [down] = [r["expr"] for g in rules["groups"] for r in g["rules"] if r.get("alert") == "PsrvWorkerDown"]
     assert prom.query(down) == []  # both targets down, both finished: nothing to alert on
+
+
+def _watch(prom, proc: subprocess.Popen, seen: list[str], deadline: float) -> None:
+    """Poll Prometheus's targets every 0.25 s until `proc` ends (or the deadline), noting each change of a
+    target's health or last error, with the seconds since the watch began."""
+    began, last = time.monotonic(), {}
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            now = {t: (health, error) for t, (health, error, _) in prom.targets().items()}
+        except OSError as e:  # Prometheus busy: say so, try again
+            now = {"prometheus": (type(e).__name__, str(e))}
+        for target, state in sorted(now.items()):
+            if last.get(target) != state:
+                seen.append(f"{time.monotonic() - began:6.2f}s {target}: {state[0]} {state[1] or ''}")
+        last = now
+        time.sleep(0.25)
