@@ -97,8 +97,10 @@ def enter_netns(name: str) -> None:
 
 
 def _child(request: dict, sock: socket.socket, parent: int) -> None:
-    """In the forked child: become `psrv ARGS`, and end as a Python process ends (SystemExit out through
-    serve(), so its exit handlers run and its output is flushed); never returns."""
+    """In the forked child: become `psrv ARGS`, and end by SystemExit out through serve(); never returns. In a
+    fork server started as a process of its own, the child then ends as a Python process ends (exit handlers
+    run, output flushed); in one the test suite's zygote forked (psrv/cli/zygote.py), the SystemExit unwinds to
+    the zygote's `_forked_server`, which flushes the output and ends with os._exit: no exit handler runs."""
     code = 1
     try:
         os.setsid()
