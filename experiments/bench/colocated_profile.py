@@ -153,10 +153,14 @@ def run(size_mb: int, repeats: int, in_thread: bool = False) -> dict:
 
 
 PASSES = (  # key, where, MB read and written per MB of the model, what
-    ("worker_sum", "worker", 1, 0, "finiteness sum of the push before cutting it into chunks (psrv/codecs/push.py finite)"),
-    ("shard_sum", "shard", 1, 0, "finiteness sum of each chunk, read in place in the worker's memfd (validate.all_finite)"),
-    ("shard_sgd", "shard", 2, 1, "SGD step of each chunk: gradient and weights read, weights written (torch's fused sgd)"),
-    ("worker_copy", "worker", 1, 1, "the weights copied out of the shard's memfd into the worker's buffer: the one copy"),
+    ("worker_sum", "worker", 1, 0,
+     "finiteness sum of the push before cutting it into chunks (psrv/codecs/push.py finite)"),
+    ("shard_sum", "shard", 1, 0,
+     "finiteness sum of each chunk, read in place in the worker's memfd (validate.all_finite)"),
+    ("shard_sgd", "shard", 2, 1,
+     "SGD step of each chunk: gradient and weights read, weights written (torch's fused sgd)"),
+    ("worker_copy", "worker", 1, 1,
+     "the weights copied out of the shard's memfd into the worker's buffer: the one copy"),
 )
 
 
@@ -166,9 +170,11 @@ def table(r: dict) -> str:
              f"memcpy {copy * 1e3:.2f} ms",
              "| pass | where | MB read | MB written | ms | memcpys |", "|---|---|---|---|---|---|"]
     for key, where, read, written, what in PASSES:
-        lines.append(f"| {what} | {where} | {read * mb} | {written * mb} | {r[key] * 1e3:.2f} | {r[key] / copy:.2f} |")
-    lines.append(f"| the rest of the wait: messages, hand-offs, scheduling | both | | | {r['wait_less_shard'] * 1e3:.2f} "
-                 f"| {r['wait_less_shard'] / copy:.2f} |")
+        lines.append(f"| {what} | {where} | {read * mb} | {written * mb} | {r[key] * 1e3:.2f} "
+                     f"| {r[key] / copy:.2f} |")
+    rest = r["wait_less_shard"]
+    lines.append(f"| the rest of the wait: messages, hand-offs, scheduling | both | | | {rest * 1e3:.2f} "
+                 f"| {rest / copy:.2f} |")
     lines.append(f"| **the round trip** | | | | **{r['total'] * 1e3:.2f}** | **{r['total'] / copy:.2f}** "
                  f"(ratio {2 * copy / r['total']:.2f}x) |")
     return "\n".join(lines)

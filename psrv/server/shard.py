@@ -161,7 +161,8 @@ class Shard:
     def state_dict(self) -> dict:
         """Parameters, optimizer state (torch.optim's layout), version, the open clock's sum (where it holds a
         gradient) and the update rule's state ("rule": its name and what it keeps; another rule's is not
-        loaded, that one starts fresh). Tensors are the shard's own (as nn.Module.state_dict's are): save or copy before stepping on."""
+        loaded, that one starts fresh). Tensors are the shard's own (as nn.Module.state_dict's are): save or
+        copy before stepping on."""
         state = {"param": self.param.data, "optimizer": self.optimizer.state_dict(), "version": self.version,
                  "accumulated": self._accumulated, "initialised": self.initialised,
                  "rule": self.rule.state_dict()}
