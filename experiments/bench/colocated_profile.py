@@ -182,8 +182,8 @@ def table(r: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--size-mb", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--size-mb", type=int, default=64, help="the model's size in MB (default 64: 8 chunks of 8 MB)")
+    p.add_argument("--repeats", type=int, default=30, help="round trips timed, after 2 not counted (default 30)")
     a = p.parse_args(argv)
     print(table(run(a.size_mb, a.repeats)))
 
