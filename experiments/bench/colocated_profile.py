@@ -24,7 +24,8 @@ import psrv.client.roundtrip as roundtrip
 import psrv.transport.shm as shm
 from psrv.chunking import chunk_count, chunk_range
 from psrv.client.psclient import PSClient
-from psrv.config import OptimConfig
+from psrv.config import OptimConfig, WorkerSettings
+from psrv.experiments.bench.apply import _time
 from psrv.experiments.bench.colocated import _serve
 from psrv.partition import ParamSpec, PartitionPlan
 from psrv.process import tune_malloc
@@ -32,7 +33,7 @@ from psrv.server import validate
 from psrv.server.rules import PushContext
 from psrv.server.shard import Shard
 
-CHUNK_MB = 8.0  # WorkerSettings.push_chunk_mb's default
+CHUNK_MB = WorkerSettings().push_chunk_mb  # the default a worker cuts its pushes by
 
 
 class Stamps:
@@ -102,7 +103,8 @@ def shard_passes(size: int, repeats: int) -> dict[str, float]:
         shard = Shard(n, OptimConfig(name="sgd", lr=1e-9, momentum=0.0))
         shard.init(torch.zeros(n))
         grad = torch.full((n,), 1e-3)
-        chunks = [chunk_range(n, k, i) for k in [chunk_count(n, int(CHUNK_MB * 2**20) // 4)] for i in range(k)]
+        k = chunk_count(n, int(CHUNK_MB * 2**20) // 4)
+        chunks = [chunk_range(n, k, i) for i in range(k)]
         ctx = PushContext(0, 0, 0, 0)
 
         def check():
@@ -113,30 +115,15 @@ def shard_passes(size: int, repeats: int) -> dict[str, float]:
             for lo, hi in chunks:
                 shard.apply_slice(grad[lo:hi], lo, hi, ctx)
             shard.end_slices()
-        out = {}
-        for name, fn in (("shard_sum", check), ("shard_sgd", step)):
-            fn()
-            times = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - t0)
-            out[name] = statistics.median(times)
-        out["chunks"] = len(chunks)
-        return out
+        return {"shard_sum": statistics.median(_time(check, repeats)),
+                "shard_sgd": statistics.median(_time(step, repeats)), "chunks": len(chunks)}
     finally:
         torch.set_num_threads(threads)
 
 
 def memcpy_seconds(size: int, repeats: int) -> float:
     src, dst = torch.ones(size // 4), torch.empty(size // 4)
-    dst.copy_(src)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(_time(lambda: dst.copy_(src), repeats))
 
 
 def run(size_mb: int, repeats: int, in_thread: bool = False) -> dict:

@@ -103,19 +103,19 @@ class Shard:
         self._velocity, self._momentum = velocity, momentum
         if self._accum is None:
             self._accum = torch.empty(self.size, dtype=torch.float32, device=self.device)
-        if not self._accumulated and weight == 1 and not isinstance(grad, Decoded):
-            # the clock's first gradient is the sum so far: written over the last clock's, no zeroing pass
-            self._accum.copy_(grad)  # a bf16/fp16 gradient widened element by element, as add_ does
-            self._accumulated, self._weight = 1, 1
-            return
-        if not self._accumulated:
-            self._accum.zero_()
+        first = not self._accumulated
         if isinstance(grad, Decoded):
+            if first:
+                self._accum.zero_()
             if weight == 1:
                 grad.add_into(self._accum, self._scratch())
             else:
                 self._accum.add_(grad.densify(self._scratch()), alpha=weight)
+        elif first and weight == 1:  # the clock's first gradient is the sum: written over the last one, not zeroed
+            self._accum.copy_(grad)  # a bf16/fp16 gradient widened element by element, as add_ does
         else:
+            if first:
+                self._accum.zero_()
             if grad.device != self.device:
                 grad = grad.to(self.device)
             self._accum.add_(grad, alpha=weight)  # a bf16/fp16 gradient is widened element by element, not copied

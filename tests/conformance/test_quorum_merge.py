@@ -12,6 +12,7 @@ from psrv.codecs.push import PushEncoder
 from psrv.config import OptimConfig
 from psrv.partition import ParamSpec, PartitionPlan
 from psrv.protocol import ErrorCode, MsgType, ProtocolError
+from psrv.server.consistency.quorum import QuorumController
 from psrv.server.fragments import FragmentShards
 from psrv.server.shard import Shard
 from tests.unit.test_push_whole import SIZE, Driven, grads
@@ -209,14 +210,12 @@ def test_a_fragment_of_three_ranges_steps_each_of_its_pieces():
     assert d.counts()[1] == 1 and torch.allclose(d.weights, want, atol=1e-6), (d.weights - want).abs().max()
 
 
-
 def test_a_parked_fragments_merge_stops_counting_a_worker_that_leaves_and_counts_it_again_when_it_joins():
     """A fragment's open merge, parked while another fragment's is selected, counts only the workers still
     pushing toward its quorum, as the selected merge does: a worker that leaves stops counting there (its push
     stays in the merge), one that joins again counts again, and one whose push carried no gradient (non-finite)
     counts as arrived, not toward the quorum. The controller driven by hand, each decision against the rule read
     from the sets: Q = 3 of the workers still pushing have a gradient in it, or every one of them arrived."""
-    from psrv.server.consistency.quorum import QuorumController
     a, b = 0, 1
     c = QuorumController(4, quorum=3)
     assert c.parts() == [None]  # before any push: the whole pushes' one part, nothing open
