@@ -215,14 +215,16 @@ def _rank_pid(run: Run, rank: int) -> int:
 
 @pytest.mark.timeout(90)
 def test_a_ddp_rank_whose_peer_was_killed_keeps_its_steps_in_the_summary(runs):
-    """Rank 1 of a DDP run killed from outside: rank 0's next all-reduce fails, and its record keeps the steps it did
-    (`failed`, the collective's error), so summary.json's steps_done counts them (it said 0)."""
+    """Rank 1 of a DDP run killed from outside: rank 0's next all-reduce fails, or the launcher's stop reaches it
+    first, and either way its record keeps the steps it did (`failed` with the collective's error, or `interrupted`:
+    which comes first is a race, and a loaded CI machine saw the stop win), so summary.json's steps_done counts them
+    (it said 0)."""
     run = runs("--mode", "ddp", "--workers", "2", "--job", "digits_mlp", "--steps", str(STEPS), "--compute-ms", "20")
     run.wait_steps("worker-1", 20)
     os.kill(_rank_pid(run, 1), signal.SIGKILL)
     assert run.wait() == 1, run.said
     record = json.loads((run.out / "worker-0.json").read_text())
-    assert record["failed"] and record["steps_done"] >= 20, record
+    assert (record.get("failed") or record.get("interrupted")) and record["steps_done"] >= 20, record
     rows = _rows(run)
     assert {r["worker"] for r in rows} == {"0"} and len(rows) == record["steps_done"]
     s = _summary(run)
