@@ -162,6 +162,8 @@ class RoundTrip:
             if self._move_broken():  # its probes start afresh there: the backup takes over within the bound
                 interval = max(self.c.retry_interval, recent)
                 check_at = now + interval
+            if None not in self.replies:  # the last reply was taken before a break was looked at
+                break
             got = self.net.recv(min(deadline, check_at, bound, notice.due if notice else math.inf) - now)
             if got is not None and self._take(*got):
                 deadline = time.monotonic() + self.timeout
@@ -191,6 +193,12 @@ class RoundTrip:
         """Move each unanswered shard whose connection broke (its process ended: the transport says so at once,
         psrv/transport/base.py `down`) to its next replica now, not once a probe went unanswered, and re-send
         there, same seq; True if one moved. Its backup holds the request until it takes over, then answers."""
+        if not any(r is None and self.net.down(s) for s, r in enumerate(self.replies)):
+            return False
+        # what came before the break is taken first: a shard that answered, then ended (the last LEAVE's OK), broke
+        # in the same poll that brought another shard's reply, and its own was still queued
+        while (got := self.net.recv(0)) is not None:
+            self._take(*got)
         moved = False
         for s, r in enumerate(self.replies):
             if r is None and self.net.down(s) and self.c.addresses.failover(s, why="connection broke"):
