@@ -1,7 +1,7 @@
 """Calibration: run a setting for real (`psrv run`), simulate the same setting with the job's compute
 and the message time measured in that run, and report how far apart they are.
 
-Taken from the real run's steps.csv: each simulated step's compute is drawn from the real run's steps
+Taken from the real run's steps.csv: each simulated step's compute is the real run's, each rank's steps in order
 (compute_seconds over that step's straggler factor, which the fault injector's seeded draws give, plus
 the time the worker spent between steps: `--compute steps.csv`), and the same stragglers are put back;
 one latency for a message is fitted (half the mean communication_seconds, less the time its bytes take

@@ -1,7 +1,8 @@
 """Compute time of every simulated step: a distribution, disturbed by psrv's own fault injector.
 
-The undisturbed time is constant (model_ms + compute_ms), lognormal around it, or drawn from a real
-run's steps (its own stragglers taken out); stragglers then slow a step exactly as workers/faults.py slows a real worker's, with the
+The undisturbed time is constant (model_ms + compute_ms), lognormal around it, or a real run's steps (its own
+stragglers taken out): a rank the real run had, for as many steps as it ran, replays its own steps in order (a stall
+the machine put on every rank at once stays at the same step on each); any other draws from all of them; stragglers then slow a step exactly as workers/faults.py slows a real worker's, with the
 same seeded draws per (seed, rank, step), so a simulated run meets the disturbance a real one met."""
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ from psrv.config.sections import SimulateSettings
 from psrv.workers.faults import FaultInjector
 
 
-def undisturbed_seconds(steps_csv: str | Path) -> tuple[np.ndarray, float]:
-    """The busy time of every step of a real run (compute_seconds over that step's straggler factor,
-    plus the time its worker spent since its last step ended), and that run's compute_ms, from its
-    steps.csv and the config.json beside it; ValueError if either is missing."""
+def undisturbed_seconds(steps_csv: str | Path) -> tuple[dict[int, np.ndarray], float]:
+    """The busy time of every step of a real run, per rank in step order (compute_seconds over that step's
+    straggler factor, plus the time its worker spent since its last step ended), and that run's compute_ms, from
+    its steps.csv and the config.json beside it; ValueError if either is missing."""
     path = Path(steps_csv)
     try:
         stored = json.loads((path.parent / "config.json").read_text())  # its faults and seed are what matter
@@ -28,7 +29,7 @@ def undisturbed_seconds(steps_csv: str | Path) -> tuple[np.ndarray, float]:
             rows = sorted(csv.DictReader(f), key=lambda r: (int(r["worker"]), int(r["step"])))
     except (OSError, KeyError, ValueError) as exc:
         raise ValueError(f"--compute-csv {path}: a real run's steps.csv with its config.json beside it ({exc})") from None
-    injectors, last, out = {}, {}, []
+    injectors, last, out = {}, {}, {}
     for row in rows:
         rank, end = int(row["worker"]), float(row["wall_time"])
         if rank not in injectors:
@@ -36,20 +37,21 @@ def undisturbed_seconds(steps_csv: str | Path) -> tuple[np.ndarray, float]:
         compute = float(row["compute_seconds"])
         spent = compute + float(row["communication_seconds"]) + float(row["wait_seconds"])
         between = max(0.0, end - last[rank] - spent) if rank in last else 0.0
-        out.append(compute / injectors[rank].slowdown(int(row["step"])) + between)
+        out.setdefault(rank, []).append(compute / injectors[rank].slowdown(int(row["step"])) + between)
         last[rank] = end
     if not out:
         raise ValueError(f"--compute-csv {path}: no steps in it")
-    return np.asarray(out), faults.compute_ms
+    return {rank: np.asarray(seconds) for rank, seconds in out.items()}, faults.compute_ms
 
 
 class ComputeModel:
     def __init__(self, sim: SimulateSettings, faults: FaultConfig, *, seed: int):
         self.sim, self.faults, self.seed = sim, faults, seed
         self.base = (sim.model_ms + faults.compute_ms) / 1000.0
-        self.measured = None
+        self.measured, self.pool = {}, None
         if sim.compute == "steps.csv":
             self.measured, compute_ms = undisturbed_seconds(sim.compute_csv)
+            self.pool = np.concatenate(list(self.measured.values()))
             if compute_ms != faults.compute_ms:
                 raise ValueError(f"--compute-csv {sim.compute_csv}: that run emulated compute_ms {compute_ms}, this "
                                  f"one {faults.compute_ms}; give the same (its steps already hold it)")
@@ -57,8 +59,11 @@ class ComputeModel:
     def times(self, rank: int, steps: int) -> list[float]:
         """Seconds of compute of `rank`'s steps 0..steps-1."""
         rng = np.random.default_rng([self.seed, rank])
-        if self.sim.compute == "steps.csv":
-            seconds = rng.choice(self.measured, size=steps)
+        own = self.measured.get(rank)
+        if own is not None and len(own) >= steps:  # the real run's rank: its own steps, replayed
+            seconds = own[:steps].copy()
+        elif self.sim.compute == "steps.csv":
+            seconds = rng.choice(self.pool, size=steps)
         elif self.sim.compute == "lognormal":
             seconds = self.base * np.exp(self.sim.sigma * rng.standard_normal(steps))
         else:
