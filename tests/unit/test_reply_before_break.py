@@ -11,17 +11,21 @@ import time
 from psrv.client.psclient import PSClient
 from psrv.partition import ParamSpec, PartitionPlan
 from psrv.protocol import Message, MsgType, decode, encode
-from psrv.transport.base import ClientTransport
+from tests.unit.test_known_replicas import _Welcoming
 
 SHARDS = [("tcp://127.0.0.1:1", "tcp://127.0.0.1:2"), ("tcp://127.0.0.1:3", "tcp://127.0.0.1:4")]
 
 
-class _AnswerThenEnd(ClientTransport):
+class _AnswerThenEnd(_Welcoming):
     """Answers every request at once, one message per receive (as a poll of several sockets hands them over).
     Shard 1 breaks right behind its LEAVE's OK, which is queued behind shard 0's."""
 
     def __init__(self):
-        self.queue, self.redirected, self.broken = [], [], False
+        super().__init__()
+        self.queue, self.broken = [], False
+
+    def replicas(self, shard):
+        return []  # WELCOME names them
 
     def send(self, shard, frames):
         msg = decode([bytes(memoryview(f)) for f in frames])
@@ -43,15 +47,6 @@ class _AnswerThenEnd(ClientTransport):
 
     def down(self, shard):
         return self.broken and shard == 1
-
-    def redirect(self, shard, address):
-        self.redirected.append((shard, address))
-
-    def reconnect(self, shard):
-        pass
-
-    def close(self):
-        pass
 
 
 def test_an_answer_queued_before_a_break_is_taken_and_the_shard_not_moved_to_its_backup(caplog):
