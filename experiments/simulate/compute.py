@@ -2,8 +2,9 @@
 
 The undisturbed time is constant (model_ms + compute_ms), lognormal around it, or a real run's steps (its own
 stragglers taken out): a rank the real run had, for as many steps as it ran, replays its own steps in order (a stall
-the machine put on every rank at once stays at the same step on each); any other draws from all of them; stragglers then slow a step exactly as workers/faults.py slows a real worker's, with the
-same seeded draws per (seed, rank, step), so a simulated run meets the disturbance a real one met."""
+the machine put on every rank at once stays at the same step on each); any other draws from all of them.
+Stragglers then slow a step exactly as workers/faults.py slows a real worker's, with the same seeded draws per
+(seed, rank, step), so a simulated run meets the disturbance a real one met."""
 from __future__ import annotations
 
 import csv

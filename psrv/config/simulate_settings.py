@@ -18,9 +18,10 @@ class SimulateSettings(Section):
     level: str = setting("timing", "timing: throughput, waits, staleness and clock gaps only; learning: also "
                          "the job's real gradients, applied in the simulated order", choices=SIM_LEVELS)
     compute: str = setting("constant", "a step's compute time before stragglers: constant (model_ms + compute_ms), "
-                           "lognormal (that times exp(sigma*Z), Z standard normal) or steps.csv (the steps of the real "
-                           "run --compute-csv names, its own stragglers taken out: a rank it had replays its own in "
-                           "order, any other draws from all; that run's compute_ms must be this one's)", choices=COMPUTE_DISTS)
+                           "lognormal (that times exp(sigma*Z), Z standard normal) or steps.csv (the steps of "
+                           "the real run --compute-csv names, its own stragglers taken out: a rank it had replays "
+                           "its own in order, any other draws from all; that run's compute_ms must be this one's)",
+                           choices=COMPUTE_DISTS)
     model_ms: float = setting(1.0, "the job's own compute per step, ms, to which --compute-ms is added",
                               minimum=0.0)
     sigma: float = setting(0.5, "lognormal's sigma", minimum=0.0, flag="lognormal-sigma")
