@@ -17,9 +17,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from psrv.experiments.harness.collect import read_csv, wait_fraction
+from psrv.experiments.simulate.compute import step_parts
 from psrv.experiments.simulate.config import SimulationConfig
 from psrv.config import RunConfig, from_dict, to_dict
-from psrv.workers.faults import FaultInjector
 
 COMPARED = ("samples_per_second", "wait_fraction", "mean_staleness", "final_metric")
 WITHIN = 0.15        # the agreement the docs ask for, relative to the real value
@@ -35,18 +35,10 @@ def real_config(cfg: SimulationConfig) -> RunConfig:
 
 def fit(cfg: SimulationConfig, steps: list[dict[str, str]]) -> dict[str, float]:
     """model_ms and latency_ms from a real run's steps.csv rows (see the module's docstring)."""
-    injectors, undisturbed, comm, between, last = {}, [], [], [], {}
-    parts = ("compute_seconds", "communication_seconds", "wait_seconds")
-    for row in sorted(steps, key=lambda r: (int(r["worker"]), int(r["step"]))):
-        rank, step = int(row["worker"]), int(row["step"])
-        if rank not in injectors:
-            injectors[rank] = FaultInjector(cfg.faults, rank=rank, seed=cfg.seed)
-        undisturbed.append(float(row["compute_seconds"]) / injectors[rank].slowdown(step))
-        comm.append(float(row["communication_seconds"]))
-        end = float(row["wall_time"])
-        if rank in last:  # the time from the end of its last step to the start of this one
-            between.append(max(0.0, end - last[rank] - sum(float(row[k]) for k in parts)))
-        last[rank] = end
+    parts = step_parts(steps, cfg.faults, cfg.seed).values()
+    undisturbed = [seconds for compute, _ in parts for seconds in compute]
+    between = [seconds for _, gaps in parts for seconds in gaps]
+    comm = [float(row["communication_seconds"]) for row in steps]
     gap = statistics.fmean(between) if between else 0.0
     model_ms = max(0.0, 1000 * (statistics.fmean(undisturbed) + gap) - cfg.faults.compute_ms)
     from psrv.experiments.simulate.network import NetworkModel, job_plan

@@ -18,6 +18,24 @@ from psrv.config.sections import SimulateSettings
 from psrv.workers.faults import FaultInjector
 
 
+def step_parts(rows: list[dict[str, str]], faults: FaultConfig, seed: int) -> dict[int, tuple[list[float], list[float]]]:
+    """Per rank of a real run's steps.csv rows: each step's compute_seconds over its straggler factor (the
+    fault injector's seeded draw), in step order, and the time its worker spent between the end of each step and
+    the start of the next (one fewer)."""
+    injectors, last, out = {}, {}, {}
+    for row in sorted(rows, key=lambda r: (int(r["worker"]), int(r["step"]))):
+        rank, end = int(row["worker"]), float(row["wall_time"])
+        if rank not in injectors:
+            injectors[rank] = FaultInjector(faults, rank=rank, seed=seed)
+        compute, between = out.setdefault(rank, ([], []))
+        spent = float(row["compute_seconds"]) + float(row["communication_seconds"]) + float(row["wait_seconds"])
+        if rank in last:
+            between.append(max(0.0, end - last[rank] - spent))
+        compute.append(float(row["compute_seconds"]) / injectors[rank].slowdown(int(row["step"])))
+        last[rank] = end
+    return out
+
+
 def undisturbed_seconds(steps_csv: str | Path) -> tuple[dict[int, np.ndarray], float]:
     """The busy time of every step of a real run, per rank in step order (compute_seconds over that step's
     straggler factor, plus the time its worker spent since its last step ended), and that run's compute_ms, from
@@ -27,22 +45,13 @@ def undisturbed_seconds(steps_csv: str | Path) -> tuple[dict[int, np.ndarray], f
         stored = json.loads((path.parent / "config.json").read_text())  # its faults and seed are what matter
         faults, seed = from_dict(FaultConfig, stored.get("faults", {})), int(stored.get("seed", 0))
         with open(path, newline="") as f:
-            rows = sorted(csv.DictReader(f), key=lambda r: (int(r["worker"]), int(r["step"])))
+            parts = step_parts(list(csv.DictReader(f)), faults, seed)
     except (OSError, KeyError, ValueError) as exc:
         raise ValueError(f"--compute-csv {path}: a real run's steps.csv with its config.json beside it ({exc})") from None
-    injectors, last, out = {}, {}, {}
-    for row in rows:
-        rank, end = int(row["worker"]), float(row["wall_time"])
-        if rank not in injectors:
-            injectors[rank] = FaultInjector(faults, rank=rank, seed=seed)
-        compute = float(row["compute_seconds"])
-        spent = compute + float(row["communication_seconds"]) + float(row["wait_seconds"])
-        between = max(0.0, end - last[rank] - spent) if rank in last else 0.0
-        out.setdefault(rank, []).append(compute / injectors[rank].slowdown(int(row["step"])) + between)
-        last[rank] = end
-    if not out:
+    if not parts:
         raise ValueError(f"--compute-csv {path}: no steps in it")
-    return {rank: np.asarray(seconds) for rank, seconds in out.items()}, faults.compute_ms
+    return {rank: np.asarray(compute) + np.asarray([0.0, *between]) for rank, (compute, between) in parts.items()}, \
+        faults.compute_ms
 
 
 class ComputeModel:
