@@ -78,14 +78,21 @@ def machine() -> dict:
     return found
 
 
+# `python -m pytest`, whose threads faulthandler writes to its output on SIGUSR1: sent before a kill, it says where
+# an interrupted pytest waited instead of ending (to a copy of its stderr: pytest's capture takes fd 2 during a test)
+_PYTEST_DUMPING = ("import faulthandler, os, signal, sys; out = open(os.dup(2), 'w'); "
+                   "faulthandler.register(signal.SIGUSR1, file=out, all_threads=True); "
+                   "import pytest; sys.exit(pytest.main())")
+
+
 def pytest(args: list[str], log: Path, timeout: float, *, grace: float | None = None) -> dict:
     """Run pytest with `args` from the repository root, its output in `log`; its exit code and last line. At the
     budget its process group is interrupted (SIGINT), as Ctrl-C would, so that it still prints the failures'
     tracebacks and its summary (the first lent H200's suite was killed at 84% and kept 6 failures' names only);
     killed if it has not ended `grace` seconds later (default: INTERRUPT_GRACE, at most a quarter of the budget;
-    the interrupt comes `grace` before the budget's end). A stopped run's summary counts the outcomes `-v`
-    printed."""
-    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rfEs", *args]
+    the interrupt comes `grace` before the budget's end), its controller's threads dumped into the log first. A
+    stopped run's summary counts the outcomes `-v` printed."""
+    argv = [sys.executable, "-c", _PYTEST_DUMPING, "-p", "no:cacheprovider", "-rfEs", *args]
     grace = min(INTERRUPT_GRACE, max(timeout, 1) / 4) if grace is None else grace
     with open(log, "w") as f:
         f.write(" ".join(argv) + "\n\n")
@@ -102,6 +109,10 @@ def pytest(args: list[str], log: Path, timeout: float, *, grace: float | None = 
             try:
                 proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:
+                f.write(f"\n\n[gpu_check] no end {grace:.0f} s after the interrupt: the controller's threads, then a kill\n")
+                f.flush()
+                os.kill(proc.pid, signal.SIGUSR1)  # faulthandler's dump of where it waits, into this log
+                time.sleep(1)
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
     text = log.read_text(errors="replace")

@@ -71,4 +71,20 @@ def test_a_pytest_stopped_at_its_budget_still_prints_its_failures_and_counts_wha
     got = gpu_check.pytest(["-v", "--tb=short", "-n", "1", str(tmp_path / "test_budget.py")], log, 45, grace=30)
     assert got["returncode"] is None and got["summary"] == "stopped at the budget (45 s): 1 failed, 1 passed", got
     text = log.read_text()
-    assert "AssertionError: the failure message" in text and "KeyboardInterrupt" in text, text[-3000:]
+    # on a kill, the log ends with where the interrupted controller waited (its threads, dumped by faulthandler)
+    assert "AssertionError: the failure message" in text and "KeyboardInterrupt" in text, text[-8000:]
+
+
+@pytest.mark.timeout(60)
+def test_a_pytest_that_does_not_end_after_the_interrupt_is_killed_with_where_it_waited_in_the_log(tmp_path):
+    """Killed when the grace runs out, and the log says where its controller waited (the thread dump comes from a
+    copy of its stderr, so pytest's capture of a running test does not swallow it)."""
+    (tmp_path / "test_hangs.py").write_text(
+        "import time\n\ndef test_holds_on():\n    try:\n        time.sleep(60)\n    except KeyboardInterrupt:\n"
+        "        time.sleep(60)\n")
+    log = tmp_path / "log.txt"
+    got = gpu_check.pytest([str(tmp_path / "test_hangs.py")], log, 12, grace=4)
+    assert got["returncode"] is None and got["summary"] == "stopped at the budget (12 s)", got
+    text = log.read_text()
+    assert "no end 4 s after the interrupt" in text, text[-3000:]
+    assert re.search(r'File ".*test_hangs\.py", line 7 in test_holds_on', text), text[-3000:]
