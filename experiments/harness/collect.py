@@ -237,16 +237,20 @@ def run_metrics(path: str | Path, target: TargetSpec, *, variant: str = "",
 @dataclass(frozen=True)
 class Stat:
     """Mean and sample standard deviation over repeats; std is None with fewer than 2 values. A NaN or Inf
-    among them (a diverged repeat's loss) makes both None: no mean of the others stands for them all."""
+    among them (a diverged repeat's loss, a perplexity past float's range) makes both None, and `nonfinite` says
+    so: no mean of the others stands for them all."""
 
     mean: float | None
     std: float | None
+    nonfinite: bool = False
 
     @classmethod
     def of(cls, values: list[float | None]) -> Stat:
         known = [v for v in values if v is not None]
-        if not known or not all(math.isfinite(v) for v in known):
+        if not known:
             return cls(None, None)
+        if not all(math.isfinite(v) for v in known):
+            return cls(None, None, nonfinite=True)
         return cls(statistics.fmean(known), statistics.stdev(known) if len(known) > 1 else None)
 
 
@@ -332,9 +336,14 @@ def read_summary(out_dir: str | Path) -> list[VariantSummary]:
     if not path.exists():
         raise ValueError(f"{path} does not exist; run psrv.experiments.harness.collect.collect(out_dir, spec) "
                          "first")
+    runs = read_csv(path.parent / "runs.csv") if (path.parent / "runs.csv").exists() else []
     summaries = []
     for row in read_csv(path):
-        stats = {m: Stat(number(row.get(m)), number(row.get(f"{m}_std"))) for m in METRICS}
+        # an empty mean whose runs (runs.csv) hold a NaN or Inf is not finite, not missing
+        nonfinite = {m for r in runs if r["variant"] == row["variant"] for m in METRICS
+                     if (v := measured(r.get(m))) is not None and not math.isfinite(v)}
+        stats = {m: Stat(mean, number(row.get(f"{m}_std")), nonfinite=mean is None and m in nonfinite)
+                 for m in METRICS for mean in [number(row.get(m))]}
         staleness = number(row.get("staleness"))
         summaries.append(VariantSummary(
             variant=row["variant"], mode=row["mode"],

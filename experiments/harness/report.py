@@ -22,12 +22,14 @@ log = logging.getLogger(__name__)
 
 
 def _num(x: float, digits: int) -> str:
-    return f"{x:.0f}" if abs(x) >= 10 ** digits else f"{x:.{digits}g}"
+    """`digits` significant digits; a whole number from 10**digits on (6939, not 6.939e+03), in powers of ten
+    from a billion on (a collapsed run's perplexity)."""
+    return f"{x:.0f}" if 10 ** digits <= abs(x) < 1e9 else f"{x:.{digits}g}"
 
 
 def _fmt(stat: Stat, digits: int = 4) -> str:
     if stat.mean is None:
-        return "—"
+        return "not finite" if stat.nonfinite else "—"
     text = _num(stat.mean, digits)
     return f"{text} ± {_num(stat.std, 2)}" if stat.std is not None else text
 

@@ -299,3 +299,20 @@ def test_the_setup_line_names_every_setting_that_changes_the_step() -> None:
     assert dn == ("sgd, lr 0.7, momentum 0.9 (Nesterov), weight decay 0; lr schedule linear; update rule dn "
                   "(period the workers); 20 local steps per push, inner adamw lr 0.001")
     assert dc.endswith("; update rule dc-asgd (lambda 0.04)")
+
+
+def test_a_value_past_floats_range_reads_not_finite_and_a_huge_one_in_powers_of_ten(tmp_path: Path) -> None:
+    """A collapsed language model's perplexity (exp of a loss of thousands) is Inf while its loss is finite, so
+    the run did not diverge: its cell says the mean is not finite, not that nothing was measured ("—"); one of
+    1e19 is written so, not as twenty digits."""
+    _fabricate(tmp_path)
+    path = run_dir(tmp_path, "async", 1) / "summary.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "eval_accuracy": math.inf}))
+    spec = _spec("sync", "async")
+    collect(tmp_path, spec)
+    assert _rows(tmp_path)["async"]["eval_accuracy"] == "" and _rows(tmp_path)["async"]["diverged"] == "0"
+    text = write_report(tmp_path, spec, spec_path="x.toml", versions=VERSIONS).read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| `async` |"))
+    assert "| not finite |" in row, row
+    from psrv.experiments.harness.report import _num
+    assert (_num(1.981430786e19, 4), _num(6939.1, 4), _num(9.1713, 4)) == ("1.981e+19", "6939", "9.171")
