@@ -11,7 +11,8 @@ from psrv.experiments.harness.goodput import baselines, has_faults
 from psrv.experiments.harness.plots import write_plots
 from psrv.experiments.harness.report_regions import regions_lines
 from psrv.experiments.harness.report_configs import (command_lines, disagreement_section, disagreements,
-                                        mixed_folder_lines, overridden_section, setup_lines, stored_runs)
+                                        mixed_folder_lines, overridden_section, setup_lines, stored_runs,
+                                        StoredRun)
 from psrv.experiments.harness.report_behind import behind_lines
 from psrv.experiments.harness.report_traffic import skipped_lines, traffic_lines
 from psrv.experiments.harness.spec import ExperimentSpec
@@ -100,6 +101,24 @@ def _failed_lines(out: Path, spec: ExperimentSpec) -> list[str]:
              for v in spec.variants for k, cause in failed_repeats(out, spec, v.name)]
     return ["## Failed runs", "", f"{len(notes)} run(s) failed; they are in no mean above (each folder's "
             "error.txt has the whole message):", "", *notes, ""] if notes else []
+
+
+def _unrecorded_lines(runs: list[StoredRun]) -> list[str]:
+    """The worker lives that died without a record (killed, then brought back: summary.json's
+    faults.worker_restarts): their steps are in no samples/s, steps.csv or plot of samples seen. Said per variant,
+    with the steps each had done by its progress file (every 10 steps)."""
+    lives: dict[str, list[int]] = {}
+    for run in runs:
+        try:
+            faults = json.loads((Path(run.path) / "summary.json").read_text()).get("faults") or {}
+        except (OSError, ValueError):
+            continue
+        dead = faults.get("worker_restarts") or []
+        lives.setdefault(run.variant, []).extend(int(r.get("rank_steps") or 0) for r in dead)
+    notes = [f"`{variant}` {len(steps)} lives, {sum(steps):,} steps" for variant, steps in lives.items() if steps]
+    return [f"samples/s counts the steps of the worker lives that wrote a record; a life killed and brought back "
+            f"wrote none. Left out, over all repeats: {'; '.join(notes)}. The Goodput section's useful samples/s "
+            "counts every push the shards applied, theirs too.", ""] if notes else []
 
 
 def _ttt(s: VariantSummary) -> float | None:
@@ -210,6 +229,7 @@ def write_report(out_dir: str | Path, spec: ExperimentSpec, *, spec_path: str | 
               *_ddp_gaps(summaries, spec, per_repeat(out)), "", "## Summary", "",
               "Mean ± sample std over repeats (summary.csv has every value; "
               "docs/experiments.md defines each column).", "", *_table(summaries, spec.target.metric), "",
+              *_unrecorded_lines(runs),
               *_failed_lines(out, spec), *_goodput_lines(summaries, runs), *regions_lines(runs), *traffic_lines(spec, summaries),
               "## Plots", ""]
     for caption, rel in plots:

@@ -316,3 +316,19 @@ def test_a_value_past_floats_range_reads_not_finite_and_a_huge_one_in_powers_of_
     assert "| not finite |" in row, row
     from psrv.experiments.harness.report import _num
     assert (_num(1.981430786e19, 4), _num(6939.1, 4), _num(9.1713, 4)) == ("1.981e+19", "6939", "9.171")
+
+
+def test_the_steps_of_worker_lives_that_wrote_no_record_are_said_under_the_table(tmp_path: Path) -> None:
+    """A worker killed and brought back wrote no record for its first life, so samples/s leaves those steps out
+    (a run with kills read 344 samples/s against 492 clean, while its useful samples/s were 480): the report says
+    how many lives and steps, per variant."""
+    _fabricate(tmp_path)
+    for repeat, steps in ((0, [240, 470]), (1, [230])):
+        path = run_dir(tmp_path, "async", repeat) / "summary.json"
+        restarts = [{"rank": 1, "rank_steps": n, "joined": True} for n in steps]
+        path.write_text(json.dumps({**json.loads(path.read_text()), "faults": {"worker_restarts": restarts}}))
+    spec = _spec("sync", "async")
+    collect(tmp_path, spec)
+    text = write_report(tmp_path, spec, spec_path="x.toml", versions=VERSIONS).read_text()
+    assert "Left out, over all repeats: `async` 3 lives, 940 steps." in text, text
+    assert "`sync`" not in text.split("Left out, over all repeats:")[1].split("\n")[0]
