@@ -332,3 +332,17 @@ def test_the_steps_of_worker_lives_that_wrote_no_record_are_said_under_the_table
     text = write_report(tmp_path, spec, spec_path="x.toml", versions=VERSIONS).read_text()
     assert "Left out, over all repeats: `async` 3 lives, 940 steps." in text, text
     assert "`sync`" not in text.split("Left out, over all repeats:")[1].split("\n")[0]
+
+
+def test_a_curve_with_a_value_past_floats_range_says_so_in_the_legend() -> None:
+    """matplotlib leaves an Inf out of a line: a variant whose every repeat ended Inf would look absent."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from psrv.experiments.harness.plots.progress import _draw
+    fig, ax = plt.subplots()
+    finite = {0: [{"samples": 0.0, "y": 300.0}, {"samples": 10.0, "y": 9.0}]}
+    _draw(ax, 0, "sync", finite, "samples", markers=True)
+    _draw(ax, 1, "async", {0: [{"samples": 0.0, "y": 300.0}, {"samples": 10.0, "y": math.inf}]}, "samples", markers=True)
+    assert [line.get_label() for line in ax.get_lines()] == ["sync", "async (not finite: not drawn there)"]
+    plt.close(fig)

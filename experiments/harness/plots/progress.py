@@ -6,6 +6,7 @@ there are the run's final update count (summary.json) times the share of its pus
 exact for async and ssp (one update per push) and for sync and all-reduce at a step boundary."""
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 from pathlib import Path
 
@@ -77,7 +78,10 @@ def _draw(ax: Axes, i: int, name: str, runs: dict[int, list[dict[str, float]]], 
     n = min(len(p) for p in runs.values())  # the mean over repeats, point by point (same eval steps)
     xs = np.mean([[p[x] for p in pts[:n]] for pts in runs.values()], axis=0)
     ys = np.mean([[p["y"] for p in pts[:n]] for pts in runs.values()], axis=0)
-    ax.plot(xs, ys, color=color(i), linewidth=1.8, linestyle=style(i), label=name,
+    # a NaN or Inf (a collapsed model's perplexity) is not drawn: the legend says so, or the variant looks absent
+    lost = not all(math.isfinite(p["y"]) for pts in runs.values() for p in pts)
+    ax.plot(xs, ys, color=color(i), linewidth=1.8, linestyle=style(i),
+            label=f"{name} (not finite: not drawn there)" if lost else name,
             marker="o" if markers else None, markersize=2.5)
 
 
