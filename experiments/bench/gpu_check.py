@@ -109,7 +109,8 @@ def pytest(args: list[str], log: Path, timeout: float, *, grace: float | None = 
             try:
                 proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:
-                f.write(f"\n\n[gpu_check] no end {grace:.0f} s after the interrupt: the controller's threads, then a kill\n")
+                f.write(f"\n\n[gpu_check] no end {grace:.0f} s after the interrupt: the controller's threads, "
+                        "then a kill\n")
                 f.flush()
                 os.kill(proc.pid, signal.SIGUSR1)  # faulthandler's dump of where it waits, into this log
                 time.sleep(1)

@@ -18,7 +18,8 @@ from psrv.config.sections import SimulateSettings
 from psrv.workers.faults import FaultInjector
 
 
-def step_parts(rows: list[dict[str, str]], faults: FaultConfig, seed: int) -> dict[int, tuple[list[float], list[float]]]:
+def step_parts(rows: list[dict[str, str]], faults: FaultConfig,
+               seed: int) -> dict[int, tuple[list[float], list[float]]]:
     """Per rank of a real run's steps.csv rows: each step's compute_seconds over its straggler factor (the
     fault injector's seeded draw), in step order, and the time its worker spent between the end of each step and
     the start of the next (one fewer)."""
