@@ -336,14 +336,17 @@ def read_summary(out_dir: str | Path) -> list[VariantSummary]:
     if not path.exists():
         raise ValueError(f"{path} does not exist; run psrv.experiments.harness.collect.collect(out_dir, spec) "
                          "first")
+    # (variant, metric) pairs whose runs (runs.csv) hold a NaN or Inf: an empty mean there is not finite, not missing
     runs = read_csv(path.parent / "runs.csv") if (path.parent / "runs.csv").exists() else []
+    nonfinite = {(r["variant"], m) for r in runs for m in METRICS
+                 if (v := measured(r.get(m))) is not None and not math.isfinite(v)}
     summaries = []
     for row in read_csv(path):
-        # an empty mean whose runs (runs.csv) hold a NaN or Inf is not finite, not missing
-        nonfinite = {m for r in runs if r["variant"] == row["variant"] for m in METRICS
-                     if (v := measured(r.get(m))) is not None and not math.isfinite(v)}
-        stats = {m: Stat(mean, number(row.get(f"{m}_std")), nonfinite=mean is None and m in nonfinite)
-                 for m in METRICS for mean in [number(row.get(m))]}
+        stats = {}
+        for m in METRICS:
+            mean = number(row.get(m))
+            lost = mean is None and (row["variant"], m) in nonfinite
+            stats[m] = Stat(mean, number(row.get(f"{m}_std")), nonfinite=lost)
         staleness = number(row.get("staleness"))
         summaries.append(VariantSummary(
             variant=row["variant"], mode=row["mode"],
