@@ -57,12 +57,19 @@ def _dn_period(optim: OptimConfig, mode: str, workers: int) -> int:
     return optim.dn_period or workers
 
 
-def _staleness_rule(optim: OptimConfig, mode: str) -> None:
+def _staleness_rule(optim: OptimConfig, mode: str, quorum: int = 0) -> None:
     """staleness-lr, dc-asgd and dc-asgd-a correct a push for its staleness (or for the weights moved since its
     worker pulled). A sync clock is stepped on the mean of pushes that all read the same weights, at
-    staleness 0, so each of them would silently be plain there: refused instead. dn stays: in sync it is
+    staleness 0, so each of them would silently be plain there: refused instead. Under a quorum the pushes of a
+    merge do have ages (a merge old, most of them), but the rule sees only the merge's mean, at staleness 0: a
+    correction per push inside a merge is not built, so refused too, with that said. dn stays: in sync it is
     SGD-Nesterov (N = 1), DiLoCo's outer step, and a mode sweep of one dn config runs."""
     if mode == "sync" and optim.update_rule in STALENESS_RULES:
+        if quorum:
+            raise ConfigError("optimizer.update_rule", f"{optim.update_rule!r} corrects each push for its staleness, "
+                              "but a quorum merge steps once on the mean of its pushes, which the rule would see at "
+                              "staleness 0 (a correction per push inside a merge is not built): use mode async or "
+                              "ssp, or update_rule plain")
         raise ConfigError("optimizer.update_rule", f"{optim.update_rule!r} corrects a push for its staleness, "
                           "which mode 'sync' does not have (each clock steps on the mean at staleness 0): "
                           "use mode async or ssp, or update_rule plain")
@@ -214,7 +221,7 @@ class ServerConfig(UpstreamSettings, ThreadSettings, ServeSettings, ServerSettin
             _timeouts(self.timeouts())
         _one_shard_clip(self.optimizer.clip_grad_norm, self.mode, self.num_shards, "num_shards")
         _onebit_adam(self.optimizer, self.mode, self.backup_workers, self.quorum)
-        _staleness_rule(self.optimizer, self.mode)
+        _staleness_rule(self.optimizer, self.mode, self.quorum)
         check_upstream(self)
         if self.optimizer.update_rule == "dn":  # the shard is told its N
             n = _dn_period(self.optimizer, self.mode, self.workers)
@@ -311,7 +318,7 @@ class RunConfig(Trackers, Seeded, Consistency):
                                   "(give an integer H)")
         _one_shard_clip(self.optimizer.clip_grad_norm, self.mode, self.cluster.servers, "cluster.servers")
         _onebit_adam(self.optimizer, self.mode, self.backup_workers, self.quorum)
-        _staleness_rule(self.optimizer, self.mode)
+        _staleness_rule(self.optimizer, self.mode, self.quorum)
         if self.optimizer.name == "onebit_adam" and (self.worker.local_updates or self.worker.wire_dtype != "float32"
                                                      or self.worker.compress in CASTS):
             raise ConfigError("optimizer.name", "onebit_adam's workers push float32 gradients, then codec-compressed "

@@ -27,6 +27,20 @@ def test_sync_refuses_a_staleness_rule_in_one_line_naming_both_settings(rule):
         ServerConfig(mode="sync", workers=2, optimizer=OptimConfig(**optimizer))
 
 
+@pytest.mark.parametrize("rule", ["staleness-lr", "cgad"])
+def test_under_a_quorum_the_refusal_says_the_merge_hides_each_pushs_age(rule):
+    """A quorum merge's pushes have ages (most a merge old), so the line must not say sync has none: it says
+    the rule would see only the merge's mean."""
+    with pytest.raises(ConfigError) as err:
+        from_dict(RunConfig, {"mode": "sync", "cluster": {"workers": 4}, "quorum": 3,
+                              "optimizer": {"update_rule": rule}})
+    text = str(err.value)
+    assert text.startswith(f"optimizer.update_rule: {rule!r}") and "quorum merge" in text and "\n" not in text
+    assert "does not have" not in text
+    with pytest.raises(ConfigError, match="quorum merge"):
+        ServerConfig(mode="sync", workers=4, quorum=3, optimizer=OptimConfig(update_rule=rule))
+
+
 def test_every_other_pair_of_mode_and_rule_is_taken():
     for mode in ("sync", "async", "ssp"):
         for rule in UPDATE_RULES:
