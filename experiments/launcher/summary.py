@@ -264,6 +264,9 @@ def _fault_rows(faults: dict | None) -> list[tuple[str, str]]:
                           + [f"{r['process']} at worker 0's step {r['step']}" + ("" if r["joined"] else " (too late to join)")
                              for r in faults.get("worker_restarts", [])])
     lost = ", ".join(f"shard {s}: {n} clocks, {updates.get(s)} updates" for s, n in faults["lost_clocks"].items())
+    if faults.get("unrecorded_steps"):  # a killed life wrote no record: its steps are in no rate or count above
+        restarted += (f" (the killed lives' {faults['unrecorded_steps']} steps wrote no record: not in samples/s, "
+                      "pushes or steps.csv)")
     rows = [("killed", killed or "none"), ("restarted", restarted or "none"), ("lost", lost or "none")]
     died = [f"{d['process']} {d['cause']} "
             + ("before the workers started" if d.get("before_workers") else f"at worker 0's step {d['step']}")

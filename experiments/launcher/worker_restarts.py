@@ -154,5 +154,9 @@ class WorkerRestarts:
     def summary(self) -> dict:
         """summary.json's `faults` keys for workers: each restart (rank, exit_code and signal, worker 0's `step`
         and the dead life's own `rank_steps` as last written, `wall_s` since the launch, `cause`, the new `life`,
-        whether it `joined`: False when the run ended before it could)."""
-        return {"worker_restarts": self._settled(), "restart_workers": self.limit}
+        whether it `joined`: False when the run ended before it could), and `unrecorded_steps`: the dead lives'
+        steps summed, which no record holds, so summary.json's samples_per_second, pushes and steps.csv leave
+        them out (the goodput block's useful samples count the pushes the shards applied, theirs too)."""
+        settled = self._settled()
+        return {"worker_restarts": settled, "restart_workers": self.limit,
+                "unrecorded_steps": sum(int(r.get("rank_steps") or 0) for r in settled)}

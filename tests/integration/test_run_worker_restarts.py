@@ -73,8 +73,12 @@ def test_a_killed_worker_comes_back_runs_to_the_end_and_never_holds_the_survivor
           f"{longest:.2f}s, since the rejoiner began {after:.2f}s")
     assert longest < TIMEOUT + 0.5  # the dead worker's detection at most: nothing of the restart's start-up
     assert after < first_round / 4  # and nothing of its first round: it pushes the clock after the open one
+    # the killed life's steps are in no record: summary.json and the printed summary say how many
+    assert summary["faults"]["unrecorded_steps"] == restart["rank_steps"] >= 10
+    assert summary["pushes"] == sum(json.loads((tmp_path / f"worker-{r}.json").read_text())["pushes"] for r in (0, 1))
     table = format_summary(summary)
-    assert re.search(r"^restarted +worker-1 at worker 0's step \d+$", table, re.M)
+    assert re.search(rf"^restarted +worker-1 at worker 0's step \d+ \(the killed lives' {restart['rank_steps']} steps "
+                     r"wrote no record: not in samples/s, pushes or steps.csv\)$", table, re.M), table
 
 
 @pytest.mark.timeout(120)
