@@ -62,7 +62,7 @@ def test_shipped_specs_exist() -> None:
     assert {p.name for p in SPECS} >= {"modes.toml", "stragglers.toml", "mnist1d.toml"}
 
 
-ONE_SEED = {"tiny.toml", "code_lm_lr.toml", "hierarchy_lr.toml", "quorum_code_lm_lr.toml"}
+ONE_SEED = {"tiny.toml", "code_lm_lr.toml", "hierarchy_lr.toml", "quorum_code_lm_lr.toml", "quorum_code_lm_adam.toml"}
 HELD_OUT_SEEDS = {"quorum_code_lm_heldout.toml"}  # seed 0 chose its settings (quorum_code_lm_lr); 1 and 2 report
 
 
