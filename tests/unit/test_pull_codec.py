@@ -129,7 +129,7 @@ def test_the_config_tree_checks_the_pull_settings():
 
 
 def test_compressed_pulls_with_fragments_are_accepted():
-    """A fragment's pull is the compressed change of that fragment (tests/unit/test_fragment_pulls.py)."""
+    """A fragment's pull is the compressed change of that fragment (tests/conformance/test_fragment_pulls.py)."""
     from psrv.config import RunConfig, from_dict
     cfg = from_dict(RunConfig, {"worker": {"local_steps": 4, "fragments": 2, "compress_pull": "sign"}})
     assert (cfg.worker.fragments, cfg.worker.compress_pull) == (2, "sign")
