@@ -188,3 +188,19 @@ def test_rank_0s_final_fragment_pull_is_dense_where_the_copy_is_known():
     assert "pull_codec" in fields and tensor is None  # compressed: the worker's copy of it is known
     fields, tensor, _ = copies.answer_fragment(0, weights + 2, KEYS[2], have=fields["view"], final=True)
     assert "pull_codec" not in fields and torch.equal(tensor, gathered(weights + 2, KEYS[2]))
+
+
+def test_a_fragment_comes_dense_every_resync_th_pull_of_its_own():
+    """resync 3: of each fragment's pulls, the 3rd, 6th, ... are dense (counted per fragment, from the last dense
+    one), whatever the other fragments' pulls in between."""
+    copies = PullCopies(shard=0)
+    copies.greet(0, copies.check(0, _fields("topk:0.05", ef=True, resync=3), SIZE))
+    weights = torch.randn(SIZE, generator=torch.Generator().manual_seed(8))
+    have = copies.answer(0, weights, have=None, final=False)[0]["view"]
+    seen: dict[int, list[str]] = {0: [], 1: []}
+    for i, f in enumerate([0, 1, 0, 0, 1, 0, 0, 1, 1, 0, 1, 1]):
+        fields, tensor, _ = copies.answer_fragment(0, weights + i + 1, KEYS[f], have=have, final=False)
+        have = fields["view"]
+        seen[f].append("compressed" if "pull_codec" in fields else "dense")
+    c, d = "compressed", "dense"
+    assert seen == {0: [c, c, d, c, c, d], 1: [c, c, d, c, c, d]}
