@@ -14,6 +14,7 @@ from psrv.experiments.harness.report_configs import (command_lines, disagreement
                                         mixed_folder_lines, overridden_section, setup_lines, stored_runs,
                                         StoredRun)
 from psrv.experiments.harness.report_behind import behind_lines
+from psrv.experiments.launcher.worker_restarts import unrecorded_steps
 from psrv.experiments.harness.report_traffic import skipped_lines, traffic_lines
 from psrv.experiments.harness.spec import ExperimentSpec
 from psrv.experiments.harness.winner import winner_lines
@@ -107,15 +108,17 @@ def _unrecorded_lines(runs: list[StoredRun]) -> list[str]:
     """The worker lives that died without a record (killed, then brought back: summary.json's
     faults.worker_restarts): their steps are in no samples/s, steps.csv or plot of samples seen. Said per variant,
     with the steps each had done by its progress file (every 10 steps)."""
-    lives: dict[str, list[int]] = {}
+    lives: dict[str, list[int]] = {}  # variant -> [lives, steps]
     for run in runs:
         try:
             faults = json.loads((Path(run.path) / "summary.json").read_text()).get("faults") or {}
         except (OSError, ValueError):
             continue
         dead = faults.get("worker_restarts") or []
-        lives.setdefault(run.variant, []).extend(int(r.get("rank_steps") or 0) for r in dead)
-    notes = [f"`{variant}` {len(steps)} lives, {sum(steps):,} steps" for variant, steps in lives.items() if steps]
+        counts = lives.setdefault(run.variant, [0, 0])
+        counts[0] += len(dead)
+        counts[1] += unrecorded_steps(dead)
+    notes = [f"`{variant}` {n} lives, {steps:,} steps" for variant, (n, steps) in lives.items() if n]
     return [f"samples/s counts the steps of the worker lives that wrote a record; a life killed and brought back "
             f"wrote none. Left out, over all repeats: {'; '.join(notes)}. The Goodput section's useful samples/s "
             "counts every push the shards applied, theirs too.", ""] if notes else []

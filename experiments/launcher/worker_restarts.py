@@ -158,5 +158,9 @@ class WorkerRestarts:
         steps summed, which no record holds, so summary.json's samples_per_second, pushes and steps.csv leave
         them out (the goodput block's useful samples count the pushes the shards applied, theirs too)."""
         settled = self._settled()
-        return {"worker_restarts": settled, "restart_workers": self.limit,
-                "unrecorded_steps": sum(int(r.get("rank_steps") or 0) for r in settled)}
+        return {"worker_restarts": settled, "restart_workers": self.limit, "unrecorded_steps": unrecorded_steps(settled)}
+
+
+def unrecorded_steps(restarts: list[dict]) -> int:
+    """The steps of the worker lives that died without a record: each restart's `rank_steps`, summed."""
+    return sum(int(r.get("rank_steps") or 0) for r in restarts)
