@@ -7,6 +7,7 @@ whose `psrv run` processes take seconds a case). This shows its progress, then t
 the surviving mutants with their diffs and the equivalent ones (tests/conformance/mutant_report.py).
 
     make mutants MUTANTS_ARGS="--paths psrv/server/rules"      # some files or folders only
+    make mutants MUTANTS_ARGS="--paths psrv/server/pulls/copies.py --functions answer state_dict"
     python -m tests.conformance.mutants --report-only            # the last run's report again
 """
 from __future__ import annotations
@@ -57,16 +58,26 @@ def select(paths: list[str] | None) -> list[str]:
     return chosen
 
 
-def to_run(files: list[str], resume: bool) -> list[str]:
+def globs_of(file: str, functions: list[str] | None) -> list[str]:
+    """mutmut's names for a file's mutants (mutmut names a mutant module.x_function__mutmut_N, or
+    module.xǁClassǁmethod__mutmut_N for a method), all of them or those of some functions' names."""
+    module = module_of(file)
+    if not functions:
+        return [f"{module}.x*"]
+    return [g for fn in functions for g in (f"{module}.x_{fn}__mutmut_*", f"{module}.xǁ*ǁ{fn}__mutmut_*")]
+
+
+def to_run(files: list[str], resume: bool, functions: list[str] | None = None) -> list[str]:
     """mutmut's names of the mutants to test: each file's, by glob (mutmut tests again whatever it is
-    named); with `resume`, only those without a verdict yet, where the file's mutants exist already."""
-    globs = [f"{module_of(f)}.x*" for f in files]  # mutmut names a mutant module.x_function or module.xǁClassǁ
+    named), or only its `functions`' mutants; with `resume`, only those without a verdict yet, where the
+    file's mutants exist already."""
     if not resume:
-        return globs
+        return [g for f in files for g in globs_of(f, functions)]
     ms = verdicts(ROOT, files)
     known = {m.file for m in ms}
-    return [m.name for m in ms if m.status == "not checked"] + [
-        g for f, g in zip(files, globs) if f not in known]
+    return [m.name for m in ms if m.status == "not checked"
+            and any(fnmatch.fnmatchcase(m.name, g) for g in globs_of(m.file, functions))] + [
+        g for f in files if f not in known for g in globs_of(f, functions)]
 
 
 class Phase:
@@ -132,12 +143,12 @@ def _clock(seconds: float) -> str:
     return f"{s // 3600}h{s // 60 % 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-def run(files: list[str], *, jobs: int, resume: bool) -> int:
-    """mutmut over `files`, its output in mutants/run.log; its exit code."""
+def run(files: list[str], *, jobs: int, resume: bool, functions: list[str] | None = None) -> int:
+    """mutmut over `files` (or their `functions`), its output in mutants/run.log; its exit code."""
     if not resume:
         shutil.rmtree(MUTANTS, ignore_errors=True)  # fresh: mutmut's cache cannot see a change to the tests
     MUTANTS.mkdir(exist_ok=True)
-    names = to_run(files, resume)
+    names = to_run(files, resume, functions)
     if not names:
         print("every mutant of those files has its verdict already")
         return 0
@@ -175,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true",
                         help="keep mutants/ and test only the mutants without a verdict (after an interruption, "
                              "with no change to psrv or the tests in between)")
+    parser.add_argument("--functions", nargs="+", metavar="NAME",
+                        help="only the mutants of these functions or methods (by name, e.g. answer "
+                             "load_state_dict), where a run stopped part way and the tests have changed since")
     parser.add_argument("--report-only", action="store_true", help="print the last run's report; run nothing")
     parser.add_argument("--equivalent", type=Path, default=EQUIVALENT,
                         help="the list of equivalent mutants, with a reason each "
@@ -185,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         parser.error(str(e))
     start = time.monotonic()
-    rc = 0 if args.report_only else run(files, jobs=args.jobs, resume=args.resume)
+    rc = 0 if args.report_only else run(files, jobs=args.jobs, resume=args.resume,
+                                                functions=args.functions)
     if rc and rc != 130:
         return rc
     os.chdir(ROOT)  # mutmut's own diff reads mutants/ from the working directory
