@@ -112,9 +112,20 @@ def against(run_dir: str | Path, *, out: str | Path, **simulate: object) -> dict
               "codec_cost": cfg.simulate.codec_cost, "codec_cost_ms": summary["codec_cost_ms"],
               "codec_cost_load_average": summary["codec_cost_load_average"],
               "steady_samples_per_second": {"real": real, "simulated": simulated, "relative": relative,
-                                            "agrees": None if relative is None else abs(relative) <= WITHIN}}
+                                            "agrees": None if relative is None else abs(relative) <= WITHIN},
+              **{k: summary[k] for k in ("kills", "goodput", "goodput_end_to_end") if summary.get(k) is not None}}
+    if "kills" in result:  # the real run's kills, beside the simulated ones: the same ranks, in the same order
+        result["real_kills"] = real_kills(run_dir)
     (out / "against.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+def real_kills(run_dir: Path) -> list[dict]:
+    """The kills the run's nemesis made (DIR/nemesis.jsonl): their seconds and ranks."""
+    path = run_dir / "nemesis.jsonl"
+    lines = [json.loads(s) for s in path.read_text().splitlines() if s.strip()] if path.exists() else []
+    return [{"at": e["at"], "rank": int(e["target"].split(":")[1])} for e in lines
+            if e.get("ev") == "fault" and e.get("kind") == "kill" and e.get("done")]
 
 
 def format_against(result: dict) -> str:
@@ -127,6 +138,13 @@ def format_against(result: dict) -> str:
              f"links {result['bandwidth_gbps']:g} Gbit/s, latency {result['latency_ms']:g} ms; compute: the run's "
              "own steps"]
     lines.append(format_codec_cost(result["codec_cost"], result["codec_cost_ms"], result.get("codec_cost_load_average")))
+    if "kills" in result:
+        sim = ", ".join(f"rank {k['rank']} at {k['t']:g}s" for k in result["kills"]) or "none"
+        real = ", ".join(f"rank {k['rank']} at {k['at']}" for k in result["real_kills"]) or "none"
+        lines.append(f"kills: simulated {sim}; the real run's {real}")
+    if result.get("goodput") is not None:
+        lines.append(f"simulated goodput {result['goodput']:.3f} while every worker ran, end to end "
+                     f"{result['goodput_end_to_end']:.3f}, against the same run simulated clean")
     if result["not_simulated"]:
         lines.append("not simulated (left at defaults): " + ", ".join(result["not_simulated"]))
     return "\n".join(lines)

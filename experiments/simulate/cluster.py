@@ -16,7 +16,9 @@ weights the worker pulled and applies it on a real psrv Shard, in the order simu
 Failures (`fail_mtbf`, experiments/simulate/failures.py): a worker fails at times drawn per worker; its pending event
 is cancelled (each heap entry carries the worker's generation), the steps of its round not yet answered are lost and
 done again, it leaves every shard's active set as the shard service's _remove makes it, and it rejoins after
-`fail_down` seconds, pulling the weights for the clock the shards hand it before it computes again."""
+`fail_down` seconds, pulling the weights for the clock the shards hand it before it computes again. Kills on psrv
+run's nemesis schedule (experiments/simulate/kills.py) use the same steps, as a killed and restarted psrv worker
+meets them instead."""
 from __future__ import annotations
 
 import heapq
@@ -46,6 +48,8 @@ class Recorded:
     end: list[float] = field(default_factory=list)        # per worker: its last step's end
     failures: int = 0                                     # workers' failures
     lost_steps: int = 0                                   # steps computed, then lost to a failure and done again
+    skipped_steps: int = 0                                # steps a restarted or left-behind worker never did
+    kills: list[dict] = field(default_factory=list)       # --nemesis: each kill made (experiments/simulate/kills.py)
     dropped_steps: int = 0                                # steps whose push some shard dropped (late)
     first_push: float | None = None                       # the span (goodput while every rank ran): its start,
     span_end: float | None = None                         # the first worker's last step's end,
@@ -337,10 +341,15 @@ class Cluster:
         if step + 1 < self.steps:
             self._start_round(w, end)
         else:
-            if not rec.end:  # the first worker done: the span of every rank running ends (a real run's goodput)
-                rec.span_end, rec.span_steps = end, sum(self.done) - rec.dropped_steps
-            rec.end.append(end)
-            self.leaving.append((w, end + self.latency))
+            self.finish(w, end)
+
+    def finish(self, w: int, end: float) -> None:
+        """Worker `w` has no step left at `end`: it leaves (its LEAVE handled after this event)."""
+        rec = self.rec
+        if not rec.end:  # the first worker done: the span of every rank running ends (a real run's goodput)
+            rec.span_end, rec.span_steps = end, sum(self.done) - rec.dropped_steps - rec.skipped_steps
+        rec.end.append(end)
+        self.leaving.append((w, end + self.latency))
 
     def leave(self, w: int, t: float) -> None:
         """Worker `w`'s LEAVE reaches every shard at `t`: as the shard service's _remove, it leaves the

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from psrv.config import ConfigError, RunConfig
 from psrv.config.base import default_of, leaves, section
+from psrv.config.nemesis import Fixed, kinds_of, parse_schedule
 from psrv.config.sections import SimulateSettings
 
 # The settings of a run the simulator models (a key, or a section ending in '.'); the others (where
@@ -16,7 +17,7 @@ SIMULATED = ("mode", "staleness", "backup_workers", "quorum", "quorum_max_age", 
              "worker.compress_pull", "worker.pull_error_feedback", "worker.pull_resync", "worker.fragments",
              "worker.outer_dtype", "worker.inner_optimizer", "worker.inner_lr", "faults.compute_ms",
              "faults.straggler", "faults.transient_stragglers", "hierarchy.regions", "hierarchy.region_every",
-             "simulate.")
+             "nemesis.schedule", "restarts.workers", "server.worker_timeout", "simulate.")
 
 
 def is_simulated(key: str) -> bool:
@@ -53,9 +54,44 @@ class SimulationConfig(RunConfig):
             raise ConfigError("simulate.fail_mtbf", "failures at the learning level (a lost round's gradients) are not "
                               "simulated; use level 'timing'")
         _regions(self)
+        _kills(self)
         if self.simulate.level == "learning" and self.worker.local_updates:
             raise ConfigError("simulate.level", "learning with local steps (an inner optimizer per worker) is not "
                               "simulated; use level 'timing' or local_steps 1")
+
+
+def _kills(cfg: SimulationConfig) -> None:
+    """psrv run's nemesis, kills of workers only (experiments/simulate/kills.py), and what goes with it."""
+    sim, schedule = cfg.simulate, cfg.nemesis.schedule
+    if not schedule:
+        for key, value, default, what in (
+                ("restarts.workers", cfg.restarts.workers, 0, "restarts the workers --nemesis kills"),
+                ("server.worker_timeout", cfg.server.worker_timeout, default_of(_field("server.worker_timeout")),
+                 "is when the shards let a killed worker go"),
+                ("simulate.fail_down", sim.fail_down, 1.0, "is how long a failed or killed worker stays down")):
+            if value != default and not (key == "simulate.fail_down" and sim.fail_mtbf):
+                raise ConfigError(key, f"{what}, and there is no --nemesis schedule"
+                                       f"{'' if key != 'simulate.fail_down' else ' nor --fail-mtbf'}: remove it")
+        return
+    clauses = parse_schedule(schedule)
+    other = sorted(kinds_of(schedule) - {"kill"})
+    targets = sorted({str(t) for c in clauses for t in c.targets if t.role != "worker"})
+    if other or targets:
+        raise ConfigError("nemesis.schedule", f"the simulator kills workers only (kill worker:R or worker:*); "
+                                              f"{', '.join(other + targets)} is not simulated")
+    at_step = [c for c in clauses if isinstance(c, Fixed) and c.at.step is not None]
+    if at_step:
+        raise ConfigError("nemesis.schedule", f"a kill at step {at_step[0].at.step} of worker 0's is not simulated; "
+                                              "give its time in seconds ('at 30s')")
+    for given, key, what in ((sim.level == "learning", "simulate.level", "at the learning level"),
+                             (sim.fail_mtbf, "simulate.fail_mtbf", "beside --fail-mtbf's failures"),
+                             (cfg.worker.fragments > 1, "worker.fragments", "with streaming DiLoCo's fragments")):
+        if given:
+            raise ConfigError(key, f"kills (--nemesis) {what} are not simulated: remove one")
+
+
+def _field(key: str):
+    return next(f for k, f, _ in leaves(RunConfig) if k == key)
 
 
 NOT_SIMULATED = tuple(key for key, _, _ in leaves(SimulationConfig) if not is_simulated(key))
@@ -72,7 +108,8 @@ def _regions(cfg: SimulationConfig) -> None:
                                                      "--regions R (R > 1) and --region-every K > 0 too")
         return
     for given, key, what in ((sim.level == "learning", "simulate.level", "learning (level 'timing' only)"),
-                             (sim.fail_mtbf, "simulate.fail_mtbf", "failures")):
+                             (sim.fail_mtbf, "simulate.fail_mtbf", "failures"),
+                             (cfg.nemesis.schedule, "nemesis.schedule", "kills")):
         if given:
             raise ConfigError(key, f"{what} with regional shards (--regions, --region-every > 0) is not simulated: "
                                    "remove one")

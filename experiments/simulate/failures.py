@@ -46,7 +46,9 @@ class Failures:
             self._schedule(w, t)
 
 
-def fail(c, w: int, t: float) -> None:
+def fail(c, w: int, t: float, *, leave: bool = True) -> None:
+    """Worker `w` fails at `t`; `leave`: the shards learn of it at once (else at its new life's HELLO, or after their
+    worker timeout: experiments/simulate/kills.py)."""
     rec = c.rec
     rec.failures += 1
     c.gen[w] += 1
@@ -64,16 +66,28 @@ def fail(c, w: int, t: float) -> None:
     # come up (a scan of every held pull here cost each failure O(N))
     if w < c.sample:
         rec.rows[:] = [row for row in rec.rows if row["worker"] != w or row["wall_time"] <= t]
-    c.leave(w, t)
+    if leave:
+        c.leave(w, t)
 
 
-def rejoin(c, w: int, t: float) -> None:
+def rejoin(c, w: int, t: float, *, from_clock: bool = False) -> None:
+    """Worker `w` joins every shard again at `t` and pulls; `from_clock`: it starts at the first step of the clock
+    the shards hand it, as a restarted psrv worker does (the steps before are skipped, never done), else at the
+    first step of the round it lost."""
     c.down[w] = False
     clock = c.clock[w]
     for ctrl in c.controllers:
         ctrl.join(w)
         clock = max(clock, ctrl.counted_from(w) or 0, ctrl.next_clock(w))
-    c.clock[w], c.rejoining[w] = clock, True
+    c.clock[w] = clock
+    if from_clock and clock * c.h > c.done[w]:
+        first = min(clock * c.h, c.steps)
+        c.rec.skipped_steps += first - c.done[w]
+        c.done[w] = first
+        if first >= c.steps:  # nothing left for it: it ends as it joins
+            c.finish(w, t)
+            return
+    c.rejoining[w] = True
     c.pushed_at[w], c.replies[w], c.held[w], c.reply_at[w] = t, c.s, 0.0, t
     for s, ctrl in enumerate(c.controllers):
         ctrl.expect(w, clock)

@@ -70,7 +70,10 @@ def clean_config(cfg: SimulationConfig) -> SimulationConfig:
     import dataclasses
     return dataclasses.replace(
         cfg, simulate=dataclasses.replace(cfg.simulate, fail_mtbf=0.0, fail_down=1.0, goodput=False),
-        faults=dataclasses.replace(cfg.faults, straggler="", transient_stragglers=""))
+        faults=dataclasses.replace(cfg.faults, straggler="", transient_stragglers=""),
+        nemesis=dataclasses.replace(cfg.nemesis, schedule=""),
+        restarts=dataclasses.replace(cfg.restarts, workers=0),
+        server=dataclasses.replace(cfg.server, worker_timeout=type(cfg.server)().worker_timeout))
 
 
 def _run(cfg: SimulationConfig, model: ComputeModel, network: NetworkModel, plan: PartitionPlan, codec, learner) -> Recorded:
@@ -107,6 +110,10 @@ def _cluster(cfg: SimulationConfig, model: ComputeModel, network: NetworkModel, 
     if sim.fail_mtbf:
         from psrv.experiments.simulate.failures import Failures
         failures = Failures(n, mtbf=sim.fail_mtbf, down=sim.fail_down, seed=cfg.seed, steps=cfg.job.steps)
+    elif cfg.nemesis.schedule:
+        from psrv.experiments.simulate.kills import Kills
+        failures = Kills(cfg.nemesis.schedule, workers=n, seed=cfg.seed, down=sim.fail_down,
+                         restarts=cfg.restarts.workers, worker_timeout=cfg.server.worker_timeout)
     cluster = Cluster(workers=n, shards=cfg.cluster.servers, mode=cfg.mode, staleness=cfg.staleness,
                       backup_workers=cfg.backup_workers, quorum=cfg.quorum, quorum_max_age=cfg.quorum_max_age,
                       quorum_grace=cfg.quorum_grace, quorum_grace_adaptive=cfg.quorum_grace_adaptive,
@@ -135,8 +142,9 @@ def pushes_every(worker) -> int:
 
 
 def useful(cfg: SimulationConfig, rec: Recorded) -> tuple[int, float]:
-    """(useful samples: every step's but those of rounds some shard dropped; their rate end to end)."""
-    samples = (cfg.cluster.workers * cfg.job.steps - rec.dropped_steps) * cfg.job.batch_size
+    """(useful samples: every step's but those of rounds some shard dropped and those a killed worker never did;
+    their rate end to end)."""
+    samples = (cfg.cluster.workers * cfg.job.steps - rec.dropped_steps - rec.skipped_steps) * cfg.job.batch_size
     return samples, samples / max(max(rec.end, default=0.0), 1e-12)
 
 
@@ -194,6 +202,8 @@ def summarise(cfg: SimulationConfig, rec: Recorded, *, learner, plan_total: int,
         "sampled_workers": min(cfg.simulate.sample_workers, cfg.cluster.workers),
         "failures": rec.failures, "lost_samples": rec.lost_steps * cfg.job.batch_size,
         "dropped_samples": rec.dropped_steps * cfg.job.batch_size, "useful_samples": kept,
+        "skipped_samples": rec.skipped_steps * cfg.job.batch_size,
+        **({"kills": rec.kills} if cfg.nemesis.schedule else {}),
         "useful_samples_per_second_end_to_end": rate,
         "goodput_end_to_end": rate / useful(cfg, clean)[1] if clean is not None else None,
         "useful_samples_per_second": while_all_ran,

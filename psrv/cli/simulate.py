@@ -32,8 +32,10 @@ def add(sub) -> None:
     m.add_argument("--against", type=Path, metavar="RUN_DIR", help="simulate a real run made already (its "
                    "config.json; a run on emulated hosts gives its bandwidth to every link), each step's compute one "
                    "of its own steps, the latency --latency-ms, and print the steady samples/s of both: the "
-                   "simulator's byte and codec-cost model against a network-bound run (DIR/against.json). Of the other "
-                   "options only --latency-ms, --server-ms, --codec-cost, --forward-fraction and --out go with it")
+                   "simulator's byte and codec-cost model against a network-bound run (DIR/against.json); a run with "
+                   "--nemesis kills is simulated with its schedule, --fail-down the restart's seconds. Of the other "
+                   "options only --latency-ms, --server-ms, --codec-cost, --forward-fraction, --fail-down, --goodput "
+                   "and --out go with it")
 
 
 def command(a: argparse.Namespace) -> int:
@@ -71,12 +73,15 @@ def command(a: argparse.Namespace) -> int:
     return 0
 
 
+# the simulator's own settings --against takes beside the run's config
+AGAINST = ("latency_ms", "server_ms", "codec_cost", "forward_fraction", "fail_down", "goodput")
+
+
 def _against(a: argparse.Namespace) -> int:
-    extra = {k for k in given(a).get("simulate", {}) if k not in ("latency_ms", "server_ms", "codec_cost",
-                                                                        "forward_fraction")}
+    extra = {k for k in given(a).get("simulate", {}) if k not in AGAINST}
     if a.spec or a.config or a.calibrate or extra or set(given(a)) - {"simulate"}:
         raise ValueError("--against: the run's config.json holds the setting; give only --latency-ms, "
-                         "--server-ms, --codec-cost, --forward-fraction and --out with it")
+                         "--server-ms, --codec-cost, --forward-fraction, --fail-down, --goodput and --out with it")
     import torch
     torch.set_num_threads(1)
     from psrv.experiments.simulate.against import against, format_against

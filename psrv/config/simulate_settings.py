@@ -51,7 +51,8 @@ class SimulateSettings(Section):
                                "(drawn per worker from the seed), loses the steps since its last answered push, "
                                "and rejoins --fail-down seconds later with the shards' current weights; 0: no "
                                "failures (timing level only)", minimum=0.0, metavar="SECONDS")
-    fail_down: float = setting(1.0, "seconds a failed worker is down before it rejoins", minimum=0.0,
+    fail_down: float = setting(1.0, "seconds a failed worker (--fail-mtbf) is down before it rejoins, or a killed one "
+                               "(--nemesis) before its new life says HELLO", minimum=0.0,
                                metavar="SECONDS")
     goodput: bool = setting(False, "simulate the same run again without failures and stragglers, and report goodput: "
                             "useful samples/s over that clean run's")
@@ -60,6 +61,3 @@ class SimulateSettings(Section):
         super().validate()
         if (self.compute == "steps.csv") != bool(self.compute_csv):
             raise ConfigError("compute_csv", "goes with compute 'steps.csv', and it needs one")
-        if self.fail_down != 1.0 and not self.fail_mtbf:
-            raise ConfigError("fail_down", "is how long a failed worker stays down, and --fail-mtbf is 0 (no failures): "
-                              "remove it")

@@ -60,12 +60,13 @@ SURFACE = {
                    "--heloco-kappa", "--heloco-keep", "--heloco-reorient", "--heloco-shrink", "--inner-lr",
                    "--inner-optimizer", "--job", "--latency-ms", "--level", "--local-steps", "--log-level",
                    "--lognormal-sigma", "--lr", "--lr-decay-steps", "--lr-end-factor", "--lr-gamma", "--lr-schedule",
-                   "--lr-step-size", "--mode", "--model-ms", "--momentum", "--nesterov", "--no-overlap",
+                   "--lr-step-size", "--mode", "--model-ms", "--momentum", "--nemesis", "--nesterov", "--no-overlap",
                    "--no-pull-error-feedback", "--optimizer", "--out", "--outer-dtype", "--pull-resync", "--quorum",
                    "--quorum-grace", "--quorum-grace-adaptive", "--quorum-max-age", "--region-bandwidth-gbps",
-                   "--region-every", "--region-latency-ms", "--regions", "--sample-workers", "--seed", "--server-ms",
-                   "--servers", "--spec", "--staleness", "--steps", "--straggler", "--transient-stragglers",
-                   "--update-rule", "--warmup-steps", "--weight-decay", "--wire-dtype", "--workers")),
+                   "--region-every", "--region-latency-ms", "--regions", "--restart-workers", "--sample-workers",
+                   "--seed", "--server-ms", "--servers", "--spec", "--staleness", "--steps", "--straggler",
+                   "--transient-stragglers", "--update-rule", "--warmup-steps", "--weight-decay", "--wire-dtype",
+                   "--worker-timeout", "--workers")),
 }
 
 

@@ -88,3 +88,23 @@ def test_the_codec_cost_is_charged_and_written_unless_off(run_dir: Path, tmp_pat
     assert got["measured"]["codec_cost_ms"]["shard_pull"][0] > 0 and got["off"]["codec_cost_ms"]["shard_pull"] == [0.0]
     rates = {k: v["steady_samples_per_second"]["simulated"] for k, v in got.items()}
     assert rates["measured"] < rates["off"]
+
+
+def test_a_run_with_kills_is_simulated_with_its_schedule_and_its_kills_named_beside_the_real_ones(
+        run_dir: Path, tmp_path: Path, capsys) -> None:
+    """The run's config as if made with `--nemesis "kill worker:1 at 0.01s" --restart-workers 1` and its nemesis's
+    record of that kill: the simulation kills rank 1 at 0.01 s too, and with --goodput says what it cost."""
+    copy = tmp_path / "killed"
+    shutil.copytree(run_dir, copy)
+    cfg = json.loads((copy / "config.json").read_text())
+    cfg["nemesis"], cfg["restarts"] = {"schedule": "kill worker:1 at 0.01s"}, {"workers": 1}
+    (copy / "config.json").write_text(json.dumps(cfg))
+    (copy / "nemesis.jsonl").write_text(json.dumps({"ev": "fault", "id": 1, "kind": "kill", "target": "worker:1",
+                                                    "at": "0.01s", "done": True}) + "\n")
+    out = tmp_path / "sim"
+    assert main(["simulate", "--against", str(copy), "--goodput", "--fail-down", "0.02", "--out", str(out)]) == 0
+    got = json.loads((out / "against.json").read_text())
+    assert got["kills"] == [{"t": 0.01, "rank": 1, "restarted": True}] and got["real_kills"] == [
+        {"at": "0.01s", "rank": 1}]
+    assert 0 < got["goodput_end_to_end"] < 1
+    assert "kills: simulated rank 1 at 0.01s; the real run's rank 1 at 0.01s" in capsys.readouterr().out

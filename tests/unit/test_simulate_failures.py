@@ -72,7 +72,7 @@ def test_the_same_seed_fails_the_same_way_and_another_does_not():
 
 
 def test_failures_are_refused_where_they_mean_nothing():
-    with pytest.raises(ConfigError, match="simulate.fail_down: is how long a failed worker stays down"):
+    with pytest.raises(ConfigError, match="simulate.fail_down: is how long a failed or killed worker stays down"):
         from_dict(SimulationConfig, {"simulate": {"fail_down": 2.0}})
     with pytest.raises(ConfigError, match="simulate.fail_mtbf: failures at the learning level"):
         from_dict(SimulationConfig, {"simulate": {"fail_mtbf": 1.0, "level": "learning"}})

@@ -2,6 +2,7 @@
 and every `*` target drawn too, so one schedule and one seed give the same faults in the same order every time."""
 from __future__ import annotations
 
+import heapq
 import random
 from dataclasses import dataclass
 from typing import Iterator
@@ -82,3 +83,20 @@ class Timeline:
                 out.append(self.heads[i])
                 self.heads[i] = next(stream)
         return sorted(out, key=lambda p: (p.at.seconds if p.at.seconds is not None else -1.0, p.clause))
+
+    def in_time_order(self) -> Iterator[Planned]:
+        """Every fault still to come, in the order of its seconds (as `due` hands them out), endless where a
+        clause draws: for the simulator, whose clock is its own. ValueError for a fault due at a step."""
+        at_step = [p for p in self.fixed if p.at.step is not None]
+        if at_step:
+            raise ValueError(f"{at_step[0]}: a fault at a step of worker 0's is not simulated; give its time in "
+                             "seconds ('at 30s')")
+        heads = [(p.at.seconds, p.clause, -1, p) for p in self.fixed]
+        heads += [(p.at.seconds, p.clause, i, p) for i, p in enumerate(self.heads)]
+        heapq.heapify(heads)
+        while heads:
+            _, clause, i, planned = heapq.heappop(heads)
+            yield planned
+            if i >= 0:
+                nxt = next(self.streams[i])
+                heapq.heappush(heads, (nxt.at.seconds, nxt.clause, i, nxt))
