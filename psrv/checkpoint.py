@@ -132,6 +132,10 @@ class Checkpointer:
         self.seconds: float | None = None  # how long the last successful write took
         self.bytes_per_s = pace_from_env()
         self._last = now()
+        self._on_disk = self._last  # when the state the newest checkpoint on disk holds was taken (none: the start)
+        # the oldest the newest checkpoint on disk has been, in seconds: a shard dying then would lose that much;
+        # --checkpoint-every promises about `every` plus a write, and a writer starved of CPU breaks it
+        self.max_age: float | None = None
 
     def due(self) -> bool:
         return self.path is not None and self.every > 0 and self.now() - self._last >= self.every
@@ -149,6 +153,7 @@ class Checkpointer:
         """Write `state` (the shard's, at `version`); a failure (disk full...) is logged and answered
         with None, never fatal to the shard's loop."""
         assert self.path is not None, "Checkpointer.write without a directory"
+        taken = self._last  # begin()'s: one write at a time, so no other begin() comes before this one lands
         started = time.perf_counter()
         try:
             write_atomic(self.path, state, bytes_per_s=self.bytes_per_s)
@@ -159,7 +164,18 @@ class Checkpointer:
         self.count += 1
         self.version = version
         log.info("shard %d: checkpoint at version %d -> %s (%.3fs)", self.shard, version, self.path, self.seconds)
+        self._landed(taken)
         return str(self.path)
+
+    def _landed(self, taken: float) -> None:
+        """A checkpoint of the state taken at `taken` is on disk now: until now the one before it was the newest."""
+        age = self.now() - self._on_disk
+        self.max_age = age if self.max_age is None else max(self.max_age, age)
+        if self.every > 0 and age > 2 * self.every:
+            log.warning("shard %d: the newest checkpoint on disk was %.1fs old before this one landed "
+                        "(--checkpoint-every %gs): the writer is short of CPU or disk; a shard lost then would have "
+                        "lost that much", self.shard, age, self.every)
+        self._on_disk = taken
 
     def load(self) -> dict | None:
         """The checkpoint's dict, or None when there is none yet; CheckpointError if it is damaged."""

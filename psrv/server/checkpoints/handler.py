@@ -119,7 +119,7 @@ class Checkpoints:
     def summary(self) -> dict:
         c = self.checkpointer
         return {"checkpoints": c.count, "checkpoint_version": c.version, "checkpoint_seconds": c.seconds,
-                "checkpoint_writing": self.writer.writing}
+                "checkpoint_max_age_seconds": c.max_age, "checkpoint_writing": self.writer.writing}
 
 
 class AdminCheckpoints:
