@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 
 from psrv.config import RunConfig, from_dict, to_dict
@@ -99,6 +101,14 @@ def against(run_dir: str | Path, *, out: str | Path, **simulate: object) -> dict
     run_dir, out = Path(run_dir), Path(out)
     if not (run_dir / "steps.csv").exists() or not (run_dir / "config.json").exists():
         raise ValueError(f"--against {run_dir}: not a finished run's folder (no steps.csv and config.json there)")
+    restarts = None
+    if "fail_down" not in simulate and _killed(run_dir):  # the restart's seconds, as the run's own logs say
+        downs = restart_seconds(run_dir)
+        if not downs:
+            raise ValueError(f"--against {run_dir}: its kills' restarts are not in its logs (no 'takes rank R over' "
+                             "line a restarted worker's life started before); give --fail-down SECONDS")
+        simulate = {**simulate, "fail_down": statistics.mean(downs)}
+        restarts = {"count": len(downs), "min": min(downs), "max": max(downs)}
     cfg, dropped = simulation_of(run_dir, **simulate)
     plan = None
     if cfg.job.script:  # no job to build: the model's shapes and the steps as the run's records say
@@ -116,8 +126,47 @@ def against(run_dir: str | Path, *, out: str | Path, **simulate: object) -> dict
               **{k: summary[k] for k in ("kills", "goodput", "goodput_end_to_end") if summary.get(k) is not None}}
     if "kills" in result:  # the real run's kills, beside the simulated ones: the same ranks, in the same order
         result["real_kills"] = real_kills(run_dir)
+        result["fail_down"] = {"seconds": cfg.simulate.fail_down,
+                               "from": "--fail-down" if restarts is None else "the run's logs", **(restarts or {})}
     (out / "against.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+def _killed(run_dir: Path) -> bool:
+    cfg = json.loads((run_dir / "config.json").read_text())
+    return bool((cfg.get("nemesis") or {}).get("schedule")) and bool((cfg.get("restarts") or {}).get("workers"))
+
+
+_TAKEOVER = re.compile(r"a new process takes rank (\d+) over")
+_STAMP = "%Y-%m-%d %H:%M:%S,%f"  # psrv's log lines begin with it (psrv/cli/main.py)
+
+
+def _stamp(line: str) -> datetime | None:
+    try:
+        return datetime.strptime(line[:23], _STAMP)
+    except ValueError:
+        return None
+
+
+def restart_seconds(run_dir: Path) -> list[float]:
+    """Each restart's seconds in a run with killed and restarted workers: from its new life's first log line
+    (DIR/worker-R.log, its dead lives' worker-R.log.1, .2, ...) to shard 0's 'a new process takes rank R over'."""
+    starts: dict[int, list[datetime]] = {}
+    for path in run_dir.glob("worker-*.log*"):
+        rank = re.match(r"worker-(\d+)\.log", path.name)
+        with open(path, errors="replace") as f:
+            first = _stamp(f.readline())
+        if rank and first is not None:
+            starts.setdefault(int(rank[1]), []).append(first)
+    server = run_dir / "server-0.log"
+    downs = []
+    for line in server.read_text(errors="replace").splitlines() if server.exists() else []:
+        found, at = _TAKEOVER.search(line), _stamp(line)
+        if found and at is not None:
+            began = [t for t in starts.get(int(found[1]), []) if t <= at]
+            if began:
+                downs.append((at - max(began)).total_seconds())
+    return downs
 
 
 def real_kills(run_dir: Path) -> list[dict]:
@@ -142,6 +191,10 @@ def format_against(result: dict) -> str:
         sim = ", ".join(f"rank {k['rank']} at {k['t']:g}s" for k in result["kills"]) or "none"
         real = ", ".join(f"rank {k['rank']} at {k['at']}" for k in result["real_kills"]) or "none"
         lines.append(f"kills: simulated {sim}; the real run's {real}")
+        down = result["fail_down"]
+        lines.append(f"a killed worker down {down['seconds']:.2f}s (" + (
+            "--fail-down" if down["from"] == "--fail-down" else
+            f"the mean of the run's {down['count']} restarts in its logs, {down['min']:.2f} to {down['max']:.2f}s") + ")")
     if result.get("goodput") is not None:
         lines.append(f"simulated goodput {result['goodput']:.3f} while every worker ran, end to end "
                      f"{result['goodput_end_to_end']:.3f}, against the same run simulated clean")

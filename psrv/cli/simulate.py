@@ -33,7 +33,8 @@ def add(sub) -> None:
                    "config.json; a run on emulated hosts gives its bandwidth to every link), each step's compute one "
                    "of its own steps, the latency --latency-ms, and print the steady samples/s of both: the "
                    "simulator's byte and codec-cost model against a network-bound run (DIR/against.json); a run with "
-                   "--nemesis kills is simulated with its schedule, --fail-down the restart's seconds. Of the other "
+                   "--nemesis kills is simulated with its schedule, a killed worker down as long as its restarts took "
+                   "by the run's logs (or --fail-down). Of the other "
                    "options only --latency-ms, --server-ms, --codec-cost, --forward-fraction, --fail-down, --goodput "
                    "and --out go with it")
 

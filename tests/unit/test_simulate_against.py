@@ -106,5 +106,35 @@ def test_a_run_with_kills_is_simulated_with_its_schedule_and_its_kills_named_bes
     got = json.loads((out / "against.json").read_text())
     assert got["kills"] == [{"t": 0.01, "rank": 1, "restarted": True}] and got["real_kills"] == [
         {"at": "0.01s", "rank": 1}]
-    assert 0 < got["goodput_end_to_end"] < 1
+    assert 0 < got["goodput_end_to_end"] < 1 and got["fail_down"] == {"seconds": 0.02, "from": "--fail-down"}
     assert "kills: simulated rank 1 at 0.01s; the real run's rank 1 at 0.01s" in capsys.readouterr().out
+
+
+def test_the_restarts_seconds_are_read_from_the_runs_logs(tmp_path: Path) -> None:
+    """Each from the new life's first log line to shard 0's takeover line for its rank; a life started after the
+    takeover (a later restart) is not the one taken over."""
+    from psrv.experiments.simulate.against import restart_seconds
+    line = "2026-12-02 05:{} worker 6 INFO psrv.process: torch threads 1\n"
+    (tmp_path / "worker-6.log.1").write_text(line.format("37:09,216"))  # the first life
+    (tmp_path / "worker-6.log.2").write_text(line.format("38:49,208"))  # killed at 05:38:49
+    (tmp_path / "worker-6.log").write_text(line.format("39:49,352"))    # killed again at 05:39:49
+    (tmp_path / "worker-2.log").write_text(line.format("37:09,100"))
+    (tmp_path / "server-0.log").write_text(
+        "2026-12-02 05:37:08,845 server 0 INFO psrv.server: shard 0/1 serving sync\n"
+        "2026-12-02 05:38:52,420 server 0 INFO psrv.server: shard 0: a new process takes rank 6 over (the previous "
+        "one died, its launcher says)\n"
+        "2026-12-02 05:39:55,257 server 0 INFO psrv.server: shard 0: a new process takes rank 6 over (the previous "
+        "one died, its launcher says)\n")
+    assert restart_seconds(tmp_path) == pytest.approx([3.212, 5.905])
+    (tmp_path / "server-0.log").write_text("")
+    assert restart_seconds(tmp_path) == []
+
+
+def test_a_kill_run_whose_logs_hold_no_restart_asks_for_fail_down(run_dir: Path, tmp_path: Path, capsys) -> None:
+    copy = tmp_path / "killed"
+    shutil.copytree(run_dir, copy)
+    cfg = json.loads((copy / "config.json").read_text())
+    cfg["nemesis"], cfg["restarts"] = {"schedule": "kill worker:1 at 0.01s"}, {"workers": 1}
+    (copy / "config.json").write_text(json.dumps(cfg))
+    assert main(["simulate", "--against", str(copy), "--out", str(tmp_path / "sim")]) == 2
+    assert "its kills' restarts are not in its logs" in capsys.readouterr().err
