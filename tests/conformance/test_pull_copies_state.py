@@ -89,6 +89,42 @@ def test_a_backup_given_the_copies_state_answers_every_later_pull_as_its_primary
     assert primary.copies[0].since and any(n > 0 for n in primary.copies[0].since.values())
 
 
+@pytest.mark.parametrize("codec", ["topk:0.05", "randomk:0.1"])
+def test_a_state_written_before_the_copies_knew_fragments_loads_as_whole_copies(codec):
+    """A checkpoint of the same format (psrv/checkpoint.py FORMAT 1) written before fragment pulls came holds no
+    `whole`, `known` or `since` for a copy: a copy with a mirror was whole then, one without none yet. Loaded,
+    it is the copy its primary holds after whole pulls only, and answers the later pulls as its primary."""
+    gen = torch.Generator().manual_seed(3)
+    weights = torch.randn(SIZE, generator=gen)
+    primary = PullCopies(shard=0)
+    for worker in (0, 2, 4):
+        primary.greet(worker, primary.check(worker, _fields(codec, ef=True, resync=3), SIZE))
+    have = {0: None, 2: None, 4: None}
+
+    def pull(shards: list[PullCopies], worker: int) -> None:
+        weights.add_(torch.randn(SIZE, generator=gen) * 0.1)
+        answers = [sh.answer(worker, weights, have=have[worker], final=False) for sh in shards]
+        for other in answers[1:]:
+            _same_answer(answers[0], other)
+        have[worker] = answers[0][0]["view"]
+
+    for worker in (0, 2, 0, 2, 0):  # rank 4 never pulls: no mirror yet
+        pull([primary], worker)
+    old = _through_bytes(primary.state_dict())
+    for saved in old["copies"].values():
+        for key in ("whole", "known", "since"):
+            del saved[key]
+    backup = PullCopies(shard=0)
+    backup.load_state_dict(old, SIZE)
+    assert [backup.copies[w].whole for w in (0, 2, 4)] == [True, True, False]
+    for worker in (0, 2, 4):
+        _same_copy(primary.copies[worker], backup.copies[worker])
+    for worker in (0, 2, 4, 0, 4, 2, 0, 0, 4):
+        pull([primary, backup], worker)
+    for worker in (0, 2, 4):
+        _same_copy(primary.copies[worker], backup.copies[worker])
+
+
 def test_a_fragment_pull_sends_its_dense_ranges_exactly_and_leaves_the_rest_of_the_copy():
     gen = torch.Generator().manual_seed(3)
     copies = PullCopies(shard=0)
