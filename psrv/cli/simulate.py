@@ -67,6 +67,13 @@ def command(a: argparse.Namespace) -> int:
     from psrv.experiments.launcher.summary import format_summary
     summary = simulate(cfg, out=a.out)
     print(format_summary(summary))
+    if "kills" in summary:  # --nemesis: what the kills did, as a real run's summary says it
+        kills = summary["kills"]
+        restarted = sum(k["restarted"] for k in kills)
+        which = ", ".join(f"rank {k['rank']} at {k['t']:g}s" for k in kills) or "none"
+        print(f"kills          {len(kills)} ({which}); "
+              f"{restarted} restarted, {len(kills) - restarted} left behind; samples lost {summary['lost_samples']}, "
+              f"never done {summary['skipped_samples']}")
     print(f"wait_fraction  {summary['wait_fraction']:.4g}\nsimulated in   {summary['simulator_seconds']:.3g}s")
     from psrv.experiments.simulate.codec_cost import format_codec_cost
     print(format_codec_cost(summary["codec_cost"], summary["codec_cost_ms"], summary["codec_cost_load_average"]))

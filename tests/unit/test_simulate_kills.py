@@ -89,3 +89,12 @@ def test_what_the_simulator_does_not_model_is_refused(tree, key):
     with pytest.raises(ConfigError) as exc:
         from_dict(SimulationConfig, data)
     assert exc.value.key == key, exc.value
+
+
+def test_the_printed_summary_says_what_the_kills_did(tmp_path, capsys):
+    from psrv.cli.main import main
+    assert main(["simulate", "--mode", "sync", "--workers", "2", "--servers", "1", "--steps", "10", "--compute-ms",
+                 "1000", "--nemesis", "kill worker:1 at 2.5s", "--restart-workers", "1", "--fail-down", "2",
+                 "--out", str(tmp_path)]) == 0
+    assert ("kills          1 (rank 1 at 2.5s); 1 restarted, 0 left behind; samples lost 32, never done 64"
+            in capsys.readouterr().out)
