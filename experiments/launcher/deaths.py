@@ -3,6 +3,7 @@ killed by --kill-worker or the nemesis): summary.json's `faults.deaths`; and a s
 but 0) survived where the mode allows (async, ssp, sync with backup workers), as under --kill-worker."""
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -50,16 +51,28 @@ def _rank_steps(out: Path, name: str) -> int | None:
         return None
 
 
+def finished(out: Path, name: str) -> bool:
+    """Whether worker `name`'s life ran to its end: its record (DIR/worker-R.json, the last thing a worker writes,
+    after its final weights; a restart moves an earlier life's aside) is there, whole (not an interrupted or a
+    failed one's). A SIGKILL cannot leave one; a worker killed or dead after writing it lost nothing."""
+    try:
+        record = json.loads((out / f"{name}.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return False
+    return isinstance(record, dict) and not record.get("interrupted") and not record.get("failed")
+
+
 class Deaths:
     """The cluster's outermost `recover` (experiments/launcher/cluster.py): it asks `inner` (worker restarts, shard restarts,
     failovers) first, and records each death none of them records itself: a worker left behind (killed by
-    --kill-worker, or survived here), and the death that ends the run. `done`: summary.json's `faults.deaths`.
-    `said(name)`: what killed `name` on purpose (--kill-*, the nemesis), '' for a death from outside or a crash;
-    `restarted()`: the ranks --restart-workers brought back (their later lives are not survived here); `steps`:
+    --kill-worker, or survived here), and the death that ends the run; a worker that dies after its last step (its
+    record whole) is recorded `finished` and costs nothing, restarts on or off. `done`: summary.json's
+    `faults.deaths`. `said(name, pid)`: what killed `name` (its life `pid`) on purpose (--kill-*, the nemesis), ''
+    for a death from outside or a crash; `restarted()`: the ranks --restart-workers brought back (their later lives are not survived here); `steps`:
     each rank's steps asked for (None: a script's, not said)."""
 
     def __init__(self, cfg: RunConfig, out: Path, started: float, *, script: bool, steps: int | None,
-                 said: Callable[[str], str], restarted: Callable[[], set[int]]):
+                 said: Callable[[str, int], str], restarted: Callable[[], set[int]]):
         self.cfg, self.out, self.started, self.said, self.restarted = cfg, out, started, said, restarted
         self.survives = survives_workers(cfg, script=script)
         self.steps = steps
@@ -68,6 +81,11 @@ class Deaths:
     def recover_or(self, inner: Callable) -> Callable:
         def recover(cluster, name: str) -> bool:
             proc = cluster.procs[name]
+            if name.startswith("worker-") and finished(self.out, name):  # after its last step: nothing to recover
+                cluster.spared.add(name)
+                entry = self._record(cluster, name, survived=True, finished=True)
+                log.info("%s %s after its last step (its record is whole): nothing was lost", name, entry["cause"])
+                return True
             if inner(cluster, name):
                 if name.startswith("worker-") and cluster.procs[name] is proc:  # left behind, not restarted
                     self._record(cluster, name, survived=True)
@@ -92,15 +110,20 @@ class Deaths:
             return False
         return any(p.poll() is None for n, p in cluster.procs.items() if n.startswith("worker-") and n != name)
 
-    def _record(self, cluster, name: str, *, survived: bool) -> dict:
+    def _record(self, cluster, name: str, *, survived: bool, finished: bool = False) -> dict:
         proc = cluster.procs[name]
         entry = {"process": name, **how_ended(proc.returncode), "step": worker0_steps(self.out),
                  "wall_s": round(time.monotonic() - self.started, 3),
-                 "cause": self.said(name) or ended(proc.returncode), "survived": survived}
+                 "cause": self.said(name, proc.pid) or ended(proc.returncode), "survived": survived,
+                 **({"finished": True} if finished else {})}
         if name.startswith("worker-") and name[len("worker-"):].isdigit():  # a shipped loop's or a script's rank
             rank = int(name.split("-", 1)[1])
             steps, clock = _rank_steps(self.out, name), last_clock(self.out, rank, proc.pid)
-            done = clock + 1 if clock is not None and self.cfg.worker.local_steps == 1 else steps
+            # the steps up to its last acknowledged push (a clock covers `local_steps` steps: a restarted life began
+            # at a clock's first step, so its own count, `rank_steps`, is not the rank's)
+            per = self.cfg.worker.local_steps
+            done = self.steps if finished else (clock + 1) * per if clock is not None and isinstance(per, int) \
+                else steps
             entry.update(rank=rank, rank_steps=steps, last_clock=clock,
                          steps_not_done=None if self.steps is None or done is None else max(0, self.steps - done))
         self.done.append(entry)
@@ -108,5 +131,6 @@ class Deaths:
 
     @property
     def ranks(self) -> set[int]:
-        """The ranks that died and were left behind: they write no record, and the run went on without them."""
-        return {d["rank"] for d in self.done if d["survived"] and "rank" in d}
+        """The ranks that died and were left behind: they write no record, and the run went on without them (not
+        those that died after their last step, whose record is written)."""
+        return {d["rank"] for d in self.done if d["survived"] and "rank" in d and not d.get("finished")}

@@ -184,7 +184,7 @@ def _run(cfg: RunConfig, *, out: Path, metrics: bool, metrics_linger: float, tim
     workers_back = WorkerRestarts(cfg, out, started, kills)  # --restart-workers: experiments/launcher/worker_restarts.py
     # every death the others do not record, and a worker's survived where the mode allows: experiments/launcher/deaths.py
     deaths = Deaths(cfg, out, started, script=script is not None, steps=cfg.job.steps if script is None else
-                    script.steps, said=lambda n: kills.said(n) or nemesis.said(n), restarted=lambda: workers_back.ranks)
+                    script.steps, said=lambda n, pid: kills.said(n) or nemesis.said(n, pid), restarted=lambda: workers_back.ranks)
     cluster.recover = deaths.recover_or(workers_back.recover_or(restarts.recover))
     failure = None  # the RunFailed that ended the run: what ran is written all the same, marked incomplete
     try:

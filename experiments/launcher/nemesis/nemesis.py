@@ -169,10 +169,12 @@ class Nemesis:
             raise NotDone(f"{name} had ended already (exit code {proc.returncode})")
         return name
 
-    def said(self, name: str) -> str:
-        """What killed `name` here, for its failure line; '' when the nemesis did not."""
-        kill = next((f for f in self.record.faults if f["kind"] == "kill" and f["done"] and f["processes"] == [name]),
-                    None)
+    def said(self, name: str, pid: int | None = None) -> str:
+        """What killed `name` (the life of process id `pid`, where given: a restarted worker's lives share its
+        name) here, for its failure line; '' when the nemesis did not."""
+        kills = [f for f in self.record.faults if f["kind"] == "kill" and f["done"] and f["processes"] == [name]
+                 and (pid is None or pid in f.get("pids", []))]
+        kill = kills[-1] if kills else None
         return "" if kill is None else (f"was killed by the nemesis (fault {kill['id']}: kill {kill['target']} at "
                                         f"{kill['at']}, SIGKILL at worker 0's step {kill['step']})")
 
