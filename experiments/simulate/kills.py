@@ -6,7 +6,8 @@ The schedule is psrv run's own text and its faults are drawn by the launcher's o
 seconds count from the simulation's start (a real run's, from worker 0's first step). Only kills of workers are
 simulated. A kill at t, as a SIGKILL of a worker process:
 - voids the worker's pending event and held pulls and loses the steps of its round not yet answered
-  (failures.py `fail`); the shards are not told: a sync barrier or a quorum still counts the dead worker;
+  (failures.py `fail`); the shards are not told: a sync barrier or a quorum still counts the dead worker; the
+  killed life's steps leave the sampled rows (steps.csv), as a killed psrv worker writes no record;
 - with `--restart-workers N` (at most N restarts per rank, as psrv run's): its new life says HELLO `--fail-down`
   seconds later; the shards then let the old life go (`leave`) and take the new one in (`join`), and it starts at the
   first step of the clock they hand it, as a restarted psrv worker does: the steps between are never done;
@@ -37,6 +38,7 @@ class Kills:
         self.life = [0] * workers          # bumped by each kill: a BACK or GONE of an earlier life is void
         self.restarted = [0] * workers
         self.left = [False] * workers      # the shards let the current dead life go already
+        self.began = [0.0] * workers       # when each worker's current life began
         self.not_done = 0
         self._plan()
 
@@ -58,6 +60,7 @@ class Kills:
         elif life == self.life[w]:
             if not self.left[w]:
                 c.leave(w, t)  # the new life's HELLO: the shards let the old one go, then take it in
+            self.began[w] = t
             rejoin(c, w, t, from_clock=True)
 
     def _gone(self, w: int) -> bool:
@@ -74,6 +77,8 @@ class Kills:
         c.rec.kills.append({"t": round(t, 3), "rank": w, "restarted": restart})
         if not c.down[w]:
             fail(c, w, t, leave=False)
+        if w < c.sample:  # a killed life writes no record: none of its steps are in steps.csv, as in a real run's
+            c.rec.rows[:] = [row for row in c.rec.rows if row["worker"] != w or row["wall_time"] < self.began[w]]
         if self.timeout < self.down or not restart:
             heapq.heappush(self.heap, (t + self.timeout, next(self.seq), GONE, w, self.life[w]))
         if restart:

@@ -15,11 +15,22 @@ STEP = 1.001  # s a step: --compute-ms 1000 and the job's own 1 ms
 SLACK = 0.01  # the messages' latencies, 0.1 ms each, over a run
 
 
-def sim(mode="sync", workers=2, nemesis="kill worker:1 at 2.5s", restarts=1, down=2.0, **tree) -> dict:
+def sim(mode="sync", workers=2, nemesis="kill worker:1 at 2.5s", restarts=1, down=2.0, out=None, **tree) -> dict:
     data = {"mode": mode, "job": {"steps": 10}, "faults": {"compute_ms": 1000.0},
             "cluster": {"workers": workers, "servers": 1}, "nemesis": {"schedule": nemesis},
             "restarts": {"workers": restarts}, "simulate": {"fail_down": down, "goodput": True}, **tree}
-    return simulate(from_dict(SimulationConfig, data))
+    return simulate(from_dict(SimulationConfig, data), out=out)
+
+
+@pytest.mark.parametrize("mode, rank1", [("sync", [4, 5, 6, 7, 8, 9]), ("async", [2, 3, 4, 5, 6, 7, 8, 9])])
+def test_a_killed_lifes_steps_are_not_in_steps_csv_as_in_a_real_runs(tmp_path, mode, rank1):
+    """A killed psrv worker writes no record, so a real run's steps.csv has none of its dead life's steps: rank 1's
+    rows are its new life's only (sync: from clock 4; async: from its lost round, step 2)."""
+    import csv
+    sim(mode=mode, out=tmp_path)
+    rows = list(csv.DictReader(open(tmp_path / "steps.csv")))
+    assert [int(r["step"]) for r in rows if r["worker"] == "1"] == rank1
+    assert [int(r["step"]) for r in rows if r["worker"] == "0"] == list(range(10))
 
 
 def test_the_kills_are_the_ranks_and_times_the_launchers_nemesis_draws():
