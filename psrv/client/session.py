@@ -115,6 +115,7 @@ class Worker(LocalRounds, CompressionState, RecordedWorker, metaclass=TakesRunSe
         self._answered_at_close: list[tuple[int, int]] = []  # its fragment push close() merged: (step, staleness)
         self.pseudo_grad_norms: list[float] = []  # one per push with local_steps
         self._pulled: torch.Tensor | None = None  # the weights last pulled (local_steps)
+        self._previous_pull: torch.Tensor | None = None  # pull_extrapolate: the weights the last pull brought
         try:
             welcomes = self._client.hello()
             self.mode = welcomes[0].get("mode", "")
@@ -139,6 +140,8 @@ class Worker(LocalRounds, CompressionState, RecordedWorker, metaclass=TakesRunSe
             self.steps = self.start_step = self._clock * (self._period.base if self._period is not None else 1)
             if local_steps is not None:
                 self._pulled = self._flat.params.clone()
+                if settings.pull_extrapolate:
+                    self._previous_pull = self._flat.params.clone()
             if pieces is not None:
                 self._stream = StreamingOuter(self._client, self._flat.params, self._pulled, pieces, outer_dtype,
                                               norms=self.pseudo_grad_norms, pushes=self.start_clock)
@@ -296,10 +299,21 @@ class Worker(LocalRounds, CompressionState, RecordedWorker, metaclass=TakesRunSe
         self._clock = reply.clock
         self._version = min(reply.versions)
         if self._pulled is not None:
+            self._extrapolated()
             self._pulled.copy_(self._flat.params)
         if self._period is not None:
             self._period.pushed(fastest_of(reply.fields))
         return reply
+
+    def _extrapolated(self) -> None:
+        """pull_extrapolate K: the round starts from the weights just pulled plus K times their change since the
+        previous pull (docs/algorithms.md, "Pulls extrapolated"); the previous pull is kept for the next."""
+        if self._previous_pull is None:
+            return
+        pulled = self._flat.params
+        change = torch.sub(pulled, self._previous_pull)
+        self._previous_pull.copy_(pulled)
+        pulled.add_(change, alpha=self.settings.pull_extrapolate)
 
     def _check_open(self) -> None:
         if not self._open:

@@ -70,7 +70,8 @@ def client_settings(settings: WorkerSettings, local_steps: int | str | None) -> 
     (outer_dtype bfloat16 as the wire dtype; int8 and fp4 as the codec, without error feedback, over every
     tensor, small ones too); otherwise the settings' own codec. The local-step fields are the worker's, not
     the client's."""
-    plain = {"local_steps": 1, "inner_optimizer": None, "inner_lr": None, "fragments": 1, "outer_dtype": "float32"}
+    plain = {"local_steps": 1, "inner_optimizer": None, "inner_lr": None, "fragments": 1, "outer_dtype": "float32",
+             "pull_extrapolate": 0.0}
     outer = settings.outer_dtype if local_steps is not None and settings.fragments == 1 else "float32"
     if outer == "bfloat16":
         plain["wire_dtype"] = "bfloat16"

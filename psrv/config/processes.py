@@ -308,6 +308,9 @@ class RunConfig(Trackers, Seeded, Consistency):
             if self.worker.compress_pull:
                 raise ConfigError("worker.compress_pull", f"is for the parameter server's pulls; mode "
                                                           f"{self.mode!r} has none (--ddp-comm-hook compresses)")
+            if self.worker.pull_extrapolate:
+                raise ConfigError("worker.pull_extrapolate", f"extrapolates the parameter server's pulls; mode "
+                                  f"{self.mode!r} has none (every rank steps the all-reduced weights)")
             for key, default in (("fragments", 1), ("outer_dtype", "float32")):
                 if getattr(self.worker, key) != default:
                     raise ConfigError(f"worker.{key}", f"is for the parameter server's pushes of local steps; "
@@ -319,6 +322,9 @@ class RunConfig(Trackers, Seeded, Consistency):
         _one_shard_clip(self.optimizer.clip_grad_norm, self.mode, self.cluster.servers, "cluster.servers")
         _onebit_adam(self.optimizer, self.mode, self.backup_workers, self.quorum)
         _staleness_rule(self.optimizer, self.mode, self.quorum)
+        if self.worker.pull_extrapolate and self.optimizer.update_rule in ("dc-asgd", "dc-asgd-a"):
+            raise ConfigError("worker.pull_extrapolate", f"{self.optimizer.update_rule} compensates a push from the "
+                              "weights the shard sent, and an extrapolated round starts from others: remove one")
         if self.optimizer.name == "onebit_adam" and (self.worker.local_updates or self.worker.wire_dtype != "float32"
                                                      or self.worker.compress in CASTS):
             raise ConfigError("optimizer.name", "onebit_adam's workers push float32 gradients, then codec-compressed "

@@ -104,6 +104,13 @@ class WorkerSettings(Section):
                                "and no error feedback; the servers dequantise and average them in float32; needs "
                                "--local-steps > 1", choices=OUTER_DTYPES)
 
+    pull_extrapolate: float = setting(0.0, "with --local-steps: start each round from the pulled weights plus K times "
+                                      "their change since this worker's previous pull, a prediction of the weights "
+                                      "its push will meet (under --quorum every push is a merge old: docs/"
+                                      "algorithms.md, \"Pulls extrapolated\"); the push is still the worker's own "
+                                      "progress from that start (0: start from the pulled weights)", minimum=0.0,
+                                      metavar="K")
+
     @property
     def local_updates(self) -> bool:
         """True when this worker steps its own inner optimizer and pushes pseudo-gradients."""
@@ -129,7 +136,21 @@ class WorkerSettings(Section):
         elif self.inner_lr is None:
             object.__setattr__(self, "inner_lr", INNER_LR[self.inner_optimizer])
         self._check_streaming()
+        self._check_extrapolate()
         worker_knobs(self)
+
+    def _check_extrapolate(self) -> None:
+        """pull_extrapolate: local steps > 1, whole pushes, dense pulls."""
+        if not self.pull_extrapolate:
+            return
+        if not (self.local_steps_base > 1 and self.inner_optimizer is not None):
+            raise ConfigError("pull_extrapolate", "moves where a round of local steps starts; needs local_steps > 1")
+        if self.fragments > 1:
+            raise ConfigError("pull_extrapolate", "starts a round from a whole pull; fragments are merged into the "
+                              "local weights one at a time: remove one")
+        if self.compress_pull:
+            raise ConfigError("pull_extrapolate", "moves the weights a compressed pull keeps equal to the shards' "
+                              "mirror of them: remove one")
 
     def _check_streaming(self) -> None:
         """fragments and outer_dtype: local steps > 1 (fixed H, which F divides), and no other push codec."""

@@ -49,6 +49,7 @@ AXES: dict[str, tuple] = {
     # drops nothing there; tests/integration/test_quorum.py drops real late pushes, the checker's rule 3 sees them.
     # --quorum-grace-adaptive is none either: it reads when pushes arrive, which the turns leave to the machine;
     # test_quorum_merge.py scripts the clock and checks each merge it closes by hand
+    "extrapolate": (0.0, 1.0),  # --pull-extrapolate: a round of local steps starts ahead of the pulled weights
     "clip": (0.0, 1.0),
     "schedule": ("constant", "warmup_cosine"),
     "weight_decay": (0.0, 0.01),
@@ -118,7 +119,8 @@ def run_config(case: dict, *, workers: int | None = None) -> RunConfig:
               "push_chunk_mb": CHUNK_MB if c["chunks"] == "on" else 0.0, "overlap": c["overlap"] == "on",
               "local_steps": c["local"], "fragments": c["fragments"], "outer_dtype": c["outer"],
               "request_timeout": 30.0, "compress_pull": CODEC_SPEC[c["pull"]],
-              "pull_error_feedback": not (ef_off and c["pull"] != "none"), "pull_resync": PULL_RESYNC}
+              "pull_error_feedback": not (ef_off and c["pull"] != "none"), "pull_resync": PULL_RESYNC,
+              "pull_extrapolate": c["extrapolate"]}
     if c["local"] > 1:
         worker.update(inner_optimizer="sgd", inner_lr=0.05)
     tree = {"mode": c["mode"], "staleness": 1, "backup_workers": c["backup"], "quorum": c["quorum"],

@@ -268,7 +268,7 @@ def _worker(cfg: RunConfig, rank: int, job, addresses: list[str], *, turns: Turn
                       compress_warmup=w.compress_warmup, sign_scale=w.sign_scale,
                       shared_memory=w.shared_memory, bulk=w.bulk, push_chunk_mb=w.push_chunk_mb,
                       compress_pull=w.compress_pull, pull_error_feedback=w.pull_error_feedback,
-                      pull_resync=w.pull_resync,
+                      pull_resync=w.pull_resync, pull_extrapolate=w.pull_extrapolate,
                       step_log=log)
 
     ps = make()

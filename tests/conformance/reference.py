@@ -16,7 +16,11 @@ the weights w; a pull brings it to x + C(w - r), per shard range with the push's
 where r is x itself with error feedback (what earlier pulls left out rides along) and the weights the last
 pull came from without; sign with EF-SignSGD's l1 scale. With error feedback the copy is w itself, to the
 bit, where a value travels exactly (a sparse codec's chosen elements, the small tensors): the shard sends
-the weights there, not their change (ref_codecs.pulled). A worker's first pull, every PULL_RESYNC-th and rank 0's final one are dense."""
+the weights there, not their change (ref_codecs.pulled). A worker's first pull, every PULL_RESYNC-th and rank 0's final one are dense.
+
+Pulls extrapolated (--pull-extrapolate K, with local steps; weight prediction as in SpecTrain, Chen et al. 2018):
+a worker's round starts at w + K (w - w'), w the weights pulled and w' those its previous pull brought (the first:
+the initial weights), and its pseudo-gradient is that start less where its inner steps end."""
 from __future__ import annotations
 
 from collections import Counter
@@ -59,6 +63,7 @@ class _Worker:
         self.draws: dict[int, torch.Generator] = {}
         self.alive = True
         self.ref = w0.clone()  # compressed pulls: the shards' mirror of its copy (or the weights last sent)
+        self.previous = w0.clone()  # --pull-extrapolate: the weights its last pull brought (the first: w0)
         self.since_dense = 0   # compressed pulls since the last dense one
 
     def settle(self, keep: dict, ranges) -> None:
@@ -176,6 +181,10 @@ class Reference:
         w, spec, cfg = self.server.w, self.cfg.worker.compress_pull, self.cfg.worker
         if not spec or cfg.pull_resync and wk.since_dense + 1 >= cfg.pull_resync:
             wk.ref, wk.since_dense = w.clone(), 0
+            if cfg.pull_extrapolate:  # weight prediction: the round starts at w + K (w - the previous pull's w)
+                start, wk.previous = w + cfg.pull_extrapolate * (w - wk.previous), w.clone()
+                wk.load(start)
+                return w
             wk.load(w)
             return w
         name, _, ratio = spec.partition(":")
