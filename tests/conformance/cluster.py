@@ -19,6 +19,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import pytest
 import torch
 from torch.nn.utils import parameters_to_vector
 
@@ -315,3 +316,14 @@ def _worker(cfg: RunConfig, rank: int, job, addresses: list[str], *, turns: Turn
     finally:
         turns.stop(rank)
     return parameters_to_vector(model.parameters()).detach().clone()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One torch thread, as psrv run gives each of its processes on this 2-core machine (and as the RPC
+    cases are told): a matmul's sums, and so the weights to the last bit, depend on the thread count. A test
+    module takes it with `from tests.conformance.cluster import one_thread`."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.conformance.axes import ATOL, DEFAULT, RTOL, run_config
-from tests.conformance.cluster import run
+from tests.conformance.cluster import one_thread, run  # noqa: F401 (one_thread: an autouse fixture)
 from tests.conformance.reference import Reference
 
 ROUNDS = 4
@@ -20,13 +20,6 @@ def config(k: float, **over):
     cfg = run_config({**DEFAULT, "local": 2, "extrapolate": k, **over})
     return dataclasses.replace(cfg, job=dataclasses.replace(cfg.job, steps=2 * ROUNDS))
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("over", [{"mode": "async"}, {"quorum": 2}, {}, {"mode": "ssp", "optimizer": "adam"}],

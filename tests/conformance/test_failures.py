@@ -30,7 +30,7 @@ import pytest
 import torch
 
 from psrv.config import RunConfig
-from tests.conformance.cluster import Outcome, run
+from tests.conformance.cluster import Outcome, one_thread, run  # noqa: F401 (one_thread: an autouse fixture)
 from tests.conformance.failures import (JoinBackup, KillPrimary, RestartWorker, Resume, Watch, config, free, quiet,
                                         state_of)
 from tests.conformance.ref_streaming import reference_of
@@ -39,14 +39,6 @@ from tests.states import assert_same_state
 ATOL, RTOL = 1e-5, 1e-4  # the reference's tolerance (the matrix's): its sums run in another order
 COUNTS = ("version", "pushes", "pushes_applied", "updates_applied", "dropped", "staleness_histogram")
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One torch thread, as the matrix runs (tests/conformance/test_matrix.py)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @dataclass

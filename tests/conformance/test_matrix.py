@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from tests.conformance.axes import ATOL, RTOL, case_id, plain_path, run_config, workers_of
-from tests.conformance.cluster import Outcome, run
+from tests.conformance.cluster import Outcome, one_thread, run  # noqa: F401 (one_thread: an autouse fixture)
 from tests.conformance.covering import load
 from tests.conformance.evidence import check_levels
 from tests.conformance.ref_streaming import reference_of
@@ -35,15 +35,6 @@ from tests.states import assert_same_state
 TRIPLES, PAIRS, _, MEASURED = load()
 _runs: dict[str, Outcome] = {}
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One torch thread, as psrv run gives each of its processes on this 2-core machine (and as the RPC
-    cases are told): a matmul's sums, and so the weights to the last bit, depend on the thread count."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def outcome(case: dict, workers: int) -> Outcome:
