@@ -101,6 +101,19 @@ def test_data_path(case):
     check(case)
 
 
+# Cases where psrv and the reference disagree and the cause is not found yet: each must still fail (strict), so a
+# fix, on either side, shows at once; each is a defect to answer, not a pass (docs/architecture.md, "The conformance
+# matrix"). The smallest case that shows it is in its reason.
+DISAGREE = {
+    "bulk-overlap=off-3-codec=sign-pull=topk-correction=off-l1-ssp-nesterov-heloco-clip=1.0":
+        "psrv's weights 0.001 from the reference's; the smallest case that shows it: async, nesterov, heloco, a sign "
+        "push and a top-k pull (0.0083; each of them alone, and heloco with a top-k push and pull, agree); found when "
+        "the plan was extended on 2026-12-02; which side is wrong is not known",
+}
+
+
 @pytest.mark.parametrize("case", [c for c in PAIRS if c["transport"] == "zmq"], ids=case_id)
-def test_pairs(case):
+def test_pairs(case, request):
+    if case_id(case) in DISAGREE:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=DISAGREE[case_id(case)]))
     check(case)
