@@ -101,14 +101,15 @@ def test_data_path(case):
     check(case)
 
 
-# Cases where psrv and the reference disagree and the cause is not found yet: each must still fail (strict), so a
-# fix, on either side, shows at once; each is a defect to answer, not a pass (docs/architecture.md, "The conformance
-# matrix"). The smallest case that shows it is in its reason.
+# Cases where psrv and the reference disagree: each must still fail (strict), so a fix on either side shows at once;
+# each is a defect to answer, not a pass (docs/architecture.md, "The conformance matrix").
 DISAGREE = {
     "bulk-overlap=off-3-codec=sign-pull=topk-correction=off-l1-ssp-nesterov-heloco-clip=1.0":
-        "psrv's weights 0.001 from the reference's; the smallest case that shows it: async, nesterov, heloco, a sign "
-        "push and a top-k pull (0.0083; each of them alone, and heloco with a top-k push and pull, agree); found when "
-        "the plan was extended on 2026-12-02; which side is wrong is not known",
+        "top-k's ties: a sign push stepped by heloco moves many weights by exactly the same amount, and at the second "
+        "compressed pull 826 elements share the k-th magnitude, of which top-k keeps 340; torch.topk's choice among "
+        "ties is its own, and the two sides call it on inputs built differently (the pushes agree to 4e-9 until the "
+        "one computed after that pull) (0.001; smallest: async, nesterov, heloco, sign push, "
+        "top-k pull, one worker, three steps). Needs a tie rule both sides keep (e.g. the lowest position first)",
 }
 
 
