@@ -17,6 +17,7 @@ from psrv.config.hierarchy import HierarchySettings, UpstreamSettings, check_hie
 from psrv.config.nemesis import NemesisSettings, check_nemesis
 from psrv.config.optimizer import STALENESS_RULES, VELOCITY_RULES, GradClip, OptimConfig
 from psrv.config.sections import Trackers
+from psrv.config.worker_settings import extrapolate_in_run
 from psrv.timeouts import Timeouts
 from psrv.config.sections import (MODES, AllReduceSettings, ClusterConfig, Consistency, FaultConfig, JobConfig,
                                   KillSettings, NetworkSettings, Placement, RecoverySettings, RestartSettings, Seeded,
@@ -308,9 +309,6 @@ class RunConfig(Trackers, Seeded, Consistency):
             if self.worker.compress_pull:
                 raise ConfigError("worker.compress_pull", f"is for the parameter server's pulls; mode "
                                                           f"{self.mode!r} has none (--ddp-comm-hook compresses)")
-            if self.worker.pull_extrapolate:
-                raise ConfigError("worker.pull_extrapolate", f"extrapolates the parameter server's pulls; mode "
-                                  f"{self.mode!r} has none (every rank steps the all-reduced weights)")
             for key, default in (("fragments", 1), ("outer_dtype", "float32")):
                 if getattr(self.worker, key) != default:
                     raise ConfigError(f"worker.{key}", f"is for the parameter server's pushes of local steps; "
@@ -322,9 +320,7 @@ class RunConfig(Trackers, Seeded, Consistency):
         _one_shard_clip(self.optimizer.clip_grad_norm, self.mode, self.cluster.servers, "cluster.servers")
         _onebit_adam(self.optimizer, self.mode, self.backup_workers, self.quorum)
         _staleness_rule(self.optimizer, self.mode, self.quorum)
-        if self.worker.pull_extrapolate and self.optimizer.update_rule in ("dc-asgd", "dc-asgd-a"):
-            raise ConfigError("worker.pull_extrapolate", f"{self.optimizer.update_rule} compensates a push from the "
-                              "weights the shard sent, and an extrapolated round starts from others: remove one")
+        extrapolate_in_run(self)
         if self.optimizer.name == "onebit_adam" and (self.worker.local_updates or self.worker.wire_dtype != "float32"
                                                      or self.worker.compress in CASTS):
             raise ConfigError("optimizer.name", "onebit_adam's workers push float32 gradients, then codec-compressed "

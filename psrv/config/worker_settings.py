@@ -171,3 +171,17 @@ class WorkerSettings(Section):
                               "(one fragment every H/F inner steps)")
         if self.compress or self.wire_dtype != "float32":
             raise ConfigError("fragments", "pushes with outer_dtype; remove compress and wire_dtype")
+
+
+def extrapolate_in_run(run) -> None:
+    """pull_extrapolate against the rest of a run (RunConfig.validate; the worker's own checks are
+    WorkerSettings._check_extrapolate): the all-reduce modes have no pulls, DC-ASGD compensates from the weights
+    the shard sent."""
+    if not run.worker.pull_extrapolate:
+        return
+    if run.is_allreduce:
+        raise ConfigError("worker.pull_extrapolate", f"extrapolates the parameter server's pulls; mode "
+                          f"{run.mode!r} has none (every rank steps the all-reduced weights)")
+    if run.optimizer.update_rule in ("dc-asgd", "dc-asgd-a"):
+        raise ConfigError("worker.pull_extrapolate", f"{run.optimizer.update_rule} compensates a push from the "
+                          "weights the shard sent, and an extrapolated round starts from others: remove one")
