@@ -25,6 +25,29 @@ def warmup_ratio(ratio: float, clock: int, pushes: int) -> float:
     return ratio ** ((4 * clock // pushes + 1) / 5)
 
 
+def largest(mag: torch.Tensor, k: int) -> torch.Tensor:
+    """Positions (int64, ascending) of the k largest of each row of `mag` (magnitudes, 1-D or 2-D; k at most
+    a row's length), shaped (k,) or (rows, k). Where elements tie at the k-th magnitude, the lowest positions
+    win: torch.topk's own choice among equal values changes with the input's layout, so a reference (or another
+    implementation) could not reproduce it. NaN ranks with +inf, above every number."""
+    if k == 0:
+        return torch.zeros(mag.shape[:-1] + (0,), dtype=torch.int64, device=mag.device)
+    rows = mag.reshape(-1, mag.shape[-1])
+    values, chosen = torch.topk(rows, k, dim=1, sorted=False)
+    if rows.is_meta:  # shapes only (a stand-in for another device in tests): no values, so nothing ties
+        return torch.sort(chosen, dim=1).values.view(mag.shape[:-1] + (k,))
+    if bool(values.isnan().any()):
+        rows = torch.nan_to_num(rows, nan=math.inf, posinf=math.inf)
+        values, chosen = torch.topk(rows, k, dim=1, sorted=False)
+    kth = values.min(dim=1, keepdim=True).values
+    if not bool((rows == kth).scatter_(1, chosen, False).any()):  # no element ties the k-th outside torch.topk's choice: it is the only answer
+        return torch.sort(chosen, dim=1).values.view(mag.shape[:-1] + (k,))
+    need = (values == kth).sum(dim=1, keepdim=True)  # of the tied, as many as torch kept: the lowest positions
+    tied = rows == kth
+    keep = (rows > kth) | (tied & (tied.cumsum(dim=1) <= need))
+    return keep.nonzero()[:, 1].view(mag.shape[:-1] + (k,))
+
+
 def parts_of(x: torch.Tensor, chosen: torch.Tensor) -> dict[str, torch.Tensor]:
     chosen, _ = torch.sort(chosen)  # ascending: a cache-friendly scatter on the server
     return {"indices": chosen.to(torch.int32), "values": x[chosen]}

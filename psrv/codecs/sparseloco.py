@@ -23,6 +23,7 @@ import math
 import torch
 
 from psrv.codecs.base import Codec, Decoded, bad, complement, part
+from psrv.codecs.sparse import largest
 
 CHUNK = 4096
 BINS, RANGE_SIGMAS = 4, 6.0
@@ -41,15 +42,14 @@ def chunk_counts(pool: int, k: int, chunk: int = CHUNK) -> list[int]:
 
 def chosen_in_pool(pool: torch.Tensor, k: int, chunk: int = CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
     """(positions within each chunk, int64; positions within the pool) of each chunk's k of largest magnitude,
-    chunk by chunk."""
+    chunk by chunk, ascending in each (ties: the lowest positions, psrv/codecs/sparse.py `largest`)."""
     full = pool.numel() // chunk
     local = []
     if full:
-        local.append(torch.topk(pool[:full * chunk].view(full, chunk).abs(), min(k, chunk), dim=1,
-                                sorted=False).indices.reshape(-1))
+        local.append(largest(pool[:full * chunk].view(full, chunk).abs(), min(k, chunk)).reshape(-1))
     if pool.numel() > full * chunk:
         tail = pool[full * chunk:]
-        local.append(torch.topk(tail.abs(), min(k, tail.numel()), sorted=False).indices)
+        local.append(largest(tail.abs(), min(k, tail.numel())))
     local = torch.cat(local) if local else torch.zeros(0, dtype=torch.int64, device=pool.device)
     return local, local + starts(pool.numel(), k, chunk).to(local.device)
 

@@ -63,13 +63,20 @@ def pulled(name: str, copy: torch.Tensor, w: torch.Tensor, ref: torch.Tensor, co
     return out
 
 
+def _largest(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Positions of the k of largest magnitude, in ascending order; among equal magnitudes the earlier first,
+    NaN above all (a stable descending sort, torch.sort's NaN order)."""
+    order = torch.sort(x.abs(), descending=True, stable=True).indices[:k]
+    return torch.sort(order).values
+
+
 def _sparseloco(x: torch.Tensor, among: torch.Tensor, ratio: float) -> tuple[torch.Tensor, torch.Tensor]:
     chunk = 4096
     k = max(1, min(chunk, round(ratio * chunk)))
     chosen = []
     for start in range(0, among.numel(), chunk):
         positions = among[start:start + chunk]
-        chosen.append(positions[torch.topk(x[positions].abs(), min(k, positions.numel()), sorted=False).indices])
+        chosen.append(positions[_largest(x[positions], min(k, positions.numel()))])
     chosen = torch.cat(chosen) if chosen else among[:0]
     v = x[chosen]
     c = v - v.mean()
@@ -97,7 +104,7 @@ def received(name: str, x: torch.Tensor, cover: torch.Tensor, *, ratio: float, d
         n = among.numel()
         k = min(n, max(1 if n else 0, math.ceil(ratio * n)))
         if name == "topk":
-            chosen = among[torch.topk(x[among].abs(), k, sorted=False).indices]
+            chosen = among[_largest(x[among], k)]
         else:
             chosen = among[torch.randperm(n, generator=draw)[:k]]
         out[among] = 0.0
