@@ -103,16 +103,7 @@ def test_data_path(case):
 
 # Cases where psrv and the reference disagree: each must still fail (strict), so a fix on either side shows at once;
 # each is a defect to answer, not a pass (docs/architecture.md, "The conformance matrix").
-DISAGREE = {
-    "bulk-overlap=off-3-codec=sign-pull=topk-correction=off-l1-ssp-nesterov-heloco-clip=1.0":
-        "top-k's near-ties: a sign push stepped by heloco moves many weights by the same amount, so at a compressed "
-        "pull about 1,000 elements of a shard tie at the k-th magnitude. Exact ties now go the same way on both "
-        "sides (the lowest positions, psrv/codecs/sparse.py `largest`; the gap fell from 1e-3 to 2.6e-4), but 16 "
-        "more lie within 1e-7 (relative) of it, and the two sides' weights differ by about 4e-9 before that pull "
-        "(their heloco arithmetic in another order), so they rank those 16 differently: the case's weights are "
-        "not determined to the tolerance by its math. Needs a check that accepts either choice among "
-        "elements within rounding of the k-th, or a reference that computes heloco in psrv's order",
-}
+DISAGREE: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("case", [c for c in PAIRS if c["transport"] == "zmq"], ids=case_id)
