@@ -32,20 +32,21 @@ def largest(mag: torch.Tensor, k: int) -> torch.Tensor:
     implementation) could not reproduce it. NaN ranks with +inf, above every number."""
     if k == 0:
         return torch.zeros(mag.shape[:-1] + (0,), dtype=torch.int64, device=mag.device)
-    rows = mag.reshape(-1, mag.shape[-1])
-    values, chosen = torch.topk(rows, k, dim=1, sorted=False)
+    rows, shape = mag.reshape(-1, mag.shape[-1]), mag.shape[:-1] + (k,)
+    values, chosen = torch.topk(rows, k, sorted=False)  # along each row; in no order: sorted below
     if rows.is_meta:  # shapes only (a stand-in for another device in tests): no values, so nothing ties
-        return torch.sort(chosen, dim=1).values.view(mag.shape[:-1] + (k,))
+        return torch.sort(chosen).values.view(shape)
     if bool(values.isnan().any()):
         rows = torch.nan_to_num(rows, nan=math.inf, posinf=math.inf)
-        values, chosen = torch.topk(rows, k, dim=1, sorted=False)
+        values, chosen = torch.topk(rows, k, sorted=False)
     kth = values.min(dim=1, keepdim=True).values
-    if not bool((rows == kth).scatter_(1, chosen, False).any()):  # no element ties the k-th outside torch.topk's choice: it is the only answer
-        return torch.sort(chosen, dim=1).values.view(mag.shape[:-1] + (k,))
+    # where no element outside torch.topk's choice ties the k-th, that choice is the only answer
+    if not bool((rows == kth).scatter_(1, chosen, False).any()):
+        return torch.sort(chosen).values.view(shape)
     need = (values == kth).sum(dim=1, keepdim=True)  # of the tied, as many as torch kept: the lowest positions
     tied = rows == kth
     keep = (rows > kth) | (tied & (tied.cumsum(dim=1) <= need))
-    return keep.nonzero()[:, 1].view(mag.shape[:-1] + (k,))
+    return keep.nonzero()[:, 1].view(shape)
 
 
 def parts_of(x: torch.Tensor, chosen: torch.Tensor) -> dict[str, torch.Tensor]:

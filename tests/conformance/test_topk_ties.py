@@ -76,3 +76,10 @@ def test_nothing_to_choose_from():
     assert largest(torch.zeros(0), 0).tolist() == []
     assert largest(torch.zeros(3, 0), 0).shape == (3, 0)
     assert make("topk:0.1").encode(torch.zeros(0), None)["indices"].numel() == 0
+
+
+def test_on_another_device_the_positions_stay_there():
+    """The meta device stands in for a GPU: the positions are made where the magnitudes are, in their shape."""
+    for shape, k in (((50,), 5), ((3, 50), 5), ((50,), 0), ((3, 50), 0)):
+        got = largest(torch.empty(shape, device="meta"), k)
+        assert got.device.type == "meta" and got.shape == shape[:-1] + (k,), (shape, k, got)
