@@ -8,12 +8,15 @@ the surviving mutants with their diffs and the equivalent ones (tests/conformanc
 
     make mutants MUTANTS_ARGS="--paths psrv/server/rules"      # some files or folders only
     make mutants MUTANTS_ARGS="--paths psrv/server/pulls/copies.py --functions answer state_dict"
+    make mutants MUTANTS_ARGS="--paths psrv/codecs/sparse.py --functions largest \
+                               --cases tests/conformance/test_topk_ties.py"   # against those cases only
     python -m tests.conformance.mutants --report-only            # the last run's report again
 """
 from __future__ import annotations
 
 import argparse
 import fnmatch
+import json
 import os
 import shutil
 import subprocess
@@ -25,6 +28,7 @@ from pathlib import Path
 from tests.conformance.mutant_report import EQUIVALENT, KILLED, SURVIVED, UNREACHED, module_of, report, verdicts
 
 ROOT = Path(__file__).resolve().parents[2]
+CASES = "PSRV_MUTANT_CASES"  # --cases for tests/conformance/mutmut_run.py: a JSON list of pytest arguments
 MUTANTS = ROOT / "mutants"
 LOG = MUTANTS / "run.log"
 REPORT = MUTANTS / "report.txt"
@@ -143,8 +147,10 @@ def _clock(seconds: float) -> str:
     return f"{s // 3600}h{s // 60 % 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-def run(files: list[str], *, jobs: int, resume: bool, functions: list[str] | None = None) -> int:
-    """mutmut over `files` (or their `functions`), its output in mutants/run.log; its exit code."""
+def run(files: list[str], *, jobs: int, resume: bool, functions: list[str] | None = None,
+        cases: list[str] | None = None) -> int:
+    """mutmut over `files` (or their `functions`), its output in mutants/run.log; its exit code. `cases`: test
+    files (or node ids) that take the place of pyproject.toml's test selection (tests/conformance/mutmut_run.py)."""
     if not resume:
         shutil.rmtree(MUTANTS, ignore_errors=True)  # fresh: mutmut's cache cannot see a change to the tests
     MUTANTS.mkdir(exist_ok=True)
@@ -152,12 +158,15 @@ def run(files: list[str], *, jobs: int, resume: bool, functions: list[str] | Non
     if not names:
         print("every mutant of those files has its verdict already")
         return 0
-    cmd = [str(Path(sys.executable).with_name("mutmut")), "run", "--max-children", str(jobs), *names]
+    mutmut = ([sys.executable, "-m", "tests.conformance.mutmut_run"] if cases
+              else [str(Path(sys.executable).with_name("mutmut"))])
+    cmd = [*mutmut, "run", "--max-children", str(jobs), *names]
+    env = {**os.environ, CASES: json.dumps(cases)} if cases else None
     print(f"{len(files)} files; mutmut run --max-children {jobs} ({len(names)} names); "
           f"its output: {LOG.relative_to(ROOT)}")
     progress = Progress(files)
     with open(LOG, "a") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
             while proc.poll() is None:
                 progress.show()
@@ -189,6 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--functions", nargs="+", metavar="NAME",
                         help="only the mutants of these functions or methods (by name, e.g. answer "
                              "load_state_dict), where a run stopped part way and the tests have changed since")
+    parser.add_argument("--cases", nargs="+", metavar="TEST",
+                        help="run the mutants against these test files (or pytest node ids) of tests/conformance "
+                             "only, not the whole matrix: minutes where a function every top-k case reaches takes "
+                             "hours; a survivor here may still die in a whole run")
     parser.add_argument("--report-only", action="store_true", help="print the last run's report; run nothing")
     parser.add_argument("--equivalent", type=Path, default=EQUIVALENT,
                         help="the list of equivalent mutants, with a reason each "
@@ -198,15 +211,21 @@ def main(argv: list[str] | None = None) -> int:
         files = select(args.paths)
     except ValueError as e:
         parser.error(str(e))
+    for case in args.cases or ():
+        if not (ROOT / case.partition("::")[0]).is_file() or not case.startswith("tests/conformance/"):
+            parser.error(f"--cases {case}: give test files (or node ids) under tests/conformance/, e.g. "
+                         "tests/conformance/test_topk_ties.py")
     start = time.monotonic()
     rc = 0 if args.report_only else run(files, jobs=args.jobs, resume=args.resume,
-                                                functions=args.functions)
+                                                functions=args.functions, cases=args.cases)
     if rc and rc != 130:
         return rc
     os.chdir(ROOT)  # mutmut's own diff reads mutants/ from the working directory
     lines = report(ROOT, files, equivalent_path=args.equivalent)
     if not args.report_only:
         lines.insert(0, f"{len(files)} files, {_clock(time.monotonic() - start)} (mutants/run.log has mutmut's output)")
+        if args.cases:
+            lines.insert(1, f"against {' '.join(args.cases)} only, not the whole matrix: a survivor may die there")
     print("\n".join(lines))
     REPORT.write_text("\n".join(lines) + "\n")
     print(f"\n(also in {REPORT.relative_to(ROOT)})")

@@ -1,7 +1,10 @@
-"""`make mutants --functions`: the globs it hands mutmut pick a function's or method's mutants and no other's."""
+"""`make mutants --functions` and `--cases`: the globs it hands mutmut pick a function's or method's mutants
+and no other's; the cases must be conformance tests."""
 import fnmatch
 
-from tests.conformance.mutants import globs_of
+import pytest
+
+from tests.conformance.mutants import globs_of, main
 
 NAMES = ["psrv.server.pulls.copies.xǁPullCopiesǁanswer__mutmut_1",
          "psrv.server.pulls.copies.xǁPullCopiesǁanswer_fragment__mutmut_2",
@@ -30,3 +33,13 @@ def test_a_function_by_name_private_ones_included():
 
 def test_no_functions_is_the_whole_file():
     assert picked(None) == ["1", "2", "3", "4", "5", "6", "7"]
+
+
+def test_cases_must_be_conformance_tests_that_exist(capsys):
+    """`--cases` narrows mutmut's test selection (tests/conformance/mutmut_run.py, run by `make mutants`): a path
+    that is no conformance test file is refused in one line, before anything runs."""
+    for bad in ("tests/conformance/no_such_test.py", "tests/unit/test_mutants_functions.py"):
+        with pytest.raises(SystemExit) as stop:
+            main(["--paths", "psrv/codecs/sparse.py", "--cases", bad])
+        assert stop.value.code == 2
+        assert f"--cases {bad}: give test files (or node ids) under tests/conformance/" in capsys.readouterr().err
