@@ -38,10 +38,24 @@ def refused(fields) -> ProtocolError:
      "dense range [5, 3] is not a sorted, disjoint [start, stop) within [0, 100)"),
     ({"codec": "topk:0.1", "dense": [[0, 5], [90, 101]]}, ErrorCode.BAD_TENSOR,
      "dense range [90, 101] is not a sorted, disjoint [start, stop) within [0, 100)"),
+    # ranges that are no pair of integers: refused by the range check, never read as one
+    ({"codec": "topk:0.1", "dense": [5]}, ErrorCode.BAD_TENSOR,
+     "dense range 5 is not a sorted, disjoint [start, stop) within [0, 100)"),
+    ({"codec": "topk:0.1", "dense": [[1, "x"]]}, ErrorCode.BAD_TENSOR,
+     "dense range [1, 'x'] is not a sorted, disjoint [start, stop) within [0, 100)"),
+    ({"codec": "topk:0.1", "dense": [[1, 2, 3]]}, ErrorCode.BAD_TENSOR,
+     "dense range [1, 2, 3] is not a sorted, disjoint [start, stop) within [0, 100)"),
 ])
 def test_a_malformed_field_is_refused_in_one_line(fields, code, message):
     exc = refused(fields)
     assert (exc.code, exc.message) == (code, message)
+
+
+def test_as_many_dense_ranges_as_allowed_are_kept():
+    """2048 ranges, the most a pull may name, are accepted; one more is refused (the table above)."""
+    dense = [[i, i + 1] for i in range(0, 2 * 2048, 2)]
+    copy = PullCopies(shard=2).check(3, {"codec": "topk:0.1", "dense": dense}, 2 * 2048)
+    assert copy.dense == dense and copy.among.tolist() == list(range(1, 2 * 2048, 2))
 
 
 @pytest.mark.parametrize("spec", ["zip", 5, None])
@@ -104,3 +118,10 @@ def test_a_pull_holding_a_copy_this_shard_has_no_settings_for_asks_for_hello_aga
     assert (exc.value.code, exc.value.message) == (
         ErrorCode.NOT_ALLOWED, "worker 4 pulls compressed, but this shard holds no pull settings for it "
                                "(restarted?); send HELLO")
+
+
+def test_each_shard_life_numbers_its_answers_from_a_random_start():
+    """A worker's pull names the copy it holds by the number of the answer that made it; a restarted shard must
+    not take that number for one of its own, so each life starts its numbers at random (one in 2^40 alike)."""
+    starts = {PullCopies(shard=0)._numbers for _ in range(20)}
+    assert len(starts) == 20 and min(starts) >= 1

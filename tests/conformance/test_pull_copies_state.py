@@ -210,6 +210,18 @@ def test_a_copy_number_given_twice_never_passes_for_the_copy_the_worker_holds():
     assert "pull_codec" not in fields and torch.equal(tensor, weights + 4)
 
 
+def test_a_whole_pulls_lost_reply_makes_the_next_pull_dense():
+    """One whole pull's reply lost, nothing else in between (no fragment pull, no resync due): the worker asks with
+    the copy before it, which is not the one the shard diffed against last, so it is answered dense."""
+    copies = PullCopies(shard=0)
+    copies.greet(0, copies.check(0, _fields("topk:0.05", ef=True, resync=0), SIZE))
+    weights = torch.randn(SIZE, generator=torch.Generator().manual_seed(7))
+    held = copies.answer(0, weights, have=None, final=False)[0]["view"]
+    assert "pull_codec" in copies.answer(0, weights + 1, have=held, final=False)[0]  # compressed, and lost
+    fields, tensor, _, _ = copies.answer(0, weights + 2, have=held, final=False)
+    assert "pull_codec" not in fields and torch.equal(tensor, weights + 2)
+
+
 def test_rank_0s_final_fragment_pull_is_dense_where_the_copy_is_known():
     copies = PullCopies(shard=0)
     copies.greet(0, copies.check(0, _fields("topk:0.05", ef=True, resync=0), SIZE))
