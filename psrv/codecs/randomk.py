@@ -27,7 +27,7 @@ class RandomK(Codec):
         """`ratio`: this push's, where it is not RATIO (the warm-up's)."""
         n = x.numel() if among is None else among.numel()
         k = count(self.ratio if ratio is None else ratio, n)
-        chosen = torch.randperm(n, generator=self.generator)[:k].to(x.device)
+        chosen = torch.sort(torch.randperm(n, generator=self.generator)[:k]).values.to(x.device)  # ascending
         return parts_of(x, chosen if among is None else among[chosen])
 
     decode = staticmethod(decode_sparse)

@@ -50,7 +50,7 @@ def largest(mag: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def parts_of(x: torch.Tensor, chosen: torch.Tensor) -> dict[str, torch.Tensor]:
-    chosen, _ = torch.sort(chosen)  # ascending: a cache-friendly scatter on the server
+    """`chosen` ascending (a cache-friendly scatter on the server): `largest` gives them so, random-k sorts its draw."""
     return {"indices": chosen.to(torch.int32), "values": x[chosen]}
 
 
