@@ -132,7 +132,9 @@ def describe(r: dict) -> str:
         return (f"colocated {r['size_mb']} MB push from {r['push']} over {r['plane']}: {r['psrv_gb_per_s']:.2f} GB/s "
                 f"vs memcpy {r['memcpy_gb_per_s']:.2f} GB/s")
     if b == "apply":
-        return f"apply {r['optimizer']} {r['size_mb']} MB: {r['bytes_per_second']/1e9:.2f} GB/s vs memcpy {r['memcpy_bytes_per_second']/1e9:.2f}"
+        first = f" (dividing first {r['divide_first_seconds']*1e3:.1f} ms)" if "divide_first_seconds" in r else ""
+        return (f"apply {r['optimizer']} {r.get('step', 'push')} {r['size_mb']} MB: {r['bytes_per_second']/1e9:.2f} GB/s "
+                f"vs memcpy {r['memcpy_bytes_per_second']/1e9:.2f}{first}")
     if b == "end_to_end":
         total = sum(r.get("payload_bytes", {}).values())
         paths = ", ".join(f"{k} {v / total:.0%}" for k, v in r["payload_bytes"].items() if v) if total else ""

@@ -3,7 +3,10 @@
 python -m psrv.experiments.bench.apply --size-mb 64 --repeats 9
 memcpy is torch's copy_ of a tensor of the same size (2 x size bytes touched: read + write). An SGD
 step with momentum touches 5 x size (read param, grad, buffer; write param, buffer), an Adam step
-7 x size (read param, grad, m, v; write param, m, v).
+7 x size (read param, grad, m, v; write param, m, v). A `sync` row times a sync clock's step of two
+accumulated pushes (Shard.apply_accumulated: the mean, then the step): as many useful bytes, since the fused
+kernel divides the sum by the count in its own pass (psrv/server/optim.py); `divide_first_seconds` times the same
+step on a shard made to divide in a pass of its own first, interleaved with it (the path before that).
 """
 from __future__ import annotations
 
@@ -21,14 +24,36 @@ from psrv.server.shard import Shard
 TOUCHED = {"sgd": 5, "adam": 7}
 
 
-def _time(fn, repeats: int) -> list[float]:
+def _time(fn, repeats: int, before=lambda: None) -> list[float]:
+    before()
     fn()  # warm-up: first touch of every page, optimizer state created
     out = []
     for _ in range(repeats):
+        before()  # untimed
         t0 = time.perf_counter()
         fn()
         out.append(time.perf_counter() - t0)
     return out
+
+
+def _sync_steps(n: int, cfg: OptimConfig, src: torch.Tensor, grads: list[torch.Tensor], repeats: int) -> tuple[list, list]:
+    """A sync clock's step (apply_accumulated of `grads`) on a shard as psrv runs it and on one that divides first,
+    taken in turns."""
+    shards = []
+    for folded in (True, False):
+        shard = Shard(n, cfg)
+        shard.init(src)
+        if not folded:
+            shard._divides_in_step = lambda: False
+        shards.append(shard)
+
+    def fill(shard):
+        return lambda: [shard.accumulate(g) for g in grads]
+    times: tuple[list, list] = ([], [])
+    for _ in range(repeats):
+        for shard, out in zip(shards, times):
+            out.extend(_time(shard.apply_accumulated, 1, before=fill(shard)))
+    return times
 
 
 def run(size_mb: int, repeats: int) -> list[dict]:
@@ -48,6 +73,13 @@ def run(size_mb: int, repeats: int) -> list[dict]:
                         "spread": [min(times), max(times)], "bytes_per_second": rate,
                         "memcpy_bytes_per_second": memcpy_rate, "ratio": rate / memcpy_rate,
                         "threads": torch.get_num_threads(), "repeats": repeats})
+        folded, first = _sync_steps(n, cfg, src, [grad, torch.randn(n) * 1e-3], repeats)
+        med = statistics.median(folded)
+        rate = TOUCHED[name] * n * 4 / med
+        results.append({"bench": "apply", "optimizer": name, "step": "sync", "size_mb": size_mb, "step_seconds": med,
+                        "spread": [min(folded), max(folded)], "divide_first_seconds": statistics.median(first),
+                        "bytes_per_second": rate, "memcpy_bytes_per_second": memcpy_rate, "ratio": rate / memcpy_rate,
+                        "threads": torch.get_num_threads(), "repeats": repeats})
     return results
 
 
@@ -59,8 +91,9 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     results = run(a.size_mb, a.repeats)
     for r in results:
-        print(f"{r['optimizer']:>4} {r['size_mb']} MB: {r['step_seconds']*1e3:.1f} ms/step, "
-              f"{r['bytes_per_second']/1e9:.2f} GB/s touched, {r['ratio']:.2f}x memcpy")
+        first = f" (dividing first: {r['divide_first_seconds']*1e3:.1f} ms)" if "divide_first_seconds" in r else ""
+        print(f"{r['optimizer']:>4} {r.get('step', 'push'):>4} {r['size_mb']} MB: {r['step_seconds']*1e3:.1f} ms/step, "
+              f"{r['bytes_per_second']/1e9:.2f} GB/s touched, {r['ratio']:.2f}x memcpy{first}")
     if a.out:
         a.out.write_text(json.dumps(results, indent=1))
 

@@ -29,16 +29,29 @@ class FlatOptimizer:
         self.lr = cfg.lr  # the next step's; the shard sets it from the schedule (psrv/schedule.py)
         self.state: dict[str, torch.Tensor] = {}
 
-    def step(self, grad: torch.Tensor, *, frozen: bool | None = None) -> None:
-        """One step of cfg's rule with `grad` (float32, on the parameter's device), at `self.lr`.
-        onebit_adam: `frozen` says whether grad is the workers' momentum (their clock is past the freeze;
-        None: as many Adam steps as the freeze step are in the state)."""
+    def divides(self) -> bool:
+        """Whether `step(grad, divisor=n)` divides inside the optimizer's own pass over memory (a fused
+        sgd/adam/adamw kernel's grad_scale) rather than in a pass of its own."""
+        return self.fused and self.cfg.name in ("sgd", "adam", "adamw")
+
+    def step(self, grad: torch.Tensor, *, frozen: bool | None = None, divisor: float = 1.0) -> None:
+        """One step of cfg's rule with `grad` / `divisor` (float32, on the parameter's device), at `self.lr`;
+        `grad` is left holding the quotient. A fused kernel divides in its own pass (its grad_scale:
+        element by element the same division, so bit for bit the same step: tests/unit/test_server_optim.py),
+        else `grad` is divided first. onebit_adam: `frozen` says whether grad is the workers' momentum
+        (their clock is past the freeze; None: as many Adam steps as the freeze step are in the state)."""
         c = self.cfg
         kernel = {"fused": True, "foreach": False} if self.fused else {"fused": False, "foreach": False}
+        scale = {}
+        if divisor != 1.0:
+            if self.divides():
+                scale = {"grad_scale": torch.tensor(float(divisor), dtype=torch.float32, device=grad.device)}
+            else:
+                grad.div_(divisor)
         with torch.no_grad():
             if c.name == "sgd":
                 buffers = [self.state.get("momentum_buffer")]
-                sgd_update([self.param], [grad], buffers, **kernel, weight_decay=c.weight_decay,
+                sgd_update([self.param], [grad], buffers, **kernel, **scale, weight_decay=c.weight_decay,
                                     momentum=c.momentum, lr=self.lr, dampening=0.0, nesterov=c.nesterov, maximize=False)
                 if c.momentum != 0:
                     self.state["momentum_buffer"] = buffers[0]
@@ -49,7 +62,7 @@ class FlatOptimizer:
             if c.name == "onebit_adam" and (is_frozen(s, c.freeze_step) if frozen is None else frozen):  # grad: the momentum
                 frozen_step(s, self.param, grad, lr=self.lr, betas=c.betas, eps=c.eps, weight_decay=c.weight_decay)
                 return
-            adam_update([self.param], [grad], [s["exp_avg"]], [s["exp_avg_sq"]], [], [s["step"]], **kernel,
+            adam_update([self.param], [grad], [s["exp_avg"]], [s["exp_avg_sq"]], [], [s["step"]], **kernel, **scale,
                                   decoupled_weight_decay=c.name != "adam", amsgrad=False, beta1=c.betas[0],
                                   beta2=c.betas[1], lr=self.lr, weight_decay=c.weight_decay, eps=c.eps, maximize=False)
 

@@ -128,15 +128,25 @@ class Shard:
         global); returns how many."""
         n = self._accumulated
         assert n > 0 and self._accum is not None, "apply_accumulated with nothing accumulated"
-        self._accum.div_(self._weight)
+        divisor = float(self._weight)
+        if divisor != 1.0 and not self._divides_in_step():
+            self._accum.div_(divisor)
+            divisor = 1.0
         if self.optim_cfg.clip_grad_norm:
             clip_flat_(self._accum, self.optim_cfg.clip_grad_norm)
-        self._step(self._accum, SYNC, velocity=self._velocity, momentum=self._momentum)
+        self._step(self._accum, SYNC, velocity=self._velocity, momentum=self._momentum, divisor=divisor)
         self._accumulated = self._weight = 0  # the next clock's first gradient writes over the sum
         return n
 
+    def _divides_in_step(self) -> bool:
+        """Whether the mean's division can wait for the optimizer's fused pass (one pass over the shard
+        fewer, the same bits): only where nothing reads the mean before the step (no clipping, the plain
+        rule, a gradient not a velocity)."""
+        return (not self.optim_cfg.clip_grad_norm and self.rule.name == "plain" and not self._velocity
+                and self.optimizer.divides())
+
     def _step(self, grad: torch.Tensor, ctx: PushContext, *, velocity: bool = False,
-              momentum: bool | None = None) -> float:
+              momentum: bool | None = None, divisor: float = 1.0) -> float:
         """One optimizer step at the schedule's lr for this update (the version is the update count),
         with the gradient as the update rule prepares it (a velocity: plain SGD; onebit_adam: its frozen
         step where `momentum` says the pushes were momenta, as their clock says, or, None, as its own step
@@ -145,6 +155,8 @@ class Shard:
         self.optimizer.lr = lr_at(self.optim_cfg, self.version)
         if velocity:
             self.optimizer.plain_step(grad)
+        elif divisor != 1.0:  # a sync mean under the plain rule (_divides_in_step): divided in the step's pass
+            self.optimizer.step(grad, divisor=divisor)
         elif self.optim_cfg.name == "onebit_adam":
             self.optimizer.step(grad, frozen=momentum)
         else:

@@ -1,7 +1,8 @@
 """What no case of the matrix reaches in the shard's optimizers (psrv/server/optim.py), found by `make mutants`:
 torch's fused kernels, which a shard takes from FUSED_MIN_ELEMENTS elements on (the matrix's job has 120,010, so
 never), whole and in chunks; a chunked SGD push without momentum and at momentum 1 (the matrix's SGD is at 0.9);
-and the two refusals of a step an optimizer cannot take. Each against tests/conformance/ref_optim.py."""
+the two refusals of a step an optimizer cannot take; and a sync clock's mean, which a fused kernel divides in its own
+pass (grad_scale). Each against tests/conformance/ref_optim.py."""
 import pytest
 import torch
 
@@ -51,6 +52,34 @@ def test_fused_kernels_match_the_reference(name, sliced):
     got, want = run(name, fused=True, sliced=sliced)
     assert torch.allclose(got, want, atol=1e-6, rtol=0), (got - want).abs().max().item()
     assert not torch.allclose(want, randn(1))
+
+
+@pytest.mark.parametrize("name", ["sgd", "nesterov", "adam", "adamw"])
+def test_a_sync_mean_divided_in_the_fused_step_matches_the_reference_bit_for_bit_with_dividing_first(name):
+    """Three clocks of three pushes: the fused shard divides each clock's sum in the optimizer's pass (no pass of its
+    own); its weights are the reference's (the mean, then the step), and bit for bit those of the same shard made to
+    divide first."""
+    o = config(name)
+    shards = []
+    for folded in (True, False):
+        s = Shard(SIZE, o)
+        s.optimizer = flat_optimizer(o, s.param, fused=True)
+        if not folded:
+            s._divides_in_step = lambda: False
+        s.init(randn(1))
+        shards.append(s)
+    ref = ServerMath(settings(o), randn(1), workers=3, mode="sync")
+    for clock in range(3):
+        pushes = [randn(50 + 3 * clock + w) * (w + 1) for w in range(3)]
+        for s in shards:
+            for g in pushes:
+                s.accumulate(g)
+            assert s.apply_accumulated() == 3
+        ref.step(torch.stack(pushes).sum(0) / 3, worker=None, staleness=0)
+    folded, divided = (s.param.data for s in shards)
+    assert torch.allclose(folded, ref.w, atol=1e-6, rtol=0), (folded - ref.w).abs().max().item()
+    assert torch.equal(folded, divided), (folded - divided).abs().max().item()
+    assert shards[0].optimizer.divides() and not torch.allclose(ref.w, randn(1))
 
 
 @pytest.mark.parametrize("sliced", [False, True], ids=["whole", "chunked"])
