@@ -10,7 +10,8 @@ from psrv.config import OptimConfig
 from psrv.server.optim import flat_optimizer
 from psrv.server.rules import PushContext
 from psrv.server.shard import Shard
-from tests.conformance.ref_optim import ServerMath, settings
+from psrv.server.velocity import Velocity
+from tests.conformance.ref_optim import ServerMath, clipped, settings
 
 SIZE = 1000
 CHUNKS = ((0, 300), (300, 701), (701, SIZE))
@@ -54,12 +55,19 @@ def test_fused_kernels_match_the_reference(name, sliced):
     assert not torch.allclose(want, randn(1))
 
 
-@pytest.mark.parametrize("name", ["sgd", "nesterov", "adam", "adamw"])
-def test_a_sync_mean_divided_in_the_fused_step_matches_the_reference_bit_for_bit_with_dividing_first(name):
-    """Three clocks of three pushes: the fused shard divides each clock's sum in the optimizer's pass (no pass of its
-    own); its weights are the reference's (the mean, then the step), and bit for bit those of the same shard made to
-    divide first."""
-    o = config(name)
+SYNC_VARIANTS = {"plain": {}, "clipped": {"clip_grad_norm": 2.0}, "dn": {"update_rule": "dn"}, "velocity": {}}
+
+
+@pytest.mark.parametrize("name, variant", [(n, v) for v in ("plain", "clipped") for n in ("sgd", "nesterov", "adam", "adamw")]
+                         + [("nesterov", "dn"), ("sgd", "velocity"), ("nesterov", "velocity")])  # dn: sgd with nesterov
+def test_a_sync_mean_divided_in_the_fused_step_matches_the_reference_bit_for_bit_with_dividing_first(name, variant):
+    """Three clocks of three pushes on fused shards: under the plain rule the shard divides each clock's sum in the
+    optimizer's pass (no pass of its own); clipped, under dn, or a velocity, it divides first, as the mean is read
+    before the step. Its weights are the reference's (the mean, clipped where it clips, then the step), and bit for
+    bit those of the same shard made to divide first."""
+    base = config(name)
+    o = OptimConfig(base.name, lr=base.lr, momentum=base.momentum, nesterov=base.nesterov,
+                    weight_decay=base.weight_decay, **SYNC_VARIANTS[variant])
     shards = []
     for folded in (True, False):
         s = Shard(SIZE, o)
@@ -73,13 +81,16 @@ def test_a_sync_mean_divided_in_the_fused_step_matches_the_reference_bit_for_bit
         pushes = [randn(50 + 3 * clock + w) * (w + 1) for w in range(3)]
         for s in shards:
             for g in pushes:
-                s.accumulate(g)
+                s.accumulate(Velocity(g) if variant == "velocity" else g)
             assert s.apply_accumulated() == 3
-        ref.step(torch.stack(pushes).sum(0) / 3, worker=None, staleness=0)
+        mean = torch.stack(pushes).sum(0) / 3
+        ref.step(clipped(mean, o.clip_grad_norm) if o.clip_grad_norm else mean, worker=None, staleness=0,
+                 velocity=variant == "velocity")
     folded, divided = (s.param.data for s in shards)
     assert torch.allclose(folded, ref.w, atol=1e-6, rtol=0), (folded - ref.w).abs().max().item()
     assert torch.equal(folded, divided), (folded - divided).abs().max().item()
     assert shards[0].optimizer.divides() and not torch.allclose(ref.w, randn(1))
+    assert shards[0]._divides_in_step() == (variant == "plain")
 
 
 @pytest.mark.parametrize("sliced", [False, True], ids=["whole", "chunked"])
