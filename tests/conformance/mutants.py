@@ -8,7 +8,7 @@ the surviving mutants with their diffs and the equivalent ones (tests/conformanc
 
     make mutants MUTANTS_ARGS="--paths psrv/server/rules"      # some files or folders only
     make mutants MUTANTS_ARGS="--paths psrv/server/pulls/copies.py --functions answer state_dict"
-    make mutants MUTANTS_ARGS="--paths psrv/codecs/sparse.py --functions largest \
+    make mutants MUTANTS_ARGS="--paths psrv/codecs/sparse.py --functions largest \\
                                --cases tests/conformance/test_topk_ties.py"   # against those cases only
     python -m tests.conformance.mutants --report-only            # the last run's report again
 """

@@ -55,42 +55,100 @@ def test_fused_kernels_match_the_reference(name, sliced):
     assert not torch.allclose(want, randn(1))
 
 
-SYNC_VARIANTS = {"plain": {}, "clipped": {"clip_grad_norm": 2.0}, "dn": {"update_rule": "dn"}, "velocity": {}}
+SYNC_VARIANTS = {"plain": {}, "unfused": {}, "clipped": {"clip_grad_norm": 2.0}, "dn": {"update_rule": "dn"},
+                 "staleness-lr": {"update_rule": "staleness-lr"}, "velocity": {}}
+PUSHES_PER_CLOCK = (2, 3, 2)
 
 
-@pytest.mark.parametrize("name, variant", [(n, v) for v in ("plain", "clipped") for n in ("sgd", "nesterov", "adam", "adamw")]
-                         + [("nesterov", "dn"), ("sgd", "velocity"), ("nesterov", "velocity")])  # dn: sgd with nesterov
-def test_a_sync_mean_divided_in_the_fused_step_matches_the_reference_bit_for_bit_with_dividing_first(name, variant):
-    """Three clocks of three pushes on fused shards: under the plain rule the shard divides each clock's sum in the
-    optimizer's pass (no pass of its own); clipped, under dn, or a velocity, it divides first, as the mean is read
-    before the step. Its weights are the reference's (the mean, clipped where it clips, then the step), and bit for
-    bit those of the same shard made to divide first."""
-    base = config(name)
-    o = OptimConfig(base.name, lr=base.lr, momentum=base.momentum, nesterov=base.nesterov,
-                    weight_decay=base.weight_decay, **SYNC_VARIANTS[variant])
+def sync_shards(o: OptimConfig, *, fused: bool) -> list[Shard]:
+    """Two shards of `o` from the same weights: psrv's, and one made to divide each clock's sum first."""
     shards = []
     for folded in (True, False):
         s = Shard(SIZE, o)
-        s.optimizer = flat_optimizer(o, s.param, fused=True)
+        s.optimizer = flat_optimizer(o, s.param, fused=fused)
         if not folded:
             s._divides_in_step = lambda: False
         s.init(randn(1))
         shards.append(s)
+    return shards
+
+
+def clock_pushes(clock: int) -> list[torch.Tensor]:
+    return [randn(50 + 3 * clock + w) * (w + 1) for w in range(PUSHES_PER_CLOCK[clock])]
+
+
+@pytest.mark.parametrize("name, variant", [(n, v) for v in ("plain", "clipped") for n in ("sgd", "nesterov", "adam", "adamw")]
+                         + [("sgd", "unfused"), ("adam", "unfused"), ("nesterov", "dn"), ("sgd", "staleness-lr"),
+                            ("sgd", "velocity"), ("nesterov", "velocity")])  # dn: sgd with nesterov
+def test_a_sync_mean_divided_in_the_fused_step_matches_the_reference_bit_for_bit_with_dividing_first(name, variant):
+    """Clocks of two, three and two pushes: a fused shard under the plain rule divides each clock's sum in the
+    optimizer's pass (no pass of its own); unfused (under 1M elements), clipped, under another rule (dn, or
+    staleness-lr, which in sync is plain), or a velocity, it divides first, as the mean is read before the step. Its
+    weights are the reference's (the mean, clipped where it clips, then the step), bit for bit those of the same
+    shard made to divide first, and one update a clock."""
+    base = config(name)
+    o = OptimConfig(base.name, lr=base.lr, momentum=base.momentum, nesterov=base.nesterov,
+                    weight_decay=base.weight_decay, **SYNC_VARIANTS[variant])
+    shards = sync_shards(o, fused=variant != "unfused")
     ref = ServerMath(settings(o), randn(1), workers=3, mode="sync")
-    for clock in range(3):
-        pushes = [randn(50 + 3 * clock + w) * (w + 1) for w in range(3)]
+    for clock in range(len(PUSHES_PER_CLOCK)):
+        pushes = clock_pushes(clock)
         for s in shards:
             for g in pushes:
                 s.accumulate(Velocity(g) if variant == "velocity" else g)
-            assert s.apply_accumulated() == 3
-        mean = torch.stack(pushes).sum(0) / 3
+            assert s.apply_accumulated() == len(pushes)
+        mean = torch.stack(pushes).sum(0) / len(pushes)
         ref.step(clipped(mean, o.clip_grad_norm) if o.clip_grad_norm else mean, worker=None, staleness=0,
                  velocity=variant == "velocity")
     folded, divided = (s.param.data for s in shards)
     assert torch.allclose(folded, ref.w, atol=1e-6, rtol=0), (folded - ref.w).abs().max().item()
     assert torch.equal(folded, divided), (folded - divided).abs().max().item()
-    assert shards[0].optimizer.divides() and not torch.allclose(ref.w, randn(1))
+    assert not torch.allclose(ref.w, randn(1)) and [s.version for s in shards] == [len(PUSHES_PER_CLOCK)] * 2
+    assert shards[0].optimizer.divides() == (variant != "unfused")
     assert shards[0]._divides_in_step() == (variant == "plain")
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam"])
+def test_an_unfused_optimizer_asked_to_divide_divides_first(name):
+    """FlatOptimizer.step(grad, divisor=n) without a fused kernel: grad divided in place, then the step, as
+    step(grad / n)."""
+    o = config(name)
+    mine, theirs = (flat_optimizer(o, randn(1).clone(), fused=False) for _ in range(2))
+    for i in range(2):
+        g = randn(70 + i)
+        sum_ = g * 3
+        mine.step(sum_, divisor=3.0)
+        theirs.step(g * 3 / 3)
+        assert torch.equal(sum_, g * 3 / 3)
+    assert not mine.divides() and torch.equal(mine.param, theirs.param)
+
+
+def test_a_sync_step_asked_with_nothing_accumulated_is_a_bug_said_so():
+    s = Shard(SIZE, config("sgd"))
+    s.init(randn(1))
+    for _ in range(2):  # before any clock, and after one (the sum's buffer is there, holding no sum)
+        with pytest.raises(AssertionError, match="^apply_accumulated with nothing accumulated$"):
+            s.apply_accumulated()
+        s.accumulate(randn(2))
+        s.apply_accumulated()
+
+
+@pytest.mark.parametrize("name", ["adam", "adamw", "adam-wd"])
+def test_a_shard_under_the_fused_size_steps_as_torch_optims_single_tensor_kernel_bit_for_bit(name):
+    """Below FUSED_MIN_ELEMENTS the shard takes torch.optim's single-tensor step, not the fused kernel, whose Adam
+    rounds otherwise (about 3e-8 here); Adam's weight decay is the L2 term, AdamW's the decoupled one."""
+    o = OptimConfig("adam", lr=0.003, weight_decay=0.01) if name == "adam-wd" else config(name)
+    s = Shard(SIZE, o)
+    s.init(randn(1))
+    p = torch.nn.Parameter(randn(1).clone())
+    kind = torch.optim.AdamW if o.name == "adamw" else torch.optim.Adam
+    theirs = kind([p], lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay, foreach=False, fused=False)
+    for i in range(4):
+        g = randn(60 + i)
+        s.apply(g, PushContext(0))
+        p.grad = g.clone()
+        theirs.step()
+    assert not s.optimizer.fused and torch.equal(s.param.data, p.detach()), (s.param.data - p.detach()).abs().max()
 
 
 @pytest.mark.parametrize("sliced", [False, True], ids=["whole", "chunked"])
@@ -165,11 +223,35 @@ def test_a_float64_default_dtype_changes_no_bit(name, fused):
     assert torch.equal(s.param.data, want), (s.param.data - want).abs().max().item()
 
 
-def test_onebit_adam_takes_the_clocks_word_for_its_freeze():
+@pytest.mark.parametrize("name", ["sgd", "adam"])
+def test_a_float64_default_dtype_changes_no_bit_of_a_fused_sync_step(name):
+    """The same for sync clocks on a fused shard, whose step divides the clock's sum (grad_scale, float32)."""
+    runs, init = [], randn(1)
+    clocks = [clock_pushes(clock) for clock in range(len(PUSHES_PER_CLOCK))]  # drawn in float32
+    for default in (torch.float32, torch.float64):
+        before = torch.get_default_dtype()
+        torch.set_default_dtype(default)
+        try:
+            s = Shard(SIZE, config(name))
+            s.optimizer = flat_optimizer(s.optim_cfg, s.param, fused=True)
+            s.init(init)
+            for pushes in clocks:
+                for g in pushes:
+                    s.accumulate(g)
+                s.apply_accumulated()
+        finally:
+            torch.set_default_dtype(before)
+        runs.append(s.param.data)
+    assert runs[0].dtype == runs[1].dtype == torch.float32
+    assert torch.equal(*runs), (runs[0] - runs[1]).abs().max().item()
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.01])
+def test_onebit_adam_takes_the_clocks_word_for_its_freeze(weight_decay):
     """A warm-up clock with no step (every push of it dropped as non-finite) leaves one Adam step where the
     freeze is at two; the next clock's pushes are momenta all the same, as the workers' clocks say: the shard
     takes the frozen step, not another Adam step, as tests/conformance/ref_optim.py's 1-bit Adam does."""
-    o = OptimConfig("onebit_adam", lr=0.003, freeze_step=2)
+    o = OptimConfig("onebit_adam", lr=0.003, freeze_step=2, weight_decay=weight_decay)
     s = Shard(SIZE, o)
     s.init(randn(1))
     ref = ServerMath(settings(o), randn(1), workers=1, mode="sync")

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from psrv.config import OptimConfig
+from psrv.server.optim import FUSED_MIN_ELEMENTS
 from psrv.server.shard import Shard
 from tests.helpers import psrv_run
 
@@ -19,10 +20,11 @@ CASES = [OptimConfig("sgd", lr=0.1, momentum=0.0), OptimConfig("sgd", lr=0.1, mo
 TRAIN = ["--job", "digits_mlp", "--steps", "20", "--batch-size", "32", "--seed", "0"]
 
 
-@pytest.mark.parametrize("cfg", CASES, ids=lambda c: f"{c.name}-m{c.momentum}")
-def test_a_shard_on_cuda_applies_the_same_step_as_on_cpu(cfg):
+@pytest.mark.parametrize("size", [50_000, FUSED_MIN_ELEMENTS], ids=["unfused", "fused"])  # fused: the sync
+@pytest.mark.parametrize("cfg", CASES, ids=lambda c: f"{c.name}-m{c.momentum}")  # mean divided in the step (grad_scale)
+def test_a_shard_on_cuda_applies_the_same_step_as_on_cpu(cfg, size):
     gen = torch.Generator().manual_seed(0)
-    init = torch.randn(50_000, generator=gen)
+    init = torch.randn(size, generator=gen)
     grads = [torch.randn(init.numel(), generator=gen) for _ in range(6)]
     cpu, gpu = Shard(init.numel(), cfg, device="cpu"), Shard(init.numel(), cfg, device="cuda:0")
     assert gpu.weights.is_cuda
