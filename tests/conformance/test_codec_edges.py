@@ -14,6 +14,10 @@ from psrv.codecs.int8 import Int8
 from psrv.codecs.sparse import warmup_ratio
 from psrv.protocol import ProtocolError
 from psrv.codecs.randomk import RandomK
+from psrv.codecs.scale_blocks import chunk_param
+from psrv.codecs.sign import Sign
+from psrv.codecs.sparse import count, decode_sparse
+from psrv.server.validate import all_finite
 from psrv.codecs.topk import TopK
 
 X = torch.randn(100, generator=torch.Generator().manual_seed(3))
@@ -78,9 +82,9 @@ def test_a_quantised_push_whose_parts_are_the_wrong_size_is_refused():
     """A malformed push (a part one element short or long) is answered BAD_TENSOR before anything is applied:
     a size the decoder did not check would be read past its end or leave positions unwritten."""
     n = 2051
-    for codec in (Int8(), Fp4()):
+    for codec in (Int8(), Fp4(), Sign()):
         parts = codec.encode(torch.randn(n), None)
-        for name in ("q", "scales"):
+        for name in parts:
             for size in (parts[name].numel() - 1, parts[name].numel() + 1):
                 bent = {**parts, name: torch.zeros(size, dtype=parts[name].dtype)}
                 with pytest.raises(ProtocolError, match=rf"part '{name}' has {size} elements, expected"):
@@ -167,3 +171,91 @@ def test_a_pull_codec_is_the_push_codec_it_names_with_the_shards_seed_and_sign_s
     for scale, got in scales.items():
         assert torch.equal(got, make("sign", sign_scale=scale).encode(x, None)["scales"]), scale
     assert not torch.equal(scales["l1"], scales["l2"])
+
+
+@pytest.mark.parametrize("n", [3077, 2048], ids=["ragged", "whole chunks"])
+@pytest.mark.parametrize("among", ["all", "every third", "one a chunk"])
+@pytest.mark.parametrize("spec, scale", [("sign", "l1"), ("sign", "l2"), ("int8", "l1"), ("fp4", "l1")])
+def test_the_dense_codecs_decode_to_the_reference_on_ragged_chunks(spec, scale, among, n):
+    """sign (both scales), int8 and fp4 pushed on their own and decoded by the shard, against
+    tests/conformance/ref_codecs.py `received` (from the papers' formulas, blocks as a matrix's rows): three whole
+    chunks and a short one, zeros (sign's +1) and a chunk of zeros (int8's and fp4's scale 1), with every position
+    covered or every third (the others exact). The matrix runs each at one size on whole-tensor pushes: a scale
+    taken over the wrong elements of a short chunk, or a sign read off by a bit, is where its tolerance is blind."""
+    from tests.conformance.ref_codecs import received
+    # ragged: three whole chunks of 1024 and a short one of 5, an odd count (fp4's last byte half used, sign's 5
+    # bits); whole chunks: two, the last one's count the chunk's
+    x = torch.randn(n, generator=torch.Generator().manual_seed(11)) * torch.linspace(0.1, 3.0, n)
+    x[5:40] = 0.0
+    x[1024:2048:7] *= -20.0  # a few large ones in the second chunk: its scale is theirs
+    x[2048:3072] = 0.0  # a chunk of zeros: sign's scale 0, int8's and fp4's 1
+    assert n == 2048 or ((x[3072:] > 0).any() and (x[3072:] < 0).any())  # the short chunk's signs mixed
+    cover = {"all": torch.ones(n, dtype=torch.bool), "every third": torch.arange(n) % 3 == 1,
+             "one a chunk": torch.isin(torch.arange(n), torch.tensor([7, 1500, 1900, n - 2]))}[among]  # one in the first chunk
+    codec = make(spec, sign_scale=scale)
+    parts = codec.encode(x, None if among == "all" else cover.nonzero().view(-1))
+    got = type(codec).decode(parts, codec.params(), n).densify(torch.empty(n))
+    want, _ = received(spec, x, cover, ratio=0.0, draw=None, sign_scale=scale)
+    torch.testing.assert_close(got[cover], want[cover], rtol=2e-6, atol=0)
+    assert not torch.equal(want, x)  # the codec lost something: the reference is no copy
+
+
+@pytest.mark.parametrize("spec", ["sign", "int8", "fp4", "topk:0.1"])
+def test_a_decoded_push_shows_its_nan_to_the_shards_finiteness_check(spec):
+    """What the shard checks for --nonfinite (psrv/server/validate.py all_finite: the decoded push's float parts):
+    a NaN among the covered elements reaches it, through the chunk's scale (sign, int8, fp4) or the values
+    (top-k)."""
+    codec = make(spec)
+    x = torch.randn(2051, generator=torch.Generator().manual_seed(2))
+    for poisoned in (False, True):
+        if poisoned:
+            x[1030] = float("nan")
+        decoded = type(codec).decode(codec.encode(x, None), codec.params(), x.numel())
+        assert all_finite(decoded) is not poisoned, (spec, poisoned)
+
+
+def test_sign_takes_l1_by_default_and_refuses_another_scale_in_one_line():
+    assert Sign().scale == "l1" and Sign(scale="l2").scale == "l2"
+    with pytest.raises(ValueError, match=r"^sign's scale must be one of l2, l1; got 'l3'$"):
+        Sign(scale="l3")
+
+
+def test_a_chunk_parameter_is_an_integer_from_1_to_2_to_the_30():
+    assert chunk_param({"chunk": 1}) == 1 and chunk_param({"chunk": 1 << 30}) == 1 << 30
+    for wrong in (0, (1 << 30) + 1, 1.0, True, None):
+        with pytest.raises(ProtocolError, match=rf"^BAD_TENSOR: codec parameter 'chunk' must be an integer in \[1, {1 << 30}\]; "
+                                                rf"got {wrong!r}$"):
+            chunk_param({"chunk": wrong})
+
+
+def test_a_sparse_ratio_keeps_the_ceiling_and_at_least_one():
+    assert [count(0.01, 50), count(0.3, 10), count(0.31, 10), count(1.0, 7), count(0.5, 0)] == [1, 3, 4, 7, 0]
+
+
+def test_a_sparse_push_adds_its_values_at_its_indices_and_refuses_one_outside_the_shard():
+    """decode_sparse and its scatter-add, against a loop in Python: a repeated index adds its values twice; an
+    index below 0 or at n, or more indices than elements, is refused (BAD_TENSOR) in its one line."""
+    n = 10
+    indices, values = torch.tensor([0, 3, 3, 9], dtype=torch.int32), torch.tensor([1.0, 2.0, 0.5, -4.0])
+    decoded = decode_sparse({"indices": indices, "values": values}, {}, n)
+    want = torch.zeros(n)
+    for i, v in zip(indices.tolist(), values.tolist()):
+        want[i] += v
+    accum = torch.ones(n)
+    decoded.add_into(accum, torch.empty(n))
+    assert torch.equal(accum, want + 1) and torch.equal(decoded.densify(torch.full((n,), 7.0)), want)
+    refusals = {(-1, 3): r"indices outside \[0, 10\): -1\.\.3$", (0, 10): r"indices outside \[0, 10\): 0\.\.10$",
+                (11, 2): r"indices outside \[0, 10\): 2\.\.11$", tuple(range(11)): r"11 indices for a shard of 10 elements$"}
+    for wrong, message in refusals.items():
+        with pytest.raises(ProtocolError, match="^BAD_TENSOR: " + message):
+            decode_sparse({"indices": torch.tensor(wrong, dtype=torch.int32), "values": torch.zeros(len(wrong))}, {}, n)
+
+
+def test_a_sign_push_decodes_into_a_shard_on_another_device():
+    """Sign's decoding off the CPU (unpacked on the CPU, then copied over, the scales moved there too): the meta
+    device stands in for the GPU, as in the device test above, where sign's encoding cannot run."""
+    n = 2051
+    parts = Sign().encode(torch.randn(n), None)
+    accum = torch.zeros(n, device="meta")
+    Sign.decode(parts, Sign().params(), n).add_into(accum, torch.empty(n, device="meta"))
+    assert accum.device.type == "meta"
