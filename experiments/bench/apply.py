@@ -6,7 +6,8 @@ step with momentum touches 5 x size (read param, grad, buffer; write param, buff
 7 x size (read param, grad, m, v; write param, m, v). A `sync` row times a sync clock's step of two
 accumulated pushes (Shard.apply_accumulated: the mean, then the step): as many useful bytes, since the fused
 kernel divides the sum by the count in its own pass (psrv/server/optim.py); `divide_first_seconds` times the same
-step on a shard made to divide in a pass of its own first, interleaved with it (the path before that).
+step with the sum divided in a pass of its own first (then Shard.apply of the mean: the path before that),
+interleaved with it.
 """
 from __future__ import annotations
 
@@ -37,22 +38,26 @@ def _time(fn, repeats: int, before=lambda: None) -> list[float]:
 
 
 def _sync_steps(n: int, cfg: OptimConfig, src: torch.Tensor, grads: list[torch.Tensor], repeats: int) -> tuple[list, list]:
-    """A sync clock's step (apply_accumulated of `grads`) on a shard as psrv runs it and on one that divides first,
-    taken in turns."""
-    shards = []
-    for folded in (True, False):
-        shard = Shard(n, cfg)
-        shard.init(src)
-        if not folded:
-            shard._divides_in_step = lambda: False
-        shards.append(shard)
+    """A sync clock's step as psrv takes it (apply_accumulated of `grads`: the division in the fused step's pass),
+    and the same step with the sum divided first (a pass of its own, then Shard.apply of the mean: the path before),
+    each on its own shard, taken in turns; the sums are made untimed."""
+    folded, first = Shard(n, cfg), Shard(n, cfg)
+    folded.init(src)
+    first.init(src)
+    total = torch.empty(n)
 
-    def fill(shard):
-        return lambda: [shard.accumulate(g) for g in grads]
+    def sum_into_total():
+        torch.add(grads[0], grads[1], out=total)
+        for g in grads[2:]:
+            total.add_(g)
+
+    def divide_then_step():
+        total.div_(len(grads))
+        first.apply(total)
     times: tuple[list, list] = ([], [])
     for _ in range(repeats):
-        for shard, out in zip(shards, times):
-            out.extend(_time(shard.apply_accumulated, 1, before=fill(shard)))
+        times[0].extend(_time(folded.apply_accumulated, 1, before=lambda: [folded.accumulate(g) for g in grads]))
+        times[1].extend(_time(divide_then_step, 1, before=sum_into_total))
     return times
 
 
