@@ -25,9 +25,10 @@ from psrv.server.shard import Shard
 TOUCHED = {"sgd": 5, "adam": 7}
 
 
-def _time(fn, repeats: int, before=lambda: None) -> list[float]:
-    before()
-    fn()  # warm-up: first touch of every page, optimizer state created
+def _time(fn, repeats: int, before=lambda: None, *, warm: bool = True) -> list[float]:
+    if warm:
+        before()
+        fn()  # warm-up: first touch of every page, optimizer state created
     out = []
     for _ in range(repeats):
         before()  # untimed
@@ -54,10 +55,17 @@ def _sync_steps(n: int, cfg: OptimConfig, src: torch.Tensor, grads: list[torch.T
     def divide_then_step():
         total.div_(len(grads))
         first.apply(total)
+    def accumulate():
+        for g in grads:
+            folded.accumulate(g)
+    steps = ((folded.apply_accumulated, accumulate), (divide_then_step, sum_into_total))
+    for fn, before in steps:  # warm-up: first touch of every page, optimizer state created
+        before()
+        fn()
     times: tuple[list, list] = ([], [])
     for _ in range(repeats):
-        times[0].extend(_time(folded.apply_accumulated, 1, before=lambda: [folded.accumulate(g) for g in grads]))
-        times[1].extend(_time(divide_then_step, 1, before=sum_into_total))
+        for (fn, before), out in zip(steps, times):
+            out.extend(_time(fn, 1, before, warm=False))
     return times
 
 

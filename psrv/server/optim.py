@@ -37,7 +37,7 @@ class FlatOptimizer:
     def step(self, grad: torch.Tensor, *, frozen: bool | None = None, divisor: float = 1.0) -> None:
         """One step of cfg's rule with `grad` / `divisor` (float32, on the parameter's device), at `self.lr`;
         `grad` is left holding the quotient. A fused kernel divides in its own pass (its grad_scale:
-        element by element the same division, so bit for bit the same step: tests/unit/test_server_optim.py),
+        element by element the same division, so bit for bit the same step: tests/conformance/test_optim_edges.py),
         else `grad` is divided first. onebit_adam: `frozen` says whether grad is the workers' momentum
         (their clock is past the freeze; None: as many Adam steps as the freeze step are in the state)."""
         c = self.cfg
