@@ -67,7 +67,7 @@ class Hooks:
     shard's config as given to its primary and backups (a checkpoint dir); `started(servers, backups, witness)`:
     the shards once they serve, before any worker starts (lists the hook may change in place: a server replaced,
     a backup added, each stopped and recorded at the end); `step(rank, step)`: at the start of each worker's
-    step, in its turn."""
+    step, in its turn; `finished()`: once every worker has ended."""
 
     witness = False
 
@@ -79,6 +79,9 @@ class Hooks:
 
     def step(self, rank: int, step: int) -> None:
         pass
+
+    def finished(self) -> None:
+        """Once every worker has ended, before the shards are joined."""
 
     def restarts(self, rank: int, step: int) -> bool:
         """Whether worker `rank` is restarted before its step `step` (after `step(rank, step)`): its psrv.Worker
@@ -234,6 +237,7 @@ def run(cfg: RunConfig, *, nan: bool, hooks: Hooks | None = None) -> Outcome:
     for t in threads:
         t.join(TIMEOUT)
     try:
+        hooks.finished()
         out.shards = [s.join(TIMEOUT) for s in servers]
         for b in backups:  # every op its primary answered is in it: ended now, not a failure bound after
             b.stop()

@@ -31,8 +31,8 @@ import torch
 
 from psrv.config import RunConfig
 from tests.conformance.cluster import Outcome, one_thread, run  # noqa: F401 (one_thread: an autouse fixture)
-from tests.conformance.failures import (JoinBackup, KillPrimary, RestartWorker, Resume, Watch, config, free, quiet,
-                                        state_of)
+from tests.conformance.failures import (JoinBackup, KillPrimary, KillWithTwoBackups, LateAck, PausePrimary, RestartWorker, Resume, Watch,
+                                        config, free, quiet, state_of)
 from tests.conformance.ref_streaming import reference_of
 from tests.states import assert_same_state
 
@@ -167,6 +167,98 @@ def test_failover(case: Failover, plain):
     summaries = [summary if s == case.shard else got.out.shards[s] for s in range(cfg.cluster.servers)]
     states = [state_of(took) if s == case.shard else got.states[s] for s in range(cfg.cluster.servers)]
     same_run(cfg, got, want, summaries=summaries, states=states)
+
+
+# --- a paused primary, a late ack, two backups ----------------------------------------------------------------
+PAUSE_S = 3.0  # a primary's pause: past the takeover bound (1 s at FAILURE_BOUND 2 s), with 2 s to spare under load
+PAUSES = [  # Failover's fields: the primary stops at that push (before it, or handled and unanswered) and comes back
+    Failover("async", 5),
+    Failover("sync", 6, arrived=1),                       # mid-barrier: one worker's push of clock 2 in
+    Failover("ssp", 5, unanswered=True),                  # its backup holds the push; the answer waits for the pause
+    Failover("async", 5, chunk=2, half=2, options=(("chunk_mb", CHUNKS),)),
+]
+
+
+@pytest.mark.parametrize("case", PAUSES, ids=lambda c: c.id)
+def test_a_paused_primary_is_taken_over_and_fenced_when_it_comes_back(case: Failover, plain):
+    """A primary stopped past the takeover bound, then going on (SIGSTOP, a starved host): its backup takes the
+    shard at a new epoch, the primary, back, is fenced (it answers nothing more), and the run ends with the
+    weights, counts and state of the run without the pause: no push lost, none applied twice."""
+    cfg = config(case.mode, replicas=1, **dict(case.options))
+    pause = PausePrimary(push=case.push, seconds=PAUSE_S, shard=case.shard, chunk=case.chunk,
+                         unanswered=case.unanswered)
+    got = run_with(cfg, pause)
+    death = pause.death
+    assert death is not None and pause.resumed, f"shard {case.shard}'s primary never paused at push {case.push}"
+    assert (len(death.arrived), death.half_applied, death.chunk) == (case.arrived, case.half, case.chunk), death
+    took = pause.took_over()
+    summary = next(b.summary for b in got.out.backups if b.address == took.address)
+    assert summary["role"] == "primary" and [f["epoch"] for f in summary["failovers"]] == [2], summary["failovers"]
+    old = got.out.shards[case.shard]
+    assert old["fenced"] and pause.fenced_at == 1, (old["fenced"], pause.fenced_at)  # fenced, never moved on alone
+    summaries = [summary if s == case.shard else got.out.shards[s] for s in range(cfg.cluster.servers)]
+    states = [state_of(took) if s == case.shard else got.states[s] for s in range(cfg.cluster.servers)]
+    same_run(cfg, got, plain(cfg), summaries=summaries, states=states)
+
+
+LATE_S = 4.0  # a backup's late ack: past its primary's ack timeout (2 s), and 2 s more before it looks again
+LATES = [  # (mode, push, chunk, the step whose start waits for the backup's return, config options)
+    ("sync", 6, 0, 4, ()),
+    # between the chunks of a push applied as they come: the backup, taken back, must forget its half of it
+    ("async", 5, 2, 4, (("chunk_mb", CHUNKS), ("optimizer", "adam"))),
+    ("ssp", 7, 0, 5, ()),
+]
+
+
+@pytest.mark.parametrize("mode,push,chunk,at,options", LATES,
+                         ids=[case_id(m, f"push{p}", f"chunk{c}", options=o) for m, p, c, _, o in LATES])
+def test_a_backup_with_a_late_ack_is_dropped_joins_again_and_never_takes_over(mode, push, chunk, at, options, plain):
+    """A backup that holds back an ack past the ack timeout is dropped at a new epoch while its primary goes on;
+    back, it finds the epoch moved, joins again from the state and ends with its primary's counts and state;
+    the run ends with the weights of the run without the fault, and no failover happens."""
+    cfg = config(mode, replicas=1, **dict(options))
+    late = LateAck(cfg, push=push, seconds=LATE_S, at=at, chunk=chunk)
+    got = run_with(cfg, late)
+    assert late.fault.fired and late.death is not None and late.until.fired, f"the late ack never fired (push {push})"
+    primary = got.out.shards[0]
+    assert primary["role"] == "primary" and not primary["fenced"], primary
+    assert late.primary.service.replication.replicas.admitted == 2, "the backup was not taken back from the state"
+    assert primary["epoch"] == 3, f"epochs: join, drop, join again; the primary ended at {primary['epoch']}"
+    [record] = got.out.backups
+    assert record.address in primary["backups"] and record.summary["role"] == "backup", record.summary["role"]
+    assert not record.summary["failovers"], record.summary["failovers"]
+    for key in COUNTS:
+        assert record.summary[key] == primary[key], f"the backup: {key} {record.summary[key]} != {primary[key]}"
+    assert_same_state(record.primary_state, record.state, "the backup taken back")
+    same_run(cfg, got, plain(cfg), summaries=got.out.shards, states=got.states)
+
+
+TWO = [  # (Failover: the primary of a shard with two backups dies at that push; the step whose start waits for
+    # the second backup to follow the new primary)
+    (Failover("ssp", 5), 4),
+    (Failover("sync", 6, arrived=1), 4),
+]
+
+
+@pytest.mark.parametrize("case,at", TWO, ids=[c.id for c, _ in TWO])
+def test_two_backups_of_a_dead_primary_elect_one_and_the_other_follows_it(case: Failover, at: int, plain):
+    """The first backup takes over at a new epoch; the second, whose claim comes later, finds the epoch taken, joins
+    the new primary from its state and ends with its counts and state; the weights are the run's without the
+    death."""
+    cfg = config(case.mode, replicas=2)
+    kill = KillWithTwoBackups(cfg, push=case.push, at=at)
+    got = run_with(cfg, kill)
+    assert kill.death is not None and len(kill.death.arrived) == case.arrived and kill.until.fired, kill.death
+    took = kill.took_over()
+    summary = next(b.summary for b in got.out.backups if b.address == took.address)
+    assert [f["epoch"] for f in summary["failovers"]] == [3], summary["failovers"]  # 0 start, 1 and 2 the joins
+    [other] = [b for b in got.out.backups if b.address != took.address]
+    assert other.summary["role"] == "backup" and other.address in summary["backups"], (other.summary, summary)
+    assert other.summary["epoch"] == 4, f"the second backup joined the new primary at epoch {other.summary['epoch']}"
+    for key in COUNTS:
+        assert other.summary[key] == summary[key], f"the second backup: {key} {other.summary[key]} != {summary[key]}"
+    assert_same_state(state_of(took), other.state, "the second backup")
+    same_run(cfg, got, plain(cfg), summaries=[summary], states=[state_of(took)])
 
 
 # --- a backup joins mid-run ---------------------------------------------------------------------------------

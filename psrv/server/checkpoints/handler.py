@@ -45,11 +45,13 @@ class Checkpoints:
 
     def load_state_dict(self, state: dict, *, source: str = "state dict") -> None:
         """Carry on from `state` (a state_dict of this job's shard): every part is built and checked
-        first, then swapped in at once; CheckpointError, with nothing changed, if it does not fit."""
+        first, then swapped in at once, and the pushes in flight on the state replaced are forgotten
+        (Pushes.forget_in_flight); CheckpointError, with nothing changed, if it does not fit."""
         s = self.state
         fresh = Liveness(timeout=s.liveness.timeout, join_timeout=s.liveness.join_timeout, now=s.now)
         parts = snapshot.build(state, s.cfg, liveness=fresh, source=source)
         s.plan_hash, s.shard, s.controller, s.dedup, s.liveness, s.fragments = parts
+        self.service.pushes.forget_in_flight()
         self.service.membership.plans.resumed(s.plan_hash)
         s.shard.param.data = s.transport.share(s.shard.param.data)
         s.resumed_from = s.shard.version

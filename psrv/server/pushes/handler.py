@@ -39,6 +39,16 @@ class Pushes:
     def epoch(self) -> int:
         return self.service.replication.epoch
 
+    def forget_in_flight(self) -> None:
+        """A state was loaded in place of the shard's (psrv/server/checkpoints/handler.py load_state_dict): a push
+        half applied or held here belonged to the state replaced, so it is forgotten, uncounted (a backup taken
+        back from its primary's state holds each such push there already; a worker still waiting re-sends and is
+        answered from the state). Kept, a chunked push half applied on the old state was dropped as "partial" at
+        its worker's next push, and stepped the loaded shard's version and optimizer once more."""
+        self.chunks.open.clear()
+        self.chunks.init = None
+        self.held = HeldPushes()
+
     # --- requests -------------------------------------------------------------
     def on_init(self, peer, msg: Message) -> None:
         if "chunk" in msg.fields:  # psrv/server/pushes/chunked.py
