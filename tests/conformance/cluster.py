@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import os
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,6 +28,7 @@ from torch.nn.utils import parameters_to_vector
 from psrv.client.admin import admin_request
 from psrv.client.psclient import PSError
 from psrv.config import RunConfig
+from psrv.history import ENV as HISTORY_ENV, History
 from psrv.protocol import MsgType
 from psrv.server.run import Server
 from psrv.client import Worker
@@ -63,16 +66,33 @@ class BackupRecord:
 
 class Hooks:
     """What a failure case does to a run (tests/conformance/failures.py); these defaults do nothing.
-    `witness`: the shards get one even without replicas (a backup may join later); `server_config(config)`: each
-    shard's config as given to its primary and backups (a checkpoint dir); `started(servers, backups, witness)`:
+    `witness`: the shards get one even without replicas (a backup may join later); `history`: a folder where the
+    replicas and workers record their histories (docs/history.md), for `psrv check`'s rules; `server_config(config)`:
+    each shard's config as given to its primary and backups (a checkpoint dir); `server(config)`: a replica built
+    from it; `started(servers, backups, witness)`:
     the shards once they serve, before any worker starts (lists the hook may change in place: a server replaced,
     a backup added, each stopped and recorded at the end); `step(rank, step)`: at the start of each worker's
     step, in its turn; `finished()`: once every worker has ended."""
 
     witness = False
+    history: str | None = None  # a folder: every replica and worker records its history there (docs/history.md)
 
     def server_config(self, config):
         return config
+
+    def server(self, config) -> Server:
+        """A shard's replica (a primary, a backup, a restarted shard), recording into `history` where set: one
+        file per replica life, as `psrv serve` writes DIR/history/shard-K.PID.jsonl."""
+        if self.history is None:
+            return Server(config)
+        self._histories = getattr(self, "_histories", [])
+        history = History(Path(self.history) / f"shard-{config.shard}.{len(self._histories) + 1}.jsonl")
+        self._histories.append(history)
+        return Server(config, history=history)
+
+    def close_histories(self) -> None:
+        for history in getattr(self, "_histories", ()):
+            history.close()
 
     def started(self, servers: list[Server], backups: list[Server], witness: str) -> None:
         pass
@@ -173,7 +193,7 @@ def start_backups(cfg: RunConfig, servers: list[Server], witness: str, hooks: Ho
         for shard, primary in enumerate(servers):
             for _ in range(cfg.cluster.replicas):
                 config = hooks.server_config(cfg.server_config(shard, bind="tcp://127.0.0.1:0"))
-                backups.append(Server(dataclasses.replace(config, backup_of=primary.address, witness=witness)).start())
+                backups.append(hooks.server(dataclasses.replace(config, backup_of=primary.address, witness=witness)).start())
         deadline = time.monotonic() + TIMEOUT
         for b in backups:
             primary = servers[b.cfg.shard]
@@ -199,9 +219,23 @@ def _state(server: Server) -> dict:
 
 def run(cfg: RunConfig, *, nan: bool, hooks: Hooks | None = None) -> Outcome:
     hooks = hooks or Hooks()
+    if hooks.history is None:
+        return _run(cfg, nan=nan, hooks=hooks)
+    before = os.environ.get(HISTORY_ENV)
+    os.environ[HISTORY_ENV] = hooks.history  # each psrv.Worker records worker-R.PID.jsonl there
+    try:
+        return _run(cfg, nan=nan, hooks=hooks)
+    finally:
+        if before is None:
+            os.environ.pop(HISTORY_ENV, None)
+        else:
+            os.environ[HISTORY_ENV] = before
+
+
+def _run(cfg: RunConfig, *, nan: bool, hooks: Hooks) -> Outcome:
     witness = tempfile.TemporaryDirectory(prefix="psrv-witness-")  # the shards' epochs, with replicas
     on = {"witness": witness.name} if cfg.cluster.replicas or hooks.witness else {}
-    servers = [Server(dataclasses.replace(hooks.server_config(cfg.server_config(s, bind="tcp://127.0.0.1:0")),
+    servers = [hooks.server(dataclasses.replace(hooks.server_config(cfg.server_config(s, bind="tcp://127.0.0.1:0")),
                                           **on)).start() for s in range(cfg.cluster.servers)]
     addresses = [s.address for s in servers]
     backups: list[Server] = []

@@ -202,7 +202,7 @@ class JoinBackup(AtStep):
 
     def fire(self) -> None:
         primary = self.servers[self.shard]
-        backup = Server(dataclasses.replace(primary.cfg, bind="tcp://127.0.0.1:0", backup_of=primary.address,
+        backup = self.server(dataclasses.replace(primary.cfg, bind="tcp://127.0.0.1:0", backup_of=primary.address,
                                             witness=self.witness_dir)).start()
         self.backups.append(backup)  # stopped and recorded at the end, like the others
         deadline = time.monotonic() + TIMEOUT
@@ -232,16 +232,16 @@ class Resume(AtStep):
             old = self.servers[shard]
             old.stop()
             self.stopped[shard] = old.join(TIMEOUT)
-            self.servers[shard] = _restart(dataclasses.replace(old.cfg, bind=old.address, resume=True)).start()
+            self.servers[shard] = _restart(dataclasses.replace(old.cfg, bind=old.address, resume=True), self).start()
 
 
-def _restart(config) -> Server:
+def _restart(config, hooks: Hooks) -> Server:
     """A Server on the address a stopped one served: its socket lingers a little after its loop ended (0.2 s,
     psrv/transport/zmq.py close), where a restarted process's predecessor had died with its sockets."""
     deadline = time.monotonic() + TIMEOUT
     while True:
         try:
-            return Server(config)
+            return hooks.server(config)
         except ValueError as exc:
             if "already in use" not in str(exc) or time.monotonic() > deadline:
                 raise

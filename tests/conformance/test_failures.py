@@ -24,12 +24,15 @@ where sync's workers run free, which push of a clock came first (the exactly-onc
 version each one saw); the seqs of the table are compared there."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 import torch
 
-from psrv.config import RunConfig
+from psrv.config import RunConfig, to_dict
+from psrv.experiments.launcher.history.check import check_run
 from tests.conformance.cluster import Outcome, one_thread, run  # noqa: F401 (one_thread: an autouse fixture)
 from tests.conformance.failures import (JoinBackup, KillPrimary, KillWithTwoBackups, LateAck, PausePrimary, RestartWorker, Resume, Watch,
                                         config, free, quiet, state_of)
@@ -48,9 +51,35 @@ class Run:
     states: list[dict] = field(default_factory=list)  # each shard's, as its last server held it
 
 
-def run_with(cfg: RunConfig, hooks: Watch) -> Run:
-    out = run(cfg, nan=False, hooks=hooks)
+def run_with(cfg: RunConfig, hooks: Watch, *, checked: dict | None = None) -> Run:
+    """`cfg` run under `hooks`; with `checked` ({"folder": a test's tmp_path}), its replicas and workers record their
+    histories in that folder (a run folder for psrv check: check_history), the replicas' events then in
+    `checked["events"]`."""
+    if checked is None:
+        out = run(cfg, nan=False, hooks=hooks)
+        return Run(out, hooks, [state_of(s) for s in hooks.servers])
+    folder = checked["folder"]
+    hooks.history = str(Path(folder) / "history")
+    Path(hooks.history).mkdir()
+    try:
+        out = run(cfg, nan=False, hooks=hooks)
+    finally:
+        hooks.close_histories()
+    checked["events"] = [[json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+                         for path in sorted(Path(hooks.history).glob("shard-*.jsonl"))]
     return Run(out, hooks, [state_of(s) for s in hooks.servers])
+
+
+def check_history(cfg: RunConfig, folder: str, finals: dict[int, dict]):
+    """psrv check (experiments/launcher/history: nothing lost or applied twice, no split brain, the sync barrier,
+    the ssp bound, the counts) on a run's recorded histories, its config and each shard's final record
+    (`finals`, by shard: server-K.json); it must find no violation."""
+    Path(folder, "config.json").write_text(json.dumps(to_dict(cfg)))
+    for shard, summary in finals.items():
+        Path(folder, f"server-{shard}.json").write_text(json.dumps(summary))
+    result = check_run(folder)
+    assert not result.violations, "\n".join(map(str, result.violations))
+    return result
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +134,14 @@ def same_run(cfg: RunConfig, got: Run, want: Run, *, summaries: list[dict], stat
         assert_same_state(comparable(want.states[shard], cfg), comparable(state, cfg), f"shard {shard}")
 
 
+def held_history(cfg: RunConfig, got: Run, checked: dict, finals: list[dict]) -> list[dict]:
+    """psrv check on the run's histories (run_with's `checked`), each shard's record `finals`; every replica's
+    events, in time (the replicas' files in the order they started)."""
+    result = check_history(cfg, checked["folder"], dict(enumerate(finals)))
+    assert result.counts.applied > 0 and result.counts.acknowledged > 0, result.counts
+    return sorted((e for events in checked["events"] for e in events), key=lambda e: e["t"])
+
+
 def case_id(*parts, options: tuple = ()) -> str:
     return "-".join([*map(str, parts), *(f"{k}={v}" for k, v in options)])
 
@@ -149,10 +186,11 @@ FAILOVERS = [
 
 
 @pytest.mark.parametrize("case", FAILOVERS, ids=lambda c: c.id)
-def test_failover(case: Failover, plain):
+def test_failover(case: Failover, plain, tmp_path):
     cfg = config(case.mode, replicas=1, **dict(case.options))
     kill = KillPrimary(push=case.push, shard=case.shard, chunk=case.chunk, unanswered=case.unanswered)
-    got = run_with(cfg, kill)
+    checked: dict = {"folder": str(tmp_path)}
+    got = run_with(cfg, kill, checked=checked)
     death = kill.death
     assert death is not None, f"shard {case.shard}'s primary never saw push {case.push} chunk {case.chunk}"
     assert (len(death.arrived), death.half_applied) == (case.arrived, case.half), death
@@ -167,10 +205,11 @@ def test_failover(case: Failover, plain):
     summaries = [summary if s == case.shard else got.out.shards[s] for s in range(cfg.cluster.servers)]
     states = [state_of(took) if s == case.shard else got.states[s] for s in range(cfg.cluster.servers)]
     same_run(cfg, got, want, summaries=summaries, states=states)
+    held_history(cfg, got, checked, summaries)
 
 
 # --- a paused primary, a late ack, two backups ----------------------------------------------------------------
-PAUSE_S = 3.0  # a primary's pause: past the takeover bound (1 s at FAILURE_BOUND 2 s), with 2 s to spare under load
+PAUSE_S = 5.0  # a primary's pause: past the takeover bound (1 s at FAILURE_BOUND 2 s), with 4 s to spare under load
 PAUSES = [  # Failover's fields: the primary stops at that push (before it, or handled and unanswered) and comes back
     Failover("async", 5),
     Failover("sync", 6, arrived=1),                       # mid-barrier: one worker's push of clock 2 in
@@ -180,14 +219,15 @@ PAUSES = [  # Failover's fields: the primary stops at that push (before it, or h
 
 
 @pytest.mark.parametrize("case", PAUSES, ids=lambda c: c.id)
-def test_a_paused_primary_is_taken_over_and_fenced_when_it_comes_back(case: Failover, plain):
+def test_a_paused_primary_is_taken_over_and_fenced_when_it_comes_back(case: Failover, plain, tmp_path):
     """A primary stopped past the takeover bound, then going on (SIGSTOP, a starved host): its backup takes the
     shard at a new epoch, the primary, back, is fenced (it answers nothing more), and the run ends with the
     weights, counts and state of the run without the pause: no push lost, none applied twice."""
     cfg = config(case.mode, replicas=1, **dict(case.options))
     pause = PausePrimary(push=case.push, seconds=PAUSE_S, shard=case.shard, chunk=case.chunk,
                          unanswered=case.unanswered)
-    got = run_with(cfg, pause)
+    checked: dict = {"folder": str(tmp_path)}
+    got = run_with(cfg, pause, checked=checked)
     death = pause.death
     assert death is not None and pause.resumed, f"shard {case.shard}'s primary never paused at push {case.push}"
     assert (len(death.arrived), death.half_applied, death.chunk) == (case.arrived, case.half, case.chunk), death
@@ -199,9 +239,11 @@ def test_a_paused_primary_is_taken_over_and_fenced_when_it_comes_back(case: Fail
     summaries = [summary if s == case.shard else got.out.shards[s] for s in range(cfg.cluster.servers)]
     states = [state_of(took) if s == case.shard else got.states[s] for s in range(cfg.cluster.servers)]
     same_run(cfg, got, plain(cfg), summaries=summaries, states=states)
+    fenced = [e for e in held_history(cfg, got, checked, summaries) if e["ev"] == "fenced"]
+    assert [e["epoch"] for e in fenced] in ([2], [3]), fenced  # the new primary's epoch, or its end's
 
 
-LATE_S = 4.0  # a backup's late ack: past its primary's ack timeout (2 s), and 2 s more before it looks again
+LATE_S = 6.0  # a backup's late ack: past its primary's ack timeout (2 s), with 4 s to spare before it looks again
 LATES = [  # (mode, push, chunk, the step whose start waits for the backup's return, config options)
     ("sync", 6, 0, 4, ()),
     # between the chunks of a push applied as they come: the backup, taken back, must forget its half of it
@@ -212,13 +254,14 @@ LATES = [  # (mode, push, chunk, the step whose start waits for the backup's ret
 
 @pytest.mark.parametrize("mode,push,chunk,at,options", LATES,
                          ids=[case_id(m, f"push{p}", f"chunk{c}", options=o) for m, p, c, _, o in LATES])
-def test_a_backup_with_a_late_ack_is_dropped_joins_again_and_never_takes_over(mode, push, chunk, at, options, plain):
+def test_a_backup_with_a_late_ack_is_dropped_joins_again_and_never_takes_over(mode, push, chunk, at, options, plain, tmp_path):
     """A backup that holds back an ack past the ack timeout is dropped at a new epoch while its primary goes on;
     back, it finds the epoch moved, joins again from the state and ends with its primary's counts and state;
     the run ends with the weights of the run without the fault, and no failover happens."""
     cfg = config(mode, replicas=1, **dict(options))
     late = LateAck(cfg, push=push, seconds=LATE_S, at=at, chunk=chunk)
-    got = run_with(cfg, late)
+    checked: dict = {"folder": str(tmp_path)}
+    got = run_with(cfg, late, checked=checked)
     assert late.fault.fired and late.death is not None and late.until.fired, f"the late ack never fired (push {push})"
     primary = got.out.shards[0]
     assert primary["role"] == "primary" and not primary["fenced"], primary
@@ -231,6 +274,11 @@ def test_a_backup_with_a_late_ack_is_dropped_joins_again_and_never_takes_over(mo
         assert record.summary[key] == primary[key], f"the backup: {key} {record.summary[key]} != {primary[key]}"
     assert_same_state(record.primary_state, record.state, "the backup taken back")
     same_run(cfg, got, plain(cfg), summaries=got.out.shards, states=got.states)
+    events = held_history(cfg, got, checked, got.out.shards)
+    epochs = [(e["epoch"], e["role"]) for e in events if e["ev"] == "epoch"]
+    assert epochs == [(0, "primary"), (1, "primary"), (1, "backup"), (2, "primary"), (3, "primary"), (3, "backup")], \
+        epochs  # start, join, drop, join again: the primary claims each, then the backup takes the state
+    assert [e["n"] for e in events if e["ev"] == "sent_state"] == [e["n"] for e in events if e["ev"] == "state"]
 
 
 TWO = [  # (Failover: the primary of a shard with two backups dies at that push; the step whose start waits for
@@ -241,13 +289,14 @@ TWO = [  # (Failover: the primary of a shard with two backups dies at that push;
 
 
 @pytest.mark.parametrize("case,at", TWO, ids=[c.id for c, _ in TWO])
-def test_two_backups_of_a_dead_primary_elect_one_and_the_other_follows_it(case: Failover, at: int, plain):
+def test_two_backups_of_a_dead_primary_elect_one_and_the_other_follows_it(case: Failover, at: int, plain, tmp_path):
     """The first backup takes over at a new epoch; the second, whose claim comes later, finds the epoch taken, joins
     the new primary from its state and ends with its counts and state; the weights are the run's without the
     death."""
     cfg = config(case.mode, replicas=2)
     kill = KillWithTwoBackups(cfg, push=case.push, at=at)
-    got = run_with(cfg, kill)
+    checked: dict = {"folder": str(tmp_path)}
+    got = run_with(cfg, kill, checked=checked)
     assert kill.death is not None and len(kill.death.arrived) == case.arrived and kill.until.fired, kill.death
     took = kill.took_over()
     summary = next(b.summary for b in got.out.backups if b.address == took.address)
@@ -259,6 +308,9 @@ def test_two_backups_of_a_dead_primary_elect_one_and_the_other_follows_it(case: 
         assert other.summary[key] == summary[key], f"the second backup: {key} {other.summary[key]} != {summary[key]}"
     assert_same_state(state_of(took), other.state, "the second backup")
     same_run(cfg, got, plain(cfg), summaries=[summary], states=[state_of(took)])
+    events = held_history(cfg, got, checked, [summary])
+    served = sorted({e["epoch"] for e in events if e["ev"] == "epoch" and e["role"] == "primary"})
+    assert served == [0, 1, 2, 3, 4], served  # start, two joins, the takeover, the second backup's join
 
 
 # --- a backup joins mid-run ---------------------------------------------------------------------------------
