@@ -25,6 +25,8 @@ version each one saw); the seqs of the table are compared there."""
 from __future__ import annotations
 
 import json
+import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -142,6 +144,13 @@ def held_history(cfg: RunConfig, got: Run, checked: dict, finals: list[dict]) ->
     return sorted((e for events in checked["events"] for e in events), key=lambda e: e["t"])
 
 
+def said(caplog, *patterns: str) -> None:
+    """Each pattern (a regex) is some psrv.server log line, whole: what the shard tells its operator."""
+    lines = [r.getMessage() for r in caplog.records if r.name == "psrv.server"]
+    for pattern in patterns:
+        assert any(re.fullmatch(pattern, line) for line in lines), f"no line {pattern!r} in:\n" + "\n".join(lines)
+
+
 def case_id(*parts, options: tuple = ()) -> str:
     return "-".join([*map(str, parts), *(f"{k}={v}" for k, v in options)])
 
@@ -219,10 +228,11 @@ PAUSES = [  # Failover's fields: the primary stops at that push (before it, or h
 
 
 @pytest.mark.parametrize("case", PAUSES, ids=lambda c: c.id)
-def test_a_paused_primary_is_taken_over_and_fenced_when_it_comes_back(case: Failover, plain, tmp_path):
+def test_a_paused_primary_is_taken_over_and_fenced_when_it_comes_back(case: Failover, plain, tmp_path, caplog):
     """A primary stopped past the takeover bound, then going on (SIGSTOP, a starved host): its backup takes the
     shard at a new epoch, the primary, back, is fenced (it answers nothing more), and the run ends with the
     weights, counts and state of the run without the pause: no push lost, none applied twice."""
+    caplog.set_level(logging.INFO, logger="psrv.server")
     cfg = config(case.mode, replicas=1, **dict(case.options))
     pause = PausePrimary(push=case.push, seconds=PAUSE_S, shard=case.shard, chunk=case.chunk,
                          unanswered=case.unanswered)
@@ -241,6 +251,12 @@ def test_a_paused_primary_is_taken_over_and_fenced_when_it_comes_back(case: Fail
     same_run(cfg, got, plain(cfg), summaries=summaries, states=states)
     fenced = [e for e in held_history(cfg, got, checked, summaries) if e["ev"] == "fenced"]
     assert [e["epoch"] for e in fenced] in ([2], [3]), fenced  # the new primary's epoch, or its end's
+    k, old_primary, new_primary = case.shard, re.escape(pause.primary.address), re.escape(took.address)
+    said(caplog, rf"shard {k}: primary {old_primary} silent for \d+\.\d\ds; this backup \({new_primary}\) takes over "
+                 rf"at epoch 2, version {summary['failovers'][0]['version']}",
+         rf"shard {k}: ({new_primary}( \(witness: .+\))? took this shard over|the witness says the shard finished) "
+         rf"at epoch {fenced[0]['epoch']} \(this primary's is 1\)(, served by another replica meanwhile)?; this "
+         rf"primary stops without answering")  # back before the run ended, or after
 
 
 LATE_S = 6.0  # a backup's late ack: past its primary's ack timeout (2 s), with 4 s to spare before it looks again
@@ -254,10 +270,12 @@ LATES = [  # (mode, push, chunk, the step whose start waits for the backup's ret
 
 @pytest.mark.parametrize("mode,push,chunk,at,options", LATES,
                          ids=[case_id(m, f"push{p}", f"chunk{c}", options=o) for m, p, c, _, o in LATES])
-def test_a_backup_with_a_late_ack_is_dropped_joins_again_and_never_takes_over(mode, push, chunk, at, options, plain, tmp_path):
+def test_a_backup_with_a_late_ack_is_dropped_joins_again_and_never_takes_over(mode, push, chunk, at, options, plain,
+                                                                             tmp_path, caplog):
     """A backup that holds back an ack past the ack timeout is dropped at a new epoch while its primary goes on;
     back, it finds the epoch moved, joins again from the state and ends with its primary's counts and state;
     the run ends with the weights of the run without the fault, and no failover happens."""
+    caplog.set_level(logging.INFO, logger="psrv.server")
     cfg = config(mode, replicas=1, **dict(options))
     late = LateAck(cfg, push=push, seconds=LATE_S, at=at, chunk=chunk)
     checked: dict = {"folder": str(tmp_path)}
@@ -278,7 +296,15 @@ def test_a_backup_with_a_late_ack_is_dropped_joins_again_and_never_takes_over(mo
     epochs = [(e["epoch"], e["role"]) for e in events if e["ev"] == "epoch"]
     assert epochs == [(0, "primary"), (1, "primary"), (1, "backup"), (2, "primary"), (3, "primary"), (3, "backup")], \
         epochs  # start, join, drop, join again: the primary claims each, then the backup takes the state
-    assert [e["n"] for e in events if e["ev"] == "sent_state"] == [e["n"] for e in events if e["ev"] == "state"]
+    sent = [e["n"] for e in events if e["ev"] == "sent_state"]
+    assert sent == [e["n"] for e in events if e["ev"] == "state"] and sent[0] == 0 < sent[1], sent
+    p, b = re.escape(late.primary.address), re.escape(record.address)
+    said(caplog, rf"shard 0: stalled {LATE_S:.2f}s on purpose \(an injected fault\)",
+         rf"shard 0: backup {b}: no ack of op {sent[1]} within 2s; dropping it at the next epoch",
+         rf"shard 0: the witness says {p} serves this shard now; this backup joins it again",
+         rf"shard 0: backup {b} joined at op 0 \(epoch 1, version 0\)",
+         rf"shard 0: backup {b} joined at op {sent[1]} \(epoch 3, version \d+\)",
+         rf"shard 0: following {p} from op {sent[1]} \(epoch 3\)")
 
 
 TWO = [  # (Failover: the primary of a shard with two backups dies at that push; the step whose start waits for
@@ -289,10 +315,12 @@ TWO = [  # (Failover: the primary of a shard with two backups dies at that push;
 
 
 @pytest.mark.parametrize("case,at", TWO, ids=[c.id for c, _ in TWO])
-def test_two_backups_of_a_dead_primary_elect_one_and_the_other_follows_it(case: Failover, at: int, plain, tmp_path):
+def test_two_backups_of_a_dead_primary_elect_one_and_the_other_follows_it(case: Failover, at: int, plain, tmp_path,
+                                                                           caplog):
     """The first backup takes over at a new epoch; the second, whose claim comes later, finds the epoch taken, joins
     the new primary from its state and ends with its counts and state; the weights are the run's without the
     death."""
+    caplog.set_level(logging.INFO, logger="psrv.server")
     cfg = config(case.mode, replicas=2)
     kill = KillWithTwoBackups(cfg, push=case.push, at=at)
     checked: dict = {"folder": str(tmp_path)}
@@ -311,6 +339,14 @@ def test_two_backups_of_a_dead_primary_elect_one_and_the_other_follows_it(case: 
     events = held_history(cfg, got, checked, [summary])
     served = sorted({e["epoch"] for e in events if e["ev"] == "epoch" and e["role"] == "primary"})
     assert served == [0, 1, 2, 3, 4], served  # start, two joins, the takeover, the second backup's join
+    [state] = [e for e in events if e["ev"] == "state" and e["epoch"] == 4]
+    t, o = re.escape(took.address), re.escape(other.address)
+    p = re.escape(kill.primary.address)
+    said(caplog, rf"shard 0: primary {p} silent for \d+\.\d\ds; this backup \({t}\) takes "
+                 rf"over at epoch 3, version {summary['failovers'][0]['version']}",
+         rf"shard 0: the witness says {t} serves this shard now; this backup joins it again",
+         rf"shard 0: backup {o} joined at op {state['n']} \(epoch 4, version \d+\)",
+         rf"shard 0: following {t} from op {state['n']} \(epoch 4\)")
 
 
 # --- a backup joins mid-run ---------------------------------------------------------------------------------

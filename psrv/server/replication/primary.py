@@ -125,7 +125,7 @@ class Replicas:
                       "can", self.state.cfg.shard, config.epoch, self.witness.dir, exc)
             return False
         if not won:
-            self.fence(latest.epoch, f"{latest.primary} (witness: {latest.why})")
+            self.fence(latest.epoch, f"{latest.primary} (witness: {latest.why})" if latest.primary else "")
             return False
         self.serve_as(config)
         return True
@@ -251,10 +251,17 @@ class Replicas:
         return True
 
     def fence(self, epoch: int, by: str) -> None:
+        """Stop acknowledging: `by` (a replica's address, with what the witness says of it) holds the shard at
+        `epoch`; an empty `by` is the witness's last word, the shard finished while this primary was cut off."""
         if self.fenced:
             return
-        log.error("shard %d: %s took this shard over at epoch %d (this primary's is %d); this primary stops "
-                  "without answering", self.state.cfg.shard, by, epoch, self.epoch)
+        if by:
+            log.error("shard %d: %s took this shard over at epoch %d (this primary's is %d); this primary stops "
+                      "without answering", self.state.cfg.shard, by, epoch, self.epoch)
+        else:
+            log.error("shard %d: the witness says the shard finished at epoch %d (this primary's is %d), served "
+                      "by another replica meanwhile; this primary stops without answering", self.state.cfg.shard,
+                      epoch, self.epoch)
         self.state.history.record("fenced", epoch=epoch, by=by)
         self.fenced = True
         self.linger_until = self.state.now() + self.s.timing.fenced_linger
