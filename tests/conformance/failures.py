@@ -276,12 +276,22 @@ class PausePrimary(KillPrimary):
     SIGSTOP'd or starved process does, then goes on where it stopped: before handling that message, or with
     `unanswered` after handling it (its backups hold it) and before its replies leave. Past the takeover bound
     its backup claims the shard; the primary, back, hears an older epoch's "fenced" (or loses its next claim on
-    the witness) and stops without acknowledging anything more. `resumed`: whether it went on after the pause;
+    the witness) and stops without acknowledging anything more. With `back_at`, the workers wait at the start of
+    that step until it is back and fenced, so that it comes back to a shard its backup still serves (without, the
+    run may end first, and the witness's last word fences it). `resumed`: whether it went on after the pause;
     `fenced_at`: the epoch it was fenced at."""
 
-    def __init__(self, *, push: int, seconds: float, shard: int = 0, chunk: int = 0, unanswered: bool = False):
+    def __init__(self, cfg: RunConfig, *, push: int, seconds: float, shard: int = 0, chunk: int = 0,
+                 unanswered: bool = False, back_at: int | None = None):
         super().__init__(push=push, shard=shard, chunk=chunk, unanswered=unanswered)
         self.seconds, self.resumed = seconds, False
+        self.until = None if back_at is None else _Until(
+            cfg, back_at, lambda: self.resumed and self.primary.service.replication.replicas.fenced,
+            "the paused primary never came back fenced")
+
+    def step(self, rank: int, step: int) -> None:
+        if self.until is not None:
+            self.until.step(rank, step)
 
     def started(self, servers: list[Server], backups: list[Server], witness: str) -> None:
         Watch.started(self, servers, backups, witness)

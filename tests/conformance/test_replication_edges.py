@@ -1,0 +1,141 @@
+"""What a following backup does with stream messages no correct primary of its configuration sends
+(psrv/server/replication/follower.py on_stream, handler.py on_stream): each is sent by hand, from a line of
+its own, to a backup that follows a real primary (psrv.Server threads on 127.0.0.1 with a witness, as the
+failure cases run them), and the backup's answer, epoch, place in the stream and log line are read back.
+
+- an op of a later epoch that the witness does not give to its primary with this backup is ignored, unanswered:
+  no epoch, no configuration the witness holds, another primary's, one without this backup;
+- an op of an earlier epoch is answered "fenced" with the backup's own epoch (a paused primary that comes back);
+- an op out of order (not the next number) is answered "gap", and the backup asks for the state again;
+- a message that is not one (a header that does not decode, or lacks op or epoch) is ignored, with a line."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import tempfile
+import time
+
+import pytest
+
+from psrv.server.replication import stream
+from psrv.server.replication.witness import Configuration, Witness
+from psrv.transport.zmq_client import ZmqClient
+from tests.conformance.cluster import TIMEOUT, Hooks, one_thread, start_backups  # noqa: F401 (an autouse fixture)
+from tests.conformance.failures import config, quiet
+
+QUIET_S = 0.5  # how long an ignored message is given to be answered anyway
+
+
+@pytest.fixture
+def pair():
+    """(primary, backup, witness folder): shard 0 and one backup that follows it, no worker yet."""
+    cfg = quiet(config("async", replicas=1))
+    with tempfile.TemporaryDirectory(prefix="psrv-witness-") as witness:
+        hooks = Hooks()
+        primary = hooks.server(dataclasses.replace(cfg.server_config(0, bind="tcp://127.0.0.1:0"),
+                                                   witness=witness)).start()
+        try:
+            [backup] = start_backups(cfg, [primary], witness, hooks)
+        except BaseException:
+            primary.stop()
+            raise
+        try:
+            yield primary, backup, witness
+        finally:
+            for s in (backup, primary):
+                s.stop()
+            for s in (backup, primary):
+                s.join(TIMEOUT)
+
+
+@pytest.fixture
+def line(pair):
+    """A line of our own to the backup (a DEALER, as a primary's link is)."""
+    _, backup, _ = pair
+    link = ZmqClient([backup.address], link=True)
+    yield link
+    link.close()
+
+
+def answer(link, timeout: float = TIMEOUT) -> dict | None:
+    got = link.recv(timeout)
+    return None if got is None else stream.read(got[1])[0]
+
+
+def said(caplog, text: str) -> bool:
+    return any(r.getMessage() == text for r in caplog.records if r.name == "psrv.server")
+
+
+def follower(backup):
+    return backup.service.replication.follower
+
+
+@pytest.mark.parametrize("claimed", ["nothing", "another primary", "without this backup"])
+def test_an_op_of_a_later_epoch_the_witness_does_not_confirm_is_ignored(pair, line, caplog, claimed):
+    primary, backup, witness = pair
+    f = follower(backup)
+    expected, epoch = f.expected, backup.service.replication.epoch
+    later = epoch + 1
+    if claimed != "nothing":  # the witness holds a configuration at that epoch that does not give us the op
+        who = "tcp://127.0.0.1:1" if claimed == "another primary" else primary.address
+        backups = (backup.address,) if claimed == "another primary" else ()
+        won, _ = Witness(witness, 0).claim(Configuration(later, who, backups, "a test's claim"))
+        assert won
+    line.send(0, stream.frames_of("ping", later, n=expected - 1))
+    assert answer(line, QUIET_S) is None, "an unconfirmed op was answered"
+    assert (backup.service.replication.epoch, f.expected, f.following) == (epoch, expected, True)
+    assert said(caplog, f"shard 0: a stream op at epoch {later} that the witness does not give to {primary.address} "
+                        f"with this backup; ignored")
+
+
+def test_a_later_epoch_the_witness_gives_to_the_primary_with_this_backup_is_followed(pair, line):
+    """The counterpart: a configuration the primary claimed (a backup added or dropped) moves the backup along."""
+    primary, backup, witness = pair
+    f = follower(backup)
+    later = backup.service.replication.epoch + 1
+    assert Witness(witness, 0).claim(Configuration(later, primary.address, (backup.address,), "a test's claim"))[0]
+    line.send(0, stream.frames_of("ping", later, n=f.expected - 1))
+    assert answer(line) == {"op": "ack", "epoch": later, "n": f.expected - 1}
+    assert backup.service.replication.epoch == later
+
+
+def test_an_op_of_an_earlier_epoch_is_answered_fenced(pair, line):
+    _, backup, _ = pair
+    epoch = backup.service.replication.epoch
+    assert epoch >= 1
+    line.send(0, stream.frames_of("ping", epoch - 1, n=0))
+    assert answer(line) == {"op": "fenced", "epoch": epoch}
+
+
+def test_an_op_out_of_order_is_answered_gap_and_the_backup_asks_for_the_state_again(pair, line, caplog):
+    primary, backup, _ = pair
+    f = follower(backup)
+    expected, epoch = f.expected, backup.service.replication.epoch
+    admitted = primary.service.replication.replicas.admitted
+    line.send(0, stream.frames_of("req", epoch, n=expected + 5))
+    assert answer(line) == {"op": "gap", "epoch": epoch, "n": expected + 5}
+    assert said(caplog, f"shard 0: op {expected + 5} came, op {expected} expected; asking for the state again")
+    deadline = time.monotonic() + TIMEOUT  # it joins again, and its primary sends the state at a new epoch
+    while primary.service.replication.replicas.admitted == admitted or not f.following:
+        assert time.monotonic() < deadline, "the backup never followed again"
+        time.sleep(0.01)
+    assert backup.service.replication.epoch == epoch + 1
+
+
+@pytest.mark.parametrize("frames,why", [
+    ([stream.MARK], "not a replication stream message"),
+    ([stream.MARK, b"\x93\x01"], None),  # msgpack's own words
+    ([stream.MARK, stream.frames_of("ping", 1)[1][:-1]], None),
+    ([stream.MARK, b"\x81\xa2op\xa4ping"], "a replication header without op and epoch: {'op': 'ping'}"),
+])
+def test_a_malformed_stream_message_is_ignored_with_a_line(pair, line, caplog, frames, why):
+    caplog.set_level(logging.WARNING, logger="psrv.server")
+    _, backup, _ = pair
+    f = follower(backup)
+    expected = f.expected
+    line.send(0, frames)
+    assert answer(line, QUIET_S) is None
+    assert f.expected == expected and f.following
+    lines = [r.getMessage() for r in caplog.records if r.name == "psrv.server"]
+    prefix = "shard 0: ignored a malformed replication message: "
+    assert any(m.startswith(prefix) and (why is None or m == prefix + why) for m in lines), lines
