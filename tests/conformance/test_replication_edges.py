@@ -11,6 +11,7 @@ failure cases run them), and the backup's answer, epoch, place in the stream and
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import tempfile
 import time
@@ -27,11 +28,13 @@ QUIET_S = 0.5  # how long an ignored message is given to be answered anyway
 
 
 @pytest.fixture
-def pair():
-    """(primary, backup, witness folder): shard 0 and one backup that follows it, no worker yet."""
+def pair(tmp_path):
+    """(primary, backup, witness folder): shard 0 and one backup that follows it, no worker yet; each records its
+    history in tmp_path (history_of)."""
     cfg = quiet(config("async", replicas=1))
     with tempfile.TemporaryDirectory(prefix="psrv-witness-") as witness:
         hooks = Hooks()
+        hooks.history = str(tmp_path)
         primary = hooks.server(dataclasses.replace(cfg.server_config(0, bind="tcp://127.0.0.1:0"),
                                                    witness=witness)).start()
         try:
@@ -46,6 +49,7 @@ def pair():
                 s.stop()
             for s in (backup, primary):
                 s.join(TIMEOUT)
+            hooks.close_histories()
 
 
 @pytest.fixture
@@ -66,6 +70,12 @@ def said(caplog, text: str) -> bool:
     return any(r.getMessage() == text for r in caplog.records if r.name == "psrv.server")
 
 
+def history_of(server) -> list[dict]:
+    """The events `server` recorded so far (docs/history.md)."""
+    with open(server.service.state.history.path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
 def follower(backup):
     return backup.service.replication.follower
 
@@ -84,6 +94,7 @@ def test_an_op_of_a_later_epoch_the_witness_does_not_confirm_is_ignored(pair, li
     line.send(0, stream.frames_of("ping", later, n=expected - 1))
     assert answer(line, QUIET_S) is None, "an unconfirmed op was answered"
     assert (backup.service.replication.epoch, f.expected, f.following) == (epoch, expected, True)
+    assert all(e["epoch"] < later for e in history_of(backup) if e["ev"] == "epoch")
     assert said(caplog, f"shard 0: a stream op at epoch {later} that the witness does not give to {primary.address} "
                         f"with this backup; ignored")
 
@@ -97,6 +108,8 @@ def test_a_later_epoch_the_witness_gives_to_the_primary_with_this_backup_is_foll
     line.send(0, stream.frames_of("ping", later, n=f.expected - 1))
     assert answer(line) == {"op": "ack", "epoch": later, "n": f.expected - 1}
     assert backup.service.replication.epoch == later
+    [event] = [e for e in history_of(backup) if e["ev"] == "epoch" and e["epoch"] == later]
+    assert {k: event[k] for k in ("role", "primary")} == {"role": "backup", "primary": primary.address}, event
 
 
 def test_an_op_of_an_earlier_epoch_is_answered_fenced(pair, line):
