@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,7 +36,7 @@ import torch
 
 from psrv.config import RunConfig, to_dict
 from psrv.experiments.launcher.history.check import check_run
-from tests.conformance.cluster import Outcome, one_thread, run  # noqa: F401 (one_thread: an autouse fixture)
+from tests.conformance.cluster import TIMEOUT, Outcome, one_thread, run  # noqa: F401 (one_thread: an autouse fixture)
 from tests.conformance.failures import (JoinBackup, KillPrimary, KillWithTwoBackups, LateAck, PausePrimary, RestartWorker, Resume, Watch,
                                         config, free, quiet, state_of)
 from tests.conformance.ref_streaming import reference_of
@@ -144,6 +145,16 @@ def held_history(cfg: RunConfig, got: Run, checked: dict, finals: list[dict]) ->
     return sorted((e for events in checked["events"] for e in events), key=lambda e: e["t"])
 
 
+def failover_record(summary: dict, *, old: str, died: int, started: float) -> None:
+    """The new primary's one `failovers` entry (summary.json's replication section reads it): whom it took over
+    from, how long that one was silent (at least the takeover bound, 1 s at FAILURE_BOUND), the version it took
+    over at (what the old primary held, or more once a held push is answered), and when."""
+    [f] = summary["failovers"]
+    assert set(f) == {"epoch", "from", "at", "silent_s", "version"}, f
+    assert f["from"] == old and 1.0 <= f["silent_s"] < TIMEOUT and f["silent_s"] == round(f["silent_s"], 3), f
+    assert died <= f["version"] <= summary["version"] and started <= f["at"] <= time.time(), f
+
+
 def said(caplog, *patterns: str) -> None:
     """Each pattern (a regex) is some psrv.server log line, whole: what the shard tells its operator."""
     lines = [r.getMessage() for r in caplog.records if r.name == "psrv.server"]
@@ -198,6 +209,7 @@ FAILOVERS = [
 def test_failover(case: Failover, plain, tmp_path):
     cfg = config(case.mode, replicas=1, **dict(case.options))
     kill = KillPrimary(push=case.push, shard=case.shard, chunk=case.chunk, unanswered=case.unanswered)
+    started = time.time()
     checked: dict = {"folder": str(tmp_path)}
     got = run_with(cfg, kill, checked=checked)
     death = kill.death
@@ -208,6 +220,7 @@ def test_failover(case: Failover, plain, tmp_path):
     took = kill.took_over()
     summary = next(b.summary for b in got.out.backups if b.address == took.address)
     assert summary["role"] == "primary" and [f["epoch"] for f in summary["failovers"]] == [2], summary["failovers"]
+    failover_record(summary, old=kill.primary.address, died=death.version, started=started)
     want = plain(cfg)
     dead = got.out.shards[case.shard]
     assert dead["role"] == "primary" and dead["version"] < want.out.shards[case.shard]["version"], dead["version"]
