@@ -15,6 +15,7 @@ from psrv.config import RunConfig, from_dict
 from psrv.config.optimizer import NESTEROV_RULES
 from psrv.protocol import MsgType, ProtocolError, decode
 from psrv.server.replication import stream
+from psrv.server.replication.witness import Witness
 from psrv.server.run import Server
 from tests.conformance.cluster import TIMEOUT, Hooks
 
@@ -407,6 +408,11 @@ class LateAck(KillPrimary):
 
     def step(self, rank: int, step: int) -> None:
         self.until.step(rank, step)
+
+    def finished(self) -> None:
+        """The shard's configurations as its witness holds them at the end (`epochs`, by epoch)."""
+        witness = Witness(self.witness_dir, self.shard)
+        self.epochs = {e: witness.read(e) for e in range(witness.latest().epoch + 1)}
 
 
 class KillWithTwoBackups(KillPrimary):

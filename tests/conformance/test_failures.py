@@ -316,6 +316,9 @@ def test_a_backup_with_a_late_ack_is_dropped_joins_again_and_never_takes_over(mo
         epochs  # start, join, drop, join again: the primary claims each, then the backup takes the state
     sent = [e["n"] for e in events if e["ev"] == "sent_state"]
     assert sent == [e["n"] for e in events if e["ev"] == "state"] and sent[0] == 0 < sent[1], sent
+    dropped = late.epochs[2]  # the epoch the drop claimed: the backup out of it, and why
+    assert (dropped.primary, dropped.backups) == (late.primary.address, ()), dropped
+    assert dropped.why == f"drop {record.address}: no ack of op {sent[1]} within 2s", dropped.why
     p, b = re.escape(late.primary.address), re.escape(record.address)
     said(caplog, rf"shard 0: stalled {LATE_S:.2f}s on purpose \(an injected fault\)",
          rf"shard 0: backup {b}: no ack of op {sent[1]} within 2s; dropping it at the next epoch",
