@@ -37,8 +37,8 @@ import torch
 from psrv.config import RunConfig, to_dict
 from psrv.experiments.launcher.history.check import check_run
 from tests.conformance.cluster import TIMEOUT, Outcome, one_thread, run  # noqa: F401 (one_thread: an autouse fixture)
-from tests.conformance.failures import (JoinBackup, KillPrimary, KillWithTwoBackups, LateAck, PausePrimary, RestartWorker, Resume, Watch,
-                                        config, free, quiet, state_of)
+from tests.conformance.failures import JoinBackup, KillPrimary, RestartWorker, Resume, Watch, config, free, quiet, state_of
+from tests.conformance.replica_faults import KillWithTwoBackups, LateAck, PausePrimary
 from tests.conformance.ref_streaming import reference_of
 from tests.states import assert_same_state
 

@@ -97,7 +97,7 @@ class Replication:
         else:  # a stream of our epoch or a later one, from another primary: we may be the stale one
             latest = self.replicas.witness.latest() if self.replicas.witness is not None else None
             if latest is not None and latest.epoch > self.epoch:
-                self.replicas.fence(latest.epoch, f"{latest.primary} (witness: {latest.why})" if latest.primary else "")
+                self.replicas.fenced_by(latest)
 
     def backup_stats(self, peer: Hashable, frames: list) -> bool:
         """A backup answers STATS itself (psrv top, psrv admin), role "backup"; True if `frames` was one."""

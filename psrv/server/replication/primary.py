@@ -125,7 +125,7 @@ class Replicas:
                       "can", self.state.cfg.shard, config.epoch, self.witness.dir, exc)
             return False
         if not won:
-            self.fence(latest.epoch, f"{latest.primary} (witness: {latest.why})" if latest.primary else "")
+            self.fenced_by(latest)
             return False
         self.serve_as(config)
         return True
@@ -249,6 +249,10 @@ class Replicas:
         self.backups.remove(b)
         b.link.close()
         return True
+
+    def fenced_by(self, latest: Configuration) -> None:
+        """Fenced by the witness's `latest` configuration, a later one than ours."""
+        self.fence(latest.epoch, f"{latest.primary} (witness: {latest.why})" if latest.primary else "")
 
     def fence(self, epoch: int, by: str) -> None:
         """Stop acknowledging: `by` (a replica's address, with what the witness says of it) holds the shard at
