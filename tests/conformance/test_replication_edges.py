@@ -10,75 +10,15 @@ failure cases run them), and the backup's answer, epoch, place in the stream and
 - a message that is not one (a header that does not decode, or lacks op or epoch) is ignored, with a line."""
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
-import tempfile
 import time
 
 import pytest
 
 from psrv.server.replication import stream
 from psrv.server.replication.witness import Configuration, Witness
-from psrv.transport.zmq_client import ZmqClient
-from tests.conformance.cluster import TIMEOUT, Hooks, one_thread, start_backups  # noqa: F401 (an autouse fixture)
-from tests.conformance.failures import config, quiet
-
-QUIET_S = 0.5  # how long an ignored message is given to be answered anyway
-
-
-@pytest.fixture
-def pair(tmp_path):
-    """(primary, backup, witness folder): shard 0 and one backup that follows it, no worker yet; each records its
-    history in tmp_path (history_of)."""
-    cfg = quiet(config("async", replicas=1))
-    with tempfile.TemporaryDirectory(prefix="psrv-witness-") as witness:
-        hooks = Hooks()
-        hooks.history = str(tmp_path)
-        primary = hooks.server(dataclasses.replace(cfg.server_config(0, bind="tcp://127.0.0.1:0"),
-                                                   witness=witness)).start()
-        try:
-            [backup] = start_backups(cfg, [primary], witness, hooks)
-        except BaseException:
-            primary.stop()
-            raise
-        try:
-            yield primary, backup, witness
-        finally:
-            for s in (backup, primary):
-                s.stop()
-            for s in (backup, primary):
-                s.join(TIMEOUT)
-            hooks.close_histories()
-
-
-@pytest.fixture
-def line(pair):
-    """A line of our own to the backup (a DEALER, as a primary's link is)."""
-    _, backup, _ = pair
-    link = ZmqClient([backup.address], link=True)
-    yield link
-    link.close()
-
-
-def answer(link, timeout: float = TIMEOUT) -> dict | None:
-    got = link.recv(timeout)
-    return None if got is None else stream.read(got[1])[0]
-
-
-def said(caplog, text: str) -> bool:
-    return any(r.getMessage() == text for r in caplog.records if r.name == "psrv.server")
-
-
-def history_of(server) -> list[dict]:
-    """The events `server` recorded so far (docs/history.md)."""
-    with open(server.service.state.history.path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def follower(backup):
-    return backup.service.replication.follower
-
+from tests.conformance.cluster import TIMEOUT, one_thread  # noqa: F401 (an autouse fixture)
+from tests.conformance.replica_pair import QUIET_S, answer, follower, history_of, line, pair, said  # noqa: F401
 
 @pytest.mark.parametrize("claimed", ["nothing", "another primary", "without this backup"])
 def test_an_op_of_a_later_epoch_the_witness_does_not_confirm_is_ignored(pair, line, caplog, claimed):

@@ -56,6 +56,7 @@ class Follower:
         self.expected: int | None = None  # the next op's number; None until the state came
         self.replicas: list[str] = []
         self.heard = self.state.now()
+        self.retry_at = -float("inf")  # a claim the witness could not take waits until then (try_take_over)
         self._asked = -float("inf")
         self._said = self.state.now()  # when we last said we still wait to join (every JOIN_NOTICE seconds)
         self.on_following: Callable[[], None] | None = None  # called once, when the primary's state came
@@ -177,7 +178,7 @@ class Follower:
                 log.warning("shard %d: this backup has waited %.0fs to join its primary at %s; is `psrv serve` "
                             "running there?", self.state.cfg.shard, now - self.heard, self.primary)
             return False
-        return now - self.heard >= self._bound()
+        return now - self.heard >= self._bound() and now >= self.retry_at
 
     def _bound(self) -> float:
         backups = self.replicas[1:]
@@ -186,7 +187,9 @@ class Follower:
 
     def due(self) -> float:
         """Seconds until tick() may claim the shard (the loop waits no longer than that for a message)."""
-        return max(0.0, self.heard + self._bound() - self.state.now()) if self.following else JOIN_EVERY
+        if not self.following:
+            return JOIN_EVERY
+        return max(0.0, self.heard + self._bound() - self.state.now(), self.retry_at - self.state.now())
 
     def lost_place(self, primary: str) -> None:
         """The witness gave the shard to `primary` at a later epoch than ours: follow it again, from its state."""

@@ -114,7 +114,9 @@ class Replication:
     def try_take_over(self) -> None:
         """The primary has been silent past the bound: claim the next epoch on the witness. Won: this backup
         is the primary. Lost, or the witness has moved on without us (the primary dropped us, another backup
-        took over): join whoever serves now."""
+        took over): join whoever serves now. A witness that cannot be read is tried again a bound later, one
+        that cannot take the claim half a bound later; meanwhile the backup follows, and holds the workers'
+        requests (the primary is still silent: `heard` stays when it was last heard)."""
         s = self.state
         f = self.follower
         try:
@@ -122,7 +124,7 @@ class Replication:
         except OSError as exc:
             log.error("shard %d: could not read the witness %s (%s); still following", s.cfg.shard,
                       f.witness.dir, exc)
-            f.heard = s.now()
+            f.retry_at = s.now() + self.timing.silence
             return
         if latest is not None and latest.finished:
             log.info("shard %d: the shard finished (every worker left); this backup ends", s.cfg.shard)
@@ -137,7 +139,7 @@ class Replication:
         except OSError as exc:
             log.error("shard %d: could not claim the shard on the witness %s (%s); still following",
                       s.cfg.shard, f.witness.dir, exc)
-            f.heard = s.now() - self.timing.silence / 2  # try again soon
+            f.retry_at = s.now() + self.timing.silence / 2  # try again soon
             return
         if won:
             self._take_over(latest)

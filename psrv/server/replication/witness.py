@@ -83,8 +83,8 @@ class Witness:
         config = Configuration(config.epoch, config.primary, tuple(config.backups), config.why, time.time())
         final = self.dir / f"epoch-{config.epoch}.json"
         temporary = self.dir / f".epoch-{config.epoch}.{os.getpid()}.{time.monotonic_ns()}.tmp"
-        temporary.write_text(json.dumps(asdict(config)))
         try:
+            temporary.write_text(json.dumps(asdict(config)))  # a full disk fails here: nothing claimed, nothing left
             os.link(temporary, final)  # atomic, and fails if the epoch was claimed: the compare-and-set
             return True, config
         except FileExistsError:

@@ -1,0 +1,199 @@
+"""A witness that fails while a backup's primary is silent (psrv/server/replication/handler.py try_take_over):
+the witness is a directory, and here it is made to fail for real, by the kernel, not by a stand-in.
+
+- a witness that cannot be read (its shard folder is a file, as a lost mount leaves a path that is no folder):
+  the backup says so each bound, once, claims nothing, holds the workers' requests (the primary is still
+  silent), and takes over once the witness reads again, its record giving the primary's whole silence;
+- a witness that cannot take the claim (a full disk: the witness on a tmpfs of its own, filled; mounting one
+  needs root, as CI runs): the same, tried every half bound, and no half-written claim left behind;
+- a shard that finished while its primary fell silent (the witness's last word, written by the primary when
+  its workers left): the backup ends, and claims nothing.
+
+Each backup here takes over before any worker's INIT: its failover record and log line give version 0."""
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from psrv.protocol import Message, MsgType
+from psrv.protocol.codec import decode, encode
+from psrv.server.replication.witness import Witness
+from psrv.transport.zmq_client import ZmqClient
+from tests.conformance.cluster import TIMEOUT, one_thread  # noqa: F401 (an autouse fixture)
+from tests.conformance.failures import config
+from tests.conformance.replica_pair import follower, history_of, serving_pair
+
+SILENCE = 1.0  # seconds: failures.py's FAILURE_BOUND of 2 s gives this takeover bound
+OUTAGE = 3.5  # seconds the witness fails for, once the primary is silent
+
+
+@pytest.fixture
+def failing(tmp_path):
+    """(primary, backup, witness folder) that may fail over: the primary is stopped by the case."""
+    witness = tmp_path / "witness"
+    with serving_pair(config("async", replicas=1), str(witness), str(tmp_path)) as (primary, backup):
+        assert backup.service.replication.timing.silence == SILENCE
+        yield primary, backup, witness
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str = "256k"):
+    """A tmpfs of `size` mounted at `path`, unmounted at the end."""
+    if os.geteuid() != 0:
+        pytest.skip("a full witness disk is a tmpfs of its own: mounting one needs root (CI runs as root)")
+    path.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "psrv-witness", str(path)],
+                          capture_output=True, text=True)
+    if done.returncode:
+        pytest.skip(f"could not mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def fill(folder: Path) -> Path:
+    """Write a file in `folder` until its file system is full; the file, to delete to free it."""
+    filler = folder / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC, exc
+    finally:
+        os.close(fd)
+    return filler
+
+
+def silence(primary) -> float:
+    """Stop `primary` (a clean stop: its workers have not left, so the witness is not told the shard finished);
+    the time it fell silent."""
+    primary.stop()
+    primary.join(TIMEOUT)
+    return time.monotonic()
+
+
+def errors(caplog, prefix: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "psrv.server" and r.getMessage().startswith(prefix)]
+
+
+def wait_for(what: str, done) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while not done():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def heartbeat(backup) -> ZmqClient:
+    """A worker's request to `backup` while it follows a silent primary: held, to be answered if it takes over."""
+    worker = ZmqClient([backup.address])
+    worker.send(0, encode(Message(MsgType.HEARTBEAT, worker=0, seq=1, session=7)))
+    return worker
+
+
+def check_held_then_answered(worker: ZmqClient) -> None:
+    """The held request is answered by the new primary (a heartbeat's OK: worker 0 is among those it waits
+    for), not sent back to the silent one (ERROR NOT_PRIMARY)."""
+    got = worker.recv(TIMEOUT)
+    assert got is not None, "the held request was never answered"
+    reply = decode(got[1])
+    assert (reply.type, reply.seq, reply.fields) == (MsgType.OK, 1, {"active": True}), reply
+
+
+def check_took_over(primary, backup, epoch: int, silent_since: float, caplog) -> None:
+    """`backup` serves the shard at `epoch`, and its failover record gives the primary's whole silence."""
+    wait_for("the backup never took over once the witness worked again", lambda: follower(backup) is None)
+    latest = Witness(backup.cfg.witness, 0).latest()
+    assert (latest.epoch, latest.primary, latest.backups) == (epoch, backup.address, ())
+    [failover] = backup.service.replication.failovers
+    assert (failover["epoch"], failover["from"], failover["version"]) == (epoch, primary.address, 0), failover
+    # heard last before the stop, within a bound (else it would have claimed the shard then)
+    assert OUTAGE <= failover["silent_s"] <= time.monotonic() - silent_since + SILENCE, failover
+    taking = [e for e in history_of(backup) if e["ev"] == "epoch" and e["role"] == "primary"]
+    assert [e["epoch"] for e in taking] == [epoch], taking
+    [said] = [m for m in errors(caplog, "shard 0: primary ") if "takes over" in m]
+    took = re.fullmatch(rf"shard 0: primary {primary.address} silent for (\d+\.\d\d)s; this backup "
+                        rf"\({backup.address}\) takes over at epoch {epoch}, version 0", said)
+    assert took and abs(float(took.group(1)) - failover["silent_s"]) <= 0.0051, said
+
+
+def check_still_following(backup, epoch: int) -> None:
+    f = follower(backup)
+    assert f is not None and f.following and backup.service.replication.epoch == epoch
+    assert Witness(backup.cfg.witness, 0).latest().epoch == epoch
+
+
+def test_a_backup_that_cannot_read_the_witness_keeps_following_and_takes_over_once_it_can(failing, caplog):
+    primary, backup, witness = failing
+    epoch = backup.service.replication.epoch
+    shard = witness / "shard-0"
+    away = witness / "shard-0.away"
+    shard.rename(away)
+    shard.write_text("not a folder")  # listing it fails: ENOTDIR
+    silent_since = silence(primary)
+    worker = heartbeat(backup)
+    try:
+        time.sleep(OUTAGE)
+        assert worker.recv(0) is None, "a request was answered while the primary was silent and no one took over"
+        lines = errors(caplog, "shard 0: could not read the witness")
+        # tried once a bound after the silence began, then once each bound: not at every turn of the loop
+        assert int(OUTAGE / SILENCE) - 1 <= len(lines) <= int(OUTAGE / SILENCE) + 1, lines
+        assert set(lines) == {f"shard 0: could not read the witness {shard} ([Errno 20] Not a directory: "
+                              f"'{shard}'); still following"}, lines
+        assert follower(backup) is not None and backup.service.replication.epoch == epoch
+        shard.unlink()
+        away.rename(shard)
+        check_took_over(primary, backup, epoch + 1, silent_since, caplog)
+        check_held_then_answered(worker)
+    finally:
+        worker.close()
+
+
+def test_a_backup_whose_claim_the_witness_cannot_take_tries_again_and_leaves_nothing_half_written(tmp_path, caplog):
+    with tmpfs(tmp_path / "witness") as witness:
+        with serving_pair(config("async", replicas=1), str(witness), str(tmp_path)) as (primary, backup):
+            epoch = backup.service.replication.epoch
+            filler = fill(witness)
+            silent_since = silence(primary)
+            worker = heartbeat(backup)
+            try:
+                time.sleep(OUTAGE)
+                assert worker.recv(0) is None, "a request was answered while no one served the shard"
+                check_still_following(backup, epoch)
+                lines = errors(caplog, "shard 0: could not claim the shard")
+                # a bound after the silence began, then every half bound
+                assert int(2 * OUTAGE / SILENCE) - 2 <= len(lines) <= int(2 * OUTAGE / SILENCE), lines
+                assert set(lines) == {f"shard 0: could not claim the shard on the witness {witness / 'shard-0'} "
+                                      f"([Errno 28] No space left on device); still following"}, lines
+                assert sorted(p.name for p in (witness / "shard-0").iterdir()) == [
+                    f"epoch-{e}.json" for e in range(epoch + 1)], "a failed claim left a file"
+                filler.unlink()
+                check_took_over(primary, backup, epoch + 1, silent_since, caplog)
+                check_held_then_answered(worker)
+            finally:
+                worker.close()
+    shutil.rmtree(tmp_path / "witness", ignore_errors=True)
+
+
+def test_a_backup_whose_shard_finished_while_its_primary_fell_silent_ends_and_claims_nothing(failing, caplog):
+    caplog.set_level(logging.INFO, logger="psrv.server")
+    primary, backup, witness = failing
+    w = Witness(witness, 0)
+    won, finished = w.claim(w.latest().ended())  # what the primary says when its workers have left
+    assert won
+    silence(primary)
+    backup.join(TIMEOUT)  # it ends by itself
+    assert backup.service.state.stopped
+    assert w.latest() == finished and backup.service.replication.failovers == []
+    assert errors(caplog, "shard 0: the shard finished") == [
+        "shard 0: the shard finished (every worker left); this backup ends"]
