@@ -8,10 +8,13 @@ import contextlib
 import dataclasses
 import json
 import tempfile
+import time
 
 import pytest
 
 from psrv.config import RunConfig
+from psrv.protocol import Message, MsgType
+from psrv.protocol.codec import encode
 from psrv.server.replication import stream
 from psrv.transport.zmq_client import ZmqClient
 from tests.conformance.cluster import TIMEOUT, Hooks, start_backups
@@ -77,3 +80,17 @@ def history_of(server) -> list[dict]:
 
 def follower(backup):
     return backup.service.replication.follower
+
+
+def wait_for(what: str, done) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while not done():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def heartbeat(server) -> ZmqClient:
+    """A worker's request (worker 0's HEARTBEAT, seq 1) to `server`, from a worker of our own, to read its answer."""
+    worker = ZmqClient([server.address])
+    worker.send(0, encode(Message(MsgType.HEARTBEAT, worker=0, seq=1, session=7)))
+    return worker

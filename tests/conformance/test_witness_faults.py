@@ -24,13 +24,13 @@ from pathlib import Path
 
 import pytest
 
-from psrv.protocol import Message, MsgType
-from psrv.protocol.codec import decode, encode
+from psrv.protocol import MsgType
+from psrv.protocol.codec import decode
 from psrv.server.replication.witness import Witness
 from psrv.transport.zmq_client import ZmqClient
 from tests.conformance.cluster import TIMEOUT, one_thread  # noqa: F401 (an autouse fixture)
 from tests.conformance.failures import config
-from tests.conformance.replica_pair import follower, history_of, serving_pair
+from tests.conformance.replica_pair import follower, heartbeat, history_of, serving_pair, wait_for
 
 SILENCE = 1.0  # seconds: failures.py's FAILURE_BOUND of 2 s gives this takeover bound
 OUTAGE = 3.5  # seconds the witness fails for, once the primary is silent
@@ -85,20 +85,6 @@ def silence(primary) -> float:
 
 def errors(caplog, prefix: str) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "psrv.server" and r.getMessage().startswith(prefix)]
-
-
-def wait_for(what: str, done) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while not done():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.01)
-
-
-def heartbeat(backup) -> ZmqClient:
-    """A worker's request to `backup` while it follows a silent primary: held, to be answered if it takes over."""
-    worker = ZmqClient([backup.address])
-    worker.send(0, encode(Message(MsgType.HEARTBEAT, worker=0, seq=1, session=7)))
-    return worker
 
 
 def check_held_then_answered(worker: ZmqClient) -> None:
