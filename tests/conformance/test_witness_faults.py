@@ -26,7 +26,7 @@ import pytest
 
 from psrv.protocol import MsgType
 from psrv.protocol.codec import decode
-from psrv.server.replication.witness import Witness
+from psrv.server.replication.witness import Configuration, Witness
 from psrv.transport.zmq_client import ZmqClient
 from tests.conformance.cluster import TIMEOUT, one_thread  # noqa: F401 (an autouse fixture)
 from tests.conformance.failures import config
@@ -96,7 +96,7 @@ def check_held_then_answered(worker: ZmqClient) -> None:
     assert (reply.type, reply.seq, reply.fields) == (MsgType.OK, 1, {"active": True}), reply
 
 
-def check_took_over(primary, backup, epoch: int, silent_since: float, caplog) -> None:
+def check_took_over(primary, backup, epoch: int, silent_since: float, caplog, *, outage: float = OUTAGE) -> None:
     """`backup` serves the shard at `epoch`, and its failover record gives the primary's whole silence."""
     wait_for("the backup never took over once the witness worked again", lambda: follower(backup) is None)
     latest = Witness(backup.cfg.witness, 0).latest()
@@ -104,7 +104,7 @@ def check_took_over(primary, backup, epoch: int, silent_since: float, caplog) ->
     [failover] = backup.service.replication.failovers
     assert (failover["epoch"], failover["from"], failover["version"]) == (epoch, primary.address, 0), failover
     # heard last before the stop, within a bound (else it would have claimed the shard then)
-    assert OUTAGE <= failover["silent_s"] <= time.monotonic() - silent_since + SILENCE, failover
+    assert outage <= failover["silent_s"] <= time.monotonic() - silent_since + SILENCE, failover
     taking = [e for e in history_of(backup) if e["ev"] == "epoch" and e["role"] == "primary"]
     assert [e["epoch"] for e in taking] == [epoch], taking
     [said] = [m for m in errors(caplog, "shard 0: primary ") if "takes over" in m]
@@ -119,30 +119,70 @@ def check_still_following(backup, epoch: int) -> None:
     assert Witness(backup.cfg.witness, 0).latest().epoch == epoch
 
 
-def test_a_backup_that_cannot_read_the_witness_keeps_following_and_takes_over_once_it_can(failing, caplog):
+@pytest.mark.parametrize("lost", ["a file", "empty"])
+def test_a_backup_that_cannot_read_the_witness_keeps_following_and_takes_over_once_it_can(failing, caplog, lost):
+    """The shard's folder made a file (listing it fails: ENOTDIR), or emptied (a lost mount's bare mount point:
+    the witness holds no configuration, though this backup follows one)."""
     primary, backup, witness = failing
     epoch = backup.service.replication.epoch
     shard = witness / "shard-0"
     away = witness / "shard-0.away"
     shard.rename(away)
-    shard.write_text("not a folder")  # listing it fails: ENOTDIR
+    if lost == "a file":
+        shard.write_text("not a folder")
+        prefix, line = "shard 0: could not read the witness", (
+            f"shard 0: could not read the witness {shard} ([Errno 20] Not a directory: '{shard}'); still following")
+    else:
+        shard.mkdir()
+        prefix = "shard 0: the witness "
+        line = f"shard 0: the witness {shard} holds no configuration of this shard; still following"
     silent_since = silence(primary)
     worker = heartbeat(backup)
     try:
         time.sleep(OUTAGE)
         assert worker.recv(0) is None, "a request was answered while the primary was silent and no one took over"
-        lines = errors(caplog, "shard 0: could not read the witness")
+        lines = errors(caplog, prefix)
         # tried once a bound after the silence began, then once each bound: not at every turn of the loop
         assert int(OUTAGE / SILENCE) - 1 <= len(lines) <= int(OUTAGE / SILENCE) + 1, lines
-        assert set(lines) == {f"shard 0: could not read the witness {shard} ([Errno 20] Not a directory: "
-                              f"'{shard}'); still following"}, lines
-        assert follower(backup) is not None and backup.service.replication.epoch == epoch
-        shard.unlink()
+        assert set(lines) == {line}, lines
+        f = follower(backup)
+        assert f is not None and f.following and backup.service.replication.epoch == epoch
+        shutil.rmtree(shard) if shard.is_dir() else shard.unlink()
         away.rename(shard)
         check_took_over(primary, backup, epoch + 1, silent_since, caplog)
         check_held_then_answered(worker)
     finally:
         worker.close()
+
+
+def test_a_later_epoch_of_the_same_primary_with_this_backup_is_taken_over(failing, caplog):
+    """The primary added another backup at a new epoch and fell silent before its stream told this one: no op of
+    that epoch was acknowledged (each needs this backup's ack), so this backup claims the next."""
+    primary, backup, witness = failing
+    epoch = backup.service.replication.epoch
+    w = Witness(witness, 0)
+    assert w.claim(Configuration(epoch + 1, primary.address, (backup.address, "tcp://127.0.0.1:1"), "a join"))[0]
+    silent_since = silence(primary)
+    check_took_over(primary, backup, epoch + 2, silent_since, caplog, outage=SILENCE)
+
+
+@pytest.mark.parametrize("latest", ["without this backup", "another primary"])
+def test_a_later_epoch_that_leaves_this_backup_out_is_joined_not_claimed(failing, caplog, latest):
+    """The primary dropped this backup, or another replica took the shard: this backup asks the witness's primary
+    to join (here a silent one, or none that answers: it waits) and claims nothing."""
+    primary, backup, witness = failing
+    epoch = backup.service.replication.epoch
+    w = Witness(witness, 0)
+    later = (Configuration(epoch + 1, primary.address, (), "a drop") if latest == "without this backup" else
+             Configuration(epoch + 1, "tcp://127.0.0.1:1", (backup.address,), "another's takeover"))
+    assert w.claim(later)[0]
+    silence(primary)
+    wait_for("the backup never stopped following", lambda: not follower(backup).following)
+    time.sleep(SILENCE)
+    assert w.latest() == later and backup.service.replication.failovers == []
+    assert follower(backup).primary == later.primary and not follower(backup).following
+    assert errors(caplog, "shard 0: the witness says") == [
+        f"shard 0: the witness says {later.primary} serves this shard now; this backup joins it again"]
 
 
 def test_a_backup_whose_claim_the_witness_cannot_take_tries_again_and_leaves_nothing_half_written(tmp_path, caplog):

@@ -114,9 +114,12 @@ class Replication:
     def try_take_over(self) -> None:
         """The primary has been silent past the bound: claim the next epoch on the witness. Won: this backup
         is the primary. Lost, or the witness has moved on without us (the primary dropped us, another backup
-        took over): join whoever serves now. A witness that cannot be read is tried again a bound later, one
-        that cannot take the claim half a bound later; meanwhile the backup follows, and holds the workers'
-        requests (the primary is still silent: `heard` stays when it was last heard)."""
+        took over): join whoever serves now. A later epoch in which the same primary keeps this backup (it added
+        or dropped another, then fell silent before its stream said so) is claimed too: no op of that epoch was
+        acknowledged, since each needs this backup's ack. A witness that cannot be read, or that holds nothing
+        (its files gone), is tried again a bound later, one that cannot take the claim half a bound later;
+        meanwhile the backup follows, and holds the workers' requests (`heard` stays when the primary was last
+        heard)."""
         s = self.state
         f = self.follower
         try:
@@ -126,12 +129,17 @@ class Replication:
                       f.witness.dir, exc)
             f.retry_at = s.now() + self.timing.silence
             return
-        if latest is not None and latest.finished:
+        if latest is None:  # this backup follows a configuration the witness held: its files are gone
+            log.error("shard %d: the witness %s holds no configuration of this shard; still following",
+                      s.cfg.shard, f.witness.dir)
+            f.retry_at = s.now() + self.timing.silence
+            return
+        if latest.finished:
             log.info("shard %d: the shard finished (every worker left); this backup ends", s.cfg.shard)
             s.stopped = True
             return
-        if latest is None or latest.epoch != self.epoch or s.transport.address not in latest.backups:
-            f.lost_place(latest.primary if latest is not None else f.primary)
+        if latest.primary != f.primary or s.transport.address not in latest.backups:
+            f.lost_place(latest.primary)
             return
         try:
             won, latest = f.witness.claim(latest.taken_over_by(
