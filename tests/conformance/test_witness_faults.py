@@ -105,6 +105,8 @@ def check_took_over(primary, backup, epoch: int, silent_since: float, caplog, *,
     assert (failover["epoch"], failover["from"], failover["version"]) == (epoch, primary.address, 0), failover
     # heard last before the stop, within a bound (else it would have claimed the shard then)
     assert outage <= failover["silent_s"] <= time.monotonic() - silent_since + SILENCE, failover
+    why = re.fullmatch(rf"take over from {primary.address}, silent (\d+\.\d\d)s", latest.why)  # the witness's
+    assert why and abs(float(why.group(1)) - failover["silent_s"]) <= 0.0151, latest.why
     taking = [e for e in history_of(backup) if e["ev"] == "epoch" and e["role"] == "primary"]
     assert [e["epoch"] for e in taking] == [epoch], taking
     [said] = [m for m in errors(caplog, "shard 0: primary ") if "takes over" in m]
