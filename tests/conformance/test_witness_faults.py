@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import logging
 import os
 import re
@@ -26,6 +27,7 @@ import pytest
 
 from psrv.protocol import MsgType
 from psrv.protocol.codec import decode
+from psrv.server.replication import follower as follower_module
 from psrv.server.replication.witness import Configuration, Witness
 from psrv.transport.zmq_client import ZmqClient
 from tests.conformance.cluster import TIMEOUT, one_thread  # noqa: F401 (an autouse fixture)
@@ -34,6 +36,7 @@ from tests.conformance.replica_pair import follower, heartbeat, history_of, serv
 
 SILENCE = 1.0  # seconds: failures.py's FAILURE_BOUND of 2 s gives this takeover bound
 OUTAGE = 3.5  # seconds the witness fails for, once the primary is silent
+NOTICE_S = 1.0  # a backup that waits to join says so this often (follower.JOIN_NOTICE, 10 s, here 1 s)
 
 
 @pytest.fixture
@@ -46,12 +49,12 @@ def failing(tmp_path):
 
 
 @contextlib.contextmanager
-def tmpfs(path: Path, size: str = "256k"):
-    """A tmpfs of `size` mounted at `path`, unmounted at the end."""
+def tmpfs(path: Path, options: str):
+    """A tmpfs mounted at `path` with `options` (its size), unmounted at the end."""
     if os.geteuid() != 0:
         pytest.skip("a full witness disk is a tmpfs of its own: mounting one needs root (CI runs as root)")
     path.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "psrv-witness", str(path)],
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={options}", "psrv-witness", str(path)],
                           capture_output=True, text=True)
     if done.returncode:
         pytest.skip(f"could not mount a tmpfs here: {done.stderr.strip()}")
@@ -61,18 +64,24 @@ def tmpfs(path: Path, size: str = "256k"):
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
-def fill(folder: Path) -> Path:
-    """Write a file in `folder` until its file system is full; the file, to delete to free it."""
+def fill(folder: Path, what: str):
+    """Fill `folder`'s file system: its "blocks" (one file written until no byte fits) or its "inodes" (empty
+    files made until no file fits); a function that frees it again."""
     filler = folder / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
     try:
-        while True:
-            os.write(fd, b"\0" * 4096)
+        if what == "blocks":
+            fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+            try:
+                while True:
+                    os.write(fd, b"\0" * 4096)
+            finally:
+                os.close(fd)
+        filler.mkdir()
+        for n in itertools.count():
+            (filler / str(n)).touch()
     except OSError as exc:
         assert exc.errno == errno.ENOSPC, exc
-    finally:
-        os.close(fd)
-    return filler
+    return lambda: shutil.rmtree(filler) if filler.is_dir() else filler.unlink()
 
 
 def silence(primary) -> float:
@@ -101,6 +110,7 @@ def check_took_over(primary, backup, epoch: int, silent_since: float, caplog, *,
     wait_for("the backup never took over once the witness worked again", lambda: follower(backup) is None)
     latest = Witness(backup.cfg.witness, 0).latest()
     assert (latest.epoch, latest.primary, latest.backups) == (epoch, backup.address, ())
+    assert time.time() - TIMEOUT < latest.at <= time.time(), latest  # the claim's time, for people reading it
     [failover] = backup.service.replication.failovers
     assert (failover["epoch"], failover["from"], failover["version"]) == (epoch, primary.address, 0), failover
     # heard last before the stop, within a bound (else it would have claimed the shard then)
@@ -169,29 +179,43 @@ def test_a_later_epoch_of_the_same_primary_with_this_backup_is_taken_over(failin
 
 
 @pytest.mark.parametrize("latest", ["without this backup", "another primary"])
-def test_a_later_epoch_that_leaves_this_backup_out_is_joined_not_claimed(failing, caplog, latest):
+def test_a_later_epoch_that_leaves_this_backup_out_is_joined_not_claimed(failing, caplog, latest, monkeypatch):
     """The primary dropped this backup, or another replica took the shard: this backup asks the witness's primary
-    to join (here a silent one, or none that answers: it waits) and claims nothing."""
+    to join (here a silent one, or none that answers: it waits, and says so every JOIN_NOTICE, here 1 s) and
+    claims nothing."""
+    monkeypatch.setattr(follower_module, "JOIN_NOTICE", NOTICE_S)
     primary, backup, witness = failing
     epoch = backup.service.replication.epoch
     w = Witness(witness, 0)
     later = (Configuration(epoch + 1, primary.address, (), "a drop") if latest == "without this backup" else
              Configuration(epoch + 1, "tcp://127.0.0.1:1", (backup.address,), "another's takeover"))
     assert w.claim(later)[0]
-    silence(primary)
+    silent_since = silence(primary)
     wait_for("the backup never stopped following", lambda: not follower(backup).following)
     time.sleep(SILENCE)
     assert w.latest() == later and backup.service.replication.failovers == []
     assert follower(backup).primary == later.primary and not follower(backup).following
     assert errors(caplog, "shard 0: the witness says") == [
         f"shard 0: the witness says {later.primary} serves this shard now; this backup joins it again"]
+    time.sleep(2.5 * NOTICE_S)
+    waits = errors(caplog, "shard 0: this backup has waited")
+    waited = time.monotonic() - silent_since
+    assert 2 <= len(waits) <= waited / NOTICE_S + 1, waits  # once a notice's time, not at each turn of the loop
+    for line in waits:  # how long since its primary was last heard (within a bound before it stopped)
+        said = re.fullmatch(rf"shard 0: this backup has waited (\d+)s to join its primary at {re.escape(later.primary)}; "
+                            r"is `psrv serve` running there\?", line)
+        assert said and 0 <= int(said.group(1)) <= waited + SILENCE + 1, line
 
 
-def test_a_backup_whose_claim_the_witness_cannot_take_tries_again_and_leaves_nothing_half_written(tmp_path, caplog):
-    with tmpfs(tmp_path / "witness") as witness:
+@pytest.mark.parametrize("full", ["blocks", "inodes"])
+def test_a_backup_whose_claim_the_witness_cannot_take_tries_again_and_leaves_nothing_half_written(tmp_path, caplog,
+                                                                                                  full):
+    """The witness's file system full: no byte of the claim fits (its temporary file made, then removed), or no
+    file (the temporary never made: the error said is still the full disk's)."""
+    with tmpfs(tmp_path / "witness", "256k" if full == "blocks" else "256k,nr_inodes=64") as witness:
         with serving_pair(config("async", replicas=1), str(witness), str(tmp_path)) as (primary, backup):
             epoch = backup.service.replication.epoch
-            filler = fill(witness)
+            free = fill(witness, full)
             silent_since = silence(primary)
             worker = heartbeat(backup)
             try:
@@ -201,11 +225,14 @@ def test_a_backup_whose_claim_the_witness_cannot_take_tries_again_and_leaves_not
                 lines = errors(caplog, "shard 0: could not claim the shard")
                 # a bound after the silence began, then every half bound
                 assert int(2 * OUTAGE / SILENCE) - 2 <= len(lines) <= int(2 * OUTAGE / SILENCE), lines
-                assert set(lines) == {f"shard 0: could not claim the shard on the witness {witness / 'shard-0'} "
-                                      f"([Errno 28] No space left on device); still following"}, lines
+                where = witness / "shard-0"  # ENOSPC names the file it could not make, not the one it could not fill
+                said = re.escape(f"shard 0: could not claim the shard on the witness {where} ([Errno 28] No space left "
+                                 f"on device") + (re.escape(f": '{where}/.epoch-{epoch + 1}.") + r"\d+\.\d+\.tmp'"
+                                                  if full == "inodes" else "") + re.escape("); still following")
+                assert all(re.fullmatch(said, line) for line in lines), lines
                 assert sorted(p.name for p in (witness / "shard-0").iterdir()) == [
                     f"epoch-{e}.json" for e in range(epoch + 1)], "a failed claim left a file"
-                filler.unlink()
+                free()
                 check_took_over(primary, backup, epoch + 1, silent_since, caplog)
                 check_held_then_answered(worker)
             finally:
