@@ -240,6 +240,27 @@ def test_a_backup_whose_claim_the_witness_cannot_take_tries_again_and_leaves_not
     shutil.rmtree(tmp_path / "witness", ignore_errors=True)
 
 
+def test_a_backup_that_loses_its_claim_joins_the_winner(failing, caplog):
+    """Another backup claims the same epoch a moment before this one (two backups of a dead primary whose bounds
+    ended together): link(2) lets one win; this one reads who did and joins it, and takes nothing over."""
+    primary, backup, witness = failing
+    epoch = backup.service.replication.epoch
+    f = follower(backup)
+    claim, rival = f.witness.claim, Configuration(epoch + 1, "tcp://127.0.0.1:1", (), "another backup's takeover")
+
+    def beaten(config):  # the rival's claim lands between this backup's read and its claim
+        Witness(witness, 0).claim(rival)
+        return claim(config)
+    f.witness.claim = beaten
+    silence(primary)
+    wait_for("the backup never lost its place", lambda: not f.following)
+    latest = Witness(witness, 0).latest()
+    assert (latest.epoch, latest.primary, latest.why) == (epoch + 1, rival.primary, rival.why)
+    assert backup.service.replication.failovers == [] and f.primary == rival.primary and follower(backup) is f
+    assert errors(caplog, "shard 0: the witness says") == [
+        f"shard 0: the witness says {rival.primary} serves this shard now; this backup joins it again"]
+
+
 def test_a_backup_whose_shard_finished_while_its_primary_fell_silent_ends_and_claims_nothing(failing, caplog):
     caplog.set_level(logging.INFO, logger="psrv.server")
     primary, backup, witness = failing
