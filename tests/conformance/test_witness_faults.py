@@ -202,8 +202,8 @@ def test_a_later_epoch_that_leaves_this_backup_out_is_joined_not_claimed(failing
     waited = time.monotonic() - silent_since
     assert 2 <= len(waits) <= waited / NOTICE_S + 1, waits  # once a notice's time, not at each turn of the loop
     for line in waits:  # how long since its primary was last heard (within a bound before it stopped)
-        said = re.fullmatch(rf"shard 0: this backup has waited (\d+)s to join its primary at {re.escape(later.primary)}; "
-                            r"is `psrv serve` running there\?", line)
+        said = re.fullmatch(rf"shard 0: this backup has waited (\d+)s to join its primary at "
+                            rf"{re.escape(later.primary)}; is `psrv serve` running there\?", line)
         assert said and 0 <= int(said.group(1)) <= waited + SILENCE + 1, line
 
 

@@ -185,12 +185,6 @@ class Follower:
         rank = backups.index(self.address) if self.address in backups else 0
         return self.s.timing.silence * (1 + 0.5 * rank)  # the first backup claims first
 
-    def due(self) -> float:
-        """Seconds until tick() may claim the shard (the loop waits no longer than that for a message)."""
-        if not self.following:
-            return JOIN_EVERY
-        return max(0.0, self.heard + self._bound() - self.state.now(), self.retry_at - self.state.now())
-
     def lost_place(self, primary: str) -> None:
         """The witness gave the shard to `primary` at a later epoch than ours: follow it again, from its state."""
         log.warning("shard %d: the witness says %s serves this shard now; this backup joins it again",
