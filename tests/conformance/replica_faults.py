@@ -1,13 +1,16 @@
-"""The replication faults of the conformance failure cases (tests/conformance/test_failures.py), beside
+"""The replication faults of the conformance failure cases (tests/conformance/test_replica_faults.py), beside
 failures.py's kill: a primary paused at a chosen push that then goes on (PausePrimary), a backup whose
-acknowledgement of a chosen push comes late (LateAck), a killed primary with two backups (KillWithTwoBackups);
-each records what it saw, and where a case needs the rest of the run to stream to a replica that came back, the
-workers wait at a chosen step until it follows (_Until)."""
+acknowledgement of a chosen push comes late (LateAck), a killed primary with two backups (KillWithTwoBackups), a
+backup asking to join in the middle of a chunked push (JoinMidPush); each records what it saw, and where a case
+needs the rest of the run to stream to a replica that came back, the workers wait at a chosen step until it
+follows (_Until)."""
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from psrv.config import RunConfig
+from psrv.server.replication import stream
 from psrv.server.run import Server
 from psrv.server.replication.witness import Witness
 from tests.conformance.cluster import TIMEOUT
@@ -171,3 +174,63 @@ class KillWithTwoBackups(KillPrimary):
 
     def step(self, rank: int, step: int) -> None:
         self.until.step(rank, step)
+
+
+class JoinMidPush(KillPrimary):
+    """A fresh backup of shard `shard` asks to join once its primary has applied chunk `chunk` of its `push`-th
+    push and not the rest: the rest of the run's requests wait (as a slow link delivers them) until the primary
+    has the join, then come in order. A primary adds a joiner only once no push is half applied (its state would
+    hold half a push the stream then finishes), so it adds this one after the push's last chunk. `joined_with` and
+    `admitted_with`: the chunks of an open push the primary had applied when the join came and when it added the
+    backup. The workers wait at the start of step `at` until it follows."""
+
+    witness = True  # the shard gets a witness without replicas: a primary takes backups only with one
+
+    def __init__(self, cfg: RunConfig, *, push: int, chunk: int, at: int, shard: int = 0):
+        super().__init__(push=push, shard=shard, chunk=chunk)
+        self.backup: Server | None = None
+        self.joined_with: int | None = None
+        self.admitted_with: int | None = None
+        self.held: list = []
+        self.until = _Until(cfg, at, lambda: self.backup is not None and _follows(self.backup, self.primary),
+                            "the backup that asked mid-push never followed")
+
+    def step(self, rank: int, step: int) -> None:
+        self.until.step(rank, step)
+
+    def started(self, servers: list[Server], backups: list[Server], witness: str) -> None:
+        Watch.started(self, servers, backups, witness)
+        self.primary = servers[self.shard]
+        service = self.primary.service
+        replicas = service.replication.replicas
+        handle, tick, admit = service.handle, replicas.tick, replicas._admit
+
+        def applied() -> int:
+            return sum(p.applied for p in service.pushes.chunks.open.values())
+
+        def holding(peer, frames: list) -> None:  # the primary's loop thread
+            if self.backup is not None and self.joined_with is None and not stream.is_stream(frames):
+                self.held.append((peer, frames))
+                return
+            msg = self._due(frames) if self.death is None else None
+            handle(peer, frames)
+            if msg is not None:
+                self.death = self._record(service, msg)
+                self.backup = self.server(dataclasses.replace(
+                    self.primary.cfg, bind="tcp://127.0.0.1:0", backup_of=self.primary.address,
+                    witness=self.witness_dir)).start()
+                self.backups.append(self.backup)  # stopped and recorded at the end, like the others
+
+        def ticking() -> None:
+            if self.backup is not None and self.joined_with is None and replicas.joining:
+                self.joined_with = applied()
+            tick()
+            if self.joined_with is not None and self.held:
+                held, self.held = self.held, []
+                for peer, frames in held:
+                    handle(peer, frames)
+
+        def admitting(address: str) -> bool:
+            self.admitted_with = applied()
+            return admit(address)
+        service.handle, replicas.tick, replicas._admit = holding, ticking, admitting

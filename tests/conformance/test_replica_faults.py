@@ -12,8 +12,8 @@ import pytest
 from tests.conformance.cluster import one_thread  # noqa: F401 (an autouse fixture)
 from tests.conformance.failure_checks import (CHUNKS, COUNTS, Failover, case_id, held_history, plain,  # noqa: F401
                                               run_with, said, same_run)
-from tests.conformance.failures import config, state_of
-from tests.conformance.replica_faults import KillWithTwoBackups, LateAck, PausePrimary
+from tests.conformance.failures import config, quiet, state_of
+from tests.conformance.replica_faults import JoinMidPush, KillWithTwoBackups, LateAck, PausePrimary
 from tests.states import assert_same_state
 
 
@@ -154,3 +154,27 @@ def test_two_backups_of_a_dead_primary_elect_one_and_the_other_follows_it(case: 
          rf"shard 0: the witness says {t} serves this shard now; this backup joins it again",
          rf"shard 0: backup {o} joined at op {state['n']} \(epoch 4, version \d+\)",
          rf"shard 0: following {t} from op {state['n']} \(epoch 4\)")
+
+
+JOINS_MID_PUSH = [  # (mode, push, chunk: the primary has applied chunks 0..chunk of it when the backup asks)
+    ("async", 5, 1),
+    ("ssp", 6, 2),
+]
+
+
+@pytest.mark.parametrize("mode,push,chunk", JOINS_MID_PUSH, ids=[f"{m}-push{p}-chunk{c}" for m, p, c in JOINS_MID_PUSH])
+def test_a_backup_that_asks_to_join_mid_push_is_added_once_the_push_is_whole(mode, push, chunk, plain):
+    """The backup asks while a push is half applied; its primary adds it once the push's last chunk is in, and it
+    ends with its primary's state and counts; the weights are the run's without it."""
+    cfg = quiet(config(mode, chunk_mb=CHUNKS))
+    join = JoinMidPush(cfg, push=push, chunk=chunk, at=4)
+    got = run_with(cfg, join)
+    assert join.death is not None and join.death.chunks > chunk + 1, join.death
+    assert (join.joined_with, join.admitted_with) == (chunk + 1, 0), (join.joined_with, join.admitted_with)
+    [record] = [b for b in got.out.backups if b.address == join.backup.address]
+    primary = got.out.shards[0]
+    assert record.address in primary["backups"] and record.summary["role"] == "backup", record.summary
+    for key in COUNTS:
+        assert record.summary[key] == primary[key], f"the joined backup: {key} {record.summary[key]} != {primary[key]}"
+    assert_same_state(record.primary_state, record.state, "shard 0")
+    same_run(cfg, got, plain(cfg), summaries=got.out.shards, states=got.states)
