@@ -7,12 +7,16 @@ the witness is a directory, and here it is made to fail for real, by the kernel,
 - a witness that cannot take the claim (a full disk: the witness on a tmpfs of its own, filled; mounting one
   needs root, as CI runs): the same, tried every half bound, and no half-written claim left behind;
 - a shard that finished while its primary fell silent (the witness's last word, written by the primary when
-  its workers left): the backup ends, and claims nothing.
+  its workers left): the backup ends, and claims nothing;
+- the epochs the witness already holds: a later one of the same primary that keeps this backup is claimed, one
+  that leaves it out (a drop, another's takeover) is joined, as is the winner of a claim another backup beat;
+- a primary that cannot claim the epoch adding a joiner (a full disk) adds it once the disk has room.
 
 Each backup here takes over before any worker's INIT: its failover record and log line give version 0."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import itertools
 import logging
@@ -28,7 +32,9 @@ import pytest
 from psrv.protocol import MsgType
 from psrv.protocol.codec import decode
 from psrv.server.replication import follower as follower_module
+from psrv.server.replication.primary import RETRY_CLAIM
 from psrv.server.replication.witness import Configuration, Witness
+from psrv.server.run import Server
 from psrv.transport.zmq_client import ZmqClient
 from tests.conformance.cluster import TIMEOUT, one_thread  # noqa: F401 (an autouse fixture)
 from tests.conformance.failures import config
@@ -259,6 +265,38 @@ def test_a_backup_that_loses_its_claim_joins_the_winner(failing, caplog):
     assert backup.service.replication.failovers == [] and f.primary == rival.primary and follower(backup) is f
     assert errors(caplog, "shard 0: the witness says") == [
         f"shard 0: the witness says {rival.primary} serves this shard now; this backup joins it again"]
+
+
+def test_a_primary_that_cannot_claim_a_joiners_epoch_adds_it_once_the_witness_takes_claims(tmp_path, caplog):
+    """A second backup asks to join while the witness's disk is full: the primary cannot claim the epoch that adds
+    it, says so once per try (every RETRY_CLAIM, 0.5 s), adds nothing, and adds it once the disk has room."""
+    with tmpfs(tmp_path / "witness", "256k") as witness:
+        with serving_pair(config("async", replicas=1), str(witness), str(tmp_path)) as (primary, first):
+            replicas = primary.service.replication.replicas
+            epoch = replicas.epoch
+            free = fill(witness, "blocks")
+            second = Server(dataclasses.replace(first.cfg, bind="tcp://127.0.0.1:0")).start()
+            try:
+                asked = time.monotonic()
+                time.sleep(OUTAGE)
+                lines = errors(caplog, "shard 0: could not claim epoch")
+                tries = (time.monotonic() - asked) / RETRY_CLAIM
+                assert 2 <= len(lines) <= tries + 1, lines  # once per try, not at each turn of the loop
+                assert set(lines) == {f"shard 0: could not claim epoch {epoch + 1} on the witness "
+                                      f"{witness / 'shard-0'} ([Errno 28] No space left on device); acknowledging "
+                                      f"nothing until it can"}, lines
+                assert replicas.epoch == epoch and replicas.addresses == [primary.address, first.address]
+                assert not follower(second).following and follower(first).following
+                free()
+                wait_for("the second backup never followed", lambda: follower(second).following)
+                assert replicas.epoch == epoch + 1 and replicas.addresses == [
+                    primary.address, first.address, second.address]
+                latest = Witness(witness, 0).latest()
+                assert (latest.epoch, latest.primary, latest.backups) == (
+                    epoch + 1, primary.address, (first.address, second.address))
+            finally:
+                second.stop()
+                second.join(TIMEOUT)
 
 
 def test_a_backup_whose_shard_finished_while_its_primary_fell_silent_ends_and_claims_nothing(failing, caplog):
