@@ -122,13 +122,14 @@ def check_took_over(primary, backup, epoch: int, silent_since: float, caplog, *,
     # heard last before the stop, within a bound (else it would have claimed the shard then)
     assert outage <= failover["silent_s"] <= time.monotonic() - silent_since + SILENCE, failover
     why = re.fullmatch(rf"take over from {primary.address}, silent (\d+\.\d\d)s", latest.why)  # the witness's
-    assert why and abs(float(why.group(1)) - failover["silent_s"]) <= 0.0151, latest.why
+    # said at the claim, a moment before the record: no shorter than the bound, no longer than the record's
+    assert why and outage - 0.005 <= float(why.group(1)) <= failover["silent_s"] + 0.005, (latest.why, failover)
     taking = [e for e in history_of(backup) if e["ev"] == "epoch" and e["role"] == "primary"]
     assert [e["epoch"] for e in taking] == [epoch], taking
     [said] = [m for m in errors(caplog, "shard 0: primary ") if "takes over" in m]
     took = re.fullmatch(rf"shard 0: primary {primary.address} silent for (\d+\.\d\d)s; this backup "
                         rf"\({backup.address}\) takes over at epoch {epoch}, version 0", said)
-    assert took and abs(float(took.group(1)) - failover["silent_s"]) <= 0.0051, said
+    assert took and abs(float(took.group(1)) - failover["silent_s"]) <= 0.006, said  # %.2f of what it rounds to 3
 
 
 def check_still_following(backup, epoch: int) -> None:
@@ -161,7 +162,7 @@ def test_a_backup_that_cannot_read_the_witness_keeps_following_and_takes_over_on
         assert worker.recv(0) is None, "a request was answered while the primary was silent and no one took over"
         lines = errors(caplog, prefix)
         # tried once a bound after the silence began, then once each bound: not at every turn of the loop
-        assert int(OUTAGE / SILENCE) - 1 <= len(lines) <= int(OUTAGE / SILENCE) + 1, lines
+        assert 2 <= len(lines) <= (time.monotonic() - silent_since) / SILENCE + 1, lines
         assert set(lines) == {line}, lines
         f = follower(backup)
         assert f is not None and f.following and backup.service.replication.epoch == epoch
@@ -229,8 +230,8 @@ def test_a_backup_whose_claim_the_witness_cannot_take_tries_again_and_leaves_not
                 assert worker.recv(0) is None, "a request was answered while no one served the shard"
                 check_still_following(backup, epoch)
                 lines = errors(caplog, "shard 0: could not claim the shard")
-                # a bound after the silence began, then every half bound
-                assert int(2 * OUTAGE / SILENCE) - 2 <= len(lines) <= int(2 * OUTAGE / SILENCE), lines
+                # a bound after the silence began, then every half bound (4: not every bound, with a second to spare)
+                assert 4 <= len(lines) <= (time.monotonic() - silent_since) / (SILENCE / 2) + 1, lines
                 where = witness / "shard-0"  # ENOSPC names the file it could not make, not the one it could not fill
                 said = re.escape(f"shard 0: could not claim the shard on the witness {where} ([Errno 28] No space left "
                                  f"on device") + (re.escape(f": '{where}/.epoch-{epoch + 1}.") + r"\d+\.\d+\.tmp'"
