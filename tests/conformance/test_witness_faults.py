@@ -10,7 +10,9 @@ the witness is a directory, and here it is made to fail for real, by the kernel,
   its workers left): the backup ends, and claims nothing;
 - the epochs the witness already holds: a later one of the same primary that keeps this backup is claimed, one
   that leaves it out (a drop, another's takeover) is joined, as is the winner of a claim another backup beat;
-- a primary that cannot claim the epoch adding a joiner (a full disk) adds it once the disk has room.
+- a primary that cannot claim the epoch adding a joiner (a full disk) adds it once the disk has room; one whose
+  claim finds that epoch taken (another replica took the shard) is fenced and sends the joiner no state; one
+  started without a witness refuses a backup, which ends with that reason.
 
 Each backup here takes over before any worker's INIT: its failover record and log line give version 0."""
 from __future__ import annotations
@@ -28,17 +30,19 @@ import time
 from pathlib import Path
 
 import pytest
+import zmq
 
 from psrv.protocol import MsgType
 from psrv.protocol.codec import decode
 from psrv.server.replication import follower as follower_module
+from psrv.server.replication import stream
 from psrv.server.replication.primary import RETRY_CLAIM
 from psrv.server.replication.witness import Configuration, Witness
 from psrv.server.run import Server
 from psrv.transport.zmq_client import ZmqClient
 from tests.conformance.cluster import TIMEOUT, one_thread  # noqa: F401 (an autouse fixture)
 from tests.conformance.failures import config
-from tests.conformance.replica_pair import follower, heartbeat, history_of, serving_pair, wait_for
+from tests.conformance.replica_pair import QUIET_S, follower, heartbeat, history_of, serving_pair, wait_for
 
 SILENCE = 1.0  # seconds: failures.py's FAILURE_BOUND of 2 s gives this takeover bound
 OUTAGE = 3.5  # seconds the witness fails for, once the primary is silent
@@ -113,7 +117,9 @@ def check_held_then_answered(worker: ZmqClient) -> None:
 
 def check_took_over(primary, backup, epoch: int, silent_since: float, caplog, *, outage: float = OUTAGE) -> None:
     """`backup` serves the shard at `epoch`, and its failover record gives the primary's whole silence."""
-    wait_for("the backup never took over once the witness worked again", lambda: follower(backup) is None)
+    # its takeover's line is the last thing it does before it answers the requests it held (follower None the first)
+    wait_for("the backup never took over once the witness worked again",
+             lambda: any("takes over" in m for m in errors(caplog, "shard 0: primary ")))
     latest = Witness(backup.cfg.witness, 0).latest()
     assert (latest.epoch, latest.primary, latest.backups) == (epoch, backup.address, ())
     assert time.time() - TIMEOUT < latest.at <= time.time(), latest  # the claim's time, for people reading it
@@ -123,7 +129,7 @@ def check_took_over(primary, backup, epoch: int, silent_since: float, caplog, *,
     assert outage <= failover["silent_s"] <= time.monotonic() - silent_since + SILENCE, failover
     why = re.fullmatch(rf"take over from {primary.address}, silent (\d+\.\d\d)s", latest.why)  # the witness's
     # said at the claim, a moment before the record: no shorter than the bound, no longer than the record's
-    assert why and outage - 0.005 <= float(why.group(1)) <= failover["silent_s"] + 0.005, (latest.why, failover)
+    assert why and outage - 0.006 <= float(why.group(1)) <= failover["silent_s"] + 0.006, (latest.why, failover)
     taking = [e for e in history_of(backup) if e["ev"] == "epoch" and e["role"] == "primary"]
     assert [e["epoch"] for e in taking] == [epoch], taking
     [said] = [m for m in errors(caplog, "shard 0: primary ") if "takes over" in m]
@@ -298,6 +304,48 @@ def test_a_primary_that_cannot_claim_a_joiners_epoch_adds_it_once_the_witness_ta
             finally:
                 second.stop()
                 second.join(TIMEOUT)
+
+
+def test_a_primary_whose_claim_for_a_joiner_finds_its_epoch_taken_is_fenced_and_sends_no_state(failing):
+    """Another replica took the shard at the next epoch without this primary hearing of it; a backup asks this one
+    to join (a "join" from a line of our own, naming a socket we listen on): the primary's claim of that epoch
+    loses, it is fenced by the witness's word, and it sends the joiner no state to follow it by."""
+    primary, first, witness = failing
+    replicas = primary.service.replication.replicas
+    epoch = replicas.epoch
+    rival = Configuration(epoch + 1, "tcp://127.0.0.1:1", (), "another replica's takeover")
+    assert Witness(witness, 0).claim(rival)[0]
+    context = zmq.Context.instance()
+    joiner = context.socket(zmq.ROUTER)
+    port = joiner.bind_to_random_port("tcp://127.0.0.1")
+    line = ZmqClient([primary.address], link=True)
+    try:
+        line.send(0, stream.frames_of("join", epoch, address=f"tcp://127.0.0.1:{port}"))
+        wait_for("the primary was never fenced", lambda: replicas.fenced)
+        assert not joiner.poll(int(QUIET_S * 1000)), "the fenced primary sent the joiner its state"
+        assert replicas.addresses == [primary.address, first.address] and replicas.admitted == 1
+        assert not [e for e in history_of(primary) if e["ev"] == "sent_state" and e["epoch"] > epoch]
+        [fenced] = [e for e in history_of(primary) if e["ev"] == "fenced"]
+        assert (fenced["epoch"], fenced["by"]) == (epoch + 1, f"{rival.primary} (witness: {rival.why})"), fenced
+    finally:
+        line.close()
+        joiner.close(linger=0)
+
+
+def test_a_primary_without_a_witness_refuses_a_backup_in_one_line(tmp_path):
+    """`psrv serve --backup-of` a primary started without --witness: the backup ends with the primary's reason."""
+    cfg = config("async")
+    primary = Server(cfg.server_config(0, bind="tcp://127.0.0.1:0")).start()
+    try:
+        backup = Server(dataclasses.replace(cfg.server_config(0, bind="tcp://127.0.0.1:0"), backup_of=primary.address,
+                                            witness=str(tmp_path / "witness"))).start()
+        with pytest.raises(ValueError) as refused:
+            backup.join(TIMEOUT)
+        assert str(refused.value) == f"shard 0's primary at {primary.address} has no --witness"
+        assert primary.service.replication.replicas.addresses == [primary.address]
+    finally:
+        primary.stop()
+        primary.join(TIMEOUT)
 
 
 def test_a_backup_whose_shard_finished_while_its_primary_fell_silent_ends_and_claims_nothing(failing, caplog):
