@@ -43,7 +43,9 @@ def test_a_primary_back_from_a_stall_is_fenced_lingers_answering_not_primary_the
         wait_for("the backup never took over", lambda: follower(backup) is None)
         assert backup.service.replication.epoch == epoch + 1
         wait_for("the primary never came back", back.is_set)
-        wait_for("the primary, back, was never fenced", lambda: replicas.fenced)
+        # fence() sets fenced, then its linger, then stopped: wait for the last (any value but False)
+        wait_for("the primary, back, was never fenced",
+                 lambda: replicas.fenced and primary.service.state.stopped is not False)
         assert primary.service.state.stopped is True  # it ends, once its linger is over
         assert replicas.linger_until - primary.service.state.now() > replicas.s.timing.fenced_linger - STALL_S
         worker = heartbeat(primary)  # in its linger: sent on to the shard's primary now
