@@ -56,7 +56,7 @@ class Follower:
         self.expected: int | None = None  # the next op's number; None until the state came
         self.replicas: list[str] = []
         self.heard = self.state.now()
-        self.retry_at = -float("inf")  # a claim the witness could not take waits until then (try_take_over)
+        self.retry_at = -float("inf")  # after a witness it could not read or claim on: when to try again
         self._asked = -float("inf")
         self._said = self.state.now()  # when we last said we still wait to join (every JOIN_NOTICE seconds)
         self.on_following: Callable[[], None] | None = None  # called once, when the primary's state came
