@@ -115,16 +115,21 @@ def test_fuzzed_chunks_of_new_pushes_are_each_settled_once():
             h.client.send(0, frames)
             item = h.server.recv(5.0)
             assert item is not None, "the shard never received a message"
+            before = h.sent
             h.svc.handle(*item)
-            while (got := h.client.recv(0.0)) is not None:
+            for _ in range(h.sent - before):  # wait for each reply sent: one in flight would be read as the next's
+                got = h.client.recv(5.0)
+                assert got is not None, "a reply the shard sent never arrived"
                 reply = decode(got[1])
                 assert reply.type is not MsgType.ERROR or reply.fields["code"] != ErrorCode.INTERNAL, reply.fields
         liar = chunk_frames(2, 1, seq=10 + MESSAGES)  # a whole push whose last chunk has a NaN
         body = torch.frombuffer(bytearray(liar[1]), dtype=torch.float32).clone()
         body[0] = float("nan")
+        before = h.sent
         for frames in (chunk_frames(2, 0, seq=10 + MESSAGES), [liar[0], body.numpy().tobytes()]):
             h.client.send(0, frames)
             h.svc.handle(*h.server.recv(5.0))
+        assert h.sent == before + 1, "a whole push of two chunks is answered once"
         reply = decode(h.client.recv(5.0)[1])
         assert reply.type is MsgType.ERROR and reply.fields["code"] == ErrorCode.NONFINITE, reply.fields
         s = h.svc.summary()
