@@ -1,7 +1,7 @@
 """The replication faults of the conformance failure cases (tests/conformance/test_replica_faults.py), beside
 failures.py's kill: a primary paused at a chosen push that then goes on (PausePrimary), a backup whose
 acknowledgement of a chosen push comes late (LateAck), a killed primary with two backups (KillWithTwoBackups), a
-backup asking to join in the middle of a chunked push (JoinMidPush); each records what it saw, and where a case
+backup asking to join in the middle of a chunked push or of a sync barrier (JoinMidPush); each records what it saw, and where a case
 needs the rest of the run to stream to a replica that came back, the workers wait at a chosen step until it
 follows (_Until)."""
 from __future__ import annotations
@@ -178,7 +178,7 @@ class KillWithTwoBackups(KillPrimary):
 
 class JoinMidPush(KillPrimary):
     """A fresh backup of shard `shard` asks to join once its primary has applied chunk `chunk` of its `push`-th
-    push and not the rest: the rest of the run's requests wait (as a slow link delivers them) until the primary
+    push and not the rest (a whole push where pushes are not chunked: under sync, a barrier half full): the rest of the run's requests wait (as a slow link delivers them) until the primary
     has the join, then come in order. A primary adds a joiner only once no push is half applied (its state would
     hold half a push the stream then finishes), so it adds this one after the push's last chunk. `joined_with` and
     `admitted_with`: the chunks of an open push the primary had applied when the join came and when it added the
@@ -191,6 +191,7 @@ class JoinMidPush(KillPrimary):
         self.backup: Server | None = None
         self.joined_with: int | None = None
         self.admitted_with: int | None = None
+        self.admitted_arrived: list[int] | None = None  # under sync: the workers whose push of the open clock it held
         self.held: list = []
         self.until = _Until(cfg, at, lambda: self.backup is not None and _follows(self.backup, self.primary),
                             "the backup that asked mid-push never followed")
@@ -232,5 +233,6 @@ class JoinMidPush(KillPrimary):
 
         def admitting(address: str) -> bool:
             self.admitted_with = applied()
+            self.admitted_arrived = sorted(getattr(service.controller, "arrived", ()))
             return admit(address)
         service.handle, replicas.tick, replicas._admit = holding, ticking, admitting

@@ -1,6 +1,6 @@
 """The conformance matrix's replication faults beside test_failures.py's kill (tests/conformance/replica_faults.py):
 a primary paused at a chosen push that then goes on, a backup whose acknowledgement comes late, a killed primary
-with two backups. Each run is held against the same case without the fault, bit for bit, and its recorded
+with two backups, a backup joining in the middle of a chunked push or of a sync barrier. Each run is held against the same case without the fault, bit for bit, and its recorded
 histories against psrv check (failure_checks.py): no push lost, none applied twice, no split brain."""
 from __future__ import annotations
 
@@ -171,6 +171,25 @@ def test_a_backup_that_asks_to_join_mid_push_is_added_once_the_push_is_whole(mod
     got = run_with(cfg, join)
     assert join.death is not None and join.death.chunks > chunk + 1, join.death
     assert (join.joined_with, join.admitted_with) == (chunk + 1, 0), (join.joined_with, join.admitted_with)
+    [record] = [b for b in got.out.backups if b.address == join.backup.address]
+    primary = got.out.shards[0]
+    assert record.address in primary["backups"] and record.summary["role"] == "backup", record.summary
+    for key in COUNTS:
+        assert record.summary[key] == primary[key], f"the joined backup: {key} {record.summary[key]} != {primary[key]}"
+    assert_same_state(record.primary_state, record.state, "shard 0")
+    same_run(cfg, got, plain(cfg), summaries=got.out.shards, states=got.states)
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_backup_that_joins_mid_barrier_is_sent_the_half_full_clock(shards, plain):
+    """Under sync, the backup asks once one worker's push of clock 3 is in and the other's is not: the barrier is
+    half full when the primary adds it (the other push waits, as over a slow link). Its state must hold the pushes
+    of the open clock, or its version, optimizer state and weights part from its primary's at that clock's commit."""
+    cfg = quiet(config("sync", shards=shards))
+    join = JoinMidPush(cfg, push=5, chunk=0, at=5)  # pushes 1-4 fill clocks 1 and 2; push 5 half fills clock 3
+    got = run_with(cfg, join)
+    assert join.death is not None and len(join.death.arrived) == 1, join.death
+    assert join.admitted_arrived == join.death.arrived, (join.admitted_arrived, join.death.arrived)
     [record] = [b for b in got.out.backups if b.address == join.backup.address]
     primary = got.out.shards[0]
     assert record.address in primary["backups"] and record.summary["role"] == "backup", record.summary
