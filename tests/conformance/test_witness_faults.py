@@ -294,6 +294,7 @@ def test_a_primary_that_cannot_claim_a_joiners_epoch_adds_it_once_the_witness_ta
                                       f"{witness / 'shard-0'} ([Errno 28] No space left on device); acknowledging "
                                       f"nothing until it can"}, lines
                 assert replicas.epoch == epoch and replicas.addresses == [primary.address, first.address]
+                assert replicas.joining == [second.address]  # kept for the next try, not left to the backup's asking
                 assert not follower(second).following and follower(first).following
                 free()
                 wait_for("the second backup never followed", lambda: follower(second).following)
@@ -325,6 +326,7 @@ def test_a_primary_whose_claim_for_a_joiner_finds_its_epoch_taken_is_fenced_and_
         wait_for("the primary was never fenced", lambda: replicas.fenced)
         assert not joiner.poll(int(QUIET_S * 1000)), "the fenced primary sent the joiner its state"
         assert replicas.addresses == [primary.address, first.address] and replicas.admitted == 1
+        assert replicas.joining == []  # a fenced primary adds no one: it forgets who asked
         assert not [e for e in history_of(primary) if e["ev"] == "sent_state" and e["epoch"] > epoch]
         [fenced] = [e for e in history_of(primary) if e["ev"] == "fenced"]
         assert (fenced["epoch"], fenced["by"]) == (epoch + 1, f"{rival.primary} (witness: {rival.why})"), fenced
