@@ -23,7 +23,6 @@ from tests.conformance import ref_hierarchy
 from tests.conformance.axes import ATOL, RTOL
 
 SIZE = 12
-pytestmark = pytest.mark.timeout(120)
 
 
 def _cluster(regions: int, every: int, local: OptimConfig, *, global_lr: float, global_momentum: float):
