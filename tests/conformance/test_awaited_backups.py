@@ -17,7 +17,7 @@ from psrv.server.replication import primary as primary_module
 from psrv.transport.zmq_client import ZmqClient
 from tests.conformance.cluster import TIMEOUT, Hooks, one_thread, start_backups  # noqa: F401 (an autouse fixture)
 from tests.conformance.failures import config, quiet
-from tests.conformance.replica_pair import QUIET_S
+from tests.conformance.replica_pair import QUIET_S, wait_for
 
 WAIT_S = 1.5  # AWAIT_BACKUPS (60 s) for the case whose backup never comes
 
@@ -64,6 +64,7 @@ def test_requests_wait_for_the_expected_backup_and_are_answered_in_order_once_it
     try:
         for seq in (1, 2, 3):
             ask(worker, seq)
+        wait_for("the primary never held the three requests", lambda: len(replicas.early) == 3)
         assert worker.recv(QUIET_S) is None, "a request was answered before the expected backup followed"
         assert len(replicas.early) == 3 and replicas.expected == 1
         hooks.extra = start_backups(cfg, [primary], str(tmp_path / "witness"), hooks)
