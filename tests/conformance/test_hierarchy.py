@@ -182,6 +182,29 @@ def test_free_running_regions_lose_nothing():
     assert any(torch.equal(s._service.shard.weights, want) for s in below)
     # a sync leaves once 3 updates have come and none is in flight, so each but the last carries 3 or more
     assert all(1 <= u["syncs"] <= n // 3 + 1 for u, n in zip(ups, pushes))
+    for r, (u, s) in enumerate(zip(ups, below)):  # each region's record: its link's own counts, the seconds to 0.1 ms
+        link = s._service.upstream.link
+        assert u == {"address": top.address, "region": r, "every": 3, "syncs": u["syncs"],
+                     "bytes_sent": link.bytes_sent, "bytes_received": link.bytes_received,
+                     "seconds": round(link.seconds, 4)}, u
+        assert link.bytes_sent > 0 and link.bytes_received > 0 and link.seconds > 0
+
+
+def test_a_regional_shard_that_never_had_weights_records_no_sync():
+    """Region 0's only worker leaves before it sends the initial weights: the shard never joins its global
+    shard (it has nothing to offer), ends as its worker leaves, and its record says so, every count 0."""
+    shard = _region0("tcp://127.0.0.1:9")  # discard: nothing there, and nothing is sent
+    shard.start()
+    c = PSClient([shard.address], PartitionPlan((ParamSpec("w", (SIZE,), "float32"),), 1), worker=0, world_size=1)
+    try:
+        c.hello()
+        c.leave()
+        summary = shard.join(timeout=30)
+    finally:
+        c.close()
+        shard.close()
+    assert summary["upstream"] == {"address": "tcp://127.0.0.1:9", "region": 0, "every": 1, "syncs": 0,
+                                   "bytes_sent": 0, "bytes_received": 0, "seconds": 0.0}, summary["upstream"]
 
 
 @pytest.mark.parametrize("heartbeats", [False, True], ids=["dropped", "kept-by-heartbeats"])
@@ -314,13 +337,20 @@ def test_a_global_shard_that_never_answers_stops_the_regional_shard(monkeypatch)
 class _ScriptedGlobal(threading.Thread):
     """A global 'shard' on psrv's own zmq transport answering as told: WELCOME, OK, then `pull` for the PULL."""
 
-    def __init__(self, pull: Message):
+    def __init__(self, pull: Message, hello_again: Message | None = None):
         super().__init__(daemon=True)
         self.net = create_server("zmq", "tcp://127.0.0.1:0", shard=0, num_shards=1, workers=2)
         self.address, self.pull, self.stop = self.net.address, pull, threading.Event()
+        self.hello_again, self.hellos = hello_again, 0
+
+    def _hello(self, m: Message) -> Message:
+        self.hellos += 1
+        if self.hellos > 1 and self.hello_again is not None:
+            return Message(self.hello_again.type, seq=m.seq, fields=self.hello_again.fields)
+        return Message(MsgType.WELCOME, seq=m.seq, fields={"worker_timeout": 10.0})
 
     def run(self) -> None:
-        answers = {MsgType.HELLO: lambda m: Message(MsgType.WELCOME, seq=m.seq, fields={"worker_timeout": 10.0}),
+        answers = {MsgType.HELLO: self._hello,
                    MsgType.INIT: lambda m: Message(MsgType.OK, seq=m.seq),
                    MsgType.PULL: lambda m: Message(self.pull.type, seq=m.seq, fields=self.pull.fields)}
         while not self.stop.is_set():
@@ -332,8 +362,9 @@ class _ScriptedGlobal(threading.Thread):
 
 @pytest.mark.parametrize("pull,said", [
     (Message(MsgType.ERROR, fields={"code": 6, "message": "not now"}), "the global shard {address} refused PULL: not now"),
+    (Message(MsgType.ERROR, fields={"code": 6}), "the global shard {address} refused PULL: {{'code': 6}}"),  # no message
     (Message(MsgType.OK), "sync with the global shard {address}: AttributeError: "),  # weights without a tensor
-], ids=["refused", "malformed"])
+], ids=["refused", "refused-without-a-message", "malformed"])
 def test_a_global_shard_s_refusal_or_malformed_answer_stops_the_regional_shard(caplog, pull, said):
     caplog.set_level(logging.INFO, logger="psrv.server")
     top = _ScriptedGlobal(pull)
@@ -346,3 +377,21 @@ def test_a_global_shard_s_refusal_or_malformed_answer_stops_the_regional_shard(c
         top.net.close()
     assert stopped.startswith(said.format(address=top.address))
     assert "HELLO again" not in caplog.text  # a refusal without `hello` is not a region forgotten
+
+
+def test_a_global_shard_that_forgot_the_region_and_refuses_its_hello_again_stops_the_regional_shard(caplog):
+    """The global shard answers the first PULL as to a region it forgot (`hello`), then refuses the HELLO the
+    region says again: the regional shard stops, naming the HELLO that was refused and why."""
+    caplog.set_level(logging.INFO, logger="psrv.server")
+    top = _ScriptedGlobal(Message(MsgType.ERROR, fields={"code": 6, "message": "who?", "hello": True}),
+                          hello_again=Message(MsgType.ERROR, fields={"code": 6, "message": "not any more"}))
+    top.start()
+    try:
+        stopped = _stopped(_region0(top.address))
+    finally:
+        top.stop.set()
+        top.join(5)
+        top.net.close()
+    assert stopped == f"the global shard {top.address} refused HELLO: not any more"
+    assert f"region 0: the global shard {top.address} forgot it; HELLO again" in caplog.text
+    assert top.hellos == 2
