@@ -140,10 +140,25 @@ def test_one_region_at_lr_one_is_the_flat_run():
     # and psrv's: test_turns_match_the_reference's one-region case holds psrv to the same reference
 
 
-def test_free_running_regions_lose_nothing():
+class _TickingClock:
+    """upstream.time for the links: each thread's perf_counter moves STEP a call, so every round trip (two
+    calls) measures STEP seconds, and a link's `seconds` must be STEP times its round trips (`seq`)."""
+
+    STEP = 0.0123457
+
+    def __init__(self):
+        self._mine = threading.local()
+
+    def perf_counter(self) -> float:
+        self._mine.now = getattr(self._mine, "now", 0.0) + self.STEP
+        return self._mine.now
+
+
+def test_free_running_regions_lose_nothing(monkeypatch):
     """Two regions pushing as fast as they can, syncing every 3 updates, a sync always in flight while pushes
     land: with plain SGD at both tiers and the global lr 1, every update reaches the global weights exactly
     once, so they end at initial - lr * (every gradient pushed)."""
+    monkeypatch.setattr(upstream, "time", _TickingClock())
     regions, lr = 2, 0.125  # a power of two: the sums round alike in any order
     top, below = _cluster(regions, 3, OptimConfig(name="sgd", lr=lr, momentum=0.0), global_lr=1.0,
                           global_momentum=0.0)
@@ -187,7 +202,8 @@ def test_free_running_regions_lose_nothing():
         assert u == {"address": top.address, "region": r, "every": 3, "syncs": u["syncs"],
                      "bytes_sent": link.bytes_sent, "bytes_received": link.bytes_received,
                      "seconds": round(link.seconds, 4)}, u
-        assert link.bytes_sent > 0 and link.bytes_received > 0 and link.seconds > 0
+        assert link.bytes_sent > 0 and link.bytes_received > 0
+        assert link.seconds == pytest.approx(link.seq * _TickingClock.STEP)  # every round trip's time, summed
 
 
 def test_a_regional_shard_that_never_had_weights_records_no_sync():

@@ -129,8 +129,10 @@ class Link(threading.Thread):
         if kind == "sync":
             reply = self._ask(net, Message(MsgType.PUSH_PULL, clock=clock, base_version=self.version, tensor=tensor))
             return reply.tensor.clone()
-        self._ask(net, Message(MsgType.LEAVE))
-        return None
+        if kind == "leave":
+            self._ask(net, Message(MsgType.LEAVE))
+            return None
+        raise ValueError(f"no round trip named {kind!r}")
 
     def _ask(self, net, msg: Message) -> Message:
         """One round trip; a global shard that forgot this region (silent past its --worker-timeout between two
