@@ -206,6 +206,49 @@ def test_free_running_regions_lose_nothing(monkeypatch):
         assert link.seconds == pytest.approx(link.seq * _TickingClock.STEP)  # every round trip's time, summed
 
 
+def test_a_region_that_joins_before_region_0_offers_the_global_shard_no_weights():
+    """Region 1's shard joins its global shard as soon as its worker says HELLO, with no weights of its own: it
+    must not offer any (INIT, first writer wins), or the run would start from whatever its empty buffer held.
+    Region 0's initial weights, offered later, are the global shard's."""
+    top, below = _cluster(2, 3, OptimConfig(name="sgd", lr=0.125, momentum=0.0), global_lr=1.0, global_momentum=0.0)
+    plan = PartitionPlan((ParamSpec("w", (SIZE,), "float32"),), 1)
+    clients = [PSClient([below[r].address], plan, worker=r, world_size=2) for r in range(2)]
+    initial = torch.linspace(-1.0, 1.0, SIZE)
+    try:
+        clients[1].hello()
+        link = _wait_for_link(below[1])
+        deadline = time.monotonic() + 20.0
+        while link.seq < 2:  # its HELLO answered and its next request sent (a PULL, or an INIT it must not send)
+            assert time.monotonic() < deadline, "region 1 never joined its global shard"
+            time.sleep(0.005)
+        time.sleep(0.2)  # an INIT it sent would be applied by now
+        clients[0].hello()
+        clients[0].init(initial)
+        got = [torch.zeros(SIZE), torch.zeros(SIZE)]
+        for r in range(2):
+            clients[r].pull(clock=0, out=got[r])
+        assert torch.equal(top._service.shard.weights, initial), top._service.shard.weights
+        assert all(torch.equal(g, initial) for g in got)
+        for c in clients:
+            c.leave()
+        for s in below:
+            s.join()
+        top.join()
+    finally:
+        for c in clients:
+            c.close()
+        for s in (*below, top):
+            s.close()
+
+
+def _wait_for_link(shard: Server, timeout: float = 20.0) -> upstream.Link:
+    deadline = time.monotonic() + timeout
+    while shard._service.upstream.link is None:
+        assert time.monotonic() < deadline, "the regional shard never started its link"
+        time.sleep(0.005)
+    return shard._service.upstream.link
+
+
 def test_a_regional_shard_that_never_had_weights_records_no_sync():
     """Region 0's only worker leaves before it sends the initial weights: the shard never joins its global
     shard (it has nothing to offer), ends as its worker leaves, and its record says so, every count 0."""
