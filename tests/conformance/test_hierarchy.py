@@ -396,26 +396,40 @@ def test_a_global_shard_that_never_answers_stops_the_regional_shard(monkeypatch)
 class _ScriptedGlobal(threading.Thread):
     """A global 'shard' on psrv's own zmq transport answering as told: WELCOME, OK, then `pull` for the PULL."""
 
-    def __init__(self, pull: Message, hello_again: Message | None = None):
+    def __init__(self, pull: Message, hello_again: Message | None = None, *, worker_timeout: float = 10.0,
+                 beats: list[dict] | None = None, delay: float = 0.0, silent: tuple = ()):
+        """`hello_again`: the answer to every HELLO after the first; `beats`: the fields of the answers to the
+        HEARTBEATs in turn (the last for the rest); `delay`: seconds before each answer; `silent`: the message
+        types it never answers."""
         super().__init__(daemon=True)
         self.net = create_server("zmq", "tcp://127.0.0.1:0", shard=0, num_shards=1, workers=2)
         self.address, self.pull, self.stop = self.net.address, pull, threading.Event()
         self.hello_again, self.hellos = hello_again, 0
+        self.worker_timeout, self.beats, self.heartbeats, self.delay = worker_timeout, beats or [{}], 0, delay
+        self.silent = silent
 
     def _hello(self, m: Message) -> Message:
         self.hellos += 1
         if self.hellos > 1 and self.hello_again is not None:
             return Message(self.hello_again.type, seq=m.seq, fields=self.hello_again.fields)
-        return Message(MsgType.WELCOME, seq=m.seq, fields={"worker_timeout": 10.0})
+        return Message(MsgType.WELCOME, seq=m.seq, fields={"worker_timeout": self.worker_timeout})
+
+    def _beat(self, m: Message) -> Message:
+        self.heartbeats += 1
+        return Message(MsgType.OK, seq=m.seq, fields=self.beats[min(self.heartbeats, len(self.beats)) - 1])
 
     def run(self) -> None:
-        answers = {MsgType.HELLO: self._hello,
+        answers = {MsgType.HELLO: self._hello, MsgType.HEARTBEAT: self._beat,
                    MsgType.INIT: lambda m: Message(MsgType.OK, seq=m.seq),
-                   MsgType.PULL: lambda m: Message(self.pull.type, seq=m.seq, fields=self.pull.fields)}
+                   MsgType.PULL: lambda m: Message(self.pull.type, seq=m.seq, fields=self.pull.fields,
+                                                   tensor=self.pull.tensor)}
         while not self.stop.is_set():
             got = self.net.recv(0.05)
             if got is not None:
                 msg = decode(got[1])
+                if msg.type in self.silent:
+                    continue
+                time.sleep(self.delay)
                 self.net.send(got[0], encode(answers.get(msg.type, answers[MsgType.INIT])(msg)))
 
 
@@ -454,3 +468,56 @@ def test_a_global_shard_that_forgot_the_region_and_refuses_its_hello_again_stops
     assert stopped == f"the global shard {top.address} refused HELLO: not any more"
     assert f"region 0: the global shard {top.address} forgot it; HELLO again" in caplog.text
     assert top.hellos == 2
+
+
+def _scripted_run(top: "_ScriptedGlobal", until=lambda: True, what: str = "") -> dict:
+    """Region 0's shard against the scripted `top`: its worker says HELLO and sends the initial weights, waits
+    until `until()` holds, and leaves; the shard's summary."""
+    top.start()
+    shard = _region0(top.address)
+    shard.start()
+    c = _init(shard)
+    try:
+        deadline = time.monotonic() + 20.0
+        while not until():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.01)
+        c.leave()
+        return shard.join(timeout=60)
+    finally:
+        c.close()
+        shard.close()
+        top.stop.set()
+        top.join(5)
+        top.net.close()
+
+
+def test_a_heartbeat_answered_inactive_says_hello_again_once():
+    """The global shard answers a heartbeat as to a region it dropped (`active` false), then as to an active
+    one: the link says HELLO once more, before the next sync, and never again while it is kept."""
+    top = _ScriptedGlobal(Message(MsgType.OK, tensor=torch.zeros(SIZE)), worker_timeout=0.3,
+                          beats=[{"active": False}, {"active": True}])
+    summary = _scripted_run(top, lambda: top.heartbeats >= 4, "the link sent no heartbeats")
+    assert top.hellos == 2, top.hellos  # the join's HELLO and the one after the inactive answer
+    assert summary["upstream"]["syncs"] == 0
+
+
+def test_workers_that_leave_while_their_region_joins_wait_for_the_join():
+    """The global shard answers each request 0.2 s late, and region 0's only worker leaves at once: the shard
+    waits for its join (HELLO, INIT, PULL) to end, takes the global weights, and leaves without a sync."""
+    weights = torch.linspace(0.0, 1.0, SIZE)
+    top = _ScriptedGlobal(Message(MsgType.OK, tensor=weights), delay=0.2)
+    summary = _scripted_run(top)
+    assert summary["upstream"]["syncs"] == 0 and top.hellos == 1, summary["upstream"]
+
+
+def test_a_leave_the_global_shard_never_answers_ends_the_regional_shard_after_leave_wait(monkeypatch):
+    """The region's weights are final and its LEAVE goes unanswered: the shard waits LEAVE_WAIT (10 s, here
+    1 s), not the round trip's TIMEOUT (120 s, here 2 s: the link's thread, still waiting, ends then), and ends
+    saying so."""
+    monkeypatch.setattr(upstream, "LEAVE_WAIT", 1.0)
+    monkeypatch.setattr(upstream, "TIMEOUT", 2.0)
+    top = _ScriptedGlobal(Message(MsgType.OK, tensor=torch.zeros(SIZE)), silent=(MsgType.LEAVE,))
+    with pytest.raises(upstream.UpstreamError) as err:
+        _scripted_run(top)
+    assert str(err.value) == f"no answer from the global shard {top.address} in 1s"

@@ -30,6 +30,7 @@ from psrv.transport import create_client
 
 log = logging.getLogger("psrv.server")
 TIMEOUT = 120.0  # seconds a round trip to the global shard may take before the regional shard gives up
+LEAVE_WAIT = 10.0  # seconds a regional shard whose weights are final waits for its LEAVE to be answered
 
 
 class UpstreamError(RuntimeError):
@@ -212,7 +213,7 @@ class Upstream:
                 self._send()
                 self._merge(self.link.wait())
             self.link.ask("leave")
-            self.link.wait(timeout=10.0)
+            self.link.wait(timeout=LEAVE_WAIT)
         finally:
             self.link.close()
 
