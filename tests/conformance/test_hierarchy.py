@@ -470,11 +470,13 @@ def test_a_global_shard_that_forgot_the_region_and_refuses_its_hello_again_stops
     assert top.hellos == 2
 
 
-def _scripted_run(top: "_ScriptedGlobal", until=lambda: True, what: str = "") -> dict:
+def _scripted_run(top: "_ScriptedGlobal", until=lambda: True, what: str = "", ran: list | None = None) -> dict:
     """Region 0's shard against the scripted `top`: its worker says HELLO and sends the initial weights, waits
-    until `until()` holds, and leaves; the shard's summary."""
+    until `until()` holds, and leaves; the shard's summary (the shard itself appended to `ran`)."""
     top.start()
     shard = _region0(top.address)
+    if ran is not None:
+        ran.append(shard)
     shard.start()
     c = _init(shard)
     try:
@@ -497,8 +499,10 @@ def test_a_heartbeat_answered_inactive_says_hello_again_once():
     one: the link says HELLO once more, before the next sync, and never again while it is kept."""
     top = _ScriptedGlobal(Message(MsgType.OK, tensor=torch.zeros(SIZE)), worker_timeout=0.3,
                           beats=[{"active": False}, {"active": True}])
-    summary = _scripted_run(top, lambda: top.heartbeats >= 4, "the link sent no heartbeats")
+    ran = []
+    summary = _scripted_run(top, lambda: top.heartbeats >= 4, "the link sent no heartbeats", ran)
     assert top.hellos == 2, top.hellos  # the join's HELLO and the one after the inactive answer
+    assert ran[0]._service.upstream.link.beat == pytest.approx(0.3 / 3)  # a third of the global worker timeout
     assert summary["upstream"]["syncs"] == 0
 
 
