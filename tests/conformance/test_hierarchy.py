@@ -423,6 +423,7 @@ class _ScriptedGlobal(threading.Thread):
                    MsgType.INIT: lambda m: Message(MsgType.OK, seq=m.seq),
                    MsgType.PULL: lambda m: Message(self.pull.type, seq=m.seq, fields=self.pull.fields,
                                                    tensor=self.pull.tensor)}
+        answers[MsgType.PUSH_PULL] = answers[MsgType.PULL]  # a sync: the same weights back
         while not self.stop.is_set():
             got = self.net.recv(0.05)
             if got is not None:
@@ -470,9 +471,10 @@ def test_a_global_shard_that_forgot_the_region_and_refuses_its_hello_again_stops
     assert top.hellos == 2
 
 
-def _scripted_run(top: "_ScriptedGlobal", until=lambda: True, what: str = "", ran: list | None = None) -> dict:
+def _scripted_run(top: "_ScriptedGlobal", until=lambda: True, what: str = "", ran: list | None = None,
+                  pushes: int = 0) -> dict:
     """Region 0's shard against the scripted `top`: its worker says HELLO and sends the initial weights, waits
-    until `until()` holds, and leaves; the shard's summary (the shard itself appended to `ran`)."""
+    until `until()` holds, pushes `pushes` times and leaves; the shard's summary (the shard appended to `ran`)."""
     top.start()
     shard = _region0(top.address)
     if ran is not None:
@@ -484,6 +486,9 @@ def _scripted_run(top: "_ScriptedGlobal", until=lambda: True, what: str = "", ra
         while not until():
             assert time.monotonic() < deadline, what
             time.sleep(0.01)
+        w = torch.zeros(SIZE)
+        for k in range(pushes):
+            c.push_pull(torch.ones(SIZE), clock=k, out=w)
         c.leave()
         return shard.join(timeout=60)
     finally:
@@ -499,11 +504,11 @@ def test_a_heartbeat_answered_inactive_says_hello_again_once():
     one: the link says HELLO once more, before the next sync, and never again while it is kept."""
     top = _ScriptedGlobal(Message(MsgType.OK, tensor=torch.zeros(SIZE)), worker_timeout=0.3,
                           beats=[{"active": False}, {"active": True}])
-    ran = []
-    summary = _scripted_run(top, lambda: top.heartbeats >= 4, "the link sent no heartbeats", ran)
+    ran = []  # then a push, whose sync the end waits for: a heartbeat's round trip leaves it no answer to take
+    summary = _scripted_run(top, lambda: top.heartbeats >= 4, "the link sent no heartbeats", ran, pushes=1)
     assert top.hellos == 2, top.hellos  # the join's HELLO and the one after the inactive answer
     assert ran[0]._service.upstream.link.beat == pytest.approx(0.3 / 3)  # a third of the global worker timeout
-    assert summary["upstream"]["syncs"] == 0
+    assert summary["upstream"]["syncs"] == 1
 
 
 def test_workers_that_leave_while_their_region_joins_wait_for_the_join():
@@ -525,3 +530,55 @@ def test_a_leave_the_global_shard_never_answers_ends_the_regional_shard_after_le
     with pytest.raises(upstream.UpstreamError) as err:
         _scripted_run(top)
     assert str(err.value) == f"no answer from the global shard {top.address} in 1s"
+
+
+def test_a_region_whose_workers_leave_while_it_joins_takes_the_global_weights_first():
+    """Region 1 has no weights of its own: its only worker leaves while its join (HELLO, PULL, each answered
+    0.2 s late) is in flight, and the shard still waits for the global weights and takes them before it leaves."""
+    weights = torch.linspace(0.0, 1.0, SIZE)
+    top = _ScriptedGlobal(Message(MsgType.OK, tensor=weights), delay=0.2)
+    top.start()
+    shard = Server(ServerConfig(mode="async", workers=1, first_rank=1, world_size=2, upstream=top.address,
+                                upstream_every=1, region=1, upstream_world=2))
+    shard.start()
+    c = PSClient([shard.address], PartitionPlan((ParamSpec("w", (SIZE,), "float32"),), 1), worker=1, world_size=2)
+    try:
+        c.hello()
+        _wait_for_link(shard)
+        c.leave()
+        summary = shard.join(timeout=60)
+        assert torch.equal(shard._service.shard.weights, weights), shard._service.shard.weights
+        assert summary["upstream"]["syncs"] == 0 and top.hellos == 1
+    finally:
+        c.close()
+        shard.close()
+        top.stop.set()
+        top.join(5)
+        top.net.close()
+
+
+def test_a_links_heartbeats_leave_no_answer_behind():
+    """Heartbeats between two round trips are answered inside the link: the next round trip's answer is its own
+    weights, not a heartbeat's nothing."""
+    weights = torch.linspace(0.0, 1.0, SIZE)
+    top = _ScriptedGlobal(Message(MsgType.OK, tensor=weights), worker_timeout=0.3)  # a heartbeat every 0.1 s
+    top.start()
+    link = upstream.Link(top.address, region=0, regions=2,
+                         hello={"plan_hash": "scripted", "total": SIZE, "num_shards": 1, "shard": 0})
+    link.start()
+    try:
+        link.ask("join")
+        assert torch.equal(link.wait(10.0), weights)
+        deadline = time.monotonic() + 20.0
+        while top.heartbeats < 3:
+            assert time.monotonic() < deadline, "the link sent no heartbeats"
+            time.sleep(0.01)
+        link.ask("sync", torch.ones(SIZE), clock=1)
+        assert torch.equal(link.wait(10.0), weights)
+        link.ask("leave")
+        assert link.wait(10.0) is None and link.answer() is None
+    finally:
+        link.close()
+        top.stop.set()
+        top.join(5)
+        top.net.close()
