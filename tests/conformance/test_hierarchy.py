@@ -408,6 +408,11 @@ class _ScriptedGlobal(threading.Thread):
         self.worker_timeout, self.beats, self.heartbeats, self.delay = worker_timeout, beats or [{}], 0, delay
         self.silent = silent
 
+    def close(self) -> None:
+        self.stop.set()
+        self.join(5)
+        self.net.close()
+
     def _hello(self, m: Message) -> Message:
         self.hellos += 1
         if self.hellos > 1 and self.hello_again is not None:
@@ -434,6 +439,15 @@ class _ScriptedGlobal(threading.Thread):
                 self.net.send(got[0], encode(answers.get(msg.type, answers[MsgType.INIT])(msg)))
 
 
+def _stopped_by(top: "_ScriptedGlobal") -> str:
+    """_stopped against the scripted `top`, started here and stopped after."""
+    top.start()
+    try:
+        return _stopped(_region0(top.address))
+    finally:
+        top.close()
+
+
 @pytest.mark.parametrize("pull,said", [
     (Message(MsgType.ERROR, fields={"code": 6, "message": "not now"}), "the global shard {address} refused PULL: not now"),
     (Message(MsgType.ERROR, fields={"code": 6}), "the global shard {address} refused PULL: {{'code': 6}}"),  # no message
@@ -442,13 +456,7 @@ class _ScriptedGlobal(threading.Thread):
 def test_a_global_shard_s_refusal_or_malformed_answer_stops_the_regional_shard(caplog, pull, said):
     caplog.set_level(logging.INFO, logger="psrv.server")
     top = _ScriptedGlobal(pull)
-    top.start()
-    try:
-        stopped = _stopped(_region0(top.address))
-    finally:
-        top.stop.set()
-        top.join(5)
-        top.net.close()
+    stopped = _stopped_by(top)
     assert stopped.startswith(said.format(address=top.address))
     assert "HELLO again" not in caplog.text  # a refusal without `hello` is not a region forgotten
 
@@ -459,13 +467,7 @@ def test_a_global_shard_that_forgot_the_region_and_refuses_its_hello_again_stops
     caplog.set_level(logging.INFO, logger="psrv.server")
     top = _ScriptedGlobal(Message(MsgType.ERROR, fields={"code": 6, "message": "who?", "hello": True}),
                           hello_again=Message(MsgType.ERROR, fields={"code": 6, "message": "not any more"}))
-    top.start()
-    try:
-        stopped = _stopped(_region0(top.address))
-    finally:
-        top.stop.set()
-        top.join(5)
-        top.net.close()
+    stopped = _stopped_by(top)
     assert stopped == f"the global shard {top.address} refused HELLO: not any more"
     assert f"region 0: the global shard {top.address} forgot it; HELLO again" in caplog.text
     assert top.hellos == 2
@@ -494,9 +496,7 @@ def _scripted_run(top: "_ScriptedGlobal", until=lambda: True, what: str = "", ra
     finally:
         c.close()
         shard.close()
-        top.stop.set()
-        top.join(5)
-        top.net.close()
+        top.close()
 
 
 def test_a_heartbeat_answered_inactive_says_hello_again_once():
@@ -552,9 +552,7 @@ def test_a_region_whose_workers_leave_while_it_joins_takes_the_global_weights_fi
     finally:
         c.close()
         shard.close()
-        top.stop.set()
-        top.join(5)
-        top.net.close()
+        top.close()
 
 
 def test_a_links_heartbeats_leave_no_answer_behind():
@@ -579,6 +577,4 @@ def test_a_links_heartbeats_leave_no_answer_behind():
         assert link.wait(10.0) is None and link.answer() is None
     finally:
         link.close()
-        top.stop.set()
-        top.join(5)
-        top.net.close()
+        top.close()

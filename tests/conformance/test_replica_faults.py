@@ -162,6 +162,18 @@ JOINS_MID_PUSH = [  # (mode, push, chunk: the primary has applied chunks 0..chun
 ]
 
 
+def joined_and_same(cfg, got, join: JoinMidPush, plain) -> None:
+    """The joined backup ended in its primary's configuration with the primary's counts and state, and the run
+    is the run without the join, bit for bit."""
+    [record] = [b for b in got.out.backups if b.address == join.backup.address]
+    primary = got.out.shards[0]
+    assert record.address in primary["backups"] and record.summary["role"] == "backup", record.summary
+    for key in COUNTS:
+        assert record.summary[key] == primary[key], f"the joined backup: {key} {record.summary[key]} != {primary[key]}"
+    assert_same_state(record.primary_state, record.state, "shard 0")
+    same_run(cfg, got, plain(cfg), summaries=got.out.shards, states=got.states)
+
+
 @pytest.mark.parametrize("mode,push,chunk", JOINS_MID_PUSH, ids=[f"{m}-push{p}-chunk{c}" for m, p, c in JOINS_MID_PUSH])
 def test_a_backup_that_asks_to_join_mid_push_is_added_once_the_push_is_whole(mode, push, chunk, plain):
     """The backup asks while a push is half applied; its primary adds it once the push's last chunk is in, and it
@@ -171,13 +183,7 @@ def test_a_backup_that_asks_to_join_mid_push_is_added_once_the_push_is_whole(mod
     got = run_with(cfg, join)
     assert join.death is not None and join.death.chunks > chunk + 1, join.death
     assert (join.joined_with, join.admitted_with) == (chunk + 1, 0), (join.joined_with, join.admitted_with)
-    [record] = [b for b in got.out.backups if b.address == join.backup.address]
-    primary = got.out.shards[0]
-    assert record.address in primary["backups"] and record.summary["role"] == "backup", record.summary
-    for key in COUNTS:
-        assert record.summary[key] == primary[key], f"the joined backup: {key} {record.summary[key]} != {primary[key]}"
-    assert_same_state(record.primary_state, record.state, "shard 0")
-    same_run(cfg, got, plain(cfg), summaries=got.out.shards, states=got.states)
+    joined_and_same(cfg, got, join, plain)
 
 
 @pytest.mark.parametrize("shards", [1, 2])
@@ -190,10 +196,4 @@ def test_a_backup_that_joins_mid_barrier_is_sent_the_half_full_clock(shards, pla
     got = run_with(cfg, join)
     assert join.death is not None and len(join.death.arrived) == 1, join.death
     assert join.admitted_arrived == join.death.arrived, (join.admitted_arrived, join.death.arrived)
-    [record] = [b for b in got.out.backups if b.address == join.backup.address]
-    primary = got.out.shards[0]
-    assert record.address in primary["backups"] and record.summary["role"] == "backup", record.summary
-    for key in COUNTS:
-        assert record.summary[key] == primary[key], f"the joined backup: {key} {record.summary[key]} != {primary[key]}"
-    assert_same_state(record.primary_state, record.state, "shard 0")
-    same_run(cfg, got, plain(cfg), summaries=got.out.shards, states=got.states)
+    joined_and_same(cfg, got, join, plain)
