@@ -14,28 +14,11 @@ import torch
 
 from psrv.client.psclient import PSClient
 from psrv.config import OptimConfig, ServerConfig
-from psrv.partition import ParamSpec, PartitionPlan
-from psrv.protocol import Message, MsgType, decode, encode
 from psrv.server.hierarchy import upstream
 from psrv.server.run import Server
-from psrv.transport import create_server
 from tests.conformance import ref_hierarchy
 from tests.conformance.axes import ATOL, RTOL
-
-SIZE = 12
-
-
-def _cluster(regions: int, every: int, local: OptimConfig, *, global_lr: float, global_momentum: float):
-    top = Server(ServerConfig(mode="async", workers=regions,
-                              optimizer=OptimConfig(name="sgd", lr=global_lr, momentum=global_momentum)))
-    top.start()
-    below = []
-    for r in range(regions):
-        s = Server(ServerConfig(mode="async", workers=1, first_rank=r, world_size=regions, upstream=top.address,
-                                upstream_every=every, region=r, upstream_world=regions, optimizer=local))
-        s.start()
-        below.append(s)
-    return top, below
+from tests.conformance.hierarchy_shards import PLAN, SIZE, cluster, merged, region0, wait_for_link
 
 
 def _problem(regions: int):
@@ -45,14 +28,6 @@ def _problem(regions: int):
     c = [torch.randn(SIZE, generator=gen) for _ in range(regions)]
     return lambda r, w: a[r] * (w - c[r]), torch.randn(SIZE, generator=gen)
 
-
-def _merged(shard: Server, syncs: int, timeout: float = 20.0) -> None:
-    """Wait until `shard` has sent `syncs` syncs and merged the last."""
-    up = shard._service.upstream
-    deadline = time.monotonic() + timeout
-    while not (up.syncs >= syncs and up.sent is None and up.joined):
-        assert time.monotonic() < deadline, f"sync {syncs} not merged in {timeout}s"
-        time.sleep(0.005)
 
 
 CASES = [  # regions, turns, every, local optimizer, global lr, global momentum
@@ -73,8 +48,8 @@ def _local(cfg: OptimConfig):
 def test_turns_match_the_reference(regions, turns, every, local, global_lr, global_momentum):
     gradient, initial = _problem(regions)
     began = time.perf_counter()
-    top, below = _cluster(regions, every, local, global_lr=global_lr, global_momentum=global_momentum)
-    plan = PartitionPlan((ParamSpec("w", (SIZE,), "float32"),), 1)
+    top, below = cluster(regions, every, local, global_lr=global_lr, global_momentum=global_momentum)
+    plan = PLAN
     clients = [PSClient([below[r].address], plan, worker=r, world_size=regions) for r in range(regions)]
     try:
         w = torch.zeros(SIZE)
@@ -83,14 +58,14 @@ def test_turns_match_the_reference(regions, turns, every, local, global_lr, glob
             if r == 0:
                 c.init(initial)
             c.pull(clock=0, out=w)
-            _merged(below[r], 0)  # joined: region 0 offered its weights, the others took the global ones
+            merged(below[r], 0)  # joined: region 0 offered its weights, the others took the global ones
         done = [0] * regions
         for r in turns:
             clients[r].pull(clock=done[r], out=w)
             for _ in range(every):
                 clients[r].push_pull(gradient(r, w.clone()), clock=done[r], out=w)
                 done[r] += 1
-            _merged(below[r], done[r] // every)
+            merged(below[r], done[r] // every)
         for c in clients:
             c.leave()
         finals = [s.join()["upstream"] for s in below]
@@ -160,9 +135,9 @@ def test_free_running_regions_lose_nothing(monkeypatch):
     once, so they end at initial - lr * (every gradient pushed)."""
     monkeypatch.setattr(upstream, "time", _TickingClock())
     regions, lr = 2, 0.125  # a power of two: the sums round alike in any order
-    top, below = _cluster(regions, 3, OptimConfig(name="sgd", lr=lr, momentum=0.0), global_lr=1.0,
+    top, below = cluster(regions, 3, OptimConfig(name="sgd", lr=lr, momentum=0.0), global_lr=1.0,
                           global_momentum=0.0)
-    plan = PartitionPlan((ParamSpec("w", (SIZE,), "float32"),), 1)
+    plan = PLAN
     initial = torch.zeros(SIZE)
     pushes = [40, 57]
     grads = [torch.full((SIZE,), 1.0), torch.full((SIZE,), 2.0)]
@@ -210,13 +185,13 @@ def test_a_region_that_joins_before_region_0_offers_the_global_shard_no_weights(
     """Region 1's shard joins its global shard as soon as its worker says HELLO, with no weights of its own: it
     must not offer any (INIT, first writer wins), or the run would start from whatever its empty buffer held.
     Region 0's initial weights, offered later, are the global shard's."""
-    top, below = _cluster(2, 3, OptimConfig(name="sgd", lr=0.125, momentum=0.0), global_lr=1.0, global_momentum=0.0)
-    plan = PartitionPlan((ParamSpec("w", (SIZE,), "float32"),), 1)
+    top, below = cluster(2, 3, OptimConfig(name="sgd", lr=0.125, momentum=0.0), global_lr=1.0, global_momentum=0.0)
+    plan = PLAN
     clients = [PSClient([below[r].address], plan, worker=r, world_size=2) for r in range(2)]
     initial = torch.linspace(-1.0, 1.0, SIZE)
     try:
         clients[1].hello()
-        link = _wait_for_link(below[1])
+        link = wait_for_link(below[1])
         deadline = time.monotonic() + 20.0
         while link.seq < 2:  # its HELLO answered and its next request sent (a PULL, or an INIT it must not send)
             assert time.monotonic() < deadline, "region 1 never joined its global shard"
@@ -241,20 +216,13 @@ def test_a_region_that_joins_before_region_0_offers_the_global_shard_no_weights(
             s.close()
 
 
-def _wait_for_link(shard: Server, timeout: float = 20.0) -> upstream.Link:
-    deadline = time.monotonic() + timeout
-    while shard._service.upstream.link is None:
-        assert time.monotonic() < deadline, "the regional shard never started its link"
-        time.sleep(0.005)
-    return shard._service.upstream.link
-
 
 def test_a_regional_shard_that_never_had_weights_records_no_sync():
     """Region 0's only worker leaves before it sends the initial weights: the shard never joins its global
     shard (it has nothing to offer), ends as its worker leaves, and its record says so, every count 0."""
-    shard = _region0("tcp://127.0.0.1:9")  # discard: nothing there, and nothing is sent
+    shard = region0("tcp://127.0.0.1:9")  # discard: nothing there, and nothing is sent
     shard.start()
-    c = PSClient([shard.address], PartitionPlan((ParamSpec("w", (SIZE,), "float32"),), 1), worker=0, world_size=1)
+    c = PSClient([shard.address], PLAN, worker=0, world_size=1)
     try:
         c.hello()
         c.leave()
@@ -282,7 +250,7 @@ def test_a_region_silent_past_the_global_timeout(caplog, monkeypatch, heartbeats
                                  optimizer=OptimConfig(name="sgd", lr=lr, momentum=0.0))) for r in range(2)]
     for s in below:
         s.start()
-    plan = PartitionPlan((ParamSpec("w", (SIZE,), "float32"),), 1)
+    plan = PLAN
     pushes, quiet, done = [0, 0], threading.Event(), threading.Event()
 
     def work(r: int) -> None:
@@ -297,7 +265,7 @@ def test_a_region_silent_past_the_global_timeout(caplog, monkeypatch, heartbeats
                 c.push_pull(torch.ones(SIZE), clock=k, out=w)
                 pushes[r] += 1
                 if r == 1 and k == 1:
-                    _merged(below[1], 2)
+                    merged(below[1], 2)
                     time.sleep(1.5)  # silent: the global shard's worker timeout is 0.5 s
                     quiet.set()
             if r == 1:
@@ -331,250 +299,3 @@ def test_a_region_silent_past_the_global_timeout(caplog, monkeypatch, heartbeats
     assert 0 < summary["version"] <= sum(pushes)  # one global update per sync, which may carry several updates
     assert torch.equal(top._service.shard.weights, torch.full((SIZE,), -lr * sum(pushes)))
 
-
-def _region0(top_address: str, **fields) -> Server:
-    return Server(ServerConfig(**{"mode": "async", "workers": 1, "upstream": top_address, "upstream_every": 1,
-                                  "region": 0, "upstream_world": 2, **fields}))
-
-
-def _init(shard: Server) -> PSClient:
-    c = PSClient([shard.address], PartitionPlan((ParamSpec("w", (SIZE,), "float32"),), 1), worker=0,
-                 world_size=1)
-    c.hello()
-    c.init(torch.zeros(SIZE))  # region 0's shard joins its global shard once it has weights
-    return c
-
-
-def _stopped(shard: Server) -> str:
-    """Region 0's `shard` started, given its weights and left by its worker: the line it stopped with."""
-    shard.start()
-    c = _init(shard)
-    try:
-        c.leave()
-        with pytest.raises(upstream.UpstreamError) as err:
-            shard.join()
-    finally:
-        c.close()
-        shard.close()
-    return str(err.value)
-
-
-def test_an_upstream_ready_file_that_is_not_tcp_stops_the_regional_shard_naming_the_option(tmp_path):
-    """(An upstream given as an address is checked by the config tree: tests/unit/test_hierarchy_config.py.)"""
-    ready = tmp_path / "global-0.addr"
-    ready.write_text("ipc:///tmp/psrv-no-such-global\n")
-    assert _stopped(_region0(f"@{ready}")) == (f"--upstream @{ready}: 'ipc:///tmp/psrv-no-such-global': ipc:// is "
-                                              "not a scheme psrv takes here; write tcp://HOST:PORT")
-
-
-def test_a_second_shard_of_a_live_region_is_refused_by_the_global_shard():
-    """Two processes syncing as region 0 at once: the global shard refuses the second (RANK_IN_USE: another
-    session holds the region), and the second regional shard stops saying so."""
-    top = Server(ServerConfig(mode="async", workers=2, optimizer=OptimConfig(name="sgd", lr=1.0, momentum=0.0)))
-    top.start()
-    first = _region0(top.address)
-    first.start()
-    c1 = _init(first)
-    try:
-        _merged(first, 0)
-        said = _stopped(_region0(top.address))
-        c1.leave()
-        first.join()
-    finally:
-        c1.close()
-        first.close()
-        top.close()
-    assert said.startswith(f"the global shard {top.address} refused HELLO: rank 0 is already in use")
-
-
-def test_a_global_shard_that_never_answers_stops_the_regional_shard(monkeypatch):
-    monkeypatch.setattr(upstream, "TIMEOUT", 1.0)
-    said = _stopped(_region0("tcp://127.0.0.1:9"))  # discard: nothing answers there
-    assert said == "HELLO to the global shard tcp://127.0.0.1:9 unanswered in 1s"
-
-
-class _ScriptedGlobal(threading.Thread):
-    """A global 'shard' on psrv's own zmq transport answering as told: WELCOME, OK, then `pull` for the PULL."""
-
-    def __init__(self, pull: Message, hello_again: Message | None = None, *, worker_timeout: float = 10.0,
-                 beats: list[dict] | None = None, delay: float = 0.0, silent: tuple = ()):
-        """`hello_again`: the answer to every HELLO after the first; `beats`: the fields of the answers to the
-        HEARTBEATs in turn (the last for the rest); `delay`: seconds before each answer; `silent`: the message
-        types it never answers."""
-        super().__init__(daemon=True)
-        self.net = create_server("zmq", "tcp://127.0.0.1:0", shard=0, num_shards=1, workers=2)
-        self.address, self.pull, self.stop = self.net.address, pull, threading.Event()
-        self.hello_again, self.hellos = hello_again, 0
-        self.worker_timeout, self.beats, self.heartbeats, self.delay = worker_timeout, beats or [{}], 0, delay
-        self.silent = silent
-
-    def close(self) -> None:
-        self.stop.set()
-        self.join(5)
-        self.net.close()
-
-    def _hello(self, m: Message) -> Message:
-        self.hellos += 1
-        if self.hellos > 1 and self.hello_again is not None:
-            return Message(self.hello_again.type, seq=m.seq, fields=self.hello_again.fields)
-        return Message(MsgType.WELCOME, seq=m.seq, fields={"worker_timeout": self.worker_timeout})
-
-    def _beat(self, m: Message) -> Message:
-        self.heartbeats += 1
-        return Message(MsgType.OK, seq=m.seq, fields=self.beats[min(self.heartbeats, len(self.beats)) - 1])
-
-    def run(self) -> None:
-        answers = {MsgType.HELLO: self._hello, MsgType.HEARTBEAT: self._beat,
-                   MsgType.INIT: lambda m: Message(MsgType.OK, seq=m.seq),
-                   MsgType.PULL: lambda m: Message(self.pull.type, seq=m.seq, fields=self.pull.fields,
-                                                   tensor=self.pull.tensor)}
-        answers[MsgType.PUSH_PULL] = answers[MsgType.PULL]  # a sync: the same weights back
-        while not self.stop.is_set():
-            got = self.net.recv(0.05)
-            if got is not None:
-                msg = decode(got[1])
-                if msg.type in self.silent:
-                    continue
-                time.sleep(self.delay)
-                self.net.send(got[0], encode(answers.get(msg.type, answers[MsgType.INIT])(msg)))
-
-
-def _stopped_by(top: "_ScriptedGlobal") -> str:
-    """_stopped against the scripted `top`, started here and stopped after."""
-    top.start()
-    try:
-        return _stopped(_region0(top.address))
-    finally:
-        top.close()
-
-
-@pytest.mark.parametrize("pull,said", [
-    (Message(MsgType.ERROR, fields={"code": 6, "message": "not now"}), "the global shard {address} refused PULL: not now"),
-    (Message(MsgType.ERROR, fields={"code": 6}), "the global shard {address} refused PULL: {{'code': 6}}"),  # no message
-    (Message(MsgType.OK), "sync with the global shard {address}: AttributeError: "),  # weights without a tensor
-], ids=["refused", "refused-without-a-message", "malformed"])
-def test_a_global_shard_s_refusal_or_malformed_answer_stops_the_regional_shard(caplog, pull, said):
-    caplog.set_level(logging.INFO, logger="psrv.server")
-    top = _ScriptedGlobal(pull)
-    stopped = _stopped_by(top)
-    assert stopped.startswith(said.format(address=top.address))
-    assert "HELLO again" not in caplog.text  # a refusal without `hello` is not a region forgotten
-
-
-def test_a_global_shard_that_forgot_the_region_and_refuses_its_hello_again_stops_the_regional_shard(caplog):
-    """The global shard answers the first PULL as to a region it forgot (`hello`), then refuses the HELLO the
-    region says again: the regional shard stops, naming the HELLO that was refused and why."""
-    caplog.set_level(logging.INFO, logger="psrv.server")
-    top = _ScriptedGlobal(Message(MsgType.ERROR, fields={"code": 6, "message": "who?", "hello": True}),
-                          hello_again=Message(MsgType.ERROR, fields={"code": 6, "message": "not any more"}))
-    stopped = _stopped_by(top)
-    assert stopped == f"the global shard {top.address} refused HELLO: not any more"
-    assert f"region 0: the global shard {top.address} forgot it; HELLO again" in caplog.text
-    assert top.hellos == 2
-
-
-def _scripted_run(top: "_ScriptedGlobal", until=lambda: True, what: str = "", ran: list | None = None,
-                  pushes: int = 0) -> dict:
-    """Region 0's shard against the scripted `top`: its worker says HELLO and sends the initial weights, waits
-    until `until()` holds, pushes `pushes` times and leaves; the shard's summary (the shard appended to `ran`)."""
-    top.start()
-    shard = _region0(top.address)
-    if ran is not None:
-        ran.append(shard)
-    shard.start()
-    c = _init(shard)
-    try:
-        deadline = time.monotonic() + 20.0
-        while not until():
-            assert time.monotonic() < deadline, what
-            time.sleep(0.01)
-        w = torch.zeros(SIZE)
-        for k in range(pushes):
-            c.push_pull(torch.ones(SIZE), clock=k, out=w)
-        c.leave()
-        return shard.join(timeout=60)
-    finally:
-        c.close()
-        shard.close()
-        top.close()
-
-
-def test_a_heartbeat_answered_inactive_says_hello_again_once():
-    """The global shard answers a heartbeat as to a region it dropped (`active` false), then as to an active
-    one: the link says HELLO once more, before the next sync, and never again while it is kept."""
-    top = _ScriptedGlobal(Message(MsgType.OK, tensor=torch.zeros(SIZE)), worker_timeout=0.3,
-                          beats=[{"active": False}, {"active": True}])
-    ran = []  # then a push, whose sync the end waits for: a heartbeat's round trip leaves it no answer to take
-    summary = _scripted_run(top, lambda: top.heartbeats >= 4, "the link sent no heartbeats", ran, pushes=1)
-    assert top.hellos == 2, top.hellos  # the join's HELLO and the one after the inactive answer
-    assert ran[0]._service.upstream.link.beat == pytest.approx(0.3 / 3)  # a third of the global worker timeout
-    assert summary["upstream"]["syncs"] == 1
-
-
-def test_workers_that_leave_while_their_region_joins_wait_for_the_join():
-    """The global shard answers each request 0.2 s late, and region 0's only worker leaves at once: the shard
-    waits for its join (HELLO, INIT, PULL) to end, takes the global weights, and leaves without a sync."""
-    weights = torch.linspace(0.0, 1.0, SIZE)
-    top = _ScriptedGlobal(Message(MsgType.OK, tensor=weights), delay=0.2)
-    summary = _scripted_run(top)
-    assert summary["upstream"]["syncs"] == 0 and top.hellos == 1, summary["upstream"]
-
-
-def test_a_leave_the_global_shard_never_answers_ends_the_regional_shard_after_leave_wait(monkeypatch):
-    """The region's weights are final and its LEAVE goes unanswered: the shard waits LEAVE_WAIT (10 s, here
-    1 s), not the round trip's TIMEOUT (120 s, here 2 s: the link's thread, still waiting, ends then), and ends
-    saying so."""
-    monkeypatch.setattr(upstream, "LEAVE_WAIT", 1.0)
-    monkeypatch.setattr(upstream, "TIMEOUT", 2.0)
-    top = _ScriptedGlobal(Message(MsgType.OK, tensor=torch.zeros(SIZE)), silent=(MsgType.LEAVE,))
-    with pytest.raises(upstream.UpstreamError) as err:
-        _scripted_run(top)
-    assert str(err.value) == f"no answer from the global shard {top.address} in 1s"
-
-
-def test_a_region_whose_workers_leave_while_it_joins_takes_the_global_weights_first():
-    """Region 1 has no weights of its own: its only worker leaves while its join (HELLO, PULL, each answered
-    0.2 s late) is in flight, and the shard still waits for the global weights and takes them before it leaves."""
-    weights = torch.linspace(0.0, 1.0, SIZE)
-    top = _ScriptedGlobal(Message(MsgType.OK, tensor=weights), delay=0.2)
-    top.start()
-    shard = Server(ServerConfig(mode="async", workers=1, first_rank=1, world_size=2, upstream=top.address,
-                                upstream_every=1, region=1, upstream_world=2))
-    shard.start()
-    c = PSClient([shard.address], PartitionPlan((ParamSpec("w", (SIZE,), "float32"),), 1), worker=1, world_size=2)
-    try:
-        c.hello()
-        _wait_for_link(shard)
-        c.leave()
-        summary = shard.join(timeout=60)
-        assert torch.equal(shard._service.shard.weights, weights), shard._service.shard.weights
-        assert summary["upstream"]["syncs"] == 0 and top.hellos == 1
-    finally:
-        c.close()
-        shard.close()
-        top.close()
-
-
-def test_a_links_heartbeats_leave_no_answer_behind():
-    """Heartbeats between two round trips are answered inside the link: the next round trip's answer is its own
-    weights, not a heartbeat's nothing."""
-    weights = torch.linspace(0.0, 1.0, SIZE)
-    top = _ScriptedGlobal(Message(MsgType.OK, tensor=weights), worker_timeout=0.3)  # a heartbeat every 0.1 s
-    top.start()
-    link = upstream.Link(top.address, region=0, regions=2,
-                         hello={"plan_hash": "scripted", "total": SIZE, "num_shards": 1, "shard": 0})
-    link.start()
-    try:
-        link.ask("join")
-        assert torch.equal(link.wait(10.0), weights)
-        deadline = time.monotonic() + 20.0
-        while top.heartbeats < 3:
-            assert time.monotonic() < deadline, "the link sent no heartbeats"
-            time.sleep(0.01)
-        link.ask("sync", torch.ones(SIZE), clock=1)
-        assert torch.equal(link.wait(10.0), weights)
-        link.ask("leave")
-        assert link.wait(10.0) is None and link.answer() is None
-    finally:
-        link.close()
-        top.close()
