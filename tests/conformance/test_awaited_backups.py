@@ -14,8 +14,9 @@ import pytest
 from psrv.protocol import Message, MsgType
 from psrv.protocol.codec import decode, encode
 from psrv.server.replication import primary as primary_module
+from psrv.server.run import Server
 from psrv.transport.zmq_client import ZmqClient
-from tests.conformance.cluster import TIMEOUT, Hooks, one_thread, start_backups  # noqa: F401 (an autouse fixture)
+from tests.conformance.cluster import TIMEOUT, one_thread, start_backups  # noqa: F401 (an autouse fixture)
 from tests.conformance.failures import config, quiet
 from tests.conformance.replica_pair import QUIET_S, wait_for
 
@@ -24,21 +25,20 @@ WAIT_S = 1.5  # AWAIT_BACKUPS (60 s) for the case whose backup never comes
 
 @pytest.fixture
 def awaiting_primary(tmp_path):
-    """(cfg, primary, hooks): shard 0's primary with a witness, told to expect one backup, started; stopped at the
-    end with any backup the case adds to `hooks.extra`."""
+    """(cfg, primary, backups): shard 0's primary with a witness, told to expect one backup, started; stopped at the
+    end with the backups the case appends to `backups`."""
     cfg = quiet(config("async", replicas=1))
-    hooks = Hooks()
-    hooks.extra = []
-    primary = hooks.server(dataclasses.replace(cfg.server_config(0, bind="tcp://127.0.0.1:0"),
-                                               witness=str(tmp_path / "witness")))
+    backups: list[Server] = []
+    primary = Server(dataclasses.replace(cfg.server_config(0, bind="tcp://127.0.0.1:0"),
+                                         witness=str(tmp_path / "witness")))
     primary.service.replication.replicas.expected = 1  # as `rpc_backups` 1 sets it over torch RPC
     primary.start()
     try:
-        yield cfg, primary, hooks
+        yield cfg, primary, backups
     finally:
-        for s in (*hooks.extra, primary):
+        for s in (*backups, primary):
             s.stop()
-        for s in (*hooks.extra, primary):
+        for s in (*backups, primary):
             s.join(TIMEOUT)
 
 
@@ -57,7 +57,7 @@ def answers(worker: ZmqClient, count: int, timeout: float = TIMEOUT) -> list[int
 
 def test_requests_wait_for_the_expected_backup_and_are_answered_in_order_once_it_follows(awaiting_primary, tmp_path,
                                                                                         monkeypatch):
-    cfg, primary, hooks = awaiting_primary
+    cfg, primary, backups = awaiting_primary
     monkeypatch.setattr(primary_module, "AWAIT_BACKUPS", 10 * TIMEOUT)  # only the backup's coming releases them
     replicas = primary.service.replication.replicas
     worker = ZmqClient([primary.address])
@@ -67,7 +67,7 @@ def test_requests_wait_for_the_expected_backup_and_are_answered_in_order_once_it
         wait_for("the primary never held the three requests", lambda: len(replicas.early) == 3)
         assert worker.recv(QUIET_S) is None, "a request was answered before the expected backup followed"
         assert len(replicas.early) == 3 and replicas.expected == 1
-        hooks.extra = start_backups(cfg, [primary], str(tmp_path / "witness"), hooks)
+        backups += start_backups(cfg, [primary], str(tmp_path / "witness"))
         assert answers(worker, 3) == [1, 2, 3]
         assert replicas.early == [] and replicas.expected == 1
         ask(worker, 4)  # with its backup in, a request is served at once
