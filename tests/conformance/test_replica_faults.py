@@ -162,9 +162,12 @@ JOINS_MID_PUSH = [  # (mode, push, chunk: the primary has applied chunks 0..chun
 ]
 
 
-def joined_and_same(cfg, got, join: JoinMidPush, plain) -> None:
-    """The joined backup ended in its primary's configuration with the primary's counts and state, and the run
-    is the run without the join, bit for bit."""
+def joined_and_same(cfg, got, join: JoinMidPush, plain, checked: dict) -> None:
+    """The joined backup ended in its primary's configuration with the primary's counts and state, the run is the
+    run without the join, bit for bit, and its recorded histories hold (psrv check), the joiner sent the state
+    once, at the epoch that added it."""
+    sent = [e for e in held_history(cfg, got, checked, got.out.shards) if e["ev"] == "sent_state"]
+    assert [e["to"] for e in sent] == [join.backup.address], sent
     [record] = [b for b in got.out.backups if b.address == join.backup.address]
     primary = got.out.shards[0]
     assert record.address in primary["backups"] and record.summary["role"] == "backup", record.summary
@@ -175,25 +178,27 @@ def joined_and_same(cfg, got, join: JoinMidPush, plain) -> None:
 
 
 @pytest.mark.parametrize("mode,push,chunk", JOINS_MID_PUSH, ids=[f"{m}-push{p}-chunk{c}" for m, p, c in JOINS_MID_PUSH])
-def test_a_backup_that_asks_to_join_mid_push_is_added_once_the_push_is_whole(mode, push, chunk, plain):
+def test_a_backup_that_asks_to_join_mid_push_is_added_once_the_push_is_whole(mode, push, chunk, plain, tmp_path):
     """The backup asks while a push is half applied; its primary adds it once the push's last chunk is in, and it
     ends with its primary's state and counts; the weights are the run's without it."""
     cfg = quiet(config(mode, chunk_mb=CHUNKS))
     join = JoinMidPush(cfg, push=push, chunk=chunk, at=4)
-    got = run_with(cfg, join)
+    checked: dict = {"folder": str(tmp_path)}
+    got = run_with(cfg, join, checked=checked)
     assert join.death is not None and join.death.chunks > chunk + 1, join.death
     assert (join.joined_with, join.admitted_with) == (chunk + 1, 0), (join.joined_with, join.admitted_with)
-    joined_and_same(cfg, got, join, plain)
+    joined_and_same(cfg, got, join, plain, checked)
 
 
 @pytest.mark.parametrize("shards", [1, 2])
-def test_a_backup_that_joins_mid_barrier_is_sent_the_half_full_clock(shards, plain):
+def test_a_backup_that_joins_mid_barrier_is_sent_the_half_full_clock(shards, plain, tmp_path):
     """Under sync, the backup asks once one worker's push of clock 3 is in and the other's is not: the barrier is
     half full when the primary adds it (the other push waits, as over a slow link). Its state must hold the pushes
     of the open clock, or its version, optimizer state and weights part from its primary's at that clock's commit."""
     cfg = quiet(config("sync", shards=shards))
     join = JoinMidPush(cfg, push=5, chunk=0, at=5)  # pushes 1-4 fill clocks 1 and 2; push 5 half fills clock 3
-    got = run_with(cfg, join)
+    checked: dict = {"folder": str(tmp_path)}
+    got = run_with(cfg, join, checked=checked)
     assert join.death is not None and len(join.death.arrived) == 1, join.death
     assert join.admitted_arrived == join.death.arrived, (join.admitted_arrived, join.death.arrived)
-    joined_and_same(cfg, got, join, plain)
+    joined_and_same(cfg, got, join, plain, checked)
