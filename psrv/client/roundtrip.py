@@ -62,8 +62,9 @@ class WireBytes:
 
 def in_chunks(msg: Message, chunk_bytes: int) -> list[Message]:
     """A dense push or INIT as the messages it goes in: itself, or where the shards take chunks (`chunk_bytes`
-    > 0: PSClient.push_chunk_bytes, once every shard's WELCOME said `chunks`) and its tensor is over
-    chunk_bytes, its chunks (psrv/server/pushes/chunked.py), each a view of the tensor."""
+    > 0: PSClient.push_chunk_bytes, once every shard's WELCOME said `chunks`, and not to a shard that reads the
+    tensor where it lies: RoundTrip.send) and its tensor is over chunk_bytes, its chunks
+    (psrv/server/pushes/chunked.py), each a view of the tensor."""
     t = msg.tensor
     if not chunk_bytes or t is None or msg.parts is not None or "fragment" in msg.fields:  # a fragment goes whole
         return [msg]
@@ -112,8 +113,10 @@ class RoundTrip:
     def send(self, s: int) -> None:
         """Send shard s its request now (once)."""
         if self.frames[s] is None:
-            pieces = in_chunks(self.msgs[s], self.c.push_chunk_bytes if self.c.chunked else 0) if self.chunky \
-                else [self.msgs[s]]
+            t = self.msgs[s].tensor
+            whole = t is not None and self.net.in_place(s, t)  # read where it lies: nothing to bound or pipeline
+            pieces = in_chunks(self.msgs[s], self.c.push_chunk_bytes if self.c.chunked and not whole else 0) \
+                if self.chunky else [self.msgs[s]]
             self.frames[s] = [encode(m) for m in pieces]
             if self.pushing:
                 lo, hi = self.c.ranges[s]

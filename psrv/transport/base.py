@@ -68,6 +68,11 @@ class ClientTransport(abc.ABC):
         payload's size); the frame returned is then `buffer` itself. None withdraws it. A hint: a
         transport may ignore it."""
 
+    def in_place(self, shard: int, tensor) -> bool:
+        """Whether `shard` reads a payload of `tensor` where it lies, with no copy on either side (the shared
+        gradient over shared memory, psrv/transport/shm.py): such a push gains nothing from going in chunks."""
+        return False
+
     def idle(self) -> None:
         """Every request sent so far is answered: memory held for payloads in flight may go."""
 

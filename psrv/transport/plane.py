@@ -59,6 +59,10 @@ class ClientPlane(abc.ABC):
         """`tensor`'s values where this plane can send them by place (see ClientTransport.share)."""
         return tensor
 
+    def in_place(self, tensor) -> bool:
+        """Whether the shard reads a payload of `tensor` where it lies (ClientTransport.in_place)."""
+        return False
+
     def idle(self) -> None:
         """Every payload put so far was answered for (ClientTransport.idle)."""
 

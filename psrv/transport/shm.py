@@ -37,7 +37,7 @@ from typing import Hashable
 import msgpack
 import torch
 
-from psrv.transport.plane import ClientPlane, ServerPlane
+from psrv.transport.plane import MIN_BYTES, ClientPlane, ServerPlane
 from psrv.transport.shm_identity import Identity, boot_id, netns, proven, started
 from psrv.transport.shm_memory import (HEADER, RELEASED_AT, SEQ, Peers, PushSlots, Region, Slot, close_map,
                                        copy, map_peer, payload_of, read_descriptor)
@@ -64,6 +64,12 @@ class ShmClientPlane(ClientPlane):
             return tensor
         self._grads = Region(tensor, "grads")
         return self._grads.tensor
+
+    def in_place(self, tensor: torch.Tensor) -> bool:
+        """A payload of `tensor` is read by the shard where it lies: it is in the shared gradient, and big
+        enough to go by the plane (plane.py MIN_BYTES) rather than inline."""
+        return self._grads is not None and tensor.numel() * tensor.element_size() >= MIN_BYTES and \
+            self._grads.holds(tensor)
 
     def idle(self) -> None:
         for slots in self._push.values():

@@ -79,6 +79,12 @@ class Region(Slot):
         offset = address - self._base
         return offset if HEADER <= offset and offset + payload.nbytes <= self.size else None
 
+    def holds(self, tensor: torch.Tensor) -> bool:
+        """Whether `tensor`'s bytes lie in this region (a view of its tensor: a shard's slice of the gradient)."""
+        offset = tensor.data_ptr() - self._base
+        return tensor.device.type == "cpu" and tensor.is_contiguous() and \
+            HEADER <= offset and offset + tensor.numel() * tensor.element_size() <= self.size
+
     def describe(self, offset: int, n: int, **more) -> dict:
         SEQ.pack_into(self.map, 0, self.seq)
         return self._named(n, off=offset, **more)

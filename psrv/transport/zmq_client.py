@@ -87,6 +87,10 @@ class ZmqClient(ClientTransport):
             tensor = plane.share(tensor)
         return tensor
 
+    def in_place(self, shard: int, tensor) -> bool:
+        plane = self._plane[shard]
+        return plane is not None and plane.in_place(tensor)
+
     def receive_into(self, shard: int, buffer: memoryview | None) -> None:
         self._into[shard] = buffer
 

@@ -31,16 +31,18 @@ PUSHES = (MsgType.PUSH, MsgType.PUSH_PULL)
 def config(mode: str, *, steps: int = 6, shards: int = 1, replicas: int = 0, chunk_mb: float = 0.0,
            optimizer: str = "sgd", local: int = 1, fragments: int = 1, outer: str = "float32",
            plane: str = "inline", rule: str = "plain", compress: str = "", quorum: int = 0, grace: float = 0.0,
-           workers: int = 2, failure_bound: float = FAILURE_BOUND) -> RunConfig:
+           workers: int = 2, failure_bound: float = FAILURE_BOUND, wire: str = "float32") -> RunConfig:
     """A failure case's run: the matrix's tiny job on two workers; sgd is SGD with momentum 0.9 (its state must
     survive the fault), adam Adam; `chunk_mb` > 0 chunks pushes (async and ssp apply them chunk by chunk);
-    tensors inline (the matrix's plain path) or over the shm plane (`plane` "shm", psrv's default on one host);
+    tensors inline (the matrix's plain path) or over the shm plane (`plane` "shm", psrv's default on one host,
+    where a push of the worker's shared gradient goes whole and one of another dtype, `wire`, in chunks);
     `rule` the shards' update rule (its state must survive the fault too); `compress` the push codec (with error
     feedback, and momentum correction under sgd); `quorum` and `grace` sync's merges (--quorum, --quorum-grace);
     `workers` another count of workers."""
     optim = {"name": "sgd", "lr": 0.05, "momentum": 0.9} if optimizer == "sgd" else {"name": optimizer, "lr": 0.003}
     optim.update(update_rule=rule, **({"nesterov": True} if rule in NESTEROV_RULES else {}))  # dn, heloco: their own Nesterov
     worker = {"push_chunk_mb": chunk_mb, "local_steps": local, "fragments": fragments, "outer_dtype": outer,
+              "wire_dtype": wire,
               "request_timeout": 30.0, "compress": compress}
     if local > 1:
         worker.update(inner_optimizer="sgd", inner_lr=0.05)

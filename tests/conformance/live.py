@@ -40,6 +40,8 @@ def why_inert(axis: str, c: dict) -> str | None:
                           (c["codec"] != "none", "a compressed push goes whole"),
                           (c["fragments"] > 1, "a fragment goes whole"),
                           (c["local"] > 1 and c["outer"] in ("int8", "fp4"), "a quantised outer gradient goes whole"),
+                          (c["plane"] == "shm" and c["wire"] == "float32" and (c["local"] == 1 or c["outer"] == "float32"),
+                           "the shard reads the shared gradient in place over shm: it goes whole"),
                           (_slice_bytes(c) <= CHUNK_BYTES, "a shard's push fits one chunk")):
             if cond:
                 return why

@@ -52,7 +52,9 @@ FAILOVERS = [
     Failover("async", 7, chunk=4, unanswered=True, half=4, options=(("chunk_mb", CHUNKS), ("optimizer", "adam"))),
     Failover("ssp", 5, chunk=1, half=1, options=(("chunk_mb", CHUNKS),)),
     Failover("async", 6, chunk=1, half=1, shard=1, options=(("chunk_mb", CHUNKS), ("shards", 2))),
-    Failover("async", 5, chunk=3, half=3, options=(("chunk_mb", CHUNKS), ("plane", "shm"))),
+    # over shm a push of the shared gradient goes whole (read in place); one in bfloat16 is copied into push slots,
+    # chunk by chunk
+    Failover("async", 5, chunk=1, half=1, options=(("chunk_mb", CHUNKS), ("plane", "shm"), ("wire", "bfloat16"))),
     Failover("sync", 6, arrived=1, options=(("plane", "shm"),)),
 ]
 
