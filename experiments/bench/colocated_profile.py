@@ -3,11 +3,11 @@
 python -m psrv.experiments.bench.colocated_profile --size-mb 64 --repeats 30
 The round trip of experiments/bench/colocated.py (a push from the worker's shared gradient to one shard on
 this host, `--shared-memory auto`, SGD without momentum, the weights pulled into the worker's buffer), timed
-from inside: the worker's passes by wrapping the functions its round trip calls (its finiteness sum before
-cutting the push into chunks, psrv/client/roundtrip.py; its copy of the weights out of the shard's memory,
-psrv/transport/shm.py), the shard's by running the same calls on a Shard of the same config in this
-process, on the shard's one thread (is_finite and apply_slice per chunk, as psrv/server/pushes/chunked.py
-does). "wait" is the rest of the worker's wait for the answer: messages, hand-offs, scheduling. Each pass
+from inside: the worker's passes by wrapping the functions its round trip calls (its finiteness sum, which
+a chunked push needs first and a push read in place skips: it goes whole, psrv/client/roundtrip.py; its copy
+of the weights out of the shard's memory, psrv/transport/shm.py), the shard's by running the same calls on a
+Shard of the same config in this process, on the shard's one thread (all_finite and apply on the whole push,
+read in place, as psrv/server/pushes/handler.py's take_whole does). "wait" is the rest of the worker's wait for the answer: messages, hand-offs, scheduling. Each pass
 is also given in memcpys of the model's bytes (torch's copy_ in this process, as colocated.py's baseline).
 """
 from __future__ import annotations
@@ -22,9 +22,8 @@ import torch
 
 import psrv.client.roundtrip as roundtrip
 import psrv.transport.shm as shm
-from psrv.chunking import chunk_count, chunk_range
 from psrv.client.psclient import PSClient
-from psrv.config import OptimConfig, WorkerSettings
+from psrv.config import OptimConfig
 from psrv.experiments.bench.apply import _time
 from psrv.experiments.bench.colocated import _serve
 from psrv.partition import ParamSpec, PartitionPlan
@@ -32,8 +31,6 @@ from psrv.process import tune_malloc
 from psrv.server import validate
 from psrv.server.rules import PushContext
 from psrv.server.shard import Shard
-
-CHUNK_MB = WorkerSettings().push_chunk_mb  # the default a worker cuts its pushes by
 
 
 class Stamps:
@@ -95,7 +92,7 @@ def round_trips(size: int, repeats: int, tmp: Path, in_thread: bool = False) -> 
 
 
 def shard_passes(size: int, repeats: int) -> dict[str, float]:
-    """The shard's passes over one push, on one thread as the bench's shard runs (OMP_NUM_THREADS=1)."""
+    """The shard's passes over one whole push, on one thread as the bench's shard runs (OMP_NUM_THREADS=1)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -103,20 +100,9 @@ def shard_passes(size: int, repeats: int) -> dict[str, float]:
         shard = Shard(n, OptimConfig(name="sgd", lr=1e-9, momentum=0.0))
         shard.init(torch.zeros(n))
         grad = torch.full((n,), 1e-3)
-        k = chunk_count(n, int(CHUNK_MB * 2**20) // 4)
-        chunks = [chunk_range(n, k, i) for i in range(k)]
         ctx = PushContext(0, 0, 0, 0)
-
-        def check():
-            for lo, hi in chunks:
-                validate.all_finite(grad[lo:hi])
-
-        def step():
-            for lo, hi in chunks:
-                shard.apply_slice(grad[lo:hi], lo, hi, ctx)
-            shard.end_slices()
-        return {"shard_sum": statistics.median(_time(check, repeats)),
-                "shard_sgd": statistics.median(_time(step, repeats)), "chunks": len(chunks)}
+        return {"shard_sum": statistics.median(_time(lambda: validate.all_finite(grad), repeats)),
+                "shard_sgd": statistics.median(_time(lambda: shard.apply(grad, ctx), repeats))}
     finally:
         torch.set_num_threads(threads)
 
@@ -141,11 +127,12 @@ def run(size_mb: int, repeats: int, in_thread: bool = False) -> dict:
 
 PASSES = (  # key, where, MB read and written per MB of the model, what
     ("worker_sum", "worker", 1, 0,
-     "finiteness sum of the push before cutting it into chunks (psrv/codecs/push.py finite)"),
+     "finiteness sum before cutting a push into chunks (psrv/codecs/push.py finite): a push read in place "
+     "goes whole, so none should run"),
     ("shard_sum", "shard", 1, 0,
-     "finiteness sum of each chunk, read in place in the worker's memfd (validate.all_finite)"),
+     "finiteness sum of the push, read in place in the worker's memfd (validate.all_finite)"),
     ("shard_sgd", "shard", 2, 1,
-     "SGD step of each chunk: gradient and weights read, weights written (torch's fused sgd)"),
+     "SGD step of the push: gradient and weights read, weights written (torch's fused sgd)"),
     ("worker_copy", "worker", 1, 1,
      "the weights copied out of the shard's memfd into the worker's buffer: the one copy"),
 )
@@ -153,11 +140,12 @@ PASSES = (  # key, where, MB read and written per MB of the model, what
 
 def table(r: dict) -> str:
     mb, copy = r["size_mb"], r["memcpy"]
-    lines = [f"{mb} MB PUSH_PULL from the shared gradient, {r['chunks']} chunks, medians of {r['repeats']}; "
+    lines = [f"{mb} MB PUSH_PULL from the shared gradient, whole, medians of {r['repeats']}; "
              f"memcpy {copy * 1e3:.2f} ms",
              "| pass | where | MB read | MB written | ms | memcpys |", "|---|---|---|---|---|---|"]
     for key, where, read, written, what in PASSES:
-        lines.append(f"| {what} | {where} | {read * mb} | {written * mb} | {r[key] * 1e3:.2f} "
+        ran = r[key] > 0  # a pass that did not run moved no bytes
+        lines.append(f"| {what} | {where} | {read * mb * ran} | {written * mb * ran} | {r[key] * 1e3:.2f} "
                      f"| {r[key] / copy:.2f} |")
     rest = r["wait_less_shard"]
     lines.append(f"| the rest of the wait: messages, hand-offs, scheduling | both | | | {rest * 1e3:.2f} "
@@ -169,7 +157,7 @@ def table(r: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--size-mb", type=int, default=64, help="the model's size in MB (default 64: 8 chunks of 8 MB)")
+    p.add_argument("--size-mb", type=int, default=64, help="the model's size in MB (default 64)")
     p.add_argument("--repeats", type=int, default=30, help="round trips timed, after 2 not counted (default 30)")
     a = p.parse_args(argv)
     print(table(run(a.size_mb, a.repeats)))
