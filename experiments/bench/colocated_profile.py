@@ -7,8 +7,9 @@ from inside: the worker's passes by wrapping the functions its round trip calls 
 a chunked push needs first and a push read in place skips: it goes whole, psrv/client/roundtrip.py; its copy
 of the weights out of the shard's memory, psrv/transport/shm.py), the shard's by running the same calls on a
 Shard of the same config in this process, on the shard's one thread (all_finite and apply on the whole push,
-read in place, as psrv/server/pushes/handler.py's take_whole does). "wait" is the rest of the worker's wait for the answer: messages, hand-offs, scheduling. Each pass
-is also given in memcpys of the model's bytes (torch's copy_ in this process, as colocated.py's baseline).
+read in place, as psrv/server/pushes/handler.py's take_whole does). "wait" is the rest of the worker's wait
+for the answer: messages, hand-offs, scheduling. Each pass is also given in memcpys of the model's bytes
+(torch's copy_ in this process, as colocated.py's baseline).
 """
 from __future__ import annotations
 
