@@ -181,6 +181,10 @@ def test_the_adaptive_windows_end_at_its_edges():
     assert adaptive_end(3.0, {1}, {3}, times, 10.0) == 13.0  # no re-push known inside: the ceiling
     times.saw(1, 10.0)
     assert 1 not in times.gap  # forgotten whole: its next push is its first
+    times.forget(9)  # a worker that left before it ever pushed: nothing to forget, and no error
+    times.saw(4, 0.5)
+    times.forget(4)  # one that left after one push: a last push, no interval yet
+    assert 4 not in times.last and 4 not in times.gap
 
 
 def _scripted(events, *, ceiling: float) -> list[int]:
