@@ -221,3 +221,29 @@ def test_a_worker_that_says_hello_again_is_new_to_the_window():
     events = [(0.0, 0), (0.1, 1), (0.5, 2), (1.0, 0), (1.1, 1), (2.0, 0), (2.1, 1), (3.0, 0), (3.1, 1), (4.0, 0),
               (4.1, 1), (4.5, 2), (5.0, 0), (5.1, 1), (5.2, 2, "hello"), (6.0, 0), (6.1, 1)]
     assert _scripted(events, ceiling=10.0) == [0, 0, 1, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 6, 6]
+
+
+def test_a_loaded_merge_that_has_its_quorum_gets_a_window_from_the_load():
+    """A shard's state holds no time, so a shard that loads one (a checkpoint resumed, a primary's state on its
+    backup, which may be promoted) starts each loaded merge's window from the load. Q = 1 of 3, 0.5 s: the
+    source's merge has worker 0's push (its window opened at 100.0); the loader, whose own window (its merge
+    with worker 1's push, 100.1) is replaced, loads at 100.3. At 100.7 its window (to 100.8) is not over; a
+    request at 100.9 closes the merge with worker 0's push alone. Without a window from the load, the merge
+    stayed open until its next push; with the replaced one kept, it closed at 100.7 (and with worker 1's gradient
+    gone)."""
+    clock = [100.0]
+    kw = dict(mode="sync", workers=3, optim=SGD, quorum=1, quorum_grace=0.5, now=lambda: clock[0])
+    source, loader = Driven(**kw), Driven(**kw)
+    w0, (g0, g1) = source.weights, grads(2)
+    source.send(0, MsgType.PUSH, clock=0, tensor=g0)
+    clock[0] = 100.1
+    loader.send(1, MsgType.PUSH, clock=0, tensor=g1)
+    clock[0] = 100.3
+    loader.svc.checkpoints.load_state_dict(source.svc.checkpoints.state_dict())
+    clock[0] = 100.7
+    loader.send(2, MsgType.PULL, clock=0)
+    assert loader.counts()[1] == 0
+    clock[0] = 100.9
+    loader.send(2, MsgType.PULL, clock=0)
+    assert loader.counts()[1] == 1
+    assert torch.allclose(loader.weights, w0 - g0, atol=1e-6)

@@ -55,6 +55,7 @@ class Checkpoints:
         self.service.membership.plans.resumed(s.plan_hash)
         s.shard.param.data = s.transport.share(s.shard.param.data)
         s.resumed_from = s.shard.version
+        self.service.pushes.reloaded()
         active = s.controller.active
         s.stats.membership(active, {w: s.controller.clocks.get(w, 0) for w in active})
         log.info("shard %d: resumed from %s at version %d (active workers %s)", s.cfg.shard, source,

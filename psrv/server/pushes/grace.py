@@ -116,6 +116,13 @@ class GraceWindow:
     def forget(self, worker: int) -> None:
         self.times.forget(worker)
 
+    def restart(self) -> None:
+        """Another state was loaded (a checkpoint, or a primary's state on its backup): the windows held were the
+        merges replaced; a loaded merge that has its Q workers gets a window from now (`opened`, called by the
+        push handler's `reloaded`), as the state holds no time."""
+        self.until.clear()
+        self._planned = None
+
     def take(self, judged: dict | None) -> bool:
         """The request in hand's judgement, before it is handled: True where it ends a merge's window."""
         if not self.seconds or not judged or not judged.get("merge_due"):

@@ -49,6 +49,14 @@ class Pushes:
         self.chunks.init = None
         self.held = HeldPushes()
 
+    def reloaded(self) -> None:
+        """A state was loaded in place of the shard's: the grace windows start anew from it. A state is saved
+        between requests, when no merge or barrier is ready (each request that could make one ready commits it),
+        so this commits nothing; it opens a window for each loaded merge that has its Q workers. That keeps true
+        what `end_grace` relies on: between requests, nothing is ready and every merge with its Q has a window."""
+        self.grace.restart()
+        self.commit_if_ready()
+
     # --- requests -------------------------------------------------------------
     def on_init(self, peer, msg: Message) -> None:
         if "chunk" in msg.fields:  # psrv/server/pushes/chunked.py

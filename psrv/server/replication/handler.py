@@ -75,6 +75,7 @@ class Replication:
             s.speeds.seconds = {int(w): float(v) for w, v in extra["speeds"].items()}
         for worker in extra["finishing"] or ():  # as the primary's finish did (a quorum's counts move with it)
             s.controller.finish(int(worker))
+        self.service.pushes.commit_if_ready()  # as the primary did after each finish: a merge met now gets its window
 
     def on_stream(self, peer: Hashable, frames: list) -> None:
         """A replication message: a backup asking to join (we are the primary), or the primary's stream (we
