@@ -167,3 +167,21 @@ def test_heloco_at_exact_norms_and_a_cosine_of_zero(delta, m, branch):
     counts = correct(torch.tensor(delta), torch.tensor(m), o, out)
     assert counts[branch] == 1 and sum(counts) == 1, counts
     assert not torch.equal(out, torch.tensor(delta))  # the block moved
+
+
+def test_heloco_at_the_scale_where_its_epsilon_counts():
+    """conf's ε (1e-8) is the paper's guard where |Δ_b| + κ|m_b| is near zero; the other cases' pseudo-gradients
+    are 1e8 times larger, where ε moves conf by 1e-8 relative. Here every value is about 1e-9 (blocks of 37:
+    |Δ_b| near 6e-9, the ε's own size), weights too, and psrv's weights and momentum are held against the
+    reference's relatively: an ε of the other sign, or left out, moves them by far more than the tolerance."""
+    knobs = dict(KNOBS[1], heloco_kappa=1.0)
+    o = OptimConfig("sgd", lr=0.05, momentum=0.9, nesterov=True, update_rule="heloco", **knobs)
+    s = Shard(SIZE, o)
+    s.init(randn(1) * 1e-9)
+    ref = ServerMath(settings(o), randn(1) * 1e-9, workers=2, mode="async")
+    for i, push in enumerate(pushes(12)):
+        s.apply(push * 1e-9, PushContext(i % 2, staleness=i % 3))
+        ref.step(push * 1e-9, worker=i % 2, staleness=i % 3)
+    assert min(ref.heloco_cases[k] for k in ("shrunk", "reoriented")) > 0, ref.heloco_cases
+    torch.testing.assert_close(s.param.data, ref.w, rtol=1e-4, atol=1e-15)
+    torch.testing.assert_close(s.rule.momentum, ref.heloco_m, rtol=1e-4, atol=1e-15)
