@@ -15,7 +15,7 @@ small tensors (under compress_min_numel) sent exactly beside the codec, and erro
 - SparseLoCo's (Sarfi et al. 2025, and the quantiser of its reference code, tplr's TopKCompressor with 4 bins
   over 6 sigma): the covered elements in chunks of 4096, in each the max(1, round(4096 ratio)) of largest |x_i|
   (a shorter last chunk: at most its length); over those K values v, shift = mean v, c = v - shift,
-  sigma = |c| / sqrt(K - 1), step = 6 sigma / 4 (1 if 0), code = clamp(round(c / step + 2), 0, 3), and each is
+  sigma = |c| / sqrt(K - 1), step = 6 sigma / 4 (1 if 0 or not finite in float32), code = clamp(round(c / step + 2), 0, 3), and each is
   received as shift + the mean of the c that share its code.
 - error feedback (EF-SGD, Karimireddy et al. 2019): x = g + e; send C(x); e <- x - C(x) once the push
   was applied (a dropped push leaves e as it was). With a decay beta (SparseLoCo's accumulator): x = g + beta e.
@@ -81,7 +81,9 @@ def _sparseloco(x: torch.Tensor, among: torch.Tensor, ratio: float) -> tuple[tor
     v = x[chosen]
     c = v - v.mean()
     sigma = c.norm() / math.sqrt(v.numel() - 1) if v.numel() > 1 else torch.tensor(0.0)
-    step = float(6.0 * sigma / 4) or 1.0  # in float32, as the codec rounds it: a code at a boundary goes one way
+    step = float(6.0 * sigma / 4)  # in float32, as the codec rounds it: a code at a boundary goes one way
+    if step == 0.0 or not math.isfinite(step):
+        step = 1.0
     codes = torch.round(c / step + 2).clamp(0, 3)
     out = x.clone()
     out[among] = 0.0

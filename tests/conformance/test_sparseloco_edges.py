@@ -186,3 +186,24 @@ def test_an_empty_selection_quantises_to_a_finite_table():
     from psrv.codecs.sparseloco import quantise
     codes, table = quantise(torch.empty(0))
     assert codes.numel() == 0 and bool(torch.isfinite(table).all()), table
+
+
+def test_a_spread_that_overflows_float32_quantises_with_a_step_of_one():
+    """Chosen values near 1e18: 6 sigma / 4 overflows float32 (the sum of squares passes 3.4e38), and the step is 1
+    (docs/compression.md), as where it is 0: codes by sign then (the values far from their mean), four finite
+    values. An infinite step would put every chosen value in the middle code: all one value, their mean."""
+    x = vector(4) * 1e18
+    cover = torch.ones(N, dtype=torch.bool)
+    want, chosen = received("sparseloco", x, cover, ratio=0.05, draw=None)
+    got = sent(x, 0.05, [])
+    assert bool(torch.isfinite(got).all())
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+    values = got[chosen].unique()
+    assert values.numel() >= 2 and bool((values < 0).any() and (values > 0).any()), values
+    # the step's own size: a chosen value about 1 above the mean takes code 3 at a step of 1 (round(0.99 + 2)),
+    # code 2 at a step of 2, where it would be received as itself, not as the mean of the +1e19 values' code
+    y = torch.tensor([1e19, -1e19] * 8 + [1.0])
+    want = received("sparseloco", y, torch.ones(y.numel(), dtype=torch.bool), ratio=1.0, draw=None)[0]
+    got = sent(y, 1.0, [])
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+    assert got[-1].item() > 1e18, got[-1]
