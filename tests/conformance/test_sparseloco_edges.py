@@ -207,3 +207,27 @@ def test_a_spread_that_overflows_float32_quantises_with_a_step_of_one():
     got = sent(y, 1.0, [])
     torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
     assert got[-1].item() > 1e18, got[-1]
+
+
+def test_a_value_far_below_the_others_takes_the_lowest_code():
+    """19 chosen values of 1 and one of -100: the outlier is 4.2 sigma below the mean, round(c / step + 2) is -1,
+    and the clamp puts it in code 0, received as itself. Unclamped, its code wraps in uint8 (255, whose low two
+    bits are code 3) and it would be received as the 1s' value (the mutation run's survivor: no other case has a
+    chosen value that far below the mean)."""
+    y = torch.ones(20)
+    y[7] = -100.0
+    want = received("sparseloco", y, torch.ones(20, dtype=torch.bool), ratio=1.0, draw=None)[0]
+    got = sent(y, 1.0, [])
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+    assert got[7].item() == pytest.approx(-100.0) and got[0].item() == pytest.approx(1.0)
+
+
+def test_a_spread_that_underflows_float32_quantises_with_a_step_of_one():
+    """Chosen values near 1e-30: their squares underflow, sigma is 0 though they differ, and the step is 1, as for
+    equal values: every value in the middle code, received as their mean. A step of 0 kept would code each by the
+    sign of its distance from the mean (an infinite quotient) and receive other values."""
+    y = torch.tensor([1e-30, -1e-30, 3e-30])
+    want = received("sparseloco", y, torch.ones(3, dtype=torch.bool), ratio=1.0, draw=None)[0]
+    got = sent(y, 1.0, [])
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+    assert torch.equal(got, torch.full((3,), got[0].item())), got
