@@ -123,6 +123,25 @@ def test_a_backup_from_the_replica_state_counts_a_finished_worker_out_as_its_pri
     assert b.svc.shard.version == a.svc.shard.version == 1 and torch.equal(b.weights, a.weights)
 
 
+def test_a_checkpoint_forgets_who_finished_so_a_merge_it_makes_ready_commits_at_the_load():
+    """A checkpoint leaves out the workers that sent their final pull (a resumed run's workers start again): the
+    quorum merge of worker 0's push (finished) and worker 1's, one of Q = 2 on the primary, has its two once
+    loaded, and commits at the load, as after any change that makes a merge ready; not at the next request."""
+    a = Svc(mode="sync", workers=3, quorum=2)
+    for w in range(3):
+        a.hello(w)
+    a.req(MsgType.INIT, 0, seq=2, tensor=torch.linspace(0, 1, SIZE))
+    a.req(MsgType.PUSH, 0, seq=10, clock=0, tensor=g(1))
+    a.req(MsgType.PULL, 0, seq=11, clock=1, final=True)
+    a.req(MsgType.PUSH, 1, seq=10, clock=0, tensor=g(2))
+    assert a.svc.shard.version == 0
+    b = Svc(mode="sync", workers=3, quorum=2)
+    b.svc.load_state_dict(a.svc.state_dict())
+    assert b.svc.controller.finishing == set() and b.svc.shard.version == 1
+    want = torch.linspace(0, 1, SIZE) - 0.1 * (g(1) + g(2)) / 2
+    assert torch.allclose(b.weights, want, atol=1e-6), (b.weights - want).abs().max()
+
+
 def test_a_state_dict_is_plain_data_that_survives_torch_save():
     state = trained("sync", ADAM).svc.state_dict()
     assert set(state) == {"shard", "num_shards", "workers", "mode", "optimizer", "plan_hash", "size",

@@ -43,10 +43,12 @@ class Checkpoints:
         return snapshot.compose(s.cfg, snapshot.Parts(s.plan_hash, s.shard, s.controller, s.dedup, s.liveness,
                                                       s.fragments))
 
-    def load_state_dict(self, state: dict, *, source: str = "state dict") -> None:
+    def load_state_dict(self, state: dict, *, source: str = "state dict", finishing=()) -> None:
         """Carry on from `state` (a state_dict of this job's shard): every part is built and checked
         first, then swapped in at once, and the pushes in flight on the state replaced are forgotten
-        (Pushes.forget_in_flight); CheckpointError, with nothing changed, if it does not fit."""
+        (Pushes.forget_in_flight); CheckpointError, with nothing changed, if it does not fit. `finishing`: the
+        workers that sent their final pull, which a checkpoint leaves out and a primary's state holds
+        (psrv/server/replication/handler.py): counted out before the loaded merges are looked at."""
         s = self.state
         fresh = Liveness(timeout=s.liveness.timeout, join_timeout=s.liveness.join_timeout, now=s.now)
         parts = snapshot.build(state, s.cfg, liveness=fresh, source=source)
@@ -55,6 +57,8 @@ class Checkpoints:
         self.service.membership.plans.resumed(s.plan_hash)
         s.shard.param.data = s.transport.share(s.shard.param.data)
         s.resumed_from = s.shard.version
+        for worker in finishing:  # as the primary's finish did (a quorum's counts move with it)
+            s.controller.finish(int(worker))
         self.service.pushes.reloaded()
         active = s.controller.active
         s.stats.membership(active, {w: s.controller.clocks.get(w, 0) for w in active})

@@ -50,10 +50,12 @@ class Pushes:
         self.held = HeldPushes()
 
     def reloaded(self) -> None:
-        """A state was loaded in place of the shard's: the grace windows start anew from it. A state is saved
-        between requests, when no merge or barrier is ready (each request that could make one ready commits it),
-        so this commits nothing; it opens a window for each loaded merge that has its Q workers. That keeps true
-        what `end_grace` relies on: between requests, nothing is ready and every merge with its Q has a window."""
+        """A state was loaded in place of the shard's: the grace windows start anew from it, and a merge or barrier
+        the loaded state makes ready commits, as after any change that can make one ready. A primary's state,
+        with its finishing workers counted out first, has none ready (it was saved between requests); a
+        checkpoint, which forgets who finished, may (a merge that now counts a finished worker's push). This
+        keeps true what `end_grace` relies on: between requests, nothing is ready and every merge with its Q has a
+        window."""
         self.grace.restart()
         self.commit_if_ready()
 

@@ -61,7 +61,7 @@ class Replication:
         s, pulls = self.state, self.service.pulls
         state = dict(state)
         extra = {k: state.pop(k, None) for k in ("pulls", "pending", "stats", "sessions", "speeds", "finishing")}
-        self.service.checkpoints.load_state_dict(state, source=source)
+        self.service.checkpoints.load_state_dict(state, source=source, finishing=extra["finishing"] or ())
         s.resumed_from = None  # a backup carries the shard on; it did not resume a checkpoint
         if extra["pulls"] is not None:
             pulls.copies.load_state_dict(extra["pulls"], s.shard.size, s.shard.device)
@@ -73,9 +73,6 @@ class Replication:
             self.service.membership.sessions.load_state_dict(extra["sessions"])
         if extra["speeds"] is not None:
             s.speeds.seconds = {int(w): float(v) for w, v in extra["speeds"].items()}
-        for worker in extra["finishing"] or ():  # as the primary's finish did (a quorum's counts move with it)
-            s.controller.finish(int(worker))
-        self.service.pushes.commit_if_ready()  # as the primary did after each finish: a merge met now gets its window
 
     def on_stream(self, peer: Hashable, frames: list) -> None:
         """A replication message: a backup asking to join (we are the primary), or the primary's stream (we
