@@ -187,7 +187,8 @@ def test_a_state_saved_before_voided_skipped_and_joining_were_kept_loads_with_no
 def test_the_slowest_active_clock_is_kept_through_pushes_leaves_and_joins(mode):
     """The controllers keep the slowest active worker's clock incrementally (a leave or join counts one clock, not
     every worker's): after every step of a random run of pushes, leaves and rejoins it is the minimum over the
-    active workers' clocks, written out here, and clock_gap and SSP's pulls follow it."""
+    active workers' clocks, written out here, and clock_gap and SSP's pulls follow it (a pull at or behind the
+    slowest clock has a gap of 0: the summary's max_clock_gap is 0 under sync)."""
     import random
     draw = random.Random(7)
     c = make_controller("sync" if mode == "quorum" else mode, 5, staleness=2, quorum=2 if mode == "quorum" else 0)
@@ -210,6 +211,7 @@ def test_the_slowest_active_clock_is_kept_through_pushes_leaves_and_joins(mode):
         want = min((clocks[x] for x in active), default=0)
         assert c.min_clock() == want, (mode, w, what, clocks, active)
         assert c.clock_gap(want + 3) == (3 if active else 0)
+        assert c.clock_gap(want) == c.clock_gap(max(0, want - 1)) == 0  # the slowest, or behind it: no gap
 
 
 @pytest.mark.parametrize("mode", ["sync", "quorum"])
