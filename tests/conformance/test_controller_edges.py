@@ -5,7 +5,7 @@ worker that rejoins while the others push (it counts from the next clock), a res
 the workers are at, and its state through a checkpoint, whole (the matrix restarts no sync shard mid-clock)."""
 import pytest
 
-from psrv.server.consistency import Decision, make_controller
+from psrv.server.consistency import AsyncController, Decision, make_controller
 from psrv.server.consistency.ssp import SSPController
 from psrv.server.consistency.sync import SyncController
 
@@ -266,3 +266,18 @@ def test_a_finished_worker_that_joins_again_pushes_again(mode):
         assert (c.counted_from(1), c.counted_from(2)) == (c.open_clock + 1, c.open_clock + 1)
     else:
         assert c.pushing() == {0, 1, 2} and c.pushing_count() == 3
+
+
+def test_make_controllers_defaults_are_the_plain_modes():
+    """make_controller is psrv.server.consistency's public constructor: a setting left out is the plain mode's,
+    as the CLI's defaults are (no backup workers, SSP's bound 0, a quorum with no age limit and no window). Its
+    bound behaviour follows: BSP waits for all three workers."""
+    sync = make_controller("sync", 3)
+    assert isinstance(sync, SyncController) and sync.backup_workers == 0
+    for w in (0, 1):
+        sync.push(w, 0)
+    assert not sync.commit_ready()  # a backup worker would let two of three close the clock
+    assert make_controller("ssp", 3).staleness == 0
+    quorum = make_controller("sync", 3, quorum=2)
+    assert (quorum.quorum, quorum.max_age, quorum.grace) == (2, 0, False)
+    assert isinstance(make_controller("async", 3), AsyncController)
