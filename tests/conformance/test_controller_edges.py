@@ -281,3 +281,5 @@ def test_make_controllers_defaults_are_the_plain_modes():
     quorum = make_controller("sync", 3, quorum=2)
     assert (quorum.quorum, quorum.max_age, quorum.grace) == (2, 0, False)
     assert isinstance(make_controller("async", 3), AsyncController)
+    with pytest.raises(ValueError, match=r"^mode must be one of sync, async, ssp; got 'bsp'$"):
+        make_controller("bsp", 3)
