@@ -283,3 +283,15 @@ def test_make_controllers_defaults_are_the_plain_modes():
     assert isinstance(make_controller("async", 3), AsyncController)
     with pytest.raises(ValueError, match=r"^mode must be one of sync, async, ssp; got 'bsp'$"):
         make_controller("bsp", 3)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async", "ssp"])
+def test_a_state_with_no_active_worker_loads_with_the_slowest_clock_0(mode):
+    """A shard's last checkpoint may be written after every worker left: loaded (--resume), its active set is empty,
+    and the slowest active clock is 0, as a controller's whose workers all left, not an error or another clock."""
+    c = make_controller(mode, 2, staleness=1)
+    c.load_state_dict({"mode": mode, "active": [], "clocks": {0: 4, 1: 6}, **({"open_clock": 6, "arrived": [],
+                       "voided": [], "skipped": 0, "joining": {}} if mode == "sync" else {})})
+    assert c.active == set() and c.min_clock() == 0 and c.clock_gap(6) == 0
+    c.join(0)
+    assert c.min_clock() == 4
