@@ -102,11 +102,8 @@ def test_a_service_carries_on_from_its_state_dict_exactly(mode, optim):
     assert b.svc.state.stats.duplicates == 1 and not b.svc.state.stats.dropped
 
 
-@pytest.mark.parametrize("mode,quorum", [("sync", 2), ("sync", 0)], ids=["quorum", "barrier"])
-def test_a_backup_from_the_replica_state_counts_a_finished_worker_out_as_its_primary_does(mode, quorum):
-    """Worker 0 pushed and sent its final pull; the state a joining backup loads says so: the backup's merge (or
-    barrier) waits for workers 1 and 2, as the primary's does, instead of closing on 0's push and 1's (it did,
-    in a fresh-clone run: rule 3 of the history flagged the backup's merge after the failover)."""
+def finished_and_pushed(mode: str, quorum: int) -> "Svc":
+    """A shard of 3 workers: worker 0 pushed clock 0 and sent its final pull, then worker 1 pushed clock 0."""
     a = Svc(mode=mode, workers=3, quorum=quorum)
     for w in range(3):
         a.hello(w)
@@ -114,6 +111,15 @@ def test_a_backup_from_the_replica_state_counts_a_finished_worker_out_as_its_pri
     a.req(MsgType.PUSH, 0, seq=10, clock=0, tensor=g(1))
     a.req(MsgType.PULL, 0, seq=11, clock=1, final=True)
     a.req(MsgType.PUSH, 1, seq=10, clock=0, tensor=g(2))
+    return a
+
+
+@pytest.mark.parametrize("mode,quorum", [("sync", 2), ("sync", 0)], ids=["quorum", "barrier"])
+def test_a_backup_from_the_replica_state_counts_a_finished_worker_out_as_its_primary_does(mode, quorum):
+    """Worker 0 pushed and sent its final pull; the state a joining backup loads says so: the backup's merge (or
+    barrier) waits for workers 1 and 2, as the primary's does, instead of closing on 0's push and 1's (it did,
+    in a fresh-clone run: rule 3 of the history flagged the backup's merge after the failover)."""
+    a = finished_and_pushed(mode, quorum)
     b = Svc(mode=mode, workers=3, quorum=quorum)
     b.svc.replication.load_replica_state(a.svc.replication.replica_state(), source="the primary")
     for s in (a, b):
@@ -127,13 +133,7 @@ def test_a_checkpoint_forgets_who_finished_so_a_merge_it_makes_ready_commits_at_
     """A checkpoint leaves out the workers that sent their final pull (a resumed run's workers start again): the
     quorum merge of worker 0's push (finished) and worker 1's, one of Q = 2 on the primary, has its two once
     loaded, and commits at the load, as after any change that makes a merge ready; not at the next request."""
-    a = Svc(mode="sync", workers=3, quorum=2)
-    for w in range(3):
-        a.hello(w)
-    a.req(MsgType.INIT, 0, seq=2, tensor=torch.linspace(0, 1, SIZE))
-    a.req(MsgType.PUSH, 0, seq=10, clock=0, tensor=g(1))
-    a.req(MsgType.PULL, 0, seq=11, clock=1, final=True)
-    a.req(MsgType.PUSH, 1, seq=10, clock=0, tensor=g(2))
+    a = finished_and_pushed("sync", 2)
     assert a.svc.shard.version == 0
     b = Svc(mode="sync", workers=3, quorum=2)
     b.svc.load_state_dict(a.svc.state_dict())
