@@ -59,11 +59,11 @@ class Checkpoints:
         s.resumed_from = s.shard.version
         for worker in finishing:  # as the primary's finish did (a quorum's counts move with it)
             s.controller.finish(int(worker))
-        self.service.pushes.reloaded()
         active = s.controller.active
         s.stats.membership(active, {w: s.controller.clocks.get(w, 0) for w in active})
         log.info("shard %d: resumed from %s at version %d (active workers %s)", s.cfg.shard, source,
                  s.shard.version, sorted(active))
+        self.service.pushes.reloaded()  # after the line above: a merge it commits is logged after the resume
 
     def save(self) -> str | None:
         """Write this shard's checkpoint and return once it is on disk (after any write in flight); None
