@@ -1,0 +1,106 @@
+"""What a primary does with its backup's answers (psrv/server/replication/primary.py `_answer`, `_drop`): the
+backup here is a line of our own, a psrv ZmqServer that joins a real primary (a psrv.Server thread on 127.0.0.1
+with a witness) as a backup does and then answers by hand, so the answers a correct backup never sends can be
+sent, at a moment the case chooses.
+
+- a malformed answer is no ack: the reply the primary holds for the backup's ack still waits for it;
+- a "gap" answer (the backup missed an op) drops the backup at a new epoch, and the primary sends it the state
+  again at the next one, unasked (the backup also asks by itself: here it does not)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from psrv.server.replication import stream
+from psrv.server.replication.witness import Witness
+from psrv.server.run import Server
+from psrv.transport.zmq import ZmqServer
+from psrv.transport.zmq_client import ZmqClient
+from tests.conformance.cluster import TIMEOUT, one_thread  # noqa: F401 (an autouse fixture)
+from tests.conformance.failures import config
+from tests.conformance.replica_pair import QUIET_S, heartbeat, wait_for
+
+# the failure bound: a backup silent on an op is dropped after this long (the ack timeout), so a case's own pause
+# between two answers, on a loaded machine, is not taken for a silent backup (the highest bound the worker
+# timeout of failures.py allows: psrv/timeouts.py check)
+BOUND = 12.0
+
+
+class HandBackup:
+    """A backup's two lines: the address the primary streams to (a ZmqServer, as a backup's shard has) and a link
+    to the primary to say "join" on (a backup's follower link)."""
+
+    def __init__(self, primary: Server):
+        self.server = ZmqServer("tcp://127.0.0.1:0")
+        self.address = self.server.address
+        self.to_primary = ZmqClient([primary.address], link=True)
+        self.peer = None  # the primary's stream link, once it sent something
+
+    def join(self) -> None:
+        self.to_primary.send(0, stream.frames_of("join", 0, address=self.address))
+
+    def next_op(self, op: str, timeout: float = TIMEOUT) -> dict:
+        """The header of the next stream message `op` the primary sends (pings skipped)."""
+        while True:
+            got = self.server.recv(timeout)
+            assert got is not None, f"the primary sent no {op!r} within {timeout:g}s"
+            self.peer, frames = got
+            head, _ = stream.read(frames)
+            if head["op"] == op:
+                return head
+            assert head["op"] == "ping", head
+
+    def say(self, frames: list) -> None:
+        self.server.send(self.peer, frames)
+
+    def close(self) -> None:
+        self.to_primary.close()
+        self.server.close()
+
+
+@pytest.fixture
+def joined(tmp_path):
+    """(primary, hand backup, its state's header): shard 0's primary with a witness, the hand backup joined and
+    sent the state, not yet acknowledged; both stopped at the end."""
+    cfg = config("async", replicas=1, failure_bound=BOUND)
+    primary = Server(dataclasses.replace(cfg.server_config(0, bind="tcp://127.0.0.1:0"),
+                                         witness=str(tmp_path / "witness"))).start()
+    backup = HandBackup(primary)
+    try:
+        backup.join()
+        yield primary, backup, backup.next_op("state")
+    finally:
+        backup.close()
+        primary.stop()
+        primary.join(TIMEOUT)
+
+
+def test_a_malformed_answer_is_no_ack_and_the_held_reply_waits_for_the_real_one(joined):
+    primary, backup, state = joined
+    replicas = primary.service.replication.replicas
+    assert replicas.unacked == state["n"]
+    worker = heartbeat(primary)  # its reply waits until the backup holds every op sent: the state
+    try:
+        wait_for("the primary never waited for the state's ack", lambda: replicas.unacked is None)
+        backup.say([stream.MARK, b"\x93\x01\x02\x03"])  # msgpack, but no header: stream.read refuses it
+        assert worker.recv(QUIET_S) is None, "a malformed answer released the reply held for the backup's ack"
+        backup.say(stream.frames_of("ack", state["epoch"], n=state["n"]))
+        assert worker.recv(TIMEOUT) is not None, "the backup's ack did not release the held reply"
+        assert [b.address for b in replicas.backups] == [backup.address]
+        assert primary.service.replication.epoch == state["epoch"]
+    finally:
+        worker.close()
+
+
+def test_a_gap_drops_the_backup_and_the_primary_sends_it_the_state_again_unasked(joined, tmp_path):
+    primary, backup, state = joined
+    backup.say(stream.frames_of("ack", state["epoch"], n=state["n"]))
+    backup.say(stream.frames_of("gap", state["epoch"], n=state["n"] + 1))
+    again = backup.next_op("state")  # no "join" said since the first
+    witness = Witness(str(tmp_path / "witness"), 0)
+    dropped = witness.read(state["epoch"] + 1)
+    assert (dropped.primary, dropped.backups) == (primary.address, ())
+    assert dropped.why == f"drop {backup.address}: it missed op {state['n'] + 1}"
+    assert again["epoch"] == state["epoch"] + 2
+    assert witness.latest().backups == (backup.address,)
