@@ -5,10 +5,13 @@ sent, at a moment the case chooses.
 
 - a malformed answer is no ack: the reply the primary holds for the backup's ack still waits for it;
 - a "gap" answer (the backup missed an op) drops the backup at a new epoch, and the primary sends it the state
-  again at the next one, unasked (the backup also asks by itself: here it does not)."""
+  again at the next one, unasked (the backup also asks by itself: here it does not);
+- a gap the witness cannot record (its shard folder a file, as test_witness_faults.py breaks it) drops nothing,
+  and the held reply still waits for the backup's ack."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -104,3 +107,25 @@ def test_a_gap_drops_the_backup_and_the_primary_sends_it_the_state_again_unasked
     assert dropped.why == f"drop {backup.address}: it missed op {state['n'] + 1}"
     assert again["epoch"] == state["epoch"] + 2
     assert witness.latest().backups == (backup.address,)
+
+
+def test_a_gap_the_witness_cannot_record_keeps_the_backup_and_the_held_reply_waits_for_its_ack(joined, tmp_path):
+    primary, backup, state = joined
+    replicas = primary.service.replication.replicas
+    worker = heartbeat(primary)
+    shard = Path(tmp_path / "witness" / "shard-0")
+    away = shard.with_name("shard-0.away")
+    try:
+        wait_for("the primary never waited for the state's ack", lambda: replicas.unacked is None)
+        shard.rename(away)
+        shard.write_text("not a folder")
+        backup.say(stream.frames_of("gap", state["epoch"], n=state["n"] + 1))
+        assert worker.recv(QUIET_S) is None, "a gap the witness could not record released the held reply"
+        assert [b.address for b in replicas.backups] == [backup.address]
+        assert primary.service.replication.epoch == state["epoch"] and not replicas.fenced
+        shard.unlink()
+        away.rename(shard)
+        backup.say(stream.frames_of("ack", state["epoch"], n=state["n"]))
+        assert worker.recv(TIMEOUT) is not None, "the backup's ack did not release the held reply"
+    finally:
+        worker.close()
