@@ -7,7 +7,14 @@ sent, at a moment the case chooses.
 - a "gap" answer (the backup missed an op) drops the backup at a new epoch, and the primary sends it the state
   again at the next one, unasked (the backup also asks by itself: here it does not);
 - a gap the witness cannot record (its shard folder a file, as test_witness_faults.py breaks it) drops nothing,
-  and the held reply still waits for the backup's ack."""
+  and the held reply still waits for the backup's ack;
+- a gap whose drop another replica's claim beats fences the primary, which stops waiting at once: the next
+  request is answered NOT_PRIMARY, not after the ack timeout;
+- an op the backup acknowledged before a reply waits for it is not waited for again;
+- a backup whose process ended (its sockets closed) is dropped once its link stays broken, with that reason,
+  not after the ack timeout's silence.
+
+BOUND makes the ack timeout 12 s: a case that would pass only by waiting it out reads its answer within half."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,8 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from psrv.protocol import ErrorCode, MsgType
+from psrv.protocol.codec import decode
 from psrv.server.replication import stream
-from psrv.server.replication.witness import Witness
+from psrv.server.replication.witness import Configuration, Witness
 from psrv.server.run import Server
 from psrv.transport.zmq import ZmqServer
 from psrv.transport.zmq_client import ZmqClient
@@ -58,8 +67,11 @@ class HandBackup:
         self.server.send(self.peer, frames)
 
     def close(self) -> None:
-        self.to_primary.close()
-        self.server.close()
+        """Close both lines (again: nothing), as a process that ends closes its sockets."""
+        if self.server is not None:
+            self.to_primary.close()
+            self.server.close()
+            self.server = None
 
 
 @pytest.fixture
@@ -72,7 +84,10 @@ def joined(tmp_path):
     backup = HandBackup(primary)
     try:
         backup.join()
-        yield primary, backup, backup.next_op("state")
+        state = backup.next_op("state")
+        # the primary counts the backup in once it sent the state: after it (admitted is its last word)
+        wait_for("the primary never counted the state sent", lambda: primary.service.replication.replicas.admitted)
+        yield primary, backup, state
     finally:
         backup.close()
         primary.stop()
@@ -129,3 +144,57 @@ def test_a_gap_the_witness_cannot_record_keeps_the_backup_and_the_held_reply_wai
         assert worker.recv(TIMEOUT) is not None, "the backup's ack did not release the held reply"
     finally:
         worker.close()
+
+
+def test_a_gap_whose_drop_another_claim_beats_fences_the_primary_which_stops_waiting_at_once(joined, tmp_path):
+    primary, backup, state = joined
+    replicas = primary.service.replication.replicas
+    worker = heartbeat(primary)
+    later = None
+    try:
+        wait_for("the primary never waited for the state's ack", lambda: replicas.unacked is None)
+        other = "tcp://127.0.0.1:1"
+        assert Witness(str(tmp_path / "witness"), 0).claim(
+            Configuration(state["epoch"] + 1, other, (), "a test's claim"))[0]
+        backup.say(stream.frames_of("gap", state["epoch"], n=state["n"] + 1))
+        wait_for("the primary was never fenced", lambda: replicas.fenced)
+        later = heartbeat(primary)  # the fenced primary's linger answers it: once it is out of the wait
+        got = later.recv(BOUND / 2)
+        assert got is not None, "the fenced primary went on waiting for the backup's ack"
+        reply = decode(got[1])
+        assert (reply.type, reply.fields["code"]) == (MsgType.ERROR, ErrorCode.NOT_PRIMARY), reply
+        assert worker.recv(QUIET_S) is None, "a fenced primary sent the reply it held"
+    finally:
+        worker.close()
+        if later is not None:
+            later.close()
+
+
+def test_an_op_the_backup_acknowledged_before_a_reply_waits_is_not_waited_for_again(joined):
+    primary, backup, state = joined
+    replicas = primary.service.replication.replicas
+    backup.say(stream.frames_of("ack", state["epoch"], n=state["n"]))
+    wait_for("the primary never read the ack", lambda: replicas.backups[0].acked == state["n"])
+    assert replicas.unacked == state["n"]  # no reply has waited for it yet
+    worker = heartbeat(primary)  # the backup here answers nothing more, not even a ping
+    try:
+        assert worker.recv(BOUND / 2) is not None, "the reply waited for an ack the backup had already given"
+        assert [b.address for b in replicas.backups] == [backup.address]
+    finally:
+        worker.close()
+
+
+def test_a_backup_whose_process_ended_is_dropped_for_its_broken_link_not_its_silence(joined, tmp_path):
+    primary, backup, state = joined
+    replicas = primary.service.replication.replicas
+    worker = heartbeat(primary)
+    try:
+        wait_for("the primary never waited for the state's ack", lambda: replicas.unacked is None)
+        backup.close()
+        assert worker.recv(BOUND / 2) is not None, "the backup's end was seen only at the ack timeout"
+        assert replicas.backups == []
+    finally:
+        worker.close()
+    dropped = Witness(str(tmp_path / "witness"), 0).read(state["epoch"] + 1)
+    assert (dropped.primary, dropped.backups) == (primary.address, ())
+    assert dropped.why == f"drop {backup.address}: its connection broke (its process ended)"
