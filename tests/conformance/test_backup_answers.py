@@ -12,7 +12,7 @@ sent, at a moment the case chooses.
   request is answered NOT_PRIMARY, not after the ack timeout;
 - an op the backup acknowledged before a reply waits for it is not waited for again;
 - a backup whose process ended (its sockets closed) is dropped once its link stays broken, with that reason,
-  not after the ack timeout's silence.
+  not after the ack timeout's silence; one whose link breaks and comes back within LINK_SETTLE is kept.
 
 BOUND makes the ack timeout 12 s: a case that would pass only by waiting it out reads its answer within half."""
 from __future__ import annotations
@@ -24,6 +24,7 @@ import pytest
 
 from psrv.protocol import ErrorCode, MsgType
 from psrv.protocol.codec import decode
+from psrv.server.replication import primary as primary_module
 from psrv.server.replication import stream
 from psrv.server.replication.witness import Configuration, Witness
 from psrv.server.run import Server
@@ -198,3 +199,23 @@ def test_a_backup_whose_process_ended_is_dropped_for_its_broken_link_not_its_sil
     dropped = Witness(str(tmp_path / "witness"), 0).read(state["epoch"] + 1)
     assert (dropped.primary, dropped.backups) == (primary.address, ())
     assert dropped.why == f"drop {backup.address}: its connection broke (its process ended)"
+
+
+def test_a_backup_whose_link_breaks_and_comes_back_within_the_settle_is_kept(joined, monkeypatch):
+    primary, backup, state = joined
+    monkeypatch.setattr(primary_module, "LINK_SETTLE", 4.0)  # the time to come back, under BOUND / 2
+    replicas = primary.service.replication.replicas
+    worker = heartbeat(primary)
+    try:
+        wait_for("the primary never waited for the state's ack", lambda: replicas.unacked is None)
+        backup.server.close()  # the connection breaks; the same address listens again at once
+        backup.server = ZmqServer(backup.address)
+        backup.next_op("ping")  # the primary's link came back: its next ping reaches the new socket
+        assert worker.recv(0) is None and [b.address for b in replicas.backups] == [backup.address], \
+            "a backup was dropped for a link that came back"
+        backup.say(stream.frames_of("ack", state["epoch"], n=state["n"]))
+        assert worker.recv(TIMEOUT) is not None, "the backup's ack did not release the held reply"
+        assert [b.address for b in replicas.backups] == [backup.address]
+        assert primary.service.replication.epoch == state["epoch"]
+    finally:
+        worker.close()
