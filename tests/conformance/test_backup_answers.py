@@ -8,6 +8,9 @@ sent, at a moment the case chooses.
   again at the next one, unasked (the backup also asks by itself: here it does not);
 - a gap the witness cannot record (its shard folder a file, as test_witness_faults.py breaks it) drops nothing,
   and the held reply still waits for the backup's ack;
+- a backup silent past the ack timeout while the witness cannot take its drop stays, nothing is acknowledged
+  without it, the claim is tried again every RETRY_CLAIM (one line each), and its ack, when it comes, releases
+  the held reply;
 - a gap whose drop another replica's claim beats fences the primary, which stops waiting at once: the next
   request is answered NOT_PRIMARY, not after the ack timeout;
 - an op the backup acknowledged before a reply waits for it is not waited for again;
@@ -17,7 +20,10 @@ sent, at a moment the case chooses.
 BOUND makes the ack timeout 12 s: a case that would pass only by waiting it out reads its answer within half."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
+import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +31,7 @@ import pytest
 from psrv.protocol import ErrorCode, MsgType
 from psrv.protocol.codec import decode
 from psrv.server.replication import primary as primary_module
+from psrv.server.replication.primary import RETRY_CLAIM
 from psrv.server.replication import stream
 from psrv.server.replication.witness import Configuration, Witness
 from psrv.server.run import Server
@@ -75,13 +82,12 @@ class HandBackup:
             self.server = None
 
 
-@pytest.fixture
-def joined(tmp_path):
-    """(primary, hand backup, its state's header): shard 0's primary with a witness, the hand backup joined and
-    sent the state, not yet acknowledged; both stopped at the end."""
-    cfg = config("async", replicas=1, failure_bound=BOUND)
-    primary = Server(dataclasses.replace(cfg.server_config(0, bind="tcp://127.0.0.1:0"),
-                                         witness=str(tmp_path / "witness"))).start()
+@contextlib.contextmanager
+def hand_joined(witness: Path, bound: float):
+    """(primary, hand backup, its state's header): shard 0's primary with a witness at `witness` and the failure
+    bound `bound`, the hand backup joined and sent the state, not yet acknowledged; both stopped at the end."""
+    cfg = config("async", replicas=1, failure_bound=bound)
+    primary = Server(dataclasses.replace(cfg.server_config(0, bind="tcp://127.0.0.1:0"), witness=str(witness))).start()
     backup = HandBackup(primary)
     try:
         backup.join()
@@ -93,6 +99,12 @@ def joined(tmp_path):
         backup.close()
         primary.stop()
         primary.join(TIMEOUT)
+
+
+@pytest.fixture
+def joined(tmp_path):
+    with hand_joined(tmp_path / "witness", BOUND) as got:
+        yield got
 
 
 def test_a_malformed_answer_is_no_ack_and_the_held_reply_waits_for_the_real_one(joined):
@@ -219,3 +231,37 @@ def test_a_backup_whose_link_breaks_and_comes_back_within_the_settle_is_kept(joi
         assert primary.service.replication.epoch == state["epoch"]
     finally:
         worker.close()
+
+
+def test_a_silent_backup_whose_drop_the_witness_cannot_take_is_kept_and_its_late_ack_releases_the_reply(
+        tmp_path, caplog):
+    caplog.set_level(logging.ERROR, logger="psrv.server")
+    bound = 1.0  # the ack timeout: the case waits it out
+    with hand_joined(tmp_path / "witness", bound) as (primary, backup, state):
+        replicas = primary.service.replication.replicas
+        shard = tmp_path / "witness" / "shard-0"
+        worker = heartbeat(primary)
+        try:
+            wait_for("the primary never waited for the state's ack", lambda: replicas.unacked is None)
+            away = shard.with_name("shard-0.away")
+            shard.rename(away)
+            shard.write_text("not a folder")
+            broke = time.monotonic()
+            tried = f"shard 0: could not claim epoch {state['epoch'] + 1} on the witness"
+            wait_for("the primary never tried to drop the silent backup",
+                     lambda: any(r.getMessage().startswith(tried) for r in caplog.records))
+            time.sleep(3 * RETRY_CLAIM)  # it tries again meanwhile
+            claims = sum(r.getMessage().startswith(tried) for r in caplog.records)
+            waited = time.monotonic() - broke
+            assert worker.recv(0) is None, "a reply left without the silent backup's ack or its drop"
+            assert [b.address for b in replicas.backups] == [backup.address] and not replicas.fenced
+            assert 2 <= claims <= waited / RETRY_CLAIM + 1, (claims, waited)  # every RETRY_CLAIM, no faster
+            backup.say(stream.frames_of("ack", state["epoch"], n=state["n"]))  # the witness still out of reach
+            assert worker.recv(TIMEOUT) is not None, "the backup's late ack did not release the held reply"
+            assert [b.address for b in replicas.backups] == [backup.address]
+            assert primary.service.replication.epoch == state["epoch"]
+        finally:
+            worker.close()
+            if shard.is_file():
+                shard.unlink()
+                shard.with_name("shard-0.away").rename(shard)
