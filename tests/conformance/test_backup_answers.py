@@ -3,11 +3,12 @@ backup here is a line of our own, a psrv ZmqServer that joins a real primary (a 
 with a witness) as a backup does and then answers by hand, so the answers a correct backup never sends can be
 sent, at a moment the case chooses.
 
-- a malformed answer is no ack: the reply the primary holds for the backup's ack still waits for it;
+- a malformed answer, or an ack naming no op, is no ack: the reply the primary holds for the backup's ack still waits for it;
 - a "gap" answer (the backup missed an op) drops the backup at a new epoch, and the primary sends it the state
   again at the next one, unasked (the backup also asks by itself: here it does not);
 - a gap the witness cannot record (its shard folder a file, as test_witness_faults.py breaks it) drops nothing,
   and the held reply still waits for the backup's ack;
+- a backup silent past the ack timeout is dropped at a new epoch, saying why in the witness and in one line;
 - a backup silent past the ack timeout while the witness cannot take its drop stays, nothing is acknowledged
   without it, the claim is tried again every RETRY_CLAIM (one line each), and its ack, when it comes, releases
   the held reply;
@@ -115,6 +116,7 @@ def test_a_malformed_answer_is_no_ack_and_the_held_reply_waits_for_the_real_one(
     try:
         wait_for("the primary never waited for the state's ack", lambda: replicas.unacked is None)
         backup.say([stream.MARK, b"\x93\x01\x02\x03"])  # msgpack, but no header: stream.read refuses it
+        backup.say(stream.frames_of("ack", state["epoch"]))  # an ack that names no op acknowledges none
         assert worker.recv(QUIET_S) is None, "a malformed answer released the reply held for the backup's ack"
         backup.say(stream.frames_of("ack", state["epoch"], n=state["n"]))
         assert worker.recv(TIMEOUT) is not None, "the backup's ack did not release the held reply"
@@ -265,3 +267,20 @@ def test_a_silent_backup_whose_drop_the_witness_cannot_take_is_kept_and_its_late
             if shard.is_file():
                 shard.unlink()
                 shard.with_name("shard-0.away").rename(shard)
+
+
+def test_a_backup_silent_past_the_ack_timeout_is_dropped_saying_why(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="psrv.server")
+    with hand_joined(tmp_path / "witness", 1.0) as (primary, backup, state):
+        replicas = primary.service.replication.replicas
+        worker = heartbeat(primary)
+        try:
+            assert worker.recv(TIMEOUT) is not None, "the silent backup's drop did not release the held reply"
+        finally:
+            worker.close()
+        assert replicas.backups == []
+        why = f"no ack of op {state['n']} within 1s"
+        dropped = Witness(str(tmp_path / "witness"), 0).read(state["epoch"] + 1)
+        assert (dropped.primary, dropped.backups, dropped.why) == (primary.address, (), f"drop {backup.address}: {why}")
+        assert [r.getMessage() for r in caplog.records if "dropping it" in r.getMessage()] == [
+            f"shard 0: backup {backup.address}: {why}; dropping it at the next epoch"]
