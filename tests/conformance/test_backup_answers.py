@@ -8,6 +8,7 @@ sent, at a moment the case chooses.
   again at the next one, unasked (the backup also asks by itself: here it does not);
 - a gap the witness cannot record (its shard folder a file, as test_witness_faults.py breaks it) drops nothing,
   and the held reply still waits for the backup's ack;
+- a join the witness cannot take (a second backup that asks once) is kept, and admitted once it can;
 - a backup silent past the ack timeout is dropped at a new epoch, saying why in the witness and in one line;
 - a backup silent past the ack timeout while the witness cannot take its drop stays, nothing is acknowledged
   without it, the claim is tried again every RETRY_CLAIM (one line each), and its ack, when it comes, releases
@@ -136,7 +137,7 @@ def test_a_gap_drops_the_backup_and_the_primary_sends_it_the_state_again_unasked
     assert (dropped.primary, dropped.backups) == (primary.address, ())
     assert dropped.why == f"drop {backup.address}: it missed op {state['n'] + 1}"
     assert again["epoch"] == state["epoch"] + 2
-    assert witness.latest().backups == (backup.address,)
+    assert (witness.latest().backups, witness.latest().why) == ((backup.address,), f"join {backup.address}")
 
 
 def test_a_gap_the_witness_cannot_record_keeps_the_backup_and_the_held_reply_waits_for_its_ack(joined, tmp_path):
@@ -284,3 +285,33 @@ def test_a_backup_silent_past_the_ack_timeout_is_dropped_saying_why(tmp_path, ca
         assert (dropped.primary, dropped.backups, dropped.why) == (primary.address, (), f"drop {backup.address}: {why}")
         assert [r.getMessage() for r in caplog.records if "dropping it" in r.getMessage()] == [
             f"shard 0: backup {backup.address}: {why}; dropping it at the next epoch"]
+
+
+def test_a_join_the_witness_cannot_take_is_kept_and_admitted_once_it_can_without_being_asked_again(joined, tmp_path,
+                                                                                                  caplog):
+    primary, first, state = joined
+    replicas = primary.service.replication.replicas
+    first.say(stream.frames_of("ack", state["epoch"], n=state["n"]))
+    shard = tmp_path / "witness" / "shard-0"
+    away = shard.with_name("shard-0.away")
+    second = HandBackup(primary)
+    try:
+        shard.rename(away)
+        shard.write_text("not a folder")
+        second.join()  # once: a real backup asks every JOIN_EVERY, this one never again
+        tried = f"shard 0: could not claim epoch {state['epoch'] + 1} on the witness"
+        wait_for("the primary never tried to add the joiner",
+                 lambda: any(r.getMessage().startswith(tried) for r in caplog.records))
+        wait_for("the joiner the witness could not take was forgotten", lambda: replicas.joining == [second.address])
+        assert len(replicas.backups) == 1
+        shard.unlink()
+        away.rename(shard)
+        got = second.next_op("state")
+        assert got["epoch"] == state["epoch"] + 1
+        latest = Witness(str(tmp_path / "witness"), 0).latest()
+        assert (latest.backups, latest.why) == ((first.address, second.address), f"join {second.address}")
+    finally:
+        second.close()
+        if shard.is_file():
+            shard.unlink()
+            away.rename(shard)
