@@ -15,10 +15,12 @@ import time
 
 import pytest
 
+from psrv.protocol import ErrorCode, MsgType
+from psrv.protocol.codec import decode
 from psrv.server.replication import stream
 from psrv.server.replication.witness import Configuration, Witness
 from tests.conformance.cluster import TIMEOUT, one_thread  # noqa: F401 (an autouse fixture)
-from tests.conformance.replica_pair import QUIET_S, answer, follower, history_of, line, pair, said  # noqa: F401
+from tests.conformance.replica_pair import QUIET_S, answer, follower, heartbeat, history_of, line, pair, said  # noqa: F401
 
 @pytest.mark.parametrize("claimed", ["nothing", "another primary", "without this backup"])
 def test_an_op_of_a_later_epoch_the_witness_does_not_confirm_is_ignored(pair, line, caplog, claimed):
@@ -92,3 +94,18 @@ def test_a_malformed_stream_message_is_ignored_with_a_line(pair, line, caplog, f
     lines = [r.getMessage() for r in caplog.records if r.name == "psrv.server"]
     prefix = "shard 0: ignored a malformed replication message: "
     assert any(m.startswith(prefix) and (why is None or m == prefix + why) for m in lines), lines
+
+
+def test_a_workers_request_to_a_following_backup_is_sent_to_the_replicas_its_primary_named(pair):
+    """A backup answers NOT_PRIMARY naming the shard's replicas as its primary's state said them: the primary,
+    then its backups (so a worker finds the shard's next primary too)."""
+    primary, backup, _ = pair
+    worker = heartbeat(backup)
+    try:
+        got = worker.recv(TIMEOUT)
+    finally:
+        worker.close()
+    assert got is not None, "the backup did not answer a worker's request"
+    reply = decode(got[1])
+    assert (reply.type, reply.seq, reply.fields["code"], reply.fields["replicas"]) == (
+        MsgType.ERROR, 1, ErrorCode.NOT_PRIMARY, [primary.address, backup.address]), reply
