@@ -8,6 +8,7 @@ sent, at a moment the case chooses.
   again at the next one, unasked (the backup also asks by itself: here it does not);
 - a gap the witness cannot record (its shard folder a file, as test_witness_faults.py breaks it) drops nothing,
   and the held reply still waits for the backup's ack;
+- a join said before the backup was added (of an earlier epoch) changes nothing;
 - a join the witness cannot take (a second backup that asks once) is kept, and admitted once it can;
 - a backup silent past the ack timeout is dropped at a new epoch, saying why in the witness and in one line;
 - a backup silent past the ack timeout while the witness cannot take its drop stays, nothing is acknowledged
@@ -315,3 +316,18 @@ def test_a_join_the_witness_cannot_take_is_kept_and_admitted_once_it_can_without
         if shard.is_file():
             shard.unlink()
             away.rename(shard)
+
+
+def test_a_join_said_before_the_backup_was_added_changes_nothing(joined, tmp_path):
+    """A "join" of an epoch before the one the backup was added at was said before it was added (queued, or
+    crossing its state): the primary neither adds it again nor sends it the state again."""
+    primary, backup, state = joined
+    replicas = primary.service.replication.replicas
+    backup.say(stream.frames_of("ack", state["epoch"], n=state["n"]))
+    assert state["epoch"] >= 1
+    backup.join()  # epoch 0, as its first
+    deadline = time.monotonic() + QUIET_S
+    while (got := backup.server.recv(max(0.0, deadline - time.monotonic()))) is not None:
+        assert stream.read(got[1])[0]["op"] == "ping", "a stale join was sent the state again"
+    assert replicas.admitted == 1 and [b.address for b in replicas.backups] == [backup.address]
+    assert Witness(str(tmp_path / "witness"), 0).latest().epoch == state["epoch"]
