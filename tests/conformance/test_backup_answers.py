@@ -8,6 +8,7 @@ sent, at a moment the case chooses.
   again at the next one, unasked (the backup also asks by itself: here it does not);
 - a gap the witness cannot record (its shard folder a file, as test_witness_faults.py breaks it) drops nothing,
   and the held reply still waits for the backup's ack;
+- a join is said in one line (its op, epoch and the shard's version);
 - a join said before the backup was added (of an earlier epoch) changes nothing;
 - a join the witness cannot take (a second backup that asks once) is kept, and admitted once it can;
 - a backup silent past the ack timeout is dropped at a new epoch, saying why in the witness and in one line;
@@ -331,3 +332,11 @@ def test_a_join_said_before_the_backup_was_added_changes_nothing(joined, tmp_pat
         assert stream.read(got[1])[0]["op"] == "ping", "a stale join was sent the state again"
     assert replicas.admitted == 1 and [b.address for b in replicas.backups] == [backup.address]
     assert Witness(str(tmp_path / "witness"), 0).latest().epoch == state["epoch"]
+
+
+def test_a_join_is_said_in_one_line_with_its_op_epoch_and_the_shards_version(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="psrv.server")
+    with hand_joined(tmp_path / "witness", BOUND) as (primary, backup, state):
+        lines = [r.getMessage() for r in caplog.records if r.name == "psrv.server" and "joined at op" in r.getMessage()]
+    # a shard with no state yet (no worker's INIT): version 0
+    assert lines == [f"shard 0: backup {backup.address} joined at op {state['n']} (epoch {state['epoch']}, version 0)"]
