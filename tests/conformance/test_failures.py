@@ -25,6 +25,7 @@ version each one saw); the seqs of the table are compared there."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pytest
@@ -96,7 +97,8 @@ JOINS = [  # (mode, after step, shard, config options)
 
 @pytest.mark.parametrize("mode,at,shard,options", JOINS,
                          ids=[case_id(m, f"after{a}", f"shard{s}", options=o) for m, a, s, o in JOINS])
-def test_a_backup_joins_mid_run(mode, at, shard, options, plain):
+def test_a_backup_joins_mid_run(mode, at, shard, options, plain, caplog):
+    caplog.set_level(logging.INFO, logger="psrv.server")
     cfg = quiet(config(mode, **dict(options)))  # a join, not a failover
     join = JoinBackup(cfg, at, shard=shard)
     got = run_with(cfg, join)
@@ -104,6 +106,9 @@ def test_a_backup_joins_mid_run(mode, at, shard, options, plain):
     final = want.out.shards[shard]["version"]
     assert join.joined is not None, f"no backup joined at step {at}"
     assert 0 < join.joined.version == join.joined.primary_version < final, join.joined
+    said = [r.getMessage() for r in caplog.records if r.name == "psrv.server" and " joined at op " in r.getMessage()]
+    assert [m for m in said if m.startswith(f"shard {shard}: backup {join.joined.address} joined at op ")
+            and m.endswith(f", version {join.joined.version})")], said  # the version its state was sent at
     [record] = [b for b in got.out.backups if b.address == join.joined.address]
     primary = got.out.shards[shard]
     assert record.address in primary["backups"], f"shard {shard}'s primary ended with backups {primary['backups']}"
