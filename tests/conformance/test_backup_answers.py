@@ -35,8 +35,8 @@ import pytest
 from psrv.protocol import ErrorCode, MsgType
 from psrv.protocol.codec import decode
 from psrv.server.replication import primary as primary_module
-from psrv.server.replication.primary import RETRY_CLAIM
 from psrv.server.replication import stream
+from psrv.server.replication.primary import RETRY_CLAIM
 from psrv.server.replication.witness import Configuration, Witness
 from psrv.server.run import Server
 from psrv.transport.zmq import ZmqServer
@@ -105,6 +105,19 @@ def hand_joined(witness: Path, bound: float):
         primary.join(TIMEOUT)
 
 
+@contextlib.contextmanager
+def held_reply(primary: Server):
+    """A worker's request whose reply `primary` holds, waiting for its backup's ack: the worker to read the reply
+    from once the primary is in that wait; closed at the end."""
+    replicas = primary.service.replication.replicas
+    worker = heartbeat(primary)
+    try:
+        wait_for("the primary never waited for the state's ack", lambda: replicas.unacked is None)
+        yield worker
+    finally:
+        worker.close()
+
+
 @pytest.fixture
 def joined(tmp_path):
     with hand_joined(tmp_path / "witness", BOUND) as got:
@@ -115,9 +128,7 @@ def test_a_malformed_answer_is_no_ack_and_the_held_reply_waits_for_the_real_one(
     primary, backup, state = joined
     replicas = primary.service.replication.replicas
     assert replicas.unacked == state["n"]
-    worker = heartbeat(primary)  # its reply waits until the backup holds every op sent: the state
-    try:
-        wait_for("the primary never waited for the state's ack", lambda: replicas.unacked is None)
+    with held_reply(primary) as worker:  # its reply waits until the backup holds every op sent: the state
         backup.say([stream.MARK, b"\x93\x01\x02\x03"])  # msgpack, but no header: stream.read refuses it
         backup.say(stream.frames_of("ack", state["epoch"]))  # an ack that names no op acknowledges none
         assert worker.recv(QUIET_S) is None, "a malformed answer released the reply held for the backup's ack"
@@ -125,8 +136,6 @@ def test_a_malformed_answer_is_no_ack_and_the_held_reply_waits_for_the_real_one(
         assert worker.recv(TIMEOUT) is not None, "the backup's ack did not release the held reply"
         assert [b.address for b in replicas.backups] == [backup.address]
         assert primary.service.replication.epoch == state["epoch"]
-    finally:
-        worker.close()
 
 
 def test_a_gap_drops_the_backup_and_the_primary_sends_it_the_state_again_unasked(joined, tmp_path):
@@ -145,11 +154,9 @@ def test_a_gap_drops_the_backup_and_the_primary_sends_it_the_state_again_unasked
 def test_a_gap_the_witness_cannot_record_keeps_the_backup_and_the_held_reply_waits_for_its_ack(joined, tmp_path):
     primary, backup, state = joined
     replicas = primary.service.replication.replicas
-    worker = heartbeat(primary)
     shard = Path(tmp_path / "witness" / "shard-0")
     away = shard.with_name("shard-0.away")
-    try:
-        wait_for("the primary never waited for the state's ack", lambda: replicas.unacked is None)
+    with held_reply(primary) as worker:
         shard.rename(away)
         shard.write_text("not a folder")
         backup.say(stream.frames_of("gap", state["epoch"], n=state["n"] + 1))
@@ -160,32 +167,26 @@ def test_a_gap_the_witness_cannot_record_keeps_the_backup_and_the_held_reply_wai
         away.rename(shard)
         backup.say(stream.frames_of("ack", state["epoch"], n=state["n"]))
         assert worker.recv(TIMEOUT) is not None, "the backup's ack did not release the held reply"
-    finally:
-        worker.close()
 
 
 def test_a_gap_whose_drop_another_claim_beats_fences_the_primary_which_stops_waiting_at_once(joined, tmp_path):
     primary, backup, state = joined
     replicas = primary.service.replication.replicas
-    worker = heartbeat(primary)
-    later = None
-    try:
-        wait_for("the primary never waited for the state's ack", lambda: replicas.unacked is None)
+    with held_reply(primary) as worker:
         other = "tcp://127.0.0.1:1"
         assert Witness(str(tmp_path / "witness"), 0).claim(
             Configuration(state["epoch"] + 1, other, (), "a test's claim"))[0]
         backup.say(stream.frames_of("gap", state["epoch"], n=state["n"] + 1))
         wait_for("the primary was never fenced", lambda: replicas.fenced)
         later = heartbeat(primary)  # the fenced primary's linger answers it: once it is out of the wait
-        got = later.recv(BOUND / 2)
+        try:
+            got = later.recv(BOUND / 2)
+        finally:
+            later.close()
         assert got is not None, "the fenced primary went on waiting for the backup's ack"
         reply = decode(got[1])
         assert (reply.type, reply.fields["code"]) == (MsgType.ERROR, ErrorCode.NOT_PRIMARY), reply
         assert worker.recv(QUIET_S) is None, "a fenced primary sent the reply it held"
-    finally:
-        worker.close()
-        if later is not None:
-            later.close()
 
 
 def test_an_op_the_backup_acknowledged_before_a_reply_waits_is_not_waited_for_again(joined):
@@ -205,14 +206,10 @@ def test_an_op_the_backup_acknowledged_before_a_reply_waits_is_not_waited_for_ag
 def test_a_backup_whose_process_ended_is_dropped_for_its_broken_link_not_its_silence(joined, tmp_path):
     primary, backup, state = joined
     replicas = primary.service.replication.replicas
-    worker = heartbeat(primary)
-    try:
-        wait_for("the primary never waited for the state's ack", lambda: replicas.unacked is None)
+    with held_reply(primary) as worker:
         backup.close()
         assert worker.recv(BOUND / 2) is not None, "the backup's end was seen only at the ack timeout"
         assert replicas.backups == []
-    finally:
-        worker.close()
     dropped = Witness(str(tmp_path / "witness"), 0).read(state["epoch"] + 1)
     assert (dropped.primary, dropped.backups) == (primary.address, ())
     assert dropped.why == f"drop {backup.address}: its connection broke (its process ended)"
@@ -222,9 +219,7 @@ def test_a_backup_whose_link_breaks_and_comes_back_within_the_settle_is_kept(joi
     primary, backup, state = joined
     monkeypatch.setattr(primary_module, "LINK_SETTLE", 4.0)  # the time to come back, under BOUND / 2
     replicas = primary.service.replication.replicas
-    worker = heartbeat(primary)
-    try:
-        wait_for("the primary never waited for the state's ack", lambda: replicas.unacked is None)
+    with held_reply(primary) as worker:
         backup.server.close()  # the connection breaks; the same address listens again at once
         backup.server = ZmqServer(backup.address)
         backup.next_op("ping")  # the primary's link came back: its next ping reaches the new socket
@@ -234,8 +229,6 @@ def test_a_backup_whose_link_breaks_and_comes_back_within_the_settle_is_kept(joi
         assert worker.recv(TIMEOUT) is not None, "the backup's ack did not release the held reply"
         assert [b.address for b in replicas.backups] == [backup.address]
         assert primary.service.replication.epoch == state["epoch"]
-    finally:
-        worker.close()
 
 
 def test_a_silent_backup_whose_drop_the_witness_cannot_take_is_kept_and_its_late_ack_releases_the_reply(
@@ -245,9 +238,7 @@ def test_a_silent_backup_whose_drop_the_witness_cannot_take_is_kept_and_its_late
     with hand_joined(tmp_path / "witness", bound) as (primary, backup, state):
         replicas = primary.service.replication.replicas
         shard = tmp_path / "witness" / "shard-0"
-        worker = heartbeat(primary)
-        try:
-            wait_for("the primary never waited for the state's ack", lambda: replicas.unacked is None)
+        with held_reply(primary) as worker:
             away = shard.with_name("shard-0.away")
             shard.rename(away)
             shard.write_text("not a folder")
@@ -265,8 +256,6 @@ def test_a_silent_backup_whose_drop_the_witness_cannot_take_is_kept_and_its_late
             assert worker.recv(TIMEOUT) is not None, "the backup's late ack did not release the held reply"
             assert [b.address for b in replicas.backups] == [backup.address]
             assert primary.service.replication.epoch == state["epoch"]
-        finally:
-            worker.close()
             if shard.is_file():
                 shard.unlink()
                 shard.with_name("shard-0.away").rename(shard)
