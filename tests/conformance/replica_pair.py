@@ -14,7 +14,7 @@ import pytest
 
 from psrv.config import RunConfig
 from psrv.protocol import Message, MsgType
-from psrv.protocol.codec import encode
+from psrv.protocol.codec import decode, encode
 from psrv.server.replication import stream
 from psrv.transport.zmq_client import ZmqClient
 from tests.conformance.cluster import TIMEOUT, Hooks, start_backups
@@ -94,3 +94,14 @@ def heartbeat(server) -> ZmqClient:
     worker = ZmqClient([server.address])
     worker.send(0, encode(Message(MsgType.HEARTBEAT, worker=0, seq=1, session=7)))
     return worker
+
+
+def worker_answer(server, what: str) -> Message:
+    """`server`'s answer to a worker's request (heartbeat's), decoded; `what` names the server in the failure."""
+    worker = heartbeat(server)
+    try:
+        got = worker.recv(TIMEOUT)
+    finally:
+        worker.close()
+    assert got is not None, f"{what} did not answer a worker's request"
+    return decode(got[1])

@@ -12,10 +12,9 @@ import threading
 import time
 
 from psrv.protocol import ErrorCode, MsgType
-from psrv.protocol.codec import decode
-from tests.conformance.cluster import TIMEOUT, one_thread  # noqa: F401 (an autouse fixture)
+from tests.conformance.cluster import one_thread  # noqa: F401 (an autouse fixture)
 from tests.conformance.failures import config
-from tests.conformance.replica_pair import follower, heartbeat, history_of, serving_pair, wait_for
+from tests.conformance.replica_pair import follower, history_of, serving_pair, wait_for, worker_answer
 
 STALL_S = 3.0  # past the 1 s takeover bound of failures.py's FAILURE_BOUND, with 2 s to spare
 
@@ -48,13 +47,7 @@ def test_a_primary_back_from_a_stall_is_fenced_lingers_answering_not_primary_the
                  lambda: replicas.fenced and primary.service.state.stopped is not False)
         assert primary.service.state.stopped is True  # it ends, once its linger is over
         assert replicas.linger_until - primary.service.state.now() > replicas.s.timing.fenced_linger - STALL_S
-        worker = heartbeat(primary)  # in its linger: sent on to the shard's primary now
-        try:
-            got = worker.recv(TIMEOUT)
-        finally:
-            worker.close()
-        assert got is not None, "the fenced primary did not answer in its linger"
-        reply = decode(got[1])
+        reply = worker_answer(primary, "the fenced primary, in its linger,")  # sent on to the shard's primary now
         assert (reply.type, reply.seq, reply.fields["code"], reply.fields["replicas"]) == (
             MsgType.ERROR, 1, ErrorCode.NOT_PRIMARY, [backup.address]), reply
         assert primary.service.state.stopped is True and replicas.fenced

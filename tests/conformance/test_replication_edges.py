@@ -16,11 +16,10 @@ import time
 import pytest
 
 from psrv.protocol import ErrorCode, MsgType
-from psrv.protocol.codec import decode
 from psrv.server.replication import stream
 from psrv.server.replication.witness import Configuration, Witness
 from tests.conformance.cluster import TIMEOUT, one_thread  # noqa: F401 (an autouse fixture)
-from tests.conformance.replica_pair import QUIET_S, answer, follower, heartbeat, history_of, line, pair, said  # noqa: F401
+from tests.conformance.replica_pair import QUIET_S, answer, follower, history_of, line, pair, said, worker_answer  # noqa: F401
 
 @pytest.mark.parametrize("claimed", ["nothing", "another primary", "without this backup"])
 def test_an_op_of_a_later_epoch_the_witness_does_not_confirm_is_ignored(pair, line, caplog, claimed):
@@ -100,12 +99,6 @@ def test_a_workers_request_to_a_following_backup_is_sent_to_the_replicas_its_pri
     """A backup answers NOT_PRIMARY naming the shard's replicas as its primary's state said them: the primary,
     then its backups (so a worker finds the shard's next primary too)."""
     primary, backup, _ = pair
-    worker = heartbeat(backup)
-    try:
-        got = worker.recv(TIMEOUT)
-    finally:
-        worker.close()
-    assert got is not None, "the backup did not answer a worker's request"
-    reply = decode(got[1])
+    reply = worker_answer(backup, "the backup")
     assert (reply.type, reply.seq, reply.fields["code"], reply.fields["replicas"]) == (
         MsgType.ERROR, 1, ErrorCode.NOT_PRIMARY, [primary.address, backup.address]), reply
