@@ -1,9 +1,11 @@
-"""What a primary does with its backup's answers (psrv/server/replication/primary.py `_answer`, `_drop`): the
+"""What a primary does with its backup's answers and silence (psrv/server/replication/primary.py `_answer`,
+`_await`, `_drop`, `_admit`): the
 backup here is a line of our own, a psrv ZmqServer that joins a real primary (a psrv.Server thread on 127.0.0.1
 with a witness) as a backup does and then answers by hand, so the answers a correct backup never sends can be
 sent, at a moment the case chooses.
 
-- a malformed answer, or an ack naming no op, is no ack: the reply the primary holds for the backup's ack still waits for it;
+- a malformed answer, or an ack naming no op, is no ack: the reply the primary holds for the backup's ack still
+  waits for it;
 - a "gap" answer (the backup missed an op) drops the backup at a new epoch, and the primary sends it the state
   again at the next one, unasked (the backup also asks by itself: here it does not);
 - a gap the witness cannot record (its shard folder a file, as test_witness_faults.py breaks it) drops nothing,

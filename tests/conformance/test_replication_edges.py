@@ -7,7 +7,8 @@ failure cases run them), and the backup's answer, epoch, place in the stream and
   no epoch, no configuration the witness holds, another primary's, one without this backup;
 - an op of an earlier epoch is answered "fenced" with the backup's own epoch (a paused primary that comes back);
 - an op out of order (not the next number) is answered "gap", and the backup asks for the state again;
-- a message that is not one (a header that does not decode, or lacks op or epoch) is ignored, with a line."""
+- a message that is not one (a header that does not decode, or lacks op or epoch) is ignored, with a line;
+- and a worker's request to it is answered NOT_PRIMARY naming the replicas its primary's state named."""
 from __future__ import annotations
 
 import logging
@@ -19,7 +20,8 @@ from psrv.protocol import ErrorCode, MsgType
 from psrv.server.replication import stream
 from psrv.server.replication.witness import Configuration, Witness
 from tests.conformance.cluster import TIMEOUT, one_thread  # noqa: F401 (an autouse fixture)
-from tests.conformance.replica_pair import QUIET_S, answer, follower, history_of, line, pair, said, worker_answer  # noqa: F401
+from tests.conformance.replica_pair import (QUIET_S, answer, follower, history_of, line, pair,  # noqa: F401
+                                            said, worker_answer)
 
 @pytest.mark.parametrize("claimed", ["nothing", "another primary", "without this backup"])
 def test_an_op_of_a_later_epoch_the_witness_does_not_confirm_is_ignored(pair, line, caplog, claimed):
