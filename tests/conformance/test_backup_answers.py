@@ -1,8 +1,7 @@
 """What a primary does with its backup's answers and silence (psrv/server/replication/primary.py `_answer`,
-`_await`, `_drop`, `_admit`): the
-backup here is a line of our own, a psrv ZmqServer that joins a real primary (a psrv.Server thread on 127.0.0.1
-with a witness) as a backup does and then answers by hand, so the answers a correct backup never sends can be
-sent, at a moment the case chooses.
+`_await`, `_drop`, `_admit`): the backup here is a line of our own, a psrv ZmqServer that joins a real primary (a
+psrv.Server thread on 127.0.0.1 with a witness) as a backup does and then answers by hand, so the answers a correct
+backup never sends can be sent, at a moment the case chooses.
 
 - a malformed answer, or an ack naming no op, is no ack: the reply the primary holds for the backup's ack still
   waits for it;
