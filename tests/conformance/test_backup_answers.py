@@ -236,14 +236,13 @@ def test_a_silent_backup_whose_drop_the_witness_cannot_take_is_kept_and_its_late
         tmp_path, caplog):
     caplog.set_level(logging.ERROR, logger="psrv.server")
     bound = 3.0  # the ack timeout: the witness is made to fail well before it, then the case waits it out
-    tried = "shard 0: could not claim epoch {} on the witness"
-
-    def claims() -> int:
-        return sum(r.getMessage().startswith(tried) for r in caplog.records)
-
     with hand_joined(tmp_path / "witness", bound) as (primary, backup, state):
         replicas = primary.service.replication.replicas
-        tried = tried.format(state["epoch"] + 1)
+        tried = f"shard 0: could not claim epoch {state['epoch'] + 1} on the witness"
+
+        def claims() -> int:
+            return sum(r.getMessage().startswith(tried) for r in caplog.records)
+
         shard = tmp_path / "witness" / "shard-0"
         away = shard.with_name("shard-0.away")
         try:
