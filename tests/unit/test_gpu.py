@@ -99,6 +99,23 @@ def test_cpu_parts_decode_into_a_cuda_copy_as_into_a_cpu_one(spec, ef):
     assert torch.equal(on_gpu.cpu(), on_cpu)
 
 
+@pytest.mark.parametrize("spec", ["topk:0.1", "int8"])
+def test_a_push_with_dense_ranges_adds_into_a_cuda_sum_as_into_a_cpu_one(spec):
+    """psrv/codecs/push.py WithDense.add_into: a sparse push's dense ranges (tensors under --compress-min-numel)
+    added to a shard's accumulator on cuda:0 from CPU parts. Kills the `.to(accum.device)` mutant that the meta
+    device cannot (make mutants: it accepts CPU operands in add_)."""
+    from psrv.codecs import make
+    from psrv.codecs.push import PushEncoder, decode_push
+    from psrv.partition import ParamSpec, PartitionPlan
+    plan = PartitionPlan((ParamSpec("w", (2000,)), ParamSpec("b", (7,)), ParamSpec("v", (500,)), ParamSpec("c", (3,))), 1)
+    fields, parts = PushEncoder(make(spec), plan, error_feedback=False, min_numel=10).encode(
+        torch.randn(plan.total, generator=torch.Generator().manual_seed(8)), 0)
+    on_cpu, on_gpu = torch.ones(plan.total), torch.ones(plan.total, device="cuda:0")
+    decode_push(fields["codec"], parts, plan.total).add_into(on_cpu, torch.empty(plan.total))
+    decode_push(fields["codec"], parts, plan.total).add_into(on_gpu, torch.empty(plan.total, device="cuda:0"))
+    assert torch.equal(on_gpu.cpu(), on_cpu)
+
+
 def test_a_regional_shard_on_cuda_syncs_as_on_cpu():
     """A regional shard on GPU0 under a CPU global shard (psrv/server/hierarchy/upstream.py): the same global
     weights as with every shard on the CPU (the link's tensors cross host memory both ways)."""

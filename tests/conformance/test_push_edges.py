@@ -1,0 +1,101 @@
+"""What no case of the matrix shows about a compressed push's two ends (psrv/codecs/push.py), found by `make mutants`:
+the matrix's job has no small tensor that a shard boundary cuts, none of exactly `--compress-min-numel` elements,
+and never more than one dense range in a sparse push a sync shard sums; its workers' answers come once each, in
+order. The references here are written from the documented rules: a tensor under min_numel elements travels
+exactly, top-k sends the k = ceil(ratio n) largest magnitudes of the other positions, and a shard's answer
+settles the residual its push left once (applied: the new one; dropped: the old one stays)."""
+import math
+
+import torch
+
+from psrv.codecs import make
+from psrv.codecs.push import PushEncoder, decode_push, dense_ranges, finite
+from psrv.partition import ParamSpec, PartitionPlan
+
+# Two shards of 74 elements: a1 and a2 (first in a shard) lie side by side; b1 (8 elements) is cut by the boundary at 74, 4 on each side; b2 has exactly
+# MIN_NUMEL elements (compressed: "under" min_numel travels dense); b3 and b4 lie side by side; the second shard
+# has three dense ranges (a range's values are found by the lengths of the ranges before it).
+PARAMS = (("a1", 3), ("a2", 2), ("w1", 65), ("b1", 8), ("w2", 28), ("b2", 10), ("b3", 5), ("b4", 2), ("w3", 12), ("b5", 3), ("w4", 10))
+PLAN = PartitionPlan(tuple(ParamSpec(name, (n,)) for name, n in PARAMS), 2)
+MIN_NUMEL = 10
+
+
+def small_runs(shard: int) -> list[list[int]]:
+    """The reference: the shard-relative runs of positions whose tensor has fewer than MIN_NUMEL elements."""
+    small = torch.cat([torch.full((n,), n < MIN_NUMEL) for _, n in PARAMS])
+    lo, hi = PLAN.ranges[shard]
+    runs = []
+    for i, s in enumerate(small[lo:hi].tolist()):
+        if s and runs and runs[-1][1] == i:
+            runs[-1][1] = i + 1
+        elif s:
+            runs.append([i, i + 1])
+    return runs
+
+
+def test_the_dense_ranges_are_the_tensors_under_min_numel_where_a_shard_boundary_cuts_them():
+    assert PLAN.ranges == ((0, 74), (74, 148))
+    assert [dense_ranges(PLAN, s, MIN_NUMEL) for s in range(2)] == [small_runs(0), small_runs(1)] == [
+        [[0, 5], [70, 74]], [[0, 4], [42, 49], [61, 64]]]
+
+
+def test_a_sparse_push_adds_each_dense_range_at_its_place_into_a_sync_shards_sum():
+    """WithDense.add_into with a sparse codec (what a sync shard's accumulator takes): the dense values land on
+    their own positions range by range, beside top-k's choice among the others."""
+    g = torch.randn(PLAN.total, generator=torch.Generator().manual_seed(4))
+    enc = PushEncoder(make("topk:0.1"), PLAN, error_feedback=False, min_numel=MIN_NUMEL)
+    lo, hi = PLAN.ranges[1]
+    fields, parts = enc.encode(g, 1)
+    assert fields["codec"]["dense"] == small_runs(1)
+    x = g[lo:hi]
+    exact = [i for a, b in small_runs(1) for i in range(a, b)]
+    among = [i for i in range(hi - lo) if i not in exact]
+    top = sorted(among, key=lambda i: -abs(x[i].item()))[:math.ceil(0.1 * len(among))]
+    want = torch.full((hi - lo,), 0.5)
+    want[exact + top] += x[exact + top]
+    accum = torch.full((hi - lo,), 0.5)
+    decode_push(fields["codec"], parts, hi - lo).add_into(accum, torch.empty(hi - lo))
+    assert torch.equal(accum, want)
+
+
+def test_finite_values_whose_sum_overflows_float32_are_finite():
+    """A worker's slice with NaN or Inf goes raw (psrv/client/push_messages.py); one of huge finite values is
+    encoded like any other, though its sum is infinite."""
+    assert math.isinf(torch.tensor([3e38, 3e38]).sum().item())
+    assert finite(torch.tensor([3e38, 3e38, 1.0]))
+    assert not finite(torch.tensor([3e38, float("inf")])) and not finite(torch.tensor([1.0, float("nan")]))
+
+
+def test_an_answer_settles_its_shards_residual_once_and_forget_gives_up_one_shard_or_all():
+    enc = PushEncoder(make("topk:0.1"), PLAN, error_feedback=True)
+    gen = torch.Generator().manual_seed(5)
+
+    def push_both() -> list[torch.Tensor]:
+        """Each shard's residual if the shard applies this push: x - C(x), x = g + the residual now."""
+        g = torch.randn(PLAN.total, generator=gen)
+        left = []
+        for s, (lo, hi) in enumerate(PLAN.ranges):
+            x = g[lo:hi] + enc.error[lo:hi]
+            fields, parts = enc.encode(g, s)
+            left.append(x - decode_push(fields["codec"], parts, hi - lo).densify(torch.empty(hi - lo)))
+        return left
+
+    (lo0, hi0), (lo1, hi1) = PLAN.ranges
+    left = push_both()
+    assert enc.settle(0, applied=False)  # dropped: the residual stays (zero)
+    assert not enc.settle(0, applied=True)  # that push was settled: an answer to it again changes nothing
+    assert torch.equal(enc.error[lo0:hi0], torch.zeros(hi0 - lo0))
+    assert enc.settle(1, applied=True) and torch.equal(enc.error[lo1:hi1], left[1])
+    assert not enc.settle(1, applied=True)
+
+    before = enc.error.clone()
+    left = push_both()
+    enc.forget(0)  # shard 0's push went raw: its answer settles nothing
+    assert not enc.settle(0, applied=True) and torch.equal(enc.error[lo0:hi0], before[lo0:hi0])
+    assert enc.settle(1, applied=True) and torch.equal(enc.error[lo1:hi1], left[1])
+
+    before = enc.error.clone()
+    push_both()
+    enc.forget()  # the push round ended in an error: no answer settles anything
+    assert not enc.settle(0, applied=True) and not enc.settle(1, applied=True)
+    assert torch.equal(enc.error, before)
