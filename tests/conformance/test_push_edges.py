@@ -6,6 +6,7 @@ exactly, top-k sends the k = ceil(ratio n) largest magnitudes of the other posit
 settles the residual its push left once (applied: the new one; dropped: the old one stays)."""
 import math
 
+import pytest
 import torch
 
 from psrv.codecs import make
@@ -99,3 +100,39 @@ def test_an_answer_settles_its_shards_residual_once_and_forget_gives_up_one_shar
     enc.forget()  # the push round ended in an error: no answer settles anything
     assert not enc.settle(0, applied=True) and not enc.settle(1, applied=True)
     assert torch.equal(enc.error, before)
+
+
+def test_the_residual_saved_is_a_copy_and_a_load_takes_it_whole_or_refuses_in_one_line():
+    """PushEncoder.state_dict / load_state_dict (a worker's checkpoint, psrv/client/compression_state.py): the
+    residual saved does not move with later pushes; loaded, it is the residual, and a push encoded before the load
+    settles nothing after it; a residual of another shape, or error feedback on one side only, is refused and
+    leaves the residual as it was."""
+    enc = PushEncoder(make("topk:0.1"), PLAN, error_feedback=True)
+    g = torch.randn(PLAN.total, generator=torch.Generator().manual_seed(6))
+    for s in range(2):
+        enc.encode(g, s)
+        enc.settle(s, applied=True)
+    saved = enc.state_dict()
+    assert saved.keys() == {"error"} and torch.equal(saved["error"], enc.error) and saved["error"].abs().sum() > 0
+    kept = saved["error"].clone()
+    enc.encode(g, 0)
+    enc.settle(0, applied=True)  # the residual moves on; the saved one does not
+    assert torch.equal(saved["error"], kept) and not torch.equal(enc.error, kept)
+
+    enc.encode(g, 1)  # pending when the load comes
+    enc.load_state_dict({"error": kept})
+    assert torch.equal(enc.error, kept) and enc.error is not kept
+    assert not enc.settle(1, applied=True) and torch.equal(enc.error, kept)
+
+    without = PushEncoder(make("topk:0.1"), PLAN, error_feedback=False)
+    assert without.state_dict() == {"error": None}
+    without.load_state_dict({"error": None})
+    for target, state, says in [
+            (enc, {"error": None}, "error-feedback state saved with error feedback off, this worker has it the other way"),
+            (without, {"error": kept}, "error-feedback state saved with error feedback on, this worker has it the other way"),
+            (enc, {"error": kept[:-1]}, "error buffer of shape (147,), this model's is (148,)")]:
+        before = None if target.error is None else target.error.clone()
+        with pytest.raises(ValueError) as refused:
+            target.load_state_dict(state)
+        assert str(refused.value) == says
+        assert (target.error is None) == (before is None) and (before is None or torch.equal(target.error, before))
