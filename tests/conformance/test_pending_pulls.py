@@ -64,6 +64,7 @@ def test_a_pull_re_sent_on_other_connections_is_answered_once_on_each_of_the_las
         pending.add(f"conn-{i}", worker=4, seq=1, clock=0, final=False, received=float(i), push=None)  # twice
     (p,) = list(pending)
     assert p.peers == [f"conn-{i}" for i in range(2, MAX_PEERS + 2)] and p.received == 0.0
+    assert (p.view, p.fragment) == (0, None)  # a dense pull of the whole shard: no copy held (copies.py's 0)
     seen = []
     pending.release(lambda q: True, seen.append)
     assert seen == [p] and len(pending) == 0 and not pending.holding(4, 1)

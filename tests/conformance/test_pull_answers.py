@@ -1,0 +1,68 @@
+"""A shard's answers to pulls (psrv/server/pulls/handler.py) where the matrix's runs do not look closely, found by
+`make mutants`: the fastest step time a PUSH_PULL's answer carries (dynamic local steps, psrv/local_period.py) is
+the fastest of the workers active now; a worker that leaves takes its waiting pulls and its compressed-pull copy
+with it. A ShardService driven by hand, its replies recorded; the reference: the numbers this file sent."""
+from __future__ import annotations
+
+import torch
+
+from psrv.config import OptimConfig, ServerConfig
+from psrv.protocol import Message, MsgType, encode
+from psrv.server.service import ShardService
+from tests.helpers import RecordingNet
+
+N = 64
+PULL = {"codec": "topk:0.1", "resync": 0, "dense": [], "error_feedback": True, "sign_scale": "l1"}
+
+
+def service(mode: str, workers: int, pull: dict | None = None) -> tuple[ShardService, RecordingNet]:
+    net = RecordingNet()
+    svc = ShardService(ServerConfig(workers=workers, mode=mode, optimizer=OptimConfig("sgd", lr=0.1, momentum=0.0)),
+                       net)
+    for w in range(workers):
+        send(svc, Message(MsgType.HELLO, worker=w, seq=1, fields={
+            "plan_hash": "p", "total": N, "num_shards": 1, "shard": 0, "world_size": workers,
+            **({"pull": pull} if pull else {})}))
+    send(svc, Message(MsgType.INIT, worker=0, seq=2, tensor=torch.zeros(N)))
+    net.out.clear()
+    return svc, net
+
+
+def send(svc: ShardService, msg: Message) -> None:
+    svc.handle(b"peer-%d" % msg.worker, encode(msg))
+
+
+def test_a_push_pulls_answer_carries_the_fastest_step_time_of_the_active_workers():
+    svc, net = service("async", 3)
+    answers = []
+    for worker, seq, seconds in [(0, 3, 0.03), (1, 3, 0.01), (2, 3, None), (0, 4, 0.05)]:
+        fields = {} if seconds is None else {"step_seconds": seconds}
+        send(svc, Message(MsgType.PUSH_PULL, worker=worker, seq=seq, clock=seq - 3, fields=fields,
+                          tensor=torch.ones(N)))
+        (reply,) = net.out
+        net.out.clear()
+        assert reply.type is MsgType.WEIGHTS, reply
+        answers.append(reply.fields["push"].get("fastest_step_seconds"))
+    assert answers == [0.03, 0.01, 0.01, 0.01]
+    send(svc, Message(MsgType.LEAVE, worker=1, seq=4))
+    net.out.clear()
+    send(svc, Message(MsgType.PUSH_PULL, worker=0, seq=5, clock=2, fields={"step_seconds": 0.05},
+                      tensor=torch.ones(N)))
+    assert net.out[0].fields["push"]["fastest_step_seconds"] == 0.05  # worker 1's 0.01 left with it
+
+
+def test_a_worker_that_leaves_takes_its_waiting_pulls_and_its_copy_with_it():
+    svc, net = service("sync", 3, pull=PULL)
+    pulls = svc.pulls
+    send(svc, Message(MsgType.PUSH_PULL, worker=1, seq=3, clock=0, tensor=torch.ones(N)))
+    send(svc, Message(MsgType.PUSH_PULL, worker=2, seq=3, clock=0, tensor=torch.ones(N)))
+    assert net.out == [] and pulls.pending.workers() == {1, 2}  # the barrier waits for worker 0
+    assert set(pulls.copies.copies) == {0, 1, 2}
+    send(svc, Message(MsgType.LEAVE, worker=1, seq=4))
+    assert [m.type for m in net.out] == [MsgType.OK]  # its LEAVE's answer; its pull is not answered
+    net.out.clear()
+    assert pulls.pending.workers() == {2} and set(pulls.copies.copies) == {0, 2}
+    send(svc, Message(MsgType.PUSH_PULL, worker=0, seq=3, clock=0, tensor=torch.ones(N)))
+    # the barrier of workers 0 and 2 closed: each is answered the weights after it, worker 1 nothing
+    assert [(m.type, m.fields["version"]) for m in net.out] == [(MsgType.WEIGHTS, 1)] * 2
+    assert pulls.pending.workers() == set()
