@@ -136,3 +136,26 @@ def test_the_residual_saved_is_a_copy_and_a_load_takes_it_whole_or_refuses_in_on
             target.load_state_dict(state)
         assert str(refused.value) == says
         assert (target.error is None) == (before is None) and (before is None or torch.equal(target.error, before))
+
+
+def test_the_warm_up_raises_the_ratio_of_top_k_and_random_k_only():
+    """DGC's warm-up (--compress-warmup, 50 pushes by default whatever the codec) sends top-k's and random-k's
+    RATIO^(1/5) at the first push, and leaves SparseLoCo's ratio (and sign's, which has none) as it is."""
+    g = torch.randn(PLAN.total, generator=torch.Generator().manual_seed(7))
+    for spec, first in [("topk:0.01", 0.01 ** 0.2), ("randomk:0.01", 0.01 ** 0.2), ("sparseloco:0.01", 0.01),
+                        ("sign", None)]:
+        fields, parts = PushEncoder(make(spec, seed=1), PLAN, warmup=50).encode(g, 1, clock=0)
+        assert fields["codec"].get("ratio") == (None if first is None else pytest.approx(first, rel=1e-12)), spec
+        if spec.startswith(("topk", "randomk")):
+            assert parts["indices"].numel() == math.ceil(first * 74), spec
+
+
+def test_each_shard_draws_random_k_from_a_stream_of_its_own():
+    """Random-k's draws for a shard do not depend on the order the shards are encoded in (overlap sends them in
+    the order their gradients are ready), and two shards of one size given the same values draw apart."""
+    same = torch.randn(74, generator=torch.Generator().manual_seed(8)).repeat(2)
+    in_order, reversed_ = (PushEncoder(make("randomk:0.2", seed=3), PLAN, error_feedback=False) for _ in range(2))
+    first = [in_order.encode(same, s)[1]["indices"] for s in (0, 1)]
+    second = [reversed_.encode(same, s)[1]["indices"] for s in (1, 0)][::-1]
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    assert not torch.equal(first[0], first[1])

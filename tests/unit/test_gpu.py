@@ -116,6 +116,27 @@ def test_a_push_with_dense_ranges_adds_into_a_cuda_sum_as_into_a_cpu_one(spec):
     assert torch.equal(on_gpu.cpu(), on_cpu)
 
 
+@pytest.mark.parametrize("spec", ["topk:0.1", "randomk:0.1"])  # the sparse codecs: values sent as they are
+def test_a_push_encoder_given_cuda_gradients_sends_what_it_sends_given_cpu_ones(spec):
+    """psrv/codecs/push.py PushEncoder.encode: the residual and the positions a sparse codec chooses among move to
+    the gradient's device at its first push (a GPU worker's), and the pushes and residuals are those of the CPU.
+    Kills the `.to(grad.device)` and device-test mutants of encode that no CPU-only case can (make mutants)."""
+    from psrv.codecs import make
+    from psrv.codecs.push import PushEncoder
+    from psrv.partition import ParamSpec, PartitionPlan
+    plan = PartitionPlan((ParamSpec("w", (2000,)), ParamSpec("b", (7,)), ParamSpec("v", (500,)), ParamSpec("c", (3,))), 2)
+    on_cpu, on_gpu = (PushEncoder(make(spec, seed=1), plan, min_numel=10) for _ in range(2))
+    gen = torch.Generator().manual_seed(9)
+    for clock in range(3):
+        g = torch.randn(plan.total, generator=gen)
+        for shard in range(2):
+            (fc, pc), (fg, pg) = on_cpu.encode(g, shard, clock), on_gpu.encode(g.to("cuda:0"), shard, clock)
+            assert fc == fg and pc.keys() == pg.keys() and all(torch.equal(pc[k], pg[k]) for k in pc)
+            on_cpu.settle(shard, applied=True)
+            on_gpu.settle(shard, applied=True)
+    assert on_gpu.error.device.type == "cuda" and torch.equal(on_gpu.error.cpu(), on_cpu.error)
+
+
 def test_a_regional_shard_on_cuda_syncs_as_on_cpu():
     """A regional shard on GPU0 under a CPU global shard (psrv/server/hierarchy/upstream.py): the same global
     weights as with every shard on the CPU (the link's tensors cross host memory both ways)."""
