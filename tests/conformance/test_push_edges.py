@@ -12,6 +12,7 @@ import torch
 from psrv.codecs import make
 from psrv.codecs.push import PushEncoder, decode_push, dense_ranges, finite
 from psrv.partition import ParamSpec, PartitionPlan
+from psrv.protocol import ErrorCode, ProtocolError
 
 # Two shards of 74 elements: a1 and a2 (first in a shard) lie side by side; b1 (8 elements) is cut by the boundary at 74, 4 on each side; b2 has exactly
 # MIN_NUMEL elements (compressed: "under" min_numel travels dense); b3 and b4 lie side by side; the second shard
@@ -159,3 +160,25 @@ def test_each_shard_draws_random_k_from_a_stream_of_its_own():
     second = [reversed_.encode(same, s)[1]["indices"] for s in (1, 0)][::-1]
     assert all(torch.equal(a, b) for a, b in zip(first, second))
     assert not torch.equal(first[0], first[1])
+
+
+def test_a_push_header_of_up_to_2048_dense_ranges_is_taken_and_one_more_or_not_a_list_is_refused():
+    """decode_push checks the header's `dense` before it reads the parts: at most MAX_DENSE_RANGES (2048) sorted
+    [start, stop) pairs, covering as many elements as part 'dense' has (BAD_TENSOR in one line otherwise)."""
+    size = 2 * 2049
+    x = torch.randn(size, generator=torch.Generator().manual_seed(9))
+    fields, parts = PushEncoder(make("int8"), PartitionPlan((ParamSpec("w", (size,)),), 1), error_feedback=False
+                                ).encode(x, 0)
+
+    def with_ranges(count: int) -> tuple[dict, dict]:
+        ranges = [[2 * i, 2 * i + 1] for i in range(count)]  # every other element, exactly
+        return ({**fields["codec"], "dense": ranges}, {**parts, "dense": x[0:2 * count:2].clone()})
+
+    decoded = decode_push(*with_ranges(2048), size)
+    assert torch.equal(decoded.densify(torch.empty(size))[0:4096:2], x[0:4096:2])
+    for header, values, says in [(*with_ranges(2049), "dense must be a list of at most 2048 [start, stop] pairs"),
+                                 ({**fields["codec"], "dense": {"0": 1}}, {**parts, "dense": x[:1].clone()},
+                                  "dense must be a list of at most 2048 [start, stop] pairs")]:
+        with pytest.raises(ProtocolError) as refused:
+            decode_push(header, values, size)
+        assert refused.value.code is ErrorCode.BAD_TENSOR and str(refused.value).endswith(says), str(refused.value)
