@@ -182,3 +182,21 @@ def test_a_push_header_of_up_to_2048_dense_ranges_is_taken_and_one_more_or_not_a
         with pytest.raises(ProtocolError) as refused:
             decode_push(header, values, size)
         assert refused.value.code is ErrorCode.BAD_TENSOR and str(refused.value).endswith(says), str(refused.value)
+
+
+@pytest.mark.parametrize("ranges,count,says", [
+    ([[0, 1, 2]], 1, "dense range [0, 1, 2] is not a sorted, disjoint [start, stop) within [0, 40)"),
+    ([["0", 1]], 1, "dense range ['0', 1] is not a sorted, disjoint [start, stop) within [0, 40)"),
+    ([[True, 2]], 1, "dense range [True, 2] is not a sorted, disjoint [start, stop) within [0, 40)"),
+    ([[3, 3]], 0, "dense range [3, 3] is not a sorted, disjoint [start, stop) within [0, 40)"),
+    ([[0, 4], [2, 5]], 7, "dense range [2, 5] is not a sorted, disjoint [start, stop) within [0, 40)"),
+    ([[36, 41]], 5, "dense range [36, 41] is not a sorted, disjoint [start, stop) within [0, 40)"),
+    ([[0, 4], [6, 8]], 5, "dense ranges cover 6 elements; part 'dense' has 5"),
+], ids=["three", "a-string", "a-bool", "empty", "overlapping", "past-the-end", "count"])
+def test_a_malformed_dense_range_is_refused_in_its_line(ranges, count, says):
+    x = torch.randn(40, generator=torch.Generator().manual_seed(10))
+    fields, parts = PushEncoder(make("int8"), PartitionPlan((ParamSpec("w", (40,)),), 1), error_feedback=False
+                                ).encode(x, 0)
+    with pytest.raises(ProtocolError) as refused:
+        decode_push({**fields["codec"], "dense": ranges}, {**parts, "dense": x[:count].clone()}, 40)
+    assert refused.value.code is ErrorCode.BAD_TENSOR and refused.value.message == says
