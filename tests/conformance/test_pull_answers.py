@@ -66,3 +66,29 @@ def test_a_worker_that_leaves_takes_its_waiting_pulls_and_its_copy_with_it():
     # the barrier of workers 0 and 2 closed: each is answered the weights after it, worker 1 nothing
     assert [(m.type, m.fields["version"]) for m in net.out] == [(MsgType.WEIGHTS, 1)] * 2
     assert pulls.pending.workers() == set()
+
+
+def test_a_pull_before_any_hello_is_told_to_say_hello():
+    net = RecordingNet()
+    svc = ShardService(ServerConfig(workers=1, mode="async"), net)
+    send(svc, Message(MsgType.PULL, worker=0, seq=1))
+    (reply,) = net.out
+    assert reply.type is MsgType.ERROR and reply.fields["hello"] is True
+    assert reply.fields["message"] == "PULL before any HELLO"
+
+
+def test_rank_0s_final_pull_waits_for_the_others_to_leave_and_no_barrier_waits_for_it():
+    """A final pull (rank 0's last, `final`): rank 0 pushes no more, so worker 1's next sync barrier closes without
+    it, and its answer waits until worker 1 has left (rank 0 then ends the run)."""
+    svc, net = service("sync", 2)
+    for worker in (0, 1):
+        send(svc, Message(MsgType.PUSH_PULL, worker=worker, seq=3, clock=0, tensor=torch.ones(N)))
+    net.out.clear()
+    send(svc, Message(MsgType.PULL, worker=0, seq=4, clock=1, fields={"final": True}))
+    assert net.out == [] and svc.pulls.pending.workers() == {0}
+    send(svc, Message(MsgType.PUSH_PULL, worker=1, seq=4, clock=1, tensor=torch.ones(N)))
+    assert [(m.type, m.seq, m.fields["version"]) for m in net.out] == [(MsgType.WEIGHTS, 4, 2)]  # worker 1's alone
+    net.out.clear()
+    send(svc, Message(MsgType.LEAVE, worker=1, seq=5))
+    assert [(m.type, m.seq) for m in net.out] == [(MsgType.WEIGHTS, 4), (MsgType.OK, 5)]  # released as it leaves
+    assert net.out[0].fields["version"] == 2 and svc.pulls.pending.workers() == set()
