@@ -153,13 +153,16 @@ def test_the_warm_up_raises_the_ratio_of_top_k_and_random_k_only():
 
 def test_each_shard_draws_random_k_from_a_stream_of_its_own():
     """Random-k's draws for a shard do not depend on the order the shards are encoded in (overlap sends them in
-    the order their gradients are ready), and two shards of one size given the same values draw apart."""
+    the order their gradients are ready), and two shards of one size given the same values draw apart, as do two
+    workers (psrv/client/psclient.py seeds a worker's codec with its rank)."""
     same = torch.randn(74, generator=torch.Generator().manual_seed(8)).repeat(2)
     in_order, reversed_ = (PushEncoder(make("randomk:0.2", seed=3), PLAN, error_feedback=False) for _ in range(2))
     first = [in_order.encode(same, s)[1]["indices"] for s in (0, 1)]
     second = [reversed_.encode(same, s)[1]["indices"] for s in (1, 0)][::-1]
     assert all(torch.equal(a, b) for a, b in zip(first, second))
     assert not torch.equal(first[0], first[1])
+    other_worker = PushEncoder(make("randomk:0.2", seed=4), PLAN, error_feedback=False)  # the seed: the worker's rank
+    assert not torch.equal(other_worker.encode(same, 0)[1]["indices"], first[0])
 
 
 def test_a_push_header_of_up_to_2048_dense_ranges_is_taken_and_one_more_or_not_a_list_is_refused():
