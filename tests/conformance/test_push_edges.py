@@ -14,10 +14,12 @@ from psrv.codecs.push import PushEncoder, decode_push, dense_ranges, finite
 from psrv.partition import ParamSpec, PartitionPlan
 from psrv.protocol import ErrorCode, ProtocolError
 
-# Two shards of 74 elements: a1 and a2 (first in a shard) lie side by side; b1 (8 elements) is cut by the boundary at 74, 4 on each side; b2 has exactly
-# MIN_NUMEL elements (compressed: "under" min_numel travels dense); b3 and b4 lie side by side; the second shard
-# has three dense ranges (a range's values are found by the lengths of the ranges before it).
-PARAMS = (("a1", 3), ("a2", 2), ("w1", 65), ("b1", 8), ("w2", 28), ("b2", 10), ("b3", 5), ("b4", 2), ("w3", 12), ("b5", 3), ("w4", 10))
+# Two shards of 74 elements. a1 and a2, the first shard's first tensors, lie side by side; b1 (8 elements) is cut
+# by the boundary at 74, 4 on each side; b2 has exactly MIN_NUMEL elements (compressed: "under" min_numel travels
+# dense); b3 and b4 lie side by side; the second shard has three dense ranges (a range's values are found by the
+# lengths of the ranges before it).
+PARAMS = (("a1", 3), ("a2", 2), ("w1", 65), ("b1", 8), ("w2", 28), ("b2", 10), ("b3", 5), ("b4", 2), ("w3", 12),
+          ("b5", 3), ("w4", 10))
 PLAN = PartitionPlan(tuple(ParamSpec(name, (n,)) for name, n in PARAMS), 2)
 MIN_NUMEL = 10
 
