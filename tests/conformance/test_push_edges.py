@@ -131,8 +131,10 @@ def test_the_residual_saved_is_a_copy_and_a_load_takes_it_whole_or_refuses_in_on
     assert without.state_dict() == {"error": None}
     without.load_state_dict({"error": None})
     for target, state, says in [
-            (enc, {"error": None}, "error-feedback state saved with error feedback off, this worker has it the other way"),
-            (without, {"error": kept}, "error-feedback state saved with error feedback on, this worker has it the other way"),
+            (enc, {"error": None},
+             "error-feedback state saved with error feedback off, this worker has it the other way"),
+            (without, {"error": kept},
+             "error-feedback state saved with error feedback on, this worker has it the other way"),
             (enc, {"error": kept[:-1]}, "error buffer of shape (147,), this model's is (148,)")]:
         before = None if target.error is None else target.error.clone()
         with pytest.raises(ValueError) as refused:

@@ -107,7 +107,8 @@ def test_a_push_with_dense_ranges_adds_into_a_cuda_sum_as_into_a_cpu_one(spec):
     from psrv.codecs import make
     from psrv.codecs.push import PushEncoder, decode_push
     from psrv.partition import ParamSpec, PartitionPlan
-    plan = PartitionPlan((ParamSpec("w", (2000,)), ParamSpec("b", (7,)), ParamSpec("v", (500,)), ParamSpec("c", (3,))), 1)
+    plan = PartitionPlan((ParamSpec("w", (2000,)), ParamSpec("b", (7,)), ParamSpec("v", (500,)), ParamSpec("c", (3,))),
+                         1)
     fields, parts = PushEncoder(make(spec), plan, error_feedback=False, min_numel=10).encode(
         torch.randn(plan.total, generator=torch.Generator().manual_seed(8)), 0)
     on_cpu, on_gpu = torch.ones(plan.total), torch.ones(plan.total, device="cuda:0")
@@ -124,7 +125,8 @@ def test_a_push_encoder_given_cuda_gradients_sends_what_it_sends_given_cpu_ones(
     from psrv.codecs import make
     from psrv.codecs.push import PushEncoder
     from psrv.partition import ParamSpec, PartitionPlan
-    plan = PartitionPlan((ParamSpec("w", (2000,)), ParamSpec("b", (7,)), ParamSpec("v", (500,)), ParamSpec("c", (3,))), 2)
+    plan = PartitionPlan((ParamSpec("w", (2000,)), ParamSpec("b", (7,)), ParamSpec("v", (500,)), ParamSpec("c", (3,))),
+                         2)
     on_cpu, on_gpu = (PushEncoder(make(spec, seed=1), plan, min_numel=10) for _ in range(2))
     gen = torch.Generator().manual_seed(9)
     for clock in range(3):
