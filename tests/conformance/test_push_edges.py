@@ -207,3 +207,21 @@ def test_a_malformed_dense_range_is_refused_in_its_line(ranges, count, says):
     with pytest.raises(ProtocolError) as refused:
         decode_push({**fields["codec"], "dense": ranges}, {**parts, "dense": x[:count].clone()}, 40)
     assert refused.value.code is ErrorCode.BAD_TENSOR and refused.value.message == says
+
+
+@pytest.mark.parametrize("header,says", [
+    ("topk", "codec must be a map"),
+    ({"name": "zip", "n": 40}, "unknown codec 'zip'; this server decodes fp4, int8, randomk, sign, sparseloco, topk"),
+    ({"name": ["topk"], "n": 40},
+     "unknown codec ['topk']; this server decodes fp4, int8, randomk, sign, sparseloco, topk"),
+], ids=["not-a-map", "unknown", "a-list"])
+def test_a_push_header_without_a_codec_this_server_decodes_is_malformed_in_its_line(header, says):
+    with pytest.raises(ProtocolError) as refused:
+        decode_push(header, {}, 40)
+    assert refused.value.code is ErrorCode.MALFORMED and refused.value.message == says
+
+
+def test_a_cast_or_no_codec_makes_no_lossy_codec():
+    """--compress float16 (a cast, which the client makes itself) or none: make returns no codec to encode with."""
+    assert [make(spec) for spec in ("", "float16", "fp16", "bfloat16", "bf16")] == [None] * 5
+    assert [type(make(spec)).__name__ for spec in ("int8", "fp4", "sign")] == ["Int8", "Fp4", "Sign"]
