@@ -225,3 +225,28 @@ def test_a_cast_or_no_codec_makes_no_lossy_codec():
     """--compress float16 (a cast, which the client makes itself) or none: make returns no codec to encode with."""
     assert [make(spec) for spec in ("", "float16", "fp16", "bfloat16", "bf16")] == [None] * 5
     assert [type(make(spec)).__name__ for spec in ("int8", "fp4", "sign")] == ["Int8", "Fp4", "Sign"]
+
+
+def _int8_push(mangle) -> tuple[dict, dict]:
+    x = torch.randn(40, generator=torch.Generator().manual_seed(11))
+    fields, parts = PushEncoder(make("int8"), PartitionPlan((ParamSpec("w", (40,)),), 1), error_feedback=False
+                                ).encode(x, 0)
+    fields, parts = dict(fields["codec"]), dict(parts)
+    mangle(fields, parts)
+    return fields, parts
+
+
+@pytest.mark.parametrize("mangle,says", [
+    (lambda f, p: f.update(n=39), "compressed push for 39 elements; this shard has 40"),
+    (lambda f, p: p.update(dense=torch.zeros(2)), "part 'dense' without dense ranges in the header"),
+    (lambda f, p: f.update(dense=[[0, 2]]), "dense ranges need a float32 part 'dense'"),
+    (lambda f, p: (f.update(dense=[[0, 2]]), p.update(dense=torch.zeros(2, dtype=torch.float16))),
+     "dense ranges need a float32 part 'dense'"),
+    (lambda f, p: p.pop("scales"), "compressed push lacks its 'scales' part"),
+    (lambda f, p: p.update(q=p["q"].to(torch.uint8)), "part 'q' is uint8, expected int8"),
+], ids=["size", "dense-part-alone", "ranges-alone", "dense-float16", "no-scales", "q-uint8"])
+def test_a_push_whose_parts_disagree_with_its_header_is_refused_in_its_line(mangle, says):
+    fields, parts = _int8_push(mangle)
+    with pytest.raises(ProtocolError) as refused:
+        decode_push(fields, parts, 40)
+    assert refused.value.code is ErrorCode.BAD_TENSOR and refused.value.message == says
