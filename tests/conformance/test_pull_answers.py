@@ -1,7 +1,7 @@
 """A shard's answers to pulls (psrv/server/pulls/handler.py) where the matrix's runs do not look closely, found by
 `make mutants`: the fastest step time a PUSH_PULL's answer carries (dynamic local steps, psrv/local_period.py) is
 the fastest of the workers active now; a worker that leaves takes its waiting pulls and its compressed-pull copy
-with it. A ShardService driven by hand, its replies recorded; the reference: the numbers this file sent."""
+with it; a compressed pull is answered against the copy the worker names, and dense when final. A ShardService driven by hand, its replies recorded; the reference: the numbers this file sent."""
 from __future__ import annotations
 
 import torch
@@ -15,10 +15,11 @@ N = 64
 PULL = {"codec": "topk:0.1", "resync": 0, "dense": [], "error_feedback": True, "sign_scale": "l1"}
 
 
-def service(mode: str, workers: int, pull: dict | None = None) -> tuple[ShardService, RecordingNet]:
+def service(mode: str, workers: int, pull: dict | None = None,
+            rule: str = "plain") -> tuple[ShardService, RecordingNet]:
     net = RecordingNet()
-    svc = ShardService(ServerConfig(workers=workers, mode=mode, optimizer=OptimConfig("sgd", lr=0.1, momentum=0.0)),
-                       net)
+    optimizer = OptimConfig("sgd", lr=0.1, momentum=0.0, update_rule=rule)
+    svc = ShardService(ServerConfig(workers=workers, mode=mode, optimizer=optimizer), net)
     for w in range(workers):
         send(svc, Message(MsgType.HELLO, worker=w, seq=1, fields={
             "plan_hash": "p", "total": N, "num_shards": 1, "shard": 0, "world_size": workers,
@@ -92,3 +93,32 @@ def test_rank_0s_final_pull_waits_for_the_others_to_leave_and_no_barrier_waits_f
     send(svc, Message(MsgType.LEAVE, worker=1, seq=5))
     assert [(m.type, m.seq) for m in net.out] == [(MsgType.WEIGHTS, 4), (MsgType.OK, 5)]  # released as it leaves
     assert net.out[0].fields["version"] == 2 and svc.pulls.pending.workers() == set()
+
+
+def test_a_compressed_pull_is_dense_first_then_against_the_workers_copy_and_dense_again_when_final():
+    """Under compressed pulls (top-k with error feedback) a worker's first pull is the weights, each later one
+    naming the copy it holds (`view`) gets the change against it, and its final pull the weights again; DC-ASGD
+    keeps, as the weights the worker pulled, the copy it holds, not the shard's weights; `waited` is the time the
+    answer was held (none here: async answers at once)."""
+    svc, net = service("async", 1, pull=PULL, rule="dc-asgd")
+    gen = torch.Generator().manual_seed(12)
+    view = None
+    kinds = []
+    for seq in range(3, 7):
+        final = seq == 6
+        fields = {**({} if view is None else {"view": view}), **({"final": True} if final else {})}
+        if final:
+            send(svc, Message(MsgType.PULL, worker=0, seq=seq, clock=seq - 3, fields=fields))
+        else:
+            send(svc, Message(MsgType.PUSH_PULL, worker=0, seq=seq, clock=seq - 3, fields=fields,
+                              tensor=torch.randn(N, generator=gen)))
+        (reply,) = net.out
+        net.out.clear()
+        assert reply.type is MsgType.WEIGHTS and 0 <= reply.fields["waited"] < 5.0, reply.fields
+        kinds.append("dense" if reply.tensor is not None else "compressed")
+        view = reply.fields["view"]
+        copy = svc.pulls.copies.copies[0].ref
+        if kinds[-1] == "compressed":  # top-k's copy is not the weights: the rule keeps the copy
+            assert not torch.equal(copy, svc.shard.weights)
+            assert torch.equal(svc.shard.rule.pulled_weights[0], copy)
+    assert kinds == ["dense", "compressed", "compressed", "dense"]
