@@ -1,7 +1,8 @@
 """A shard's answers to pulls (psrv/server/pulls/handler.py) where the matrix's runs do not look closely, found by
 `make mutants`: the fastest step time a PUSH_PULL's answer carries (dynamic local steps, psrv/local_period.py) is
 the fastest of the workers active now; a worker that leaves takes its waiting pulls and its compressed-pull copy
-with it; a compressed pull is answered against the copy the worker names, and dense when final. A ShardService driven by hand, its replies recorded; the reference: the numbers this file sent."""
+with it; a compressed pull is answered against the copy the worker names, and dense when final. A ShardService
+driven by hand, its replies recorded; the reference: the numbers this file sent."""
 from __future__ import annotations
 
 import torch
