@@ -5,9 +5,12 @@ with it; a compressed pull is answered against the copy the worker names, and de
 driven by hand, its replies recorded; the reference: the numbers this file sent."""
 from __future__ import annotations
 
+import json
+
 import torch
 
 from psrv.config import OptimConfig, ServerConfig
+from psrv.history import History
 from psrv.protocol import Message, MsgType, encode
 from psrv.server.service import ShardService
 from tests.helpers import RecordingNet
@@ -16,11 +19,11 @@ N = 64
 PULL = {"codec": "topk:0.1", "resync": 0, "dense": [], "error_feedback": True, "sign_scale": "l1"}
 
 
-def service(mode: str, workers: int, pull: dict | None = None,
-            rule: str = "plain") -> tuple[ShardService, RecordingNet]:
+def service(mode: str, workers: int, pull: dict | None = None, rule: str = "plain",
+            history: History | None = None) -> tuple[ShardService, RecordingNet]:
     net = RecordingNet()
     optimizer = OptimConfig("sgd", lr=0.1, momentum=0.0, update_rule=rule)
-    svc = ShardService(ServerConfig(workers=workers, mode=mode, optimizer=optimizer), net)
+    svc = ShardService(ServerConfig(workers=workers, mode=mode, optimizer=optimizer), net, history=history)
     for w in range(workers):
         send(svc, Message(MsgType.HELLO, worker=w, seq=1, fields={
             "plan_hash": "p", "total": N, "num_shards": 1, "shard": 0, "world_size": workers,
@@ -123,3 +126,20 @@ def test_a_compressed_pull_is_dense_first_then_against_the_workers_copy_and_dens
             assert not torch.equal(copy, svc.shard.weights)
             assert torch.equal(svc.shard.rule.pulled_weights[0], copy)
     assert kinds == ["dense", "compressed", "compressed", "dense"]
+
+
+def test_each_answer_says_its_next_clock_and_gap_and_is_recorded_in_the_history(tmp_path):
+    """An async shard's answer to worker 0's k-th push-pull: the clock it pushes next (k), the clock gap to the
+    slowest worker (here it alone pushes, so k ahead of worker 1, at least 1), and the history's `answer` record
+    the history checker reads (docs/history.md): its worker, seq, clock, version and epoch."""
+    svc, net = service("async", 2, history=History(tmp_path / "shard.jsonl"))
+    for seq in (3, 4, 5):
+        send(svc, Message(MsgType.PUSH_PULL, worker=0, seq=seq, clock=seq - 3, tensor=torch.ones(N)))
+        (reply,) = net.out
+        net.out.clear()
+        assert (reply.fields["clock"], reply.fields["gap"]) == (seq - 2, seq - 2), reply.fields
+    svc.state.history.close()
+    lines = (tmp_path / "shard.jsonl").read_text().splitlines()
+    answers = [e for e in map(json.loads, lines) if e["ev"] == "answer"]
+    assert [(e["w"], e["seq"], e["clock"], e["version"], e["epoch"]) for e in answers] == [
+        (0, 3, 1, 1, 0), (0, 4, 2, 2, 0), (0, 5, 3, 3, 0)]
