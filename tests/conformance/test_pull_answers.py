@@ -143,3 +143,22 @@ def test_each_answer_says_its_next_clock_and_gap_and_is_recorded_in_the_history(
     answers = [e for e in map(json.loads, lines) if e["ev"] == "answer"]
     assert [(e["w"], e["seq"], e["clock"], e["version"], e["epoch"]) for e in answers] == [
         (0, 3, 1, 1, 0), (0, 4, 2, 2, 0), (0, 5, 3, 3, 0)]
+
+
+def test_a_compressed_fragment_pull_is_dense_first_then_against_the_copy_and_dense_again_when_final():
+    """Streaming DiLoCo's pulls of one fragment (`fragment`), under compressed pulls: as a whole pull, per fragment."""
+    svc, net = service("async", 1, pull=PULL)
+    gen = torch.Generator().manual_seed(13)
+    view, kinds = None, []
+    for seq in range(3, 7):
+        send(svc, Message(MsgType.PUSH, worker=0, seq=100 + seq, clock=seq - 3, tensor=torch.randn(N, generator=gen)))
+        net.out.clear()
+        fields = {"fragment": [[0, 32]], **({} if view is None else {"view": view}),
+                  **({"final": True} if seq == 6 else {})}
+        send(svc, Message(MsgType.PULL, worker=0, seq=seq, clock=seq - 2, fields=fields))
+        (reply,) = net.out
+        net.out.clear()
+        assert reply.type is MsgType.WEIGHTS, reply.fields
+        kinds.append("dense" if reply.tensor is not None else "compressed")
+        view = reply.fields["view"]
+    assert kinds == ["dense", "compressed", "compressed", "dense"]
