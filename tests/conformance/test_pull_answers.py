@@ -82,15 +82,19 @@ def test_a_pull_before_any_hello_is_told_to_say_hello():
     assert reply.fields["message"] == "PULL before any HELLO"
 
 
-def test_rank_0s_final_pull_waits_for_the_others_to_leave_and_no_barrier_waits_for_it():
+def test_rank_0s_final_pull_waits_for_the_others_to_leave_and_no_barrier_waits_for_it(tmp_path):
     """A final pull (rank 0's last, `final`): rank 0 pushes no more, so worker 1's next sync barrier closes without
-    it, and its answer waits until worker 1 has left (rank 0 then ends the run)."""
-    svc, net = service("sync", 2)
+    it, and its answer waits until worker 1 has left (rank 0 then ends the run); the history records its finish once."""
+    svc, net = service("sync", 2, history=History(tmp_path / "shard.jsonl"))
     for worker in (0, 1):
         send(svc, Message(MsgType.PUSH_PULL, worker=worker, seq=3, clock=0, tensor=torch.ones(N)))
     net.out.clear()
-    send(svc, Message(MsgType.PULL, worker=0, seq=4, clock=1, fields={"final": True}))
+    for _ in range(3):  # re-sent, as a client does when it hears nothing: one pull, one "finish" record
+        send(svc, Message(MsgType.PULL, worker=0, seq=4, clock=1, fields={"final": True}))
     assert net.out == [] and svc.pulls.pending.workers() == {0}
+    svc.state.history.close()
+    members = [e for e in map(json.loads, (tmp_path / "shard.jsonl").read_text().splitlines()) if e["ev"] == "member"]
+    assert [(e["w"], e["what"], e["epoch"]) for e in members if e["what"] == "finish"] == [(0, "finish", 0)]
     send(svc, Message(MsgType.PUSH_PULL, worker=1, seq=4, clock=1, tensor=torch.ones(N)))
     assert [(m.type, m.seq, m.fields["version"]) for m in net.out] == [(MsgType.WEIGHTS, 4, 2)]  # worker 1's alone
     net.out.clear()
