@@ -101,8 +101,8 @@ def test_cpu_parts_decode_into_a_cuda_copy_as_into_a_cpu_one(spec, ef):
 
 @pytest.mark.parametrize("spec", ["topk:0.1", "int8"])
 def test_a_push_with_dense_ranges_adds_into_a_cuda_sum_as_into_a_cpu_one(spec):
-    """psrv/codecs/push.py WithDense.add_into: a sparse push's dense ranges (tensors under --compress-min-numel)
-    added to a shard's accumulator on cuda:0 from CPU parts. Kills the `.to(accum.device)` mutant that the meta
+    """psrv/codecs/push.py WithDense.add_into: a push's dense ranges (tensors under --compress-min-numel), beside
+    top-k's values or written over int8's, added to a shard's accumulator on cuda:0 from CPU parts. Kills the `.to(accum.device)` mutant that the meta
     device cannot (make mutants: it accepts CPU operands in add_)."""
     from psrv.codecs import make
     from psrv.codecs.push import PushEncoder, decode_push
