@@ -37,6 +37,22 @@ def small_runs(shard: int) -> list[list[int]]:
     return runs
 
 
+def int8_push(size: int, seed: int) -> tuple[torch.Tensor, dict, dict]:
+    """An int8 push of a one-tensor shard of `size` elements: the values, its header and its parts (copies, for a
+    case to mangle)."""
+    x = torch.randn(size, generator=torch.Generator().manual_seed(seed))
+    fields, parts = PushEncoder(make("int8"), PartitionPlan((ParamSpec("w", (size,)),), 1), error_feedback=False
+                                ).encode(x, 0)
+    return x, dict(fields["codec"]), dict(parts)
+
+
+def refusal(header, parts: dict, size: int) -> ProtocolError:
+    """decode_push's refusal of a push (the case fails where it takes it)."""
+    with pytest.raises(ProtocolError) as refused:
+        decode_push(header, parts, size)
+    return refused.value
+
+
 def test_the_dense_ranges_are_the_tensors_under_min_numel_where_a_shard_boundary_cuts_them():
     assert PLAN.ranges == ((0, 74), (74, 148))
     assert [dense_ranges(PLAN, s, MIN_NUMEL) for s in range(2)] == [small_runs(0), small_runs(1)] == [
@@ -173,22 +189,19 @@ def test_a_push_header_of_up_to_2048_dense_ranges_is_taken_and_one_more_or_not_a
     """decode_push checks the header's `dense` before it reads the parts: at most MAX_DENSE_RANGES (2048) sorted
     [start, stop) pairs, covering as many elements as part 'dense' has (BAD_TENSOR in one line otherwise)."""
     size = 2 * 2049
-    x = torch.randn(size, generator=torch.Generator().manual_seed(9))
-    fields, parts = PushEncoder(make("int8"), PartitionPlan((ParamSpec("w", (size,)),), 1), error_feedback=False
-                                ).encode(x, 0)
+    x, header, parts = int8_push(size, 9)
 
     def with_ranges(count: int) -> tuple[dict, dict]:
         ranges = [[2 * i, 2 * i + 1] for i in range(count)]  # every other element, exactly
-        return ({**fields["codec"], "dense": ranges}, {**parts, "dense": x[0:2 * count:2].clone()})
+        return ({**header, "dense": ranges}, {**parts, "dense": x[0:2 * count:2].clone()})
 
     decoded = decode_push(*with_ranges(2048), size)
     assert torch.equal(decoded.densify(torch.empty(size))[0:4096:2], x[0:4096:2])
-    for header, values, says in [(*with_ranges(2049), "dense must be a list of at most 2048 [start, stop] pairs"),
-                                 ({**fields["codec"], "dense": {"0": 1}}, {**parts, "dense": x[:1].clone()},
-                                  "dense must be a list of at most 2048 [start, stop] pairs")]:
-        with pytest.raises(ProtocolError) as refused:
-            decode_push(header, values, size)
-        assert refused.value.code is ErrorCode.BAD_TENSOR and str(refused.value).endswith(says), str(refused.value)
+    for mangled, values, says in [(*with_ranges(2049), "dense must be a list of at most 2048 [start, stop] pairs"),
+                                  ({**header, "dense": {"0": 1}}, {**parts, "dense": x[:1].clone()},
+                                   "dense must be a list of at most 2048 [start, stop] pairs")]:
+        refused = refusal(mangled, values, size)
+        assert refused.code is ErrorCode.BAD_TENSOR and str(refused).endswith(says), str(refused)
 
 
 @pytest.mark.parametrize("ranges,count,says", [
@@ -201,12 +214,9 @@ def test_a_push_header_of_up_to_2048_dense_ranges_is_taken_and_one_more_or_not_a
     ([[0, 4], [6, 8]], 5, "dense ranges cover 6 elements; part 'dense' has 5"),
 ], ids=["three", "a-string", "a-bool", "empty", "overlapping", "past-the-end", "count"])
 def test_a_malformed_dense_range_is_refused_in_its_line(ranges, count, says):
-    x = torch.randn(40, generator=torch.Generator().manual_seed(10))
-    fields, parts = PushEncoder(make("int8"), PartitionPlan((ParamSpec("w", (40,)),), 1), error_feedback=False
-                                ).encode(x, 0)
-    with pytest.raises(ProtocolError) as refused:
-        decode_push({**fields["codec"], "dense": ranges}, {**parts, "dense": x[:count].clone()}, 40)
-    assert refused.value.code is ErrorCode.BAD_TENSOR and refused.value.message == says
+    x, header, parts = int8_push(40, 10)
+    refused = refusal({**header, "dense": ranges}, {**parts, "dense": x[:count].clone()}, 40)
+    assert refused.code is ErrorCode.BAD_TENSOR and refused.message == says
 
 
 @pytest.mark.parametrize("header,says", [
@@ -216,24 +226,14 @@ def test_a_malformed_dense_range_is_refused_in_its_line(ranges, count, says):
      "unknown codec ['topk']; this server decodes fp4, int8, randomk, sign, sparseloco, topk"),
 ], ids=["not-a-map", "unknown", "a-list"])
 def test_a_push_header_without_a_codec_this_server_decodes_is_malformed_in_its_line(header, says):
-    with pytest.raises(ProtocolError) as refused:
-        decode_push(header, {}, 40)
-    assert refused.value.code is ErrorCode.MALFORMED and refused.value.message == says
+    refused = refusal(header, {}, 40)
+    assert refused.code is ErrorCode.MALFORMED and refused.message == says
 
 
 def test_a_cast_or_no_codec_makes_no_lossy_codec():
     """--compress float16 (a cast, which the client makes itself) or none: make returns no codec to encode with."""
     assert [make(spec) for spec in ("", "float16", "fp16", "bfloat16", "bf16")] == [None] * 5
     assert [type(make(spec)).__name__ for spec in ("int8", "fp4", "sign")] == ["Int8", "Fp4", "Sign"]
-
-
-def _int8_push(mangle) -> tuple[dict, dict]:
-    x = torch.randn(40, generator=torch.Generator().manual_seed(11))
-    fields, parts = PushEncoder(make("int8"), PartitionPlan((ParamSpec("w", (40,)),), 1), error_feedback=False
-                                ).encode(x, 0)
-    fields, parts = dict(fields["codec"]), dict(parts)
-    mangle(fields, parts)
-    return fields, parts
 
 
 @pytest.mark.parametrize("mangle,says", [
@@ -246,7 +246,7 @@ def _int8_push(mangle) -> tuple[dict, dict]:
     (lambda f, p: p.update(q=p["q"].to(torch.uint8)), "part 'q' is uint8, expected int8"),
 ], ids=["size", "dense-part-alone", "ranges-alone", "dense-float16", "no-scales", "q-uint8"])
 def test_a_push_whose_parts_disagree_with_its_header_is_refused_in_its_line(mangle, says):
-    fields, parts = _int8_push(mangle)
-    with pytest.raises(ProtocolError) as refused:
-        decode_push(fields, parts, 40)
-    assert refused.value.code is ErrorCode.BAD_TENSOR and refused.value.message == says
+    _, header, parts = int8_push(40, 11)
+    mangle(header, parts)
+    refused = refusal(header, parts, 40)
+    assert refused.code is ErrorCode.BAD_TENSOR and refused.message == says
