@@ -137,6 +137,29 @@ class RecordingNet(ServerTransport):
         pass
 
 
+def hand_driven(cfg, total: int, hello: dict | None = None, history=None):
+    """(ShardService, RecordingNet): a shard of `total` elements driven by hand, each of cfg's workers welcomed
+    (HELLO, with `hello` added to its fields) and rank 0's INIT of zeros taken; their replies are in net.out."""
+    import torch
+
+    from psrv.protocol import Message, MsgType
+    from psrv.server.service import ShardService
+    net = RecordingNet()
+    svc = ShardService(cfg, net, history=history)
+    for w in range(cfg.workers):
+        send_to(svc, Message(MsgType.HELLO, worker=w, seq=1, fields={
+            "plan_hash": "p", "total": total, "num_shards": 1, "shard": 0, "world_size": cfg.workers,
+            **(hello or {})}))
+    send_to(svc, Message(MsgType.INIT, worker=0, seq=2, tensor=torch.zeros(total)))
+    return svc, net
+
+
+def send_to(svc, msg) -> None:
+    """`msg` handled by a hand-driven ShardService as if worker msg.worker's connection sent it."""
+    from psrv.protocol import encode
+    svc.handle(b"peer-%d" % msg.worker, encode(msg))
+
+
 def each_rank_in_threads(work, ranks: int, *, timeout: float = 60.0) -> None:
     """work(rank) for every rank at once, each in a thread of this process (a worker's loop beside the
     others, as separate processes would run it); AssertionError naming every error a rank raised, or

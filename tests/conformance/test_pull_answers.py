@@ -11,9 +11,10 @@ import torch
 
 from psrv.config import OptimConfig, ServerConfig
 from psrv.history import History
-from psrv.protocol import Message, MsgType, encode
+from psrv.protocol import Message, MsgType
 from psrv.server.service import ShardService
-from tests.helpers import RecordingNet
+from tests.helpers import RecordingNet, hand_driven
+from tests.helpers import send_to as send
 
 N = 64
 PULL = {"codec": "topk:0.1", "resync": 0, "dense": [], "error_feedback": True, "sign_scale": "l1"}
@@ -21,20 +22,12 @@ PULL = {"codec": "topk:0.1", "resync": 0, "dense": [], "error_feedback": True, "
 
 def service(mode: str, workers: int, pull: dict | None = None, rule: str = "plain",
             history: History | None = None) -> tuple[ShardService, RecordingNet]:
-    net = RecordingNet()
+    """The shard, its HELLO and INIT answered and their replies cleared."""
     optimizer = OptimConfig("sgd", lr=0.1, momentum=0.0, update_rule=rule)
-    svc = ShardService(ServerConfig(workers=workers, mode=mode, optimizer=optimizer), net, history=history)
-    for w in range(workers):
-        send(svc, Message(MsgType.HELLO, worker=w, seq=1, fields={
-            "plan_hash": "p", "total": N, "num_shards": 1, "shard": 0, "world_size": workers,
-            **({"pull": pull} if pull else {})}))
-    send(svc, Message(MsgType.INIT, worker=0, seq=2, tensor=torch.zeros(N)))
+    svc, net = hand_driven(ServerConfig(workers=workers, mode=mode, optimizer=optimizer), N,
+                           {"pull": pull} if pull else None, history)
     net.out.clear()
     return svc, net
-
-
-def send(svc: ShardService, msg: Message) -> None:
-    svc.handle(b"peer-%d" % msg.worker, encode(msg))
 
 
 def test_a_push_pulls_answer_carries_the_fastest_step_time_of_the_active_workers():

@@ -10,26 +10,16 @@ from psrv.codecs import make
 from psrv.codecs.push import PushEncoder
 from psrv.config import OptimConfig, ServerConfig
 from psrv.partition import ParamSpec, PartitionPlan
-from psrv.protocol import ErrorCode, Message, MsgType, encode
+from psrv.protocol import ErrorCode, Message, MsgType
 from psrv.server.service import ShardService
-from tests.helpers import RecordingNet
+from tests.helpers import RecordingNet, hand_driven
+from tests.helpers import send_to as send
 
 N = 3000
 
 
 def service(mode: str = "async", workers: int = 1) -> tuple[ShardService, RecordingNet]:
-    cfg = ServerConfig(workers=workers, mode=mode, optimizer=OptimConfig("sgd", lr=1.0, momentum=0.0))
-    net = RecordingNet()
-    svc = ShardService(cfg, net)
-    for w in range(workers):
-        send(svc, Message(MsgType.HELLO, worker=w, seq=1, fields={
-            "plan_hash": "p", "total": N, "num_shards": 1, "shard": 0, "world_size": workers}))
-    send(svc, Message(MsgType.INIT, worker=0, seq=2, tensor=torch.zeros(N)))
-    return svc, net
-
-
-def send(svc: ShardService, msg: Message) -> None:
-    svc.handle(b"peer-%d" % msg.worker, encode(msg))
+    return hand_driven(ServerConfig(workers=workers, mode=mode, optimizer=OptimConfig("sgd", lr=1.0, momentum=0.0)), N)
 
 
 def push(svc: ShardService, grad: torch.Tensor, spec: str, *, worker: int = 0, seq: int = 3, mangle=None) -> Message:
