@@ -96,11 +96,12 @@ def heartbeat(server) -> ZmqClient:
     return worker
 
 
-def worker_answer(server, what: str) -> Message:
-    """`server`'s answer to a worker's request (heartbeat's), decoded; `what` names the server in the failure."""
+def worker_answer(server, what: str, timeout: float = TIMEOUT) -> Message:
+    """`server`'s answer to a worker's request (heartbeat's) within `timeout`, decoded; `what` says in the
+    failure what did not answer."""
     worker = heartbeat(server)
     try:
-        got = worker.recv(TIMEOUT)
+        got = worker.recv(timeout)
     finally:
         worker.close()
     assert got is not None, f"{what} did not answer a worker's request"

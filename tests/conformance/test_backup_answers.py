@@ -34,7 +34,6 @@ from pathlib import Path
 import pytest
 
 from psrv.protocol import ErrorCode, MsgType
-from psrv.protocol.codec import decode
 from psrv.server.replication import primary as primary_module
 from psrv.server.replication import stream
 from psrv.server.replication.primary import RETRY_CLAIM
@@ -44,7 +43,7 @@ from psrv.transport.zmq import ZmqServer
 from psrv.transport.zmq_client import ZmqClient
 from tests.conformance.cluster import TIMEOUT, one_thread  # noqa: F401 (an autouse fixture)
 from tests.conformance.failures import config
-from tests.conformance.replica_pair import QUIET_S, heartbeat, wait_for
+from tests.conformance.replica_pair import QUIET_S, heartbeat, wait_for, worker_answer
 
 # the failure bound: a backup silent on an op is dropped after this long (the ack timeout), so a case's own pause
 # between two answers, on a loaded machine, is not taken for a silent backup (the highest bound the worker
@@ -179,13 +178,8 @@ def test_a_gap_whose_drop_another_claim_beats_fences_the_primary_which_stops_wai
             Configuration(state["epoch"] + 1, other, (), "a test's claim"))[0]
         backup.say(stream.frames_of("gap", state["epoch"], n=state["n"] + 1))
         wait_for("the primary was never fenced", lambda: replicas.fenced)
-        later = heartbeat(primary)  # the fenced primary's linger answers it: once it is out of the wait
-        try:
-            got = later.recv(BOUND / 2)
-        finally:
-            later.close()
-        assert got is not None, "the fenced primary went on waiting for the backup's ack"
-        reply = decode(got[1])
+        # the fenced primary's linger answers it, once it is out of the wait
+        reply = worker_answer(primary, "the fenced primary, still waiting for the backup's ack,", BOUND / 2)
         assert (reply.type, reply.fields["code"]) == (MsgType.ERROR, ErrorCode.NOT_PRIMARY), reply
         assert worker.recv(QUIET_S) is None, "a fenced primary sent the reply it held"
 
@@ -269,11 +263,7 @@ def test_a_backup_silent_past_the_ack_timeout_is_dropped_saying_why(tmp_path, ca
     caplog.set_level(logging.WARNING, logger="psrv.server")
     with hand_joined(tmp_path / "witness", 1.0) as (primary, backup, state):
         replicas = primary.service.replication.replicas
-        worker = heartbeat(primary)
-        try:
-            assert worker.recv(TIMEOUT) is not None, "the silent backup's drop did not release the held reply"
-        finally:
-            worker.close()
+        worker_answer(primary, "the primary, its held reply not released by the silent backup's drop,")
         assert replicas.backups == []
         why = f"no ack of op {state['n']} within 1s"
         dropped = Witness(str(tmp_path / "witness"), 0).read(state["epoch"] + 1)
