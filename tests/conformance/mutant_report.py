@@ -124,6 +124,7 @@ class Entry:
     mutant: str
     reason: str
     after: str | None = None
+    cuda: bool = False  # not equivalent where CUDA is: tests/conformance/device_mutants.py tests it there
 
     def matches(self, m: Mutant) -> bool:
         return (self.file, self.function, self.source, self.mutant) == m.key and self.after in (None, m.before)
@@ -134,11 +135,14 @@ def load_equivalent(path: Path = EQUIVALENT) -> list[Entry]:
     out = []
     for e in tomllib.loads(path.read_text()).get("mutant", []):
         keys = {"file", "function", "source", "mutant", "reason"}
-        if not keys <= set(e) <= keys | {"after"}:
-            raise ValueError(f"{path}: an entry has {sorted(e)}: give each [[mutant]] {sorted(keys)}, and `after` "
-                             "only where two equal lines of one function take the same change")
+        if not keys <= set(e) <= keys | {"after", "cuda"}:
+            raise ValueError(f"{path}: an entry has {sorted(e)}: give each [[mutant]] {sorted(keys)}, `after` "
+                             "only where two equal lines of one function take the same change, and `cuda` only "
+                             "where a machine with CUDA can tell the mutant apart")
+        if not isinstance(e.get("cuda", False), bool):
+            raise ValueError(f"{path}: {e['file']} {e['function']}: cuda = {e['cuda']!r}; true or nothing")
         out.append(Entry(e["file"], e["function"], collapse(e["source"]), collapse(e["mutant"]), e["reason"],
-                         collapse(e["after"]) if "after" in e else None))
+                         collapse(e["after"]) if "after" in e else None, e.get("cuda", False)))
     return out
 
 

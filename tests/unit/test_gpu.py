@@ -2,14 +2,19 @@
 
 Marked `gpu`; every test skips cleanly where torch.cuda.is_available() is False.
 """
+import dataclasses
+import io
 import json
 
 import pytest
 import torch
 
 from psrv.config import OptimConfig
-from psrv.server.optim import FUSED_MIN_ELEMENTS
+from psrv.server.optim import FUSED_MIN_ELEMENTS, flat_optimizer
 from psrv.server.shard import Shard
+from tests.conformance.axes import ATOL, DEFAULT, RTOL, case_id, run_config
+from tests.conformance.cluster import Hooks, one_thread, run  # noqa: F401 (one_thread: an autouse fixture)
+from tests.conformance.ref_streaming import reference_of
 from tests.helpers import psrv_run
 
 pytestmark = [pytest.mark.gpu,
@@ -72,7 +77,7 @@ def test_gpu0_as_the_parameter_server_matches_the_cpu_server(transport, tmp_path
                                rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize("spec", ["int8", "fp4", "topk:0.1", "randomk:0.1", "float16"])
+@pytest.mark.parametrize("spec", ["int8", "fp4", "sign", "topk:0.1", "randomk:0.1", "float16"])
 @pytest.mark.parametrize("ef", [True, False])
 def test_cpu_parts_decode_into_a_cuda_copy_as_into_a_cpu_one(spec, ef):
     """A shard on cuda:0 decodes a push's CPU parts into its buffer, and a GPU worker applies a pull's CPU parts
@@ -171,3 +176,96 @@ def test_a_regional_shard_on_cuda_syncs_as_on_cpu():
             below.close()
             top.close()
     torch.testing.assert_close(run("cuda:0"), run("cpu"), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("spec", ["int8", "sign", "sparseloco:0.05"])  # the quantising codecs
+def test_a_push_encoder_given_cuda_gradients_quantises_as_given_cpu_ones(spec):
+    """PushEncoder.encode on a GPU worker's gradients with int8's and sign's chunk scales (psrv/codecs/scale_blocks.py
+    `covered`) and SparseLoCo's chunked top-k (sparseloco.py `chosen_in_pool`) made on the GPU: the positions and
+    codes of the CPU, the scales to float32's last bits (a sum on the GPU runs in another order)."""
+    from psrv.codecs import make
+    from psrv.codecs.push import PushEncoder
+    from psrv.partition import ParamSpec, PartitionPlan
+    plan = PartitionPlan((ParamSpec("w", (5000,)), ParamSpec("b", (7,)), ParamSpec("v", (1500,)),), 2)
+    on_cpu, on_gpu = (PushEncoder(make(spec, seed=1), plan, min_numel=10) for _ in range(2))
+    gen = torch.Generator().manual_seed(10)
+    for clock in range(3):
+        g = torch.randn(plan.total, generator=gen)
+        for shard in range(2):
+            (fc, pc), (fg, pg) = on_cpu.encode(g, shard, clock), on_gpu.encode(g.to("cuda:0"), shard, clock)
+            assert fc == fg and pc.keys() == pg.keys()
+            for k in pc:
+                same = torch.allclose if pc[k].is_floating_point() else torch.equal
+                assert pg[k].device.type == "cpu" and same(pc[k], pg[k]), (spec, k)
+            on_cpu.settle(shard, applied=True)
+            on_gpu.settle(shard, applied=True)
+    assert on_gpu.error.device.type == "cuda"
+    torch.testing.assert_close(on_gpu.error.cpu(), on_cpu.error, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_cuda_adam_keeps_its_state_where_torch_does_through_a_checkpoint(fused):
+    """psrv/server/optim.py on cuda:0: the moments on the GPU, the step count there for the fused kernel and on the
+    CPU for the other (torch.optim.Adam's layout); a checkpoint read into host memory is put back the same way, and
+    the steps after it are those of the optimizer never saved, each gradient divided by 2 (the fused kernel's
+    grad_scale, on the GPU)."""
+    gen = torch.Generator().manual_seed(3)
+    init = torch.randn(4099, generator=gen)
+    grads = [torch.randn(init.numel(), generator=gen) for _ in range(4)]
+    cfg = OptimConfig("adam", lr=1e-2, momentum=0.0)
+    first = flat_optimizer(cfg, init.to("cuda:0"), fused=fused)
+    for g in grads[:2]:  # a copy each: step leaves the quotient in it
+        first.step(g.to("cuda:0", copy=True), divisor=2.0)
+    where = {"step": "cuda:0" if fused else "cpu", "exp_avg": "cuda:0", "exp_avg_sq": "cuda:0"}
+    assert {k: str(v.device) for k, v in first.state.items()} == where
+    buf = io.BytesIO()
+    torch.save(first.state_dict(), buf)
+    resumed = flat_optimizer(cfg, first.param.clone(), fused=fused)
+    resumed.load_state_dict(torch.load(io.BytesIO(buf.getvalue()), map_location="cpu"))
+    assert {k: str(v.device) for k, v in resumed.state.items()} == where
+    for g in grads[2:]:
+        first.step(g.to("cuda:0", copy=True), divisor=2.0)
+        resumed.step(g.to("cuda:0", copy=True), divisor=2.0)
+    assert torch.equal(resumed.param, first.param) and float(resumed.state["step"]) == 4
+
+
+class _OnGpu(Hooks):
+    """Every shard of a conformance case, primaries and backups, on cuda:0 (the workers stay on the CPU); the device
+    each one's weights are on once the workers have ended."""
+
+    def __init__(self):
+        self.replicas, self.devices = [], []
+
+    def server_config(self, config):
+        return dataclasses.replace(config, device="cuda:0")
+
+    def started(self, servers, backups, witness):
+        self.replicas = servers + backups
+
+    def finished(self):
+        self.devices = [str(r.service.shard.weights.device) for r in self.replicas]
+
+
+GPU_CASES = [  # each a matrix case (tests/conformance/axes.py) whose shard paths hold a device
+    {**DEFAULT, "local": 2, "fragments": 2, "outer": "int8", "pull": "topk", "replicas": 1},  # fragments, their pulls
+    {**DEFAULT, "local": 2, "codec": "sparseloco", "ef_decay": 0.5},  # SparseLoCo's 2-bit push decoded on the GPU
+    {**DEFAULT, "mode": "async", "codec": "sign", "pull": "sign", "optimizer": "adam", "replicas": 1},
+    {**DEFAULT, "mode": "ssp", "codec": "topk", "pull": "topk", "shards": 3, "optimizer": "nesterov"}]
+
+
+@pytest.mark.parametrize("case", GPU_CASES, ids=case_id)
+def test_conformance_cases_on_gpu0_shards_meet_their_reference(case):
+    """Matrix cases with every shard on cuda:0, held to the reference as tests/conformance/test_matrix.py holds them
+    on the CPU (the counts exact, the weights to its tolerance; not bit for bit against the CPU's run): the pull
+    copies, fragments and codecs a GPU shard keeps on the GPU, and a backup's state sent from one."""
+    cfg, hooks = run_config(case), _OnGpu()
+    got = run(cfg, nan=False, hooks=hooks)
+    want = reference_of(cfg, nan=False).run()
+    assert not got.errors and hooks.devices == ["cuda:0"] * case["shards"] * (1 + case["replicas"]), hooks.devices
+    for shard in got.shards:
+        mine = {k: shard[k] for k in ("pushes", "pushes_applied", "updates_applied")} | {"dropped": shard["dropped"]}
+        assert mine == want.counts
+    for b in got.backups:
+        assert b.summary["version"] == got.shards[b.shard]["version"] and not b.summary["failovers"]
+    gap = (got.params - want.params).abs().max().item()
+    assert torch.allclose(got.params, want.params, atol=ATOL, rtol=RTOL), f"{gap:.3g} from the reference"
