@@ -104,10 +104,10 @@ def baseline(work: Path, *, timeout: float = PER_MUTANT_SECONDS, workers: int = 
     """The cases that fail without a mutant (each then left out of every mutant's run, which it would otherwise
     count as killed), and pytest's last line."""
     code, out = _pytest(_copy(work, None), tests, ["-n", str(workers)] if workers > 1 else ["-p", "no:xdist"], timeout)
-    lines = [line for line in out.splitlines() if line.strip()]
-    if code not in (0, 1):
-        raise RuntimeError(f"the cases did not run without a mutant (exit code {code}): {lines[-1:] or out}")
-    return re.findall(r"^FAILED (\S+)", out, re.M), lines[-1].strip("= ") if lines else ""
+    counts = re.findall(r"^=* ?(\d+ (?:passed|failed).*?) ?=*$", out, re.M)  # pytest's summary (warnings follow it)
+    if code not in (0, 1) or not counts:
+        raise RuntimeError(f"the cases did not run without a mutant (exit code {code}): {out[-2000:]}")
+    return re.findall(r"^FAILED (\S+)", out, re.M), counts[-1]
 
 
 def verdict(entry: Entry, work: Path, *, timeout: float = PER_MUTANT_SECONDS, tests: str = GPU_TESTS,

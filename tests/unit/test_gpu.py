@@ -269,3 +269,75 @@ def test_conformance_cases_on_gpu0_shards_meet_their_reference(case):
         assert b.summary["version"] == got.shards[b.shard]["version"] and not b.summary["failovers"]
     gap = (got.params - want.params).abs().max().item()
     assert torch.allclose(got.params, want.params, atol=ATOL, rtol=RTOL), f"{gap:.3g} from the reference"
+
+
+def test_a_cuda_shards_fragment_optimizers_live_on_the_gpu_and_come_back_there_from_a_state():
+    """psrv/server/fragments.py beside a shard on cuda:0: each fragment's outer optimizer (a Shard of its own) is made
+    on the shard's device, and a state read into host memory (a checkpoint, a joining backup's) is put back there;
+    the steps after it are those of the fragments never saved. On the CPU a fragment's Shard would work as well,
+    through host copies: only its device tells."""
+    from psrv.server.fragments import FragmentShards
+    cfg = OptimConfig("sgd", lr=0.1, momentum=0.9)
+    gen = torch.Generator().manual_seed(4)
+    keys = (((0, 300), (700, 1000)), ((300, 700),))
+    shard = Shard(1000, cfg, device="cuda:0")
+    shard.init(torch.randn(1000, generator=gen))
+    fragments = FragmentShards()
+
+    def clock(fs: FragmentShards, on: Shard, key, grads) -> None:
+        for g in grads:
+            fs.accumulate(on, key, g.to("cuda:0", copy=True), merge=False, weight=1)
+        fs.apply_accumulated(on)
+
+    for key in keys:
+        clock(fragments, shard, key, [torch.randn(600 if key == keys[0] else 400, generator=gen) for _ in range(2)])
+    assert [str(sub.weights.device) for sub in fragments._shards.values()] == ["cuda:0"] * 2
+    buf = io.BytesIO()
+    torch.save(fragments.state_dict(), buf)
+    again = Shard(1000, cfg, device="cuda:0")
+    again.init(shard.weights.cpu())
+    resumed = FragmentShards()
+    resumed.load_state_dict(torch.load(io.BytesIO(buf.getvalue()), map_location="cpu"), again)
+    assert [str(sub.weights.device) for sub in resumed._shards.values()] == ["cuda:0"] * 2
+    for key in keys:
+        grads = [torch.randn(600 if key == keys[0] else 400, generator=gen) for _ in range(2)]
+        clock(fragments, shard, key, grads)
+        clock(resumed, again, key, grads)
+    assert torch.equal(again.weights, shard.weights)
+
+
+@pytest.mark.parametrize("codec", ["topk:0.05", "int8"])
+def test_a_cuda_backup_given_the_copies_state_answers_compressed_pulls_as_its_cpu_primary(codec):
+    """psrv/server/pulls/copies.py on a GPU0 backup: the pull copies' state from a CPU primary (host tensors, as a
+    join sends them) loaded onto cuda:0, the next pulls, whole and per fragment, are compressed as the primary's
+    answers are, from a mirror on the GPU (a mirror left in host memory could not meet the GPU's weights)."""
+    from psrv.server.pulls.copies import PullCopies
+    size, keys = 600, (((0, 100), (300, 350)), ((100, 300),))
+    fields = {"codec": codec, "resync": 0, "dense": [[10, 30]], "error_feedback": True, "sign_scale": "l1"}
+    gen = torch.Generator().manual_seed(6)
+    weights = torch.randn(size, generator=gen)
+    primary = PullCopies(shard=0)
+    primary.greet(0, primary.check(0, fields, size))
+    have = primary.answer(0, weights, have=None, final=False)[0]["view"]  # dense: the mirror made
+    buf = io.BytesIO()
+    torch.save(primary.state_dict(), buf)
+    backup = PullCopies(shard=0)
+    backup.load_state_dict(torch.load(io.BytesIO(buf.getvalue()), map_location="cpu"), size, device="cuda:0")
+    assert backup.copies[0].ref.device.type == "cuda"
+    for kind in (-1, 0, -1, 1):
+        weights.add_(torch.randn(size, generator=gen) * 0.1)
+        on_gpu = weights.to("cuda:0")
+        if kind < 0:
+            mine, theirs = (primary.answer(0, weights, have=have, final=False),
+                            backup.answer(0, on_gpu, have=have, final=False))
+        else:
+            mine, theirs = (primary.answer_fragment(0, weights, keys[kind], have=have, final=False),
+                            backup.answer_fragment(0, on_gpu, keys[kind], have=have, final=False))
+        assert "pull_codec" in mine[0] and mine[0] == theirs[0] and theirs[1] is None
+        assert mine[2].keys() == theirs[2].keys()
+        for k in mine[2]:
+            same = torch.allclose if mine[2][k].is_floating_point() else torch.equal
+            assert same(mine[2][k], theirs[2][k].cpu()), k
+        have = mine[0]["view"]
+    assert backup.copies[0].ref.device.type == "cuda"
+    torch.testing.assert_close(backup.copies[0].ref.cpu(), primary.copies[0].ref, rtol=1e-5, atol=1e-6)
