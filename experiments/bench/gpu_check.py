@@ -5,7 +5,7 @@ python -m psrv.experiments.bench.gpu_check --out DIR            # all parts, wit
 python -m psrv.experiments.bench.gpu_check --out DIR --rehearse # no CUDA: the GPU parts run on the CPU, tiny
 python -m psrv.experiments.bench.gpu_check --markdown DIR/results.json   # the table for docs/benchmarks.md
 Parts, in order (--parts): tests (the GPU-marked tests and the CUDA-relevant ones, output in DIR/pytest-gpu.txt),
-apply (a GPU0 shard's step against a device-to-device copy), copies (host<->device per step, pageable against
+mutants (the mutants only CUDA can tell apart, tests/conformance/device_mutants.py: DIR/device-mutants.md), apply (a GPU0 shard's step against a device-to-device copy), copies (host<->device per step, pageable against
 pinned), samples (GPU workers' samples/s with a CPU server and a GPU0 server against DDP), placement
 (placement.toml's GPU0 rows), suite (the whole test suite with what time is left, DIR/pytest-suite.txt).
 Writes DIR/results.json (rows like `make bench`'s) and DIR/results.md after every part.
@@ -33,9 +33,9 @@ import torch
 from psrv.experiments.bench import gpu_measure, gpu_runs
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository (an editable install's): tests/ is beside it
-PARTS = ("tests", "apply", "copies", "samples", "placement", "suite")
+PARTS = ("tests", "mutants", "apply", "copies", "samples", "placement", "suite")
 # Each part's share of --budget, by its expected time on a 16-core H200 machine; what a part leaves passes on.
-SHARE = {"tests": 0.12, "apply": 0.04, "copies": 0.03, "samples": 0.50, "placement": 0.15, "suite": 0.16}
+SHARE = {"tests": 0.12, "mutants": 0.25, "apply": 0.04, "copies": 0.03, "samples": 0.50, "placement": 0.15, "suite": 0.16}
 # Every test file with a `gpu` mark or a CUDA branch (tests/unit/test_gpu_check.py checks the list is whole);
 # -k also matches marker names, so the selection is the gpu-marked tests and those named for cuda or a device.
 GPU_TEST_FILES = ("tests/unit/test_gpu.py", "tests/integration/test_user_mistakes.py",
@@ -50,6 +50,7 @@ SUITE_NEEDS = {"kubernetes_validate": ("tests/unit/test_kubernetes_manifests.py"
                           "test_a_reused_folder_keeps_nothing_of_the_run_before_and_says_so")}
 JOBS = ("psrv.experiments.bench.gpu_jobs:synthetic_mlp_large", "psrv.experiments.bench.gpu_jobs:code_lm_large")
 WHAT = {"tests": "the GPU-marked tests and the CUDA-relevant subset, with CUDA present",
+        "mutants": "the mutants equivalent_mutants.toml marks cuda = true, each put in and tests/unit/test_gpu.py run",
         "apply": "a GPU0 shard's SGD and Adam step against a device-to-device copy of the same bytes",
         "copies": "host<->device copies of a GPU worker's step, pageable (psrv now) against pinned",
         "samples": "samples/s of GPU workers with a CPU server and a cuda:0 server, against DDP",
@@ -124,6 +125,25 @@ def pytest(args: list[str], log: Path, timeout: float, *, grace: float | None = 
         seen = ", ".join(f"{n} {outcome.lower()}" for outcome, n in sorted(counts.items()))
         last = f"stopped at the budget ({timeout:.0f} s){': ' + seen if seen else ''}"
     return {"returncode": code, "summary": last, "log": log.name}
+
+
+def device_mutants(out: Path, timeout: float) -> dict:
+    """tests/conformance/device_mutants.py into `out` (its table, device-mutants.md, and its log); its exit code
+    (1: a mutant survived) and the table's first line, or where the budget stopped it."""
+    argv = [sys.executable, "-m", "tests.conformance.device_mutants", "--out", str(out),
+            "--jobs", str(min(os.cpu_count() or 1, 12))]
+    with open(out / "device-mutants.log", "w") as log:
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = proc.wait(timeout=max(timeout, 1))
+        except subprocess.TimeoutExpired:  # it, and the pytest processes it started (its process group)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            code = None
+    table = out / "device-mutants.md"
+    summary = (table.read_text().splitlines()[0] if code is not None and table.exists()
+               else f"stopped at the budget ({timeout:.0f} s): the verdicts so far in device-mutants.log")
+    return {"returncode": code, "summary": summary, "log": "device-mutants.log"}
 
 
 def describe(r: dict) -> str:
@@ -202,6 +222,11 @@ def run_part(name: str, a: argparse.Namespace, *, cuda: bool, gpu: str | None, d
                             "here (carry it: deploy/gpu/prepare.sh)")
         doc["tests"]["suite"] = pytest(["-v", "--tb=short", "-n", str(min(os.cpu_count() or 1, 16)), "--dist",
                                         "loadfile", *ignore, "tests"], a.out / "pytest-suite.txt", left - 10)
+    elif name == "mutants":
+        if not cuda:  # its cases skip without CUDA: every mutant would survive
+            said.append(f"SKIPPED mutants: not run {no_cuda()}: {WHAT['mutants']}")
+            return
+        doc["tests"]["device mutants"] = device_mutants(a.out, deadline - time.monotonic())
     elif name == "copies" and not cuda:
         said.append(f"SKIPPED copies: not run {no_cuda()} (pinned memory needs it): {WHAT['copies']}")
     elif gpu is None:
