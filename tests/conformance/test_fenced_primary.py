@@ -11,8 +11,10 @@ from __future__ import annotations
 import threading
 import time
 
-from psrv.protocol import ErrorCode, MsgType
-from tests.conformance.cluster import one_thread  # noqa: F401 (an autouse fixture)
+from psrv.protocol import ErrorCode, Message, MsgType
+from psrv.protocol.codec import decode, encode
+from psrv.transport.zmq_client import ZmqClient
+from tests.conformance.cluster import TIMEOUT, one_thread  # noqa: F401 (one_thread: an autouse fixture)
 from tests.conformance.failures import config
 from tests.conformance.replica_pair import follower, history_of, serving_pair, wait_for, worker_answer
 
@@ -47,9 +49,30 @@ def test_a_primary_back_from_a_stall_is_fenced_lingers_answering_not_primary_the
                  lambda: replicas.fenced and primary.service.state.stopped is not False)
         assert primary.service.state.stopped is True  # it ends, once its linger is over
         assert replicas.linger_until - primary.service.state.now() > replicas.s.timing.fenced_linger - STALL_S
+        stats = ZmqClient([primary.address])  # psrv top's STATS in the linger: answered as ever, and it lingers on
+        try:
+            stats.send(0, encode(Message(MsgType.STATS, worker=0, seq=5)))
+            got = stats.recv(TIMEOUT)
+        finally:
+            stats.close()
+        assert got is not None and decode(got[1]).type is MsgType.STATS and decode(got[1]).fields["fenced"], got
         reply = worker_answer(primary, "the fenced primary, in its linger,")  # sent on to the shard's primary now
         assert (reply.type, reply.seq, reply.fields["code"], reply.fields["replicas"]) == (
             MsgType.ERROR, 1, ErrorCode.NOT_PRIMARY, [backup.address]), reply
+        assert reply.fields["message"] == (f"shard 0: this replica ({primary.address}) is fenced; the shard is served "
+                                           f"by {backup.address}"), reply
+        # a witness it cannot read (its shard's folder a file for a moment): NOT_PRIMARY naming no replica
+        folder = tmp_path / "witness" / "shard-0"
+        folder.rename(tmp_path / "witness-aside")
+        folder.write_text("not a folder")
+        try:
+            reply = worker_answer(primary, "the fenced primary, its witness unreadable,")
+        finally:
+            folder.unlink()
+            (tmp_path / "witness-aside").rename(folder)
+        assert (reply.fields["code"], reply.fields["replicas"]) == (ErrorCode.NOT_PRIMARY, []), reply
+        assert reply.fields["message"].endswith("is fenced; the shard is served by no replica the witness names")
+        assert primary.service.state.now() < replicas.linger_until, "the linger ended before the last answer"
         assert primary.service.state.stopped is True and replicas.fenced
         [fenced] = [e for e in history_of(primary) if e["ev"] == "fenced"]
         assert (fenced["epoch"], fenced["by"]) == (epoch + 1, backup.address), fenced

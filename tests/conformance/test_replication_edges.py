@@ -12,9 +12,11 @@ failure cases run them), and the backup's answer, epoch, place in the stream and
 from __future__ import annotations
 
 import logging
+import pickle
 import time
 
 import pytest
+import torch
 
 from psrv.protocol import ErrorCode, MsgType
 from psrv.server.replication import stream
@@ -104,3 +106,20 @@ def test_a_workers_request_to_a_following_backup_is_sent_to_the_replicas_its_pri
     reply = worker_answer(backup, "the backup")
     assert (reply.type, reply.seq, reply.fields["code"], reply.fields["replicas"]) == (
         MsgType.ERROR, 1, ErrorCode.NOT_PRIMARY, [primary.address, backup.address]), reply
+    assert reply.fields["message"] == (f"shard 0: this replica ({backup.address}) is a backup; the shard is served by "
+                                       f"{primary.address}"), reply
+
+
+def test_a_state_frame_holding_more_than_tensors_and_plain_data_is_refused():
+    """stream.state_from reads a "state" op's frame with torch.load's weights_only: tensors, numbers, strings and
+    containers come back, an object of any other class (whose unpickling could run code) is refused."""
+    state = {"weights": torch.arange(4.0), "clock": 3, "who": ["a", "b"], "table": {"1": (2, 3.5)}}
+    back = stream.state_from(stream.state_bytes(state))
+    assert torch.equal(back["weights"], state["weights"]) and {k: back[k] for k in ("clock", "who", "table")} == {
+        "clock": 3, "who": ["a", "b"], "table": {"1": (2, 3.5)}}
+    with pytest.raises(pickle.UnpicklingError):
+        stream.state_from(stream.state_bytes({"weights": torch.zeros(2), "hook": _NotState()}))
+
+
+class _NotState:
+    """Any class outside torch.load's weights_only allowlist."""

@@ -341,3 +341,11 @@ def test_a_cuda_backup_given_the_copies_state_answers_compressed_pulls_as_its_cp
         have = mine[0]["view"]
     assert backup.copies[0].ref.device.type == "cuda"
     torch.testing.assert_close(backup.copies[0].ref.cpu(), primary.copies[0].ref, rtol=1e-5, atol=1e-6)
+
+
+def test_a_gpu_primarys_state_frame_loads_into_host_memory():
+    """psrv/server/replication/stream.py state_from: a "state" op's frame written from a shard on cuda:0 loads onto
+    the CPU (map_location), so a backup reads it whatever devices it has, then puts it on its own."""
+    from psrv.server.replication import stream
+    back = stream.state_from(stream.state_bytes({"weights": torch.arange(4.0, device="cuda:0")}))
+    assert back["weights"].device.type == "cpu" and torch.equal(back["weights"], torch.arange(4.0))
