@@ -34,6 +34,7 @@ from pathlib import Path
 import pytest
 
 from psrv.protocol import ErrorCode, MsgType
+from psrv.protocol.codec import decode
 from psrv.server.replication import primary as primary_module
 from psrv.server.replication import stream
 from psrv.server.replication.primary import RETRY_CLAIM
@@ -42,7 +43,7 @@ from psrv.server.run import Server
 from psrv.transport.zmq import ZmqServer
 from psrv.transport.zmq_client import ZmqClient
 from tests.conformance.cluster import TIMEOUT, one_thread  # noqa: F401 (an autouse fixture)
-from tests.conformance.failures import config
+from tests.conformance.failures import config, quiet
 from tests.conformance.replica_pair import QUIET_S, heartbeat, wait_for, worker_answer
 
 # the failure bound: a backup silent on an op is dropped after this long (the ack timeout), so a case's own pause
@@ -323,3 +324,33 @@ def test_a_join_is_said_in_one_line_with_its_op_epoch_and_the_shards_version(tmp
         lines = [r.getMessage() for r in caplog.records if r.name == "psrv.server" and "joined at op" in r.getMessage()]
     # a shard with no state yet (no worker's INIT): version 0
     assert lines == [f"shard 0: backup {backup.address} joined at op {state['n']} (epoch {state['epoch']}, version 0)"]
+
+
+def test_a_joining_backup_holds_a_workers_request_until_its_primarys_state_names_the_replicas(tmp_path):
+    """A backup whose primary has not sent its state yet (a primary of the test's own, which takes the join and
+    waits) holds a worker's request: it does not know the shard's replicas yet. Once the state comes, naming them,
+    the request is answered NOT_PRIMARY naming those replicas (psrv/server/replication/follower.py hold)."""
+    hand = ZmqServer("tcp://127.0.0.1:0")  # the primary's address: joins come here
+    cfg = quiet(config("async", replicas=1))
+    backup = Server(dataclasses.replace(cfg.server_config(0, bind="tcp://127.0.0.1:0"), backup_of=hand.address,
+                                        witness=str(tmp_path / "witness"))).start()
+    worker = stream_to = None
+    try:
+        got = hand.recv(TIMEOUT)
+        assert got is not None and stream.read(got[1])[0]["op"] == "join", got
+        worker = heartbeat(backup)
+        assert worker.recv(1.0) is None, "a joining backup answered before it knew the shard's replicas"
+        stream_to = ZmqClient([backup.address], link=True)  # a primary streams from a link of its own
+        stream_to.send(0, stream.frames_of("state", 1, n=0, replicas=[hand.address, backup.address]))
+        got = worker.recv(TIMEOUT)
+        assert got is not None, "the backup never answered the request it held"
+        reply = decode(got[1])
+        assert (reply.type, reply.seq, reply.fields["code"], reply.fields["replicas"]) == (
+            MsgType.ERROR, 1, ErrorCode.NOT_PRIMARY, [hand.address, backup.address]), reply
+    finally:
+        for line in (worker, stream_to):
+            if line is not None:
+                line.close()
+        backup.stop()
+        backup.join(TIMEOUT)
+        hand.close()
