@@ -138,8 +138,9 @@ class RecordingNet(ServerTransport):
 
 
 def hand_driven(cfg, total: int, hello: dict | None = None, history=None):
-    """(ShardService, RecordingNet): a shard of `total` elements driven by hand, each of cfg's workers welcomed
-    (HELLO, with `hello` added to its fields) and rank 0's INIT of zeros taken; their replies are in net.out."""
+    """(ShardService, RecordingNet): shard cfg.shard, of `total` elements, driven by hand, each of cfg's workers
+    welcomed (HELLO, with `hello` added to its fields) and rank 0's INIT of zeros taken; their replies are in
+    net.out."""
     import torch
 
     from psrv.protocol import Message, MsgType
@@ -148,9 +149,10 @@ def hand_driven(cfg, total: int, hello: dict | None = None, history=None):
     svc = ShardService(cfg, net, history=history)
     for w in range(cfg.workers):
         send_to(svc, Message(MsgType.HELLO, worker=w, seq=1, fields={
-            "plan_hash": "p", "total": total, "num_shards": 1, "shard": 0, "world_size": cfg.workers,
+            "plan_hash": "p", "total": total, "num_shards": cfg.num_shards, "shard": cfg.shard,
+            "world_size": cfg.workers,
             **(hello or {})}))
-    send_to(svc, Message(MsgType.INIT, worker=0, seq=2, tensor=torch.zeros(total)))
+    send_to(svc, Message(MsgType.INIT, worker=0, seq=2, tensor=torch.zeros(svc.state.shard.size)))  # its range's
     return svc, net
 
 

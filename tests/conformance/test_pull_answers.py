@@ -159,3 +159,67 @@ def test_a_compressed_fragment_pull_is_dense_first_then_against_the_copy_and_den
         kinds.append("dense" if reply.tensor is not None else "compressed")
         view = reply.fields["view"]
     assert kinds == ["dense", "compressed", "compressed", "dense"]
+
+
+def test_a_sync_joiners_pull_for_a_later_clock_moves_where_it_counts_from_and_the_history_says_so(tmp_path):
+    """A sync worker that joined while another pushes counts from the clock after the open one; a pull for a later
+    clock (another shard welcomed it later) moves that, a PUSH_PULL's to the clock after its push's. Each move is
+    one `member` record (what "expect", with the clock: experiments/launcher/history/replay.py reads it); a pull for
+    the clock it counts from already records nothing, nor does a worker that is not joining."""
+    svc, net = service("sync", 3, history=History(tmp_path / "shard.jsonl"))
+    controller = svc.state.controller
+    for w in (1, 2):  # each leaves and comes back while the others push clock 0
+        send(svc, Message(MsgType.LEAVE, worker=w, seq=3))
+        send(svc, Message(MsgType.HELLO, worker=w, seq=1, fields={
+            "plan_hash": "p", "total": N, "num_shards": 1, "shard": 0, "world_size": 3}))
+    assert [controller.counted_from(w) for w in range(3)] == [None, 1, 1]
+    send(svc, Message(MsgType.PULL, worker=0, seq=3, clock=4))  # not joining: nothing to move
+    send(svc, Message(MsgType.PULL, worker=1, seq=3, clock=1))  # the clock it counts from: nothing moves
+    send(svc, Message(MsgType.PULL, worker=2, seq=3, clock=3))
+    send(svc, Message(MsgType.PULL, worker=2, seq=4, clock=3))  # the same clock again: nothing moves
+    send(svc, Message(MsgType.PUSH_PULL, worker=1, seq=4, clock=4, tensor=torch.ones(N)))  # pulls for clock 5
+    assert [controller.counted_from(w) for w in range(3)] == [None, 5, 3]
+    svc.state.history.close()
+    records = [e for e in map(json.loads, (tmp_path / "shard.jsonl").read_text().splitlines())
+               if e["ev"] == "member" and e["what"] == "expect"]
+    assert [(e["w"], e["epoch"], e["from_clock"]) for e in records] == [(2, 0, 3), (1, 0, 5)], records
+
+
+def test_a_pull_that_comes_before_the_weights_are_initialised_waits_for_init():
+    """A worker welcomed before rank 0's INIT pulls at once: its pull waits, and is answered the INIT's weights
+    once they come (psrv/server/pulls/handler.py release: nothing is answered from a shard not yet initialised)."""
+    net = RecordingNet()
+    svc = ShardService(ServerConfig(workers=2, mode="async"), net)
+    for w in (0, 1):
+        send(svc, Message(MsgType.HELLO, worker=w, seq=1, fields={
+            "plan_hash": "p", "total": N, "num_shards": 1, "shard": 0, "world_size": 2}))
+    net.out.clear()
+    send(svc, Message(MsgType.PULL, worker=1, seq=2, clock=0))
+    assert net.out == [] and svc.pulls.pending.workers() == {1}
+    init = torch.arange(N, dtype=torch.float32)
+    send(svc, Message(MsgType.INIT, worker=0, seq=2, tensor=init))
+    weights = [m for m in net.out if m.type is MsgType.WEIGHTS]
+    assert len(weights) == 1 and weights[0].seq == 2 and torch.equal(weights[0].tensor, init), net.out
+
+
+def test_each_shard_draws_its_random_k_pulls_from_a_stream_of_its_own():
+    """Compressed pulls under random-k: the positions a shard sends are drawn from a stream of the worker's and the
+    shard's own (psrv/server/pulls/copies.py `for_shard`), so two shards given the same change do not choose the
+    same positions, and the same shard always does."""
+    pull = {**PULL, "codec": "randomk:0.1"}
+
+    def positions(shard: int) -> torch.Tensor:
+        cfg = ServerConfig(workers=1, mode="async", shard=shard, num_shards=2,
+                           optimizer=OptimConfig("sgd", lr=0.1, momentum=0.0))
+        svc, net = hand_driven(cfg, N, {"pull": pull})
+        net.out.clear()
+        send(svc, Message(MsgType.PULL, worker=0, seq=3, clock=0))  # dense: the copy made
+        view = net.out[-1].fields["view"]
+        send(svc, Message(MsgType.PUSH_PULL, worker=0, seq=4, clock=0, fields={"view": view},
+                          tensor=torch.linspace(-1, 1, svc.state.shard.size)))  # the same change on each
+        reply = net.out[-1]
+        assert reply.type is MsgType.WEIGHTS and "pull_codec" in reply.fields, reply
+        return reply.parts["indices"]
+
+    zero, one = positions(0), positions(1)
+    assert torch.equal(zero, positions(0)) and not torch.equal(zero, one)
