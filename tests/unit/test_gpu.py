@@ -127,21 +127,29 @@ def test_a_push_encoder_given_cuda_gradients_sends_what_it_sends_given_cpu_ones(
     """psrv/codecs/push.py PushEncoder.encode: the residual and the positions a sparse codec chooses among move to
     the gradient's device at its first push (a GPU worker's), and the pushes and residuals are those of the CPU.
     Kills the `.to(grad.device)` and device-test mutants of encode that no CPU-only case can (make mutants)."""
+    on_cpu, on_gpu = _encoded_on_both(spec, (2000, 7, 500, 3), seed=9,
+                                      same=lambda a, b: all(torch.equal(a[k], b[k]) for k in a))
+    assert on_gpu.error.device.type == "cuda" and torch.equal(on_gpu.error.cpu(), on_cpu.error)
+
+
+def _encoded_on_both(spec: str, sizes: tuple, *, seed: int, same) -> tuple:
+    """Two PushEncoders of `spec` over a plan of tensors of `sizes` on 2 shards, one given CPU gradients, one the same
+    on cuda:0, three clocks of pushes each settled; every push's fields equal, and its parts (on the CPU) `same`."""
     from psrv.codecs import make
     from psrv.codecs.push import PushEncoder
     from psrv.partition import ParamSpec, PartitionPlan
-    plan = PartitionPlan((ParamSpec("w", (2000,)), ParamSpec("b", (7,)), ParamSpec("v", (500,)), ParamSpec("c", (3,))),
-                         2)
+    plan = PartitionPlan(tuple(ParamSpec(f"t{i}", (n,)) for i, n in enumerate(sizes)), 2)
     on_cpu, on_gpu = (PushEncoder(make(spec, seed=1), plan, min_numel=10) for _ in range(2))
-    gen = torch.Generator().manual_seed(9)
+    gen = torch.Generator().manual_seed(seed)
     for clock in range(3):
         g = torch.randn(plan.total, generator=gen)
         for shard in range(2):
             (fc, pc), (fg, pg) = on_cpu.encode(g, shard, clock), on_gpu.encode(g.to("cuda:0"), shard, clock)
-            assert fc == fg and pc.keys() == pg.keys() and all(torch.equal(pc[k], pg[k]) for k in pc)
+            assert fc == fg and pc.keys() == pg.keys() and all(v.device.type == "cpu" for v in pg.values())
+            assert same(pc, pg), (spec, clock, shard)
             on_cpu.settle(shard, applied=True)
             on_gpu.settle(shard, applied=True)
-    assert on_gpu.error.device.type == "cuda" and torch.equal(on_gpu.error.cpu(), on_cpu.error)
+    return on_cpu, on_gpu
 
 
 def test_a_regional_shard_on_cuda_syncs_as_on_cpu():
@@ -183,22 +191,8 @@ def test_a_push_encoder_given_cuda_gradients_quantises_as_given_cpu_ones(spec):
     """PushEncoder.encode on a GPU worker's gradients with int8's and sign's chunk scales (psrv/codecs/scale_blocks.py
     `covered`) and SparseLoCo's chunked top-k (sparseloco.py `chosen_in_pool`) made on the GPU: the positions and
     codes of the CPU, the scales to float32's last bits (a sum on the GPU runs in another order)."""
-    from psrv.codecs import make
-    from psrv.codecs.push import PushEncoder
-    from psrv.partition import ParamSpec, PartitionPlan
-    plan = PartitionPlan((ParamSpec("w", (5000,)), ParamSpec("b", (7,)), ParamSpec("v", (1500,)),), 2)
-    on_cpu, on_gpu = (PushEncoder(make(spec, seed=1), plan, min_numel=10) for _ in range(2))
-    gen = torch.Generator().manual_seed(10)
-    for clock in range(3):
-        g = torch.randn(plan.total, generator=gen)
-        for shard in range(2):
-            (fc, pc), (fg, pg) = on_cpu.encode(g, shard, clock), on_gpu.encode(g.to("cuda:0"), shard, clock)
-            assert fc == fg and pc.keys() == pg.keys()
-            for k in pc:
-                same = torch.allclose if pc[k].is_floating_point() else torch.equal
-                assert pg[k].device.type == "cpu" and same(pc[k], pg[k]), (spec, k)
-            on_cpu.settle(shard, applied=True)
-            on_gpu.settle(shard, applied=True)
+    on_cpu, on_gpu = _encoded_on_both(spec, (5000, 7, 1500), seed=10, same=lambda a, b: all(
+        (torch.allclose if a[k].is_floating_point() else torch.equal)(a[k], b[k]) for k in a))
     assert on_gpu.error.device.type == "cuda"
     torch.testing.assert_close(on_gpu.error.cpu(), on_cpu.error, rtol=1e-5, atol=1e-6)
 
