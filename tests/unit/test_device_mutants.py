@@ -32,17 +32,21 @@ def test_an_entry_that_names_no_one_line_or_does_not_parse_is_refused(entry, why
         device_mutants.mutated(device_mutants.ROOT, entry)
 
 
+# the machinery on a small file and its own cases (each run a pytest process, about 2.5 s of CPU)
+REPLACE = Entry("psrv/atomic.py", "replacing", "os.replace(tmp, path)", "pass", "")
+REORDERED = Entry("psrv/atomic.py", "replacing", "path.parent.mkdir(parents=True, exist_ok=True)",
+                  "path.parent.mkdir(exist_ok=True, parents=True)", "")
+
+
 @pytest.mark.timeout(240)
 def test_a_mutant_the_cases_fail_is_killed_and_one_they_pass_survives(tmp_path):
-    tests, slow = "tests/unit/test_codecs.py", ("test_int8_is_absmax_quantisation_per_chunk",)
+    tests, slow = "tests/unit/test_atomic.py", ("test_a_durable_write_replaces_the_file_and_creates_its_folder",)
     failing, summary = device_mutants.baseline(tmp_path / "clean", tests=tests, workers=1)
     assert failing == [] and re.fullmatch(r"\d+ passed.* in [\d.]+s", summary), summary  # none fails unmutated
-    doubled = dataclasses.replace(INT8_DECODE, mutant="scale_chunks_(out.copy_(q.to(out.device)), "
-                                                      "(2 * scales).to(out.device), chunk)")
-    killed = device_mutants.verdict(doubled, tmp_path / "killed", tests=tests, slow=slow)
+    killed = device_mutants.verdict(REPLACE, tmp_path / "killed", tests=tests, slow=slow)
     assert killed["status"] == "killed" and killed["exit_code"] == 1, killed
-    assert killed["case"].startswith("tests/unit/test_codecs.py::")
-    # on the CPU, `.to(None)` is `.to(out.device)`: every case passes, the slow stage too
-    survived = device_mutants.verdict(INT8_DECODE, tmp_path / "survived", tests=tests, slow=slow)
+    assert killed["case"].startswith("tests/unit/test_atomic.py::")
+    # the same call with its keywords in another order: every case passes, the slow stage too
+    survived = device_mutants.verdict(REORDERED, tmp_path / "survived", tests=tests, slow=slow)
     assert survived["status"] == "survived" and survived["case"] is None, survived
-    assert "passed" in survived["tail"]
+    assert "1 passed" in survived["tail"]  # the slow stage's one case ran last
