@@ -127,7 +127,8 @@ def test_a_compressed_pull_is_dense_first_then_against_the_workers_copy_and_dens
 
 def test_each_answer_says_its_next_clock_and_gap_and_is_recorded_in_the_history(tmp_path):
     """An async shard's answer to worker 0's k-th push-pull: the clock it pushes next (k), the clock gap to the
-    slowest worker (here it alone pushes, so k ahead of worker 1, at least 1), and the history's `answer` record
+    slowest worker (here it alone pushes, so k ahead of worker 1, at least 1), its epoch (0, and no replicas: a shard
+    without a witness names none; test_replication_edges.py has one with), and the history's `answer` record
     the history checker reads (docs/history.md): its worker, seq, clock, version and epoch."""
     svc, net = service("async", 2, history=History(tmp_path / "shard.jsonl"))
     for seq in (3, 4, 5):
@@ -135,6 +136,7 @@ def test_each_answer_says_its_next_clock_and_gap_and_is_recorded_in_the_history(
         (reply,) = net.out
         net.out.clear()
         assert (reply.fields["clock"], reply.fields["gap"]) == (seq - 2, seq - 2), reply.fields
+        assert reply.fields["epoch"] == 0 and "replicas" not in reply.fields  # no witness: no replicas to name
     svc.state.history.close()
     lines = (tmp_path / "shard.jsonl").read_text().splitlines()
     answers = [e for e in map(json.loads, lines) if e["ev"] == "answer"]

@@ -14,13 +14,16 @@ from __future__ import annotations
 import logging
 import pickle
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
-from psrv.protocol import ErrorCode, MsgType
+from psrv.protocol import ErrorCode, Message, MsgType
+from psrv.protocol.codec import decode, encode
 from psrv.server.replication import stream
 from psrv.server.replication.witness import Configuration, Witness
+from psrv.transport.zmq_client import ZmqClient
 from tests.conformance.cluster import TIMEOUT, one_thread  # noqa: F401 (an autouse fixture)
 from tests.conformance.replica_pair import (QUIET_S, answer, follower, history_of, line, pair,  # noqa: F401
                                             said, worker_answer)
@@ -123,3 +126,58 @@ def test_a_state_frame_holding_more_than_tensors_and_plain_data_is_refused():
 
 class _NotState:
     """Any class outside torch.load's weights_only allowlist."""
+
+
+def _two_workers_pull_and_leave(primary) -> Message:
+    """Two workers of our own say HELLO to `primary`, rank 0 sends INIT, rank 1 pulls, both leave: rank 1's
+    answer."""
+    workers = [ZmqClient([primary.address]) for _ in range(2)]
+
+    def ask(w: int, msg: Message) -> Message:
+        workers[w].send(0, encode(msg))
+        got = workers[w].recv(TIMEOUT)
+        assert got is not None, f"no answer to {msg.type.name}"
+        return decode(got[1])
+
+    try:
+        for w in (0, 1):
+            assert ask(w, Message(MsgType.HELLO, worker=w, seq=1, session=7, fields={
+                "plan_hash": "p", "total": 10, "num_shards": 1, "shard": 0, "world_size": 2})).type is MsgType.WELCOME
+        assert ask(0, Message(MsgType.INIT, worker=0, seq=2, session=7, tensor=torch.zeros(10))).type is MsgType.OK
+        weights = ask(1, Message(MsgType.PULL, worker=1, seq=2, session=7, clock=0))
+        for w in (0, 1):
+            assert ask(w, Message(MsgType.LEAVE, worker=w, seq=3, session=7)).type is MsgType.OK
+        return weights
+    finally:
+        for c in workers:
+            c.close()
+
+
+def test_a_replicated_shards_answers_name_its_replicas_and_its_end_is_on_the_witness(pair):
+    """Every answer of a primary with a witness says its epoch and the replicas that serve the shard (a worker
+    follows the shard through failovers by them: psrv/client/roundtrip.py). Once every worker has left, the witness
+    holds the shard's last configuration: the next epoch, served by no replica (a backup that comes back ends)."""
+    primary, backup, witness = pair
+    epoch = primary.service.replication.epoch
+    weights = _two_workers_pull_and_leave(primary)
+    assert weights.type is MsgType.WEIGHTS and (weights.fields["epoch"], weights.fields["replicas"]) == (
+        epoch, [primary.address, backup.address]), weights
+    primary.join(TIMEOUT)
+    last = Witness(witness, 0).latest()
+    assert last == Configuration(epoch + 1, "", (), "finished: every worker left") and last.finished, last
+
+
+def test_a_shard_whose_witness_cannot_take_its_end_still_ends_and_says_so(pair, caplog, tmp_path):
+    """The last configuration cannot be written (the shard's witness folder gone, a file in its place): the shard
+    ends all the same, and says in one line what it could not do."""
+    primary, _, witness = pair
+    folder = Path(witness) / "shard-0"
+    folder.rename(tmp_path / "witness-aside")
+    folder.write_text("not a folder")
+    with caplog.at_level(logging.WARNING, logger="psrv.server"):
+        _two_workers_pull_and_leave(primary)
+        primary.join(TIMEOUT)
+    lines = [r.getMessage() for r in caplog.records if "could not say on the witness" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith(
+        "shard 0: could not say on the witness that the shard finished ("), lines
+    assert "[Errno" in lines[0] and lines[0].endswith(")"), lines  # the OS's own words for what failed
