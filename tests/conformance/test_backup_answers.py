@@ -326,10 +326,12 @@ def test_a_join_is_said_in_one_line_with_its_op_epoch_and_the_shards_version(tmp
     assert lines == [f"shard 0: backup {backup.address} joined at op {state['n']} (epoch {state['epoch']}, version 0)"]
 
 
-def test_a_joining_backup_holds_a_workers_request_until_its_primarys_state_names_the_replicas(tmp_path):
+@pytest.mark.parametrize("named", [True, False], ids=["replicas-named", "none-named"])
+def test_a_joining_backup_holds_a_workers_request_until_its_primarys_state_names_the_replicas(tmp_path, named):
     """A backup whose primary has not sent its state yet (a primary of the test's own, which takes the join and
     waits) holds a worker's request: it does not know the shard's replicas yet. Once the state comes, naming them,
-    the request is answered NOT_PRIMARY naming those replicas (psrv/server/replication/follower.py hold)."""
+    the request is answered NOT_PRIMARY naming those replicas (psrv/server/replication/follower.py hold); a state
+    that names none leaves the primary it joined as the one it names."""
     hand = ZmqServer("tcp://127.0.0.1:0")  # the primary's address: joins come here
     cfg = quiet(config("async", replicas=1))
     backup = Server(dataclasses.replace(cfg.server_config(0, bind="tcp://127.0.0.1:0"), backup_of=hand.address,
@@ -341,12 +343,13 @@ def test_a_joining_backup_holds_a_workers_request_until_its_primarys_state_names
         worker = heartbeat(backup)
         assert worker.recv(1.0) is None, "a joining backup answered before it knew the shard's replicas"
         stream_to = ZmqClient([backup.address], link=True)  # a primary streams from a link of its own
-        stream_to.send(0, stream.frames_of("state", 1, n=0, replicas=[hand.address, backup.address]))
+        named_replicas = {"replicas": [hand.address, backup.address]} if named else {}
+        stream_to.send(0, stream.frames_of("state", 1, n=0, **named_replicas))
         got = worker.recv(TIMEOUT)
         assert got is not None, "the backup never answered the request it held"
         reply = decode(got[1])
         assert (reply.type, reply.seq, reply.fields["code"], reply.fields["replicas"]) == (
-            MsgType.ERROR, 1, ErrorCode.NOT_PRIMARY, [hand.address, backup.address]), reply
+            MsgType.ERROR, 1, ErrorCode.NOT_PRIMARY, [hand.address, backup.address] if named else [hand.address]), reply
     finally:
         for line in (worker, stream_to):
             if line is not None:
