@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import time
 from pathlib import Path
 
 import pytest
 
+from psrv.history import History
 from psrv.protocol import ErrorCode, MsgType
 from psrv.protocol.codec import decode
 from psrv.server.replication import primary as primary_module
@@ -326,16 +328,22 @@ def test_a_join_is_said_in_one_line_with_its_op_epoch_and_the_shards_version(tmp
     assert lines == [f"shard 0: backup {backup.address} joined at op {state['n']} (epoch {state['epoch']}, version 0)"]
 
 
-@pytest.mark.parametrize("named", [True, False], ids=["replicas-named", "none-named"])
+OTHER = "tcp://127.0.0.1:9"  # a primary the state may name in place of the one the backup joined (none listens)
+
+
+@pytest.mark.parametrize("named", ["joined", "other", "none"])
 def test_a_joining_backup_holds_a_workers_request_until_its_primarys_state_names_the_replicas(tmp_path, named):
     """A backup whose primary has not sent its state yet (a primary of the test's own, which takes the join and
     waits) holds a worker's request: it does not know the shard's replicas yet. Once the state comes, naming them,
-    the request is answered NOT_PRIMARY naming those replicas (psrv/server/replication/follower.py hold); a state
-    that names none leaves the primary it joined as the one it names."""
+    it acknowledges the state's op and answers the request NOT_PRIMARY naming those replicas
+    (psrv/server/replication/follower.py hold), and its history says whose state it took and whom it follows: the
+    first replica named, or the primary it joined where the state names none."""
     hand = ZmqServer("tcp://127.0.0.1:0")  # the primary's address: joins come here
     cfg = quiet(config("async", replicas=1))
+    history = History(tmp_path / "backup.jsonl")
     backup = Server(dataclasses.replace(cfg.server_config(0, bind="tcp://127.0.0.1:0"), backup_of=hand.address,
-                                        witness=str(tmp_path / "witness"))).start()
+                                        witness=str(tmp_path / "witness")), history=history).start()
+    replicas = {"joined": [hand.address, backup.address], "other": [OTHER, backup.address], "none": []}[named]
     worker = stream_to = None
     try:
         got = hand.recv(TIMEOUT)
@@ -343,17 +351,24 @@ def test_a_joining_backup_holds_a_workers_request_until_its_primarys_state_names
         worker = heartbeat(backup)
         assert worker.recv(1.0) is None, "a joining backup answered before it knew the shard's replicas"
         stream_to = ZmqClient([backup.address], link=True)  # a primary streams from a link of its own
-        named_replicas = {"replicas": [hand.address, backup.address]} if named else {}
-        stream_to.send(0, stream.frames_of("state", 1, n=0, **named_replicas))
+        stream_to.send(0, stream.frames_of("state", 1, n=4, **({"replicas": replicas} if replicas else {})))
+        got = stream_to.recv(TIMEOUT)
+        assert got is not None and stream.read(got[1])[0] == {"op": "ack", "epoch": 1, "n": 4}, got
         got = worker.recv(TIMEOUT)
         assert got is not None, "the backup never answered the request it held"
         reply = decode(got[1])
         assert (reply.type, reply.seq, reply.fields["code"], reply.fields["replicas"]) == (
-            MsgType.ERROR, 1, ErrorCode.NOT_PRIMARY, [hand.address, backup.address] if named else [hand.address]), reply
+            MsgType.ERROR, 1, ErrorCode.NOT_PRIMARY, replicas or [hand.address]), reply
     finally:
         for line in (worker, stream_to):
             if line is not None:
                 line.close()
         backup.stop()
         backup.join(TIMEOUT)
+        history.close()
         hand.close()
+    following = (replicas or [hand.address])[0]
+    events = [json.loads(line) for line in (tmp_path / "backup.jsonl").read_text().splitlines()]
+    took = [(e["from"], e["n"], e["epoch"]) for e in events if e["ev"] == "state"]
+    epochs = [(e["epoch"], e["role"], e["primary"]) for e in events if e["ev"] == "epoch"]
+    assert took == [(following, 4, 1)] and epochs[:1] == [(1, "backup", following)], events
