@@ -343,3 +343,24 @@ def test_a_gpu_primarys_state_frame_loads_into_host_memory():
     from psrv.server.replication import stream
     back = stream.state_from(stream.state_bytes({"weights": torch.arange(4.0, device="cuda:0")}))
     assert back["weights"].device.type == "cpu" and torch.equal(back["weights"], torch.arange(4.0))
+
+
+def test_a_gpu0_backup_given_a_cpu_primarys_state_keeps_its_pull_mirrors_beside_its_weights():
+    """psrv/server/replication/handler.py load_replica_state on a backup whose shard is on cuda:0: the workers'
+    compressed-pull mirrors come onto the GPU with the weights (a mirror left in host memory could not meet them in
+    a compressed answer), and it answers the next pull as its CPU primary does."""
+    import dataclasses
+
+    from psrv.config import ServerConfig
+    from psrv.server.replication import stream
+    from psrv.server.service import ShardService
+    from tests.conformance.test_replica_state import a_primary_mid_clock
+    from tests.helpers import RecordingNet
+    cfg = ServerConfig(workers=3, mode="sync", optimizer=OptimConfig("sgd", lr=0.1, momentum=0.9))
+    primary, _ = a_primary_mid_clock(cfg)
+    backup = ShardService(dataclasses.replace(cfg, device="cuda:0"), RecordingNet())
+    backup.replication.load_replica_state(stream.state_from(stream.state_bytes(primary.replication.replica_state())),
+                                          source="primary P's state")
+    assert backup.state.shard.weights.is_cuda
+    assert {str(c.ref.device) for c in backup.pulls.copies.copies.values()} == {"cuda:0"}
+    torch.testing.assert_close(backup.state.shard.weights.cpu(), primary.state.shard.weights)
