@@ -349,7 +349,10 @@ def test_a_joining_backup_holds_a_workers_request_until_its_primarys_state_names
         got = hand.recv(TIMEOUT)
         assert got is not None and stream.read(got[1])[0]["op"] == "join", got
         worker = heartbeat(backup)
+        announced = []  # psrv serve's ready file: written once the backup follows (psrv/server/run.py serve)
+        backup.service.replication.follower.on_following = lambda: announced.append(len(announced))
         assert worker.recv(1.0) is None, "a joining backup answered before it knew the shard's replicas"
+        assert announced == [], "the backup said it was ready before its primary's state came"
         stream_to = ZmqClient([backup.address], link=True)  # a primary streams from a link of its own
         stream_to.send(0, stream.frames_of("state", 1, n=4, **({"replicas": replicas} if replicas else {})))
         got = stream_to.recv(TIMEOUT)
@@ -359,6 +362,7 @@ def test_a_joining_backup_holds_a_workers_request_until_its_primarys_state_names
         reply = decode(got[1])
         assert (reply.type, reply.seq, reply.fields["code"], reply.fields["replicas"]) == (
             MsgType.ERROR, 1, ErrorCode.NOT_PRIMARY, replicas or [hand.address]), reply
+        assert announced == [0], announced  # once
     finally:
         for line in (worker, stream_to):
             if line is not None:
@@ -372,3 +376,4 @@ def test_a_joining_backup_holds_a_workers_request_until_its_primarys_state_names
     took = [(e["from"], e["n"], e["epoch"]) for e in events if e["ev"] == "state"]
     epochs = [(e["epoch"], e["role"], e["primary"]) for e in events if e["ev"] == "epoch"]
     assert took == [(following, 4, 1)] and epochs[:1] == [(1, "backup", following)], events
+
