@@ -362,6 +362,7 @@ def test_a_joining_backup_holds_a_workers_request_until_its_primarys_state_names
         reply = decode(got[1])
         assert (reply.type, reply.seq, reply.fields["code"], reply.fields["replicas"]) == (
             MsgType.ERROR, 1, ErrorCode.NOT_PRIMARY, replicas or [hand.address]), reply
+        wait_for("the backup never said it was ready", lambda: announced)  # right after its ack, in its thread
         assert announced == [0], announced  # once
     finally:
         for line in (worker, stream_to):
