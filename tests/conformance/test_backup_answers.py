@@ -29,6 +29,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import re
 import time
 from pathlib import Path
 
@@ -37,6 +38,7 @@ import pytest
 from psrv.history import History
 from psrv.protocol import ErrorCode, MsgType
 from psrv.protocol.codec import decode
+from psrv.server.replication import follower as follower_module
 from psrv.server.replication import primary as primary_module
 from psrv.server.replication import stream
 from psrv.server.replication.primary import RETRY_CLAIM
@@ -332,7 +334,8 @@ OTHER = "tcp://127.0.0.1:9"  # a primary the state may name in place of the one 
 
 
 @pytest.mark.parametrize("named", ["joined", "other", "none"])
-def test_a_joining_backup_holds_a_workers_request_until_its_primarys_state_names_the_replicas(tmp_path, named):
+def test_a_joining_backup_holds_a_workers_request_until_its_primarys_state_names_the_replicas(tmp_path, named,
+                                                                                              monkeypatch, caplog):
     """A backup whose primary has not sent its state yet (a primary of the test's own, which takes the join and
     waits) holds a worker's request: it does not know the shard's replicas yet. Once the state comes, naming them,
     it acknowledges the state's op and answers the request NOT_PRIMARY naming those replicas
@@ -340,6 +343,8 @@ def test_a_joining_backup_holds_a_workers_request_until_its_primarys_state_names
     first replica named, or the primary it joined where the state names none."""
     hand = ZmqServer("tcp://127.0.0.1:0")  # the primary's address: joins come here
     cfg = quiet(config("async", replicas=1))
+    monkeypatch.setattr(follower_module, "JOIN_NOTICE", 0.3)  # it says it still waits every 0.3 s, not 10
+    caplog.set_level(logging.WARNING, logger="psrv.server")
     history = History(tmp_path / "backup.jsonl")
     backup = Server(dataclasses.replace(cfg.server_config(0, bind="tcp://127.0.0.1:0"), backup_of=hand.address,
                                         witness=str(tmp_path / "witness")), history=history).start()
@@ -353,6 +358,9 @@ def test_a_joining_backup_holds_a_workers_request_until_its_primarys_state_names
         backup.service.replication.follower.on_following = lambda: announced.append(len(announced))
         assert worker.recv(1.0) is None, "a joining backup answered before it knew the shard's replicas"
         assert announced == [], "the backup said it was ready before its primary's state came"
+        waiting = [r.getMessage() for r in caplog.records if "to join its primary" in r.getMessage()]
+        assert waiting and re.fullmatch(rf"shard 0: this backup has waited \d+s to join its primary at "
+                                        rf"{re.escape(hand.address)}; is `psrv serve` running there\?", waiting[0])
         stream_to = ZmqClient([backup.address], link=True)  # a primary streams from a link of its own
         stream_to.send(0, stream.frames_of("state", 1, n=4, **({"replicas": replicas} if replicas else {})))
         got = stream_to.recv(TIMEOUT)
@@ -378,3 +386,26 @@ def test_a_joining_backup_holds_a_workers_request_until_its_primarys_state_names
     epochs = [(e["epoch"], e["role"], e["primary"]) for e in events if e["ev"] == "epoch"]
     assert took == [(following, 4, 1)] and epochs[:1] == [(1, "backup", following)], events
 
+
+
+def test_a_backup_its_primary_refuses_without_saying_why_ends_in_one_line(tmp_path):
+    """A primary that cannot take the backup says "refused" (psrv/server/replication/primary.py join); one that says
+    no more than that leaves the backup ending with the line that it was refused."""
+    hand = ZmqServer("tcp://127.0.0.1:0")
+    cfg = quiet(config("async", replicas=1))
+    backup = Server(dataclasses.replace(cfg.server_config(0, bind="tcp://127.0.0.1:0"), backup_of=hand.address,
+                                        witness=str(tmp_path / "witness"))).start()
+    link = None
+    try:
+        got = hand.recv(TIMEOUT)
+        assert got is not None and stream.read(got[1])[0]["op"] == "join", got
+        link = ZmqClient([backup.address], link=True)
+        link.send(0, stream.frames_of("refused", 0))
+        with pytest.raises(ValueError) as refused:
+            backup.join(TIMEOUT)
+        assert str(refused.value) == "the primary refused this backup"
+    finally:
+        if link is not None:
+            link.close()
+        backup.stop()
+        hand.close()

@@ -68,6 +68,13 @@ def test_an_op_of_an_earlier_epoch_is_answered_fenced(pair, line):
     assert answer(line) == {"op": "fenced", "epoch": epoch}
 
 
+def test_an_op_without_its_number_is_answered_gap_naming_none(pair, line):
+    """An op whose header has no `n` cannot be the next: "gap", with n null, and the backup asks for the state."""
+    _, backup, _ = pair
+    line.send(0, stream.frames_of("req", backup.service.replication.epoch))
+    assert answer(line) == {"op": "gap", "epoch": backup.service.replication.epoch, "n": None}
+
+
 def test_an_op_out_of_order_is_answered_gap_and_the_backup_asks_for_the_state_again(pair, line, caplog):
     primary, backup, _ = pair
     f = follower(backup)
