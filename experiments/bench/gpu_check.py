@@ -5,7 +5,8 @@ python -m psrv.experiments.bench.gpu_check --out DIR            # all parts, wit
 python -m psrv.experiments.bench.gpu_check --out DIR --rehearse # no CUDA: the GPU parts run on the CPU, tiny
 python -m psrv.experiments.bench.gpu_check --markdown DIR/results.json   # the table for docs/benchmarks.md
 Parts, in order (--parts): tests (the GPU-marked tests and the CUDA-relevant ones, output in DIR/pytest-gpu.txt),
-mutants (the mutants only CUDA can tell apart, tests/conformance/device_mutants.py: DIR/device-mutants.md), apply (a GPU0 shard's step against a device-to-device copy), copies (host<->device per step, pageable against
+mutants (the mutants only CUDA can tell apart, tests/conformance/device_mutants.py: DIR/device-mutants.md), apply
+(a GPU0 shard's step against a device-to-device copy), copies (host<->device per step, pageable against
 pinned), samples (GPU workers' samples/s with a CPU server and a GPU0 server against DDP), placement
 (placement.toml's GPU0 rows), suite (the whole test suite with what time is left, DIR/pytest-suite.txt).
 Writes DIR/results.json (rows like `make bench`'s) and DIR/results.md after every part.
@@ -35,7 +36,8 @@ from psrv.experiments.bench import gpu_measure, gpu_runs
 ROOT = Path(__file__).resolve().parents[2]  # the repository (an editable install's): tests/ is beside it
 PARTS = ("tests", "mutants", "apply", "copies", "samples", "placement", "suite")
 # Each part's share of --budget, by its expected time on a 16-core H200 machine; what a part leaves passes on.
-SHARE = {"tests": 0.12, "mutants": 0.25, "apply": 0.04, "copies": 0.03, "samples": 0.50, "placement": 0.15, "suite": 0.16}
+SHARE = {"tests": 0.12, "mutants": 0.25, "apply": 0.04, "copies": 0.03, "samples": 0.50, "placement": 0.15,
+         "suite": 0.16}
 # Every test file with a `gpu` mark or a CUDA branch (tests/unit/test_gpu_check.py checks the list is whole);
 # -k also matches marker names, so the selection is the gpu-marked tests and those named for cuda or a device.
 GPU_TEST_FILES = ("tests/unit/test_gpu.py", "tests/integration/test_user_mistakes.py",
