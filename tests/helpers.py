@@ -137,6 +137,12 @@ class RecordingNet(ServerTransport):
         pass
 
 
+def hello_fields(total: int, world_size: int, *, shard: int = 0, num_shards: int = 1, **extra) -> dict:
+    """A HELLO's fields for a shard driven by hand: the plan ("p"), its size and the run's shape, and `extra`."""
+    return {"plan_hash": "p", "total": total, "num_shards": num_shards, "shard": shard, "world_size": world_size,
+            **extra}
+
+
 def hand_driven(cfg, total: int, hello: dict | None = None, history=None):
     """(ShardService, RecordingNet): shard cfg.shard, of `total` elements, driven by hand, each of cfg's workers
     welcomed (HELLO, with `hello` added to its fields) and rank 0's INIT of zeros taken; their replies are in
@@ -148,10 +154,8 @@ def hand_driven(cfg, total: int, hello: dict | None = None, history=None):
     net = RecordingNet()
     svc = ShardService(cfg, net, history=history)
     for w in range(cfg.workers):
-        send_to(svc, Message(MsgType.HELLO, worker=w, seq=1, fields={
-            "plan_hash": "p", "total": total, "num_shards": cfg.num_shards, "shard": cfg.shard,
-            "world_size": cfg.workers,
-            **(hello or {})}))
+        send_to(svc, Message(MsgType.HELLO, worker=w, seq=1, fields=hello_fields(
+            total, cfg.workers, shard=cfg.shard, num_shards=cfg.num_shards, **(hello or {}))))
     send_to(svc, Message(MsgType.INIT, worker=0, seq=2, tensor=torch.zeros(svc.state.shard.size)))  # its range's
     return svc, net
 

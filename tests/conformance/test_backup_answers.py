@@ -387,7 +387,6 @@ def test_a_joining_backup_holds_a_workers_request_until_its_primarys_state_names
     assert took == [(following, 4, 1)] and epochs[:1] == [(1, "backup", following)], events
 
 
-
 def test_a_backup_its_primary_refuses_without_saying_why_ends_in_one_line(tmp_path):
     """A primary that cannot take the backup says "refused" (psrv/server/replication/primary.py join); one that says
     no more than that leaves the backup ending with the line that it was refused."""

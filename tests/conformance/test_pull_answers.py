@@ -13,7 +13,7 @@ from psrv.config import OptimConfig, ServerConfig
 from psrv.history import History
 from psrv.protocol import Message, MsgType
 from psrv.server.service import ShardService
-from tests.helpers import RecordingNet, hand_driven
+from tests.helpers import RecordingNet, hand_driven, hello_fields
 from tests.helpers import send_to as send
 
 N = 64
@@ -172,8 +172,7 @@ def test_a_sync_joiners_pull_for_a_later_clock_moves_where_it_counts_from_and_th
     controller = svc.state.controller
     for w in (1, 2):  # each leaves and comes back while the others push clock 0
         send(svc, Message(MsgType.LEAVE, worker=w, seq=3))
-        send(svc, Message(MsgType.HELLO, worker=w, seq=1, fields={
-            "plan_hash": "p", "total": N, "num_shards": 1, "shard": 0, "world_size": 3}))
+        send(svc, Message(MsgType.HELLO, worker=w, seq=1, fields=hello_fields(N, 3)))
     assert [controller.counted_from(w) for w in range(3)] == [None, 1, 1]
     send(svc, Message(MsgType.PULL, worker=0, seq=3, clock=4))  # not joining: nothing to move
     send(svc, Message(MsgType.PULL, worker=1, seq=3, clock=1))  # the clock it counts from: nothing moves
@@ -193,8 +192,7 @@ def test_a_pull_that_comes_before_the_weights_are_initialised_waits_for_init():
     net = RecordingNet()
     svc = ShardService(ServerConfig(workers=2, mode="async"), net)
     for w in (0, 1):
-        send(svc, Message(MsgType.HELLO, worker=w, seq=1, fields={
-            "plan_hash": "p", "total": N, "num_shards": 1, "shard": 0, "world_size": 2}))
+        send(svc, Message(MsgType.HELLO, worker=w, seq=1, fields=hello_fields(N, 2)))
     net.out.clear()
     send(svc, Message(MsgType.PULL, worker=1, seq=2, clock=0))
     assert net.out == [] and svc.pulls.pending.workers() == {1}

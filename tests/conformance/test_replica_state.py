@@ -14,7 +14,7 @@ from psrv.config import OptimConfig, ServerConfig
 from psrv.protocol import Message, MsgType
 from psrv.server.replication import stream
 from psrv.server.service import ShardService
-from tests.helpers import RecordingNet
+from tests.helpers import RecordingNet, hello_fields
 from tests.helpers import send_to as send
 from tests.states import assert_same_state
 
@@ -29,8 +29,7 @@ def a_primary_mid_clock(cfg: ServerConfig) -> tuple[ShardService, RecordingNet]:
     primary_net = RecordingNet()
     primary = ShardService(cfg, primary_net)
     for w in (0, 1, 2):  # each from a process of its own (its session): who holds each rank
-        send(primary, Message(MsgType.HELLO, worker=w, seq=1, session=70 + w, fields={
-            "plan_hash": "p", "total": N, "num_shards": 1, "shard": 0, "world_size": 3, "pull": PULL}))
+        send(primary, Message(MsgType.HELLO, worker=w, seq=1, session=70 + w, fields=hello_fields(N, 3, pull=PULL)))
     send(primary, Message(MsgType.INIT, worker=0, seq=2, session=70, tensor=torch.linspace(-1, 1, N)))
     for w in (0, 1, 2):  # clock 0, whole: every copy made, a step with momentum, each worker's step time
         send(primary, Message(MsgType.PUSH_PULL, worker=w, seq=3, clock=0, fields={"step_seconds": 0.01 * (w + 1)},

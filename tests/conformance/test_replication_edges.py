@@ -27,6 +27,7 @@ from psrv.transport.zmq_client import ZmqClient
 from tests.conformance.cluster import TIMEOUT, one_thread  # noqa: F401 (an autouse fixture)
 from tests.conformance.replica_pair import (QUIET_S, answer, follower, history_of, line, pair,  # noqa: F401
                                             said, worker_answer)
+from tests.helpers import hello_fields
 
 @pytest.mark.parametrize("claimed", ["nothing", "another primary", "without this backup"])
 def test_an_op_of_a_later_epoch_the_witness_does_not_confirm_is_ignored(pair, line, caplog, claimed):
@@ -148,8 +149,8 @@ def _two_workers_pull_and_leave(primary) -> Message:
 
     try:
         for w in (0, 1):
-            assert ask(w, Message(MsgType.HELLO, worker=w, seq=1, session=7, fields={
-                "plan_hash": "p", "total": 10, "num_shards": 1, "shard": 0, "world_size": 2})).type is MsgType.WELCOME
+            assert ask(w, Message(MsgType.HELLO, worker=w, seq=1, session=7,
+                                  fields=hello_fields(10, 2))).type is MsgType.WELCOME
         assert ask(0, Message(MsgType.INIT, worker=0, seq=2, session=7, tensor=torch.zeros(10))).type is MsgType.OK
         weights = ask(1, Message(MsgType.PULL, worker=1, seq=2, session=7, clock=0))
         for w in (0, 1):
