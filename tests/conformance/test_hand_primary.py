@@ -1,0 +1,107 @@
+"""A backup whose primary is the test's own (a ZmqServer that takes the join, and a link of the test's that streams
+to the backup), so what the backup does before and as it follows is driven step by step (the reverse of
+test_backup_answers.py, where the backup is the test's own):
+
+- while its primary's state has not come, it holds a worker's request, says it still waits, and is not ready;
+- once the state comes, it acknowledges the state's op, answers the held request NOT_PRIMARY naming the replicas the
+  state names (or the primary it joined), says once that it is ready, and its history says whose state it took;
+- a primary that refuses it without saying why ends it with its own line."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+
+import pytest
+
+from psrv.history import History
+from psrv.protocol import ErrorCode, MsgType
+from psrv.protocol.codec import decode
+from psrv.server.replication import follower as follower_module
+from psrv.server.replication import stream
+from psrv.server.run import Server
+from psrv.transport.zmq import ZmqServer
+from psrv.transport.zmq_client import ZmqClient
+from tests.conformance.cluster import TIMEOUT, one_thread  # noqa: F401 (an autouse fixture)
+from tests.conformance.failures import config, quiet
+from tests.conformance.replica_pair import heartbeat, wait_for
+
+OTHER = "tcp://127.0.0.1:9"  # a primary the state may name in place of the one the backup joined (none listens)
+
+
+@pytest.mark.parametrize("named", ["joined", "other", "none"])
+def test_a_joining_backup_holds_a_workers_request_until_its_primarys_state_names_the_replicas(tmp_path, named,
+                                                                                              monkeypatch, caplog):
+    """A backup whose primary has not sent its state yet (a primary of the test's own, which takes the join and
+    waits) holds a worker's request: it does not know the shard's replicas yet. Once the state comes, naming them,
+    it acknowledges the state's op and answers the request NOT_PRIMARY naming those replicas
+    (psrv/server/replication/follower.py hold), and its history says whose state it took and whom it follows: the
+    first replica named, or the primary it joined where the state names none."""
+    hand = ZmqServer("tcp://127.0.0.1:0")  # the primary's address: joins come here
+    cfg = quiet(config("async", replicas=1))
+    monkeypatch.setattr(follower_module, "JOIN_NOTICE", 0.3)  # it says it still waits every 0.3 s, not 10
+    caplog.set_level(logging.WARNING, logger="psrv.server")
+    history = History(tmp_path / "backup.jsonl")
+    backup = Server(dataclasses.replace(cfg.server_config(0, bind="tcp://127.0.0.1:0"), backup_of=hand.address,
+                                        witness=str(tmp_path / "witness")), history=history).start()
+    replicas = {"joined": [hand.address, backup.address], "other": [OTHER, backup.address], "none": []}[named]
+    worker = stream_to = None
+    try:
+        got = hand.recv(TIMEOUT)
+        assert got is not None and stream.read(got[1])[0]["op"] == "join", got
+        worker = heartbeat(backup)
+        announced = []  # psrv serve's ready file: written once the backup follows (psrv/server/run.py serve)
+        backup.service.replication.follower.on_following = lambda: announced.append(len(announced))
+        assert worker.recv(1.0) is None, "a joining backup answered before it knew the shard's replicas"
+        assert announced == [], "the backup said it was ready before its primary's state came"
+        waiting = [r.getMessage() for r in caplog.records if "to join its primary" in r.getMessage()]
+        assert waiting and re.fullmatch(rf"shard 0: this backup has waited \d+s to join its primary at "
+                                        rf"{re.escape(hand.address)}; is `psrv serve` running there\?", waiting[0])
+        stream_to = ZmqClient([backup.address], link=True)  # a primary streams from a link of its own
+        stream_to.send(0, stream.frames_of("state", 1, n=4, **({"replicas": replicas} if replicas else {})))
+        got = stream_to.recv(TIMEOUT)
+        assert got is not None and stream.read(got[1])[0] == {"op": "ack", "epoch": 1, "n": 4}, got
+        got = worker.recv(TIMEOUT)
+        assert got is not None, "the backup never answered the request it held"
+        reply = decode(got[1])
+        assert (reply.type, reply.seq, reply.fields["code"], reply.fields["replicas"]) == (
+            MsgType.ERROR, 1, ErrorCode.NOT_PRIMARY, replicas or [hand.address]), reply
+        wait_for("the backup never said it was ready", lambda: announced)  # right after its ack, in its thread
+        assert announced == [0], announced  # once
+    finally:
+        for line in (worker, stream_to):
+            if line is not None:
+                line.close()
+        backup.stop()
+        backup.join(TIMEOUT)
+        history.close()
+        hand.close()
+    following = (replicas or [hand.address])[0]
+    events = [json.loads(line) for line in (tmp_path / "backup.jsonl").read_text().splitlines()]
+    took = [(e["from"], e["n"], e["epoch"]) for e in events if e["ev"] == "state"]
+    epochs = [(e["epoch"], e["role"], e["primary"]) for e in events if e["ev"] == "epoch"]
+    assert took == [(following, 4, 1)] and epochs[:1] == [(1, "backup", following)], events
+
+
+def test_a_backup_its_primary_refuses_without_saying_why_ends_in_one_line(tmp_path):
+    """A primary that cannot take the backup says "refused" (psrv/server/replication/primary.py join); one that says
+    no more than that leaves the backup ending with the line that it was refused."""
+    hand = ZmqServer("tcp://127.0.0.1:0")
+    cfg = quiet(config("async", replicas=1))
+    backup = Server(dataclasses.replace(cfg.server_config(0, bind="tcp://127.0.0.1:0"), backup_of=hand.address,
+                                        witness=str(tmp_path / "witness"))).start()
+    link = None
+    try:
+        got = hand.recv(TIMEOUT)
+        assert got is not None and stream.read(got[1])[0]["op"] == "join", got
+        link = ZmqClient([backup.address], link=True)
+        link.send(0, stream.frames_of("refused", 0))
+        with pytest.raises(ValueError) as refused:
+            backup.join(TIMEOUT)
+        assert str(refused.value) == "the primary refused this backup"
+    finally:
+        if link is not None:
+            link.close()
+        backup.stop()
+        hand.close()
