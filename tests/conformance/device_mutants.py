@@ -1,5 +1,6 @@
-"""The device mutants, tested where CUDA is. equivalent_mutants.toml's entries marked `cuda = true` are not
-equivalent: `make mutants` runs on the CPU, where `.to(None)` and `.to(x.device)` are the same call, so no case of
+"""The mutants only a machine with CUDA can tell apart, each put into psrv and tests/unit/test_gpu.py run against it.
+
+equivalent_mutants.toml's entries marked `cuda = true` are not equivalent: `make mutants` runs on the CPU, where `.to(None)` and `.to(x.device)` are the same call, so no case of
 it can fail them. On a machine with CUDA this writes each into its own copy of psrv and runs tests/unit/test_gpu.py
 against it: the fast cases first, with -x, then the ones that start processes if those all passed. A mutant that no
 case fails survives there too, and the list's claim for it is wrong.
