@@ -105,3 +105,48 @@ def test_a_backup_its_primary_refuses_without_saying_why_ends_in_one_line(tmp_pa
             link.close()
         backup.stop()
         hand.close()
+
+
+def test_a_following_backup_takes_its_primary_for_live_for_half_the_takeover_bound(tmp_path):
+    """A worker's request that reaches a following backup is answered NOT_PRIMARY while the primary was heard
+    within half the takeover bound (`silence`), and held past that, until the primary is heard again
+    (psrv/server/replication/follower.py primary_live, hold). The backup's clock is the test's: it stands still
+    where the case puts it, so no takeover comes meanwhile."""
+    hand = ZmqServer("tcp://127.0.0.1:0")
+    cfg = quiet(config("async", replicas=1))
+    backup = Server(dataclasses.replace(cfg.server_config(0, bind="tcp://127.0.0.1:0"), backup_of=hand.address,
+                                        witness=str(tmp_path / "witness"))).start()
+    stream_to, workers = None, []
+    try:
+        got = hand.recv(TIMEOUT)
+        assert got is not None and stream.read(got[1])[0]["op"] == "join", got
+        replication = backup.service.replication
+        stream_to = ZmqClient([backup.address], link=True)
+        stream_to.send(0, stream.frames_of("state", 1, n=4, replicas=[hand.address, backup.address]))
+        got = stream_to.recv(TIMEOUT)
+        assert got is not None and stream.read(got[1])[0] == {"op": "ack", "epoch": 1, "n": 4}, got
+        follower, silence = replication.follower, replication.timing.silence
+        wait_for("the backup never followed", lambda: follower.following)
+        clock = [follower.heard]
+        backup.service.state.now = lambda: clock[0]
+
+        def asked_at(behind: float) -> ZmqClient:
+            clock[0] = follower.heard + behind * silence
+            workers.append(heartbeat(backup))
+            return workers[-1]
+
+        got = asked_at(0.45).recv(TIMEOUT)  # heard 0.45 of the bound ago: live
+        assert got is not None, "a backup whose primary was heard 0.45 of the takeover bound ago held the request"
+        assert decode(got[1]).fields["code"] == ErrorCode.NOT_PRIMARY, decode(got[1])
+        late = asked_at(0.55)  # past half the bound: the request waits for a takeover or the primary
+        assert late.recv(1.0) is None, "a backup answered while its primary was silent past half the takeover bound"
+        stream_to.send(0, stream.frames_of("ping", 1, n=4))  # the primary heard again: the held request goes back
+        got = late.recv(TIMEOUT)
+        assert got is not None and decode(got[1]).fields["code"] == ErrorCode.NOT_PRIMARY, got
+    finally:
+        for line in (stream_to, *workers):
+            if line is not None:
+                line.close()
+        backup.stop()
+        backup.join(TIMEOUT)
+        hand.close()
