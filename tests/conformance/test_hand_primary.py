@@ -5,9 +5,12 @@ test_backup_answers.py, where the backup is the test's own):
 - while its primary's state has not come, it holds a worker's request, says it still waits, and is not ready;
 - once the state comes, it acknowledges the state's op, answers the held request NOT_PRIMARY naming the replicas the
   state names (or the primary it joined), says once that it is ready, and its history says whose state it took;
-- a primary that refuses it without saying why ends it with its own line."""
+- a primary that refuses it without saying why ends it with its own line;
+- a following backup sends a worker back to a primary heard within half the takeover bound, and holds it past that;
+- a forwarded HELLO is applied with the primary's judgement of the rank holder's silence, not the backup's."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -16,8 +19,8 @@ import re
 import pytest
 
 from psrv.history import History
-from psrv.protocol import ErrorCode, MsgType
-from psrv.protocol.codec import decode
+from psrv.protocol import ErrorCode, Message, MsgType
+from psrv.protocol.codec import decode, encode
 from psrv.server.replication import follower as follower_module
 from psrv.server.replication import stream
 from psrv.server.run import Server
@@ -26,6 +29,7 @@ from psrv.transport.zmq_client import ZmqClient
 from tests.conformance.cluster import TIMEOUT, one_thread  # noqa: F401 (an autouse fixture)
 from tests.conformance.failures import config, quiet
 from tests.conformance.replica_pair import heartbeat, wait_for
+from tests.helpers import hello_fields
 
 OTHER = "tcp://127.0.0.1:9"  # a primary the state may name in place of the one the backup joined (none listens)
 
@@ -107,26 +111,40 @@ def test_a_backup_its_primary_refuses_without_saying_why_ends_in_one_line(tmp_pa
         hand.close()
 
 
+@contextlib.contextmanager
+def following_backup(tmp_path):
+    """(backup, stream_to): a backup following a primary of the test's own, which sent it the state of epoch 1
+    (op 4, naming the replicas) and streams to it from the link `stream_to`."""
+    hand = ZmqServer("tcp://127.0.0.1:0")
+    cfg = quiet(config("async", replicas=1))
+    backup = Server(dataclasses.replace(cfg.server_config(0, bind="tcp://127.0.0.1:0"), backup_of=hand.address,
+                                        witness=str(tmp_path / "witness"))).start()
+    stream_to = None
+    try:
+        got = hand.recv(TIMEOUT)
+        assert got is not None and stream.read(got[1])[0]["op"] == "join", got
+        stream_to = ZmqClient([backup.address], link=True)
+        stream_to.send(0, stream.frames_of("state", 1, n=4, replicas=[hand.address, backup.address]))
+        got = stream_to.recv(TIMEOUT)
+        assert got is not None and stream.read(got[1])[0] == {"op": "ack", "epoch": 1, "n": 4}, got
+        wait_for("the backup never followed", lambda: backup.service.replication.follower.following)
+        yield backup, stream_to
+    finally:
+        if stream_to is not None:
+            stream_to.close()
+        backup.stop()
+        backup.join(TIMEOUT)
+        hand.close()
+
+
 def test_a_following_backup_takes_its_primary_for_live_for_half_the_takeover_bound(tmp_path):
     """A worker's request that reaches a following backup is answered NOT_PRIMARY while the primary was heard
     within half the takeover bound (`silence`), and held past that, until the primary is heard again
     (psrv/server/replication/follower.py primary_live, hold). The backup's clock is the test's: it stands still
     where the case puts it, so no takeover comes meanwhile."""
-    hand = ZmqServer("tcp://127.0.0.1:0")
-    cfg = quiet(config("async", replicas=1))
-    backup = Server(dataclasses.replace(cfg.server_config(0, bind="tcp://127.0.0.1:0"), backup_of=hand.address,
-                                        witness=str(tmp_path / "witness"))).start()
-    stream_to, workers = None, []
-    try:
-        got = hand.recv(TIMEOUT)
-        assert got is not None and stream.read(got[1])[0]["op"] == "join", got
-        replication = backup.service.replication
-        stream_to = ZmqClient([backup.address], link=True)
-        stream_to.send(0, stream.frames_of("state", 1, n=4, replicas=[hand.address, backup.address]))
-        got = stream_to.recv(TIMEOUT)
-        assert got is not None and stream.read(got[1])[0] == {"op": "ack", "epoch": 1, "n": 4}, got
-        follower, silence = replication.follower, replication.timing.silence
-        wait_for("the backup never followed", lambda: follower.following)
+    workers = []
+    with following_backup(tmp_path) as (backup, stream_to):
+        follower, silence = backup.service.replication.follower, backup.service.replication.timing.silence
         clock = [follower.heard]
         backup.service.state.now = lambda: clock[0]
 
@@ -135,18 +153,39 @@ def test_a_following_backup_takes_its_primary_for_live_for_half_the_takeover_bou
             workers.append(heartbeat(backup))
             return workers[-1]
 
-        got = asked_at(0.45).recv(TIMEOUT)  # heard 0.45 of the bound ago: live
-        assert got is not None, "a backup whose primary was heard 0.45 of the takeover bound ago held the request"
-        assert decode(got[1]).fields["code"] == ErrorCode.NOT_PRIMARY, decode(got[1])
-        late = asked_at(0.55)  # past half the bound: the request waits for a takeover or the primary
-        assert late.recv(1.0) is None, "a backup answered while its primary was silent past half the takeover bound"
-        stream_to.send(0, stream.frames_of("ping", 1, n=4))  # the primary heard again: the held request goes back
-        got = late.recv(TIMEOUT)
-        assert got is not None and decode(got[1]).fields["code"] == ErrorCode.NOT_PRIMARY, got
-    finally:
-        for line in (stream_to, *workers):
-            if line is not None:
-                line.close()
-        backup.stop()
-        backup.join(TIMEOUT)
-        hand.close()
+        try:
+            got = asked_at(0.45).recv(TIMEOUT)  # heard 0.45 of the bound ago: live
+            assert got is not None, "a backup whose primary was heard 0.45 of the takeover bound ago held the request"
+            assert decode(got[1]).fields["code"] == ErrorCode.NOT_PRIMARY, decode(got[1])
+            late = asked_at(0.55)  # past half the bound: the request waits for a takeover or the primary
+            assert late.recv(1.0) is None, "a backup answered while its primary was silent past half the bound"
+            stream_to.send(0, stream.frames_of("ping", 1, n=4))  # the primary heard again: the request goes back
+            got = late.recv(TIMEOUT)
+            assert got is not None and decode(got[1]).fields["code"] == ErrorCode.NOT_PRIMARY, got
+        finally:
+            for worker in workers:
+                worker.close()
+
+
+def test_a_backup_takes_a_ranks_new_process_in_as_its_primary_judged_it(tmp_path):
+    """A forwarded HELLO of a rank's new process is applied with the primary's judgement of the old one's silence
+    (the stream's `judged`, psrv/server/replication/follower.py on_stream), not the backup's own: the primary
+    judged the holder silent long past worker_timeout, so the new session holds the rank on the backup too,
+    although the backup heard the holder a moment ago."""
+    def hello(session: int) -> list:
+        return encode(Message(MsgType.HELLO, worker=0, seq=1, session=session,
+                              fields=hello_fields(64, 2, shard=0, num_shards=1)))
+
+    with following_backup(tmp_path) as (backup, stream_to):
+        sessions = backup.service.membership.sessions
+        for n, (session, judged) in enumerate([(7, {"silent": 0.0, "heard": False}),
+                                               (8, {"silent": 1e6, "heard": True})], start=5):
+            stream_to.send(0, stream.frames_of("req", 1, hello(session), n=n, peer=b"w0", judged=judged))
+        stream_to.send(0, stream.frames_of("ping", 1, n=6))  # acknowledged once both HELLOs are applied
+        acks = []
+        while len(acks) < 3:
+            got = stream_to.recv(TIMEOUT)
+            assert got is not None, f"the backup acknowledged {acks} only"
+            acks.append(stream.read(got[1])[0]["n"])
+        assert acks == [5, 6, 6], acks
+        assert sessions.state_dict() == {0: 8}, "the backup judged the holder's silence itself"
