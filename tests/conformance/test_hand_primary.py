@@ -7,7 +7,8 @@ test_backup_answers.py, where the backup is the test's own):
   state names (or the primary it joined), says once that it is ready, and its history says whose state it took;
 - a primary that refuses it without saying why ends it with its own line;
 - a following backup sends a worker back to a primary heard within half the takeover bound, and holds it past that;
-- a forwarded HELLO is applied with the primary's judgement of the rank holder's silence, not the backup's."""
+- a forwarded HELLO is applied with the primary's judgement of the rank holder's silence, not the backup's;
+- a state it loads is said, in one line, to be the first named replica's."""
 from __future__ import annotations
 
 import contextlib
@@ -17,6 +18,7 @@ import logging
 import re
 
 import pytest
+import torch
 
 from psrv.history import History
 from psrv.protocol import ErrorCode, Message, MsgType
@@ -29,7 +31,7 @@ from psrv.transport.zmq_client import ZmqClient
 from tests.conformance.cluster import TIMEOUT, one_thread  # noqa: F401 (an autouse fixture)
 from tests.conformance.failures import config, quiet
 from tests.conformance.replica_pair import heartbeat, wait_for
-from tests.helpers import hello_fields
+from tests.helpers import hand_driven, hello_fields, send_to
 
 OTHER = "tcp://127.0.0.1:9"  # a primary the state may name in place of the one the backup joined (none listens)
 
@@ -112,11 +114,12 @@ def test_a_backup_its_primary_refuses_without_saying_why_ends_in_one_line(tmp_pa
 
 
 @contextlib.contextmanager
-def following_backup(tmp_path):
+def following_backup(tmp_path, cfg=None, state: dict | None = None, first: str = ""):
     """(backup, stream_to): a backup following a primary of the test's own, which sent it the state of epoch 1
-    (op 4, naming the replicas) and streams to it from the link `stream_to`."""
+    (op 4, `state` or none, naming the replicas: `first`, default the primary's address, then the backup) and
+    streams to it from the link `stream_to`."""
     hand = ZmqServer("tcp://127.0.0.1:0")
-    cfg = quiet(config("async", replicas=1))
+    cfg = cfg or quiet(config("async", replicas=1))
     backup = Server(dataclasses.replace(cfg.server_config(0, bind="tcp://127.0.0.1:0"), backup_of=hand.address,
                                         witness=str(tmp_path / "witness"))).start()
     stream_to = None
@@ -124,7 +127,8 @@ def following_backup(tmp_path):
         got = hand.recv(TIMEOUT)
         assert got is not None and stream.read(got[1])[0]["op"] == "join", got
         stream_to = ZmqClient([backup.address], link=True)
-        stream_to.send(0, stream.frames_of("state", 1, n=4, replicas=[hand.address, backup.address]))
+        payload = [stream.state_bytes(state)] if state is not None else []
+        stream_to.send(0, stream.frames_of("state", 1, payload, n=4, replicas=[first or hand.address, backup.address]))
         got = stream_to.recv(TIMEOUT)
         assert got is not None and stream.read(got[1])[0] == {"op": "ack", "epoch": 1, "n": 4}, got
         wait_for("the backup never followed", lambda: backup.service.replication.follower.following)
@@ -189,3 +193,17 @@ def test_a_backup_takes_a_ranks_new_process_in_as_its_primary_judged_it(tmp_path
             acks.append(stream.read(got[1])[0]["n"])
         assert acks == [5, 6, 6], acks
         assert sessions.state_dict() == {0: 8}, "the backup judged the holder's silence itself"
+
+
+def test_a_backup_given_a_state_says_it_took_the_state_of_the_first_replica_its_primary_named(tmp_path, caplog):
+    """The state a following backup loads is said to be the first named replica's (psrv/server/replication/follower.py
+    _take_state), in the one line a loaded state gives (here a state of a shard of the test's own that has taken a
+    step, and a first replica other than the primary the backup joined)."""
+    cfg = quiet(config("async", replicas=1))
+    primary, _ = hand_driven(cfg.server_config(0, bind="tcp://127.0.0.1:0"), 64)
+    send_to(primary, Message(MsgType.PUSH, worker=1, seq=3, clock=0, tensor=torch.ones(64)))
+    caplog.set_level(logging.INFO, logger="psrv.server")
+    with following_backup(tmp_path, cfg, primary.replication.replica_state(), first=OTHER) as (backup, _):
+        assert torch.equal(backup.service.state.shard.weights, primary.state.shard.weights)
+    lines = [r.getMessage() for r in caplog.records if "resumed from" in r.getMessage()]
+    assert lines == [f"shard 0: resumed from primary {OTHER}'s state at version 1 (active workers [0, 1])"], lines
