@@ -8,7 +8,8 @@ test_backup_answers.py, where the backup is the test's own):
 - a primary that refuses it without saying why ends it with its own line;
 - a following backup sends a worker back to a primary heard within half the takeover bound, and holds it past that;
 - a forwarded HELLO is applied with the primary's judgement of the rank holder's silence, not the backup's;
-- a state it loads is said, in one line, to be the first named replica's."""
+- a state it loads is said, in one line, to be the first named replica's;
+- given several addresses, it asks each in turn until one answers."""
 from __future__ import annotations
 
 import contextlib
@@ -114,13 +115,14 @@ def test_a_backup_its_primary_refuses_without_saying_why_ends_in_one_line(tmp_pa
 
 
 @contextlib.contextmanager
-def following_backup(tmp_path, cfg=None, state: dict | None = None, first: str = ""):
+def following_backup(tmp_path, cfg=None, state: dict | None = None, first: str = "", before: str = ""):
     """(backup, stream_to): a backup following a primary of the test's own, which sent it the state of epoch 1
     (op 4, `state` or none, naming the replicas: `first`, default the primary's address, then the backup) and
-    streams to it from the link `stream_to`."""
+    streams to it from the link `stream_to`. `before`: an address its --backup-of names before the primary's."""
     hand = ZmqServer("tcp://127.0.0.1:0")
     cfg = cfg or quiet(config("async", replicas=1))
-    backup = Server(dataclasses.replace(cfg.server_config(0, bind="tcp://127.0.0.1:0"), backup_of=hand.address,
+    backup_of = f"{before},{hand.address}" if before else hand.address
+    backup = Server(dataclasses.replace(cfg.server_config(0, bind="tcp://127.0.0.1:0"), backup_of=backup_of,
                                         witness=str(tmp_path / "witness"))).start()
     stream_to = None
     try:
@@ -207,3 +209,12 @@ def test_a_backup_given_a_state_says_it_took_the_state_of_the_first_replica_its_
         assert torch.equal(backup.service.state.shard.weights, primary.state.shard.weights)
     lines = [r.getMessage() for r in caplog.records if "resumed from" in r.getMessage()]
     assert lines == [f"shard 0: resumed from primary {OTHER}'s state at version 1 (active workers [0, 1])"], lines
+
+
+def test_a_backup_given_several_addresses_asks_each_in_turn_until_one_answers(tmp_path):
+    """`--backup-of A,B`: before the witness names a primary, the backup says "join" to each address in turn
+    (psrv/server/replication/follower.py _ask), so it joins B, the one that answers, although A (nothing listens
+    there) comes first."""
+    with following_backup(tmp_path, before=OTHER) as (backup, _):
+        follower = backup.service.replication.follower  # it follows: the join reached the primary (B)
+        assert follower.candidates == [OTHER, follower.primary] and follower.primary != OTHER, follower.candidates
