@@ -189,3 +189,14 @@ def test_a_shard_whose_witness_cannot_take_its_end_still_ends_and_says_so(pair, 
     assert len(lines) == 1 and lines[0].startswith(
         "shard 0: could not say on the witness that the shard finished ("), lines
     assert "[Errno" in lines[0] and lines[0].endswith(")"), lines  # the OS's own words for what failed
+
+
+def test_a_configuration_file_with_only_its_epoch_and_primary_reads_with_no_backups_reason_or_time(tmp_path):
+    """A witness file written with the two fields that decide who serves (as a person pointing a shard at one of
+    its replicas would write it) reads as the configuration those two make: no backups, no reason, time 0
+    (psrv/server/replication/witness.py read), not a refusal to read it."""
+    witness = Witness(tmp_path, 0)
+    (witness.dir / "epoch-3.json").write_text('{"epoch": 3, "primary": "tcp://127.0.0.1:9"}')
+    got = witness.read(3)
+    assert got == Configuration(3, "tcp://127.0.0.1:9") and (got.backups, got.why, got.at) == ((), "", 0.0), got
+    assert witness.latest() == got
