@@ -9,7 +9,8 @@ test_backup_answers.py, where the backup is the test's own):
 - a following backup sends a worker back to a primary heard within half the takeover bound, and holds it past that;
 - a forwarded HELLO is applied with the primary's judgement of the rank holder's silence, not the backup's;
 - a state it loads is said, in one line, to be the first named replica's;
-- given several addresses, it asks each in turn until one answers."""
+- given several addresses, it asks each in turn until one answers;
+- the workers its primary expired leave its active set, each with the line of its kind."""
 from __future__ import annotations
 
 import contextlib
@@ -178,22 +179,11 @@ def test_a_backup_takes_a_ranks_new_process_in_as_its_primary_judged_it(tmp_path
     (the stream's `judged`, psrv/server/replication/follower.py on_stream), not the backup's own: the primary
     judged the holder silent long past worker_timeout, so the new session holds the rank on the backup too,
     although the backup heard the holder a moment ago."""
-    def hello(session: int) -> list:
-        return encode(Message(MsgType.HELLO, worker=0, seq=1, session=session,
-                              fields=hello_fields(64, 2, shard=0, num_shards=1)))
-
     with following_backup(tmp_path) as (backup, stream_to):
         sessions = backup.service.membership.sessions
-        for n, (session, judged) in enumerate([(7, {"silent": 0.0, "heard": False}),
-                                               (8, {"silent": 1e6, "heard": True})], start=5):
-            stream_to.send(0, stream.frames_of("req", 1, hello(session), n=n, peer=b"w0", judged=judged))
-        stream_to.send(0, stream.frames_of("ping", 1, n=6))  # acknowledged once both HELLOs are applied
-        acks = []
-        while len(acks) < 3:
-            got = stream_to.recv(TIMEOUT)
-            assert got is not None, f"the backup acknowledged {acks} only"
-            acks.append(stream.read(got[1])[0]["n"])
-        assert acks == [5, 6, 6], acks
+        _streamed(stream_to, [stream.frames_of("req", 1, _hello(0, session), n=n, peer=b"w0", judged=judged)
+                              for n, session, judged in [(5, 7, {"silent": 0.0, "heard": False}),
+                                                         (6, 8, {"silent": 1e6, "heard": True})]])
         assert sessions.state_dict() == {0: 8}, "the backup judged the holder's silence itself"
 
 
@@ -218,3 +208,42 @@ def test_a_backup_given_several_addresses_asks_each_in_turn_until_one_answers(tm
     with following_backup(tmp_path, before=OTHER) as (backup, _):
         follower = backup.service.replication.follower  # it follows: the join reached the primary (B)
         assert follower.candidates == [OTHER, follower.primary] and follower.primary != OTHER, follower.candidates
+
+
+def _hello(worker: int, session: int) -> list:
+    return encode(Message(MsgType.HELLO, worker=worker, seq=1, session=session,
+                          fields=hello_fields(64, 2, shard=0, num_shards=1)))
+
+
+def _streamed(stream_to: ZmqClient, ops: list[list]) -> None:
+    """Each of `ops` (a stream message's frames) sent, then a ping: returns once the backup acknowledged them all,
+    the ping last, so every op is applied."""
+    for frames in ops:
+        stream_to.send(0, frames)
+    last = stream.read(ops[-1])[0]["n"]
+    stream_to.send(0, stream.frames_of("ping", 1, n=last))
+    acks = []
+    while len(acks) < len(ops) + 1:
+        got = stream_to.recv(TIMEOUT)
+        assert got is not None, f"the backup acknowledged {acks} only"
+        acks.append(stream.read(got[1])[0]["n"])
+    assert acks == [stream.read(f)[0]["n"] for f in ops] + [last], acks
+
+
+@pytest.mark.parametrize("unheard", [False, True])
+def test_a_backup_drops_the_workers_its_primary_expired_as_its_primary_says(tmp_path, caplog, unheard):
+    """An "expire" op (the primary's workers silent past the worker timeout, or never joined: `unheard`) takes them
+    out of the backup's active set and counts them lost (psrv/server/replication/follower.py on_stream), with the
+    line of the kind the primary named, although the backup itself heard them a moment ago."""
+    caplog.set_level(logging.WARNING, logger="psrv.server")
+    with following_backup(tmp_path) as (backup, stream_to):
+        state = backup.service.state
+        _streamed(stream_to, [stream.frames_of("req", 1, _hello(w, 70 + w), n=5 + w, peer=b"w%d" % w,
+                                               judged={"silent": 0.0, "heard": False}) for w in (0, 1)])
+        assert set(state.controller.active) == {0, 1}
+        _streamed(stream_to, [stream.frames_of("expire", 1, n=7, workers=[1], unheard=[1] if unheard else [])])
+        assert (set(state.controller.active), state.stats.lost_workers) == ({0}, [1])
+    lines = [r.getMessage() for r in caplog.records]
+    silent = [line for line in lines if "worker 1 silent for" in line]
+    never = [line for line in lines if "never joined" in line]
+    assert (len(silent), len(never)) == ((0, 1) if unheard else (1, 0)), lines
