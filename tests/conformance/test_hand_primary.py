@@ -10,7 +10,9 @@ test_backup_answers.py, where the backup is the test's own):
 - a forwarded HELLO is applied with the primary's judgement of the rank holder's silence, not the backup's;
 - a state it loads is said, in one line, to be the first named replica's;
 - given several addresses, it asks each in turn until one answers;
-- the workers its primary expired leave its active set, each with the line of its kind."""
+- the workers its primary expired leave its active set, each with the line of its kind;
+- it claims the shard once its primary is silent for the takeover bound, half a bound more for each backup named
+  before it."""
 from __future__ import annotations
 
 import contextlib
@@ -18,6 +20,7 @@ import dataclasses
 import json
 import logging
 import re
+import time
 
 import pytest
 import torch
@@ -116,10 +119,12 @@ def test_a_backup_its_primary_refuses_without_saying_why_ends_in_one_line(tmp_pa
 
 
 @contextlib.contextmanager
-def following_backup(tmp_path, cfg=None, state: dict | None = None, first: str = "", before: str = ""):
+def following_backup(tmp_path, cfg=None, state: dict | None = None, first: str = "", before: str = "",
+                     others: tuple[str, ...] = (), named: bool = True):
     """(backup, stream_to): a backup following a primary of the test's own, which sent it the state of epoch 1
-    (op 4, `state` or none, naming the replicas: `first`, default the primary's address, then the backup) and
-    streams to it from the link `stream_to`. `before`: an address its --backup-of names before the primary's."""
+    (op 4, `state` or none, naming the replicas: `first`, default the primary's address, then `others`, then the
+    backup; none unless `named`) and streams to it from the link `stream_to`. `before`: an address its
+    --backup-of names before the primary's."""
     hand = ZmqServer("tcp://127.0.0.1:0")
     cfg = cfg or quiet(config("async", replicas=1))
     backup_of = f"{before},{hand.address}" if before else hand.address
@@ -131,7 +136,8 @@ def following_backup(tmp_path, cfg=None, state: dict | None = None, first: str =
         assert got is not None and stream.read(got[1])[0]["op"] == "join", got
         stream_to = ZmqClient([backup.address], link=True)
         payload = [stream.state_bytes(state)] if state is not None else []
-        stream_to.send(0, stream.frames_of("state", 1, payload, n=4, replicas=[first or hand.address, backup.address]))
+        replicas = [first or hand.address, *others, backup.address] if named else []
+        stream_to.send(0, stream.frames_of("state", 1, payload, n=4, replicas=replicas))
         got = stream_to.recv(TIMEOUT)
         assert got is not None and stream.read(got[1])[0] == {"op": "ack", "epoch": 1, "n": 4}, got
         wait_for("the backup never followed", lambda: backup.service.replication.follower.following)
@@ -247,3 +253,29 @@ def test_a_backup_drops_the_workers_its_primary_expired_as_its_primary_says(tmp_
     silent = [line for line in lines if "worker 1 silent for" in line]
     never = [line for line in lines if "never joined" in line]
     assert (len(silent), len(never)) == ((0, 1) if unheard else (1, 0)), lines
+
+
+@pytest.mark.parametrize("named, bound", [("none", 1.0), ("first", 1.0), ("second", 1.5)])
+def test_a_backup_claims_the_shard_once_its_primary_is_silent_for_its_place_among_the_backups(tmp_path, caplog,
+                                                                                             named, bound):
+    """A following backup tries to take the shard over once its primary was silent for the takeover bound, the
+    first backup its primary names at once, each later one half a bound after the one before, so the first claims
+    first (psrv/server/replication/follower.py tick, _bound); a state that names no replicas makes it the first.
+    The backup's clock is the test's; its witness holds no configuration (the primary is the test's), so its try is
+    the line that says so."""
+    caplog.set_level(logging.ERROR, logger="psrv.server")
+    others, named_any = ((OTHER,) if named == "second" else ()), named != "none"
+    with following_backup(tmp_path, others=others, named=named_any) as (backup, _):
+        follower, silence = backup.service.replication.follower, backup.service.replication.timing.silence
+        clock = [follower.heard]
+        backup.service.state.now = lambda: clock[0]
+
+        def tried() -> bool:
+            return any("holds no configuration" in r.getMessage() for r in caplog.records)
+
+        clock[0] = follower.heard + (bound - 0.1) * silence
+        time.sleep(0.5)  # turns of its loop (50 ms each) at a clock short of its bound
+        assert not tried(), f"the backup claimed the shard {bound - 0.1:g} bounds after its primary fell silent"
+        clock[0] = follower.heard + (bound + 0.1) * silence
+        wait_for(f"the backup never claimed the shard {bound + 0.1:g} bounds after its primary fell silent", tried)
+
