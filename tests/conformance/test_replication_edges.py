@@ -200,3 +200,16 @@ def test_a_configuration_file_with_only_its_epoch_and_primary_reads_with_no_back
     got = witness.read(3)
     assert got == Configuration(3, "tcp://127.0.0.1:9") and (got.backups, got.why, got.at) == ((), "", 0.0), got
     assert witness.latest() == got
+
+
+def test_a_primarys_history_says_each_epoch_it_serves_with_its_backups(pair):
+    """A primary records each configuration it serves (psrv/server/replication/primary.py serve_as): its start,
+    alone, then the epoch that added its backup, each with the primary and the backups the witness holds for it
+    (docs/history.md: the history checker reads one primary per epoch from them)."""
+    primary, backup, witness = pair
+    epochs = [e for e in history_of(primary) if e["ev"] == "epoch"]
+    held = [Witness(witness, 0).read(e["epoch"]) for e in epochs]
+    assert [(e["epoch"], e["role"], e["primary"], e["backups"]) for e in epochs] == [
+        (c.epoch, "primary", c.primary, list(c.backups)) for c in held], (epochs, held)
+    assert [(e["primary"], e["backups"]) for e in epochs][-1] == (primary.address, [backup.address]), epochs
+    assert epochs[0]["backups"] == [] and epochs[0]["epoch"] == 0, epochs
