@@ -323,3 +323,20 @@ def test_a_join_is_said_in_one_line_with_its_op_epoch_and_the_shards_version(tmp
         lines = [r.getMessage() for r in caplog.records if r.name == "psrv.server" and "joined at op" in r.getMessage()]
     # a shard with no state yet (no worker's INIT): version 0
     assert lines == [f"shard 0: backup {backup.address} joined at op {state['n']} (epoch {state['epoch']}, version 0)"]
+
+
+def test_an_idle_primary_pings_its_backup_once_each_ping_every_naming_its_last_op(joined):
+    """A primary whose stream is quiet pings each backup every ping_every (F/10), no oftener, each ping naming the
+    last op sent (psrv/server/replication/primary.py _ping): here the state's, acknowledged, and nothing since."""
+    primary, backup, state = joined
+    backup.say(stream.frames_of("ack", state["epoch"], n=state["n"]))
+    every = primary.service.replication.timing.ping_every
+    pings, until = [], time.monotonic() + 2.5 * every
+    while time.monotonic() < until:
+        got = backup.server.recv(max(0.0, until - time.monotonic()))
+        if got is not None:
+            pings.append((time.monotonic(), stream.read(got[1])[0]))
+    assert [head for _, head in pings] == [{"op": "ping", "epoch": state["epoch"], "n": state["n"]}] * len(pings)
+    assert 1 <= len(pings) <= 3, pings  # 2.5 intervals: at most one at each of their ends, and one at the start
+    gaps = [b - a for (a, _), (b, _) in zip(pings, pings[1:])]
+    assert all(gap >= 0.5 * every for gap in gaps), (every, gaps)  # half: a ping read late narrows the next gap
