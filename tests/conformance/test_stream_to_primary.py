@@ -6,8 +6,12 @@ of the test's own:
 - a stream of an older epoch is answered "fenced", one of the primary's own epoch is not answered;
 - a stream of a later epoch fences the primary where the witness holds that epoch, and changes nothing where not;
 - a join reaching a backup is ignored: only a primary admits backups;
-- a shard without replicas (no witness) given a stream of a later epoch ignores it and serves on."""
+- a shard without replicas (no witness) given a stream of a later epoch ignores it and serves on;
+- only a message opening with the mark is a stream message; a primary's start is on its witness, and a second
+  primary there is refused in one line."""
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
@@ -15,9 +19,11 @@ from psrv.config import ServerConfig
 from psrv.protocol import Message, MsgType
 from psrv.server.replication import stream
 from psrv.server.replication.witness import Configuration, Witness
+from psrv.server.run import Server
 from psrv.transport.zmq import ZmqServer
 from psrv.transport.zmq_client import ZmqClient
 from tests.conformance.cluster import TIMEOUT, one_thread  # noqa: F401 (an autouse fixture)
+from tests.conformance.failures import config, quiet
 from tests.conformance.replica_pair import pair, wait_for  # noqa: F401 (pair: a fixture)
 from tests.helpers import hand_driven, send_to
 
@@ -83,3 +89,27 @@ def test_a_shard_without_a_witness_ignores_a_stream_of_a_later_epoch_and_serves_
     assert net.out == [] and svc.replication.epoch == 0
     send_to(svc, Message(MsgType.PULL, worker=0, seq=3, clock=0))
     assert [m.type for m in net.out] == [MsgType.WEIGHTS], net.out
+
+
+def test_only_a_message_opening_with_the_mark_is_a_stream_message():
+    """stream.is_stream: the mark opens a replication message; no frames, or a first frame of the mark's length
+    with other bytes (a worker's header may be any length), is not one."""
+    assert stream.is_stream([stream.MARK, b"head"]) and stream.is_stream(stream.frames_of("ping", 0, n=0))
+    assert not stream.is_stream([])
+    assert not stream.is_stream([b"x" * len(stream.MARK), b"head"])
+    assert not stream.is_stream([stream.MARK + b"x"])
+
+
+def test_a_primarys_start_is_on_its_witness_and_a_second_primary_there_is_refused_in_one_line(pair, tmp_path):
+    """A primary starting on a witness claims epoch 0 as "start" (psrv/server/replication/primary.py begin); a
+    second primary given a witness that already holds the shard's epochs does not start, and says why."""
+    primary, backup, witness = pair
+    assert Witness(witness, 0).read(0) == Configuration(0, primary.address, (), "start")
+    cfg = quiet(config("async", replicas=1))
+    with pytest.raises(ValueError) as refused:
+        Server(dataclasses.replace(cfg.server_config(0, bind="tcp://127.0.0.1:0"), witness=witness)).start().join(TIMEOUT)
+    latest = Witness(witness, 0).latest()
+    assert str(refused.value) == (
+        f"shard 0's witness {Witness(witness, 0).dir} already holds epoch {latest.epoch}, served by {primary.address}: "
+        f"another primary serves this shard; start this server with --backup-of that address, or give it a fresh "
+        f"--witness")
