@@ -100,10 +100,10 @@ def test_only_a_message_opening_with_the_mark_is_a_stream_message():
     assert not stream.is_stream([stream.MARK + b"x"])
 
 
-def test_a_primarys_start_is_on_its_witness_and_a_second_primary_there_is_refused_in_one_line(pair, tmp_path):
+def test_a_primarys_start_is_on_its_witness_and_a_second_primary_there_is_refused_in_one_line(pair):
     """A primary starting on a witness claims epoch 0 as "start" (psrv/server/replication/primary.py begin); a
     second primary given a witness that already holds the shard's epochs does not start, and says why."""
-    primary, backup, witness = pair
+    primary, _, witness = pair
     assert Witness(witness, 0).read(0) == Configuration(0, primary.address, (), "start")
     cfg = quiet(config("async", replicas=1))
     with pytest.raises(ValueError) as refused:
