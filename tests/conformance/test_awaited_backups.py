@@ -11,14 +11,17 @@ import logging
 
 import pytest
 
+from psrv.config import ServerConfig
 from psrv.protocol import Message, MsgType
 from psrv.protocol.codec import decode, encode
 from psrv.server.replication import primary as primary_module
 from psrv.server.run import Server
+from psrv.server.service import ShardService
 from psrv.transport.zmq_client import ZmqClient
 from tests.conformance.cluster import TIMEOUT, one_thread, start_backups  # noqa: F401 (an autouse fixture)
 from tests.conformance.failures import config, quiet
 from tests.conformance.replica_pair import QUIET_S, wait_for
+from tests.helpers import RecordingNet
 
 WAIT_S = 1.5  # AWAIT_BACKUPS (60 s) for the case whose backup never comes
 
@@ -95,3 +98,12 @@ def test_a_primary_whose_backups_never_come_serves_alone_after_the_wait_and_says
         assert lines.count(f"shard 0: 0 of 1 backups joined within {WAIT_S:g}s; serving without the others") == 1, lines
     finally:
         worker.close()
+
+
+@pytest.mark.parametrize("backups", [2, 0])
+def test_a_torch_rpc_primary_expects_the_backups_its_world_holds(tmp_path, backups):
+    """The count of backups a primary holds the workers' requests for (psrv/server/replication/primary.py
+    Replicas.__init__) is its config's `rpc_backups`, the backups its torch RPC world holds. The shard is built in
+    process from an RPC primary's config (no world is started: the count is read at construction)."""
+    cfg = ServerConfig(workers=2, mode="async", transport="rpc", rpc_backups=backups, witness=str(tmp_path / "w"))
+    assert ShardService(cfg, RecordingNet()).replication.replicas.expected == backups
