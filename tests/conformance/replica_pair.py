@@ -15,12 +15,21 @@ import pytest
 from psrv.config import RunConfig
 from psrv.protocol import Message, MsgType
 from psrv.protocol.codec import decode, encode
+from psrv.server.run import Server
 from psrv.server.replication import stream
 from psrv.transport.zmq_client import ZmqClient
 from tests.conformance.cluster import TIMEOUT, Hooks, start_backups
 from tests.conformance.failures import config, quiet
 
 QUIET_S = 0.5  # how long an ignored message is given to be answered anyway
+
+
+def backup_of(addresses: str, witness, *, cfg: RunConfig | None = None, bind: str = "tcp://127.0.0.1:0") -> Server:
+    """A started backup of shard 0 (a psrv.Server thread) given --backup-of `addresses` and the witness folder
+    `witness`, under `cfg` (default: async, one backup, no failover meant)."""
+    cfg = cfg or quiet(config("async", replicas=1))
+    return Server(dataclasses.replace(cfg.server_config(0, bind=bind), backup_of=addresses,
+                                      witness=str(witness))).start()
 
 
 @contextlib.contextmanager

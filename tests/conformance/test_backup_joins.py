@@ -9,17 +9,15 @@ answers), so only the asks are seen:
 - no one, where the witness says the shard finished: it ends, in one line."""
 from __future__ import annotations
 
-import dataclasses
 import logging
 import socket
 import time
 
 from psrv.server.replication import stream
 from psrv.server.replication.witness import Configuration, Witness
-from psrv.server.run import Server
 from psrv.transport.zmq import ZmqServer
 from tests.conformance.cluster import TIMEOUT, one_thread  # noqa: F401 (an autouse fixture)
-from tests.conformance.failures import config, quiet
+from tests.conformance.replica_pair import backup_of
 
 OTHER = "tcp://127.0.0.1:9"  # an address where nothing listens
 
@@ -29,10 +27,7 @@ def test_a_backup_given_several_addresses_asks_them_in_the_order_given(tmp_path)
     each JOIN_EVERY, in the order given after the first (psrv/server/replication/follower.py _ask): two of the
     test's own that never answer, after one where nothing listens."""
     lines = [ZmqServer("tcp://127.0.0.1:0") for _ in range(2)]
-    cfg = quiet(config("async", replicas=1))
-    backup = Server(dataclasses.replace(cfg.server_config(0, bind="tcp://127.0.0.1:0"),
-                                        backup_of=",".join([OTHER, *(line.address for line in lines)]),
-                                        witness=str(tmp_path / "witness"))).start()
+    backup = backup_of(",".join([OTHER, *(line.address for line in lines)]), tmp_path / "witness")
     first_join: dict[int, float] = {}
     try:
         deadline = time.monotonic() + TIMEOUT
@@ -55,10 +50,8 @@ def test_a_backup_asked_to_join_a_finished_shard_ends_in_one_line(tmp_path, capl
     (psrv/server/replication/follower.py _ask)."""
     hand = ZmqServer("tcp://127.0.0.1:0")
     Witness(tmp_path / "witness", 0).claim(Configuration(1, hand.address).ended())
-    cfg = quiet(config("async", replicas=1))
     caplog.set_level(logging.INFO, logger="psrv.server")
-    backup = Server(dataclasses.replace(cfg.server_config(0, bind="tcp://127.0.0.1:0"), backup_of=hand.address,
-                                        witness=str(tmp_path / "witness"))).start()
+    backup = backup_of(hand.address, tmp_path / "witness")
     try:
         backup.join(TIMEOUT)
         assert hand.recv(0.3) is None, "a backup of a finished shard asked to join it"
@@ -74,9 +67,7 @@ def test_a_backup_joins_the_primary_its_witness_names_not_the_address_it_was_giv
     listens): the join goes where the witness says (psrv/server/replication/follower.py _ask)."""
     hand = ZmqServer("tcp://127.0.0.1:0")
     Witness(tmp_path / "witness", 0).claim(Configuration(1, hand.address))
-    cfg = quiet(config("async", replicas=1))
-    backup = Server(dataclasses.replace(cfg.server_config(0, bind="tcp://127.0.0.1:0"), backup_of=OTHER,
-                                        witness=str(tmp_path / "witness"))).start()
+    backup = backup_of(OTHER, tmp_path / "witness")
     try:
         got = hand.recv(TIMEOUT)
         assert got is not None and stream.read(got[1])[0]["op"] == "join", "the backup never asked the witness's primary"
@@ -95,9 +86,7 @@ def test_a_backup_its_witness_names_primary_asks_its_first_address_and_no_other(
         own = f"tcp://127.0.0.1:{s.getsockname()[1]}"
     Witness(tmp_path / "witness", 0).claim(Configuration(1, own))
     lines = [ZmqServer("tcp://127.0.0.1:0") for _ in range(2)]
-    cfg = quiet(config("async", replicas=1))
-    backup = Server(dataclasses.replace(cfg.server_config(0, bind=own), backup_of=",".join(l.address for l in lines),
-                                        witness=str(tmp_path / "witness"))).start()
+    backup = backup_of(",".join(line.address for line in lines), tmp_path / "witness", bind=own)
     try:
         assert backup.address == own, backup.address
         for _ in range(3):  # three asks, JOIN_EVERY apart

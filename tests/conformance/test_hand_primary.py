@@ -21,6 +21,7 @@ import json
 import logging
 import re
 import time
+from typing import Callable
 
 import pytest
 import torch
@@ -35,7 +36,7 @@ from psrv.transport.zmq import ZmqServer
 from psrv.transport.zmq_client import ZmqClient
 from tests.conformance.cluster import TIMEOUT, one_thread  # noqa: F401 (an autouse fixture)
 from tests.conformance.failures import config, quiet
-from tests.conformance.replica_pair import heartbeat, wait_for
+from tests.conformance.replica_pair import backup_of, heartbeat, wait_for
 from tests.helpers import hand_driven, hello_fields, send_to
 
 OTHER = "tcp://127.0.0.1:9"  # a primary the state may name in place of the one the backup joined (none listens)
@@ -126,10 +127,7 @@ def following_backup(tmp_path, cfg=None, state: dict | None = None, first: str =
     backup; none unless `named`) and streams to it from the link `stream_to`. `before`: an address its
     --backup-of names before the primary's."""
     hand = ZmqServer("tcp://127.0.0.1:0")
-    cfg = cfg or quiet(config("async", replicas=1))
-    backup_of = f"{before},{hand.address}" if before else hand.address
-    backup = Server(dataclasses.replace(cfg.server_config(0, bind="tcp://127.0.0.1:0"), backup_of=backup_of,
-                                        witness=str(tmp_path / "witness"))).start()
+    backup = backup_of(f"{before},{hand.address}" if before else hand.address, tmp_path / "witness", cfg=cfg)
     stream_to = None
     try:
         got = hand.recv(TIMEOUT)
@@ -150,6 +148,37 @@ def following_backup(tmp_path, cfg=None, state: dict | None = None, first: str =
         hand.close()
 
 
+def _hello(worker: int, session: int) -> list:
+    return encode(Message(MsgType.HELLO, worker=worker, seq=1, session=session,
+                          fields=hello_fields(64, 2, shard=0, num_shards=1)))
+
+
+def _streamed(stream_to: ZmqClient, ops: list[list]) -> None:
+    """Each of `ops` (a stream message's frames) sent, then a ping: returns once the backup acknowledged them all,
+    the ping last, so every op is applied."""
+    for frames in ops:
+        stream_to.send(0, frames)
+    last = stream.read(ops[-1])[0]["n"]
+    stream_to.send(0, stream.frames_of("ping", 1, n=last))
+    acks = []
+    while len(acks) < len(ops) + 1:
+        got = stream_to.recv(TIMEOUT)
+        assert got is not None, f"the backup acknowledged {acks} only"
+        acks.append(stream.read(got[1])[0]["n"])
+    assert acks == [stream.read(f)[0]["n"] for f in ops] + [last], acks
+
+
+def held_clock(backup: Server) -> Callable[[float], None]:
+    """The backup's clock, set by the test: at(x) makes it read x takeover bounds after its primary was last
+    heard, and it stands still there, so nothing the case does not set comes due meanwhile."""
+    heard, silence = backup.service.replication.follower.heard, backup.service.replication.timing.silence
+    now = [heard]
+    backup.service.state.now = lambda: now[0]
+
+    def at(bounds: float) -> None:
+        now[0] = heard + bounds * silence
+    return at
+
 def test_a_following_backup_takes_its_primary_for_live_for_half_the_takeover_bound(tmp_path):
     """A worker's request that reaches a following backup is answered NOT_PRIMARY while the primary was heard
     within half the takeover bound (`silence`), and held past that, until the primary is heard again
@@ -157,12 +186,10 @@ def test_a_following_backup_takes_its_primary_for_live_for_half_the_takeover_bou
     where the case puts it, so no takeover comes meanwhile."""
     workers = []
     with following_backup(tmp_path) as (backup, stream_to):
-        follower, silence = backup.service.replication.follower, backup.service.replication.timing.silence
-        clock = [follower.heard]
-        backup.service.state.now = lambda: clock[0]
+        at = held_clock(backup)
 
         def asked_at(behind: float) -> ZmqClient:
-            clock[0] = follower.heard + behind * silence
+            at(behind)
             workers.append(heartbeat(backup))
             return workers[-1]
 
@@ -216,26 +243,6 @@ def test_a_backup_given_several_addresses_asks_each_in_turn_until_one_answers(tm
         assert follower.candidates == [OTHER, follower.primary] and follower.primary != OTHER, follower.candidates
 
 
-def _hello(worker: int, session: int) -> list:
-    return encode(Message(MsgType.HELLO, worker=worker, seq=1, session=session,
-                          fields=hello_fields(64, 2, shard=0, num_shards=1)))
-
-
-def _streamed(stream_to: ZmqClient, ops: list[list]) -> None:
-    """Each of `ops` (a stream message's frames) sent, then a ping: returns once the backup acknowledged them all,
-    the ping last, so every op is applied."""
-    for frames in ops:
-        stream_to.send(0, frames)
-    last = stream.read(ops[-1])[0]["n"]
-    stream_to.send(0, stream.frames_of("ping", 1, n=last))
-    acks = []
-    while len(acks) < len(ops) + 1:
-        got = stream_to.recv(TIMEOUT)
-        assert got is not None, f"the backup acknowledged {acks} only"
-        acks.append(stream.read(got[1])[0]["n"])
-    assert acks == [stream.read(f)[0]["n"] for f in ops] + [last], acks
-
-
 @pytest.mark.parametrize("unheard", [False, True])
 def test_a_backup_drops_the_workers_its_primary_expired_as_its_primary_says(tmp_path, caplog, unheard):
     """An "expire" op (the primary's workers silent past the worker timeout, or never joined: `unheard`) takes them
@@ -266,16 +273,14 @@ def test_a_backup_claims_the_shard_once_its_primary_is_silent_for_its_place_amon
     caplog.set_level(logging.ERROR, logger="psrv.server")
     others, named_any = ((OTHER,) if named == "second" else ()), named != "none"
     with following_backup(tmp_path, others=others, named=named_any) as (backup, _):
-        follower, silence = backup.service.replication.follower, backup.service.replication.timing.silence
-        clock = [follower.heard]
-        backup.service.state.now = lambda: clock[0]
+        at = held_clock(backup)
 
         def tried() -> bool:
             return any("holds no configuration" in r.getMessage() for r in caplog.records)
 
-        clock[0] = follower.heard + (bound - 0.1) * silence
+        at(bound - 0.1)
         time.sleep(0.5)  # turns of its loop (50 ms each) at a clock short of its bound
         assert not tried(), f"the backup claimed the shard {bound - 0.1:g} bounds after its primary fell silent"
-        clock[0] = follower.heard + (bound + 0.1) * silence
+        at(bound + 0.1)
         wait_for(f"the backup never claimed the shard {bound + 0.1:g} bounds after its primary fell silent", tried)
 
