@@ -83,12 +83,18 @@ class Hooks:
     def server(self, config) -> Server:
         """A shard's replica (a primary, a backup, a restarted shard), recording into `history` where set: one
         file per replica life, as `psrv serve` writes DIR/history/shard-K.PID.jsonl."""
+        faults = self.faults(config)
         if self.history is None:
-            return Server(config)
+            return Server(config, faults=faults)
         self._histories = getattr(self, "_histories", [])
         history = History(Path(self.history) / f"shard-{config.shard}.{len(self._histories) + 1}.jsonl")
         self._histories.append(history)
-        return Server(config, history=history)
+        return Server(config, history=history, faults=faults)
+
+    def faults(self, config):
+        """The injected faults (psrv/server/faults.py InjectedFaults) a replica started with `config` obeys, given
+        to it at its start as `psrv serve` gives the nemesis's: none here."""
+        return None
 
     def close_histories(self) -> None:
         for history in getattr(self, "_histories", ()):

@@ -131,15 +131,24 @@ class LateAck(KillPrimary):
     def __init__(self, cfg: RunConfig, *, push: int, seconds: float, at: int, shard: int = 0, chunk: int = 0):
         super().__init__(push=push, shard=shard, chunk=chunk)
         self.fault = _LateOnce(seconds)
+        self._given = False  # whether a backup was started with the fault (faults)
         self.until = _Until(cfg, at, lambda: self.fault.fired and self.replicas.admitted >= 2
                             and _follows(self.backup, self.primary), "the backup never joined its primary again")
+
+    def faults(self, config):
+        """The late ack, given at its start to the first backup of the shard started (as `psrv serve` gives a
+        nemesis's faults), that `started` then watches."""
+        if config.backup_of and config.shard == self.shard and not self._given:
+            self._given = True
+            return self.fault
+        return None
 
     def started(self, servers: list[Server], backups: list[Server], witness: str) -> None:
         Watch.started(self, servers, backups, witness)
         self.primary = servers[self.shard]
         self.replicas = self.primary.service.replication.replicas
         self.backup = next(b for b in backups if b.cfg.shard == self.shard)
-        self.backup.service.replication.faults = self.fault
+        assert self.backup.service.replication.faults is self.fault, "the late ack went to another replica"
         service = self.primary.service
         handle = service.handle
 

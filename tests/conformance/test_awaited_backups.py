@@ -107,3 +107,29 @@ def test_a_torch_rpc_primary_expects_the_backups_its_world_holds(tmp_path, backu
     process from an RPC primary's config (no world is started: the count is read at construction)."""
     cfg = ServerConfig(workers=2, mode="async", transport="rpc", rpc_backups=backups, witness=str(tmp_path / "w"))
     assert ShardService(cfg, RecordingNet()).replication.replicas.expected == backups
+
+
+
+class LinkingNet(RecordingNet):
+    """RecordingNet that lets the shard link to another replica (a backup's follower links to its primary at
+    construction): it notes the address, and the link, another RecordingNet, carries nothing."""
+
+    def __init__(self):
+        super().__init__()
+        self.linked: list[str] = []
+
+    def link(self, address):
+        self.linked.append(address)
+        return RecordingNet()
+
+
+def test_a_backup_expects_no_backups_whatever_its_world_holds(tmp_path):
+    """A backup (--backup-of) holds no worker's request for backups of its own, whatever its torch RPC world
+    holds: the world's backups are its primary's, and should it take the shard over it serves at once."""
+    cfg = ServerConfig(workers=2, mode="async", transport="rpc", rpc_backups=2,
+                       bind="rpc://127.0.0.1:29500", backup_of="rpc://127.0.0.1:29500/server-0",
+                       witness=str(tmp_path / "w"))
+    net = LinkingNet()
+    replication = ShardService(cfg, net).replication
+    assert net.linked == [cfg.backup_of] and replication.follower is not None
+    assert replication.replicas.expected == 0

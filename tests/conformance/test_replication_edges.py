@@ -27,7 +27,9 @@ from psrv.transport.zmq_client import ZmqClient
 from tests.conformance.cluster import TIMEOUT, one_thread  # noqa: F401 (an autouse fixture)
 from tests.conformance.replica_pair import (QUIET_S, answer, follower, history_of, line, pair,  # noqa: F401
                                             said, worker_answer)
-from tests.helpers import hello_fields
+from psrv.config import ServerConfig
+from tests.helpers import hand_driven, hello_fields
+from tests.helpers import send_to as send
 
 @pytest.mark.parametrize("claimed", ["nothing", "another primary", "without this backup"])
 def test_an_op_of_a_later_epoch_the_witness_does_not_confirm_is_ignored(pair, line, caplog, claimed):
@@ -213,3 +215,14 @@ def test_a_primarys_history_says_each_epoch_it_serves_with_its_backups(pair):
         (c.epoch, "primary", c.primary, list(c.backups)) for c in held], (epochs, held)
     assert [(e["primary"], e["backups"]) for e in epochs][-1] == (primary.address, [backup.address]), epochs
     assert epochs[0]["backups"] == [] and epochs[0]["epoch"] == 0, epochs
+
+
+def test_a_shard_without_replication_answers_at_epoch_0_and_names_no_replicas():
+    """A shard with no witness serves epoch 0 (psrv/server/replication/handler.py `epoch`): its push and pull
+    answers say so, as the workers' histories record it (psrv/client/roundtrip.py), and name no replicas."""
+    svc, net = hand_driven(ServerConfig(workers=1, mode="async"), 8)
+    net.out.clear()
+    send(svc, Message(MsgType.PUSH, worker=0, seq=3, clock=0, tensor=torch.ones(8)))
+    send(svc, Message(MsgType.PULL, worker=0, seq=4, clock=1))
+    assert [m.type for m in net.out] == [MsgType.OK, MsgType.WEIGHTS], net.out
+    assert [(m.fields["epoch"], "replicas" in m.fields) for m in net.out] == [(0, False), (0, False)], net.out
