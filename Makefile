@@ -4,12 +4,13 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 TORCH   ?= torch==2.13.0
 STAMP   := $(VENV)/.installed
-# Test processes: one more pytest worker than cores (3 on CI's 2), since a good part of each worker's time is
-# waiting (a run's processes starting, fault timeouts, emulated compute): on 2 quiet cores the suite took 749 s
-# in 3 workers against 894 s in 2 (docs/architecture.md, "The test suite"). A test file stays on one worker (its
-# module fixtures), and the longest files go out first (tests/file_durations.py; --no-loadscope-reorder keeps
-# that order). TEST_JOBS=0 runs them in this process.
-TEST_JOBS ?= $(shell echo $$(( $$(nproc) + 1 )))
+# Test processes: two more pytest workers than cores (4 on CI's 2), since a good part of each worker's time is
+# waiting (a run's processes starting, fault timeouts, emulated compute): on fresh clones of 2 quiet cores the suite
+# took 9 min 58 s and 10 min 14 s in 4 workers against 11 min 31 s and 12 min 23 s in 3 the same day
+# (docs/architecture.md, "The test suite"). A test file stays on one worker (its module fixtures), and the longest
+# files go out first (tests/file_durations.py; --no-loadscope-reorder keeps that order). TEST_JOBS=0 runs them in
+# this process.
+TEST_JOBS ?= $(shell echo $$(( $$(nproc) + 2 )))
 
 .PHONY: run test bench bench-smoke chaos gpu-check gpu-prepare mutants setup clean
 
