@@ -88,6 +88,7 @@ class RoundTrip:
     """
 
     MAX_HELLOS = 5
+    REFUSED_WAIT = 5.0  # seconds a refused HELLO waits for the other shards' answers before it is raised
 
     def __init__(self, client: "PSClient", msgs: list[Message], seq: int, timeout: float, *,
                  limit: float | None = None, why: str = ""):
@@ -109,6 +110,10 @@ class RoundTrip:
         self.probing = [False] * n     # a probe is out and unanswered
         self.greeting = [False] * n    # re-sent HELLO, waiting for WELCOME
         self.hellos = [0] * n
+        # a HELLO refused by one shard: raised once every shard has answered it (at most REFUSED_WAIT s more), so
+        # each has heard it and refuses the rank too, where closing at once could drop a HELLO not yet sent
+        self.refused: PSError | None = None
+        self.refused_at = 0.0
 
     def send(self, s: int) -> None:
         """Send shard s its request now (once)."""
@@ -150,6 +155,8 @@ class RoundTrip:
                            option=self.c.timeout_option, started=now) if self.kind == "HELLO" else None
         while None in self.replies:
             now = time.monotonic()
+            if self.refused is not None and now >= self.refused_at + self.REFUSED_WAIT:
+                raise self.refused
             if now >= deadline:  # no sign of life at all: say that, not `why`
                 raise TimeoutError(self._silence())
             if now >= bound:
@@ -167,9 +174,12 @@ class RoundTrip:
                 check_at = now + interval
             if None not in self.replies:  # the last reply was taken before a break was looked at
                 break
-            got = self.net.recv(min(deadline, check_at, bound, notice.due if notice else math.inf) - now)
+            refused_by = self.refused_at + self.REFUSED_WAIT if self.refused is not None else math.inf
+            got = self.net.recv(min(deadline, check_at, bound, refused_by, notice.due if notice else math.inf) - now)
             if got is not None and self._take(*got):
                 deadline = time.monotonic() + self.timeout
+        if self.refused is not None:
+            raise self.refused
         if self.chunky:  # every push or INIT payload of it answered: their transient memory may go
             self.net.idle()
         if self.payload and not self.resent:  # a decaying maximum: it follows a slower link at once and a
@@ -279,7 +289,13 @@ class RoundTrip:
                     self.greeting[s] = True
                     self._out(s, [encode(self._hello(s))])
                 return True
-            raise PSError(s, f.get("code", ErrorCode.INTERNAL), f.get("message", ""), fields=f)
+            error = PSError(s, f.get("code", ErrorCode.INTERNAL), f.get("message", ""), fields=f)
+            if self.kind != "HELLO":
+                raise error
+            if self.refused is None:
+                self.refused, self.refused_at = error, time.monotonic()
+            self.replies[s] = reply
+            return True
         self.replies[s] = reply
         self._record(s, reply)
         if isinstance(reply.fields.get("replicas"), list):  # the shard's replicas now (failovers, replacements)

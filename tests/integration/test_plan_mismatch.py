@@ -12,7 +12,7 @@ import torch
 import psrv
 from psrv.config import RunConfig, from_dict
 from psrv.partition import PartitionPlan
-from psrv.protocol import ErrorCode
+from psrv.protocol import ErrorCode, MsgType, decode
 from psrv.server.run import Server
 from psrv.client.psclient import PSClient
 from psrv.client.roundtrip import PSError
@@ -21,15 +21,21 @@ SHARDS, STEPS = 2, 5
 
 
 @pytest.fixture
-def shards():
+def servers():
+    """Two sync shards (psrv.Server) in threads of this process, for two workers."""
     cfg = from_dict(RunConfig, {"mode": "sync", "cluster": {"servers": SHARDS, "workers": 2},
                                 "optimizer": {"lr": 0.1}})
-    servers = [Server(cfg.server_config(i, bind="tcp://127.0.0.1:0")).start() for i in range(SHARDS)]
-    yield [s.address for s in servers]
-    for s in servers:
+    started = [Server(cfg.server_config(i, bind="tcp://127.0.0.1:0")).start() for i in range(SHARDS)]
+    yield started
+    for s in started:
         s.stop()
-    for s in servers:
+    for s in started:
         s.join(10)
+
+
+@pytest.fixture
+def shards(servers):
+    return [s.address for s in servers]
 
 
 def _model(outputs: int) -> torch.nn.Module:
@@ -37,10 +43,14 @@ def _model(outputs: int) -> torch.nn.Module:
     return torch.nn.Linear(4, outputs)
 
 
+def _client(rank: int, model: torch.nn.Module, addresses: list[str]) -> PSClient:
+    return PSClient(addresses, PartitionPlan.from_module(model, SHARDS), worker=rank, world_size=2, timeout=10,
+                    heartbeat=False, shared_memory=False, bulk=False)
+
+
 def _plan_hashes(addresses: list[str]) -> list:
     """Each shard's plan hash as its STATS says (None before any HELLO)."""
-    probe = PSClient(addresses, PartitionPlan.from_module(_model(3), SHARDS), worker=0, world_size=2, timeout=10,
-                     heartbeat=False, shared_memory=False, bulk=False)
+    probe = _client(0, _model(3), addresses)
     try:
         return [s["plan_hash"] for s in probe.stats()]
     finally:
@@ -95,3 +105,33 @@ def test_the_rank_with_another_model_is_refused_by_name_whichever_comes_first(sh
     assert isinstance(trained, torch.Tensor), trained
     assert not torch.equal(trained, _model(3).weight.detach())
     assert time.monotonic() - started < 30  # not the 120 s a never-joined rank would hold the barrier
+
+
+@pytest.mark.timeout(60)
+def test_a_refused_rank_raises_once_every_shard_has_answered_its_hello(servers):
+    """A HELLO one shard refuses is raised only once every shard has answered it, so each has heard it and
+    refuses the rank too (no barrier of theirs waits for it). Raised at the first refusal, a worker closes its
+    sockets at once, and a HELLO not yet sent to a shard whose connection was still being made is dropped: that
+    shard then waited --join-timeout (120 s) for the rank, in a loaded suite run. Here shard 0 takes rank 1's
+    HELLO a second late (its loop held by the test), after shard 1 has refused it."""
+    addresses = [s.address for s in servers]
+    rank0 = _client(0, _model(3), addresses)
+    rank0.hello()  # rank 0's plan is the shards'
+    late = servers[0].service
+    handle = late.handle
+
+    def held(peer, frames) -> None:  # shard 0's loop thread
+        msg = decode([bytes(memoryview(f)) for f in frames])
+        if msg.type is MsgType.HELLO and msg.worker == 1:
+            time.sleep(1.0)
+        handle(peer, frames)
+    late.handle = held
+    rank1 = _client(1, _model(5), addresses)
+    try:
+        with pytest.raises(PSError) as refused:
+            rank1.hello()
+        assert refused.value.code is ErrorCode.PLAN_MISMATCH and refused.value.shard == 1, refused.value
+        assert 1 in late.membership.plans.refused, "raised before shard 0 had heard the refused rank's HELLO"
+    finally:
+        rank1.close()
+        rank0.close()
