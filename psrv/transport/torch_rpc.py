@@ -88,8 +88,8 @@ class RpcServer(ServerTransport):
     at the rendezvous; its requests wait in the inbox until its service reads them.
     """
 
-    # A backup over RPC waits as long for its primary as the primary waits for its acks (replicas.py
-    # ACK_TIMEOUT): on 2 busy cores the ops and pings of a live primary to a backup that had just joined
+    # A backup over RPC waits as long for its primary as the primary waits for its acks (psrv/timeouts.py
+    # ack_timeout): on 2 busy cores the ops and pings of a live primary to a backup that had just joined
     # reached it more than 1.5 s late, and at ZeroMQ's 1 s the backup took over a primary nobody had killed.
     silence_tolerance = 5.0
 
