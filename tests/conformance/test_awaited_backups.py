@@ -109,7 +109,6 @@ def test_a_torch_rpc_primary_expects_the_backups_its_world_holds(tmp_path, backu
     assert ShardService(cfg, RecordingNet()).replication.replicas.expected == backups
 
 
-
 class LinkingNet(RecordingNet):
     """RecordingNet that lets the shard link to another replica (a backup's follower links to its primary at
     construction): it notes the address, and the link, another RecordingNet, carries nothing."""

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from psrv.config import ServerConfig
 from psrv.protocol import ErrorCode, Message, MsgType
 from psrv.protocol.codec import decode, encode
 from psrv.server.replication import stream
@@ -27,7 +28,6 @@ from psrv.transport.zmq_client import ZmqClient
 from tests.conformance.cluster import TIMEOUT, one_thread  # noqa: F401 (an autouse fixture)
 from tests.conformance.replica_pair import (QUIET_S, answer, follower, history_of, line, pair,  # noqa: F401
                                             said, worker_answer)
-from psrv.config import ServerConfig
 from tests.helpers import hand_driven, hello_fields
 from tests.helpers import send_to as send
 
