@@ -113,7 +113,7 @@ class RoundTrip:
         # a HELLO refused by one shard: raised once every shard has answered it (at most REFUSED_WAIT s more), so
         # each has heard it and refuses the rank too, where closing at once could drop a HELLO not yet sent
         self.refused: PSError | None = None
-        self.refused_at = 0.0
+        self.refused_by = math.inf  # when a refusal is raised whatever the other shards have said
 
     def send(self, s: int) -> None:
         """Send shard s its request now (once)."""
@@ -155,7 +155,7 @@ class RoundTrip:
                            option=self.c.timeout_option, started=now) if self.kind == "HELLO" else None
         while None in self.replies:
             now = time.monotonic()
-            if self.refused is not None and now >= self.refused_at + self.REFUSED_WAIT:
+            if now >= self.refused_by:
                 raise self.refused
             if now >= deadline:  # no sign of life at all: say that, not `why`
                 raise TimeoutError(self._silence())
@@ -174,8 +174,8 @@ class RoundTrip:
                 check_at = now + interval
             if None not in self.replies:  # the last reply was taken before a break was looked at
                 break
-            refused_by = self.refused_at + self.REFUSED_WAIT if self.refused is not None else math.inf
-            got = self.net.recv(min(deadline, check_at, bound, refused_by, notice.due if notice else math.inf) - now)
+            got = self.net.recv(min(deadline, check_at, bound, self.refused_by, notice.due if notice else math.inf)
+                                - now)
             if got is not None and self._take(*got):
                 deadline = time.monotonic() + self.timeout
         if self.refused is not None:
@@ -293,7 +293,7 @@ class RoundTrip:
             if self.kind != "HELLO":
                 raise error
             if self.refused is None:
-                self.refused, self.refused_at = error, time.monotonic()
+                self.refused, self.refused_by = error, time.monotonic() + self.REFUSED_WAIT
             self.replies[s] = reply
             return True
         self.replies[s] = reply

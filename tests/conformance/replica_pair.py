@@ -22,6 +22,7 @@ from tests.conformance.cluster import TIMEOUT, Hooks, start_backups
 from tests.conformance.failures import config, quiet
 
 QUIET_S = 0.5  # how long an ignored message is given to be answered anyway
+NOWHERE = "tcp://127.0.0.1:9"  # an address where nothing listens: a replica a witness or a state may name
 
 
 def backup_of(addresses: str, witness, *, cfg: RunConfig | None = None, bind: str = "tcp://127.0.0.1:0") -> Server:

@@ -17,9 +17,7 @@ from psrv.server.replication import stream
 from psrv.server.replication.witness import Configuration, Witness
 from psrv.transport.zmq import ZmqServer
 from tests.conformance.cluster import TIMEOUT, one_thread  # noqa: F401 (an autouse fixture)
-from tests.conformance.replica_pair import backup_of
-
-OTHER = "tcp://127.0.0.1:9"  # an address where nothing listens
+from tests.conformance.replica_pair import NOWHERE, backup_of
 
 
 def test_a_backup_given_several_addresses_asks_them_in_the_order_given(tmp_path):
@@ -27,7 +25,7 @@ def test_a_backup_given_several_addresses_asks_them_in_the_order_given(tmp_path)
     each JOIN_EVERY, in the order given after the first (psrv/server/replication/follower.py _ask): two of the
     test's own that never answer, after one where nothing listens."""
     lines = [ZmqServer("tcp://127.0.0.1:0") for _ in range(2)]
-    backup = backup_of(",".join([OTHER, *(line.address for line in lines)]), tmp_path / "witness")
+    backup = backup_of(",".join([NOWHERE, *(line.address for line in lines)]), tmp_path / "witness")
     first_join: dict[int, float] = {}
     try:
         deadline = time.monotonic() + TIMEOUT
@@ -67,7 +65,7 @@ def test_a_backup_joins_the_primary_its_witness_names_not_the_address_it_was_giv
     listens): the join goes where the witness says (psrv/server/replication/follower.py _ask)."""
     hand = ZmqServer("tcp://127.0.0.1:0")
     Witness(tmp_path / "witness", 0).claim(Configuration(1, hand.address))
-    backup = backup_of(OTHER, tmp_path / "witness")
+    backup = backup_of(NOWHERE, tmp_path / "witness")
     try:
         got = hand.recv(TIMEOUT)
         assert got is not None and stream.read(got[1])[0]["op"] == "join", "the backup never asked the witness's primary"

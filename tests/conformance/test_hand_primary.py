@@ -36,10 +36,8 @@ from psrv.transport.zmq import ZmqServer
 from psrv.transport.zmq_client import ZmqClient
 from tests.conformance.cluster import TIMEOUT, one_thread  # noqa: F401 (an autouse fixture)
 from tests.conformance.failures import config, quiet
-from tests.conformance.replica_pair import backup_of, heartbeat, wait_for
+from tests.conformance.replica_pair import NOWHERE, backup_of, heartbeat, wait_for
 from tests.helpers import hand_driven, hello_fields, send_to
-
-OTHER = "tcp://127.0.0.1:9"  # a primary the state may name in place of the one the backup joined (none listens)
 
 
 @pytest.mark.parametrize("named", ["joined", "other", "none"])
@@ -57,7 +55,7 @@ def test_a_joining_backup_holds_a_workers_request_until_its_primarys_state_names
     history = History(tmp_path / "backup.jsonl")
     backup = Server(dataclasses.replace(cfg.server_config(0, bind="tcp://127.0.0.1:0"), backup_of=hand.address,
                                         witness=str(tmp_path / "witness")), history=history).start()
-    replicas = {"joined": [hand.address, backup.address], "other": [OTHER, backup.address], "none": []}[named]
+    replicas = {"joined": [hand.address, backup.address], "other": [NOWHERE, backup.address], "none": []}[named]
     worker = stream_to = None
     try:
         got = hand.recv(TIMEOUT)
@@ -228,19 +226,19 @@ def test_a_backup_given_a_state_says_it_took_the_state_of_the_first_replica_its_
     primary, _ = hand_driven(cfg.server_config(0, bind="tcp://127.0.0.1:0"), 64)
     send_to(primary, Message(MsgType.PUSH, worker=1, seq=3, clock=0, tensor=torch.ones(64)))
     caplog.set_level(logging.INFO, logger="psrv.server")
-    with following_backup(tmp_path, cfg, primary.replication.replica_state(), first=OTHER) as (backup, _):
+    with following_backup(tmp_path, cfg, primary.replication.replica_state(), first=NOWHERE) as (backup, _):
         assert torch.equal(backup.service.state.shard.weights, primary.state.shard.weights)
     lines = [r.getMessage() for r in caplog.records if "resumed from" in r.getMessage()]
-    assert lines == [f"shard 0: resumed from primary {OTHER}'s state at version 1 (active workers [0, 1])"], lines
+    assert lines == [f"shard 0: resumed from primary {NOWHERE}'s state at version 1 (active workers [0, 1])"], lines
 
 
 def test_a_backup_given_several_addresses_asks_each_in_turn_until_one_answers(tmp_path):
     """`--backup-of A,B`: before the witness names a primary, the backup says "join" to each address in turn
     (psrv/server/replication/follower.py _ask), so it joins B, the one that answers, although A (nothing listens
     there) comes first."""
-    with following_backup(tmp_path, before=OTHER) as (backup, _):
+    with following_backup(tmp_path, before=NOWHERE) as (backup, _):
         follower = backup.service.replication.follower  # it follows: the join reached the primary (B)
-        assert follower.candidates == [OTHER, follower.primary] and follower.primary != OTHER, follower.candidates
+        assert follower.candidates == [NOWHERE, follower.primary] and follower.primary != NOWHERE, follower.candidates
 
 
 @pytest.mark.parametrize("unheard", [False, True])
@@ -271,7 +269,7 @@ def test_a_backup_claims_the_shard_once_its_primary_is_silent_for_its_place_amon
     The backup's clock is the test's; its witness holds no configuration (the primary is the test's), so its try is
     the line that says so."""
     caplog.set_level(logging.ERROR, logger="psrv.server")
-    others, named_any = ((OTHER,) if named == "second" else ()), named != "none"
+    others, named_any = ((NOWHERE,) if named == "second" else ()), named != "none"
     with following_backup(tmp_path, others=others, named=named_any) as (backup, _):
         at = held_clock(backup)
 

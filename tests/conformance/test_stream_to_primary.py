@@ -24,11 +24,8 @@ from psrv.transport.zmq import ZmqServer
 from psrv.transport.zmq_client import ZmqClient
 from tests.conformance.cluster import TIMEOUT, one_thread  # noqa: F401 (an autouse fixture)
 from tests.conformance.failures import config, quiet
-from tests.conformance.replica_pair import pair, wait_for  # noqa: F401 (pair: a fixture)
+from tests.conformance.replica_pair import NOWHERE, QUIET_S, pair, wait_for  # noqa: F401 (pair: a fixture)
 from tests.helpers import hand_driven, send_to
-
-OTHER = "tcp://127.0.0.1:9"  # a replica the witness may name (nothing listens)
-QUIET = 0.5  # seconds a line waits to see that nothing was answered
 
 
 def test_a_primary_ignores_stray_answers_and_fences_only_an_older_stream(pair):
@@ -39,9 +36,9 @@ def test_a_primary_ignores_stray_answers_and_fences_only_an_older_stream(pair):
     try:
         for op in ("ack", "gap", "fenced"):
             line.send(0, stream.frames_of(op, epoch - 1, n=1))
-            assert line.recv(QUIET) is None, f"a primary answered a stray {op!r}"
+            assert line.recv(QUIET_S) is None, f"a primary answered a stray {op!r}"
         line.send(0, stream.frames_of("ping", epoch, n=1))  # another primary's stream of our epoch: no answer
-        assert line.recv(QUIET) is None, "a primary answered a stream of its own epoch"
+        assert line.recv(QUIET_S) is None, "a primary answered a stream of its own epoch"
         line.send(0, stream.frames_of("ping", epoch - 1, n=1))
         got = line.recv(TIMEOUT)
         assert got is not None and stream.read(got[1])[0] == {"op": "fenced", "epoch": epoch}, got
@@ -56,7 +53,7 @@ def test_a_stream_of_a_later_epoch_fences_the_primary_where_the_witness_holds_it
     replication = primary.service.replication
     epoch = replication.epoch
     if held:
-        won, _ = Witness(witness, 0).claim(Configuration(epoch + 1, OTHER, (), "a takeover elsewhere"))
+        won, _ = Witness(witness, 0).claim(Configuration(epoch + 1, NOWHERE, (), "a takeover elsewhere"))
         assert won
     line = ZmqClient([primary.address], link=True)
     try:
@@ -64,7 +61,7 @@ def test_a_stream_of_a_later_epoch_fences_the_primary_where_the_witness_holds_it
         if held:
             wait_for("the primary was not fenced by a later epoch its witness holds", lambda: replication.replicas.fenced)
         else:
-            assert line.recv(QUIET) is None and not replication.replicas.fenced, "fenced by an epoch no one claimed"
+            assert line.recv(QUIET_S) is None and not replication.replicas.fenced, "fenced by an epoch no one claimed"
     finally:
         line.close()
 
@@ -75,7 +72,7 @@ def test_a_join_reaching_a_backup_is_ignored(pair):
     line = ZmqClient([backup.address], link=True)
     try:
         line.send(0, stream.frames_of("join", backup.service.replication.epoch, address=joiner.address))
-        assert joiner.recv(QUIET) is None, "a backup answered a join"
+        assert joiner.recv(QUIET_S) is None, "a backup answered a join"
         assert line.recv(0) is None
     finally:
         line.close()
