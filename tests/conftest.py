@@ -17,9 +17,16 @@ import tempfile
 os.environ.setdefault("MKL_CBWR", "AVX2")
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from psrv.experiments.launcher.forkserver import ZYGOTE  # noqa: E402
 from tests.helpers import Procs  # noqa: E402
+
+# One torch thread in each pytest process, as `psrv run` gives each of its processes where they outnumber the
+# cores: `make test` runs two more pytest processes than cores, and a second thread in each only waits for a
+# descheduled peer (tests/conformance/test_plan.py and tests/unit/test_simulate.py took 22.8 s of CPU with two,
+# 17.9 s with one, here). A process a test starts from a command line sets its own.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session", autouse=True)

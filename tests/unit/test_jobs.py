@@ -7,8 +7,6 @@ import sys
 import numpy as np
 import pytest
 import torch
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 
 from tests.helpers import ROOT
 from psrv.workers.jobs import job_factory, load_job
@@ -16,6 +14,10 @@ from psrv.workers.jobs.digits import digits_arrays
 
 
 def test_digits_are_load_digits_and_the_split_is_train_test_split():
+    # imported here, not at the top: scikit-learn's import costs about 1 s of CPU, which every pytest process
+    # would pay in collecting this file, where only the one that runs this test needs it
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
     x, y = load_digits(return_X_y=True)
     gx, gy = digits_arrays()
     np.testing.assert_array_equal(gx, x)

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from mlflow.tracking import MlflowClient
 
 from psrv.experiments.harness.collect import collect, read_csv, run_dir
 from psrv.experiments.harness.runner import run_experiment
@@ -22,7 +21,14 @@ def _runs(out: Path) -> list[tuple[str, int, Path]]:
     return [(v.name, seed, run_dir(out, v.name, repeat)) for v, seed, repeat in spec.runs()]
 
 
-def _by_name(client: MlflowClient, experiment: str) -> dict[str, object]:
+def MlflowClient(**kwargs) -> "mlflow.tracking.MlflowClient":  # noqa: F821, N802
+    """MLflow's own client, imported at first use: MLflow's import costs about 1 s of CPU, which every pytest
+    process would pay in collecting this file, where only the one that runs it needs it."""
+    from mlflow.tracking import MlflowClient as client
+    return client(**kwargs)
+
+
+def _by_name(client, experiment: str) -> dict[str, object]:
     found = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
     names = [r.info.run_name for r in found]
     assert len(names) == len(set(names)), f"duplicate MLflow runs: {names}"
