@@ -47,6 +47,7 @@ class Recorded:
     updates: list[int] = field(default_factory=list)      # per shard
     end: list[float] = field(default_factory=list)        # per worker: its last step's end
     failures: int = 0                                     # workers' failures
+    shard_failures: int = 0                               # shards' failovers before the last step's end
     lost_steps: int = 0                                   # steps computed, then lost to a failure and done again
     skipped_steps: int = 0                                # steps a restarted or left-behind worker never did
     kills: list[dict] = field(default_factory=list)       # --nemesis: each kill made (experiments/simulate/kills.py)
@@ -65,7 +66,7 @@ class Cluster:
                  push_transfer: tuple[float, ...], reply_transfer: tuple[float, ...], server_seconds: float, sample: int, batch_size: int,
                  learner=None, codec: CodecCost | None = None,
                  ready: list[tuple[int, float]] | None = None, compute_holds_encodes: bool = False,
-                 failures=None, fragments: int = 1, record_updates: bool = False):
+                 failures=None, fragments: int = 1, record_updates: bool = False, shard_failures=None):
         self.n, self.s, self.steps, self.h = workers, shards, steps, local_steps
         # streaming DiLoCo's fragments under a quorum: a worker's k-th push carries fragment k mod F, and each
         # fragment has its own merges (psrv/server/consistency/quorum.py `select`); None: merges of whole pushes
@@ -116,6 +117,7 @@ class Cluster:
         self.round_start = [0.0] * workers                      # when its compute began
         self.round_dropped = [False] * workers                  # some shard dropped the round's push
         self.failures = failures                                # experiments/simulate/failures.py, or None
+        self.outages = shard_failures                           # experiments/simulate/shard_failures.py, or None
         self.down = [False] * workers
         self.rejoining = [False] * workers                      # its replies answer a rejoin's pull, not a push
         # each shard's update times, for a region's syncs with the global shards (experiments/simulate/regions.py)
@@ -138,6 +140,8 @@ class Cluster:
             if g == gen[w]:
                 push(t, w)
         self.rec.updates = list(self.version)
+        if self.outages is not None:
+            self.rec.shard_failures = self.outages.until(max(self.rec.end, default=0.0))
         return self.rec
 
     def _start_round(self, w: int, t: float) -> None:
@@ -179,7 +183,7 @@ class Cluster:
         learner, version, in_free, busy = self.learner, self.version, self.in_free, self.busy
         gaps, bases, out_free, held, reply_at = self.rec.clock_gap, self.base, self.out_free, self.held, self.reply_at
         clocks, replies, gen = self.clock, self.replies, self.gen
-        encode, unpack, pack, decode = self.encode, self.unpack, self.pack, self.decode
+        encode, unpack, pack, decode, outages = self.encode, self.unpack, self.pack, self.decode, self.outages
         grad = learner.gradient(w, self.done[w]) if learner is not None else None
         pure = self.pure[w]
         if self.overlapping:                                    # step() is called after the last slice's encode
@@ -200,7 +204,8 @@ class Cluster:
             if sent + lat > arrive:
                 arrive = sent + lat
             in_free[s] = arrive
-            th = (arrive if arrive > busy[s] else busy[s]) + server + unpack[s]  # the shard's thread, a push at a time
+            start = arrive if arrive > busy[s] else busy[s]  # the shard's thread, a push at a time (past failovers)
+            th = start + server + unpack[s] if outages is None else outages.run(s, start, server + unpack[s])
             busy[s] = th
             planned, part = None, None if self.fragments is None else clock % self.fragments
             if self.grace:
@@ -242,7 +247,8 @@ class Cluster:
                 bases[pw][s] = version[s]
                 if learner is not None:
                     learner.answered(s, pw)
-                packed = (th if th > busy[s] else busy[s]) + pack[s]  # its reply encoded, one at a time
+                start = th if th > busy[s] else busy[s]  # its reply encoded, one at a time
+                packed = start + pack[s] if outages is None else outages.run(s, start, pack[s])
                 busy[s] = packed
                 out = (packed if packed > out_free[s] else out_free[s]) + rtx
                 out_free[s] = out
@@ -293,6 +299,8 @@ class Cluster:
         lat, ready, gaps, version, learner = self.latency, ctrl.pull_ready, self.rec.clock_gap, self.version[s], self.learner
         held, reply_at, clocks, replies, out_free = self.held, self.reply_at, self.clock, self.replies, self.out_free
         gen = self.gen
+        if self.outages is not None:  # a shard failed over answers from its takeover
+            t = self.outages.run(s, t, 0.0)
         while waiting and (waiting[0][3] != gen[waiting[0][1]] or ready(waiting[0][1], waiting[0][0])):
             clock, w, since, g = heappop(waiting)
             if g != gen[w]:
@@ -303,7 +311,9 @@ class Cluster:
                 learner.answered(s, w)
             packed = t
             if self.pack[s]:  # its reply encoded on the shard's thread, after what it is doing
-                packed = self.busy[s] = (t if t > self.busy[s] else self.busy[s]) + self.pack[s]
+                start = t if t > self.busy[s] else self.busy[s]
+                packed = self.busy[s] = start + self.pack[s] if self.outages is None else \
+                    self.outages.run(s, start, self.pack[s])
             out = (packed if packed > out_free[s] else out_free[s]) + rtx
             out_free[s] = out
             if t - since > held[w]:

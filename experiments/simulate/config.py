@@ -109,6 +109,7 @@ def _regions(cfg: SimulationConfig) -> None:
         return
     for given, key, what in ((sim.level == "learning", "simulate.level", "learning (level 'timing' only)"),
                              (sim.fail_mtbf, "simulate.fail_mtbf", "failures"),
+                             (sim.shard_fail_mtbf, "simulate.shard_fail_mtbf", "shard failures"),
                              (cfg.nemesis.schedule, "nemesis.schedule", "kills")):
         if given:
             raise ConfigError(key, f"{what} with regional shards (--regions, --region-every > 0) is not simulated: "

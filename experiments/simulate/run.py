@@ -69,7 +69,8 @@ def clean_config(cfg: SimulationConfig) -> SimulationConfig:
     """`cfg` without failures, stragglers or goodput's second run: goodput's baseline."""
     import dataclasses
     return dataclasses.replace(
-        cfg, simulate=dataclasses.replace(cfg.simulate, fail_mtbf=0.0, fail_down=1.0, goodput=False),
+        cfg, simulate=dataclasses.replace(cfg.simulate, fail_mtbf=0.0, fail_down=1.0, shard_fail_mtbf=0.0,
+                                          shard_fail_down=0.5, goodput=False),
         faults=dataclasses.replace(cfg.faults, straggler="", transient_stragglers=""),
         nemesis=dataclasses.replace(cfg.nemesis, schedule=""),
         restarts=dataclasses.replace(cfg.restarts, workers=0),
@@ -114,6 +115,11 @@ def _cluster(cfg: SimulationConfig, model: ComputeModel, network: NetworkModel, 
         from psrv.experiments.simulate.kills import Kills
         failures = Kills(cfg.nemesis.schedule, workers=n, seed=cfg.seed, down=sim.fail_down,
                          restarts=cfg.restarts.workers, worker_timeout=cfg.server.worker_timeout)
+    shard_failures = None
+    if sim.shard_fail_mtbf:
+        from psrv.experiments.simulate.shard_failures import ShardFailures
+        shard_failures = ShardFailures(cfg.cluster.servers, mtbf=sim.shard_fail_mtbf, down=sim.shard_fail_down,
+                                       seed=cfg.seed)
     cluster = Cluster(workers=n, shards=cfg.cluster.servers, mode=cfg.mode, staleness=cfg.staleness,
                       backup_workers=cfg.backup_workers, quorum=cfg.quorum, quorum_max_age=cfg.quorum_max_age,
                       quorum_grace=cfg.quorum_grace, quorum_grace_adaptive=cfg.quorum_grace_adaptive,
@@ -124,7 +130,8 @@ def _cluster(cfg: SimulationConfig, model: ComputeModel, network: NetworkModel, 
                       batch_size=cfg.job.batch_size, learner=learner, codec=codec,
                       ready=ready_order(plan, sim.forward_fraction) if overlaps(cfg) else None,
                       compute_holds_encodes=sim.compute == "steps.csv" and compute_holds_encodes(sim.compute_csv),
-                      failures=failures, fragments=cfg.worker.fragments, record_updates=record_updates)
+                      failures=failures, fragments=cfg.worker.fragments, record_updates=record_updates,
+                      shard_failures=shard_failures)
     return cluster
 
 
@@ -200,7 +207,8 @@ def summarise(cfg: SimulationConfig, rec: Recorded, *, learner, plan_total: int,
         "codec_cost_ms": (codec or CodecCost.none(cfg.cluster.servers)).as_ms(),
         "codec_cost_load_average": codec.load_average if codec is not None else None,
         "sampled_workers": min(cfg.simulate.sample_workers, cfg.cluster.workers),
-        "failures": rec.failures, "lost_samples": rec.lost_steps * cfg.job.batch_size,
+        "failures": rec.failures, "shard_failures": rec.shard_failures,
+        "lost_samples": rec.lost_steps * cfg.job.batch_size,
         "dropped_samples": rec.dropped_steps * cfg.job.batch_size, "useful_samples": kept,
         "skipped_samples": rec.skipped_steps * cfg.job.batch_size,
         **({"kills": rec.kills} if cfg.nemesis.schedule else {}),

@@ -17,8 +17,8 @@ from psrv.config import from_dict, merge
 
 COLUMNS = ("variant", "workers", "mode", "staleness", "backup_workers", "samples_per_second", "wait_fraction",
            "mean_staleness", "max_staleness", "max_clock_gap", "dropped", "wall_seconds", "simulator_seconds",
-           "failures", "lost_samples", "useful_samples_per_second_end_to_end", "goodput_end_to_end", "goodput",
-           "diverged", "diverged_why")  # diverged: learning level only (docs/simulator.md)
+           "failures", "shard_failures", "lost_samples", "useful_samples_per_second_end_to_end", "goodput_end_to_end",
+           "goodput", "diverged", "diverged_why")  # diverged: learning level only (docs/simulator.md)
 _SPEC_KEYS = ("name", "description", "workers", "variants")
 FRACTIONS = ("backup_fraction", "quorum_fraction")  # a variant's settings given as a share of N
 GOODPUT = (("goodput", "goodput while every rank ran"), ("goodput_end_to_end", "goodput end to end"))

@@ -54,10 +54,22 @@ class SimulateSettings(Section):
     fail_down: float = setting(1.0, "seconds a failed worker (--fail-mtbf) is down before it rejoins, or a killed one "
                                "(--nemesis) before its new life says HELLO", minimum=0.0,
                                metavar="SECONDS")
+    shard_fail_mtbf: float = setting(0.0, "each shard's primary fails after an exponential time of this mean, in "
+                                     "simulated seconds from its last takeover (drawn per shard from the seed), and "
+                                     "a backup takes it over --shard-fail-down seconds later with every acknowledged "
+                                     "push (psrv's failover: nothing lost; what its thread was doing is done again, "
+                                     "what reaches it meanwhile waits); 0: no shard failures", minimum=0.0,
+                                     metavar="SECONDS")
+    shard_fail_down: float = setting(0.5, "seconds from a shard's failure (--shard-fail-mtbf) to its backup's "
+                                     "takeover: psrv's failover takes F/2, 0.5 s at the default --failure-bound of 1 s",
+                                     minimum=0.0, metavar="SECONDS")
     goodput: bool = setting(False, "simulate the same run again without failures and stragglers, and report goodput: "
                             "useful samples/s over that clean run's")
 
     def validate(self) -> None:
         super().validate()
+        if self.shard_fail_down != 0.5 and not self.shard_fail_mtbf:
+            raise ConfigError("shard_fail_down", "is how long a failed shard waits for its backup's takeover, and "
+                              "there is no --shard-fail-mtbf: remove it")
         if (self.compute == "steps.csv") != bool(self.compute_csv):
             raise ConfigError("compute_csv", "goes with compute 'steps.csv', and it needs one")

@@ -65,9 +65,9 @@ SURFACE = {
                    "--no-pull-error-feedback", "--optimizer", "--out", "--outer-dtype", "--pull-resync", "--quorum",
                    "--quorum-grace", "--quorum-grace-adaptive", "--quorum-max-age", "--region-bandwidth-gbps",
                    "--region-every", "--region-latency-ms", "--regions", "--restart-workers", "--sample-workers",
-                   "--seed", "--server-ms", "--servers", "--spec", "--staleness", "--steps", "--straggler",
-                   "--transient-stragglers", "--update-rule", "--warmup-steps", "--weight-decay", "--wire-dtype",
-                   "--worker-timeout", "--workers")),
+                   "--seed", "--server-ms", "--servers", "--shard-fail-down", "--shard-fail-mtbf", "--spec",
+                   "--staleness", "--steps", "--straggler", "--transient-stragglers", "--update-rule",
+                   "--warmup-steps", "--weight-decay", "--wire-dtype", "--worker-timeout", "--workers")),
 }
 
 
