@@ -10,15 +10,8 @@ import pytest
 
 from psrv.config import ConfigError, from_dict
 from psrv.experiments.simulate.config import SimulationConfig
-from psrv.experiments.simulate.run import simulate
 from psrv.experiments.simulate.shard_failures import ShardFailures
-
-COMPUTE = 0.021  # s a step: the 20 ms of --compute-ms and the job's own 1 ms
-
-
-def sim(**tree) -> dict:
-    data = {"job": {"steps": 60}, "faults": {"compute_ms": 20.0}, **tree}
-    return simulate(from_dict(SimulationConfig, data))
+from tests.unit.test_simulate_failures import COMPUTE, sim  # the same 60 steps of 21 ms as the workers' failures
 
 
 @pytest.mark.parametrize("mode", ["sync", "async", "ssp"])
