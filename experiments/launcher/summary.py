@@ -244,6 +244,9 @@ def format_summary(s: dict) -> str:
                                             + (f", version {f['version']}" if "version" in f else "")
                                             for f in s["replication"]["failovers"]) or "none"))
     if s.get("simulated"):  # psrv simulate --goodput: ratios against its run without stragglers or failures
+        if s.get("failures") or s.get("shard_failures"):  # --fail-mtbf or --nemesis, --shard-fail-mtbf
+            rows.append(("failures", f"workers {s.get('failures', 0)} ({s.get('lost_samples', 0)} samples lost), "
+                                     f"shards {s.get('shard_failures', 0)} (failed over, nothing lost)"))
         if "goodput" in s:
             rows.append(("goodput", f"{_share(s['goodput'])} (while every worker ran), end to end "
                                     f"{_share(s.get('goodput_end_to_end'))}, against the same run simulated clean"))

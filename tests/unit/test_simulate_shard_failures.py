@@ -4,7 +4,9 @@ clock closes; a shard's thread works past every failover it meets, checked again
 the same draws; one worker's wall time is the clean one plus what each failover cost its shard's thread, replayed
 from those draws; a failure far past the run changes nothing; goodput is useful samples/s over the run without
 failures."""
+import json
 import random
+import re
 
 import pytest
 
@@ -113,3 +115,16 @@ def test_shard_failures_are_refused_where_they_mean_nothing():
     with pytest.raises(ConfigError, match="simulate.shard_fail_mtbf: shard failures with regional shards"):
         from_dict(SimulationConfig, {"mode": "async", "hierarchy": {"regions": 2, "region_every": 4},
                                      "simulate": {"shard_fail_mtbf": 5.0}})
+
+
+def test_the_printed_summary_says_how_many_failed(tmp_path, capsys):
+    from psrv.cli.main import main
+    args = ["simulate", "--mode", "async", "--workers", "4", "--servers", "2", "--steps", "60", "--compute-ms", "20"]
+    assert main([*args, "--shard-fail-mtbf", "0.2", "--out", str(tmp_path / "failing")]) == 0
+    printed = capsys.readouterr().out
+    s = json.loads((tmp_path / "failing" / "summary.json").read_text())
+    assert s["shard_failures"] > 0
+    line = f"workers 0 (0 samples lost), shards {s['shard_failures']} (failed over, nothing lost)"
+    assert re.search(rf"^failures +{re.escape(line)}$", printed, re.M), printed
+    assert main([*args, "--out", str(tmp_path / "clean")]) == 0
+    assert not re.search(r"^failures ", capsys.readouterr().out, re.M)
