@@ -6,12 +6,14 @@ with SIGKILL has lost nothing it recorded. Without PSRV_HISTORY, `History.off()`
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
 
+import orjson
+
 ENV = "PSRV_HISTORY"
+_LINE = orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS  # one line; a dict's int keys as strings, as json does
 
 
 class History:
@@ -41,8 +43,7 @@ class History:
     def record(self, ev: str, **fields) -> None:
         if self._fd is None:
             return
-        line = json.dumps({"ev": ev, "t": time.monotonic(), **fields}, separators=(",", ":"), default=_plain)
-        os.write(self._fd, (line + "\n").encode())
+        os.write(self._fd, orjson.dumps({"ev": ev, "t": time.monotonic(), **fields}, default=_plain, option=_LINE))
 
     def start(self, role: str, **fields) -> None:
         """The first line: who this process is."""
