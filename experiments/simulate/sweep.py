@@ -120,24 +120,48 @@ def _plots(where: Path, header: dict, rows: list[dict], variants: list[str]) -> 
     import matplotlib.pyplot as plt
     where.mkdir(parents=True, exist_ok=True)
     for metric in _plotted(rows):
-        fig, ax = plt.subplots(figsize=(6.5, 4))
-        for i, v in enumerate(variants):
-            pts = sorted((r["workers"], r[metric]) for r in rows if r["variant"] == v and r[metric] is not None)
-            if not pts:
-                continue
-            # each variant its own marker, line style and size, hollow markers over filled ones: two variants
-            # with equal values (a quorum's timing is async's) both stay visible, not one under the other
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="osD^v"[i % 5], linestyle=("-", "--", ":", "-.")[i % 4],
-                    markersize=max(3.0, 9.0 - 1.5 * i), fillstyle="full" if i % 2 == 0 else "none", label=v)
-        ax.set_xscale("log", base=2)
-        if metric == "samples_per_second":
-            ax.set_yscale("log")
-        elif metric == "mean_staleness":
-            ax.set_yscale("symlog")  # sync's 0 stays on the plot
-        ax.set_xlabel("workers N")
-        ax.set_ylabel(metric.replace("_", " "))
-        ax.set_title(f"{header['name']}: {metric.replace('_', ' ')} (simulated)", fontsize=9)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
+        fig = figure(header, metric, rows, variants)
         fig.savefig(where / f"{metric}.png", dpi=100)
         plt.close(fig)
+
+
+def figure(header: dict, metric: str, rows: list[dict], variants: list[str]):
+    """`metric` of every variant against N, a line each; where the spec sweeps one N, a bar each instead (in the
+    spec's order, its value written beside it): one point per variant at one N would stack them on one another."""
+    import matplotlib.pyplot as plt
+    ns = sorted({r["workers"] for r in rows})
+    label = metric.replace("_", " ")
+    if len(ns) == 1:
+        values = {r["variant"]: r[metric] for r in rows}
+        fig, ax = plt.subplots(figsize=(6.5, max(2.5, 0.3 * len(variants) + 1.2)))
+        ys = range(len(variants))
+        ax.barh(list(ys), [values.get(v) or 0 for v in variants], color="tab:blue")
+        for y, v in zip(ys, variants):
+            ax.text(values.get(v) or 0, y, f" {_fmt(values.get(v))}", va="center", fontsize=7)
+        ax.set_yticks(list(ys), variants, fontsize=7)
+        ax.invert_yaxis()  # the spec's first variant on top
+        ax.set_xlabel(label)
+        ax.margins(x=0.15)
+        ax.set_title(f"{header['name']}: {label} at N = {ns[0]} (simulated)", fontsize=9)
+        fig.tight_layout()
+        return fig
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for i, v in enumerate(variants):
+        pts = sorted((r["workers"], r[metric]) for r in rows if r["variant"] == v and r[metric] is not None)
+        if not pts:
+            continue
+        # each variant its own marker, line style and size, hollow markers over filled ones: two variants
+        # with equal values (a quorum's timing is async's) both stay visible, not one under the other
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="osD^v"[i % 5], linestyle=("-", "--", ":", "-.")[i % 4],
+                markersize=max(3.0, 9.0 - 1.5 * i), fillstyle="full" if i % 2 == 0 else "none", label=v)
+    ax.set_xscale("log", base=2)
+    if metric == "samples_per_second":
+        ax.set_yscale("log")
+    elif metric == "mean_staleness":
+        ax.set_yscale("symlog")  # sync's 0 stays on the plot
+    ax.set_xlabel("workers N")
+    ax.set_ylabel(label)
+    ax.set_title(f"{header['name']}: {label} (simulated)", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
