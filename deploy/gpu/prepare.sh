@@ -4,14 +4,14 @@
 #   make gpu-prepare            # or: deploy/gpu/prepare.sh [--no-suite]   (--no-suite: only what psrv needs)
 # The machine (/work/.library/device/KINDS.md, nvidia-h200): x86-64, python3 3.12 with torch (CUDA), msgpack,
 # prometheus-client, numpy, scipy, matplotlib, scikit-learn, tqdm, rich, tensorboard, pyyaml, pytest, pytest-xdist,
-# pytest-timeout and hypothesis; no pyzmq, no mnist1d; none of the test suite's import-linter and kubernetes-validate.
+# pytest-timeout and hypothesis; no pyzmq, no orjson, no mnist1d; none of the test suite's import-linter and kubernetes-validate.
 # Nothing there can be downloaded. psrv itself is installed there from the carried working tree, editable (pip -e .,
 # its build backend from .whl/build): the tests import psrv.workers and psrv.experiments from the tree, as here.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-python3}
 DEST=.whl
-PSRV_NEEDS="pyzmq==27.3.0 mnist1d==0.0.2.post1"   # the versions this project's CI installs
+PSRV_NEEDS="pyzmq==27.3.0 orjson==3.13.0 mnist1d==0.0.2.post1"   # the versions this project's CI installs
 SUITE_NEEDS="import-linter==2.17 grimp==3.20 kubernetes-validate==1.37.0 jsonschema==4.26.0
   jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1 importlib-resources==7.1.0"
 BUILD_NEEDS="setuptools==84.2.1"  # pyproject's build backend, for pip's isolated build of psrv there (into .whl/build)
