@@ -134,11 +134,12 @@ def figure(header: dict, metric: str, rows: list[dict], variants: list[str]):
     if len(ns) == 1:
         values = {r["variant"]: r[metric] for r in rows}
         fig, ax = plt.subplots(figsize=(6.5, max(2.5, 0.3 * len(variants) + 1.2)))
-        ys = range(len(variants))
-        ax.barh(list(ys), [values.get(v) or 0 for v in variants], color="tab:blue")
-        for y, v in zip(ys, variants):
-            ax.text(values.get(v) or 0, y, f" {_fmt(values.get(v))}", va="center", fontsize=7)
-        ax.set_yticks(list(ys), variants, fontsize=7)
+        ys = list(range(len(variants)))
+        widths = [values.get(v) or 0 for v in variants]  # a missing value: no bar, "n/a" beside it
+        ax.barh(ys, widths, color="tab:blue")
+        for y, width, v in zip(ys, widths, variants):
+            ax.text(width, y, f" {_fmt(values.get(v))}", va="center", fontsize=7)
+        ax.set_yticks(ys, variants, fontsize=7)
         ax.invert_yaxis()  # the spec's first variant on top
         ax.set_xlabel(label)
         ax.margins(x=0.15)
