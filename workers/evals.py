@@ -23,27 +23,23 @@ def record_eval(job, model, device, log, *, step: int) -> dict[str, float]:
 
 def record_initial(job, model, device, log, *, initial: torch.Tensor | None) -> None:
     """The step-0 evaluation: of `model` as it is (a worker there from the start holds the initial weights), or
-    where rank 0 joined a run under way, of `initial`, the flat initial weights, put in the model for it."""
+    where rank 0 joined a run under way, of `initial`, the flat initial weights, which the parameters view for it
+    (and then their own tensors again: psrv.Worker's views of its flat buffer, or under pull_in_place of the
+    shard's read-only weights, which are never written)."""
     if initial is None:
         record_eval(job, model, device, log, step=0)
         return
     params = list(model.parameters())
-    current = torch.cat([p.detach().reshape(-1) for p in params])
-    _load(params, initial)
+    held = [p.data for p in params]
+    offset = 0
+    for p in params:
+        p.data = initial[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
     try:
         record_eval(job, model, device, log, step=0)
     finally:
-        _load(params, current)
-
-
-def _load(params: list, flat: torch.Tensor) -> None:
-    """`flat` into `params` in place (they may be views of psrv.Worker's flat buffer, which
-    torch.nn.utils.vector_to_parameters would replace, not fill)."""
-    offset = 0
-    with torch.no_grad():
-        for p in params:
-            p.copy_(flat[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
+        for p, data in zip(params, held):
+            p.data = data
 
 
 def record_final(job, model, device, log, *, step: int) -> None:

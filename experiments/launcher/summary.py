@@ -101,6 +101,8 @@ def build_summary(cfg: RunConfig, out: Path, *, interrupted: bool = False, kille
         "pushes": sum(w["pushes"] for w in workers),
         **_local_steps(workers, samples),
         "early_sends": sum(w.get("early_sends", 0) for w in workers),
+        **({"pulls_in_place": sum(w.get("pulls_in_place", 0) for w in workers),  # pull_in_place: what it did
+            "pulls_copied": sum(w.get("pulls_copied", 0) for w in workers)} if cfg.worker.pull_in_place else {}),
         "updates_applied": servers[0]["updates_applied"] if servers else rank0.get("updates_applied", 0),
         "updates_applied_per_shard": [s["updates_applied"] for s in servers],
         "max_staleness": max(staleness, default=0) if measured else None,
@@ -238,6 +240,8 @@ def format_summary(s: dict) -> str:
         rows.append(("overridden", "; ".join(f"{rank}: " + ", ".join(f"{k}={o['script']!r} (run: {o['run']!r})"
                                                                      for k, o in kept.items())
                                              for rank, kept in s["settings_overridden"].items())))
+    if "pulls_in_place" in s:  # --pull-in-place: the pulls the model computed on where they lay, and those copied
+        rows.append(("pulls in place", f"{s['pulls_in_place']} (copied: {s['pulls_copied']})"))
     rows += _fault_rows(s.get("faults"))
     if s.get("replication"):  # psrv run --replicas: experiments/launcher/replication.py
         rows.append(("failovers", ", ".join(f"shard {f['shard']} to {f['new_primary']} at epoch {f['epoch']}"

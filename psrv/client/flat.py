@@ -1,9 +1,9 @@
 """A model whose parameters and gradients are views into two flat buffers.
 
-Pulled weights are copied straight into the model, and the gradient is pushed from one flat
-buffer with no concatenation. A `.grad` that a user's `model.zero_grad()` set to None is
-re-attached by a post-accumulate-grad hook as soon as backward produces it (one copy), so the
-flat gradient is always the one backward computed.
+Pulled weights are copied straight into the model (or, under pull_in_place, the model views them where they
+lie: point), and the gradient is pushed from one flat buffer with no concatenation. A `.grad` that a user's
+`model.zero_grad()` set to None is re-attached by a post-accumulate-grad hook as soon as backward produces it
+(one copy), so the flat gradient is always the one backward computed.
 """
 from __future__ import annotations
 
@@ -40,9 +40,27 @@ class FlatModel:
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(lambda q, i=i: self._keep(q, self._views[i]))
             offset += n
+        self.own = self.params  # the model's own buffer; `params` may be another's (point)
         self._views: list[torch.Tensor] = []
         if grads:
             self.place_grads(torch.zeros(total, dtype=torch.float32, device=device))
+
+    def point(self, weights: torch.Tensor) -> None:
+        """Make `weights` (the flat size: the model's own buffer, or a shard's weights read in place) what every
+        parameter views, where it does not already."""
+        if weights.data_ptr() == self.params.data_ptr():
+            return
+        offset = 0
+        for p in self._params:
+            p.data = weights[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+        self.params = weights
+
+    def keep_own(self) -> None:
+        """Copy the weights the model views into its own buffer and view that (before what it viewed goes)."""
+        if self.params.data_ptr() != self.own.data_ptr():
+            self.own.copy_(self.params)
+            self.point(self.own)
 
     def place_grads(self, buffer: torch.Tensor) -> None:
         """Make `buffer` (zeros, the flat size; e.g. in memory a transport sends from without a copy) the

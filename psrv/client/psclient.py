@@ -25,6 +25,7 @@ from psrv.config.sections import Placement, WorkerSettings
 from psrv.codecs import CASTS, make as make_codec
 from psrv.codecs.push import PushEncoder
 from psrv.client.heartbeat import Heartbeat
+from psrv.client.in_place import InPlacePulls
 from psrv.client.momentum_correction import MomentumCorrection, from_welcomes as velocity_from
 from psrv.client.onebit import LocalMomentum, from_welcomes, momentum_encoder
 from psrv.client.pull_view import PULL_SIGN_SCALE, PullView
@@ -114,6 +115,7 @@ class PSClient(PushMessages):
                                         shared_memory=shared_memory, bulk=bulk, watch=True, **self._options)
         # each shard's replicas (`failover`): told by WELCOME, and those the transport knows from the start (the
         # backups of a fixed RPC world, which may join their primary only after this worker's HELLO)
+        self.in_place = InPlacePulls(self.net, wanted=settings.pull_in_place, worker=worker)
         self.addresses = ShardAddresses(self.servers, self.net, worker=worker)
         self.servers = self.addresses.servers  # one list, updated in place as shards move
         # zmq sockets are not thread-safe: the heartbeat thread opens its own (rpc has one world per process)
@@ -136,6 +138,7 @@ class PSClient(PushMessages):
             self.leave(timeout=2.0)
             raise
         self.chunked = self.push_chunk_bytes > 0 and all(w.get("chunks") for w in welcomes)
+        self.in_place.welcomed(welcomes, shards=len(self.ranges), compressed_pulls=self.pull_view is not None)
         for s, w in enumerate(welcomes):  # a replicated shard's backups: where to go if its primary falls silent
             if isinstance(w.get("replicas"), list):
                 self.addresses.welcomed(s, w["replicas"])
@@ -322,17 +325,25 @@ class PSClient(PushMessages):
         flat = out.detach()
         for s, (lo, hi) in enumerate(self.ranges if direct else ()):
             self.net.receive_into(s, memoryview(flat[lo:hi].numpy()).cast("B"))
+        self.in_place.hint(direct)
         try:
             replies = run()
         finally:
+            self.in_place.hint(False)
             for s in range(len(self.ranges) if direct else 0):
                 self.net.receive_into(s, None)
+        weights = out
         for s, ((lo, hi), r) in enumerate(zip(self.ranges, replies)):
+            held = self.in_place.weights(s, r) if direct else None
             if view is not None:  # compressed pulls: the reply updates this worker's copy, which goes to `out`
                 view.take(s, r, out[lo:hi])
+            elif held is not None and held.numel() == out.numel():  # pull_in_place: the shard's own, no copy
+                weights = held
             elif r.tensor.data_ptr() != out[lo:hi].data_ptr() or r.tensor.numel() != hi - lo:  # else written in place
                 out[lo:hi].copy_(r.tensor, non_blocking=out.is_cuda)
-        return self._summarise(replies, [r.fields.get("push", {}) for r in replies])
+        reply = self._summarise(replies, [r.fields.get("push", {}) for r in replies])
+        reply.weights = weights
+        return reply
 
     def _summarise(self, replies: list[Message], pushes: list[dict]) -> Reply:
         fields = [r.fields for r in replies]

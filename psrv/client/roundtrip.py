@@ -39,6 +39,7 @@ class Reply:
     waited: float = 0.0
     gap: int = 0
     fields: list[dict] = field(default_factory=list)
+    weights: torch.Tensor | None = None  # where the weights pulled lie: `out`, or (pull_in_place) the shard's memory
 
 
 @dataclass
@@ -118,6 +119,7 @@ class RoundTrip:
     def send(self, s: int) -> None:
         """Send shard s its request now (once)."""
         if self.frames[s] is None:
+            self.c.in_place.release(s, pushing=self.pushing)  # done with the weights read in place (if held)
             t = self.msgs[s].tensor
             whole = t is not None and self.net.in_place(s, t)  # read where it lies: nothing to bound or pipeline
             pieces = in_chunks(self.msgs[s], self.c.push_chunk_bytes if self.c.chunked and not whole else 0) \

@@ -133,7 +133,8 @@ class Worker(LocalRounds, CompressionState, RecordedWorker, metaclass=TakesRunSe
                 self._readiness = ShardReadiness(model, self.plan.ranges)
             if self.rank == 0:
                 self._client.init(self._flat.params.cpu())
-            first = self._client.first_pull(welcomes, out=self._flat.params)
+            first = self._client.first_pull(welcomes, out=self._flat.own)
+            self._flat.point(first.weights)  # pull_in_place: the shard's weights, where they lie
             self._clock, self._version = first.clock, min(first.versions)
             # a worker (re)joining a run under way starts at the shards' clock: its steps count from there
             self.start_clock = self._clock
@@ -221,11 +222,12 @@ class Worker(LocalRounds, CompressionState, RecordedWorker, metaclass=TakesRunSe
             if self._readiness is not None:
                 self._readiness.disarm()
             if self.rank == 0:
-                self._client.pull(clock=self._clock, out=self._flat.params, final=True)
+                self._flat.point(self._client.pull(clock=self._clock, out=self._flat.own, final=True).weights)
         except BaseException:
             self._abandon()
             raise
         self._open = False
+        self._flat.keep_own()  # pull_in_place: the model keeps the weights, not a view of the shard's memory
         try:
             self._client.leave(timeout=5.0)
         finally:
@@ -252,7 +254,9 @@ class Worker(LocalRounds, CompressionState, RecordedWorker, metaclass=TakesRunSe
             "outer_dtype": self.outer_dtype}
         if self._stream is not None:
             local["answered"] = list(self._answered_at_close)
-        return {"early_sends": self.early_sends, **self.wire_bytes(), **local,
+        in_place = {} if not self.settings.pull_in_place else {
+            "pulls_in_place": self._client.in_place.read, "pulls_copied": self._client.in_place.copied}
+        return {"early_sends": self.early_sends, **self.wire_bytes(), **local, **in_place,
                 "settings_overridden": self.settings_overridden}
 
     # --- mechanics ----------------------------------------------------------
@@ -262,8 +266,9 @@ class Worker(LocalRounds, CompressionState, RecordedWorker, metaclass=TakesRunSe
 
     def _begin(self) -> PushPull:
         if self._pushing is None:
-            self._pushing = self._client.begin_push_pull(self._flat.grads, clock=self._clock, out=self._flat.params,
-                                                         at=self._pulled)  # local steps: the weights pulled
+            self._pushing = self._client.begin_push_pull(self._flat.grads, clock=self._clock, out=self._flat.own,
+                                                         at=self._pulled if self._pulled is not None else
+                                                         self._flat.params)  # local steps: the weights pulled
         return self._pushing
 
     def _ready(self, shard: int) -> None:
@@ -296,6 +301,7 @@ class Worker(LocalRounds, CompressionState, RecordedWorker, metaclass=TakesRunSe
             pushing.annotate(self._period.push_fields())
         self.early_sends += pushing.early
         reply = pushing.finish()
+        self._flat.point(reply.weights)  # pull_in_place: the shard's weights, where they lie
         self._clock = reply.clock
         self._version = min(reply.versions)
         if self._pulled is not None:
@@ -327,6 +333,7 @@ class Worker(LocalRounds, CompressionState, RecordedWorker, metaclass=TakesRunSe
         if self._readiness is not None:
             self._readiness.disarm()
         log.info("worker %d: stopped at step %d; leaving every shard", self.rank, self.steps)
+        self._flat.keep_own()
         try:
             self._client.leave(timeout=2.0)  # an interrupted worker exits promptly
         finally:

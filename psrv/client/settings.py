@@ -18,7 +18,7 @@ WORKER_KEYWORDS = tuple({v: k for k, v in ALIASES.items()}.get(f.name, f.name)
                         for f in dataclasses.fields(WorkerSettings) if f.name not in _LOOP_ONLY)
 CLIENT_KEYWORDS = ("timeout", "wire_dtype", "compress", "error_feedback", "error_feedback_decay", "compress_min_numel",
                    "momentum_correction", "momentum_masking", "compress_warmup", "sign_scale", "push_chunk_mb", "compress_pull",
-                   "pull_error_feedback", "pull_resync")  # what PSClient reads
+                   "pull_error_feedback", "pull_resync", "pull_in_place")  # what PSClient reads
 
 
 def default_of(keyword: str) -> Any:

@@ -66,6 +66,8 @@ RECORD = {  # a worker record's keys (a run directory's worker-R.json)
     "param_shapes": "psrv.Worker: each parameter tensor's shape in plan order (psrv simulate --against builds a "
                     "script's plan from it)", "wire_dtype": "PS workers: the pushes' float type",
     "overlap": "PS workers: sends during backward asked for", "early_sends": "PS workers: shards sent during backward",
+    "pulls_in_place": "PS workers: pulls the model computed on where they lay in the shard's memory (pull_in_place)",
+    "pulls_copied": "PS workers: pulls copied although pull_in_place asked for them in place",
     "compress": "PS workers: the codec", "error_feedback": "PS workers: residuals kept",
     "compress_pull": "PS workers: the pull codec ('': dense pulls)",
     "momentum_correction": "PS workers: the velocity kept here",

@@ -14,6 +14,7 @@ from psrv.config.address_form import address_problem, check_shard_addresses
 from psrv.config.base import ConfigError, Section, section, setting
 from psrv.config.codec_knobs import corrects, run_knobs
 from psrv.config.hierarchy import HierarchySettings, UpstreamSettings, check_hierarchy, check_upstream
+from psrv.config.in_place import check_in_place_run
 from psrv.config.nemesis import NemesisSettings, check_nemesis
 from psrv.config.optimizer import STALENESS_RULES, VELOCITY_RULES, GradClip, OptimConfig
 from psrv.config.sections import Trackers
@@ -321,6 +322,7 @@ class RunConfig(Trackers, Seeded, Consistency):
         _onebit_adam(self.optimizer, self.mode, self.backup_workers, self.quorum)
         _staleness_rule(self.optimizer, self.mode, self.quorum)
         extrapolate_in_run(self)
+        check_in_place_run(self)
         if self.optimizer.name == "onebit_adam" and (self.worker.local_updates or self.worker.wire_dtype != "float32"
                                                      or self.worker.compress in CASTS):
             raise ConfigError("optimizer.name", "onebit_adam's workers push float32 gradients, then codec-compressed "

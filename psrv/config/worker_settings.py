@@ -111,6 +111,13 @@ class WorkerSettings(Section):
                                       "progress from that start (0: start from the pulled weights)", minimum=0.0,
                                       metavar="K")
 
+    pull_in_place: bool = setting(False, "co-located sync: the model computes on its shard's weights where they lie, in "
+                                  "the shard's shared memory, mapped read-only, instead of a copy of them pulled each "
+                                  "step (no copy of the model per step). Needs mode sync without backup workers or a "
+                                  "quorum (a shard then writes its weights only once every worker has pushed), one "
+                                  "server, transport zmq with shared memory, dense pulls and no local steps; where "
+                                  "the shard is on another host it copies as before (docs/architecture.md)")
+
     @property
     def local_updates(self) -> bool:
         """True when this worker steps its own inner optimizer and pushes pseudo-gradients."""
@@ -137,6 +144,9 @@ class WorkerSettings(Section):
             object.__setattr__(self, "inner_lr", INNER_LR[self.inner_optimizer])
         self._check_streaming()
         self._check_extrapolate()
+        if self.pull_in_place and (self.local_updates or self.compress_pull):
+            raise ConfigError("pull_in_place", "computes on the shard's own weights, which local steps would "
+                              "change and a compressed pull does not send: remove one")
         worker_knobs(self)
 
     def _check_extrapolate(self) -> None:

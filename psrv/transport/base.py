@@ -68,6 +68,19 @@ class ClientTransport(abc.ABC):
         payload's size); the frame returned is then `buffer` itself. None withdraws it. A hint: a
         transport may ignore it."""
 
+    def read_in_place(self, shard: int, on: bool) -> None:
+        """While on, the weights `shard` names by place in its own memory (shared memory: its weights) come back
+        where they lie, read-only, with no copy, and stay held (the shard does not write them) until
+        release(shard). A hint: a transport may ignore it, and then copies as before."""
+
+    def held(self, shard: int) -> int | None:
+        """The address of the payload held from `shard` (read_in_place), or None."""
+        return None
+
+    def release(self, shard: int) -> bool:
+        """Done with what is held from `shard`, if anything; False if it changed while held."""
+        return True
+
     def in_place(self, shard: int, tensor) -> bool:
         """Whether `shard` reads a payload of `tensor` where it lies, with no copy on either side (the shared
         gradient over shared memory, psrv/transport/shm.py): such a push gains nothing from going in chunks."""

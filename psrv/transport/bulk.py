@@ -218,7 +218,7 @@ class BulkClientPlane(ClientPlane):
         self.bytes_out += payload.nbytes
         return link.send(payload)
 
-    def take(self, shard: int, descriptor: bytes, into: memoryview | None) -> memoryview | None:
+    def take(self, shard: int, descriptor: bytes, into: memoryview | None, *, hold: bool = False) -> memoryview | None:
         link, size = self._links.get(shard), Link.size(descriptor)
         if link is None or size < 0:
             return None

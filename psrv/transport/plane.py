@@ -50,10 +50,20 @@ class ClientPlane(abc.ABC):
         it goes inline (the plane has no room for it now)."""
 
     @abc.abstractmethod
-    def take(self, shard: int, descriptor: bytes, into: memoryview | None) -> memoryview | None:
+    def take(self, shard: int, descriptor: bytes, into: memoryview | None, *, hold: bool = False) -> memoryview | None:
         """The incoming payload `descriptor` names: written into `into` when given and of its size (the
         returned view is then `into`), else in a buffer of the plane's. None: it could not be read whole
-        (overwritten while read, a broken connection); the message is then dropped as if lost."""
+        (overwritten while read, a broken connection); the message is then dropped as if lost. `hold`: a payload
+        the shard names by place in its own memory may be returned where it lies, read-only, and held until
+        release(shard) (ClientTransport.read_in_place)."""
+
+    def release(self, shard: int) -> bool:
+        """Done with the payload held from `shard` (take's `hold`); False if it changed while held."""
+        return True
+
+    def held(self, shard: int) -> int | None:
+        """The address of the payload held from `shard`, or None."""
+        return None
 
     def share(self, tensor):
         """`tensor`'s values where this plane can send them by place (see ClientTransport.share)."""

@@ -35,6 +35,7 @@ import os
 from typing import Hashable
 
 import msgpack
+import numpy as np
 import torch
 
 from psrv.transport.plane import MIN_BYTES, ClientPlane, ServerPlane
@@ -57,6 +58,7 @@ class ShmClientPlane(ClientPlane):
         self._pulls = Peers()
         self._counters: dict[int, tuple] = {}  # shard -> (readers map, my index)
         self._grads: Region | None = None
+        self._held: dict[int, tuple] = {}  # shard -> its weights read in place: (map, descriptor, view)
 
     def share(self, tensor: torch.Tensor) -> torch.Tensor:
         """`tensor`'s values in a memfd of ours: a push from it is read by the shard in place, no copy."""
@@ -97,10 +99,12 @@ class ShmClientPlane(ClientPlane):
         written = slots.write(payload)
         return None if written is None else msgpack.packb(written)
 
-    def take(self, shard: int, descriptor: bytes, into: memoryview | None) -> memoryview | None:
+    def take(self, shard: int, descriptor: bytes, into: memoryview | None, *, hold: bool = False) -> memoryview | None:
         d = read_descriptor(descriptor)
         if d is None:
             return None
+        if hold and type(d.get("reader")) is int:
+            return self._hold(shard, d)
         try:
             return self._read(shard, d, into)
         finally:
@@ -118,6 +122,33 @@ class ShmClientPlane(ClientPlane):
             return None  # overwritten while we copied: torn
         return out
 
+    def _hold(self, shard: int, d: dict) -> memoryview | None:
+        """The shard's weights where they lie, mapped read-only (a write faults), and held: the shard writes them
+        only once release(shard) says this worker is done with them (shm_readers.py)."""
+        self.release(shard)  # an earlier answer's (the first answer to a re-sent request)
+        m = self._pulls.view(("weights-ro", shard), d, read_only=True)
+        src = payload_of(m, d)
+        if src is None:
+            self._done(shard, d["reader"])
+            return None
+        self._held[shard] = m, d, src
+        return src
+
+    def release(self, shard: int) -> bool:
+        """Say we are done with the weights held from `shard`; False if they changed while held (the shard gave
+        up waiting for us: we were counted out, or slower than its reader timeout)."""
+        held = self._held.pop(shard, None)
+        if held is None:
+            return True
+        m, d, _ = held
+        intact = SEQ.unpack_from(m, 0)[0] == d["seq"]
+        self._done(shard, d["reader"])
+        return intact
+
+    def held(self, shard: int) -> int | None:
+        held = self._held.get(shard)
+        return None if held is None else np.frombuffer(held[2], dtype=np.uint8).ctypes.data
+
     def _done(self, shard: int, answer: int) -> None:
         """Say we finished with the shard's `answer`-th answer by place (read, or dropped as torn)."""
         counter = self._counters.get(shard)
@@ -126,13 +157,15 @@ class ShmClientPlane(ClientPlane):
             COUNT.pack_into(m, index * COUNT.size, max(answer, COUNT.unpack_from(m, index * COUNT.size)[0]))
 
     def reset(self, shard: int) -> None:
-        for key in (("weights", shard), ("pull", shard)):
+        for key in (("weights", shard), ("weights-ro", shard), ("pull", shard)):
             self._pulls.drop(key)
         counter = self._counters.pop(shard, None)
         if counter is not None:
             close_map(counter[0])
 
     def close(self) -> None:
+        for shard in list(self._held):
+            self.release(shard)
         self._pulls.close()
         for shard in list(self._counters):
             self.reset(shard)

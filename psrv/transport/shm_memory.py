@@ -157,8 +157,9 @@ def close_map(m: mmap.mmap) -> None:
         pass
 
 
-def map_peer(pid: int, fd: int, size: int, ino: int) -> mmap.mmap | None:
-    """The peer's memfd `fd` mapped here, or None when it is not a psrv memfd of that size and inode."""
+def map_peer(pid: int, fd: int, size: int, ino: int, *, read_only: bool = False) -> mmap.mmap | None:
+    """The peer's memfd `fd` mapped here (`read_only`: a write to it faults), or None when it is not a psrv memfd
+    of that size and inode."""
     path = f"/proc/{pid}/fd/{fd}"
     try:
         if not os.readlink(path).startswith("/memfd:psrv-"):
@@ -168,7 +169,7 @@ def map_peer(pid: int, fd: int, size: int, ino: int) -> mmap.mmap | None:
             st = os.fstat(handle)
             if st.st_size != size or st.st_ino != ino:
                 return None
-            return mmap.mmap(handle, size)
+            return mmap.mmap(handle, size, prot=mmap.PROT_READ) if read_only else mmap.mmap(handle, size)
         finally:
             os.close(handle)
     except OSError:
@@ -210,13 +211,13 @@ class Peers:
     def __init__(self):
         self._maps: dict[Hashable, tuple[tuple, mmap.mmap]] = {}
 
-    def view(self, key: Hashable, d: dict) -> mmap.mmap | None:
+    def view(self, key: Hashable, d: dict, *, read_only: bool = False) -> mmap.mmap | None:
         ident = (d["pid"], d["fd"], d["size"], d["ino"])
         held = self._maps.get(key)
         if held is not None and held[0] == ident:
             return held[1]
         self.drop(key)
-        m = map_peer(*ident)
+        m = map_peer(*ident, read_only=read_only)
         if m is not None:
             self._maps[key] = (ident, m)
         return m

@@ -35,6 +35,7 @@ class Readers:
         self._sent: dict[Hashable, int] = {}  # the number of the last answer sent by place
         self._waived: dict[Hashable, int] = {}  # answers up to this one are no longer waited for
         self._free = list(range(MAX_READERS - 1, -1, -1))
+        self.given_up = 0  # answers the shard stopped waiting for (their reader slower than `timeout`, or gone)
 
     def join(self, peer: Hashable) -> dict:
         """A counter for `peer` (its part of the shm answer); {} when all are taken (it reads copies)."""
@@ -67,6 +68,7 @@ class Readers:
                 log.debug("shared memory: %d worker(s) still reading after %.1fs; writing anyway", len(behind),
                           self.timeout)
                 for p in behind:
+                    self.given_up += self._sent[p] - max(self._waived[p], self._done(p))
                     self._waived[p] = self._sent[p]
                 return
             time.sleep(0.0001 if behind else 0)

@@ -39,6 +39,7 @@ class ZmqClient(ClientTransport):
         self._plane: list[ClientPlane | None] = [None] * len(self._addresses)  # chosen by each shard
         self._offered = [False] * len(self._addresses)
         self._into: list[memoryview | None] = [None] * len(self._addresses)
+        self._hold = [False] * len(self._addresses)  # read_in_place
         self._options = dict(socket_options or {})
         if curve_keys:
             server_public, public, secret = client_keys(curve_keys, curve_name)
@@ -94,6 +95,15 @@ class ZmqClient(ClientTransport):
     def receive_into(self, shard: int, buffer: memoryview | None) -> None:
         self._into[shard] = buffer
 
+    def read_in_place(self, shard: int, on: bool) -> None:
+        self._hold[shard] = on
+
+    def held(self, shard: int) -> int | None:
+        return None if self._plane[shard] is None else self._plane[shard].held(shard)
+
+    def release(self, shard: int) -> bool:
+        return all(plane.release(shard) for plane in self._planes.values())
+
     def idle(self) -> None:
         for plane in self._planes.values():
             plane.idle()
@@ -129,7 +139,7 @@ class ZmqClient(ClientTransport):
         mark, plane = frames[0].bytes, self._plane[shard]
         if mark == PAYLOAD and len(frames) >= 3 and plane is not None:  # [PAYLOAD, header frames..., descriptor]
             into = self._into[shard]
-            payload = plane.take(shard, frames[-1].bytes, into)
+            payload = plane.take(shard, frames[-1].bytes, into, hold=self._hold[shard])
             if payload is not None and payload is into:
                 self._into[shard] = None
             return None if payload is None else [*(f.buffer for f in frames[1:-1]), payload]

@@ -39,6 +39,7 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     **{key: {"mode": "async", "hierarchy": {"regions": 2}} for key in ("region_every", "global_lr", "global_momentum")},
     "fragments": {"worker": {"local_steps": 4}}, "outer_dtype": {"worker": {"local_steps": 4}},
     "pull_extrapolate": {"worker": {"local_steps": 4}},
+    "pull_in_place": {"mode": "sync", "cluster": {"servers": 1}},  # a shard that never writes while a worker computes
     "ddp_comm_hook": {"mode": "ddp"}, "wait_barrier": {"mode": "ddp"}, "stall_timeout": {"mode": "ddp"},
     "freeze_step": {"mode": "sync", "optimizer": {"name": "onebit_adam"}},
     "powersgd_rank": {"mode": "ddp", "allreduce": {"ddp_comm_hook": "powersgd"}},

@@ -59,7 +59,7 @@ def test_from_settings_passes_every_worker_setting_by_name():
                    "compress_min_numel": 7, "momentum_correction": True, "momentum_masking": True,
                    "compress_warmup": 3, "sign_scale": "auto", "shared_memory": "off", "bulk": "auto",
                    "push_chunk_mb": 2.0, "compress_pull": "sign", "pull_error_feedback": False, "pull_resync": 100,
-                   "fragments": 1, "outer_dtype": "float32", "pull_extrapolate": 0.0}
+                   "fragments": 1, "outer_dtype": "float32", "pull_extrapolate": 0.0, "pull_in_place": False}
     signed = _Keywords.from_settings(None, WorkerConfig(servers=("tcp://127.0.0.1:1",), compress="sign",
                                                         sign_scale="l1", error_feedback=False,
                                                         momentum_correction=False)).keywords

@@ -10,6 +10,7 @@ import logging
 
 import torch
 
+from psrv.config.in_place import in_place_refusal
 from psrv.protocol import ErrorCode, Message, MsgType, ProtocolError
 from psrv.server import onebit_adam, validate
 from psrv.server.membership.identity import Sessions
@@ -118,7 +119,8 @@ class Membership:
             "failure_bound": s.cfg.failure_bound,
             "clip_grad_norm": s.cfg.optimizer.clip_grad_norm, "onebit": onebit_adam.welcome(s.cfg.optimizer),
             "optimizer": validate.optimizer_welcome(s.cfg.optimizer),
-            "chunks": takes_chunks(s.cfg), "replicas": replication.replicas.addresses, "epoch": replication.epoch}))
+            "chunks": takes_chunks(s.cfg), "replicas": replication.replicas.addresses, "epoch": replication.epoch,
+            "pull_in_place": not in_place_refusal(s.cfg)}))
 
     def on_heartbeat(self, peer, msg: Message) -> None:
         """A beat from the worker's heartbeat thread, or a client's probe: do we still hold its
