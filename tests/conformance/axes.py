@@ -24,6 +24,7 @@ AXES: dict[str, tuple] = {
     "chunks": ("off", "on"),
     "overlap": ("on", "off"),
     "replicas": (0, 1),  # backups per shard (cluster.replicas): each applies the primary's stream
+    "in_place": ("off", "on"),  # --pull-in-place: the model computes on the shard's weights where they lie
     # numeric axes
     "shards": (1, 3),
     "wire": ("float32", "bfloat16", "float16"),
@@ -56,7 +57,7 @@ AXES: dict[str, tuple] = {
 }
 _OWNERS = {str(level): sum(str(level) in map(str, levels) for levels in AXES.values())
            for levels in AXES.values() for level in levels}
-PATH_AXES = ("transport", "plane", "chunks", "overlap", "replicas")
+PATH_AXES = ("transport", "plane", "chunks", "overlap", "replicas", "in_place")
 DATA_PATH = ("plane", "chunks", "wire", "codec")  # every triple of these is covered
 DEFAULT = {axis: levels[0] for axis, levels in AXES.items()}
 CODEC_SPEC = {"none": "", "topk": "topk:0.1", "randomk": "randomk:0.1", "sign": "sign", "int8": "int8",
@@ -120,7 +121,7 @@ def run_config(case: dict, *, workers: int | None = None) -> RunConfig:
               "local_steps": c["local"], "fragments": c["fragments"], "outer_dtype": c["outer"],
               "request_timeout": 30.0, "compress_pull": CODEC_SPEC[c["pull"]],
               "pull_error_feedback": not (ef_off and c["pull"] != "none"), "pull_resync": PULL_RESYNC,
-              "pull_extrapolate": c["extrapolate"]}
+              "pull_extrapolate": c["extrapolate"], "pull_in_place": c["in_place"] == "on"}
     if c["local"] > 1:
         worker.update(inner_optimizer="sgd", inner_lr=0.05)
     tree = {"mode": c["mode"], "staleness": 1, "backup_workers": c["backup"], "quorum": c["quorum"],

@@ -49,6 +49,7 @@ class Outcome:
     errors: dict[int, PSError] = field(default_factory=dict)
     early_sends: dict[int, int] = field(default_factory=dict)  # shard pushes sent during backward
     wire: dict[int, dict] = field(default_factory=dict)  # each worker's psrv.Worker.wire_bytes()
+    in_place: dict[int, tuple[int, int]] = field(default_factory=dict)  # each worker's pulls (read in place, copied)
     backups: list["BackupRecord"] = field(default_factory=list)
 
 
@@ -314,7 +315,7 @@ def _worker(cfg: RunConfig, rank: int, job, addresses: list[str], *, turns: Turn
                       shared_memory=w.shared_memory, bulk=w.bulk, push_chunk_mb=w.push_chunk_mb,
                       compress_pull=w.compress_pull, pull_error_feedback=w.pull_error_feedback,
                       pull_resync=w.pull_resync, pull_extrapolate=w.pull_extrapolate,
-                      step_log=log)
+                      pull_in_place=w.pull_in_place, step_log=log)
 
     ps = make()
     out.steps[rank] = log.rows
@@ -357,6 +358,7 @@ def _worker(cfg: RunConfig, rank: int, job, addresses: list[str], *, turns: Turn
         ps.close()
         out.early_sends[rank] = ps.early_sends
         out.wire[rank] = ps.wire_bytes()
+        out.in_place[rank] = (ps._client.in_place.read, ps._client.in_place.copied)
     finally:
         turns.stop(rank)
     return parameters_to_vector(model.parameters()).detach().clone()

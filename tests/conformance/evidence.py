@@ -2,7 +2,7 @@
 work, an inert one none.
 
 - path and protocol levels, by psrv's own counts: pushes that came in chunks, shard pushes sent during
-  backward, bytes a payload plane carried; by the run's counts, which equal the reference's: the NaN pushed
+  backward, bytes a payload plane carried, pulls the model computed on in the shard's memory; by the run's counts, which equal the reference's: the NaN pushed
   and dropped or refused, a backup worker's late pushes dropped;
 - the wire dtype, outer dtype and pull codec, by the bytes: rank 0 pushed about 2 bytes an element of a
   dense push in bfloat16 or float16 (4 in float32), 1 in int8, half a byte in fp4, and each shard sent
@@ -48,6 +48,11 @@ def _path(case: dict, got, dead: dict) -> None:
         live = case["overlap"] == "on" and "overlap" not in dead
         early = sum(got.early_sends.values())
         assert (early > 0) == live, f"overlap {case['overlap']} ({dead.get('overlap', 'live')}): {early} early sends"
+    if got.in_place:  # in-process only, as early sends: every worker that closed computed on each pull in place
+        live = case["in_place"] == "on" and "in_place" not in dead
+        pulls = list(got.in_place.values())
+        assert all(read > 0 and not copied for read, copied in pulls) if live else \
+            not any(read or copied for read, copied in pulls), f"in_place {case['in_place']}: (read, copied) {pulls}"
     if case["plane"] != "inline":
         carried = [s.get("payload_bytes", {}).get(case["plane"], 0) for s in got.shards]
         live = "plane" not in dead
