@@ -48,7 +48,7 @@ def suite(smoke: bool) -> list[tuple[str, Callable[[], list[dict]]]]:
     # bench runs, not how fast.
     if smoke:
         return [("wire", lambda: wire.run([1], [1], ["tcp"], 3, planes=("zmq", "bulk"), in_thread=True)),
-                ("colocated", lambda: colocated.run([1], 3, pushes=("shared",), in_thread=True)),
+                ("colocated", lambda: colocated.run([1], 3, pushes=("shared", "in place"), in_thread=True)),
                 ("apply", lambda: apply.run(4, 3)),
                 ("scaling", lambda: scaling.run([1, 4], 1.0, procs=1, in_thread=True)),
                 ("memory", lambda: memory.run(16, "synthetic_mlp", 2, repeats=1, in_thread=True)),
@@ -87,14 +87,14 @@ def goal(r: dict) -> tuple[str, float] | None:
         return (">=", 0.8) if r["size_mb"] >= 16 else None
     if b == "apply":
         return (">=", 0.5)
-    if b == "colocated":  # as psrv.Worker pushes: from its flat gradient in shared memory
-        return (">=", 0.5) if r["size_mb"] >= 64 and r["push"] == "shared" else None
+    if b == "colocated":  # as psrv.Worker pushes: from its flat gradient in shared memory; and pulls in place
+        return {"shared": (">=", 0.5), "in place": (">=", 0.8)}.get(r["push"]) if r["size_mb"] >= 64 else None
     if b == "scaling":
         return (">=", 0.8) if r["workers"] == 32 else None
     if b == "memory":
         return ("<=", 1.2) if r["role"] == "server" else ("<=", 2.0)
     if b == "end_to_end" and r["job"] == "synthetic_mlp":
-        return {"sync": (">=", 1.0), "async": (">=", 1.3)}.get(r["variant"])
+        return {"sync": (">=", 1.0), "sync-in-place": (">=", 1.0), "async": (">=", 1.3)}.get(r["variant"])
     if b == "metrics_overhead":
         return (">=", 0.98)
     if b == "transports":  # a job's samples/s over torch RPC against ZeroMQ

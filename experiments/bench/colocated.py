@@ -6,7 +6,9 @@ the worker copies the weights out of the shard's memory, straight into its own (
 The round trip includes the shard's SGD step (lr 1e-9, no momentum: one multiply-add over the model;
 experiments/bench/apply.py measures optimizers against memcpy on their own). Two pushes: from a
 gradient in shared memory, as psrv.Worker keeps its flat gradient ("shared", no copy), and from a
-tensor of the caller's own ("own", one copy into the worker's push slot).
+tensor of the caller's own ("own", one copy into the worker's push slot). "in place": from the shared gradient,
+and the weights read where they lie in the shard's memory (pull_in_place, psrv/client/in_place.py: no copy either
+way; `pulls_in_place` counts the answers read so, and a row whose pulls fell back to copies says 0).
 
 Baseline, in the same process and interleaved with the round trips: torch's copy of the same bytes
 between two fp32 buffers. A PUSH_PULL moves the model both ways, so its bandwidth is 2 x size / time,
@@ -47,11 +49,12 @@ def measure(size: int, push: str, repeats: int, tmp: Path, in_thread: bool = Fal
     plan = PartitionPlan((ParamSpec("w", (size // 4,)),), 1)
     proc, address = _serve(tmp, in_thread)
     try:
-        with PSClient([address], plan, worker=0, world_size=1, timeout=120, shared_memory=True) as client:
+        with PSClient([address], plan, worker=0, world_size=1, timeout=120, shared_memory=True,
+                      pull_in_place=push == "in place") as client:
             client.hello()
             weights = torch.zeros(plan.total)
             grad = torch.full((plan.total,), 1e-3)
-            if push == "shared":
+            if push in ("shared", "in place"):
                 grad = client.share(grad)
             client.init(weights)
             client.pull(clock=0, out=weights)
@@ -66,6 +69,9 @@ def measure(size: int, push: str, repeats: int, tmp: Path, in_thread: bool = Fal
                 trips.append(t1 - t0)
                 copies.append(t2 - t1)
             plane = type(client.net._plane[0]).__name__ if client.net._plane[0] is not None else "none"
+            in_place = client.in_place.read
+            if push == "in place" and in_place < repeats + 2:  # the first pull and every round trip
+                raise RuntimeError(f"{in_place} of {repeats + 2} pulls were read in place: the row would time copies")
             client.leave()
     finally:
         proc.wait(20)
@@ -73,10 +79,11 @@ def measure(size: int, push: str, repeats: int, tmp: Path, in_thread: bool = Fal
     return {"bench": "colocated", "size_mb": size >> 20, "shards": 1, "push": push, "plane": plane,
             "optimizer": "sgd (no momentum)", "psrv_seconds": trip, "memcpy_seconds": copy,
             "psrv_gb_per_s": 2 * size / trip / 1e9, "memcpy_gb_per_s": size / copy / 1e9,
-            "ratio": 2 * copy / trip, "psrv_spread": [min(trips[1:]), max(trips[1:])], "repeats": repeats}
+            "ratio": 2 * copy / trip, "psrv_spread": [min(trips[1:]), max(trips[1:])], "repeats": repeats,
+            "pulls_in_place": in_place}
 
 
-def run(sizes_mb: list[int], repeats: int, pushes: tuple[str, ...] = ("shared", "own"),
+def run(sizes_mb: list[int], repeats: int, pushes: tuple[str, ...] = ("shared", "own", "in place"),
         in_thread: bool = False) -> list[dict]:
     """With `in_thread` (the smoke's), the shard is served from a thread of this process."""
     tune_malloc()
@@ -92,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     results = run(a.sizes_mb, a.repeats)
     for r in results:
-        print(f"{r['size_mb']:>4} MB push from {r['push']:>6} ({r['plane']}): {r['psrv_seconds'] * 1e3:7.1f} ms "
+        print(f"{r['size_mb']:>4} MB push from {r['push']:>8} ({r['plane']}): {r['psrv_seconds'] * 1e3:7.1f} ms "
               f"= {r['psrv_gb_per_s']:.2f} GB/s  memcpy {r['memcpy_gb_per_s']:.2f} GB/s  ratio {r['ratio']:.2f}x")
     if a.out:
         a.out.write_text(json.dumps(results, indent=1))

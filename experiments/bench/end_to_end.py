@@ -1,4 +1,5 @@
-"""end_to_end: samples/s of one job under sync PS, async PS, ssp(2) and DDP (gloo), same run.
+"""end_to_end: samples/s of one job under sync PS (pulls copied, and read in place), async PS, ssp(2) and DDP (gloo),
+same run.
 
 python -m psrv.experiments.bench.end_to_end --jobs synthetic_mlp digits_mlp --repeats 2
 2 workers and 1 server on 127.0.0.1; samples/s counts the training window (first step to last). Each
@@ -19,7 +20,8 @@ from psrv.config import RunConfig, from_dict
 
 from psrv.experiments.launcher.launch import run_local
 
-VARIANTS = (("sync", 0), ("async", 0), ("ssp", 2), ("ddp", 0))
+VARIANTS = (("sync", 0), ("sync-in-place", 0), ("async", 0), ("ssp", 2), ("ddp", 0))
+IN_PLACE = "-in-place"  # a variant's suffix: --pull-in-place (the model computes on the shard's weights in place)
 STEPS = {"synthetic_mlp": 40, "digits_mlp": 300, "mnist1d_mlp": 300}
 
 
@@ -35,9 +37,11 @@ def run(jobs: list[str], repeats: int, steps: dict[str, int] | None = None,
             for rep in range(repeats):
                 for mode, s in variants:
                     name = mode if mode != "ssp" else f"ssp-{s}"
-                    cfg = from_dict(RunConfig, {"mode": mode, "staleness": s, "cluster": {"servers": 1, "workers": workers},
+                    cfg = from_dict(RunConfig, {"mode": mode.removesuffix(IN_PLACE), "staleness": s,
+                                                "cluster": {"servers": 1, "workers": workers},
                                                 "job": {"name": job, "steps": steps[job], "batch_size": 32},
-                                                "optimizer": {"lr": 0.01, "momentum": 0.9}})
+                                                "optimizer": {"lr": 0.01, "momentum": 0.9},
+                                                "worker": {"pull_in_place": mode.endswith(IN_PLACE)}})
                     summary = run_local(cfg, out=Path(d) / f"{job}-{name}-{rep}", progress=False)
                     rates.setdefault(name, []).append(summary["samples_per_second"])
                     for path, n in summary.get("payload_bytes", {}).items():  # PS runs only
@@ -61,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     results = run(a.jobs, a.repeats)
     for r in results:
-        print(f"{r['job']:>14} {r['variant']:>6}: {r['samples_per_second']:8.0f} samples/s  {r['ratio']:.2f}x DDP")
+        print(f"{r['job']:>14} {r['variant']:>13}: {r['samples_per_second']:8.0f} samples/s  {r['ratio']:.2f}x DDP")
     if a.out:
         a.out.write_text(json.dumps(results, indent=1))
 

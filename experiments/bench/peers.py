@@ -3,7 +3,8 @@
 python -m psrv.experiments.bench.peers --repeats 3                 # every row (Ray: `pip install ray`)
 python -m psrv.experiments.bench.peers --peers torch_rpc_example   # without Ray
 Two peers, each the documented example in its own shape, on psrv's jobs (experiments/peers/):
-- `ray`: Ray's parameter-server example (experiments/peers/ray_ps.py), sync and async, 2 workers;
+- `ray`: Ray's parameter-server example (experiments/peers/ray_ps.py), sync and async, 2 workers; psrv's sync
+  twice: as `psrv run` defaults, and with --pull-in-place (mode `sync-in-place`: Ray's side runs sync);
 - `torch_rpc_example`: pytorch/examples' RPC parameter server (experiments/peers/rpc_ps.py), async, 1 trainer,
   the one count it runs with (its docstring says why).
 psrv runs the same job, mode and worker count with 1 shard (`psrv run`'s defaults otherwise: co-located
@@ -27,15 +28,19 @@ from psrv.experiments.launcher.launch import run_local
 
 STEPS = {"digits_mlp": 300, "synthetic_mlp": 100}
 # (peer, job, mode, workers)
-ROWS = tuple([("ray", job, mode, 2) for job in STEPS for mode in ("async", "sync")]
+ROWS = tuple([("ray", job, mode, 2) for job in STEPS for mode in ("async", "sync", "sync-in-place")]
              + [("torch_rpc_example", job, "async", 1) for job in STEPS])
 PEERS = {"ray": "psrv.experiments.peers.ray_ps", "torch_rpc_example": "psrv.experiments.peers.rpc_ps"}
 
 
+IN_PLACE = "-in-place"  # a mode's suffix: psrv with --pull-in-place, the peer in that mode
+
+
 def _psrv(job: str, mode: str, workers: int, steps: int, out: Path) -> float:
-    cfg = from_dict(RunConfig, {"mode": mode, "cluster": {"servers": 1, "workers": workers},
+    cfg = from_dict(RunConfig, {"mode": mode.removesuffix(IN_PLACE), "cluster": {"servers": 1, "workers": workers},
                                 "job": {"name": job, "steps": steps, "batch_size": 32},
-                                "optimizer": {"lr": 0.01, "momentum": 0.9}})
+                                "optimizer": {"lr": 0.01, "momentum": 0.9},
+                                "worker": {"pull_in_place": mode.endswith(IN_PLACE)}})
     summary = run_local(cfg, out=out, progress=False)
     if not summary["complete"]:
         raise RuntimeError(f"peers: psrv's {job} {mode} run did not complete")
@@ -44,7 +49,7 @@ def _psrv(job: str, mode: str, workers: int, steps: int, out: Path) -> float:
 
 def _peer(peer: str, job: str, mode: str, workers: int, steps: int, out: Path) -> float:
     cmd = [sys.executable, "-m", PEERS[peer], "--job", job, "--workers", str(workers), "--steps", str(steps),
-           "--out", str(out)] + (["--mode", mode] if peer == "ray" else [])
+           "--out", str(out)] + (["--mode", mode.removesuffix(IN_PLACE)] if peer == "ray" else [])
     proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=600)
     if proc.returncode:
         last = (proc.stderr.strip().splitlines() or ["no error output"])[-1]
