@@ -138,15 +138,17 @@ def describe(r: dict) -> str:
     if b == "end_to_end":
         total = sum(r.get("payload_bytes", {}).values())
         paths = ", ".join(f"{k} {v / total:.0%}" for k, v in r["payload_bytes"].items() if v) if total else ""
+        pulls = f", pulls in place {r['pulls_in_place']} copied {r['pulls_copied']}" if "pulls_copied" in r else ""
         return (f"e2e {r['job']} {r['variant']}: {r['samples_per_second']:.0f} samples/s vs DDP "
-                f"{r['ddp_samples_per_second']:.0f}" + (f" (tensor bytes: {paths})" if paths else ""))
+                f"{r['ddp_samples_per_second']:.0f}" + (f" (tensor bytes: {paths}{pulls})" if paths else ""))
     if b == "scaling":
         return f"scaling {r['workers']} workers: {r['updates_per_second']:.0f} updates/s"
     if b == "worker_options":
         return (f"options {r['job']} {r['variant']}: {r['samples_per_second']:.0f} samples/s vs "
                 f"{r['baseline_samples_per_second']:.0f}, loss {r['final_loss']:.3f}")
     if b == "peers":
-        return f"peers {r['job']} {r['mode']} x{r['workers']}: " + _versus(r, "psrv", r["peer"])
+        pulls = f" (pulls in place {r['pulls_in_place']}, copied {r['pulls_copied']})" if "pulls_copied" in r else ""
+        return f"peers {r['job']} {r['mode']} x{r['workers']}: " + _versus(r, "psrv", r["peer"]) + pulls
     if b == "transports":
         return f"transports {r['job']} {r['mode']} {r['servers']}x{r['workers']}: " + _versus(r, "rpc", "zmq")
     if b == "metrics_overhead":

@@ -34,6 +34,7 @@ def run(jobs: list[str], repeats: int, steps: dict[str, int] | None = None,
         for job in jobs:
             rates: dict[str, list[float]] = {}
             paths: dict[str, dict[str, int]] = {}
+            pulls: dict[str, dict[str, int]] = {}
             for rep in range(repeats):
                 for mode, s in variants:
                     name = mode if mode != "ssp" else f"ssp-{s}"
@@ -47,13 +48,16 @@ def run(jobs: list[str], repeats: int, steps: dict[str, int] | None = None,
                     for path, n in summary.get("payload_bytes", {}).items():  # PS runs only
                         sums = paths.setdefault(name, {})
                         sums[path] = sums.get(path, 0) + n
+                    for key in ("pulls_in_place", "pulls_copied"):  # --pull-in-place: what it did
+                        if key in summary:
+                            pulls.setdefault(name, {})[key] = pulls.get(name, {}).get(key, 0) + summary[key]
             ddp = statistics.median(rates["ddp"])
             for name, values in rates.items():
                 med = statistics.median(values)
                 results.append({"bench": "end_to_end", "job": job, "variant": name, "samples_per_second": med,
                                 "spread": [min(values), max(values)], "ddp_samples_per_second": ddp,
                                 "ratio": med / ddp, "repeats": repeats, "steps": steps[job], "workers": workers,
-                                **({"payload_bytes": paths[name]} if name in paths else {})})
+                                **({"payload_bytes": paths[name]} if name in paths else {}), **pulls.get(name, {})})
     return results
 
 

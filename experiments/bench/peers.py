@@ -44,7 +44,7 @@ def _psrv(job: str, mode: str, workers: int, steps: int, out: Path) -> float:
     summary = run_local(cfg, out=out, progress=False)
     if not summary["complete"]:
         raise RuntimeError(f"peers: psrv's {job} {mode} run did not complete")
-    return summary["samples_per_second"]
+    return summary
 
 
 def _peer(peer: str, job: str, mode: str, workers: int, steps: int, out: Path) -> float:
@@ -65,16 +65,21 @@ def run(rows=ROWS, repeats: int = 3, steps: dict[str, int] | None = None) -> lis
     results = []
     with tempfile.TemporaryDirectory(prefix="psrv-peers-") as d:
         for peer, job, mode, workers in rows:
-            ours, theirs = [], []
+            ours, theirs, pulls = [], [], {}
             for rep in range(repeats):
                 tag = f"{peer}-{job}-{mode}-{rep}"
-                ours.append(_psrv(job, mode, workers, steps[job], Path(d) / f"psrv-{tag}"))
+                summary = _psrv(job, mode, workers, steps[job], Path(d) / f"psrv-{tag}")
+                ours.append(summary["samples_per_second"])
+                for key in ("pulls_in_place", "pulls_copied"):  # --pull-in-place: what it did
+                    if key in summary:
+                        pulls[key] = pulls.get(key, 0) + summary[key]
                 theirs.append(_peer(peer, job, mode, workers, steps[job], Path(d) / f"{tag}.json"))
             med, base = statistics.median(ours), statistics.median(theirs)
             results.append({"bench": "peers", "peer": peer, "job": job, "mode": mode, "workers": workers, "servers": 1,
                             "steps": steps[job], "repeats": repeats, "samples_per_second": med,
                             "baseline_samples_per_second": base, "ratio": med / base,
-                            "spread": [min(ours), max(ours)], "baseline_spread": [min(theirs), max(theirs)]})
+                            "spread": [min(ours), max(ours)], "baseline_spread": [min(theirs), max(theirs)],
+                            **pulls})
     return results
 
 
@@ -86,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     results = run(tuple(r for r in ROWS if r[0] in a.peers), a.repeats)
     for r in results:
-        print(f"{r['peer']:>17} {r['job']:>13} {r['mode']:>5} x{r['workers']}: psrv {r['samples_per_second']:7.0f} "
+        print(f"{r['peer']:>17} {r['job']:>13} {r['mode']:>13} x{r['workers']}: psrv {r['samples_per_second']:7.0f} "
               f"samples/s vs {r['baseline_samples_per_second']:7.0f}: {r['ratio']:.2f}x")
     if a.out:
         a.out.write_text(json.dumps(results, indent=1))
