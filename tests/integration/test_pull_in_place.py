@@ -4,7 +4,6 @@ push computed on weights that changed while held is not sent; where a shard cann
 import subprocess
 import sys
 import textwrap
-import threading
 
 import numpy as np
 import pytest
@@ -18,7 +17,7 @@ from psrv.config import ServerConfig
 from psrv.config.cli_args import config_from_args
 from psrv.partition import ParamSpec, PartitionPlan
 from tests.helpers import ROOT, Procs
-from tests.integration.test_shm_plane import _pair, _recv, _with_weights
+from tests.integration.test_shm_plane import _pair, _recv, _with_weights, _writer
 
 N = 1 << 16  # floats: 256 KB, over the plane's MIN_BYTES
 
@@ -35,14 +34,7 @@ def test_an_answer_read_in_place_is_the_shards_memory_held_until_released():
         address = client.held(0)
         assert address is not None and address == np.frombuffer(view, dtype=np.uint8).ctypes.data
         assert torch.equal(torch.frombuffer(bytearray(view), dtype=torch.float32), torch.arange(N, dtype=torch.float32))
-        wrote = threading.Event()
-
-        def write():  # the service's order: wait_sent(), then write
-            server.wait_sent()
-            weights.fill_(-1.0)
-            wrote.set()
-        writer = threading.Thread(target=write)
-        writer.start()
+        writer, wrote = _writer(server, weights)
         assert not wrote.wait(0.5)  # held: the shard waits for this worker
         assert client.release(0) is True  # unchanged while held
         assert client.held(0) is None

@@ -150,20 +150,27 @@ def _with_weights(server, client, values):
     return peer, weights
 
 
+def _writer(server, weights) -> tuple[threading.Thread, threading.Event]:
+    """A thread that writes -1 into the shard's weights in the service's order (wait_sent(), then write), started;
+    the event is set once it wrote."""
+    wrote = threading.Event()
+
+    def write():
+        server.wait_sent()
+        weights.fill_(-1.0)
+        wrote.set()
+    writer = threading.Thread(target=write)
+    writer.start()
+    return writer, wrote
+
+
 def test_the_shard_waits_for_a_worker_reading_its_weights_in_place_before_writing_them():
     server, client = _pair(reader_timeout=30.0)
     try:
         peer, weights = _with_weights(server, client, torch.arange(1 << 16, dtype=torch.float32))
         server.send(peer, [b"weights", memoryview(weights.numpy()).cast("B")])
         assert server.payload_bytes["shm"] == weights.numel() * 4  # sent by place: no copy was made
-        wrote = threading.Event()
-
-        def write():  # the service's order: wait_sent(), then write
-            server.wait_sent()
-            weights.fill_(-1.0)
-            wrote.set()
-        writer = threading.Thread(target=write)
-        writer.start()
+        writer, wrote = _writer(server, weights)
         assert not wrote.wait(0.5)  # held back: the worker has not read yet
         into = torch.empty_like(weights)
         view = memoryview(into.numpy()).cast("B")
