@@ -111,12 +111,13 @@ class WorkerSettings(Section):
                                       "progress from that start (0: start from the pulled weights)", minimum=0.0,
                                       metavar="K")
 
-    pull_in_place: bool = setting(False, "co-located sync: the model computes on its shard's weights where they lie, in "
-                                  "the shard's shared memory, mapped read-only, instead of a copy of them pulled each "
-                                  "step (no copy of the model per step). Needs mode sync without backup workers or a "
-                                  "quorum (a shard then writes its weights only once every worker has pushed), one "
-                                  "server, transport zmq with shared memory, dense pulls and no local steps; where "
-                                  "the shard is on another host it copies as before (docs/architecture.md)")
+    pull_in_place: bool = setting(False, "the model computes on its shard's weights where they lie, in the shard's "
+                                  "shared memory, mapped read-only, instead of a copy of them pulled each step (no "
+                                  "copy of the model per step). Needs a shard that never writes them while a worker "
+                                  "computes: mode sync without backup workers or a quorum (it writes once every worker "
+                                  "has pushed), or one worker in async or ssp; and one server, transport zmq with "
+                                  "shared memory, dense pulls, no local steps. A shard on another host: pulls copy as "
+                                  "before (docs/benchmarks.md, \"Co-located\")")
 
     @property
     def local_updates(self) -> bool:
