@@ -67,10 +67,11 @@ def _steps(out: Path, rank: int = 0) -> int:
         return 0
 
 
-def profile(job: str, mode: str, steps: int, workers: int, out: Path) -> dict:
+def profile(job: str, mode: str, steps: int, workers: int, out: Path, *, in_place: bool = False) -> dict:
     cmd = [str(Path(sys.executable).with_name("psrv")), "run", "--job", job, "--mode", mode, "--servers", "1",
            "--workers", str(workers), "--steps", str(steps), "--batch-size", "32", "--lr", "0.01",
-           "--momentum", "0.9", "--no-progress", "--log-level", "WARNING", "--out", str(out)]
+           "--momentum", "0.9", "--no-progress", "--log-level", "WARNING", "--out", str(out)] + \
+        (["--pull-in-place"] if in_place else [])
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         while _steps(out) < 0.3 * steps:
@@ -104,12 +105,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--mode", default="sync", choices=("sync", "async", "ssp"))
     ap.add_argument("--steps", type=int, default=3000, help="steps per worker (the window is 50%% of them)")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--pull-in-place", action="store_true", help="the run's workers compute on the shard's weights "
+                    "where they lie (psrv run --pull-in-place)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="psrv-step-profile-") as tmp:
-        got = profile(args.job, args.mode, args.steps, args.workers, Path(tmp) / "run")
+        got = profile(args.job, args.mode, args.steps, args.workers, Path(tmp) / "run", in_place=args.pull_in_place)
     cores = os.cpu_count() or 1
     cpu = got["cpu_ms"]
-    print(f"{args.job} {args.mode}, 1 shard, {args.workers} workers: {got['wall_ms']:.3f} ms a worker step "
+    print(f"{args.job} {args.mode}{', pulls in place' if args.pull_in_place else ''}, 1 shard, {args.workers} "
+          f"workers: {got['wall_ms']:.3f} ms a worker step "
           f"(over {got['steps']} steps of worker 0)")
     print("| process | CPU ms per step | share of one core |")
     print("|---|---|---|")
