@@ -138,7 +138,7 @@ def describe(r: dict) -> str:
     if b == "end_to_end":
         total = sum(r.get("payload_bytes", {}).values())
         paths = ", ".join(f"{k} {v / total:.0%}" for k, v in r["payload_bytes"].items() if v) if total else ""
-        pulls = f", pulls in place {r['pulls_in_place']} copied {r['pulls_copied']}" if "pulls_copied" in r else ""
+        pulls = f", {_pulls(r)}" if "pulls_copied" in r else ""
         return (f"e2e {r['job']} {r['variant']}: {r['samples_per_second']:.0f} samples/s vs DDP "
                 f"{r['ddp_samples_per_second']:.0f}" + (f" (tensor bytes: {paths}{pulls})" if paths else ""))
     if b == "scaling":
@@ -147,7 +147,7 @@ def describe(r: dict) -> str:
         return (f"options {r['job']} {r['variant']}: {r['samples_per_second']:.0f} samples/s vs "
                 f"{r['baseline_samples_per_second']:.0f}, loss {r['final_loss']:.3f}")
     if b == "peers":
-        pulls = f" (pulls in place {r['pulls_in_place']}, copied {r['pulls_copied']})" if "pulls_copied" in r else ""
+        pulls = f" ({_pulls(r)})" if "pulls_copied" in r else ""
         return f"peers {r['job']} {r['mode']} x{r['workers']}: " + _versus(r, "psrv", r["peer"]) + pulls
     if b == "transports":
         return f"transports {r['job']} {r['mode']} {r['servers']}x{r['workers']}: " + _versus(r, "rpc", "zmq")
@@ -180,6 +180,11 @@ def describe(r: dict) -> str:
         return (f"memory worker {r['job']}: {r['peak_rss_bytes']/2**20:.0f} MiB vs plain torch "
                 f"{r['baseline_bytes']/2**20:.0f} MiB, in model sizes" + (f", median of {r['repeats']}" if "repeats" in r else ""))
     return f"memory server {r['size_mb']} MB adam: {r['peak_rss_bytes']/2**20:.0f} MiB vs {r['baseline_bytes']/2**20:.0f} MiB"
+
+
+def _pulls(r: dict) -> str:
+    """A row's pulls under --pull-in-place: those read in place and those copied."""
+    return f"pulls in place {r['pulls_in_place']} copied {r['pulls_copied']}"
 
 
 def _versus(r: dict, ours: str, theirs: str) -> str:

@@ -21,8 +21,20 @@ from psrv.config import RunConfig, from_dict
 from psrv.experiments.launcher.launch import run_local
 
 VARIANTS = (("sync", 0), ("sync-in-place", 0), ("async", 0), ("ssp", 2), ("ddp", 0))
-IN_PLACE = "-in-place"  # a variant's suffix: --pull-in-place (the model computes on the shard's weights in place)
+IN_PLACE = "-in-place"  # a mode's suffix: --pull-in-place (the model computes on the shard's weights in place)
 STEPS = {"synthetic_mlp": 40, "digits_mlp": 300, "mnist1d_mlp": 300}
+
+
+def run_tree(mode: str) -> dict:
+    """The config tree's part a bench mode sets: `mode` itself, or its IN_PLACE form (that mode, --pull-in-place)."""
+    return {"mode": mode.removesuffix(IN_PLACE), "worker": {"pull_in_place": mode.endswith(IN_PLACE)}}
+
+
+def add_pulls(pulls: dict, summary: dict) -> None:
+    """A run's pulls read in place and copied (summary.json's, under --pull-in-place) added into `pulls`."""
+    for key in ("pulls_in_place", "pulls_copied"):
+        if key in summary:
+            pulls[key] = pulls.get(key, 0) + summary[key]
 
 
 def run(jobs: list[str], repeats: int, steps: dict[str, int] | None = None,
@@ -38,19 +50,16 @@ def run(jobs: list[str], repeats: int, steps: dict[str, int] | None = None,
             for rep in range(repeats):
                 for mode, s in variants:
                     name = mode if mode != "ssp" else f"ssp-{s}"
-                    cfg = from_dict(RunConfig, {"mode": mode.removesuffix(IN_PLACE), "staleness": s,
+                    cfg = from_dict(RunConfig, {**run_tree(mode), "staleness": s,
                                                 "cluster": {"servers": 1, "workers": workers},
                                                 "job": {"name": job, "steps": steps[job], "batch_size": 32},
-                                                "optimizer": {"lr": 0.01, "momentum": 0.9},
-                                                "worker": {"pull_in_place": mode.endswith(IN_PLACE)}})
+                                                "optimizer": {"lr": 0.01, "momentum": 0.9}})
                     summary = run_local(cfg, out=Path(d) / f"{job}-{name}-{rep}", progress=False)
                     rates.setdefault(name, []).append(summary["samples_per_second"])
                     for path, n in summary.get("payload_bytes", {}).items():  # PS runs only
                         sums = paths.setdefault(name, {})
                         sums[path] = sums.get(path, 0) + n
-                    for key in ("pulls_in_place", "pulls_copied"):  # --pull-in-place: what it did
-                        if key in summary:
-                            pulls.setdefault(name, {})[key] = pulls.get(name, {}).get(key, 0) + summary[key]
+                    add_pulls(pulls.setdefault(name, {}), summary)
             ddp = statistics.median(rates["ddp"])
             for name, values in rates.items():
                 med = statistics.median(values)

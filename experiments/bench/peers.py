@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 from psrv.config import RunConfig, from_dict
+from psrv.experiments.bench.end_to_end import IN_PLACE, add_pulls, run_tree
 from psrv.experiments.launcher.launch import run_local
 
 STEPS = {"digits_mlp": 300, "synthetic_mlp": 100}
@@ -33,14 +34,10 @@ ROWS = tuple([("ray", job, mode, 2) for job in STEPS for mode in ("async", "sync
 PEERS = {"ray": "psrv.experiments.peers.ray_ps", "torch_rpc_example": "psrv.experiments.peers.rpc_ps"}
 
 
-IN_PLACE = "-in-place"  # a mode's suffix: psrv with --pull-in-place, the peer in that mode
-
-
-def _psrv(job: str, mode: str, workers: int, steps: int, out: Path) -> float:
-    cfg = from_dict(RunConfig, {"mode": mode.removesuffix(IN_PLACE), "cluster": {"servers": 1, "workers": workers},
+def _psrv(job: str, mode: str, workers: int, steps: int, out: Path) -> dict:
+    cfg = from_dict(RunConfig, {**run_tree(mode), "cluster": {"servers": 1, "workers": workers},
                                 "job": {"name": job, "steps": steps, "batch_size": 32},
-                                "optimizer": {"lr": 0.01, "momentum": 0.9},
-                                "worker": {"pull_in_place": mode.endswith(IN_PLACE)}})
+                                "optimizer": {"lr": 0.01, "momentum": 0.9}})
     summary = run_local(cfg, out=out, progress=False)
     if not summary["complete"]:
         raise RuntimeError(f"peers: psrv's {job} {mode} run did not complete")
@@ -70,9 +67,7 @@ def run(rows=ROWS, repeats: int = 3, steps: dict[str, int] | None = None) -> lis
                 tag = f"{peer}-{job}-{mode}-{rep}"
                 summary = _psrv(job, mode, workers, steps[job], Path(d) / f"psrv-{tag}")
                 ours.append(summary["samples_per_second"])
-                for key in ("pulls_in_place", "pulls_copied"):  # --pull-in-place: what it did
-                    if key in summary:
-                        pulls[key] = pulls.get(key, 0) + summary[key]
+                add_pulls(pulls, summary)
                 theirs.append(_peer(peer, job, mode, workers, steps[job], Path(d) / f"{tag}.json"))
             med, base = statistics.median(ours), statistics.median(theirs)
             results.append({"bench": "peers", "peer": peer, "job": job, "mode": mode, "workers": workers, "servers": 1,
