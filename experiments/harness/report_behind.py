@@ -88,8 +88,9 @@ def _data_and_remedies(s: VariantSummary, runs: list[StoredRun]) -> tuple[list[s
     stale = s.stats["mean_staleness"].mean
     if cfg.quorum and stale is not None:
         data.append(f"quorum {cfg.quorum} of {cfg.cluster.workers}, mean age {stale:.3g} merges"
-                    + (f", a grace window of {cfg.quorum_grace:g} s" if cfg.quorum_grace else ", no grace window"))
-        if stale > 0.5 and not cfg.quorum_grace_adaptive:
+                    + (f", a grace window of {cfg.quorum_grace:g} s" if cfg.quorum_grace else ", no grace window")
+                    + (", fresh pushes' pulls held for their merge" if cfg.quorum_wait else ""))
+        if stale > 0.5 and not cfg.quorum_grace_adaptive and not cfg.quorum_wait:
             remedies.append("`--quorum-grace 1 --quorum-grace-adaptive` (lets a late worker into the merge where "
                             "it is due first)")
     if cfg.mode in ("async", "ssp") and stale is not None:

@@ -111,7 +111,7 @@ def default_name(cfg: RunConfig) -> str:
         return f"ssp-{cfg.staleness}"
     if cfg.quorum:
         return (f"sync-q{cfg.quorum}" + (f"-age{cfg.quorum_max_age}" if cfg.quorum_max_age else "")
-                + (f"-grace{cfg.quorum_grace:g}" if cfg.quorum_grace else ""))
+                + (f"-grace{cfg.quorum_grace:g}" if cfg.quorum_grace else "") + ("-wait" if cfg.quorum_wait else ""))
     return f"sync-b{cfg.backup_workers}" if cfg.backup_workers else cfg.mode
 
 

@@ -89,7 +89,7 @@ def build_summary(cfg: RunConfig, out: Path, *, interrupted: bool = False, kille
         "job": cfg.job.name, "num_servers": len(servers) if measured else 0, "num_workers": cfg.cluster.workers,
         "steps": cfg.job.steps, "batch_size": cfg.job.batch_size, "backup_workers": cfg.backup_workers,
         "quorum": cfg.quorum, "quorum_max_age": cfg.quorum_max_age, "quorum_grace": cfg.quorum_grace,
-        "quorum_grace_adaptive": cfg.quorum_grace_adaptive,
+        "quorum_grace_adaptive": cfg.quorum_grace_adaptive, "quorum_wait": cfg.quorum_wait,
         "optimizer": cfg.optimizer.name, "lr": cfg.optimizer.lr, "seed": cfg.seed, "device": cfg.cluster.device,
         "freeze_step": cfg.optimizer.freeze_step if cfg.optimizer.name == "onebit_adam" else None,
         "wire_dtype": cfg.worker.wire_dtype, "overlap": cfg.worker.overlap,

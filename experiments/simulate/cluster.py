@@ -62,6 +62,7 @@ class Recorded:
 class Cluster:
     def __init__(self, *, workers: int, shards: int, mode: str, staleness: int, backup_workers: int, quorum: int = 0,
                  quorum_max_age: int = 0, quorum_grace: float = 0.0, quorum_grace_adaptive: bool = False,
+                 quorum_wait: bool = False,
                  steps: int, local_steps: int, compute: list[list[float]], latency: float,
                  push_transfer: tuple[float, ...], reply_transfer: tuple[float, ...], server_seconds: float, sample: int, batch_size: int,
                  learner=None, codec: CodecCost | None = None,
@@ -73,7 +74,7 @@ class Cluster:
         self.fragments = fragments if quorum and fragments > 1 else None
         self.controllers = [make_controller(mode, workers, staleness=staleness, backup_workers=backup_workers,
                                             quorum=quorum, quorum_max_age=quorum_max_age,
-                                            quorum_grace=quorum_grace > 0)
+                                            quorum_grace=quorum_grace > 0, quorum_wait=quorum_wait)
                             for _ in range(shards)]
         self.grace = quorum_grace
         self.grace_until: list[dict] = [{} for _ in range(shards)]  # each shard's merges' windows: part -> end

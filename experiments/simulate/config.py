@@ -12,7 +12,7 @@ from psrv.config.sections import SimulateSettings
 # tensors live, the transport, timeouts, error feedback's effect on learning, the all-reduce baselines) it does not:
 # `psrv simulate` has no option for them and refuses them set in a --config file.
 SIMULATED = ("mode", "staleness", "backup_workers", "quorum", "quorum_max_age", "quorum_grace",
-             "quorum_grace_adaptive", "seed", "cluster.servers",
+             "quorum_grace_adaptive", "quorum_wait", "seed", "cluster.servers",
              "cluster.workers", "job.", "optimizer.", "worker.local_steps", "worker.overlap", "worker.wire_dtype", "worker.compress", "worker.compress_min_numel",
              "worker.compress_pull", "worker.pull_error_feedback", "worker.pull_resync", "worker.fragments",
              "worker.outer_dtype", "worker.inner_optimizer", "worker.inner_lr", "faults.compute_ms",

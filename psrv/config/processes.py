@@ -17,12 +17,11 @@ from psrv.config.hierarchy import HierarchySettings, UpstreamSettings, check_hie
 from psrv.config.in_place import check_in_place_run
 from psrv.config.nemesis import NemesisSettings, check_nemesis
 from psrv.config.optimizer import STALENESS_RULES, VELOCITY_RULES, GradClip, OptimConfig
-from psrv.config.sections import Trackers
 from psrv.config.worker_settings import extrapolate_in_run
 from psrv.timeouts import Timeouts
 from psrv.config.sections import (MODES, AllReduceSettings, ClusterConfig, Consistency, FaultConfig, JobConfig,
                                   KillSettings, NetworkSettings, Placement, RecoverySettings, RestartSettings, Seeded,
-                                  ServerSettings, ServeSettings, ThreadSettings, WorkerSettings,
+                                  ServerSettings, ServeSettings, ThreadSettings, Trackers, WorkerSettings,
                                   parse_kill)
 
 
@@ -46,6 +45,8 @@ def _fragments(run) -> None:
     if run.optimizer.update_rule.startswith("dc-asgd"):
         raise ConfigError("optimizer.update_rule", f"{run.optimizer.update_rule!r} corrects by each worker's pulled "
                           "weights of the whole shard; fragments pull one fragment at a time")
+    if run.quorum_wait:
+        raise ConfigError("quorum_wait", "holds pulls for a whole push's merge; with fragments each merges alone")
 
 
 def _dn_period(optim: OptimConfig, mode: str, workers: int) -> int:

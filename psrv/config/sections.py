@@ -116,6 +116,10 @@ class Consistency(Section):
                                           "one inside pushes again (each worker's next push expected from its mean "
                                           "interval between pushes); then hold it until that re-push is due, at most "
                                           "--quorum-grace seconds")
+    quorum_wait: bool = setting(False, "with --quorum: a push on the latest merge's weights waits for its merge to "
+                                "close before its pull is answered, so the worker's next round starts from weights "
+                                "with its own push in them; a push on older weights (a slower worker's) is answered "
+                                "at once: workers wait for the Q-th push, never for the slowest")
 
     def validate(self) -> None:
         super().validate()
@@ -133,6 +137,11 @@ class Consistency(Section):
         if self.quorum_grace_adaptive and not self.quorum_grace:
             raise ConfigError("quorum_grace_adaptive", "adapts the grace window: give --quorum-grace SECONDS, its "
                               "longest")
+        if self.quorum_wait and not self.quorum:
+            raise ConfigError("quorum_wait", "applies with quorum only (the barrier's pulls all wait)")
+        if self.quorum_wait and self.quorum_grace:
+            raise ConfigError("quorum_wait", "cannot hold pulls under --quorum-grace: a window closes at a request, "
+                              "and the workers held for it would send none")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -46,6 +46,7 @@ AXES: dict[str, tuple] = {
     "backup": (0, 1),
     "quorum": (0, 2, 1),  # sync's merges of Q distinct workers' pushes (0: the barrier)
     "grace": (0.0, 30.0),  # --quorum-grace: never over in a case's turns, so a merge waits for every worker
+    "wait": ("off", "on"),  # --quorum-wait: fresh pushes fill a merge, and their pulls wait for it
     # --quorum-max-age is no axis: in a case's turns no push is more than one merge old, and an age limit (>= 1)
     # drops nothing there; tests/integration/test_quorum.py drops real late pushes, the checker's rule 3 sees them.
     # --quorum-grace-adaptive is none either: it reads when pushes arrive, which the turns leave to the machine;
@@ -125,7 +126,7 @@ def run_config(case: dict, *, workers: int | None = None) -> RunConfig:
     if c["local"] > 1:
         worker.update(inner_optimizer="sgd", inner_lr=0.05)
     tree = {"mode": c["mode"], "staleness": 1, "backup_workers": c["backup"], "quorum": c["quorum"],
-            "quorum_grace": c["grace"], "seed": SEED,
+            "quorum_grace": c["grace"], "quorum_wait": c["wait"] == "on", "seed": SEED,
             "cluster": {"servers": c["shards"], "workers": workers or workers_of(c), "transport": c["transport"],
                         "shared_memory": "auto" if c["plane"] == "shm" else "off",
                         "bulk": "auto" if c["plane"] == "bulk" else "off", "replicas": c["replicas"]},

@@ -319,10 +319,11 @@ def _worker(cfg: RunConfig, rank: int, job, addresses: list[str], *, turns: Turn
 
     ps = make()
     out.steps[rank] = log.rows
-    # a push may wait for the next worker's (sync with backup workers); a fragment push (streaming DiLoCo)
-    # returns before it is handled: either way the turn passes once the shards have handled it
+    # a push may wait for the next worker's (sync with backup workers, a quorum's fresh push under --quorum-wait); a
+    # fragment push (streaming DiLoCo) returns before it is handled: either way the turn passes once the shards
+    # have handled it
     streaming = w.fragments > 1
-    hand_off = cfg.mode == "sync" and cfg.backup_workers or streaming
+    hand_off = cfg.mode == "sync" and (cfg.backup_workers or cfg.quorum_wait) or streaming
     ready.wait()
     try:
         for step in range(w.job.steps):
@@ -337,12 +338,13 @@ def _worker(cfg: RunConfig, rank: int, job, addresses: list[str], *, turns: Turn
                 state = torch.load(io.BytesIO(buf.getvalue()))
                 ps.load_state_dict(state)
             hooks.restarted(rank, step, state)
+            pushes = not w.local_updates or (step + 1) % (w.local_steps // w.fragments) == 0
+            # counted before backward: with early sends the shards may handle the push during it
+            handled = Handled(addresses, turns, ticket) if hand_off and pushes else None
             loss = job.loss_of(model, next(batches))
             loss.backward()
             if inner is not None:
                 inner.step()
-            pushes = not w.local_updates or (step + 1) % (w.local_steps // w.fragments) == 0
-            handled = Handled(addresses, turns, ticket) if hand_off and pushes else None
             try:
                 ps.step()
             except PSError as exc:  # refused (--nonfinite reject): psrv.Worker has left its shards

@@ -14,7 +14,8 @@ case is grown from an uncovered pair, each further axis taking the level that co
 from a fixed seed, and stored in plan.json (`python -m tests.conformance.covering` writes it again
 after the axes change; tests/conformance/test_plan.py says when it must). `--extend` keeps the stored
 cases instead, a new axis at its first level in them, and adds only the cases that cover the pairs they
-leave out: the cases that ran before run again, and a new axis costs only its own cases."""
+leave out: the cases that ran before run again, and a new axis costs only its own cases. Either way the torch
+RPC cases that hold no pair the others do not hold as often are dropped (`prune_rpc`)."""
 from __future__ import annotations
 
 import itertools
@@ -221,6 +222,26 @@ def extend(seed: int = 27, candidates: int = 24) -> tuple[list[dict], list[dict]
     return triples, cases, unheld, measured
 
 
+def prune_rpc(triples: list[dict], pairs: list[dict], measured: dict[str, dict]) -> list[dict]:
+    """`pairs` without the torch RPC cases (seconds each, as processes) whose every live pair the other cases
+    hold as often as the plan asks (a pair with torch RPC once, any other twice), the newest tried first: an
+    extension grows cases for its new pairs, and those may hold what an older case alone held before."""
+    def live(c: dict) -> set[Pair]:
+        return live_pairs(c, measured.get(case_id(c)))
+    held: dict[Pair, int] = {}
+    for case in triples + pairs:
+        for pair in live(case):
+            held[pair] = held.get(pair, 0) + 1
+    dropped = set()
+    for i in reversed(range(len(pairs))):
+        mine = live(pairs[i])
+        if pairs[i]["transport"] == "rpc" and all(held[p] > (1 if ("transport", "rpc") in p else 2) for p in mine):
+            dropped.add(i)
+            for pair in mine:
+                held[pair] -= 1
+    return [case for i, case in enumerate(pairs) if i not in dropped]
+
+
 PLAN = Path(__file__).with_name("plan.json")
 
 
@@ -244,6 +265,7 @@ def main() -> None:
     args = parser.parse_args()
     began = time.monotonic()
     triples, pairs, unheld, measured = extend() if args.extend else build()
+    pairs = prune_rpc(triples, pairs, measured)
     triples, pairs = ([{axis: case[axis] for axis in AXES} for case in cases] for cases in (triples, pairs))
     PLAN.write_text(json.dumps({"triples": triples, "pairs": pairs,
                                 "unheld": [[list(map(list, pair)), *why] for pair, why in sorted(unheld.items(), key=repr)],

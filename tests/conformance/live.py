@@ -73,7 +73,7 @@ def why_inert(axis: str, c: dict) -> str | None:
             return "the NaN is rank 1's, and one worker runs"
         if c["mode"] == "sync" and c["backup"] and level == "skip" and (c["local"] == 1 or c["fragments"] > 1):
             return "with a backup worker the NaN push is second in its clock: dropped as late before it is looked at"
-    if axis in ("quorum", "grace") and pushers < 2:
+    if axis in ("quorum", "grace", "wait") and pushers < 2:
         return "one worker: each push merges alone, as sync's clock of one"
     if axis == "grace" and c["quorum"] == pushers:
         return "a quorum of every worker: its merges wait for all of them anyway"

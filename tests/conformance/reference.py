@@ -222,6 +222,7 @@ class Reference:
         sync_free = self.mode == "sync" and not self.cfg.backup_workers and not self.cfg.quorum
         clock = {wk.rank: 0 for wk in self.workers}
         self.merge, self.merge_arrived = [], set()  # a quorum's open merge: (worker, sent, keep, age), who pushed
+        self.held: list[_Worker] = []  # --quorum-wait: the workers whose fresh push is in it, their pulls held
         for step in range(self.steps):
             live = [wk for wk in self.workers if wk.alive]
             if sync_free:
@@ -308,7 +309,8 @@ class Reference:
     def _quorum_turn(self, wk: _Worker, step: int, clock: dict) -> None:
         """One whole step of one worker under a quorum: its push joins the open merge (its age: the updates
         since its weights), which steps once Q distinct workers still pushing have a gradient in it (every one
-        of them pushed, where fewer are left); its pull is answered at once."""
+        of them pushed, where fewer are left); its pull is answered at once. With --quorum-wait only fresh pushes
+        (age 0) count towards Q, and a fresh one's pull is answered when its merge steps."""
         v = self._compute(wk, step)
         if v is None:
             self.step_staleness[wk.rank].append(0)
@@ -324,6 +326,13 @@ class Reference:
             self.merge.append((wk, sent, keep, age))
         self.step_staleness[wk.rank].append(age if fate == "ok" else 0)
         clock[wk.rank] += 1
+        if self.cfg.quorum_wait and fate == "ok" and age == 0:
+            self.held.append(wk)
+            self._merge_if_ready()
+            return
+        if self.cfg.quorum_wait and fate == "ok":  # answered at once: the worker keeps its residual now, before
+            wk.settle(keep, self.ranges)             # its next push, which may come before this merge closes
+            self.merge[-1] = (wk, sent, {}, age)
         self._merge_if_ready()
         held = self._pull(wk)
         wk.base = self.server.k
@@ -332,8 +341,9 @@ class Reference:
     def _merge_if_ready(self) -> None:
         pushing = {w.rank for w in self.workers if w.alive}
         with_gradient = {w.rank for w, *_ in self.merge}
+        counted = {w.rank for w in self.held} if self.cfg.quorum_wait else with_gradient
         need = max(1, min(self.cfg.quorum, len(pushing)))
-        met = len(with_gradient & pushing) >= need and not self.cfg.quorum_grace  # a case's window is never over
+        met = len(counted & pushing) >= need and not self.cfg.quorum_grace  # a case's window is never over
         if with_gradient and (met or pushing <= self.merge_arrived):
             self._close_merge()
 
@@ -347,6 +357,11 @@ class Reference:
         for wk, _, keep, _ in self.merge:
             wk.settle(keep, self.ranges)
         self.merge, self.merge_arrived = [], set()
+        for wk in self.held:  # their pulls, held for this merge
+            held = self._pull(wk)
+            wk.base = self.server.k
+            self.server.pulled(wk.rank, held)
+        self.held = []
 
 
 def _draw_seed(rank: int, shard: int) -> int:

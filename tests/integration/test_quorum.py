@@ -1,5 +1,6 @@
 """Sync's quorum (`--quorum Q`, psrv/server/consistency/quorum.py) on the default job with a slow worker: the fast
-workers never wait for it, every merge holds Q distinct workers, and `--quorum-max-age` drops what is too old,
+workers never wait for it, every merge holds Q distinct workers, `--quorum-max-age` drops what is too old and
+`--quorum-wait` holds fresh pulls for their merge,
 as the run's recorded history shows (the checker's rule 3, experiments/launcher/history/barrier.py). A real
 `psrv run`: its processes record the history."""
 import json
@@ -67,6 +68,24 @@ def test_a_grace_window_lets_the_slow_worker_into_merges_and_replicas_close_them
     commits = _commits(tmp_path)
     whole = [e for e in commits if set(e["pushing"]) <= set(e["pushed"])]
     assert len(whole) >= 0.8 * len(commits) and sum(e["due"] for e in commits) <= 0.1 * len(commits), commits
+    result = check_run(tmp_path)
+    assert result.ok, result.line()
+    assert result.counts.epochs > 2  # the backup took shard 0 over
+
+
+@pytest.mark.timeout(150)
+def test_quorum_wait_holds_fresh_pulls_for_their_merge_across_a_failover(tmp_path):
+    """--quorum-wait: the fast pair's fresh pushes fill each merge and wait for it, the slow worker's old ones join
+    uncounted; shard 0's primary killed halfway, its backup takes over with the held pulls in its state. The
+    checker's rule 3 holds every merge to Q fresh pushes and every fresh push's answer to a version its merge
+    made (experiments/launcher/history/barrier.py)."""
+    s = psrv_run(tmp_path, *ARGS, "--quorum", "2", "--quorum-wait", "--replicas", "1", "--kill-server", "0:30",
+                 timeout=120)
+    assert s["quorum_wait"] is True and s["complete"], s
+    for shard in _shards(tmp_path):
+        assert shard["pushes"] == shard["pushes_applied"] == 3 * 60, shard
+        ages = {int(k): v for k, v in shard["staleness_histogram"].items()}
+        assert ages[0] > 3 * 60 // 2 and max(ages) >= 1, ages  # most pushes fresh, some (the slow one's) old
     result = check_run(tmp_path)
     assert result.ok, result.line()
     assert result.counts.epochs > 2  # the backup took shard 0 over

@@ -23,6 +23,7 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     "backup_workers": {"mode": "sync"}, "mode": {}, "quorum": {"mode": "sync"},
     "quorum_max_age": {"mode": "sync", "quorum": 1}, "quorum_grace": {"mode": "sync", "quorum": 1},
     "quorum_grace_adaptive": {"mode": "sync", "quorum": 1, "quorum_grace": 0.5},
+    "quorum_wait": {"mode": "sync", "quorum": 1},
     "lr_schedule": {"optimizer": {"lr_decay_steps": 10}},  # its other value, warmup_cosine, needs a horizon
     "lr_decay_steps": {"optimizer": {"lr_schedule": "linear"}},
     "lr_end_factor": {"optimizer": {"lr_schedule": "linear", "lr_decay_steps": 10}},

@@ -66,7 +66,8 @@ ONE_SEED = {"tiny.toml", "code_lm_lr.toml", "hierarchy_lr.toml", "quorum_code_lm
             "quorum_code_lm_twin.toml",  # real runs for the simulator's twins, one each (docs/simulator.md)
             "quorum_code_lm_extrapolate_k.toml",  # --pull-extrapolate's K chosen on seed 0
             "quorum_code_lm_heldout3.toml",  # a third held-out seed (3) for the two specs below: theirs read with it
-            "stragglers_quorum_lr.toml"}  # the quorum's lr for the time to target, chosen on seed 0
+            "stragglers_quorum_lr.toml",  # the quorum's lr for the time to target, chosen on seed 0
+            "quorum_code_lm_wait_lr.toml", "stragglers_quorum_wait_lr.toml"}  # --quorum-wait's lr, chosen on seed 0
 HELD_OUT_SEEDS = {"quorum_code_lm_heldout.toml",  # seed 0 chose its settings (quorum_code_lm_lr); 1 and 2 report
                   "quorum_code_lm_extrapolate.toml"}  # seed 0 chose K (quorum_code_lm_extrapolate_k); 1 and 2 report
 

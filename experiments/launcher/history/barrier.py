@@ -4,7 +4,9 @@ Under `--quorum Q` (psrv/server/consistency/quorum.py) a commit is a merge of th
 last one, of any clocks and a worker's more than one: Q distinct workers still pushing (fewer only once every
 one of them is in; with `--quorum-grace`, more once its window is over, `due`), and no push older than
 `--quorum-max-age` merges. With streaming DiLoCo's fragments each fragment has merges of its own: a push and a
-commit name the fragment's `part`, and a commit merges the pushes of its part alone."""
+commit name the fragment's `part`, and a commit merges the pushes of its part alone. With `--quorum-wait` a merge of
+whole pushes counts the fresh ones only (age 0), and a fresh push's pull is answered after its merge: at a version
+past the one it was accumulated at."""
 from __future__ import annotations
 
 from psrv.experiments.launcher.history.reading import Event
@@ -95,9 +97,10 @@ class Barrier:
 class Merges(Barrier):
     """Rule 3 under a quorum: each commit merges whatever its part accumulated since the part's last one."""
 
-    def __init__(self, shard: int, workers: int, quorum: int, max_age: int, grace: bool):
+    def __init__(self, shard: int, workers: int, quorum: int, max_age: int, grace: bool, wait: bool = False):
         super().__init__(shard, workers, 0)
-        self.quorum, self.max_age, self.grace = quorum, max_age, grace
+        self.quorum, self.max_age, self.grace, self.wait = quorum, max_age, grace, wait
+        self.held: dict[tuple[int, int], Event] = {}  # with wait: (worker, seq) -> its fresh whole push's `apply`
         self.version: int | None = None  # after the lineage's last merge (None before one, and after a state load)
         self.parts: dict = {}  # part -> its `apply` events since its last merge (a whole push's part: None)
         self.voided_in: dict = {}  # part -> workers whose push to it came with no gradient (VOID_DROPS)
@@ -113,7 +116,11 @@ class Merges(Barrier):
         if e.ev == "apply":
             self.members.see(e)
             self.parts.setdefault(part, []).append(e)
+            if self.wait and part is None and e.fields.get("age") == 0:
+                self.held[(e["w"], e["seq"])] = e
             return
+        if e.ev == "answer" and self.wait:
+            self._answered(e)
         if e.ev == "commit":  # the merge of its part: the pushes accumulated there
             self.accumulated, self.voided = self.parts.pop(part, []), {-1: self.voided_in.pop(part, set())}
         super().see(e)
@@ -143,6 +150,8 @@ class Merges(Barrier):
             self._flag(e, f"merge {c} waited for {need} workers, but with {_names(pushing)} still pushing and "
                        f"quorum {self.quorum} it needs {expect}")
         counted = len(pushers & pushing)
+        if self.wait and e.fields.get("part") is None:  # the fresh pushes fill it; older ones join it uncounted
+            counted = len({a["w"] for a in self.accumulated if a.fields.get("age") == 0} & pushing)
         everyone = pushing <= pushers | self.voided.get(-1, set())
         if self.grace:  # it waits past its Q workers for more until its window is over (`due`) or all are in
             if not everyone and (counted < need or not e.fields.get("due")):
@@ -154,10 +163,19 @@ class Merges(Barrier):
                        f"({_names(pushers & pushing)}) and needs exactly {need}")
 
 
+    def _answered(self, e: Event) -> None:
+        """With wait: the answer to a fresh whole push's pull comes from a version its merge made."""
+        a = self.held.pop((e["w"], e["seq"]), None)
+        if a is not None and a.fields.get("version") is not None and e["version"] <= a["version"]:
+            self._flag(e, f"worker {e['w']}'s pull after its fresh push seq {e['seq']} was answered at version "
+                       f"{e['version']}, before the merge of that push (accumulated at version {a['version']}); "
+                       "--quorum-wait holds it until then")
+
+
 def check(shard: int, lineage: list[Event], *, workers: int, backup_workers: int, quorum: int = 0,
-          quorum_max_age: int = 0, quorum_grace: float = 0.0) -> tuple[list[Violation], int]:
+          quorum_max_age: int = 0, quorum_grace: float = 0.0, quorum_wait: bool = False) -> tuple[list[Violation], int]:
     """Rule 3's violations in one lineage, and its commits."""
-    barrier = (Merges(shard, workers, quorum, quorum_max_age, quorum_grace > 0) if quorum
+    barrier = (Merges(shard, workers, quorum, quorum_max_age, quorum_grace > 0, quorum_wait) if quorum
                else Barrier(shard, workers, backup_workers))
     for e in lineage:
         barrier.see(e)

@@ -49,7 +49,7 @@ def check_run(run: str | Path) -> CheckResult:
             if cfg.mode == "sync":
                 broken, n = barrier.check(k, lineage, workers=cfg.cluster.workers, backup_workers=cfg.backup_workers,
                                           quorum=cfg.quorum, quorum_max_age=cfg.quorum_max_age,
-                                          quorum_grace=cfg.quorum_grace)
+                                          quorum_grace=cfg.quorum_grace, quorum_wait=cfg.quorum_wait)
                 found += broken
                 commits += n if replica is history.final else 0
             elif cfg.mode == "ssp":

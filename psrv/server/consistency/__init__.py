@@ -7,9 +7,10 @@ from psrv.server.consistency.sync import SyncController
 
 
 def make_controller(mode: str, num_workers: int, *, staleness: int = 0, backup_workers: int = 0, quorum: int = 0,
-                    quorum_max_age: int = 0, quorum_grace: bool = False) -> Controller:
+                    quorum_max_age: int = 0, quorum_grace: bool = False, quorum_wait: bool = False) -> Controller:
     if mode == "sync" and quorum:
-        return QuorumController(num_workers, quorum=quorum, max_age=quorum_max_age, grace=quorum_grace)
+        return QuorumController(num_workers, quorum=quorum, max_age=quorum_max_age, grace=quorum_grace,
+                                wait=quorum_wait)
     if mode == "sync":
         return SyncController(num_workers, backup_workers=backup_workers)
     if mode == "async":
@@ -22,7 +23,7 @@ def make_controller(mode: str, num_workers: int, *, staleness: int = 0, backup_w
 def controller_for(cfg) -> Controller:
     """A shard's controller, from its config (a ServerConfig: mode and its settings)."""
     return make_controller(cfg.mode, cfg.workers, staleness=cfg.staleness, backup_workers=cfg.backup_workers,
-                           quorum=cfg.quorum, quorum_max_age=cfg.quorum_max_age, quorum_grace=cfg.quorum_grace > 0)
+                           quorum=cfg.quorum, quorum_max_age=cfg.quorum_max_age, quorum_grace=cfg.quorum_grace > 0, quorum_wait=cfg.quorum_wait)
 
 
 __all__ = ["AsyncController", "Controller", "Decision", "QuorumController", "SSPController", "SyncController",

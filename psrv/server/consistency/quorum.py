@@ -6,7 +6,13 @@ where each of its pushes counts (the shard weighs each by the inner steps it cov
 computed on weights more than `max_age` merges old is dropped as late (0: none is); the rest join the open merge
 whatever their age. With `grace`, a merge that has its Q workers
 stays open for more until the shard says its grace window is over (`expire`: psrv/server/pushes/grace.py
-judges the window in seconds as requests arrive), or until every worker still pushing is in.
+judges the window in seconds as requests arrive), or until every worker still pushing is in. With `wait`
+(`--quorum-wait`), a whole push computed on the latest merge's weights (age 0, "fresh") holds its worker's pull
+until the merge it joined closes, so that worker's next round starts from weights with its own push in them, and the
+merge closes once Q distinct workers' fresh pushes are in: a push on older weights (a slower worker's) joins it
+without counting, and is answered at once, as is one with no gradient. A worker waits for the Q-th fresh push, never
+for the slowest; were older pushes counted, they would close merges before the fresh ones came, and every push would
+be a merge old again.
 
 Merges are per part: with streaming DiLoCo's fragments (`--fragments F`) each fragment of the shard has a merge of
 its own, as in Decoupled DiLoCo, where the synchronizer's quorum is per fragment: fragment p's outer step happens
@@ -25,13 +31,14 @@ from psrv.server.consistency.base import Controller, Decision
 class QuorumController(Controller):
     mode = "quorum"
 
-    def __init__(self, num_workers: int, *, quorum: int, max_age: int = 0, grace: bool = False):
+    def __init__(self, num_workers: int, *, quorum: int, max_age: int = 0, grace: bool = False, wait: bool = False):
         if not 1 <= quorum <= num_workers:
             raise ValueError(f"quorum must be in [1, {num_workers}]; got {quorum}")
         if max_age < 0:
             raise ValueError(f"quorum max_age must be >= 0; got {max_age}")
         super().__init__(num_workers)
-        self.quorum, self.max_age, self.grace = quorum, max_age, grace
+        self.quorum, self.max_age, self.grace, self.wait = quorum, max_age, grace, wait
+        self.waiting: set[int] = set()  # with wait: the workers whose fresh whole push is in the open merge
         self.due = False  # with grace: the open merge's window is over
         self.open_clock = 0  # merges committed
         self.arrived: set[int] = set()  # distinct workers with a push in the selected open merge
@@ -74,11 +81,13 @@ class QuorumController(Controller):
             m.in_gradients += sign * (worker in m.gradients)
 
     def leave(self, worker: int) -> None:
+        self.waiting.discard(worker)  # `waiting` holds workers still pushing only: met() counts it
         if self._pushing(worker):
             self._counted(worker, -1)
         super().leave(worker)
 
     def finish(self, worker: int) -> None:
+        self.waiting.discard(worker)
         if self._pushing(worker):
             self._counted(worker, -1)
         super().finish(worker)
@@ -99,6 +108,8 @@ class QuorumController(Controller):
         if not self.gradients[worker]:
             self._in_gradients += pushing
         self.gradients[worker] += 1
+        if self.wait and age == 0 and self.part is None and pushing:
+            self.waiting.add(worker)
         return Decision.ACCUMULATE
 
     def needed(self) -> int:
@@ -112,12 +123,17 @@ class QuorumController(Controller):
         return self._in_arrived == self.pushing_count() or self.met() and (not self.grace or self.due)
 
     def met(self) -> bool:
-        """Q distinct workers still pushing have a gradient in the open merge (its grace window may run)."""
+        """Q distinct workers still pushing have a gradient in the open merge (its grace window may run); with
+        wait, a fresh one, for a merge of whole pushes."""
+        if self.wait and self.part is None:
+            return len(self.waiting) >= self.needed()
         return self._in_gradients >= self.needed()
 
     def completes(self, worker: int) -> bool:
         """Whether a gradient of `worker` now would give the open merge its Q workers (the adaptive grace window
         is judged for that push before it is handled)."""
+        if self.wait and self.part is None:  # by its age, which is not known here: no window runs with wait
+            return False
         return not self.met() and self._pushing(worker) and not self.gradients[worker] \
             and self._in_gradients + 1 >= self.needed()
 
@@ -126,7 +142,9 @@ class QuorumController(Controller):
         self.due = True
 
     def void(self, worker: int) -> None:
-        """The push just decided carried no gradient: it fills no quorum (its worker still arrived)."""
+        """The push just decided carried no gradient: it fills no quorum (its worker still arrived), and its
+        pull waits for nothing."""
+        self.waiting.discard(worker)
         self.gradients[worker] -= 1
         if self.gradients[worker] <= 0:
             del self.gradients[worker]
@@ -135,22 +153,25 @@ class QuorumController(Controller):
     def committed(self) -> None:
         """The selected part's merge closed: its next one is empty."""
         self.open_clock += 1
+        if self.part is None:
+            self.waiting = set()
         self.arrived, self.gradients, self.due = set(), Counter(), False
         self._in_arrived = self._in_gradients = 0
 
     def pull_ready(self, worker: int, clock: int) -> bool:
-        return True
+        return worker not in self.waiting
 
     def state_dict(self) -> dict:
         merges = {part: (m.arrived, m.gradients, m.due) for part, m in self._parked.items()}
         if self.arrived or self.due:  # whichever part is selected: a backup's state equals its primary's
             merges[self.part] = (self.arrived, self.gradients, self.due)
-        return {**super().state_dict(), "open_clock": self.open_clock,
+        return {**super().state_dict(), "open_clock": self.open_clock, "waiting": sorted(self.waiting),
                 "merges": [[part, _merge_state(*merges[part])] for part in sorted(merges, key=repr)]}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.open_clock = int(state["open_clock"])
+        self.waiting = {int(w) for w in state.get("waiting", [])}
         # a state saved before merges were per part holds one, of part None
         merges = [[None, state]] if "merges" not in state else state["merges"]
         self._parked = {part: self._loaded_merge(merge) for part, merge in merges}
