@@ -132,8 +132,6 @@ class QuorumController(Controller):
     def completes(self, worker: int) -> bool:
         """Whether a gradient of `worker` now would give the open merge its Q workers (the adaptive grace window
         is judged for that push before it is handled)."""
-        if self.wait and self.part is None:  # by its age, which is not known here: no window runs with wait
-            return False
         return not self.met() and self._pushing(worker) and not self.gradients[worker] \
             and self._in_gradients + 1 >= self.needed()
 
